@@ -1,0 +1,39 @@
+# One Makefile, the same checks everywhere. `make test` is what CI runs.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+SAMPLE := examples/sample
+DEMO := build/demo
+
+.PHONY: demo test test-nojit lint schemas bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	rm -rf $(DEMO)
+	$(VENV)/bin/packtool tokenize $(SAMPLE)/data.jsonl --media-root $(SAMPLE) -o $(DEMO)/tokenized --quiet
+	$(VENV)/bin/packtool pack $(DEMO)/tokenized -o $(DEMO)/packed --max-tokens 8192 --quiet
+	$(VENV)/bin/packtool stats $(DEMO)/packed
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-nojit: $(STAMP)
+	NUMBA_DISABLE_JIT=1 $(PY) -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check packtool tests bench
+
+schemas: $(STAMP)
+	$(PY) -m packtool.schema schemas
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) build .pytest_cache

@@ -1,0 +1,215 @@
+"""The ``packtool`` command line: parse, build a frozen config, make one library call, render.
+
+This is the one place that catches :class:`~packtool.errors.PacktoolError`, prints
+``Error: ...`` on stderr and exits 1; progress bars go to stderr, results to stdout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from . import __version__
+from .config import PackConfig, TokenizeConfig
+from .errors import PacktoolError
+
+__all__ = ["app", "main", "run"]
+
+app = typer.Typer(
+    name="packtool",
+    help=(
+        "Offline, exact packing of vision-language training data into Parquet shards.\n\n"
+        "Example:\n\n"
+        "  packtool tokenize data.jsonl --media-root media -o tok\n\n"
+        "  packtool pack tok -o packed --max-tokens 8192\n\n"
+        "  packtool stats packed"
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+# Options declared once; flags are the kebab-case names of library parameters.
+Output = Annotated[Path, typer.Option("--output", "-o", help="Output directory.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace a finished run made with another configuration.")]
+MaxTokens = Annotated[int, typer.Option(min=1, help="Tokens per pack (sequence length).")]
+MaxVisionUnits = Annotated[
+    int | None, typer.Option(min=0, help="Vision units per pack (default: the model family's default).")
+]
+
+
+@contextlib.contextmanager
+def _progress(desc: str, quiet: bool, total: int | None = None):
+    if quiet:
+        yield None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc=desc, unit=" samples", file=sys.stderr, dynamic_ncols=True, leave=False) as bar:
+        yield bar.update
+
+
+def _emit_json(obj: dict) -> None:
+    typer.echo(json.dumps(obj, indent=2, sort_keys=False))
+
+
+@app.command()
+def tokenize(
+    inputs: Annotated[list[Path], typer.Argument(help="Input files or directories (JSON, JSONL, .jsonl.gz).")],
+    output: Output,
+    media_root: Annotated[Path, typer.Option(help="Directory media paths resolve under.")] = Path("."),
+    model: Annotated[str, typer.Option(help="Vision family: qwen2-vl, qwen2.5-vl, fixed:N.")] = "qwen2.5-vl",
+    template: Annotated[str, typer.Option(help="Chat template.")] = "chatml",
+    tokenizer: Annotated[str | None, typer.Option(help="tokenizer.json or model dir (default: embedded Qwen2).")] = None,
+    format: Annotated[str, typer.Option("--format", help="Input format, or auto.")] = "auto",
+    system_prompt: Annotated[str | None, typer.Option(help="System prompt (default: the template's).")] = None,
+    min_pixels: Annotated[int | None, typer.Option(help="Image pixel floor (families with a pixel budget).")] = None,
+    max_pixels: Annotated[int | None, typer.Option(help="Image pixel cap (families with a pixel budget).")] = None,
+    rows_per_shard: Annotated[int, typer.Option(min=1, help="Rows per tokenized shard.")] = 50_000,
+    max_errors: Annotated[int | None, typer.Option(min=0, help="Fail when more rows than this are rejected.")] = None,
+    overwrite: Overwrite = False,
+    quiet: Quiet = False,
+    as_json: AsJson = False,
+) -> None:
+    """Tokenize raw corpora into tokenized shards (one row per sample).
+
+    Example:
+
+      packtool tokenize data.jsonl --media-root images -o tok
+    """
+    from .pipeline import tokenize_dataset
+
+    cfg = TokenizeConfig(model=model, template=template, tokenizer=tokenizer, format=format,
+                         media_root=str(media_root), system_prompt=system_prompt, min_pixels=min_pixels,
+                         max_pixels=max_pixels, rows_per_shard=rows_per_shard, max_errors=max_errors)
+    with _progress("tokenize", quiet) as bar:
+        manifest = tokenize_dataset(inputs, output, cfg, progress=bar, overwrite=overwrite)
+    c = manifest["counts"]
+    if as_json:
+        _emit_json({"output": str(output), **c, "shards": len(manifest["shards"])})
+        return
+    typer.echo(f"{c['samples']:,} samples from {c['rows_in']:,} rows in {len(manifest['shards'])} shards -> {output}")
+    if c["rejected"]:
+        reasons = ", ".join(f"{k} {v}" for k, v in c["rejected_by_reason"].items())
+        typer.echo(f"{c['rejected']:,} rows rejected ({reasons}); see {output / 'errors.jsonl'}")
+
+
+@app.command()
+def pack(
+    src: Annotated[Path, typer.Argument(help="Tokenized directory.")],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Output directory.")] = None,
+    max_tokens: MaxTokens = 16384,
+    max_vision_units: MaxVisionUnits = None,
+    buffer_size: Annotated[int, typer.Option(min=1, help="Samples the knapsack chooses from per pack.")] = 256,
+    text_weight: Annotated[int, typer.Option(min=1, help="Objective weight of a token.")] = 1,
+    vision_weight: Annotated[int, typer.Option(min=0, help="Objective weight of a vision unit.")] = 0,
+    token_granularity: Annotated[int, typer.Option(min=1, help="Token sizes round up to this in the DP.")] = 32,
+    oversize: Annotated[str, typer.Option(help="Samples that never fit: drop, truncate, alone, fail.")] = "drop",
+    max_samples_per_pack: Annotated[int | None, typer.Option(min=1, help="Cap on samples in one pack.")] = None,
+    media: Annotated[str, typer.Option(help="embed media bytes in packs, or reference paths.")] = "embed",
+    media_root: Annotated[Path | None, typer.Option(help="Media root (default: the one tokenize used).")] = None,
+    packs_per_shard: Annotated[int, typer.Option(min=1, help="Packs per output shard.")] = 2_000,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan only; print stats, write nothing.")] = False,
+    overwrite: Overwrite = False,
+    quiet: Quiet = False,
+    as_json: AsJson = False,
+) -> None:
+    """Pack tokenized samples into training sequences with an exact 2-D knapsack.
+
+    Example:
+
+      packtool pack tok -o packed --max-tokens 8192 --max-vision-units 128
+    """
+    from .pipeline import pack_dataset
+
+    if output is None and not dry_run:
+        raise PacktoolError("pack needs -o/--output (or --dry-run to only plan)")
+    cfg = PackConfig(max_tokens=max_tokens, max_vision_units=max_vision_units, buffer_size=buffer_size,
+                     text_weight=text_weight, vision_weight=vision_weight, token_granularity=token_granularity,
+                     oversize=oversize, max_samples_per_pack=max_samples_per_pack, media=media,
+                     packs_per_shard=packs_per_shard)
+    with _progress("pack", quiet) as bar:
+        result = pack_dataset(src, output or Path("."), cfg, progress=bar, overwrite=overwrite, dry_run=dry_run,
+                              media_root=media_root)
+    c = result["counts"]
+    if as_json:
+        _emit_json({"output": None if dry_run else str(output), "dry_run": dry_run, **result["capacities"], **c})
+        return
+    lb = c["lower_bound"]
+    ratio = f" ({c['packs'] / lb:.3f}x)" if lb else ""
+    where = "planned (dry run)" if dry_run else f"-> {output}"
+    typer.echo(f"{c['samples_packed']:,} samples in {c['packs']:,} packs, lower bound {lb:,}{ratio} {where}")
+    if c["dropped"] or c["truncated"] or c["alone"]:
+        typer.echo(f"oversize: {c['dropped']:,} dropped, {c['truncated']:,} truncated, {c['alone']:,} alone")
+
+
+@app.command()
+def stats(
+    path: Annotated[Path, typer.Argument(help="Tokenized or packed directory.")],
+    as_json: AsJson = False,
+) -> None:
+    """Show fill rates, packs against the lower bound, and drops.
+
+    Example:
+
+      packtool stats packed --json
+    """
+    from .stats import compute_stats, render_stats
+
+    s = compute_stats(path)
+    typer.echo(json.dumps(s, indent=2) if as_json else render_stats(s))
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"packtool {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Show the version.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what the library does.")] = False,
+) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the app, turning PacktoolError into ``Error: ...`` and exit code 1."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except PacktoolError as exc:
+        typer.echo(f"Error: {exc}", err=True)
+        return exc.exit_code
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        typer.echo("Aborted.", err=True)
+        return 130
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

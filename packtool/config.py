@@ -1,0 +1,115 @@
+"""Frozen run configurations; each has a stable ``digest()`` stored in every manifest.
+
+A re-run into the same output directory compares digests, so resuming with a
+different setting is refused instead of silently mixing two configurations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+__all__ = ["TokenizeConfig", "PackConfig", "config_diff", "digest_of"]
+
+
+def digest_of(config: dict, exclude: tuple[str, ...] = ()) -> str:
+    """Stable short sha256 of a config dict's canonical JSON, leaving out ``exclude`` keys."""
+    data = {k: v for k, v in config.items() if k not in exclude}
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class _Digestible:
+    _not_digested: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)  # type: ignore[arg-type]
+
+    def digest(self) -> str:
+        """Digest of the settings that change the output bytes."""
+        return digest_of(self.to_dict(), self._not_digested)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeConfig(_Digestible):
+    """Settings of ``packtool tokenize``.
+
+    Attributes:
+        model: vision family (``qwen2.5-vl``, ``fixed:576`` ...).
+        template: chat template name.
+        tokenizer: ``None`` for the embedded Qwen2 vocabulary, else a path.
+        format: input format or ``auto``.
+        media_root: directory media paths resolve under.
+        system_prompt: ``None`` for the template's default.
+        min_pixels, max_pixels: image pixel budget (families that use one).
+        rows_per_shard: tokenized rows per output shard.
+        max_errors: fail the run when more rows than this are rejected (``None``: no limit).
+    """
+
+    model: str = "qwen2.5-vl"
+    template: str = "chatml"
+    tokenizer: str | None = None
+    format: str = "auto"
+    media_root: str = "."
+    system_prompt: str | None = None
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    rows_per_shard: int = 50_000
+    max_errors: int | None = None
+    _not_digested = ("max_errors",)
+
+    def __post_init__(self) -> None:
+        if self.rows_per_shard < 1:
+            raise ConfigError("--rows-per-shard must be at least 1")
+
+
+@dataclass(frozen=True, slots=True)
+class PackConfig(_Digestible):
+    """Settings of ``packtool pack`` (DESIGN.md §4).
+
+    Attributes:
+        max_tokens: tokens per pack (the sequence length).
+        max_vision_units: vision units per pack (``None``: the tokenized family's default).
+        buffer_size: samples the knapsack chooses from for each pack.
+        text_weight, vision_weight: the objective ``text_weight*tokens + vision_weight*units``.
+        token_granularity: token sizes are rounded *up* to a multiple of this for the DP table.
+        oversize: what to do with a sample that can never fit: ``drop``, ``truncate``, ``alone``, ``fail``.
+        media: ``embed`` original bytes into packed rows, or ``reference`` paths only.
+        packs_per_shard: packed rows per output shard.
+    """
+
+    max_tokens: int = 16384
+    max_vision_units: int | None = None
+    buffer_size: int = 256
+    text_weight: int = 1
+    vision_weight: int = 0
+    token_granularity: int = 32
+    oversize: str = "drop"
+    max_samples_per_pack: int | None = None
+    media: str = "embed"
+    packs_per_shard: int = 2_000
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "buffer_size", "token_granularity", "packs_per_shard"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.max_vision_units is not None and self.max_vision_units < 0:
+            raise ConfigError("--max-vision-units must be non-negative")
+        if self.text_weight < 0 or self.vision_weight < 0:
+            raise ConfigError("--text-weight and --vision-weight must be non-negative")
+        if self.oversize not in ("drop", "truncate", "alone", "fail"):
+            raise ConfigError(f"--oversize {self.oversize!r}: choose drop, truncate, alone or fail")
+        if self.media not in ("embed", "reference"):
+            raise ConfigError(f"--media {self.media!r}: choose embed or reference")
+        if self.max_samples_per_pack is not None and self.max_samples_per_pack < 1:
+            raise ConfigError("--max-samples-per-pack must be at least 1")
+
+
+def config_diff(old: dict, new: dict) -> list[str]:
+    """Human-readable differences between two config dicts (for resume refusals)."""
+    keys = sorted(set(old) | set(new))
+    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]

@@ -1,0 +1,84 @@
+"""The one exception family packtool raises for problems a user can fix.
+
+Every message says what went wrong, where, and which flag or action fixes it.
+The CLI turns these into ``Error: ...`` and a non-zero exit; anything else that
+escapes is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PacktoolError",
+    "InputError",
+    "ConfigError",
+    "OutputError",
+    "ResumeMismatchError",
+    "TooManyErrorsError",
+    "OversizeSampleError",
+    "SampleError",
+    "REASON_CODES",
+]
+
+#: Reason codes written to ``errors.jsonl``; each names one way an input row can be rejected.
+REASON_CODES: dict[str, str] = {
+    "bad_json": "the line or record is not valid JSON (or not valid UTF-8)",
+    "bad_record": "the record lacks required fields or has the wrong types",
+    "empty_conversation": "the record has no conversation turns",
+    "unknown_role": "a turn has a role the template does not know",
+    "bad_turn_order": "the conversation breaks the template's turn order",
+    "no_loss": "no assistant turn, so the sample would carry no loss",
+    "placeholder_mismatch": "the number of <image>/<video> tags differs from the number of media",
+    "missing_media": "a media file does not exist",
+    "path_outside_root": "a media path escapes --media-root",
+    "corrupt_image": "the image header cannot be read or the file is truncated",
+    "image_too_large": "the image exceeds Pillow's decompression-bomb limit",
+    "bad_aspect_ratio": "the image's aspect ratio is beyond what the model family accepts",
+    "corrupt_video": "the video cannot be opened or has no decodable video stream",
+    "oversize": "the sample needs more tokens or vision units than one pack holds",
+}
+
+
+class PacktoolError(Exception):
+    """Base class: a problem the user can fix; the message says how."""
+
+    exit_code = 1
+
+
+class InputError(PacktoolError):
+    """An input file or directory cannot be used as given."""
+
+
+class ConfigError(PacktoolError):
+    """A flag or a combination of flags is invalid."""
+
+
+class OutputError(PacktoolError):
+    """The output directory cannot be written as asked."""
+
+
+class ResumeMismatchError(PacktoolError):
+    """An output directory holds a run made with a different configuration."""
+
+
+class TooManyErrorsError(PacktoolError):
+    """More input rows were rejected than ``--max-errors`` allows."""
+
+
+class OversizeSampleError(PacktoolError):
+    """A sample cannot fit in any pack and the oversize policy is ``fail``."""
+
+
+class SampleError(Exception):
+    """One input row cannot become a sample; it is recorded, not raised to the user.
+
+    Args:
+        reason: a key of :data:`REASON_CODES`.
+        message: what exactly is wrong with this row.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        if reason not in REASON_CODES:
+            raise RuntimeError(f"internal error: unknown reason code {reason!r}")
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
