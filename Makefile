@@ -11,7 +11,9 @@ DEMO := build/demo
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,plot,zstd]'
+	# CPU build of torch for the trainer-side tests (the copy on the machine; no CUDA download)
+	$(PY) -m pip install -q torch==2.13.0
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -33,7 +35,7 @@ schemas: $(STAMP)
 	$(PY) -m packtool.schema schemas
 
 bench: $(STAMP)
-	$(PY) -m bench
+	$(PY) -m bench $(BENCH)
 
 clean:
 	rm -rf $(VENV) build .pytest_cache
