@@ -54,7 +54,9 @@ def _progress(desc: str, quiet: bool, total: int | None = None):
         return
     from tqdm import tqdm
 
-    with tqdm(total=total, desc=desc, unit=" samples", file=sys.stderr, dynamic_ncols=True, leave=False) as bar:
+    # disable=None: a bar only when stderr is a terminal, so logs and pipes stay clean
+    with tqdm(total=total, desc=desc, unit=" samples", file=sys.stderr, dynamic_ncols=True, leave=False,
+              disable=None) as bar:
         yield bar.update
 
 

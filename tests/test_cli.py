@@ -1,0 +1,76 @@
+"""The CLI as a user meets it: help with examples, exact result lines, clear errors, JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from packtool.cli import app, main
+
+COMMANDS = sorted(c.name or c.callback.__name__ for c in app.registered_commands)
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "packtool", *args], capture_output=True, text=True)
+
+
+def test_top_level_help_shows_an_example(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "Example:" in out and "packtool tokenize" in out
+    for name in ("tokenize", "pack", "stats"):
+        assert name in out
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_help_shows_an_example(command, capsys):
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "Example:" in out and f"packtool {command}" in out
+
+
+def test_tokenize_pack_stats_exact_output(tmp_path, demo_dirs):
+    sample = demo_dirs["sample"]
+    tok, packed = tmp_path / "tok", tmp_path / "packed"
+    r = run("tokenize", str(sample / "data.jsonl"), "--media-root", str(sample), "-o", str(tok), "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"30 samples from 30 rows in 1 shards -> {tok}\n"
+    assert r.stderr == ""
+    r = run("pack", str(tok), "-o", str(packed), "--max-tokens", "8192", "--quiet", "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["samples_in"] == summary["samples_packed"] == 30
+    assert summary["packs"] >= summary["lower_bound"] >= 1
+    r = run("stats", str(packed), "--json")
+    stats = json.loads(r.stdout)
+    assert stats["packs"] == summary["packs"] and stats["samples"] == 30
+
+
+def test_library_errors_become_one_line_and_exit_1(tmp_path):
+    r = run("pack", str(tmp_path / "nope"), "-o", str(tmp_path / "out"))
+    assert r.returncode == 1
+    assert r.stdout == ""
+    assert r.stderr.startswith("Error: ") and "manifest.json" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_flag_value_names_the_flag(tmp_path, demo_dirs):
+    r = run("tokenize", str(demo_dirs["sample"] / "data.jsonl"), "-o", str(tmp_path / "t"), "--model", "nope")
+    assert r.returncode == 1
+    assert "unknown --model 'nope'" in r.stderr and "qwen2.5-vl" in r.stderr
+
+
+def test_rerun_into_finished_output_with_other_config_is_refused(tmp_path, demo_dirs):
+    out = tmp_path / "packed"
+    assert run("pack", str(demo_dirs["tokenized"]), "-o", str(out), "--max-tokens", "8192", "-q").returncode == 0
+    r = run("pack", str(demo_dirs["tokenized"]), "-o", str(out), "--max-tokens", "4096", "-q")
+    assert r.returncode == 1
+    assert "max_tokens: 8192 -> 4096" in r.stderr and "--overwrite" in r.stderr
+
+
+def test_version():
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.startswith("packtool ")

@@ -1,0 +1,23 @@
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from packtool.schema import PACKED, SCHEMA_VERSION, TOKENIZED, schema_json
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_committed_schema_files_match_the_module():
+    for name, schema in (("tokenized", TOKENIZED), ("packed", PACKED)):
+        committed = json.loads((ROOT / "schemas" / f"{name}.v{SCHEMA_VERSION}.json").read_text())
+        assert committed == schema_json(schema), f"schemas/{name}.v{SCHEMA_VERSION}.json drifted; run `make schemas`"
+
+
+def test_shards_carry_exactly_the_declared_schema(demo_dirs):
+    for kind, schema in (("tokenized", TOKENIZED), ("packed", PACKED)):
+        manifest = json.loads((demo_dirs[kind] / "manifest.json").read_text())
+        for shard in manifest["shards"]:
+            got = pq.read_schema(demo_dirs[kind] / shard["file"])
+            assert got.remove_metadata().equals(schema.remove_metadata()), kind
+            assert got.metadata[b"packtool.kind"].decode() == kind
