@@ -11,7 +11,7 @@ DEMO := build/demo
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,plot,zstd]'
+	$(PY) -m pip install -q -e '.[dev,plot,zstd,ray]'
 	# CPU build of torch for the trainer-side tests (the copy on the machine; no CUDA download)
 	$(PY) -m pip install -q torch==2.13.0
 	touch $(STAMP)
