@@ -175,7 +175,9 @@ def pack_dataset(
 
     Each tokenized shard is one task, packed with its own buffer, so the output does not
     depend on how tasks are scheduled. With ``dry_run`` only the length columns are read
-    and nothing is written; the returned dict holds the same counts.
+    and nothing is written; the returned dict holds the same counts, plus ``plans``: the
+    :class:`~packtool.packer.PackPlan` of each tokenized shard in manifest order (indices
+    are rows of that shard), from which ``stats.plan_stats`` derives fill and padding.
     """
     src = Path(src)
     out = Path(out_dir)
@@ -197,6 +199,7 @@ def pack_dataset(
     shards: list[dict] = []
     errors = None if dry_run else _ErrorLog(out, None)
     pack_index = 0
+    plans: list = []
     try:
         for task, entry in enumerate(tok_manifest["shards"]):
             file = src / entry["file"]
@@ -205,6 +208,7 @@ def pack_dataset(
             units = lengths["n_vision_units"].to_numpy()
             has_media = pc.list_value_length(lengths["media"]).to_numpy(zero_copy_only=False) > 0
             plan = plan_packs(tokens, units, has_media, cfg, max_units)
+            plans.append(plan)
             packed_tokens = int(tokens[plan.order].sum()) if len(plan.order) else 0
             if plan.truncated:
                 packed_tokens -= int(sum(int(tokens[i]) - cfg.max_tokens for i in plan.truncated))
@@ -237,7 +241,7 @@ def pack_dataset(
     capacities = {"max_tokens": cfg.max_tokens, "max_vision_units": max_units}
     if dry_run:
         return {"kind": "packed", "dry_run": True, "config": config, "capacities": capacities, "counts": counts,
-                "vision": tok_manifest.get("vision"), "shards": []}
+                "vision": tok_manifest.get("vision"), "shards": [], "plans": plans}
     errors.commit()
     return write_manifest(out, "packed", config, digest, shards, capacities=capacities, counts=counts,
                           tokenizer=tok_manifest.get("tokenizer"), vision=tok_manifest.get("vision"),
