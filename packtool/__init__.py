@@ -12,7 +12,24 @@ __version__ = "0.1.0"
 
 from .config import PackConfig, TokenizeConfig  # noqa: E402
 from .errors import PacktoolError  # noqa: E402
-from .pipeline import pack_dataset, tokenize_dataset  # noqa: E402
-from .stats import compute_stats  # noqa: E402
 
 __all__ = ["__version__", "TokenizeConfig", "PackConfig", "PacktoolError", "tokenize_dataset", "pack_dataset", "compute_stats"]
+
+# The stages pull in numba (through the packer); they load on first use so that
+# ``import packtool.reader`` on a training node stays light.
+_LAZY = {"tokenize_dataset": "pipeline", "pack_dataset": "pipeline", "compute_stats": "stats"}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'packtool' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
