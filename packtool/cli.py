@@ -7,6 +7,7 @@ This is the one place that catches :class:`~packtool.errors.PacktoolError`, prin
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import logging
 import sys
@@ -18,8 +19,12 @@ import typer
 from . import __version__
 from .config import PackConfig, TokenizeConfig
 from .errors import PacktoolError
+from .formats import FORMATS
 
 __all__ = ["app", "main", "run"]
+
+#: ``--format`` choices (``qwen-vl`` is spelled with a dash on the command line).
+FormatChoice = enum.Enum("FormatChoice", [(f.replace("-", "_"), f) for f in FORMATS], type=str)
 
 app = typer.Typer(
     name="packtool",
@@ -66,18 +71,21 @@ def _emit_json(obj: dict) -> None:
 
 @app.command()
 def tokenize(
-    inputs: Annotated[list[Path], typer.Argument(help="Input files or directories (JSON, JSONL, .jsonl.gz).")],
+    inputs: Annotated[list[Path], typer.Argument(help="Input files or directories (JSON, JSONL, .gz, .zst, Parquet).")],
     output: Output,
     media_root: Annotated[Path, typer.Option(help="Directory media paths resolve under.")] = Path("."),
     model: Annotated[str, typer.Option(help="Vision family: qwen2-vl, qwen2.5-vl, fixed:N.")] = "qwen2.5-vl",
     template: Annotated[str, typer.Option(help="Chat template.")] = "chatml",
     tokenizer: Annotated[str | None, typer.Option(help="tokenizer.json or model dir (default: embedded Qwen2).")] = None,
-    format: Annotated[str, typer.Option("--format", help="Input format, or auto.")] = "auto",
+    format: Annotated[FormatChoice, typer.Option("--format", help="Input record format; auto detects it per record.")] = FormatChoice.auto,
     system_prompt: Annotated[str | None, typer.Option(help="System prompt (default: the template's).")] = None,
     min_pixels: Annotated[int | None, typer.Option(help="Image pixel floor (families with a pixel budget).")] = None,
     max_pixels: Annotated[int | None, typer.Option(help="Image pixel cap (families with a pixel budget).")] = None,
     rows_per_shard: Annotated[int, typer.Option(min=1, help="Rows per tokenized shard.")] = 50_000,
     max_errors: Annotated[int | None, typer.Option(min=0, help="Fail when more rows than this are rejected.")] = None,
+    max_branches: Annotated[int | None, typer.Option(min=1, help="Branches per message tree; more go to another tree on the same media.")] = None,
+    max_tokens: Annotated[int | None, typer.Option(min=1, help="Tokens per message tree; branches beyond go to another tree on the same media.")] = None,
+    group_by_media: Annotated[bool, typer.Option("--group-by-media", help="Merge records that use the same media file into one message tree.")] = False,
     overwrite: Overwrite = False,
     quiet: Quiet = False,
     as_json: AsJson = False,
@@ -90,9 +98,10 @@ def tokenize(
     """
     from .pipeline import tokenize_dataset
 
-    cfg = TokenizeConfig(model=model, template=template, tokenizer=tokenizer, format=format,
+    cfg = TokenizeConfig(model=model, template=template, tokenizer=tokenizer, format=format.value,
                          media_root=str(media_root), system_prompt=system_prompt, min_pixels=min_pixels,
-                         max_pixels=max_pixels, rows_per_shard=rows_per_shard, max_errors=max_errors)
+                         max_pixels=max_pixels, rows_per_shard=rows_per_shard, max_errors=max_errors,
+                         max_branches=max_branches, max_tokens=max_tokens, group_by_media=group_by_media)
     with _progress("tokenize", quiet) as bar:
         manifest = tokenize_dataset(inputs, output, cfg, progress=bar, overwrite=overwrite)
     c = manifest["counts"]

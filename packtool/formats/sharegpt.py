@@ -1,0 +1,46 @@
+"""ShareGPT as LLaMA-Factory reads it (``"formatting": "sharegpt"``).
+
+The conversation is under ``conversations`` (the default column) or ``messages``;
+each turn is ``{"from": "human" | "gpt" | "system", "value": ...}`` (the default
+tags) or ``{"role": "user" | "assistant" | "system", "content": ...}`` (the tags
+LLaMA-Factory's multimodal demo uses). A top-level ``system`` string is the system
+prompt. ``images`` and ``videos`` list media; every one needs an ``<image>`` /
+``<video>`` tag, as LLaMA-Factory checks, else ``placeholder_mismatch``.
+
+    {"messages": [{"role": "user", "content": "<image>Who are they?"},
+                  {"role": "assistant", "content": "Two football players."}],
+     "images": ["mllm_demo_data/1.jpg"]}
+
+Tool turns (``function_call``, ``observation``, ``tool``) are rejected as ``unknown_role``.
+"""
+
+from __future__ import annotations
+
+from ..errors import SampleError
+from ..records import Sample
+from .common import build_sample, check_text, media_refs, sample_id_of
+from .llava import parse_turns
+
+__all__ = ["parse", "conversation_turns"]
+
+
+def conversation_turns(record: dict) -> tuple[list[tuple[str, str]], str]:
+    """``(turns, field)`` from ``conversations`` or ``messages``, either tag style."""
+    field = "conversations" if "conversations" in record else "messages"
+    convs = record.get(field)
+    first = convs[0] if isinstance(convs, list) and convs and isinstance(convs[0], dict) else {}
+    if "from" in first or "value" in first:
+        return parse_turns(convs, "from", "value", field), field
+    return parse_turns(convs, "role", "content", field), field
+
+
+def parse(record: dict, source: str, row: int) -> Sample:
+    if "conversations" not in record and "messages" not in record:
+        raise SampleError("bad_record", "record has neither 'conversations' nor 'messages'")
+    turns, _ = conversation_turns(record)
+    system = record.get("system")
+    if system is not None:
+        system = check_text(system, "'system'") or None
+    images, videos = media_refs(record, ("images", "image"), ("videos", "video"))
+    return build_sample(turns, images, videos, sample_id_of(record, source, row), source, row,
+                        strict=True, system=system)

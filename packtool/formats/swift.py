@@ -1,0 +1,66 @@
+"""ms-swift standard format: ``{"messages": [{"role", "content"}], "images": [...], "videos": [...]}``.
+
+``messages`` holds ``system`` / ``user`` / ``assistant`` turns; ``<image>`` and
+``<video>`` tags in the content mark where media go. Media entries are paths
+(relative to ``--media-root``), data URIs (``data:image/png;base64,...``), or
+``{"bytes", "path"}`` structs. A record with media and no tag at all gets its media at
+the start of the first user turn; a record with some tags must tag every item.
+
+    {"messages": [{"role": "system", "content": "You are a helpful assistant."},
+                  {"role": "user", "content": "<image>What is in the picture?"},
+                  {"role": "assistant", "content": "A red circle."}],
+     "images": ["images/circle.png"]}
+
+Content may also be a list of typed parts (``{"type": "text", "text"}``,
+``{"type": "image"}``, ``{"type": "video"}``), the OpenAI / transformers chat style;
+each image or video part stands for the next item of ``images`` / ``videos``.
+``tools``, ``objects``, ``rejected_response`` and ``label`` are ignored.
+"""
+
+from __future__ import annotations
+
+from ..errors import SampleError
+from ..records import Sample
+from .common import build_sample, check_text, media_ref, media_refs, sample_id_of
+from .llava import ROLE_MAP
+
+__all__ = ["parse"]
+
+
+def _content_text(content, i: int, images: list, videos: list) -> str:
+    """Content as text with tags; typed-part lists become ``<image>``/``<video>`` tags."""
+    if isinstance(content, str):
+        return check_text(content, f"message {i} 'content'")
+    if not isinstance(content, list):
+        raise SampleError("bad_record", f"message {i} 'content' must be a string or a list of parts")
+    out = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            out.append(check_text(part.get("text"), f"message {i} text part"))
+        elif kind in ("image", "video"):
+            inline = part.get(kind)
+            if inline is not None:  # the part names its own media
+                (images if kind == "image" else videos).append(media_ref(kind, inline))
+            out.append(f"<{kind}>")
+        else:
+            raise SampleError("bad_record", f"message {i} has a content part of type {kind!r}")
+    return "".join(out)
+
+
+def parse(record: dict, source: str, row: int) -> Sample:
+    msgs = record.get("messages")
+    if not isinstance(msgs, list):
+        raise SampleError("bad_record", "record has no 'messages' list")
+    if not msgs:
+        raise SampleError("empty_conversation", "'messages' is empty")
+    images, videos = media_refs(record, ("images", "image"), ("videos", "video"))
+    turns = []
+    for i, msg in enumerate(msgs):
+        if not isinstance(msg, dict):
+            raise SampleError("bad_record", f"message {i} is a {type(msg).__name__}, not an object")
+        role = ROLE_MAP.get(str(msg.get("role", "")).lower())
+        if role is None:
+            raise SampleError("unknown_role", f"message {i} has role {msg.get('role')!r}")
+        turns.append((role, _content_text(msg.get("content"), i, images, videos)))
+    return build_sample(turns, images, videos, sample_id_of(record, source, row), source, row)
