@@ -1,11 +1,21 @@
-"""Media probing without decoding pixels, and path resolution under ``--media-root``.
+"""Media probing without decoding pixels, frame extraction, and path resolution under ``--media-root``.
 
-Tokenize only needs dimensions: Pillow reads them from the header; nothing is decoded.
+Tokenize only needs dimensions and video metadata:
+
+* images: Pillow reads the size (and the EXIF orientation) from the header; a cheap
+  tail check (JPEG end-of-image marker, PNG ``IEND`` chunk, GIF trailer, WebP RIFF
+  size) catches truncated files without decoding a pixel;
+* videos: PyAV reads the container and stream headers; missing fields fall back in
+  a fixed order (see :func:`probe_video`); only a demux of packet headers, never a
+  decode, is needed for streams that lack a duration or frame count.
+
+Pack extracts the exact frames a tokenized row recorded (:func:`extract_frames`).
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import os
 import warnings
 from dataclasses import dataclass
@@ -15,15 +25,38 @@ from PIL import Image
 
 from .errors import SampleError
 from .records import MediaRef
+from .vision import VideoMeta
 
-__all__ = ["ImageInfo", "resolve_media_path", "probe_image", "read_media_bytes"]
+__all__ = [
+    "ImageInfo",
+    "resolve_media_path",
+    "probe_image",
+    "verify_complete",
+    "probe_video",
+    "extract_frames",
+    "read_media_bytes",
+]
+
+log = logging.getLogger(__name__)
+
+_EXIF_ORIENTATION = 0x0112
+_TAIL = 4096
 
 
 @dataclass(frozen=True, slots=True)
 class ImageInfo:
+    """Header facts about an image.
+
+    Attributes:
+        width, height: size as the model sees it (after EXIF orientation when applied).
+        format: Pillow's format name (``JPEG``, ``PNG`` ...).
+        orientation: the EXIF orientation tag (1 when absent); 5-8 swap width and height.
+    """
+
     width: int
     height: int
     format: str
+    orientation: int = 1
 
 
 def resolve_media_path(path: str, media_root: Path) -> Path:
@@ -44,12 +77,59 @@ def resolve_media_path(path: str, media_root: Path) -> Path:
     return resolved
 
 
-def probe_image(source: Path | bytes) -> ImageInfo:
-    """Read an image's size from its header (no pixel decode).
+def _tail(source: Path | bytes, n: int = _TAIL) -> tuple[bytes, int]:
+    if isinstance(source, bytes):
+        return source[-n:], len(source)
+    size = source.stat().st_size
+    with open(source, "rb") as fh:
+        fh.seek(max(0, size - n))
+        return fh.read(), size
+
+
+def verify_complete(source: Path | bytes, fmt: str) -> None:
+    """Cheap truncation check from the file's tail (no decode).
+
+    JPEG must hold the end-of-image marker ``FFD9`` in its last 4 KiB (trailing bytes
+    after it are tolerated, as decoders do), PNG an ``IEND`` chunk, GIF ends with the
+    ``;`` trailer, WebP's RIFF size must fit the file. Other formats are not checked.
 
     Raises:
-        SampleError: ``corrupt_image`` when the header is unreadable, ``image_too_large``
-            when the declared size passes Pillow's decompression-bomb limit.
+        SampleError: ``corrupt_image`` naming what is missing.
+    """
+    fmt = fmt.upper()
+    if fmt not in ("JPEG", "MPO", "PNG", "GIF", "WEBP"):
+        return
+    tail, size = _tail(source)
+    if fmt in ("JPEG", "MPO") and b"\xff\xd9" not in tail:
+        raise SampleError("corrupt_image", f"truncated JPEG: no end-of-image marker in the last {_TAIL} bytes of {size:,}")
+    if fmt == "PNG" and b"IEND" not in tail[-64:]:
+        raise SampleError("corrupt_image", f"truncated PNG: no IEND chunk at the end of {size:,} bytes")
+    if fmt == "GIF" and not tail.rstrip(b"\x00").endswith(b";"):
+        raise SampleError("corrupt_image", f"truncated GIF: no trailer at the end of {size:,} bytes")
+    if fmt == "WEBP":
+        head = source[:12] if isinstance(source, bytes) else open(source, "rb").read(12)
+        riff = int.from_bytes(head[4:8], "little") + 8
+        if riff > size:
+            raise SampleError("corrupt_image", f"truncated WebP: RIFF header says {riff:,} bytes, file has {size:,}")
+
+
+def probe_image(source: Path | bytes, exif: str = "ignore", verify: bool = True) -> ImageInfo:
+    """Read an image's size from its header (no pixel decode).
+
+    Args:
+        source: a file path or the image bytes.
+        exif: ``"apply"`` reports the size after EXIF orientation (5-8 swap width and
+            height, as ``ImageOps.exif_transpose`` would); ``"ignore"`` the stored size.
+        verify: run :func:`verify_complete` on the file's tail.
+
+    Example:
+        A 640x480 JPEG whose EXIF orientation is 6 (rotate 90) probes as 480x640 with
+        ``exif="apply"`` and 640x480 with ``exif="ignore"``.
+
+    Raises:
+        SampleError: ``corrupt_image`` when the header is unreadable or the file is
+            truncated, ``image_too_large`` when the declared size passes Pillow's
+            decompression-bomb limit (the limit stays on).
     """
     try:
         with warnings.catch_warnings():
@@ -58,13 +138,214 @@ def probe_image(source: Path | bytes) -> ImageInfo:
             with Image.open(fp) as im:
                 width, height = im.size
                 fmt = im.format or ""
+                orientation = 1
+                if exif == "apply" and ("exif" in im.info or fmt in ("TIFF", "MPO", "WEBP", "PNG")):
+                    try:
+                        orientation = int(im.getexif().get(_EXIF_ORIENTATION, 1) or 1)
+                    except (ValueError, TypeError, SyntaxError, OSError):
+                        orientation = 1  # unreadable EXIF: loaders ignore it too
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise SampleError("image_too_large", f"image exceeds Pillow's decompression-bomb limit: {exc}") from None
+        raise SampleError(
+            "image_too_large", f"image exceeds Pillow's decompression-bomb limit ({Image.MAX_IMAGE_PIXELS:,} px): {exc}"
+        ) from None
     except (OSError, SyntaxError, ValueError) as exc:
         raise SampleError("corrupt_image", f"cannot read image header: {exc}") from None
     if width <= 0 or height <= 0:
         raise SampleError("corrupt_image", f"image declares a zero size ({width}x{height})")
-    return ImageInfo(width, height, fmt)
+    if verify:
+        verify_complete(source, fmt)
+    if orientation in (5, 6, 7, 8):
+        width, height = height, width
+    return ImageInfo(width, height, fmt, orientation)
+
+
+def _open_video(source: Path | bytes | str):
+    import av
+
+    try:
+        return av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source))
+    except (av.error.FFmpegError, OSError, ValueError) as exc:
+        raise SampleError("corrupt_video", f"cannot open video: {exc}") from None
+
+
+def _display_rotation(container, stream) -> int:
+    """Display rotation (degrees counterclockwise, as FFmpeg's display matrix: 0/90/180/270).
+
+    MP4/MOV carry it as a display matrix that PyAV exposes on decoded frames only,
+    so for those containers the first frame is decoded (the one decode a probe
+    does); other containers rarely carry rotation and are reported as 0.
+    """
+    if not any(n in container.format.name for n in ("mov", "mp4")):
+        return 0
+    try:
+        for frame in container.decode(stream):
+            return int(round(frame.rotation or 0)) % 360
+    except Exception:  # noqa: BLE001 - a broken first frame is found later by pack
+        return 0
+    return 0
+
+
+def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> VideoMeta:
+    """Duration, frame rate, frame count, start time and rotation of a video, from headers.
+
+    Fallbacks for streams that lack metadata (WebM, MKV, MPEG-TS, raw streams):
+
+    * fps: stream average rate -> guessed rate -> base rate;
+    * duration: stream duration -> container duration -> end of the last packet
+      (``pts + duration``), each minus the first frame's start time;
+    * frame count: the stream's frame count -> ``round(duration * fps)`` -> packets counted.
+
+    ``start_s`` is the first frame's presentation time (non-zero in many TS files);
+    frame times recorded by a family are relative to it.
+
+    Example:
+        A 30 s, 30 fps, 1280x720 MP4 probes as
+        ``VideoMeta(1280, 720, 30.0, 30.0, 900, 0.0, 0)``.
+
+    Raises:
+        SampleError: ``corrupt_video`` when the file cannot be opened or has no video stream.
+    """
+    import av
+
+    container = _open_video(source)
+    try:
+        if not container.streams.video:
+            raise SampleError("corrupt_video", "file has no video stream")
+        stream = container.streams.video[0]
+        cc = stream.codec_context
+        width, height = int(cc.width or 0), int(cc.height or 0)
+        if width <= 0 or height <= 0:
+            raise SampleError("corrupt_video", f"video stream declares no frame size ({width}x{height})")
+        rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+        fps = float(rate) if rate else 0.0
+        tb = float(stream.time_base) if stream.time_base else 0.0
+        start = stream.start_time * tb if stream.start_time is not None and tb else None
+        if start is None:
+            start = container.start_time / av.time_base if container.start_time is not None else 0.0
+        duration = None
+        if stream.duration and tb:
+            duration = stream.duration * tb
+        elif container.duration:
+            c_start = container.start_time / av.time_base if container.start_time is not None else 0.0
+            duration = container.duration / av.time_base - (start - c_start)
+        n_frames = int(stream.frames or 0)
+        if (duration is None or n_frames <= 0) and (duration is None or fps <= 0):
+            # last resort: walk packet headers (demux only, no decode)
+            end, count = 0.0, 0
+            for pkt in container.demux(stream):
+                if pkt.size == 0:
+                    continue
+                count += 1
+                if pkt.pts is not None:
+                    end = max(end, (pkt.pts + (pkt.duration or 0)) * tb)
+            if duration is None:
+                duration = end - start
+            if n_frames <= 0:
+                n_frames = count
+            container.seek(0)
+        if n_frames <= 0 and duration and fps > 0:
+            n_frames = int(round(duration * fps))
+        if fps <= 0 and duration and n_frames:
+            fps = n_frames / duration
+        rotation = _display_rotation(container, stream)
+    except SampleError:
+        raise
+    except (av.error.FFmpegError, OSError, ValueError) as exc:
+        raise SampleError("corrupt_video", f"cannot read video headers: {exc}") from None
+    finally:
+        container.close()
+    if apply_rotation and rotation in (90, 270):
+        width, height = height, width
+    return VideoMeta(width, height, float(duration or 0.0), fps, n_frames, float(start), rotation)
+
+
+def _encode_jpeg(img: Image.Image, quality: int) -> bytes:
+    buf = io.BytesIO()
+    img.convert("RGB").save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def extract_frames(media_root: Path, media: dict, quality: int = 90) -> list[bytes]:
+    """JPEG bytes of the frames a tokenized video entry recorded (``media["timestamps"]``).
+
+    Frame ``t`` is the frame on screen at ``start + t``: the last frame whose
+    presentation time is at or before it (times past the end give the last frame).
+    Dense requests (on average less than 2 s apart) are served by one linear decode;
+    sparse ones seek to the keyframe before each time and decode forward.
+
+    When the row recorded the video with a 90/270 degree rotation applied (its width
+    and height are the coded size swapped), frames are rotated the same way.
+
+    Example:
+        For a 30 fps clip and timestamps ``[0.0, 0.5]`` this returns the JPEGs of
+        frames 0 and 15.
+    """
+    times = list(media.get("timestamps") or [])
+    if not times:
+        return []
+    data = media.get("data")
+    source = data if data is not None else resolve_media_path(media.get("path") or "", media_root)
+    container = _open_video(source)
+    try:
+        stream = container.streams.video[0]
+        tb = float(stream.time_base)
+        cc = stream.codec_context
+        rotate = (media.get("width"), media.get("height")) == (cc.height, cc.width) and cc.width != cc.height
+        rotation = 0
+        first = None
+        out: list[Image.Image | None] = [None] * len(times)
+        order = sorted(range(len(times)), key=lambda i: times[i])
+        dense = len(times) < 2 or (max(times) - min(times)) / (len(times) - 1) < 2.0
+        eps = 1e-6
+        if dense:
+            k = 0
+            prev = None
+            for frame in container.decode(stream):
+                if frame.pts is None:
+                    continue
+                t = frame.pts * tb
+                if first is None:
+                    first, rotation = t, int(round(frame.rotation or 0)) % 360
+                while k < len(order) and first + times[order[k]] + eps < t:
+                    out[order[k]] = prev if prev is not None else frame.to_image()
+                    k += 1
+                if k >= len(order):
+                    break
+                prev = frame.to_image()
+            last = prev
+            for i in order[k:]:
+                out[i] = last
+        else:
+            for frame in container.decode(stream):
+                first, rotation = frame.pts * tb, int(round(frame.rotation or 0)) % 360
+                break
+            for i in order:
+                target = first + times[i]
+                container.seek(int(max(target - first, 0) / tb) + (stream.start_time or 0), stream=stream,
+                               backward=True, any_frame=False)
+                chosen = None
+                for frame in container.decode(stream):
+                    if frame.pts is None:
+                        continue
+                    if frame.pts * tb > target + eps and chosen is not None:
+                        break
+                    chosen = frame.to_image()
+                out[i] = chosen
+    except SampleError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any decoder failure is a corrupt video for this row
+        raise SampleError("corrupt_video", f"cannot decode frames: {exc}") from None
+    finally:
+        container.close()
+    if any(img is None for img in out):
+        raise SampleError("corrupt_video", "video has no decodable frame at a recorded time")
+    if rotate and rotation in _ROTATE:
+        out = [img.transpose(_ROTATE[rotation]) for img in out]  # type: ignore[union-attr]
+    return [_encode_jpeg(img, quality) for img in out]  # type: ignore[arg-type]
+
+
+# display rotation (counterclockwise degrees) -> PIL transpose that shows the frame upright
+_ROTATE = {90: Image.Transpose.ROTATE_90, 270: Image.Transpose.ROTATE_270}
 
 
 def read_media_bytes(ref: MediaRef, media_root: Path) -> bytes:
@@ -74,3 +355,4 @@ def read_media_bytes(ref: MediaRef, media_root: Path) -> bytes:
     if ref.path is None:
         raise SampleError("missing_media", "media item has neither a path nor inline bytes")
     return resolve_media_path(ref.path, media_root).read_bytes()
+

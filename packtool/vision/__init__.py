@@ -7,20 +7,51 @@ and lays those placeholders out as token *segments* that the template expands.
     >>> fam = get_family("qwen2.5-vl")
     >>> fam.image(1080, 1920).n_tokens
     2691
+
+Families, their vision unit and default capacity (``--max-vision-units``):
+
+============  ==========================  =======
+family        vision unit                 default
+============  ==========================  =======
+qwen2-vl      14-px ViT patch              65,536
+qwen2.5-vl    14-px ViT patch              65,536
+qwen3-vl      16-px ViT patch              65,536
+molmo2        378-px crop (global + tiles)    128
+llava-ov      384-px tile / video frame        64
+internvl      448-px tile (incl. thumbnail)    64
+fixed:N       image                            64
+============  ==========================  =======
+
+A video's frame times are chosen by the family (each reproduces its processor's
+sampler) and returned in :attr:`VisionLayout.timestamps`, in seconds from the first
+frame; the tokenized row records them and pack extracts exactly those frames.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
-from ..errors import ConfigError
+from ..errors import ConfigError, SampleError
 
-__all__ = ["VisionLayout", "VideoMeta", "VisionFamily", "get_family", "FAMILIES"]
+__all__ = ["VisionLayout", "VideoMeta", "VisionFamily", "get_family", "FAMILIES", "EXIF_MODES"]
+
+EXIF_MODES = ("apply", "ignore")
 
 
 @dataclass(frozen=True, slots=True)
 class VideoMeta:
-    """What a probe learned about a video without decoding it."""
+    """What a probe learned about a video without decoding it.
+
+    Attributes:
+        width, height: frame size as the family sees it (coded size; swapped for a
+            90/270 degree display rotation when rotation is applied).
+        duration_s: playable duration from the first frame.
+        fps: average frame rate.
+        n_frames: number of frames (as a frame-indexed reader such as decord counts them).
+        start_s: presentation time of the first frame (non-zero in many TS/MKV files).
+        rotation: display rotation in degrees (0, 90, 180, 270) from the container.
+    """
 
     width: int
     height: int
@@ -37,14 +68,19 @@ class VisionLayout:
 
     Attributes:
         kind: ``"image"`` or ``"video"``.
-        n_tokens: placeholder (feature) tokens the processor emits for it.
+        n_tokens: placeholder (feature) tokens the processor emits for it: the sum of
+            the ``"pad"`` segment counts. Structure tokens (column, frame markers,
+            timestamp text) are extra.
         units: vision-encoder work it costs (patches, crops or tiles; per family).
         grid: ``(t, h, w)`` in the family's patch grid (``(1, h, w)`` for images).
         resized: ``(height, width)`` the processor resizes to.
-        timestamps: for videos, the exact frame times (seconds) that were counted.
+        timestamps: for videos, the exact frame times (seconds from the first frame)
+            that were counted; the packed shard embeds exactly these frames.
         segments: the token layout: ``(kind, value, count)`` triples where kind is
             ``"special"`` (a special token by name), ``"text"`` (ordinary text) or
-            ``"pad"`` (``count`` copies of a placeholder token; these are the feature slots).
+            ``"pad"`` (``count`` copies of a placeholder token; these are the feature
+            slots). A layout may hold several pad runs (one per row or frame); the
+            media span in a row then runs from the first pad to the last pad.
     """
 
     kind: str
@@ -57,11 +93,19 @@ class VisionLayout:
 
 
 class VisionFamily:
-    """Interface every model family implements."""
+    """Interface every model family implements.
+
+    Class attributes document the family: ``unit_name`` (what one vision unit is),
+    ``default_max_vision_units`` (the pack capacity used when ``--max-vision-units``
+    is not given) and ``exif_default`` (whether the family's own image loader applies
+    EXIF orientation; ``--exif`` overrides it).
+    """
 
     name: str = ""
     unit_name: str = "units"
     default_max_vision_units: int = 0
+    exif_default: str = "ignore"
+    exif: str = "ignore"
 
     def image(self, height: int, width: int) -> VisionLayout:  # pragma: no cover - interface
         raise NotImplementedError
@@ -71,15 +115,52 @@ class VisionFamily:
 
     def settings(self) -> dict:
         """The settings that change counts; stored in the manifest and the config digest."""
-        return {"name": self.name}
+        return {"name": self.name, "exif": self.exif}
+
+    def special_tokens(self) -> tuple[str, ...]:
+        """Names of the special tokens this family's layouts use (the tokenizer must know them)."""
+        return ()
+
+
+def check_video(meta: VideoMeta, family: str, min_frames: int = 1) -> None:
+    """Reject videos a family cannot sample (no frames, no rate, too few frames)."""
+    if meta.n_frames < 1 or meta.width <= 0 or meta.height <= 0:
+        raise SampleError("corrupt_video", f"video has no decodable frames ({meta.width}x{meta.height}, {meta.n_frames} frames)")
+    if not meta.fps or meta.fps <= 0:
+        raise SampleError("corrupt_video", "video has no frame rate")
+    if meta.n_frames < min_frames:
+        raise SampleError(
+            "video_too_short",
+            f"video has {meta.n_frames} frame(s); the {family} processor needs at least {min_frames}",
+        )
 
 
 def get_family(name: str, **settings) -> VisionFamily:
-    """Return the vision family called ``name`` configured with processor ``settings``."""
+    """Return the vision family called ``name`` configured with processor ``settings``.
+
+    ``None`` settings are ignored (the family's released-checkpoint default applies).
+    A setting the family does not use is a :class:`ConfigError`, so that, say,
+    ``--max-crops`` with ``qwen2.5-vl`` does not silently do nothing.
+
+    Example:
+        >>> get_family("internvl", max_num=6).max_num
+        6
+    """
+    given = {k: v for k, v in settings.items() if v is not None}
+    exif = given.pop("exif", None)
+    if exif is not None and exif not in EXIF_MODES:
+        raise ConfigError(f"--exif {exif!r}: choose apply or ignore")
     key = name.lower()
     if key in FAMILIES:
-        return FAMILIES[key](**{k: v for k, v in settings.items() if v is not None})
-    if key.startswith("fixed:"):
+        cls = FAMILIES[key]
+        accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
+        unknown = sorted(set(given) - accepted)
+        if unknown:
+            flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
+            raise ConfigError(f"{flags} does not apply to --model {key}; it accepts: "
+                              + (", ".join("--" + k.replace("_", "-") for k in sorted(accepted)) or "no settings"))
+        family = cls(**given)
+    elif key.startswith("fixed:"):
         from .fixed import Fixed
 
         try:
@@ -88,14 +169,31 @@ def get_family(name: str, **settings) -> VisionFamily:
             n = 0
         if n <= 0:
             raise ConfigError(f"--model {name!r}: fixed:N needs a positive N, e.g. fixed:576")
-        return Fixed(n)
-    raise ConfigError(f"unknown --model {name!r}; choose one of: {', '.join(sorted(FAMILIES))}, fixed:N")
+        extra = sorted(set(given) - {"max_frames"})
+        if extra:
+            raise ConfigError(f"{', '.join('--' + k.replace('_', '-') for k in extra)} does not apply to --model fixed:N")
+        family = Fixed(n, **given)
+    else:
+        raise ConfigError(f"unknown --model {name!r}; choose one of: {', '.join(sorted(FAMILIES))}, fixed:N")
+    family.exif = exif or family.exif_default
+    return family
 
 
 def _families() -> dict[str, type]:
+    from .internvl import InternVL
+    from .llava_ov import LlavaOneVision
+    from .molmo2 import Molmo2
     from .qwen import Qwen2VL, Qwen25VL
+    from .qwen3 import Qwen3VL
 
-    return {"qwen2-vl": Qwen2VL, "qwen2.5-vl": Qwen25VL}
+    return {
+        "qwen2-vl": Qwen2VL,
+        "qwen2.5-vl": Qwen25VL,
+        "qwen3-vl": Qwen3VL,
+        "molmo2": Molmo2,
+        "llava-ov": LlavaOneVision,
+        "internvl": InternVL,
+    }
 
 
 FAMILIES: dict[str, type] = _families()

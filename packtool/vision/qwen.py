@@ -4,18 +4,39 @@ Images are resized by :func:`smart_resize` to multiples of 28 px (14-px patches,
 2x2 merge); each merged 28x28 block becomes one ``<|image_pad|>`` token, wrapped in
 ``<|vision_start|>`` ... ``<|vision_end|>``. The vision unit is the 14-px patch
 (what the ViT actually runs on), so units = 4 x tokens for images.
+
+Videos follow qwen-vl-utils (``fetch_video`` / ``smart_nframes``): 2 frames per
+second, clamped to [4, 768] and to the frame count, floored to an even number;
+frame indices ``round(linspace(0, n_frames - 1, n))`` (first and last frame kept);
+each frame resized with a per-frame pixel budget
+``max(min(768*28*28, 90,316,800 / n * 2), int(128*28*28 * 1.05))`` and floor
+``128*28*28``; two frames form one temporal patch, so ``grid_t = n / 2``.
+
+    >>> lay = Qwen25VL().video(VideoMeta(1280, 720, 30.0, 30.0, 900))
+    >>> len(lay.timestamps), lay.resized, lay.n_tokens
+    (60, (560, 1008), 21600)
 """
 
 from __future__ import annotations
 
 import math
 
-from ..errors import SampleError
-from . import VideoMeta, VisionFamily, VisionLayout
+import numpy as np
 
-__all__ = ["smart_resize", "Qwen2VL", "Qwen25VL"]
+from ..errors import SampleError
+from . import VideoMeta, VisionFamily, VisionLayout, check_video
+
+__all__ = ["smart_resize", "smart_nframes", "uniform_indices", "Qwen2VL", "Qwen25VL"]
 
 MAX_RATIO = 200
+# qwen-vl-utils video constants (vision_process.py)
+VIDEO_MIN_PIXELS = 128 * 28 * 28
+VIDEO_MAX_PIXELS = 768 * 28 * 28
+VIDEO_TOTAL_PIXELS = int(128000 * 28 * 28 * 0.9)
+FRAME_FACTOR = 2
+FPS = 2.0
+FPS_MIN_FRAMES = 4
+FPS_MAX_FRAMES = 768
 
 
 def smart_resize(
@@ -24,6 +45,8 @@ def smart_resize(
     """Qwen's resize rule: both sides multiples of ``factor``, pixels in [min, max], aspect kept.
 
     Rounding is Python's ``round`` (banker's rounding), exactly as the processor does.
+    As in qwen-vl-utils, a side never rounds below one ``factor`` (the transformers
+    copy lets it reach 0 first; the two differ only for sides under ``factor / 2`` px).
 
     Example:
         >>> smart_resize(1080, 1920, 28, 3136, 12845056)
@@ -53,6 +76,36 @@ def smart_resize(
     return h_bar, w_bar
 
 
+def smart_nframes(n_frames: int, video_fps: float, fps: float = FPS, min_frames: int = FPS_MIN_FRAMES,
+                  max_frames: int = FPS_MAX_FRAMES) -> int:
+    """Frames qwen-vl-utils samples from a video of ``n_frames`` at ``video_fps``.
+
+    ``n = n_frames / video_fps * fps`` clamped to ``[ceil2(min_frames), floor2(min(max_frames, n_frames))]``
+    and to ``n_frames``, then floored to an even number.
+
+    Example:
+        >>> smart_nframes(900, 30.0)   # 30 s at 30 fps -> 2 fps -> 60
+        60
+        >>> smart_nframes(45, 30.0)    # 1.5 s -> 3 frames -> raised to the minimum 4
+        4
+    """
+    lo = math.ceil(min_frames / FRAME_FACTOR) * FRAME_FACTOR
+    hi = math.floor(min(max_frames, n_frames) / FRAME_FACTOR) * FRAME_FACTOR
+    n = n_frames / video_fps * fps
+    n = min(min(max(n, lo), hi), n_frames)
+    return math.floor(n / FRAME_FACTOR) * FRAME_FACTOR
+
+
+def uniform_indices(n_frames: int, n: int) -> np.ndarray:
+    """``round(linspace(0, n_frames - 1, n))`` with round-half-even, as torch/numpy round.
+
+    Example:
+        >>> uniform_indices(10, 4).tolist()
+        [0, 3, 6, 9]
+    """
+    return np.rint(np.linspace(0, n_frames - 1, n)).astype(np.int64)
+
+
 class Qwen2VL(VisionFamily):
     """Qwen2-VL: 14-px patches, 2x2 spatial merge, temporal patch 2."""
 
@@ -62,17 +115,26 @@ class Qwen2VL(VisionFamily):
     merge = 2
     temporal_patch = 2
     default_max_vision_units = 65536
+    # qwen-vl-utils opens images with PIL and converts to RGB; no EXIF transpose
+    exif_default = "ignore"
 
-    def __init__(self, min_pixels: int = 3136, max_pixels: int = 12845056) -> None:
+    def __init__(self, min_pixels: int = 3136, max_pixels: int = 12845056, max_frames: int = FPS_MAX_FRAMES,
+                 fps: float = FPS) -> None:
         self.min_pixels = int(min_pixels)
         self.max_pixels = int(max_pixels)
+        self.max_frames = int(max_frames)
+        self.fps = float(fps)
 
     @property
     def factor(self) -> int:
         return self.patch * self.merge
 
     def settings(self) -> dict:
-        return {"name": self.name, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels}
+        return {"name": self.name, "exif": self.exif, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels,
+                "max_frames": self.max_frames, "fps": self.fps}
+
+    def special_tokens(self) -> tuple[str, ...]:
+        return ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 
     def image(self, height: int, width: int) -> VisionLayout:
         """Layout of one image.
@@ -88,7 +150,28 @@ class Qwen2VL(VisionFamily):
         return VisionLayout("image", n, gh * gw, (1, gh, gw), (rh, rw), segs)
 
     def video(self, meta: VideoMeta) -> VisionLayout:
-        raise SampleError("corrupt_video", "video accounting for this family is not available yet")
+        """Layout of one video (qwen-vl-utils sampling, then the image processor's grid).
+
+        A video with fewer than 2 frames is refused (``video_too_short``), as
+        qwen-vl-utils refuses it.
+
+        Example:
+            >>> Qwen25VL().video(VideoMeta(1280, 720, 30.0, 30.0, 900)).grid
+            (30, 40, 72)
+        """
+        check_video(meta, self.name, FRAME_FACTOR)
+        n = smart_nframes(meta.n_frames, meta.fps, self.fps, FPS_MIN_FRAMES, self.max_frames)
+        if n < FRAME_FACTOR:
+            raise SampleError("video_too_short", f"--max-frames {self.max_frames} leaves fewer than 2 frames")
+        idx = uniform_indices(meta.n_frames, n)
+        max_pixels = max(min(VIDEO_MAX_PIXELS, VIDEO_TOTAL_PIXELS / n * FRAME_FACTOR), int(VIDEO_MIN_PIXELS * 1.05))
+        rh, rw = smart_resize(meta.height, meta.width, self.factor, VIDEO_MIN_PIXELS, max_pixels)
+        gt = math.ceil(n / self.temporal_patch)
+        gh, gw = rh // self.patch, rw // self.patch
+        tokens = gt * gh * gw // (self.merge * self.merge)
+        segs = (("special", "<|vision_start|>", 1), ("pad", "<|video_pad|>", tokens), ("special", "<|vision_end|>", 1))
+        times = tuple(float(i) / meta.fps for i in idx)
+        return VisionLayout("video", tokens, gt * gh * gw, (gt, gh, gw), (rh, rw), segs, times)
 
 
 class Qwen25VL(Qwen2VL):

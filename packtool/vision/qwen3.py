@@ -1,0 +1,139 @@
+"""Qwen3-VL vision accounting, reproduced from the released processor.
+
+Images: the Qwen2-VL rule with 16-px patches and 2x2 merge, so sides are multiples
+of 32; the released ``preprocessor_config.json`` budget is 65,536 .. 16,777,216 px.
+
+Videos follow ``Qwen3VLVideoProcessor`` with the released
+``video_preprocessor_config.json`` (fps 2, min_frames 4, max_frames 768, pixel budget
+4,096 .. 25,165,824 over *all* frames, per-frame cap off):
+
+* ``n = int(n_frames / video_fps * 2)`` clamped to ``[4, 768]`` and to ``n_frames``;
+  frame indices ``round(linspace(0, n_frames - 1, n))``;
+* the whole clip is resized by the 3-D ``smart_resize``: with ``t = round(n / 2) * 2``,
+  if ``t * H' * W'`` exceeds the budget, ``beta = sqrt(n * H * W / max_pixels)``;
+* an odd ``n`` is padded with the last frame, so ``grid_t = ceil(n / 2)``;
+* each temporal patch is laid out as ``<{t:.1f} seconds>`` text (the mean time of
+  its two frames), ``<|vision_start|>``, ``H'W'/1024`` ``<|video_pad|>``, ``<|vision_end|>``.
+
+    >>> lay = Qwen3VL().video(VideoMeta(1280, 720, 10.0, 30.0, 300))
+    >>> len(lay.timestamps), lay.grid, lay.n_tokens
+    (20, (10, 44, 80), 8800)
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import SampleError
+from . import VideoMeta, VisionFamily, VisionLayout, check_video
+from .qwen import MAX_RATIO, smart_resize, uniform_indices
+
+__all__ = ["Qwen3VL", "smart_resize_video", "frame_pair_times"]
+
+
+def smart_resize_video(n_frames: int, height: int, width: int, temporal_factor: int = 2, factor: int = 32,
+                       min_pixels: int = 4096, max_pixels: int = 25165824) -> tuple[int, int]:
+    """Qwen3-VL's 3-D resize: the pixel budget covers all ``n_frames`` frames.
+
+    Example:
+        >>> smart_resize_video(20, 720, 1280)
+        (704, 1280)
+    """
+    if n_frames < temporal_factor:
+        raise SampleError("video_too_short", f"{n_frames} frame(s) sampled; Qwen3-VL needs at least {temporal_factor}")
+    if height < factor or width < factor:
+        # tiny frames are scaled up to one factor first (processor behaviour)
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > MAX_RATIO:
+        raise SampleError("bad_aspect_ratio",
+                          f"video aspect ratio {max(height, width) / min(height, width):.1f} exceeds {MAX_RATIO}")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    t_bar = round(n_frames / temporal_factor) * temporal_factor
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((n_frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (n_frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def frame_pair_times(indices: list[int], video_fps: float, merge: int = 2) -> list[float]:
+    """Mean time of the frames in each temporal patch (the processor's ``_calculate_timestamps``).
+
+    Example:
+        >>> frame_pair_times([0, 15, 30], 30.0)
+        [0.25, 1.0]
+    """
+    idx = list(indices)
+    if len(idx) % merge:
+        idx.extend(idx[-1] for _ in range(merge - len(idx) % merge))
+    ts = [i / video_fps for i in idx]
+    return [(ts[i] + ts[i + merge - 1]) / 2 for i in range(0, len(ts), merge)]
+
+
+class Qwen3VL(VisionFamily):
+    """Qwen3-VL: 16-px patches, 2x2 merge, temporal patch 2, timestamp text per temporal patch."""
+
+    name = "qwen3-vl"
+    unit_name = "patches"
+    patch = 16
+    merge = 2
+    temporal_patch = 2
+    default_max_vision_units = 65536
+    exif_default = "ignore"
+
+    def __init__(self, min_pixels: int = 65536, max_pixels: int = 16777216, max_frames: int = 768,
+                 fps: float = 2.0) -> None:
+        self.min_pixels = int(min_pixels)
+        self.max_pixels = int(max_pixels)
+        self.max_frames = int(max_frames)
+        self.fps = float(fps)
+        self.min_frames = 4
+        self.video_min_pixels = 4096
+        self.video_max_pixels = 25165824
+
+    @property
+    def factor(self) -> int:
+        return self.patch * self.merge
+
+    def settings(self) -> dict:
+        return {"name": self.name, "exif": self.exif, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels,
+                "max_frames": self.max_frames, "fps": self.fps}
+
+    def special_tokens(self) -> tuple[str, ...]:
+        return ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+    def image(self, height: int, width: int) -> VisionLayout:
+        """Layout of one image.
+
+        Example:
+            >>> Qwen3VL().image(1080, 1920).n_tokens
+            2040
+        """
+        rh, rw = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
+        gh, gw = rh // self.patch, rw // self.patch
+        n = gh * gw // (self.merge * self.merge)
+        segs = (("special", "<|vision_start|>", 1), ("pad", "<|image_pad|>", n), ("special", "<|vision_end|>", 1))
+        return VisionLayout("image", n, gh * gw, (1, gh, gw), (rh, rw), segs)
+
+    def video(self, meta: VideoMeta) -> VisionLayout:
+        check_video(meta, self.name, self.temporal_patch)
+        n = int(meta.n_frames / meta.fps * self.fps)
+        n = min(max(n, self.min_frames), self.max_frames, meta.n_frames)
+        idx = uniform_indices(meta.n_frames, n).tolist()
+        rh, rw = smart_resize_video(n, meta.height, meta.width, self.temporal_patch, self.factor,
+                                    self.video_min_pixels, self.video_max_pixels)
+        gt = math.ceil(n / self.temporal_patch)
+        gh, gw = rh // self.patch, rw // self.patch
+        per_t = gh * gw // (self.merge * self.merge)
+        segs: list[tuple[str, str, int]] = []
+        for t in frame_pair_times(idx, meta.fps, self.temporal_patch):
+            segs += [("text", f"<{t:.1f} seconds>", 1), ("special", "<|vision_start|>", 1),
+                     ("pad", "<|video_pad|>", per_t), ("special", "<|vision_end|>", 1)]
+        times = tuple(i / meta.fps for i in idx)
+        return VisionLayout("video", gt * per_t, gt * gh * gw, (gt, gh, gw), (rh, rw), tuple(segs), times)
