@@ -91,11 +91,11 @@ def _probe_uncached(ref: MediaRef, ctx: EncodeContext) -> tuple[int, int, Vision
         raise SampleError("missing_media", f"{ref.kind} has neither a path nor inline bytes")
     src = ref.data if ref.data is not None else resolve_media_path(ref.path, ctx.media_root)
     if ref.kind == "image":
-        info = probe_image(src)
+        info = probe_image(src, exif=ctx.family.exif)
         return info.width, info.height, ctx.family.image(info.height, info.width)
     from .media import probe_video
 
-    meta = probe_video(src)
+    meta = probe_video(src, apply_rotation=ctx.family.exif == "apply")
     return meta.width, meta.height, ctx.family.video(meta)
 
 
@@ -225,8 +225,10 @@ def _assemble(pieces, encoded):
             ids.extend([value] * count)
             loss.extend([lossy] * count)
         else:  # pad: the feature slots of one media item
-            if spans and spans[-1][0] == media_index and spans[-1][1] + spans[-1][2] == len(ids):
-                spans[-1] = (media_index, spans[-1][1], spans[-1][2] + count)
+            # one span per item, from its first pad to its last (layouts may put row or
+            # frame markers between pad runs)
+            if spans and spans[-1][0] == media_index:
+                spans[-1] = (media_index, spans[-1][1], len(ids) + count - spans[-1][1])
             else:
                 spans.append((media_index, len(ids), count))
             ids.extend([value] * count)

@@ -1,0 +1,318 @@
+"""Every input format read from an exact, hand-written fixture in its documented shape.
+
+Fixtures follow each project's public documentation: LLaVA-Instruct records, the
+LLaMA-Factory ShareGPT layout (its ``mllm_demo`` record and the default
+``conversations``/``from``/``value`` tags), the ms-swift standard ``messages`` format,
+the Qwen-VL finetune format, and the Molmo/PixMo ``message_list`` records.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import io
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from packtool.errors import ConfigError, InputError
+from packtool.formats import FORMATS, PARSERS, Rejected, detect_format, expand_inputs, iter_samples
+from packtool.records import MediaRef, Message, Part, Sample
+
+
+def png_bytes(w: int = 40, h: int = 30, color=(200, 30, 30)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def read_all(path: Path, fmt: str = "auto") -> list:
+    return list(iter_samples([path], fmt))
+
+
+def U(*parts) -> Message:
+    return Message("user", tuple(parts))
+
+
+def A(text: str) -> Message:
+    return Message("assistant", (Part.of_text(text),))
+
+
+T = Part.of_text
+IMG = Part.media
+
+
+# --- LLaVA -------------------------------------------------------------------------
+
+LLAVA = {
+    "id": "000000033471",
+    "image": "000000033471.jpg",
+    "conversations": [
+        {"from": "human", "value": "<image>\nWhat are the colors of the bus in the image?"},
+        {"from": "gpt", "value": "The bus in the image is white and red."},
+        {"from": "human", "value": "What feature can be seen on the back of the bus?"},
+        {"from": "gpt", "value": "The back of the bus features an advertisement."},
+    ],
+}
+
+
+def test_llava_record(tmp_path):
+    [s] = read_all(write_jsonl(tmp_path / "llava.jsonl", [LLAVA]))
+    assert s == Sample(
+        "000000033471", str(tmp_path / "llava.jsonl"), 0, (MediaRef("image", "000000033471.jpg"),),
+        ((U(IMG("image", 0), T("What are the colors of the bus in the image?")),
+          A("The bus in the image is white and red."),
+          U(T("What feature can be seen on the back of the bus?")),
+          A("The back of the bus features an advertisement.")),),
+    )
+
+
+def test_llava_json_array_and_tagless_media_go_first(tmp_path):
+    rec = {"image": ["a.png", "b.png"], "conversations": [
+        {"from": "human", "value": "Compare them."}, {"from": "gpt", "value": "Same."}]}
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps([rec, LLAVA]), encoding="utf-8")
+    s0, s1 = read_all(path)
+    assert s0.sample_id == "d.json:0" and s1.sample_id == "000000033471"
+    assert s0.branches[0][0] == U(IMG("image", 0), IMG("image", 1), T("Compare them."))
+
+
+def test_llava_video_tag(tmp_path):
+    rec = {"id": "v", "video": "clip.mp4", "conversations": [
+        {"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "A ball rolls."}]}
+    [s] = read_all(write_jsonl(tmp_path / "v.jsonl", [rec]))
+    assert s.media == (MediaRef("video", "clip.mp4"),)
+    assert s.branches[0][0] == U(IMG("video", 0), T("What happens?"))
+
+
+# --- ShareGPT (LLaMA-Factory) --------------------------------------------------------
+
+MLLM_DEMO = {
+    "messages": [
+        {"content": "<image>Who are they?", "role": "user"},
+        {"content": "They're Kane and Gretzka from Bayern Munich.", "role": "assistant"},
+        {"content": "What are they doing?", "role": "user"},
+        {"content": "They are celebrating on the soccer field.", "role": "assistant"},
+    ],
+    "images": ["mllm_demo_data/1.jpg"],
+}
+
+SHAREGPT_DEFAULT_TAGS = {
+    "conversations": [
+        {"from": "human", "value": "<image>Describe the picture."},
+        {"from": "gpt", "value": "A red square."},
+    ],
+    "system": "Answer briefly.",
+    "images": ["shapes/square.png"],
+}
+
+
+def test_sharegpt_default_tags_with_system(tmp_path):
+    [s] = read_all(write_jsonl(tmp_path / "s.jsonl", [SHAREGPT_DEFAULT_TAGS]))
+    assert detect_format(SHAREGPT_DEFAULT_TAGS) == "sharegpt"
+    assert s.media == (MediaRef("image", "shapes/square.png"),)
+    assert s.branches == ((Message("system", (T("Answer briefly."),)),
+                           U(IMG("image", 0), T("Describe the picture.")), A("A red square.")),)
+
+
+def test_sharegpt_mllm_demo_forced(tmp_path):
+    [s] = read_all(write_jsonl(tmp_path / "m.jsonl", [MLLM_DEMO]), "sharegpt")
+    assert s.branches[0] == (U(IMG("image", 0), T("Who are they?")),
+                             A("They're Kane and Gretzka from Bayern Munich."),
+                             U(T("What are they doing?")), A("They are celebrating on the soccer field."))
+
+
+def test_sharegpt_is_strict_about_tags(tmp_path):
+    rec = {**SHAREGPT_DEFAULT_TAGS, "conversations": [
+        {"from": "human", "value": "Describe the picture."}, {"from": "gpt", "value": "A red square."}]}
+    [r] = read_all(write_jsonl(tmp_path / "s.jsonl", [rec]))
+    assert isinstance(r, Rejected) and r.reason == "placeholder_mismatch"
+
+
+# --- ms-swift ------------------------------------------------------------------------
+
+def test_swift_paths_data_uris_and_typed_parts(tmp_path):
+    raw = png_bytes()
+    uri = "data:image/png;base64," + base64.b64encode(raw).decode()
+    recs = [
+        {"messages": [{"role": "system", "content": "You are a helpful assistant."},
+                      {"role": "user", "content": "<image>What is in the picture?"},
+                      {"role": "assistant", "content": "A red rectangle."}],
+         "images": ["images/red.png"]},
+        {"messages": [{"role": "user", "content": "<image><image>Which is larger?"},
+                      {"role": "assistant", "content": "The second."}],
+         "images": [uri, {"bytes": None, "path": "images/b.png"}]},
+        {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Colour?"}]},
+                      {"role": "assistant", "content": [{"type": "text", "text": "Red."}]}],
+         "images": ["images/red.png"]},
+    ]
+    s0, s1, s2 = read_all(write_jsonl(tmp_path / "swift.jsonl", recs))
+    assert detect_format(recs[0]) == "swift"
+    assert s0.branches[0] == (Message("system", (T("You are a helpful assistant."),)),
+                              U(IMG("image", 0), T("What is in the picture?")), A("A red rectangle."))
+    assert s1.media == (MediaRef("image", None, raw), MediaRef("image", "images/b.png"))
+    assert s1.branches[0][0] == U(IMG("image", 0), IMG("image", 1), T("Which is larger?"))
+    assert s2.branches[0] == (U(IMG("image", 0), T("Colour?")), A("Red."))
+
+
+def test_swift_remote_url_is_missing_media(tmp_path):
+    rec = {"messages": [{"role": "user", "content": "<image>Hi"}, {"role": "assistant", "content": "Hello"}],
+           "images": ["https://example.com/cat.jpg"]}
+    [r] = read_all(write_jsonl(tmp_path / "u.jsonl", [rec]))
+    assert r.reason == "missing_media" and "remote URL" in r.message
+
+
+# --- Qwen-VL finetune ------------------------------------------------------------------
+
+QWEN_VL = {
+    "image": ["images/a.png", "images/b.png"],
+    "conversations": [
+        {"from": "human", "value": "<image>\n<image>\nWhat is different?"},
+        {"from": "gpt", "value": "The colour."},
+    ],
+}
+
+
+def test_qwen_vl_counts_tags_strictly(tmp_path):
+    tagless = {**QWEN_VL, "conversations": [{"from": "human", "value": "What is different?"},
+                                            {"from": "gpt", "value": "The colour."}]}
+    one_tag = {**QWEN_VL, "conversations": [{"from": "human", "value": "<image>\nWhat is different?"},
+                                            {"from": "gpt", "value": "The colour."}]}
+    path = write_jsonl(tmp_path / "q.jsonl", [QWEN_VL, tagless, one_tag])
+    ok, bad1, bad2 = read_all(path, "qwen-vl")
+    assert ok.branches[0][0] == U(IMG("image", 0), IMG("image", 1), T("What is different?"))
+    assert (bad1.reason, bad2.reason) == ("placeholder_mismatch", "placeholder_mismatch")
+    # LLaVA (and so auto) places tag-less media itself, but a partial count is still an error
+    ok, placed, bad = read_all(path, "llava")
+    assert placed.branches[0][0].parts[:2] == (IMG("image", 0), IMG("image", 1))
+    assert isinstance(bad, Rejected) and bad.reason == "placeholder_mismatch"
+
+
+# --- Molmo / PixMo message_list ----------------------------------------------------------
+
+MOLMO = {
+    "id": "pixmo-17",
+    "image": "images/17.jpg",
+    "message_list": [
+        {"question": "What colour is the car?", "answer": "Red.", "style": "user_qa"},
+        {"messages": ["How many wheels?", "Four.", "Any people?", "No."], "style": "synthetic_qa"},
+        {"text": "A red car parked on a street.", "style": "long_caption"},
+    ],
+}
+
+
+def test_molmo_message_list_is_one_tree(tmp_path):
+    [s] = read_all(write_jsonl(tmp_path / "molmo.jsonl", [MOLMO]))
+    assert detect_format(MOLMO) == "molmo"
+    assert s.sample_id == "pixmo-17" and s.media == (MediaRef("image", "images/17.jpg"),)
+    assert s.branches == (
+        (U(IMG("image", 0), T("What colour is the car?")), A("Red.")),
+        (U(IMG("image", 0), T("How many wheels?")), A("Four."), U(T("Any people?")), A("No.")),
+        (U(IMG("image", 0)), A("A red car parked on a street.")),
+    )
+
+
+def test_molmo_empty_message_list(tmp_path):
+    [r] = read_all(write_jsonl(tmp_path / "m.jsonl", [{"image": "a.jpg", "message_list": []}]))
+    assert r.reason == "empty_conversation"
+
+
+# --- containers: gzip, zstd, Parquet ------------------------------------------------------
+
+def test_gzip_and_zstd_jsonl(tmp_path):
+    import zstandard
+
+    payload = "".join(json.dumps(r) + "\n" for r in [LLAVA, MOLMO]).encode()
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(payload))
+    (tmp_path / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(payload))
+    (tmp_path / "c.json.zst").write_bytes(zstandard.ZstdCompressor().compress(json.dumps([LLAVA]).encode()))
+    files = expand_inputs([tmp_path])
+    assert [f.name for f in files] == ["a.jsonl.gz", "b.jsonl.zst", "c.json.zst"]
+    got = list(iter_samples(files))
+    assert [s.sample_id for s in got] == ["000000033471", "pixmo-17"] * 2 + ["000000033471"]
+    assert all(isinstance(s, Sample) for s in got)
+
+
+def test_zstd_missing_names_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "b.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd")
+    monkeypatch.setitem(sys.modules, "zstandard", None)  # import now fails as if not installed
+    with pytest.raises(InputError, match=r"pip install packtool\[zstd\]"):
+        list(iter_samples([tmp_path / "b.jsonl.zst"]))
+
+
+IMAGE_STRUCT = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+TURN = pa.struct([("from", pa.string()), ("value", pa.string())])
+
+
+def test_hf_parquet_image_struct_and_shards(tmp_path):
+    red, blue = png_bytes(color=(255, 0, 0)), png_bytes(color=(0, 0, 255))
+    data = tmp_path / "ds" / "data"
+    data.mkdir(parents=True)
+    conv = [{"from": "human", "value": "<image>\nColour?"}, {"from": "gpt", "value": "Red."}]
+    for i, blob in enumerate([red, blue]):
+        t = pa.table({"id": [f"r{i}a", f"r{i}b"],
+                      "image": pa.array([{"bytes": blob, "path": f"{i}.png"}, {"bytes": None, "path": "disk.png"}],
+                                        IMAGE_STRUCT),
+                      "conversations": pa.array([conv, conv], pa.list_(TURN))})
+        pq.write_table(t, data / f"train-{i:05d}-of-00002.parquet", row_group_size=1)
+    files = expand_inputs([tmp_path / "ds"])
+    assert [f.name for f in files] == ["train-00000-of-00002.parquet", "train-00001-of-00002.parquet"]
+    got = list(iter_samples(files))
+    assert [(s.sample_id, s.source_row) for s in got] == [("r0a", 0), ("r0b", 1), ("r1a", 0), ("r1b", 1)]
+    assert got[0].media == (MediaRef("image", "0.png", red),)
+    assert got[1].media == (MediaRef("image", "disk.png", None),)  # no bytes: the path is used
+    assert got[2].media[0].data == blue
+
+
+def test_hf_parquet_messages_with_image_list(tmp_path):
+    msg = pa.struct([("role", pa.string()), ("content", pa.string())])
+    t = pa.table({"messages": pa.array([MLLM_DEMO["messages"]], pa.list_(msg)),
+                  "images": pa.array([[{"bytes": png_bytes(), "path": "1.jpg"}]], pa.list_(IMAGE_STRUCT))})
+    pq.write_table(t, tmp_path / "train.parquet")
+    [s] = read_all(tmp_path / "train.parquet")
+    assert s.media[0].path == "1.jpg" and s.media[0].data[:4] == b"\x89PNG"
+    assert s.branches[0][1] == A("They're Kane and Gretzka from Bayern Munich.")
+
+
+# --- bad rows ---------------------------------------------------------------------------
+
+def test_bad_rows_get_reason_codes(tmp_path):
+    ok = json.dumps(LLAVA).encode()
+    lines = [
+        b'{"id": "broken", "conversations": [',                                             # bad_json
+        json.dumps({"id": "nokeys", "image": "a.png"}).encode(),                           # bad_record
+        json.dumps({"id": "empty", "conversations": []}).encode(),                          # empty_conversation
+        json.dumps({"id": "role", "conversations": [{"from": "robot", "value": "hi"}]}).encode(),  # unknown_role
+        json.dumps({"id": "count", "image": "a.png", "conversations": [
+            {"from": "human", "value": "<image><image>"}, {"from": "gpt", "value": "x"}]}).encode(),  # placeholder
+        b'{"id": "latin1", "conversations": [{"from": "human", "value": "caf\xe9"}]}',     # bad_encoding
+        b'{"id": "surrogate", "conversations": [{"from": "human", "value": "\\ud800"}, {"from": "gpt", "value": "x"}]}',
+        b'[1, 2]',                                                                          # bad_record
+        ok,
+    ]
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    got = read_all(path)
+    assert [(g.sample_id, g.reason) if isinstance(g, Rejected) else g.sample_id for g in got] == [
+        (None, "bad_json"), ("nokeys", "bad_record"), ("empty", "empty_conversation"), ("role", "unknown_role"),
+        ("count", "placeholder_mismatch"), (None, "bad_encoding"), ("surrogate", "bad_encoding"),
+        (None, "bad_record"), "000000033471",
+    ]
+    assert [g.source_row for g in got] == list(range(9))
+
+
+def test_unknown_format_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="--format"):
+        read_all(write_jsonl(tmp_path / "a.jsonl", [LLAVA]), "alpaca")
+    assert set(FORMATS) == {"auto", *PARSERS}

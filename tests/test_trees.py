@@ -1,0 +1,190 @@
+"""Message trees: isolation of branches, splitting under --max-branches / --max-tokens,
+and --group-by-media merging.
+
+The isolation test runs a tiny two-layer causal attention in numpy over a tree row with
+the DESIGN.md mask (query q attends key j iff j <= q and sub[q] <= sub[j]) and over each
+branch alone (prefix + branch, plain causal mask); the outputs at that branch's tokens,
+and the targets, must be identical.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from packtool.formats import Rejected, molmo
+from packtool.formats.llava import parse as parse_llava
+from packtool.records import MediaRef, Sample
+from packtool.rows import EncodeContext, encode_samples, group_by_media
+from packtool.schema import PREFIX_SUBSEGMENT
+from packtool.templates import get_template
+from packtool.tokenization import load_tokenizer
+from packtool.vision import get_family
+
+TREE = {
+    "id": "pixmo-17",
+    "image": "img.png",
+    "message_list": [
+        {"question": "What colour is the car?", "answer": "Red.", "style": "user_qa"},
+        {"messages": ["How many wheels does it have?", "Four.", "Any people nearby?", "No, the street is empty."]},
+        {"question": "What colour is the sky?", "answer": "Blue, with a few clouds.", "style": "user_qa"},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    r = tmp_path_factory.mktemp("trees")
+    Image.new("RGB", (84, 56), (200, 10, 10)).save(r / "img.png")
+    Image.new("RGB", (56, 56), (10, 10, 200)).save(r / "other.png")
+    return r
+
+
+def ctx_for(root: Path, **kw) -> EncodeContext:
+    return EncodeContext(load_tokenizer(None), get_template("chatml"), get_family("qwen2.5-vl"), root, **kw)
+
+
+def encode(samples, ctx, counts=None):
+    rows, rejected = encode_samples(samples, ctx, counts)
+    assert rejected == []
+    return rows
+
+
+def attention(ids, pos, allowed, layers: int = 2, d: int = 16, seed: int = 0) -> np.ndarray:
+    """A tiny causal transformer: token + position embeddings, ``layers`` attention layers."""
+    rng = np.random.default_rng(seed)
+    emb = rng.standard_normal((4099, d))
+    pemb = rng.standard_normal((4096, d))
+    ws = [rng.standard_normal((3, d, d)) / np.sqrt(d) for _ in range(layers)]
+    x = emb[np.asarray(ids) % 4099] + pemb[np.asarray(pos)]
+    for wq, wk, wv in ws:
+        scores = (x @ wq) @ (x @ wk).T / np.sqrt(d)
+        scores = np.where(allowed, scores, -np.inf)
+        w = np.exp(scores - scores.max(axis=1, keepdims=True))
+        x = x + (w / w.sum(axis=1, keepdims=True)) @ (x @ wv)
+    return x
+
+
+def tree_mask(sub: np.ndarray) -> np.ndarray:
+    n = len(sub)
+    q, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    return (j <= q) & (sub[:, None] <= sub[None, :])
+
+
+def test_tree_layout_and_isolation(root):
+    ctx = ctx_for(root)
+    sample = molmo.parse(TREE, "t.jsonl", 0)
+    [row] = encode([sample], ctx)
+    ids, tgt, pos, sub = (row[k] for k in ("input_ids", "target_ids", "position_ids", "subsegment_ids"))
+    assert row["n_branches"] == 3
+    p = int(np.count_nonzero(sub == PREFIX_SUBSEGMENT))
+    assert sub[:p].tolist() == [PREFIX_SUBSEGMENT] * p and sorted(set(sub[p:].tolist())) == [0, 1, 2]
+    [m] = row["media"]
+    assert m["token_offset"] + m["n_tokens"] <= p  # the image is encoded once, in the prefix
+    out = attention(ids, pos, tree_mask(sub))
+    for b in range(3):
+        alone = Sample("b", "t", 0, sample.media, (sample.branches[b],))
+        [single] = encode([alone], ctx)
+        keep = (sub == PREFIX_SUBSEGMENT) | (sub == b)
+        assert ids[keep].tolist() == single["input_ids"].tolist()
+        assert pos[keep].tolist() == list(range(len(single["input_ids"])))
+        ref = attention(single["input_ids"], single["position_ids"], tree_mask(single["subsegment_ids"]))
+        at = np.flatnonzero(sub == b)
+        np.testing.assert_allclose(out[at], ref[p:], rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(out[:p], ref[:p], rtol=1e-10, atol=1e-10)
+        assert tgt[at].tolist() == single["target_ids"][p:].tolist()
+        assert tgt[at][-1] == -100  # no branch predicts past its own end
+    # the prefix targets agree with every branch alone too (no loss right after the prefix)
+    assert tgt[p - 1] == -100
+
+
+def test_tree_mask_is_not_trivially_causal(root):
+    """Sanity for the test above: with a plain causal mask, later branches do see earlier ones."""
+    [row] = encode([molmo.parse(TREE, "t.jsonl", 0)], ctx_for(root))
+    sub, n = row["subsegment_ids"], len(row["subsegment_ids"])
+    causal = np.tril(np.ones((n, n), dtype=bool))
+    a = attention(row["input_ids"], row["position_ids"], causal)
+    b = attention(row["input_ids"], row["position_ids"], tree_mask(sub))
+    assert not np.allclose(a[sub == 2], b[sub == 2])
+
+
+def branch_tokens(row) -> list[list[int]]:
+    sub, ids = row["subsegment_ids"], row["input_ids"]
+    pre = ids[sub == PREFIX_SUBSEGMENT].tolist()
+    return [pre + ids[sub == b].tolist() for b in sorted(set(sub.tolist()) - {PREFIX_SUBSEGMENT})]
+
+
+def test_max_branches_splits_into_trees_on_the_same_media(root):
+    sample = molmo.parse(TREE, "t.jsonl", 0)
+    [whole] = encode([sample], ctx_for(root))
+    counts = Counter()
+    rows = encode([sample], ctx_for(root, max_branches=2), counts)
+    assert [r["sample_id"] for r in rows] == ["pixmo-17", "pixmo-17#1"]
+    assert [r["n_branches"] for r in rows] == [2, 1]
+    assert all(r["media"][0]["path"] == "img.png" for r in rows)
+    assert branch_tokens(rows[0]) + [rows[1]["input_ids"].tolist()] == branch_tokens(whole)
+    assert counts == Counter(trees=2, branches=3, split_extra_trees=1)
+
+
+def test_max_tokens_splits_branches_that_would_not_fit(root):
+    sample = molmo.parse(TREE, "t.jsonl", 0)
+    [whole] = encode([sample], ctx_for(root))
+    sub = whole["subsegment_ids"]
+    p = int(np.count_nonzero(sub == PREFIX_SUBSEGMENT))
+    rest = [int(np.count_nonzero(sub == b)) for b in range(3)]
+    cap = p + rest[0] + rest[1]  # branches 0 and 1 fit together; branch 2 does not
+    counts = Counter()
+    rows = encode([sample], ctx_for(root, max_tokens=cap), counts)
+    assert [r["n_branches"] for r in rows] == [2, 1]
+    assert rows[0]["n_tokens"] == cap and rows[1]["n_tokens"] == p + rest[2]
+    assert counts["split_extra_trees"] == 1
+    # a cap below any branch: every branch alone, none dropped
+    rows = encode([sample], ctx_for(root, max_tokens=p + 1))
+    assert len(rows) == 3 and [t for r in rows for t in branch_tokens(r) or [r["input_ids"].tolist()]] == branch_tokens(whole)
+
+
+def llava(i, image, question, answer, tag_first=True):
+    value = f"<image>\n{question}" if tag_first else f"{question}\n<image>"
+    return parse_llava({"id": f"r{i}", "image": image, "conversations": [
+        {"from": "human", "value": value}, {"from": "gpt", "value": answer}]}, "g.jsonl", i)
+
+
+def test_group_by_media_merges_same_file(root):
+    items = [llava(0, "img.png", "What colour?", "Red."), llava(1, "other.png", "Shape?", "Square."),
+             Rejected("g.jsonl", 2, None, "bad_json", "x"), llava(3, "./img.png", "How big?", "Small.")]
+    counts = Counter()
+    merged = list(group_by_media(items, root, counts))
+    assert [getattr(s, "sample_id", None) for s in merged] == ["r0", "r1", None]
+    assert len(merged[0].branches) == 2 and merged[0].meta["merged"] == ("r3",)
+    assert counts["merged_records"] == 1
+    rows = encode([merged[0], merged[1]], ctx_for(root))
+    assert [r["n_branches"] for r in rows] == [2, 1]
+    # off by default: nothing merges unless asked
+    assert [s.sample_id for s in items if isinstance(s, Sample)] == ["r0", "r1", "r3"]
+
+
+def test_group_by_media_uses_bytes_hash_for_inline_media(root):
+    blob = (root / "img.png").read_bytes()
+    a = llava(0, "img.png", "Q1?", "A1.")
+    b = llava(1, "img.png", "Q2?", "A2.")
+    a = Sample(a.sample_id, a.source, a.source_row, (MediaRef("image", "x.png", blob),), a.branches)
+    b = Sample(b.sample_id, b.source, b.source_row, (MediaRef("image", "y.png", blob),), b.branches)
+    c = Sample("c", "g", 2, (MediaRef("image", None, blob + b"\0"),), b.branches)
+    merged = list(group_by_media([a, b, c], root))
+    assert [len(s.branches) for s in merged] == [2, 1]
+
+
+def test_merged_records_with_different_media_placement_become_separate_trees(root):
+    a = llava(0, "img.png", "What colour?", "Red.")
+    b = llava(1, "img.png", "How big?", "Small.", tag_first=False)
+    [merged] = list(group_by_media([a, b], root))
+    counts = Counter()
+    rows = encode([merged], ctx_for(root), counts)
+    assert len(rows) == 2 and counts["split_extra_trees"] == 1
+    for r in rows:
+        [m] = r["media"]
+        assert r["input_ids"][m["token_offset"]] == 151655
