@@ -176,6 +176,9 @@ class HFTokenizer(Tokenizer):
             raise ConfigError(f"--tokenizer {str(file)!r} cannot be loaded: {exc}") from None
         self._tok.no_padding()
         self._tok.no_truncation()
+        # special-token strings typed in user text must stay ordinary text: only the
+        # template places special tokens (by id)
+        self._tok.encode_special_tokens = True
         self.name = name or str(file.parent.name if path.is_dir() else file.name)
         self._special: dict[str, int] = {}
         #: role → token text from tokenizer_config.json (``bos_token``, ``eos_token`` ...)

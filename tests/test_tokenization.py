@@ -1,0 +1,97 @@
+"""Tokenizer adapters: tokenizer.json files, model directories, ``hf:NAME`` from the local
+cache (no network), special-token lookup and batched, memoized encoding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from packtool.errors import ConfigError
+from packtool.tokenization import HFTokenizer, QwenTiktoken, load_tokenizer, resolve_hf_cache
+
+
+def trained_tokenizer(directory: Path, specials: list[str]) -> Path:
+    """A small real BPE tokenizer trained here on a few sentences, with ``specials`` added."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    text = ["What is in the picture?", "A red circle on a white background.", "How many wheels?"] * 20
+    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    return directory
+
+
+SPECIALS = ["<|begin_of_text|>", "<|eot_id|>"]
+
+
+def test_tokenizer_json_file_and_model_dir(tmp_path):
+    d = trained_tokenizer(tmp_path / "m", SPECIALS)
+    by_file, by_dir = HFTokenizer(d / "tokenizer.json"), HFTokenizer(d)
+    ids = by_file.encode("What is in the picture?")
+    assert ids == by_dir.encode("What is in the picture?") and len(ids) < len("What is in the picture?")
+    assert by_file.decode(ids) == "What is in the picture?"
+    assert by_dir.special_id("<|eot_id|>") == 1 and by_dir.special_id("<|begin_of_text|>") == 0
+    # special-token text inside user content stays ordinary text
+    assert 1 not in by_dir.encode("say <|eot_id|> now")
+    with pytest.raises(ConfigError, match="<\\|im_start\\|>"):
+        by_dir.special_id("<|im_start|>")
+
+
+def test_model_dir_special_tokens_from_tokenizer_config(tmp_path):
+    d = trained_tokenizer(tmp_path / "m", SPECIALS)
+    # a model dir whose config maps an extra special token onto an existing id
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "added_tokens_decoder": {"7": {"content": "<|image|>", "special": True}},
+        "bos_token": "<|begin_of_text|>", "eos_token": {"content": "<|eot_id|>"},
+    }))
+    tok = HFTokenizer(d)
+    assert tok.special_id("<|image|>") == 7
+    assert tok.named_tokens == {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+
+
+def test_hf_name_resolves_from_local_cache_only(tmp_path, monkeypatch):
+    hub = tmp_path / "hf" / "hub"
+    repo = hub / "models--acme--tiny-vl"
+    old = trained_tokenizer(repo / "snapshots" / "aaa111", SPECIALS)
+    new = trained_tokenizer(repo / "snapshots" / "bbb222", [*SPECIALS, "<|extra|>"])
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("bbb222")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert resolve_hf_cache("acme/tiny-vl") == new / "tokenizer.json"
+    tok = load_tokenizer("hf:acme/tiny-vl")
+    assert tok.special_id("<|extra|>") == 2 and tok.identity()["name"] == "hf:acme/tiny-vl"
+    (repo / "refs" / "main").unlink()  # no ref: the newest snapshot with a tokenizer.json
+    import os
+    os.utime(old, (1, 1))
+    os.utime(new, (2, 2))
+    assert resolve_hf_cache("acme/tiny-vl") == new / "tokenizer.json"
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "elsewhere"))
+    with pytest.raises(ConfigError, match="huggingface-cli download acme/tiny-vl"):
+        resolve_hf_cache("acme/tiny-vl")
+    with pytest.raises(ConfigError, match="needs a model name"):
+        load_tokenizer("hf:")
+
+
+def test_batch_encode_matches_single_and_memo_is_safe():
+    tok = QwenTiktoken()
+    texts = ["user\n", "What shape is shown?", "user\n", "", "数字 123", "x" * 2000, "What shape is shown?"]
+    batch = tok.encode_batch(texts)
+    assert batch == [tok._enc.encode_ordinary(t) for t in texts]
+    assert tok.encode_batch(texts) == batch  # served from the memo the second time
+    assert batch[0] is batch[2]  # one encoding per distinct string
+
+
+def test_load_tokenizer_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no tokenizer.json"):
+        load_tokenizer(str(tmp_path))
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="cannot be loaded"):
+        load_tokenizer(str(tmp_path / "tokenizer.json"))
