@@ -242,12 +242,14 @@ def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> Vid
                 duration = end - start
             if n_frames <= 0:
                 n_frames = count
-            container.seek(0)
+        if not duration and n_frames and fps > 0:
+            duration = n_frames / fps  # raw streams carry no timing at all
         if n_frames <= 0 and duration and fps > 0:
             n_frames = int(round(duration * fps))
         if fps <= 0 and duration and n_frames:
             fps = n_frames / duration
-        rotation = _display_rotation(container, stream)
+        # a demuxed container is at its end; only MP4/MOV carry rotation and they always have a duration
+        rotation = _display_rotation(container, stream) if stream.duration else 0
     except SampleError:
         raise
     except (av.error.FFmpegError, OSError, ValueError) as exc:

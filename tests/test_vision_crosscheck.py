@@ -1,0 +1,106 @@
+"""Optional cross-check of the vision arithmetic against the processors in ``transformers``.
+
+Skipped when ``transformers`` is not installed (it is not a packtool dependency). The
+processor modules import torchvision at the top, so the pure functions are lifted
+from their source with ``ast`` and run as written; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import itertools
+import math
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from packtool.vision import get_family
+from packtool.vision.internvl import find_closest_aspect_ratio, target_ratios
+from packtool.vision.llava_ov import PINPOINTS
+from packtool.vision.molmo2 import select_tiling
+from packtool.vision.qwen import smart_resize
+from packtool.vision.qwen3 import frame_pair_times, smart_resize_video
+
+_spec = importlib.util.find_spec("transformers")
+pytestmark = pytest.mark.skipif(_spec is None or not _spec.submodule_search_locations,
+                                reason="transformers not installed")
+N = 1000
+
+
+def _lift(rel: str, *names: str, cls: str | None = None) -> dict:
+    root = Path(list(_spec.submodule_search_locations)[0])
+    tree = ast.parse((root / rel).read_text())
+    body = tree.body
+    if cls is not None:
+        body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    ns: dict = {"math": math, "np": np, "itertools": itertools}
+    for node in body:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            node.decorator_list = []
+            node.returns = None
+            for a in node.args.args + node.args.kwonlyargs:
+                a.annotation = None
+            exec(compile(ast.Module([node], []), rel, "exec"), ns)
+    return ns
+
+
+def _sizes(rng: random.Random, lo: int, hi: int):
+    for _ in range(N):
+        h = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+        w = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+        if max(h, w) / min(h, w) <= 200:
+            yield h, w
+
+
+def test_qwen2_smart_resize_matches():
+    ref = _lift("models/qwen2_vl/image_processing_qwen2_vl.py", "smart_resize")["smart_resize"]
+    for h, w in _sizes(random.Random(1), 17, 9000):  # sides > 16: both rounding variants agree there
+        for factor, lo, hi in ((28, 3136, 12845056), (32, 65536, 16777216)):
+            assert smart_resize(h, w, factor, lo, hi) == ref(h, w, factor, lo, hi), (h, w, factor)
+
+
+def test_qwen3_video_resize_and_timestamps_match():
+    ns = _lift("models/qwen3_vl/video_processing_qwen3_vl.py", "smart_resize")
+    ts = _lift("models/qwen3_vl/processing_qwen3_vl.py", "_calculate_timestamps", cls="Qwen3VLProcessor")
+    rng = random.Random(2)
+    for h, w in _sizes(rng, 32, 4000):
+        n = rng.randint(2, 800)
+        assert smart_resize_video(n, h, w) == ns["smart_resize"](n, h, w, 2, 32, 4096, 25165824), (n, h, w)
+        idx = sorted(rng.sample(range(2000), min(n, 50)))
+        assert frame_pair_times(idx, 29.97) == ts["_calculate_timestamps"](None, list(idx), 29.97, 2)
+
+
+def test_llava_ov_counts_match():
+    best = _lift("image_processing_utils.py", "select_best_resolution")["select_best_resolution"]
+    proc = _lift("models/llava_onevision/processing_llava_onevision.py", "_get_number_of_features",
+                 "_get_unpadded_features", cls="LlavaOnevisionProcessor")
+    proc["select_best_resolution"] = best
+    me = SimpleNamespace(image_processor=SimpleNamespace(image_grid_pinpoints=[list(p) for p in PINPOINTS]),
+                         num_image_tokens=729, vision_aspect_ratio="anyres_max_9")
+    me._get_unpadded_features = lambda *a: proc["_get_unpadded_features"](me, *a)
+    fam = get_family("llava-ov")
+    for h, w in _sizes(random.Random(3), 8, 8000):
+        assert fam.image(h, w).n_tokens == proc["_get_number_of_features"](me, h, w, 384, 384), (h, w)
+
+
+def test_internvl_tiling_matches():
+    ns = _lift("models/got_ocr2/image_processing_got_ocr2.py", "get_all_supported_aspect_ratios",
+               "get_optimal_tiled_canvas")
+    ratios = target_ratios(1, 12)
+    for h, w in _sizes(random.Random(4), 8, 8000):
+        mine = find_closest_aspect_ratio(w / h, ratios, w, h, 448)
+        ref = ns["get_optimal_tiled_canvas"]((h, w), (448, 448), 1, 12)
+        assert mine == tuple(ref), (h, w)
+
+
+def test_molmo2_tiling_matches():
+    torch = pytest.importorskip("torch")
+    ns = _lift("models/molmo2/image_processing_molmo2.py", "select_tiling")
+    ns["select_tiling"].__globals__["torch"] = torch
+    for h, w in _sizes(random.Random(5), 8, 8000):
+        mine = select_tiling(h - 112, w - 112, 266, 8)
+        assert mine == tuple(int(x) for x in ns["select_tiling"](h - 112, w - 112, 266, 8)), (h, w)

@@ -1,0 +1,47 @@
+"""Small videos encoded with PyAV for the tests; frame ``i`` is a flat grey of level ``(i * step) % 256``.
+
+The grey level lets a test recover which frame a decoded JPEG came from.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+
+
+def write_video(path: Path, n_frames: int, fps: int = 30, size: tuple[int, int] = (64, 48), fmt: str = "mp4",
+                codec: str = "libx264", pts: list[int] | None = None, rotation: int | None = None, step: int = 8,
+                time_base: Fraction | None = None) -> Path:
+    """Encode ``n_frames`` frames; ``pts`` (in ``time_base`` units) makes a variable-rate stream."""
+    w, h = size
+    with av.open(str(path), "w", format=fmt) as out:
+        st = out.add_stream(codec, rate=fps)
+        st.width, st.height, st.pix_fmt = w, h, "yuv420p"
+        if pts is not None:
+            st.codec_context.time_base = time_base or Fraction(1, 1000)
+            st.time_base = time_base or Fraction(1, 1000)
+        if codec == "libx264":
+            st.options = {"preset": "ultrafast", "g": "30"}
+        if rotation is not None:
+            st.set_display_rotation(rotation)
+        for i in range(n_frames):
+            frame = av.VideoFrame.from_ndarray(np.full((h, w, 3), (i * step) % 256, np.uint8), format="rgb24")
+            if pts is not None:
+                frame.pts = pts[i]
+                frame.time_base = time_base or Fraction(1, 1000)
+            for p in st.encode(frame):
+                out.mux(p)
+        for p in st.encode():
+            out.mux(p)
+    return path
+
+
+def grey_level(jpeg: bytes) -> float:
+    import io
+
+    from PIL import Image
+
+    return float(np.asarray(Image.open(io.BytesIO(jpeg)).convert("L")).mean())
