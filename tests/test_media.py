@@ -1,0 +1,132 @@
+"""Header-only image probing: EXIF orientation, truncation, decompression bombs, path escapes."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+from PIL import Image
+
+from packtool.errors import SampleError
+from packtool.media import probe_image, read_media_bytes, resolve_media_path
+from packtool.records import MediaRef
+
+
+def _jpeg(w: int, h: int, orientation: int | None = None) -> bytes:
+    buf = io.BytesIO()
+    img = Image.new("RGB", (w, h), (120, 30, 200))
+    exif = Image.Exif()
+    if orientation is not None:
+        exif[0x0112] = orientation
+    img.save(buf, format="JPEG", exif=exif.tobytes())
+    return buf.getvalue()
+
+
+def _png(w: int, h: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (1, 2, 3)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("orientation,swapped", [(1, False), (3, False), (5, True), (6, True), (7, True), (8, True)])
+def test_exif_orientation_swaps_sides_when_applied(orientation, swapped):
+    data = _jpeg(640, 480, orientation)
+    applied = probe_image(data, exif="apply")
+    ignored = probe_image(data, exif="ignore")
+    assert (ignored.width, ignored.height) == (640, 480)
+    assert (applied.width, applied.height) == ((480, 640) if swapped else (640, 480))
+    assert applied.orientation == orientation
+
+
+def test_exif_apply_matches_pillow_transpose(tmp_path):
+    from PIL import ImageOps
+
+    path = tmp_path / "rot.jpg"
+    path.write_bytes(_jpeg(300, 100, 6))
+    with Image.open(path) as im:
+        upright = ImageOps.exif_transpose(im).size
+    info = probe_image(path, exif="apply")
+    assert (info.width, info.height) == upright == (100, 300)
+
+
+def test_png_and_file_paths(tmp_path):
+    path = tmp_path / "a.png"
+    path.write_bytes(_png(33, 17))
+    info = probe_image(path)
+    assert (info.width, info.height, info.format) == (33, 17, "PNG")
+
+
+@pytest.mark.parametrize("maker,cut", [(_jpeg, 200), (_png, 40)])
+def test_truncated_files_are_caught_by_the_tail_check(tmp_path, maker, cut):
+    data = maker(400, 300)
+    bad = data[: len(data) - cut]
+    with pytest.raises(SampleError) as err:
+        probe_image(bad)
+    assert err.value.reason == "corrupt_image" and "truncated" in err.value.message
+    path = tmp_path / "cut.bin"
+    path.write_bytes(bad)
+    with pytest.raises(SampleError):
+        probe_image(path)
+    assert probe_image(data).width == 400  # the intact file passes
+
+
+def test_jpeg_with_trailing_bytes_after_eoi_passes():
+    assert probe_image(_jpeg(64, 64) + b"\x00" * 100).width == 64
+
+
+def test_garbage_is_corrupt():
+    with pytest.raises(SampleError) as err:
+        probe_image(b"not an image at all")
+    assert err.value.reason == "corrupt_image"
+
+
+def test_decompression_bomb_limit_stays_on(monkeypatch):
+    # a real PNG whose header declares more pixels than the (lowered) limit
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    with pytest.raises(SampleError) as err:
+        probe_image(_png(40, 40))  # 1600 > 1000
+    assert err.value.reason == "image_too_large" and "decompression-bomb" in err.value.message
+
+
+def test_dotdot_absolute_and_symlink_escapes_are_refused(tmp_path):
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    outside = tmp_path / "secret.png"
+    outside.write_bytes(_png(4, 4))
+    (root / "ok.png").write_bytes(_png(4, 4))
+    os.symlink(outside, root / "sub" / "link.png")
+    os.symlink(root / "ok.png", root / "sub" / "inside.png")
+    for bad in ("../secret.png", "sub/../../secret.png", str(outside), "sub/link.png"):
+        with pytest.raises(SampleError) as err:
+            resolve_media_path(bad, root)
+        assert err.value.reason == "path_outside_root", bad
+        with pytest.raises(SampleError):
+            read_media_bytes(MediaRef("image", bad), root)
+    assert resolve_media_path("sub/inside.png", root) == (root / "ok.png").resolve()  # a link that stays inside
+    assert resolve_media_path(str(root / "ok.png"), root) == (root / "ok.png").resolve()
+    with pytest.raises(SampleError) as err:
+        resolve_media_path("missing.png", root)
+    assert err.value.reason == "missing_media"
+
+
+def test_escape_becomes_an_errors_jsonl_line(tmp_path):
+    import json
+
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    root = tmp_path / "media"
+    root.mkdir()
+    (tmp_path / "secret.png").write_bytes(_png(8, 8))
+    (root / "fine.png").write_bytes(_png(8, 8))
+    rows = [{"id": "a", "image": "../secret.png", "conversations": [{"from": "human", "value": "<image>hi"},
+                                                                     {"from": "gpt", "value": "yo"}]},
+            {"id": "b", "image": "fine.png", "conversations": [{"from": "human", "value": "<image>hi"},
+                                                               {"from": "gpt", "value": "yo"}]}]
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    manifest = tokenize_dataset([data], tmp_path / "tok", TokenizeConfig(media_root=str(root)))
+    assert manifest["counts"]["samples"] == 1
+    assert manifest["counts"]["rejected_by_reason"] == {"path_outside_root": 1}
+
+

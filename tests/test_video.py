@@ -1,0 +1,131 @@
+"""Video fixtures made with PyAV: probe fallbacks, the frame times each family chooses, and frame extraction.
+
+Frame ``i`` of every fixture is a flat grey of level ``(i * step) % 256``, so the
+grey level of an extracted JPEG tells which frame it is.
+"""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import pyarrow.parquet as pq
+import pytest
+from video_fixtures import grey_level, write_video
+
+from packtool.errors import SampleError
+from packtool.media import extract_frames, probe_video
+from packtool.vision import get_family
+
+VFR_PTS = [0, 10, 20, 100, 110, 400, 410, 420, 900, 1000, 1010, 1500, 1600, 1700, 1710, 1720, 1800, 1900, 1950, 2000]
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory):
+    d = tmp_path_factory.mktemp("videos")
+    write_video(d / "cfr.mp4", 90, 30)  # 3 s, 30 fps
+    write_video(d / "vfr.mp4", 20, 30, pts=VFR_PTS, time_base=Fraction(1, 1000))  # ms timestamps, irregular
+    write_video(d / "nodur.h264", 45, 15, fmt="h264")  # raw stream: no duration, no frame count, no timing
+    write_video(d / "clip.webm", 45, 15, fmt="webm", codec="libvpx")  # no stream frame count
+    write_video(d / "rot.mp4", 30, 30, size=(64, 48), rotation=90)  # display matrix: 90 degrees
+    write_video(d / "one.mp4", 1, 30)
+    write_video(d / "long.mp4", 600, 1, size=(32, 32), step=1)  # 10 minutes at 1 fps
+    return d
+
+
+def test_probe_constant_rate(videos):
+    m = probe_video(videos / "cfr.mp4")
+    assert (m.width, m.height, m.n_frames, m.fps, m.start_s, m.rotation) == (64, 48, 90, 30.0, 0.0, 0)
+    assert m.duration_s == pytest.approx(3.0)
+    assert probe_video((videos / "cfr.mp4").read_bytes()) == m  # inline bytes probe the same
+
+
+def test_probe_variable_rate(videos):
+    m = probe_video(videos / "vfr.mp4")
+    assert m.n_frames == 20
+    assert m.duration_s == pytest.approx(2.0, abs=0.05)  # last pts 2.000 s plus its frame duration
+    assert m.fps == pytest.approx(20 / m.duration_s, rel=0.05)  # the average rate, not the nominal 30
+
+
+def test_probe_fallbacks_without_duration_or_frame_count(videos):
+    raw = probe_video(videos / "nodur.h264")  # frames counted from packets; duration = frames / rate
+    assert raw.n_frames == 45 and raw.duration_s == pytest.approx(45 / raw.fps)
+    webm = probe_video(videos / "clip.webm")  # duration from the container; frames = duration * rate
+    assert (webm.n_frames, webm.fps) == (45, 15.0) and webm.duration_s == pytest.approx(3.0)
+
+
+def test_probe_rotation(videos):
+    m = probe_video(videos / "rot.mp4")
+    assert (m.width, m.height, m.rotation) == (64, 48, 90)
+    r = probe_video(videos / "rot.mp4", apply_rotation=True)
+    assert (r.width, r.height) == (48, 64)
+    frames = extract_frames(videos, {"path": "rot.mp4", "timestamps": [0.0], "width": 48, "height": 64})
+    from io import BytesIO
+
+    from PIL import Image
+
+    assert Image.open(BytesIO(frames[0])).size == (48, 64)  # rotated like the recorded size
+
+
+def test_probe_one_frame_and_corrupt(videos, tmp_path):
+    m = probe_video(videos / "one.mp4")
+    assert m.n_frames == 1
+    with pytest.raises(SampleError) as err:
+        get_family("qwen2.5-vl").video(m)
+    assert err.value.reason == "video_too_short"
+    assert get_family("molmo2").video(m).timestamps == (0.0, pytest.approx(1 / 30))
+    (tmp_path / "bad.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"junk" * 10)
+    with pytest.raises(SampleError) as err:
+        probe_video(tmp_path / "bad.mp4")
+    assert err.value.reason == "corrupt_video"
+
+
+def test_documented_frame_counts_and_times(videos):
+    cfr, long = probe_video(videos / "cfr.mp4"), probe_video(videos / "long.mp4")
+    q = get_family("qwen2.5-vl")
+    # 3 s at 2 fps = 6 frames: round(linspace(0, 89, 6)) = 0, 18, 36, 53, 71, 89  (r(17.8), r(35.6), r(53.4), r(71.2))
+    assert [round(t * 30) for t in q.video(cfr).timestamps] == [0, 18, 36, 53, 71, 89]
+    assert len(q.video(long).timestamps) == 600  # 1200 wanted at 2 fps, capped by the 600 frames
+    m = get_family("molmo2")
+    assert m.video(cfr).timestamps == (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
+    assert len(m.video(long).timestamps) == 128
+    assert len(get_family("qwen3-vl").video(cfr).timestamps) == 6
+    assert len(get_family("llava-ov").video(long).timestamps) == 32
+
+
+def test_extracted_frames_are_the_recorded_times(videos):
+    # dense request: one linear decode
+    cfr = get_family("qwen2.5-vl").video(probe_video(videos / "cfr.mp4"))
+    jpegs = extract_frames(videos, {"path": "cfr.mp4", "timestamps": list(cfr.timestamps), "width": 64, "height": 48})
+    assert [round(grey_level(j) / 8) for j in jpegs] == [i * 8 % 256 // 8 for i in (0, 18, 36, 53, 71, 89)]
+    # variable rate: the frame on screen at t is the last one whose pts <= t
+    jpegs = extract_frames(videos, {"path": "vfr.mp4", "timestamps": [0.0, 0.05, 0.105, 1.0, 5.0]})
+    assert [round(grey_level(j) / 8) for j in jpegs] == [0, 2, 3, 9, 19]
+    # sparse request over 10 minutes: seek per time
+    long = get_family("molmo2").video(probe_video(videos / "long.mp4"))
+    jpegs = extract_frames(videos, {"path": "long.mp4", "timestamps": list(long.timestamps), "width": 32, "height": 32})
+    expect = [min(int(t + 1e-6), 599) % 256 for t in long.timestamps]
+    got = [grey_level(j) for j in jpegs]
+    assert len(got) == 128 and all(abs(g - e) <= 3 for g, e in zip(got, expect, strict=True)), list(zip(got, expect, strict=True))
+
+
+def test_packed_shard_embeds_the_recorded_frames(videos, tmp_path):
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+
+    rec = {"id": "v1", "video": "cfr.mp4", "conversations": [{"from": "human", "value": "<video>\nWhat happens?"},
+                                                             {"from": "gpt", "value": "It gets brighter."}]}
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps(rec) + "\n")
+    tok, packed = tmp_path / "tok", tmp_path / "packed"
+    tokenize_dataset([data], tok, TokenizeConfig(media_root=str(videos)))
+    row = pq.read_table(next(tok.glob("**/*.parquet"))).to_pylist()[0]
+    media = row["media"][0]
+    assert media["kind"] == "video" and len(media["timestamps"]) == 6 and media["grid_t"] == 3
+    assert media["n_tokens"] == get_family("qwen2.5-vl").video(probe_video(videos / "cfr.mp4")).n_tokens
+    pack_dataset(tok, packed, PackConfig(max_tokens=4096, media="embed", frame_quality=80))
+    prow = pq.read_table(next(packed.glob("**/part-*.parquet"))).to_pylist()[0]
+    frames = prow["media"][0]["data"]
+    assert len(frames) == 6
+    assert prow["media"][0]["timestamps"] == media["timestamps"]
+    levels = [round(grey_level(f) / 8) for f in frames]
+    assert levels == [round(t * 30) * 8 % 256 // 8 for t in media["timestamps"]]
