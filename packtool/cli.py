@@ -74,13 +74,18 @@ def tokenize(
     inputs: Annotated[list[Path], typer.Argument(help="Input files or directories (JSON, JSONL, .gz, .zst, Parquet).")],
     output: Output,
     media_root: Annotated[Path, typer.Option(help="Directory media paths resolve under.")] = Path("."),
-    model: Annotated[str, typer.Option(help="Vision family: qwen2-vl, qwen2.5-vl, fixed:N.")] = "qwen2.5-vl",
+    model: Annotated[str, typer.Option(help="Vision family: qwen2-vl, qwen2.5-vl, qwen3-vl, molmo2, llava-ov, internvl, fixed:N.")] = "qwen2.5-vl",
     template: Annotated[str, typer.Option(help="Chat template.")] = "chatml",
     tokenizer: Annotated[str | None, typer.Option(help="tokenizer.json or model dir (default: embedded Qwen2).")] = None,
     format: Annotated[FormatChoice, typer.Option("--format", help="Input record format; auto detects it per record.")] = FormatChoice.auto,
     system_prompt: Annotated[str | None, typer.Option(help="System prompt (default: the template's).")] = None,
     min_pixels: Annotated[int | None, typer.Option(help="Image pixel floor (families with a pixel budget).")] = None,
     max_pixels: Annotated[int | None, typer.Option(help="Image pixel cap (families with a pixel budget).")] = None,
+    max_frames: Annotated[int | None, typer.Option(min=1, help="Most frames sampled per video (default: the family's).")] = None,
+    fps: Annotated[float | None, typer.Option(min=0.01, help="Video sampling rate (qwen families; default 2).")] = None,
+    max_crops: Annotated[int | None, typer.Option(min=1, help="Molmo2 crops per image (default 8).")] = None,
+    max_num: Annotated[int | None, typer.Option(min=1, help="InternVL tiles per image (default 12).")] = None,
+    exif: Annotated[str | None, typer.Option(help="EXIF orientation / video rotation: apply or ignore (default: the family's loader).")] = None,
     rows_per_shard: Annotated[int, typer.Option(min=1, help="Rows per tokenized shard.")] = 50_000,
     max_errors: Annotated[int | None, typer.Option(min=0, help="Fail when more rows than this are rejected.")] = None,
     max_branches: Annotated[int | None, typer.Option(min=1, help="Branches per message tree; more go to another tree on the same media.")] = None,
@@ -100,7 +105,8 @@ def tokenize(
 
     cfg = TokenizeConfig(model=model, template=template, tokenizer=tokenizer, format=format.value,
                          media_root=str(media_root), system_prompt=system_prompt, min_pixels=min_pixels,
-                         max_pixels=max_pixels, rows_per_shard=rows_per_shard, max_errors=max_errors,
+                         max_pixels=max_pixels, max_frames=max_frames, fps=fps, max_crops=max_crops, max_num=max_num,
+                         exif=exif, rows_per_shard=rows_per_shard, max_errors=max_errors,
                          max_branches=max_branches, max_tokens=max_tokens, group_by_media=group_by_media)
     with _progress("tokenize", quiet) as bar:
         manifest = tokenize_dataset(inputs, output, cfg, progress=bar, overwrite=overwrite)
@@ -129,6 +135,7 @@ def pack(
     media: Annotated[str, typer.Option(help="embed media bytes in packs, or reference paths.")] = "embed",
     media_root: Annotated[Path | None, typer.Option(help="Media root (default: the one tokenize used).")] = None,
     packs_per_shard: Annotated[int, typer.Option(min=1, help="Packs per output shard.")] = 2_000,
+    frame_quality: Annotated[int, typer.Option(min=1, max=100, help="JPEG quality of embedded video frames.")] = 90,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan only; print stats, write nothing.")] = False,
     overwrite: Overwrite = False,
     quiet: Quiet = False,
@@ -147,7 +154,7 @@ def pack(
     cfg = PackConfig(max_tokens=max_tokens, max_vision_units=max_vision_units, buffer_size=buffer_size,
                      text_weight=text_weight, vision_weight=vision_weight, token_granularity=token_granularity,
                      oversize=oversize, max_samples_per_pack=max_samples_per_pack, media=media,
-                     packs_per_shard=packs_per_shard)
+                     packs_per_shard=packs_per_shard, frame_quality=frame_quality)
     with _progress("pack", quiet) as bar:
         result = pack_dataset(src, output or Path("."), cfg, progress=bar, overwrite=overwrite, dry_run=dry_run,
                               media_root=media_root)

@@ -46,6 +46,10 @@ class TokenizeConfig(_Digestible):
         media_root: directory media paths resolve under.
         system_prompt: ``None`` for the template's default.
         min_pixels, max_pixels: image pixel budget (families that use one).
+        max_frames: most frames sampled per video (``None``: the family's default).
+        fps: video sampling rate for families that sample by rate (Qwen).
+        max_crops: Molmo2 crops per image; max_num: InternVL tiles per image.
+        exif: ``apply`` or ``ignore`` EXIF orientation / video rotation (``None``: the family's loader).
         rows_per_shard: tokenized rows per output shard.
         max_errors: fail the run when more rows than this are rejected (``None``: no limit).
         max_branches: most branches in one message tree; more go to another tree on the
@@ -64,6 +68,11 @@ class TokenizeConfig(_Digestible):
     system_prompt: str | None = None
     min_pixels: int | None = None
     max_pixels: int | None = None
+    max_frames: int | None = None
+    fps: float | None = None
+    max_crops: int | None = None
+    max_num: int | None = None
+    exif: str | None = None
     rows_per_shard: int = 50_000
     max_errors: int | None = None
     max_branches: int | None = None
@@ -96,6 +105,7 @@ class PackConfig(_Digestible):
         oversize: what to do with a sample that can never fit: ``drop``, ``truncate``, ``alone``, ``fail``.
         media: ``embed`` original bytes into packed rows, or ``reference`` paths only.
         packs_per_shard: packed rows per output shard.
+        frame_quality: JPEG quality of embedded video frames (1-100).
     """
 
     max_tokens: int = 16384
@@ -108,6 +118,7 @@ class PackConfig(_Digestible):
     max_samples_per_pack: int | None = None
     media: str = "embed"
     packs_per_shard: int = 2_000
+    frame_quality: int = 90
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "buffer_size", "token_granularity", "packs_per_shard"):
@@ -121,6 +132,8 @@ class PackConfig(_Digestible):
             raise ConfigError(f"--oversize {self.oversize!r}: choose drop, truncate, alone or fail")
         if self.media not in ("embed", "reference"):
             raise ConfigError(f"--media {self.media!r}: choose embed or reference")
+        if not 1 <= self.frame_quality <= 100:
+            raise ConfigError(f"--frame-quality {self.frame_quality}: choose a JPEG quality from 1 to 100")
         if self.max_samples_per_pack is not None and self.max_samples_per_pack < 1:
             raise ConfigError("--max-samples-per-pack must be at least 1")
 

@@ -95,7 +95,8 @@ def tokenize_dataset(
     media_root = Path(cfg.media_root)
     if not media_root.is_dir():
         raise ConfigError(f"--media-root {cfg.media_root!r} is not a directory")
-    family = get_family(cfg.model, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
+    family = get_family(cfg.model, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels, max_frames=cfg.max_frames,
+                        fps=cfg.fps, max_crops=cfg.max_crops, max_num=cfg.max_num, exif=cfg.exif)
     template = get_template(cfg.template)
     tokenizer = load_tokenizer(cfg.tokenizer)
     config = cfg.to_dict()
@@ -157,14 +158,14 @@ def lower_bound(total_tokens: int, total_units: int, max_tokens: int, max_units:
     return max(a, b)
 
 
-def _media_loader(media_root: Path) -> Callable[[dict], list[bytes] | None]:
+def _media_loader(media_root: Path, frame_quality: int = 90) -> Callable[[dict], list[bytes] | None]:
     def load(m: dict) -> list[bytes] | None:
         if m.get("kind") == "image":
             ref = MediaRef("image", m.get("path"), m.get("data"))
             return [read_media_bytes(ref, media_root)]
         from .media import extract_frames
 
-        return extract_frames(media_root, m)
+        return extract_frames(media_root, m, quality=frame_quality)
 
     return load
 
@@ -201,7 +202,7 @@ def pack_dataset(
         done = prepare_output(out, "packed", config, digest, overwrite)
         if done is not None:
             return done
-    loader = _media_loader(root) if cfg.media == "embed" else None
+    loader = _media_loader(root, cfg.frame_quality) if cfg.media == "embed" else None
     totals = Counter()
     shards: list[dict] = []
     errors = None if dry_run else _ErrorLog(out, None)
