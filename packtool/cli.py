@@ -159,8 +159,14 @@ def pack(
         result = pack_dataset(src, output or Path("."), cfg, progress=bar, overwrite=overwrite, dry_run=dry_run,
                               media_root=media_root)
     c = result["counts"]
+    plan = None
+    if dry_run:  # the same statistics `packtool stats` shows, from the plan alone
+        from .stats import plan_stats
+
+        plan = plan_stats(src, result)
     if as_json:
-        _emit_json({"output": None if dry_run else str(output), "dry_run": dry_run, **result["capacities"], **c})
+        _emit_json({"output": None if dry_run else str(output), "dry_run": dry_run, **result["capacities"], **c,
+                    **({"stats": plan} if plan is not None else {})})
         return
     lb = c["lower_bound"]
     ratio = f" ({c['packs'] / lb:.3f}x)" if lb else ""
@@ -168,23 +174,109 @@ def pack(
     typer.echo(f"{c['samples_packed']:,} samples in {c['packs']:,} packs, lower bound {lb:,}{ratio} {where}")
     if c["dropped"] or c["truncated"] or c["alone"]:
         typer.echo(f"oversize: {c['dropped']:,} dropped, {c['truncated']:,} truncated, {c['alone']:,} alone")
+    if plan is not None:
+        from .stats import render_stats
+
+        typer.echo(render_stats(plan))
 
 
 @app.command()
 def stats(
-    path: Annotated[Path, typer.Argument(help="Tokenized or packed directory.")],
+    path: Annotated[Path, typer.Argument(help="Tokenized or packed directory (with PACKED: the tokenized one).")],
+    packed: Annotated[Path | None, typer.Argument(help="Packed directory made from PATH; the pair is reconciled.")] = None,
     as_json: AsJson = False,
+    plot: Annotated[Path | None, typer.Option(help="Also write a figure (PNG) of fill, samples per pack, lengths.")] = None,
+    fail_below_fill: Annotated[float | None, typer.Option(min=0, help="Exit 1 when mean token fill is below this (0..1).")] = None,
+    fail_below_vision_fill: Annotated[float | None, typer.Option(min=0, help="Exit 1 when mean vision fill is below this.")] = None,
+    fail_above_ratio: Annotated[float | None, typer.Option(min=0, help="Exit 1 when packs / lower bound is above this.")] = None,
+    fail_above_rejected: Annotated[float | None, typer.Option(min=0, help="Exit 1 when the rejected share of rows is above this.")] = None,
 ) -> None:
-    """Show fill rates, packs against the lower bound, and drops.
+    """Show fill, packs against the lower bound, padding saved, sources, and drops.
 
     Example:
 
-      packtool stats packed --json
-    """
-    from .stats import compute_stats, render_stats
+      packtool stats packed --fail-below-fill 0.95
 
-    s = compute_stats(path)
+      packtool stats tok packed --json --plot stats.png
+    """
+    from .stats import Thresholds, check_thresholds, load_stats_data, render_stats, summarize
+
+    data = load_stats_data(path, packed)
+    s = summarize(data)
+    failures = check_thresholds(s, Thresholds(fail_below_fill, fail_below_vision_fill, fail_above_ratio, fail_above_rejected))
+    if plot is not None:
+        from .plotting import plot_stats
+
+        plot_stats(data, s, plot)
     typer.echo(json.dumps(s, indent=2) if as_json else render_stats(s))
+    if failures:
+        raise PacktoolError("; ".join(failures))
+
+
+@app.command()
+def inspect(
+    path: Annotated[Path, typer.Argument(help="Packed or tokenized directory.")],
+    pack: Annotated[int | None, typer.Option("--pack", min=0, help="Pack index to show (packed directories).")] = None,
+    sample: Annotated[str | None, typer.Option("--sample", help="Sample id to show.")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="tokenizer.json or model dir (default: the one the manifest names).")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Show one pack or sample as text: turns, loss, media, position ruler.
+
+    Example:
+
+      packtool inspect packed --pack 0
+
+      packtool inspect tok --sample demo-007
+    """
+    from .inspection import inspect_dir, render_inspection
+
+    view = inspect_dir(path, pack=pack, sample=sample, tokenizer=tokenizer)
+    typer.echo(json.dumps(view, indent=2, ensure_ascii=False) if as_json else render_inspection(view))
+
+
+def _int_list(flag: str, text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise PacktoolError(f"{flag} {text!r}: give comma-separated integers, e.g. {flag} 48,256") from None
+    if not values:
+        raise PacktoolError(f"{flag} {text!r}: give at least one value")
+    return values
+
+
+@app.command()
+def sweep(
+    src: Annotated[Path, typer.Argument(help="Tokenized directory.")],
+    max_tokens: Annotated[str, typer.Option(help="Comma-separated --max-tokens values.")] = "16384",
+    max_vision_units: Annotated[str | None, typer.Option(help="Comma-separated --max-vision-units values.")] = None,
+    buffer_size: Annotated[str, typer.Option(help="Comma-separated --buffer-size values.")] = "256",
+    vision_weight: Annotated[str, typer.Option(help="Comma-separated --vision-weight values.")] = "0",
+    text_weight: Annotated[int, typer.Option(min=1, help="Objective weight of a token.")] = 1,
+    token_granularity: Annotated[int, typer.Option(min=1, help="Token sizes round up to this in the DP.")] = 32,
+    oversize: Annotated[str, typer.Option(help="Samples that never fit: drop, truncate, alone.")] = "drop",
+    as_json: AsJson = False,
+) -> None:
+    """Plan packs for a grid of settings (dry run, nothing written); print packs and fill.
+
+    Example:
+
+      packtool sweep tok --buffer-size 48,256 --vision-weight 0,30 --max-tokens 8192,16384
+    """
+    from .stats import render_sweep
+    from .stats import sweep as sweep_grid
+
+    grid: dict[str, list] = {"max_tokens": _int_list("--max-tokens", max_tokens)}
+    units = _int_list("--max-vision-units", max_vision_units)
+    if units is not None:
+        grid["max_vision_units"] = units
+    grid["buffer_size"] = _int_list("--buffer-size", buffer_size)
+    grid["vision_weight"] = _int_list("--vision-weight", vision_weight)
+    base = PackConfig(text_weight=text_weight, token_granularity=token_granularity, oversize=oversize)
+    rows = sweep_grid(src, base, grid)
+    typer.echo(json.dumps(rows, indent=2) if as_json else render_sweep(rows))
 
 
 def _version_callback(value: bool) -> None:

@@ -1,137 +1,751 @@
-"""Statistics of tokenized and packed directories, computed from the length columns.
+"""What the packer did, in numbers a person can check: fill, waste, padding, drops.
 
-``compute_stats(dir)`` returns a plain dict (the ``--json`` output); ``render_stats``
-formats it as the human table the CLI prints.
+Three views share one JSON shape (``schemas/stats.v1.json``, ``stats_version`` 1):
+
+* a **tokenized** directory: samples, lengths, branches per tree, rejections, sources;
+* a **packed** directory: packs, token and vision fill, packs against the lower bound,
+  samples per pack, padding against naive padded batching, drops. The tokenized
+  directory it was packed from (recorded in its manifest, or given explicitly) adds
+  input order, per-source counts, branches, and a reconciliation of every input row;
+* a **plan** (``pack --dry-run``, ``sweep``): the packed view computed from
+  :class:`~packtool.packer.PackPlan` objects and the tokenized length columns alone.
+
+Only length columns are read (``n_tokens``, ``n_vision_units``, ``cu_seqlens``, the
+``n_tokens`` leaf of ``media``), never token ids or media bytes, so stats stay cheap
+on large corpora.
+
+    >>> s = compute_stats("packed/")                      # doctest: +SKIP
+    >>> s["token_fill"]["mean"], s["packs"], s["lower_bound"]   # doctest: +SKIP
+    (0.9731, 1204, 1190)
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
+from .errors import ConfigError, InputError
 from .pipeline import lower_bound
-from .shards import iter_shard_tables, read_manifest
+from .shards import ERRORS, read_manifest
 
-__all__ = ["compute_stats", "render_stats", "STATS_VERSION"]
+__all__ = [
+    "STATS_VERSION",
+    "NAIVE_BATCH_SIZES",
+    "StatsData",
+    "Thresholds",
+    "load_stats_data",
+    "plan_stats_data",
+    "summarize",
+    "compute_stats",
+    "plan_stats",
+    "check_thresholds",
+    "render_stats",
+    "naive_padding",
+    "pack_padding",
+    "sweep",
+    "render_sweep",
+]
 
+log = logging.getLogger(__name__)
+
+#: Version of the ``stats --json`` shape; bump it (and add ``schemas/stats.vN.json``) on any
+#: change that removes or renames a key or changes a type. Adding a key keeps the version.
 STATS_VERSION = 1
 
-
-def _dist(x: np.ndarray) -> dict:
-    if len(x) == 0:
-        return {"mean": 0.0, "p5": 0.0, "p50": 0.0, "min": 0.0, "max": 0.0}
-    return {
-        "mean": round(float(x.mean()), 4),
-        "p5": round(float(np.percentile(x, 5)), 4),
-        "p50": round(float(np.percentile(x, 50)), 4),
-        "min": round(float(x.min()), 4),
-        "max": round(float(x.max()), 4),
-    }
+#: Batch sizes at which naive padded batching is measured.
+NAIVE_BATCH_SIZES = (8, 32)
 
 
-def compute_stats(path: str | Path) -> dict:
-    """Statistics of a packed (or tokenized) directory.
+# ---------------------------------------------------------------------------------------------
+# numeric helpers
 
-    For a packed directory: samples, packs, token and vision fill per pack, packs against
-    the lower bound of DESIGN.md §4, samples per pack, and what was dropped.
+
+def naive_padding(lengths: np.ndarray, batch_size: int) -> tuple[int, int]:
+    """Padding spent by naive batching: consecutive samples, each padded to the batch's longest.
+
+    Returns ``(pad_tokens, slots)``: ``slots`` is the token positions the batches occupy
+    (``Σ batch_len × longest``), ``pad_tokens = slots - Σ lengths``. The last batch holds
+    what is left and is padded only to its own longest sample.
+
+    Example:
+        >>> naive_padding(np.array([3, 1, 4, 1, 5]), 2)   # [3,1] [4,1] [5]
+        (5, 19)
     """
-    path = Path(path)
-    manifest = read_manifest(path)
-    kind = manifest["kind"]
-    counts = manifest.get("counts", {})
-    if kind == "packed":
-        cols = ["n_tokens", "n_vision_units", "sample_ids"]
-        tok, units, per_pack = [], [], []
-        for t in iter_shard_tables(path, manifest, cols):
-            tok.append(t["n_tokens"].to_numpy())
-            units.append(t["n_vision_units"].to_numpy())
-            per_pack.append(pc.list_value_length(t["sample_ids"]).to_numpy(zero_copy_only=False))
-        tok_a = np.concatenate(tok) if tok else np.zeros(0, np.int64)
-        units_a = np.concatenate(units) if units else np.zeros(0, np.int64)
-        per_a = np.concatenate(per_pack) if per_pack else np.zeros(0, np.int64)
-        caps = manifest["capacities"]
-        max_tokens, max_units = caps["max_tokens"], caps["max_vision_units"]
-        lb = lower_bound(int(tok_a.sum()), int(units_a.sum()), max_tokens, max_units)
-        n_packs = len(tok_a)
-        return {
-            "stats_version": STATS_VERSION,
-            "kind": "packed",
-            "path": str(path),
-            "capacities": caps,
-            "samples": int(per_a.sum()),
-            "packs": n_packs,
-            "lower_bound": lb,
-            "packs_over_lower_bound": round(n_packs / lb, 4) if lb else None,
-            "tokens": int(tok_a.sum()),
-            "vision_units": int(units_a.sum()),
-            "token_fill": _dist(tok_a / max_tokens) if max_tokens else _dist(np.zeros(0)),
-            "vision_fill": _dist(units_a / max_units) if max_units else _dist(np.zeros(0)),
-            "samples_per_pack": _dist(per_a.astype(np.float64)),
-            "dropped": int(counts.get("dropped", 0)),
-            "alone": int(counts.get("alone", 0)),
-            "truncated": int(counts.get("truncated", 0)),
-            "rejected_by_reason": counts.get("rejected_by_reason", {}),
-        }
-    cols = ["n_tokens", "n_vision_units", "n_branches"]
-    tok, units, br = [], [], []
-    for t in iter_shard_tables(path, manifest, cols):
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    if n == 0:
+        return 0, 0
+    starts = np.arange(0, n, batch_size)
+    longest = np.maximum.reduceat(lengths, starts)
+    sizes = np.diff(np.append(starts, n))
+    slots = int((longest * sizes).sum())
+    return slots - int(lengths.sum()), slots
+
+
+def pack_padding(pack_tokens: np.ndarray, max_tokens: int) -> tuple[int, int]:
+    """Padding of fixed-length packs: every pack is padded to ``max_tokens``.
+
+    A pack longer than ``max_tokens`` (an oversize sample packed alone) occupies its own
+    length and adds no padding. Returns ``(pad_tokens, slots)``.
+
+    Example:
+        >>> pack_padding(np.array([8000, 8192, 9000]), 8192)
+        (192, 25384)
+    """
+    t = np.asarray(pack_tokens, dtype=np.int64)
+    slots = int(np.maximum(t, max_tokens).sum())
+    return slots - int(t.sum()), slots
+
+
+def _dist(x: np.ndarray) -> dict | None:
+    """``{"mean", "p5", "p50", "p95", "min", "max"}`` of ``x`` (linear-interpolated percentiles)."""
+    x = np.asarray(x, dtype=np.float64)
+    if len(x) == 0:
+        return None
+    p5, p50, p95 = np.percentile(x, [5, 50, 95])
+    return {"mean": round(float(x.mean()), 4), "p5": round(float(p5), 4), "p50": round(float(p50), 4),
+            "p95": round(float(p95), 4), "min": round(float(x.min()), 4), "max": round(float(x.max()), 4)}
+
+
+def _hist(x: np.ndarray) -> dict | None:
+    """A distribution plus ``histogram``: count per integer value (keys are strings, ascending)."""
+    d = _dist(x)
+    if d is None:
+        return None
+    values, counts = np.unique(np.asarray(x, dtype=np.int64), return_counts=True)
+    d["histogram"] = {str(int(v)): int(c) for v, c in zip(values, counts, strict=True)}
+    return d
+
+
+def _list_sum(col: pa.ChunkedArray | pa.Array, leaf: str | None = None) -> np.ndarray:
+    """Per-row sum of a list column (of a struct's ``leaf`` field when given)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    flat = pc.list_flatten(arr)
+    if leaf is not None:
+        flat = pc.struct_field(flat, leaf)
+    parents = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
+    values = flat.to_numpy(zero_copy_only=False).astype(np.int64)
+    return np.bincount(parents, weights=values, minlength=len(arr)).astype(np.int64)
+
+
+def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+@dataclass(slots=True)
+class StatsData:
+    """The arrays statistics are computed from (also what ``--plot`` draws).
+
+    Attributes:
+        kind: ``"tokenized"``, ``"packed"`` or ``"plan"``.
+        sample_*: one entry per tokenized sample in input order (``None`` without a tokenized dir).
+        packed_mask: which tokenized samples are in a pack.
+        pack_*: one entry per pack in pack order (``None`` for a tokenized dir).
+        pack_sample_tokens: lengths of the samples as packed, pack after pack.
+    """
+
+    kind: str
+    tokenized_path: Path | None = None
+    packed_path: Path | None = None
+    tok_manifest: dict | None = None
+    packed_manifest: dict | None = None
+    capacities: dict | None = None
+    oversize: str | None = None
+    sample_id: np.ndarray | None = None
+    sample_source: np.ndarray | None = None
+    sample_tokens: np.ndarray | None = None
+    sample_units: np.ndarray | None = None
+    sample_vision_tokens: np.ndarray | None = None
+    sample_branches: np.ndarray | None = None
+    packed_mask: np.ndarray | None = None
+    pack_tokens: np.ndarray | None = None
+    pack_units: np.ndarray | None = None
+    pack_vision_tokens: np.ndarray | None = None
+    pack_samples: np.ndarray | None = None
+    pack_sample_ids: np.ndarray | None = None
+    pack_sample_tokens: np.ndarray | None = None
+    dropped: int = 0
+    alone: int = 0
+    truncated: int = 0
+    pack_rejected: dict = field(default_factory=dict)
+    pack_errors: list[dict] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _read(path: Path, entry: dict, columns: list[str]) -> pa.Table:
+    file = path / entry["file"]
+    if not file.is_file():
+        raise InputError(f"shard {str(file)!r} listed in the manifest is missing; re-run the stage that wrote it")
+    # full leaf paths select one field of the media struct, so media bytes are never read
+    return pq.ParquetFile(file).read(columns=columns)
+
+
+def _read_errors(path: Path) -> list[dict]:
+    file = path / ERRORS
+    if not file.is_file():
+        return []
+    out = []
+    with open(file, encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                out.append(json.loads(line))
+    return out
+
+
+def _load_tokenized(data: StatsData, path: Path, manifest: dict) -> None:
+    cols = ["sample_id", "source", "n_tokens", "n_vision_units", "n_branches", "media.list.element.n_tokens"]
+    ids, srcs, tok, units, vt, br = [], [], [], [], [], []
+    for entry in manifest["shards"]:
+        t = _read(path, entry, cols)
+        ids.append(t["sample_id"].to_numpy())
+        srcs.append(t["source"].to_numpy())
         tok.append(t["n_tokens"].to_numpy())
         units.append(t["n_vision_units"].to_numpy())
         br.append(t["n_branches"].to_numpy())
-    tok_a = np.concatenate(tok) if tok else np.zeros(0, np.int64)
-    units_a = np.concatenate(units) if units else np.zeros(0, np.int64)
-    br_a = np.concatenate(br) if br else np.zeros(0, np.int64)
+        vt.append(_list_sum(t["media"], "n_tokens"))
+    data.tokenized_path = path
+    data.tok_manifest = manifest
+    data.sample_id = _concat(ids, object)
+    data.sample_source = _concat(srcs, object)
+    data.sample_tokens = _concat(tok, np.int64)
+    data.sample_units = _concat(units, np.int64)
+    data.sample_vision_tokens = _concat(vt, np.int64)
+    data.sample_branches = _concat(br, np.int64)
+
+
+def _load_packed(data: StatsData, path: Path, manifest: dict) -> None:
+    cols = ["n_tokens", "n_vision_units", "sample_ids", "cu_seqlens", "media.list.element.n_tokens"]
+    tok, units, vt, nsamp, ids, slen = [], [], [], [], [], []
+    for entry in manifest["shards"]:
+        t = _read(path, entry, cols)
+        tok.append(t["n_tokens"].to_numpy())
+        units.append(t["n_vision_units"].to_numpy())
+        vt.append(_list_sum(t["media"], "n_tokens"))
+        sid = t["sample_ids"].combine_chunks()
+        nsamp.append(pc.list_value_length(sid).to_numpy(zero_copy_only=False))
+        ids.append(pc.list_flatten(sid).to_numpy(zero_copy_only=False))
+        cu = t["cu_seqlens"].combine_chunks()
+        v = pc.list_flatten(cu).to_numpy(zero_copy_only=False).astype(np.int64)
+        parent = pc.list_parent_indices(cu).to_numpy(zero_copy_only=False)
+        slen.append((v[1:] - v[:-1])[parent[1:] == parent[:-1]])
+    caps = manifest.get("capacities") or {}
+    counts = manifest.get("counts") or {}
+    data.packed_path = path
+    data.packed_manifest = manifest
+    data.capacities = {"max_tokens": int(caps.get("max_tokens", 0)), "max_vision_units": int(caps.get("max_vision_units", 0))}
+    data.oversize = (manifest.get("config") or {}).get("oversize")
+    data.pack_tokens = _concat(tok, np.int64)
+    data.pack_units = _concat(units, np.int64)
+    data.pack_vision_tokens = _concat(vt, np.int64)
+    data.pack_samples = _concat(nsamp, np.int64)
+    data.pack_sample_ids = _concat(ids, object)
+    data.pack_sample_tokens = _concat(slen, np.int64)
+    data.dropped = int(counts.get("dropped", 0))
+    data.alone = int(counts.get("alone", 0))
+    data.truncated = int(counts.get("truncated", 0))
+    data.pack_rejected = dict(counts.get("rejected_by_reason") or {})
+    data.pack_errors = _read_errors(path)
+
+
+def _find_source(packed: Path, manifest: dict) -> Path | None:
+    """The tokenized directory a packed one was made from, when it is still where it was."""
+    src = (manifest.get("source") or {}).get("path")
+    if not src:
+        return None
+    for cand in (Path(src), packed / src):
+        if (cand / "manifest.json").is_file():
+            return cand
+    return None
+
+
+def load_stats_data(path: str | Path, packed: str | Path | None = None) -> StatsData:
+    """Read the arrays for statistics.
+
+    Args:
+        path: a tokenized or packed directory.
+        packed: with ``path`` tokenized, the packed directory made from it (the pair is
+            reconciled). With ``path`` packed and ``packed`` None, the tokenized directory
+            recorded in the packed manifest is used when it still exists and matches.
+
+    Raises:
+        InputError: a directory is not a finished packtool output, or the pair does not match.
+    """
+    path = Path(path)
+    first = read_manifest(path)
+    if packed is not None:
+        if first.get("kind") != "tokenized":
+            raise InputError(f"{str(path)!r} holds {first.get('kind')} shards; `stats TOKENIZED PACKED` takes the tokenized directory first")
+        tok_path, tok_manifest = path, first
+        packed_path = Path(packed)
+        packed_manifest = read_manifest(packed_path, "packed")
+        want = (packed_manifest.get("source") or {}).get("config_digest") or packed_manifest["config"].get("source_digest")
+        if want and want != tok_manifest.get("config_digest"):
+            raise InputError(
+                f"{str(packed_path)!r} was packed from a tokenized run with config digest {want}, but {str(tok_path)!r} "
+                f"has {tok_manifest.get('config_digest')}; pass the tokenized directory it was made from"
+            )
+    elif first.get("kind") == "packed":
+        packed_path, packed_manifest = path, first
+        tok_path = _find_source(path, first)
+        tok_manifest = None
+        if tok_path is not None:
+            tok_manifest = read_manifest(tok_path)
+            want = (first.get("source") or {}).get("config_digest")
+            if tok_manifest.get("kind") != "tokenized" or (want and want != tok_manifest.get("config_digest")):
+                tok_path, tok_manifest = None, None
+    else:
+        data = StatsData("tokenized")
+        _load_tokenized(data, path, first)
+        return data
+    data = StatsData("packed")
+    _load_packed(data, packed_path, packed_manifest)
+    if tok_path is None:
+        data.notes.append("tokenized directory not found: no input order, sources, branches or reconciliation; "
+                          "pass it first: packtool stats TOKENIZED PACKED")
+        return data
+    _load_tokenized(data, tok_path, tok_manifest)
+    data.packed_mask = np.isin(data.sample_id, data.pack_sample_ids)
+    return data
+
+
+def plan_stats_data(tokenized: str | Path, result: dict) -> StatsData:
+    """Arrays for the statistics of a dry-run plan (``pack_dataset(..., dry_run=True)``).
+
+    Pack loads come from each shard's plan over the tokenized length columns; truncated
+    samples count ``max_tokens`` tokens, as the packer would cut them.
+    """
+    tokenized = Path(tokenized)
+    data = StatsData("plan")
+    tok_manifest = read_manifest(tokenized, "tokenized")
+    _load_tokenized(data, tokenized, tok_manifest)
+    caps = result["capacities"]
+    max_tokens = int(caps["max_tokens"])
+    data.capacities = {"max_tokens": max_tokens, "max_vision_units": int(caps["max_vision_units"])}
+    data.oversize = result["config"].get("oversize")
+    plans = result.get("plans")
+    if plans is None or len(plans) != len(tok_manifest["shards"]):
+        raise RuntimeError("internal error: dry-run result lacks one plan per tokenized shard")
+    starts = np.concatenate([[0], np.cumsum([e["rows"] for e in tok_manifest["shards"]])]).astype(np.int64)
+    eff = data.sample_tokens.copy()
+    mask = np.zeros(len(eff), dtype=bool)
+    tok, units, vt, nsamp, order_all = [], [], [], [], []
+    for base, plan in zip(starts[:-1], plans, strict=True):
+        if plan.truncated:
+            eff[base + np.asarray(plan.truncated, dtype=np.int64)] = max_tokens
+        if plan.n_packs == 0:
+            continue
+        order = base + plan.order
+        first = plan.offsets[:-1]
+        tok.append(np.add.reduceat(eff[order], first))
+        units.append(np.add.reduceat(data.sample_units[order], first))
+        vt.append(np.add.reduceat(data.sample_vision_tokens[order], first))
+        nsamp.append(np.diff(plan.offsets))
+        order_all.append(order)
+        mask[order] = True
+    order = _concat(order_all, np.int64)
+    data.pack_tokens = _concat(tok, np.int64)
+    data.pack_units = _concat(units, np.int64)
+    data.pack_vision_tokens = _concat(vt, np.int64)
+    data.pack_samples = _concat(nsamp, np.int64)
+    data.pack_sample_ids = data.sample_id[order]
+    data.pack_sample_tokens = eff[order]
+    data.packed_mask = mask
+    c = result["counts"]
+    data.dropped, data.alone, data.truncated = int(c.get("dropped", 0)), int(c.get("alone", 0)), int(c.get("truncated", 0))
+    data.pack_rejected = {"oversize": data.dropped} if data.dropped else {}
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# summary (the JSON shape)
+
+
+def _padding(data: StatsData) -> dict | None:
+    if data.pack_tokens is None:
+        lengths, order = data.sample_tokens, "input"
+        packtool = None
+    else:
+        if data.sample_tokens is not None:
+            lengths = data.sample_tokens[data.packed_mask]
+            if data.oversize == "truncate":
+                lengths = np.minimum(lengths, data.capacities["max_tokens"])
+            order = "input"
+        else:
+            lengths, order = data.pack_sample_tokens, "pack"
+        pad, slots = pack_padding(data.pack_tokens, data.capacities["max_tokens"])
+        packtool = {"pad_tokens": pad, "slots": slots, "waste": round(pad / slots, 4) if slots else 0.0}
+    naive = []
+    for b in NAIVE_BATCH_SIZES:
+        pad, slots = naive_padding(lengths, b)
+        naive.append({"batch_size": b, "pad_tokens": pad, "slots": slots, "waste": round(pad / slots, 4) if slots else 0.0})
+    return {"order": order, "packtool": packtool, "naive": naive}
+
+
+def _sources(data: StatsData, tok_rejects: list[dict]) -> list[dict] | None:
+    if data.sample_source is None:
+        return None
+    rows: dict[str, dict] = {}
+
+    def row(src: str) -> dict:
+        if src not in rows:
+            rows[src] = {"source": src, "rows": 0, "samples": 0, "packed": 0, "dropped": 0, "rejected": 0,
+                         "tokens": 0, "vision_units": 0}
+        return rows[src]
+
+    packed = data.packed_mask if data.packed_mask is not None else np.ones(len(data.sample_source), bool)
+    for src, n, t, u, p in zip(data.sample_source, itertools.repeat(1), data.sample_tokens, data.sample_units, packed):
+        r = row(src)
+        r["samples"] += n
+        r["tokens"] += int(t)
+        r["vision_units"] += int(u)
+        r["packed"] += int(p)
+    for e in tok_rejects:
+        row(str(e.get("source")))["rejected"] += 1
+    for r in rows.values():
+        # every input row is a sample or a rejected row; pack drops are samples not packed
+        r["rows"] = r["samples"] + r["rejected"]
+        r["dropped"] = r["samples"] - r["packed"] if data.packed_mask is not None else None
+        if data.packed_mask is None:
+            r["packed"] = None
+    return sorted(rows.values(), key=lambda r: r["source"])
+
+
+def _reconcile(data: StatsData) -> dict | None:
+    if data.kind != "packed" or data.sample_id is None:
+        return None
+    tc = (data.tok_manifest or {}).get("counts") or {}
+    tok_rej = dict(tc.get("rejected_by_reason") or {})
+    rows_in = int(tc.get("rows_in", len(data.sample_id) + sum(tok_rej.values())))
+    n_tok_rej = sum(tok_rej.values())
+    n_pack_rej = sum(data.pack_rejected.values())
+    packed_ids = Counter(data.pack_sample_ids.tolist())
+    dropped_ids = Counter(e.get("sample_id") for e in (data.pack_errors or []))
+    landed = packed_ids + dropped_ids
+    expected = Counter(data.sample_id.tolist())
+    missing = sum((expected - landed).values())
+    extra = sum((landed - expected).values())
+    n_packed = int(data.pack_samples.sum())
+    balanced = (rows_in == n_packed + n_tok_rej + n_pack_rej and len(data.sample_id) == n_packed + n_pack_rej
+                and missing == 0 and extra == 0)
     return {
-        "stats_version": STATS_VERSION,
-        "kind": "tokenized",
-        "path": str(path),
-        "rows_in": int(counts.get("rows_in", len(tok_a))),
-        "samples": len(tok_a),
-        "rejected": int(counts.get("rejected", 0)),
-        "rejected_by_reason": counts.get("rejected_by_reason", {}),
-        "tokens": int(tok_a.sum()),
-        "vision_units": int(units_a.sum()),
-        "tokens_per_sample": _dist(tok_a.astype(np.float64)),
-        "vision_units_per_sample": _dist(units_a.astype(np.float64)),
-        "branches_per_sample": _dist(br_a.astype(np.float64)),
+        "rows_in": rows_in,
+        "tokenize_rejected": n_tok_rej,
+        "samples_tokenized": int(len(data.sample_id)),
+        "pack_rejected": n_pack_rej,
+        "samples_packed": n_packed,
+        "missing": int(missing),
+        "extra": int(extra),
+        "balanced": bool(balanced),
     }
 
 
-def _fmt_dist(d: dict, pct: bool = False) -> str:
-    if pct:
-        return f"mean {d['mean']:.1%}  p5 {d['p5']:.1%}  p50 {d['p50']:.1%}"
-    return f"mean {d['mean']:,.1f}  p5 {d['p5']:,.1f}  p50 {d['p50']:,.1f}  max {d['max']:,.0f}"
+def summarize(data: StatsData) -> dict:
+    """The ``stats --json`` dict (shape: ``schemas/stats.v1.json``) of loaded arrays."""
+    caps = data.capacities
+    tok_manifest = data.tok_manifest or {}
+    vision = (data.packed_manifest or {}).get("vision") or tok_manifest.get("vision") or {}
+    tc = tok_manifest.get("counts") or {}
+    tok_rej = dict(tc.get("rejected_by_reason") or {})
+    tok_rejects = _read_errors(data.tokenized_path) if data.tokenized_path is not None else []
+    if data.pack_tokens is not None:
+        n_samples = int(data.pack_samples.sum())
+        tokens = int(data.pack_tokens.sum())
+        vision_tokens = int(data.pack_vision_tokens.sum())
+        units = int(data.pack_units.sum())
+        max_t, max_u = caps["max_tokens"], caps["max_vision_units"]
+        n_packs = int(len(data.pack_tokens))
+        lb = lower_bound(tokens, units, max_t, max_u)
+        packs = {
+            "packs": n_packs,
+            "lower_bound": lb,
+            "packs_over_lower_bound": round(n_packs / lb, 4) if lb else None,
+            "token_fill": _dist(data.pack_tokens / max_t) if max_t else None,
+            "vision_fill": _dist(data.pack_units / max_u) if max_u else None,
+            "samples_per_pack": _hist(data.pack_samples),
+        }
+        sample_lengths = data.pack_sample_tokens
+        branches = data.sample_branches[data.packed_mask] if data.sample_branches is not None else None
+    else:
+        n_samples = int(len(data.sample_tokens))
+        tokens = int(data.sample_tokens.sum())
+        vision_tokens = int(data.sample_vision_tokens.sum())
+        units = int(data.sample_units.sum())
+        packs = {"packs": None, "lower_bound": None, "packs_over_lower_bound": None, "token_fill": None,
+                 "vision_fill": None, "samples_per_pack": None}
+        sample_lengths = data.sample_tokens
+        branches = data.sample_branches
+    return {
+        "stats_version": STATS_VERSION,
+        "kind": data.kind,
+        "tokenized": str(data.tokenized_path) if data.tokenized_path is not None else None,
+        "packed": str(data.packed_path) if data.packed_path is not None else None,
+        "capacities": caps,
+        "vision_unit": vision.get("unit"),
+        "rows_in": int(tc["rows_in"]) if "rows_in" in tc else None,
+        "samples": n_samples,
+        **{k: packs[k] for k in ("packs", "lower_bound", "packs_over_lower_bound")},
+        "tokens": tokens,
+        "vision_tokens": vision_tokens,
+        "vision_units": units,
+        "vision_token_share": round(vision_tokens / tokens, 4) if tokens else 0.0,
+        **{k: packs[k] for k in ("token_fill", "vision_fill", "samples_per_pack")},
+        "sample_tokens": _dist(sample_lengths),
+        "branches_per_sample": _hist(branches) if branches is not None else None,
+        "padding": _padding(data),
+        "sources": _sources(data, tok_rejects),
+        "dropped": data.dropped,
+        "alone": data.alone,
+        "truncated": data.truncated,
+        "rejected": {"total": sum(tok_rej.values()) + sum(data.pack_rejected.values()),
+                     "tokenize": dict(sorted(tok_rej.items())), "pack": dict(sorted(data.pack_rejected.items()))},
+        "reconcile": _reconcile(data),
+        "thresholds": [],
+        "notes": list(data.notes),
+    }
+
+
+def compute_stats(path: str | Path, packed: str | Path | None = None) -> dict:
+    """Statistics of a tokenized or packed directory, or of a (tokenized, packed) pair.
+
+    See :func:`load_stats_data` for the arguments and ``schemas/stats.v1.json`` for the shape.
+    """
+    return summarize(load_stats_data(path, packed))
+
+
+def plan_stats(tokenized: str | Path, result: dict) -> dict:
+    """Statistics of a dry-run plan, in the same shape as :func:`compute_stats` (``kind`` ``"plan"``)."""
+    return summarize(plan_stats_data(tokenized, result))
+
+
+# ---------------------------------------------------------------------------------------------
+# thresholds
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """CI gates on a stats dict; ``None`` disables a gate.
+
+    Attributes:
+        fail_below_fill: minimum mean token fill (0..1).
+        fail_below_vision_fill: minimum mean vision fill (0..1).
+        fail_above_ratio: maximum packs / lower bound.
+        fail_above_rejected: maximum fraction of input rows rejected or dropped.
+    """
+
+    fail_below_fill: float | None = None
+    fail_below_vision_fill: float | None = None
+    fail_above_ratio: float | None = None
+    fail_above_rejected: float | None = None
+
+    def any(self) -> bool:
+        return any(getattr(self, f) is not None for f in self.__slots__)
+
+
+def check_thresholds(stats: dict, th: Thresholds) -> list[str]:
+    """Record each gate in ``stats["thresholds"]``; return the failure messages.
+
+    Raises:
+        ConfigError: a gate needs packs and ``stats`` describes a tokenized directory.
+    """
+    checks = []
+    fill = (stats.get("token_fill") or {}).get("mean")
+    vfill = (stats.get("vision_fill") or {}).get("mean")
+    rows = stats.get("rows_in") or (stats["samples"] + stats["rejected"]["total"])
+    rejected_frac = stats["rejected"]["total"] / rows if rows else 0.0
+    for flag, name, limit, value, below in (
+        ("--fail-below-fill", "token_fill_mean", th.fail_below_fill, fill, True),
+        ("--fail-below-vision-fill", "vision_fill_mean", th.fail_below_vision_fill, vfill, True),
+        ("--fail-above-ratio", "packs_over_lower_bound", th.fail_above_ratio, stats.get("packs_over_lower_bound"), False),
+        ("--fail-above-rejected", "rejected_fraction", th.fail_above_rejected, round(rejected_frac, 4), False),
+    ):
+        if limit is None:
+            continue
+        if value is None:
+            raise ConfigError(f"{flag} needs packs with that capacity; {stats['kind']} statistics have no {name}; "
+                              "pass a packed directory")
+        passed = value >= limit if below else value <= limit
+        checks.append({"name": name, "flag": flag, "limit": limit, "value": value, "passed": bool(passed)})
+    stats["thresholds"] = checks
+    failures = []
+    for c in checks:
+        if not c["passed"]:
+            word = "below" if c["flag"].startswith("--fail-below") else "above"
+            failures.append(f"{c['name']} {c['value']:.4g} is {word} {c['flag']} {c['limit']:.4g}")
+    if stats.get("reconcile") and not stats["reconcile"]["balanced"]:
+        r = stats["reconcile"]
+        failures.append(f"rows do not reconcile: {r['rows_in']} in, {r['samples_packed']} packed, "
+                        f"{r['tokenize_rejected']} rejected by tokenize, {r['pack_rejected']} by pack, "
+                        f"{r['missing']} missing, {r['extra']} extra")
+    return failures
+
+
+# ---------------------------------------------------------------------------------------------
+# rendering
+
+
+def _pct(d: dict | None) -> str:
+    if d is None:
+        return "-"
+    return f"mean {d['mean']:.1%}  p5 {d['p5']:.1%}  p50 {d['p50']:.1%}  min {d['min']:.1%}"
+
+
+def _num(d: dict | None) -> str:
+    if d is None:
+        return "-"
+    return f"mean {d['mean']:,.1f}  p5 {d['p5']:,.0f}  p50 {d['p50']:,.0f}  max {d['max']:,.0f}"
+
+
+def _histline(d: dict | None, limit: int = 8) -> str:
+    if d is None:
+        return "-"
+    items = list(d["histogram"].items())
+    shown = "  ".join(f"{k}:{v}" for k, v in items[:limit])
+    return shown + ("  ..." if len(items) > limit else "")
+
+
+def _opt(v: int | None) -> str:
+    return "-" if v is None else f"{v:,}"
+
+
+def _short(name: str, width: int = 36) -> str:
+    return name if len(name) <= width else "..." + name[-(width - 3):]
 
 
 def render_stats(s: dict) -> str:
-    """The human-readable table of :func:`compute_stats` output."""
+    """The human-readable table of a stats dict."""
     rows: list[tuple[str, str]] = []
-    if s["kind"] == "packed":
-        caps = s["capacities"]
-        ratio = f" ({s['packs_over_lower_bound']:.3f}x)" if s["packs_over_lower_bound"] else ""
+    unit = s.get("vision_unit") or "vision units"
+    caps = s.get("capacities")
+    if caps:
+        rows.append(("capacities", f"{caps['max_tokens']:,} tokens, {caps['max_vision_units']:,} {unit} per pack"))
+    rows.append(("samples", f"{s['samples']:,}"))
+    if s["packs"] is not None:
+        ratio = f"  ({s['packs_over_lower_bound']:.3f}x)" if s["packs_over_lower_bound"] else ""
         rows += [
-            ("capacities", f"{caps['max_tokens']:,} tokens, {caps['max_vision_units']:,} vision units"),
-            ("samples", f"{s['samples']:,}"),
-            ("packs", f"{s['packs']:,}"),
-            ("lower bound", f"{s['lower_bound']:,}{ratio}"),
-            ("token fill", _fmt_dist(s["token_fill"], pct=True)),
-            ("vision fill", _fmt_dist(s["vision_fill"], pct=True)),
-            ("samples per pack", _fmt_dist(s["samples_per_pack"])),
-            ("dropped / alone / truncated", f"{s['dropped']:,} / {s['alone']:,} / {s['truncated']:,}"),
+            ("packs", f"{s['packs']:,}  lower bound {s['lower_bound']:,}{ratio}"),
+            ("token fill", _pct(s["token_fill"])),
+            ("vision fill", _pct(s["vision_fill"])),
+            ("samples per pack", _num(s["samples_per_pack"])),
+            ("", _histline(s["samples_per_pack"])),
         ]
-    else:
-        rows += [
-            ("rows in", f"{s['rows_in']:,}"),
-            ("samples", f"{s['samples']:,}"),
-            ("rejected", f"{s['rejected']:,}"),
-            ("tokens", f"{s['tokens']:,}"),
-            ("vision units", f"{s['vision_units']:,}"),
-            ("tokens per sample", _fmt_dist(s["tokens_per_sample"])),
-            ("branches per sample", _fmt_dist(s["branches_per_sample"])),
-        ]
-    for reason, n in sorted(s.get("rejected_by_reason", {}).items()):
-        rows.append((f"  rejected: {reason}", f"{n:,}"))
+    rows.append(("tokens", f"{s['tokens']:,}  (vision {s['vision_tokens']:,} = {s['vision_token_share']:.1%})"))
+    rows.append((f"{unit}", f"{s['vision_units']:,}"))
+    rows.append(("sample length", _num(s["sample_tokens"])))
+    if s["branches_per_sample"] is not None:
+        rows.append(("branches per sample", _histline(s["branches_per_sample"])))
+    pad = s.get("padding")
+    if pad:
+        order = "" if pad["order"] == "input" else ", in pack order"
+        for n in pad["naive"]:
+            rows.append((f"padding, batch {n['batch_size']}", f"{n['pad_tokens']:,} tokens = {n['waste']:.1%} of {n['slots']:,}  (naive{order})"))
+        if pad["packtool"]:
+            p = pad["packtool"]
+            rows.append(("padding, packed", f"{p['pad_tokens']:,} tokens = {p['waste']:.1%} of {p['slots']:,}"))
+    if s["packs"] is not None:
+        rows.append(("dropped / alone / truncated", f"{s['dropped']:,} / {s['alone']:,} / {s['truncated']:,}"))
+    rej = s["rejected"]
+    of = f" of {s['rows_in']:,} rows in" if s.get("rows_in") is not None else ""
+    rows.append(("rejected", f"{rej['total']:,}{of}"))
+    for stage in ("tokenize", "pack"):
+        for reason, n in rej[stage].items():
+            rows.append((f"  {stage}: {reason}", f"{n:,}"))
+    r = s.get("reconcile")
+    if r:
+        mark = "ok" if r["balanced"] else f"MISMATCH ({r['missing']} missing, {r['extra']} extra)"
+        rows.append(("rows in = packed + rejected",
+                     f"{r['rows_in']:,} = {r['samples_packed']:,} + {r['tokenize_rejected']:,} + {r['pack_rejected']:,}  {mark}"))
+    for c in s.get("thresholds", []):
+        rows.append((f"gate {c['flag']}", f"{c['value']:.4g} vs {c['limit']:.4g}  {'pass' if c['passed'] else 'FAIL'}"))
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    if s.get("sources"):
+        lines.append("")
+        head = ("source", "rows", "packed", "dropped", "rejected", "tokens", unit)
+        table = [head] + [(_short(x["source"]), f"{x['rows']:,}", _opt(x["packed"]), _opt(x["dropped"]), f"{x['rejected']:,}",
+                           f"{x['tokens']:,}", f"{x['vision_units']:,}") for x in s["sources"]]
+        widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+        for r in table:
+            lines.append("  ".join([r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]).rstrip())
+    for note in s.get("notes", []):
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# sweep
+
+
+def sweep(tokenized: str | Path, base, grid: dict[str, list[int]]) -> list[dict]:
+    """Plan every combination of ``grid`` (PackConfig field -> values) and summarize each.
+
+    Args:
+        tokenized: the tokenized directory.
+        base: a :class:`~packtool.config.PackConfig` the grid values replace fields of.
+        grid: e.g. ``{"buffer_size": [48, 256], "vision_weight": [0, 30], "max_tokens": [8192, 16384]}``.
+
+    Returns:
+        one dict per setting: the varied fields plus packs, lower bound, fill and drops.
+    """
+    import dataclasses
+    import time
+
+    from .pipeline import pack_dataset
+
+    keys = list(grid)
+    out = []
+    for values in itertools.product(*(grid[k] for k in keys)):
+        cfg = dataclasses.replace(base, **dict(zip(keys, values, strict=True)))
+        t0 = time.perf_counter()
+        result = pack_dataset(tokenized, Path("."), cfg, dry_run=True)
+        seconds = time.perf_counter() - t0
+        s = plan_stats(tokenized, result)
+        tf, vf = s["token_fill"] or {}, s["vision_fill"] or {}
+        out.append({
+            **dict(zip(keys, values, strict=True)),
+            "max_vision_units": s["capacities"]["max_vision_units"],
+            "packs": s["packs"],
+            "lower_bound": s["lower_bound"],
+            "packs_over_lower_bound": s["packs_over_lower_bound"],
+            "token_fill_mean": tf.get("mean"),
+            "token_fill_p5": tf.get("p5"),
+            "vision_fill_mean": vf.get("mean"),
+            "samples_per_pack_mean": (s["samples_per_pack"] or {}).get("mean"),
+            "dropped": s["dropped"],
+            "plan_seconds": round(seconds, 3),
+        })
+    return out
+
+
+def render_sweep(rows: list[dict]) -> str:
+    """A fixed-width table of :func:`sweep` output."""
+    if not rows:
+        return ""
+    cols = [c for c in rows[0] if c != "plan_seconds"]
+    fmt = {
+        "packs_over_lower_bound": lambda v: "-" if v is None else f"{v:.3f}x",
+        "token_fill_mean": lambda v: "-" if v is None else f"{v:.1%}",
+        "token_fill_p5": lambda v: "-" if v is None else f"{v:.1%}",
+        "vision_fill_mean": lambda v: "-" if v is None else f"{v:.1%}",
+        "samples_per_pack_mean": lambda v: "-" if v is None else f"{v:.1f}",
+    }
+    names = {"packs_over_lower_bound": "vs bound", "token_fill_mean": "fill", "token_fill_p5": "fill p5",
+             "vision_fill_mean": "vision fill", "samples_per_pack_mean": "per pack", "lower_bound": "bound"}
+    head = [names.get(c, c.replace("_", "-")) for c in cols]
+    body = [[fmt.get(c, lambda v: f"{v:,}" if isinstance(v, int) else str(v))(r[c]) for c in cols] for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(b, widths, strict=True)) for b in body]
+    return "\n".join(lines)

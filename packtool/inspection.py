@@ -1,0 +1,480 @@
+"""One pack, or one sample, as a person wants to read it.
+
+``inspect_dir`` returns a plain dict (the ``--json`` output); ``render_inspection``
+formats it. For each sample of a pack (or the one sample of a tokenized row):
+
+* the turns, by role, with the text decoded and each media placeholder span collapsed to
+  ``<image 1: 1932×1092, 2691 tokens>`` (resized width × height, placeholder tokens);
+* the tokens that carry loss marked ``⟦…⟧`` (token ``t`` carries loss when the pre-shifted
+  ``target_ids[t-1]`` is not -100);
+* for a message tree, the shared prefix and then each branch, as stored;
+* a compact ruler: runs of equal subsegment id with their token and position ranges;
+* the media list: kind, path, original and resized size, grid, tokens, units, timestamps.
+
+The tokenizer is the one the manifests name (the embedded Qwen2 vocabulary by default),
+checked against the vocabulary fingerprint recorded there.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from .errors import ConfigError, InputError
+from .schema import MEDIA_FIELDS, PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
+from .shards import read_manifest
+from .templates import TEMPLATES, Template
+from .tokenization import Tokenizer, load_tokenizer
+
+__all__ = ["inspect_dir", "render_inspection", "LOSS_OPEN", "LOSS_CLOSE"]
+
+log = logging.getLogger(__name__)
+
+LOSS_OPEN, LOSS_CLOSE = "⟦", "⟧"
+
+_TOKEN_COLUMNS = ["input_ids", "target_ids", "position_ids", "subsegment_ids"]
+# every media leaf except the bytes, so inspecting a pack never reads embedded images or frames
+_MEDIA_LEAVES = [f"media.list.element.{f.name}" + (".list.element" if f.name == "timestamps" else "")
+                 for f in MEDIA_FIELDS]
+# vision delimiters around a placeholder span are folded into the collapsed media label
+_VISION_DELIMITERS = ("<|vision_start|>", "<|vision_end|>")
+
+
+# ---------------------------------------------------------------------------------------------
+# locating the row
+
+
+def _find_row(path: Path, manifest: dict, column: str, want, is_list: bool) -> tuple[str, int] | None:
+    for entry in manifest["shards"]:
+        file = path / entry["file"]
+        if not file.is_file():
+            raise InputError(f"shard {str(file)!r} listed in the manifest is missing; re-run the stage that wrote it")
+        col = pq.ParquetFile(file).read(columns=[column])[column]
+        values = col.to_pylist()
+        for row, v in enumerate(values):
+            if (want in v) if is_list else (v == want):
+                return entry["file"], row
+    return None
+
+
+def _read_row(path: Path, file: str, row: int, columns: list[str]) -> dict:
+    """One row, reading only the row group that holds it."""
+    pf = pq.ParquetFile(path / file)
+    start = 0
+    for rg in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(rg).num_rows
+        if row < start + n:
+            table = pf.read_row_group(rg, columns=columns)
+            return table.slice(row - start, 1).to_pylist()[0]
+        start += n
+    raise RuntimeError(f"internal error: row {row} not in {file}")
+
+
+def _examples(path: Path, manifest: dict, column: str, is_list: bool, n: int = 3) -> list:
+    if not manifest["shards"]:
+        return []
+    col = pq.ParquetFile(path / manifest["shards"][0]["file"]).read(columns=[column])[column].to_pylist()
+    flat = [x for v in col for x in v] if is_list else col
+    return flat[:n]
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenizer and template
+
+
+def _resolve_tokenizer(manifest: dict, tok_manifest: dict | None, override: str | None) -> Tokenizer:
+    recorded = manifest.get("tokenizer") or {}
+    if override is not None:
+        spec = override
+    elif tok_manifest is not None:
+        spec = (tok_manifest.get("config") or {}).get("tokenizer")
+    elif recorded.get("name") in (None, "qwen2"):
+        spec = None
+    else:
+        raise ConfigError(f"this directory was tokenized with {recorded.get('name')!r} and the tokenized directory "
+                          "is not where the manifest says; pass --tokenizer PATH")
+    tok = load_tokenizer(spec)
+    have, want = tok.identity().get("vocab_sha256"), recorded.get("vocab_sha256")
+    if want and have and have != want:
+        raise ConfigError(f"tokenizer {tok.name!r} is not the vocabulary this directory was made with "
+                          f"(sha256 {have[:12]} vs {want[:12]}); pass --tokenizer with the original")
+    return tok
+
+
+def _template(manifest: dict) -> Template | None:
+    name = (manifest.get("template") or {}).get("name")
+    return TEMPLATES.get(name) if name else None
+
+
+def _header_of(tpl: Template) -> tuple[tuple[str, str], ...]:
+    """The template's turn header as ``(kind, value)`` pairs (older templates: turn_start + role_header)."""
+    header = getattr(tpl, "header", None)
+    if header is not None:
+        return tuple(header)
+    start, role = getattr(tpl, "turn_start", ""), getattr(tpl, "role_header", "")
+    return tuple(x for x in (("special", start), ("text", role)) if x[1])
+
+
+class _Decoder:
+    """Turns token runs into readable pieces with the tokenizer's special ids at hand.
+
+    A turn starts at the first token of the template's header when that is a special token;
+    the rest of the header (role text, more specials) is matched as a regular expression
+    over the decoded text that follows, which yields the role.
+    """
+
+    def __init__(self, tok: Tokenizer, template: Template | None) -> None:
+        self.tok = tok
+        self.template = template
+        header = _header_of(template) if template is not None else ()
+        self.turn_start = self._special(header[0][1]) if header and header[0][0] == "special" else None
+        pattern = ""
+        for kind, value in header[1:]:
+            if kind == "text" and "{role}" in value:
+                pre, _, suf = value.partition("{role}")
+                pattern += re.escape(pre) + r"(?P<role>[A-Za-z_][\w-]*)" + re.escape(suf)
+            else:
+                pattern += re.escape(value)
+        self.header_re = re.compile(pattern) if "(?P<role>" in pattern else None
+        self.delims = {i for i in (self._special(n) for n in _VISION_DELIMITERS) if i is not None}
+        names = [v for k, v in header if k == "special"]
+        names += [getattr(template, n, "") for n in ("turn_end", "bos", "eos")] if template is not None else []
+        self.specials = {i for i in (self._special(n) for n in names if n) if i is not None} | self.delims
+
+    def _special(self, name: str) -> int | None:
+        try:
+            return self.tok.special_id(name)
+        except ConfigError:
+            return None
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# one sample
+
+
+def _size(w: int, h: int) -> str:
+    return f"{w}×{h}"
+
+
+def _media_view(m: dict, label: str, offset_in_sample: int) -> dict:
+    return {
+        "label": label,
+        "kind": m["kind"],
+        "path": m.get("path"),
+        "width": m["width"],
+        "height": m["height"],
+        "resized_width": m["resized_width"],
+        "resized_height": m["resized_height"],
+        "grid": [m["grid_t"], m["grid_h"], m["grid_w"]],
+        "n_tokens": m["n_tokens"],
+        "token_offset": offset_in_sample,
+        "vision_units": m["vision_units"],
+        "timestamps": m.get("timestamps"),
+    }
+
+
+def _pieces(ids: np.ndarray, carries: np.ndarray, start: int, end: int, spans: dict[int, dict], dec: _Decoder) -> list[dict]:
+    """Pieces of tokens ``[start, end)``: text runs of equal loss, special tokens, collapsed media."""
+    out: list[dict] = []
+    i = start
+    run: list[int] = []
+    run_loss = False
+
+    def flush() -> None:
+        nonlocal run
+        if run:
+            out.append({"kind": "text", "text": dec.decode(run), "loss": run_loss})
+            run = []
+
+    while i < end:
+        m = spans.get(i)
+        if m is not None:
+            flush()
+            if out and out[-1]["kind"] == "special" and out[-1]["id"] in dec.delims:
+                out.pop()
+            out.append({"kind": "media", "text": f"<{m['label']}: {_size(m['resized_width'], m['resized_height'])}, "
+                                                 f"{m['n_tokens']:,} tokens>", "loss": False})
+            i += m["n_tokens"]
+            if i < end and int(ids[i]) in dec.delims:
+                i += 1
+            continue
+        t = int(ids[i])
+        loss = bool(carries[i])
+        if t in dec.specials:
+            flush()
+            out.append({"kind": "special", "id": t, "text": dec.decode([t]), "loss": loss})
+        else:
+            if run and loss != run_loss:
+                flush()
+            run_loss = loss
+            run.append(t)
+        i += 1
+    flush()
+    return out
+
+
+def _text_of(pieces: list[dict]) -> str:
+    """Join pieces, wrapping each maximal run of loss-carrying pieces in ⟦…⟧."""
+    out, inside = [], False
+    for p in pieces:
+        if p["loss"] != inside:
+            out.append(LOSS_OPEN if p["loss"] else LOSS_CLOSE)
+            inside = p["loss"]
+        out.append(p["text"])
+    if inside:
+        out.append(LOSS_CLOSE)
+    return "".join(out)
+
+
+def _take_header(pieces: list[dict], dec: _Decoder) -> tuple[str | None, list[dict]]:
+    """Match the role header at the start of ``pieces``; return the role and the pieces after it."""
+    if dec.header_re is None:
+        return None, pieces
+    m = dec.header_re.match("".join(p["text"] for p in pieces))
+    if m is None:
+        return None, pieces
+    left = m.end()
+    rest = []
+    for p in pieces:
+        if left >= len(p["text"]):
+            left -= len(p["text"])
+            continue
+        rest.append({**p, "text": p["text"][left:]} if left else p)
+        left = 0
+    return m.group("role"), rest
+
+
+def _turns(pieces: list[dict], dec: _Decoder, prev_role: str | None) -> list[dict]:
+    """Split pieces at turn-start tokens; read each turn's role from the template's header."""
+    tpl = dec.template
+    if tpl is None or dec.turn_start is None:
+        return [{"role": None, "continued": False, "text": _text_of(pieces), "segments": _segments(pieces)}]
+    groups: list[tuple[bool, list[dict]]] = [(True, [])]
+    for p in pieces:
+        if p["kind"] == "special" and p["id"] == dec.turn_start:
+            groups.append((False, []))
+        else:
+            groups[-1][1].append(p)
+    turns = []
+    for continued, body in groups:
+        role = prev_role
+        if not continued:
+            role, body = _take_header(body, dec)
+        # the newline after the end-of-turn token is layout, not content
+        if body and body[-1]["kind"] == "text" and body[-1]["text"] == tpl.turn_newline and not body[-1]["loss"]:
+            body = body[:-1]
+        if body:
+            turns.append({"role": role, "continued": continued, "text": _text_of(body), "segments": _segments(body)})
+    return turns
+
+
+def _segments(pieces: list[dict]) -> list[dict]:
+    return [{"kind": p["kind"], "text": p["text"], "loss": p["loss"]} for p in pieces]
+
+
+def _part_name(sub: int) -> str:
+    local = sub % SUBSEGMENT_STRIDE
+    return "prefix" if local == PREFIX_SUBSEGMENT else f"branch {local}"
+
+
+def _sample_view(row: dict, a: int, b: int, k: int | None, media: list[dict], dec: _Decoder) -> dict:
+    ids = np.asarray(row["input_ids"][a:b], dtype=np.int64)
+    tgt = np.asarray(row["target_ids"][a:b], dtype=np.int64)
+    pos = np.asarray(row["position_ids"][a:b], dtype=np.int64)
+    sub = np.asarray(row["subsegment_ids"][a:b], dtype=np.int64)
+    n = len(ids)
+    # runs of equal subsegment id: the prefix, then each branch (a single-branch sample is one run)
+    cuts = np.flatnonzero(np.diff(sub)) + 1
+    starts = np.concatenate([[0], cuts]).astype(int)
+    ends = np.concatenate([cuts, [n]]).astype(int)
+    carries = np.zeros(n, dtype=bool)
+    for s, e in zip(starts, ends, strict=True):
+        # token t carries loss when the position before it (in the same run) predicts it
+        carries[s + 1:e] = tgt[s:e - 1] != -100
+    counters: dict[str, int] = {}
+    views, spans = [], {}
+    for m in sorted(media, key=lambda m: m["token_offset"]):
+        counters[m["kind"]] = counters.get(m["kind"], 0) + 1
+        off = m["token_offset"] - a
+        v = _media_view(m, f"{m['kind']} {counters[m['kind']]}", off)
+        views.append(v)
+        spans[off] = v
+    single = len(starts) == 1
+    ruler, parts = [], []
+    prev_role = None
+    for s, e in zip(starts, ends, strict=True):
+        name = "sample" if single else _part_name(int(sub[s]))
+        ruler.append({"part": name, "tokens": [int(s), int(e - 1)], "positions": [int(pos[s]), int(pos[e - 1])],
+                      "subsegment": int(sub[s])})
+        turns = _turns(_pieces(ids, carries, int(s), int(e), spans, dec), dec, prev_role if name != "prefix" else None)
+        if name == "prefix":
+            prev_role = turns[-1]["role"] if turns else None
+        parts.append({"part": name, "turns": turns})
+    return {
+        "index": k,
+        "start": a,
+        "end": b,
+        "n_tokens": n,
+        "n_loss_tokens": int((tgt != -100).sum()),
+        "n_branches": max(1, len(starts) - (0 if single else 1)),
+        "ruler": ruler,
+        "parts": parts,
+        "media": views,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# entry point
+
+
+def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = None,
+                tokenizer: str | None = None) -> dict:
+    """Describe one pack (packed dir) or one sample (either dir) for reading.
+
+    Args:
+        path: a packed or tokenized directory.
+        pack: pack index (packed directories; default: the first pack).
+        sample: a sample id; in a packed dir the pack holding it is shown with only that sample.
+        tokenizer: a tokenizer.json or model directory to decode with instead of the recorded one.
+
+    Raises:
+        InputError: no such pack or sample.
+        ConfigError: ``--pack`` on a tokenized directory, or a tokenizer that does not match.
+    """
+    path = Path(path)
+    manifest = read_manifest(path)
+    kind = manifest.get("kind")
+    if pack is not None and sample is not None:
+        raise ConfigError("give --pack or --sample, not both")
+    tok_manifest = manifest if kind == "tokenized" else None
+    if kind == "packed":
+        src = (manifest.get("source") or {}).get("path")
+        if src and (Path(src) / "manifest.json").is_file() and tokenizer is None:
+            tok_manifest = read_manifest(Path(src))
+    dec = _Decoder(_resolve_tokenizer(manifest, tok_manifest, tokenizer), _template(manifest))
+    media_cols = _MEDIA_LEAVES + (["media.list.element.sample_index"] if kind == "packed" else [])
+    if kind == "tokenized":
+        if pack is not None:
+            raise ConfigError(f"{str(path)!r} is a tokenized directory; it has samples, not packs: use --sample ID")
+        if sample is None:
+            if not manifest["shards"]:
+                raise InputError(f"{str(path)!r} holds no samples")
+            where = (manifest["shards"][0]["file"], 0)
+        else:
+            where = _find_row(path, manifest, "sample_id", sample, is_list=False)
+            if where is None:
+                ex = ", ".join(repr(x) for x in _examples(path, manifest, "sample_id", False))
+                raise InputError(f"sample {sample!r} is not in {str(path)!r} (e.g. {ex})")
+        cols = ["sample_id", "source", "source_row", "n_tokens", "n_vision_units", "n_branches"] + _TOKEN_COLUMNS + media_cols
+        row = _read_row(path, where[0], where[1], cols)
+        view = _sample_view(row, 0, len(row["input_ids"]), None, row["media"], dec)
+        view.update(sample_id=row["sample_id"], source=row["source"], source_row=row["source_row"],
+                    n_vision_units=row["n_vision_units"])
+        return {"kind": "sample", "dir": str(path), "file": where[0], "row": where[1],
+                "tokenizer": dec.tok.name, "template": dec.template.name if dec.template else None,
+                "vision_unit": (manifest.get("vision") or {}).get("unit"), "samples": [view]}
+    if sample is not None:
+        where = _find_row(path, manifest, "sample_ids", sample, is_list=True)
+        if where is None:
+            ex = ", ".join(repr(x) for x in _examples(path, manifest, "sample_ids", True))
+            raise InputError(f"sample {sample!r} is in no pack of {str(path)!r} (e.g. {ex}); "
+                             "a dropped sample is listed in errors.jsonl")
+    else:
+        want = 0 if pack is None else pack
+        where = _find_row(path, manifest, "pack_index", want, is_list=False)
+        if where is None:
+            total = sum(e["rows"] for e in manifest["shards"])
+            raise InputError(f"--pack {want}: {str(path)!r} holds packs 0..{total - 1}")
+    cols = ["pack_index", "n_tokens", "n_vision_units", "sample_ids", "cu_seqlens"] + _TOKEN_COLUMNS + media_cols
+    row = _read_row(path, where[0], where[1], cols)
+    cu = row["cu_seqlens"]
+    views = []
+    for k, sid in enumerate(row["sample_ids"]):
+        if sample is not None and sid != sample:
+            continue
+        media = [m for m in row["media"] if m["sample_index"] == k]
+        v = _sample_view(row, cu[k], cu[k + 1], k, media, dec)
+        v["sample_id"] = sid
+        views.append(v)
+    caps = manifest.get("capacities") or {}
+    return {"kind": "pack", "dir": str(path), "file": where[0], "row": where[1], "pack_index": row["pack_index"],
+            "n_tokens": row["n_tokens"], "max_tokens": caps.get("max_tokens"), "n_vision_units": row["n_vision_units"],
+            "max_vision_units": caps.get("max_vision_units"), "n_samples": len(row["sample_ids"]),
+            "tokenizer": dec.tok.name, "template": dec.template.name if dec.template else None,
+            "vision_unit": (manifest.get("vision") or {}).get("unit"), "samples": views}
+
+
+# ---------------------------------------------------------------------------------------------
+# rendering
+
+
+def _rng(pair: list[int]) -> str:
+    a, b = pair
+    return f"{a:,}" if a == b else f"{a:,}..{b:,}"
+
+
+def _media_line(m: dict, unit: str) -> str:
+    size = _size(m["width"], m["height"])
+    resized = _size(m["resized_width"], m["resized_height"])
+    t, h, w = m["grid"]
+    line = (f"{m['label']}  {m['path'] or '(inline)'}  {size} -> {resized}  grid {t}×{h}×{w}  "
+            f"{m['n_tokens']:,} tokens @ {m['token_offset']:,}  {m['vision_units']:,} {unit}")
+    ts = m.get("timestamps")
+    if ts:
+        shown = ts if len(ts) <= 8 else ts[:4] + ["..."] + ts[-3:]
+        line += f"  {len(ts)} frames at " + ", ".join(x if isinstance(x, str) else f"{x:g}" for x in shown) + " s"
+    return line
+
+
+def _indent(text: str, first: str, rest: str) -> list[str]:
+    lines = text.split("\n")
+    return [first + lines[0]] + [rest + x for x in lines[1:]]
+
+
+def render_inspection(view: dict) -> str:
+    """The human-readable text of :func:`inspect_dir` output."""
+    unit = view.get("vision_unit") or "vision units"
+    out = []
+    if view["kind"] == "pack":
+        fill = f" ({view['n_tokens'] / view['max_tokens']:.1%})" if view.get("max_tokens") else ""
+        units = f" / {view['max_vision_units']:,}" if view.get("max_vision_units") else ""
+        out.append(f"pack {view['pack_index']}  ({view['file']} row {view['row']})  {view['n_samples']} samples  "
+                   f"{view['n_tokens']:,} / {view['max_tokens']:,} tokens{fill}  {view['n_vision_units']:,}{units} {unit}")
+    else:
+        s = view["samples"][0]
+        out.append(f"sample {s['sample_id']}  ({view['file']} row {view['row']}; from {s['source']} row {s['source_row']})  "
+                   f"{s['n_tokens']:,} tokens  {s['n_vision_units']:,} {unit}")
+    out.append(f"{LOSS_OPEN}…{LOSS_CLOSE} marks tokens that carry loss; ranges are inclusive")
+    for s in view["samples"]:
+        out.append("")
+        branches = f"  {s['n_branches']} branches" if s["n_branches"] > 1 else ""
+        idx = f"[{s['index']}] " if s.get("index") is not None else ""
+        where = f"tokens {s['start']:,}..{s['end'] - 1:,}" if view["kind"] == "pack" else f"{s['n_tokens']:,} tokens"
+        out.append(f"{idx}{s['sample_id']}  {where}  {s['n_loss_tokens']:,} predict a target{branches}")
+        for part in s["parts"]:
+            pad = "  "
+            if part["part"] != "sample":
+                out.append(f"  {part['part']}:")
+                pad = "    "
+            for t in part["turns"]:
+                role = (t["role"] or "") + (" (cont.)" if t["continued"] and t["role"] else "")
+                out.extend(_indent(t["text"], f"{pad}{role:<11} ", f"{pad}{'':<11} "))
+        for m in s["media"]:
+            out.append(f"  media  {_media_line(m, unit)}")
+        width = max(len(_rng(r["tokens"])) for r in s["ruler"])
+        pwidth = max(len(_rng(r["positions"])) for r in s["ruler"])
+        for i, r in enumerate(s["ruler"]):
+            sub = r["subsegment"]
+            k, local = divmod(sub, SUBSEGMENT_STRIDE)
+            sub_txt = f"{k}*{SUBSEGMENT_STRIDE}+{local}" if k else f"{local}"
+            head = "  ruler  " if i == 0 else "         "
+            out.append(f"{head}tokens {_rng(r['tokens']).ljust(width)}  pos {_rng(r['positions']).ljust(pwidth)}  "
+                       f"sub {sub_txt}  {r['part']}")
+    return "\n".join(out)

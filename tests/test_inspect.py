@@ -1,0 +1,274 @@
+"""`packtool inspect`: a pack of the demo corpus, a message tree, and a pack holding a real video,
+each checked against what the tokens and source records say."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from packtool import PackConfig, pack_dataset
+from packtool.inspection import LOSS_CLOSE, LOSS_OPEN, inspect_dir, render_inspection
+from packtool.records import MediaRef, Message, Part, Sample
+from packtool.rows import EncodeContext, encode_samples, shifted_targets
+from packtool.schema import TOKENIZED
+from packtool.shards import ShardWriter, write_manifest
+from packtool.templates import get_template
+from packtool.tokenization import load_tokenizer
+from packtool.vision import VideoMeta, get_family
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "examples" / "sample"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "packtool", *args], capture_output=True, text=True)
+
+
+def _write_tokenized(out: Path, rows: list[dict], model: str, media_root: Path) -> Path:
+    """A tokenized directory written with the library's shard writer and manifest."""
+    out.mkdir(parents=True)
+    tok = load_tokenizer()
+    fam = get_family(model)
+    with ShardWriter(out, TOKENIZED, rows_per_shard=100) as w:
+        w.write_rows(rows)
+    config = {"model": model, "template": "chatml", "tokenizer": None, "media_root": str(media_root)}
+    write_manifest(out, "tokenized", config, f"test-{out.name}", w.shards, tokenizer=tok.identity(),
+                   vision={**fam.settings(), "unit": fam.unit_name, "default_max_vision_units": fam.default_max_vision_units},
+                   template={"name": "chatml"},
+                   counts={"rows_in": len(rows), "samples": len(rows), "rejected": 0, "rejected_by_reason": {}})
+    return out
+
+
+def _msg(role: str, *parts: Part) -> Message:
+    return Message(role, tuple(parts))
+
+
+def _text(t: str) -> Part:
+    return Part.of_text(t)
+
+
+# ----------------------------------------------------------------------------------------------
+# a pack of the demo corpus
+
+
+def test_demo_pack_reads_like_the_source_records(demo_dirs):
+    view = inspect_dir(demo_dirs["packed"], pack=1)
+    records = {json.loads(x)["id"]: json.loads(x) for x in (SAMPLE / "data.jsonl").read_text().splitlines()}
+    manifest = json.loads((demo_dirs["packed"] / "manifest.json").read_text())
+    rows = []
+    for shard in manifest["shards"]:
+        rows += pq.read_table(demo_dirs["packed"] / shard["file"], columns=["pack_index", "sample_ids", "cu_seqlens", "target_ids"]).to_pylist()
+    row = next(r for r in rows if r["pack_index"] == 1)
+    assert view["kind"] == "pack" and view["pack_index"] == 1
+    assert [s["sample_id"] for s in view["samples"]] == row["sample_ids"]
+    for k, s in enumerate(view["samples"]):
+        rec = records[s["sample_id"]]
+        a, b = row["cu_seqlens"][k], row["cu_seqlens"][k + 1]
+        assert (s["start"], s["end"]) == (a, b)
+        assert s["ruler"] == [{"part": "sample", "tokens": [0, b - a - 1], "positions": [0, b - a - 1],
+                               "subsegment": k * 100000 + 10000}]
+        assert s["n_loss_tokens"] == sum(1 for x in row["target_ids"][a:b] if x != -100)
+        turns = s["parts"][0]["turns"]
+        roles = {"human": "user", "gpt": "assistant"}
+        assert [t["role"] for t in turns] == ["system"] + [roles[c["from"]] for c in rec["conversations"]]
+        answers = [c["value"] for c in rec["conversations"] if c["from"] == "gpt"]
+        for t, ans in zip([t for t in turns if t["role"] == "assistant"], answers, strict=True):
+            assert t["text"] == f"{LOSS_OPEN}{ans}<|im_end|>{LOSS_CLOSE}"
+        for t in turns:
+            if t["role"] != "assistant":
+                assert LOSS_OPEN not in t["text"]
+        n_images = len(rec["image"]) if isinstance(rec.get("image"), list) else int("image" in rec)
+        assert len(s["media"]) == n_images
+        user_text = "".join(t["text"] for t in turns if t["role"] == "user")
+        for i, m in enumerate(s["media"], 1):
+            label = f"<image {i}: {m['resized_width']}×{m['resized_height']}, {m['n_tokens']:,} tokens>"
+            assert label in user_text
+        assert "<|image_pad|>" not in user_text and "<|vision_start|>" not in user_text
+    text = render_inspection(view)
+    assert text.splitlines()[0].startswith("pack 1  (")
+    assert f"  assistant   {LOSS_OPEN}" in text and "  ruler  tokens 0.." in text
+
+
+def test_cli_inspect_sample_in_a_pack_and_errors(demo_dirs):
+    r = run("inspect", str(demo_dirs["packed"]), "--sample", "demo-010")
+    assert r.returncode == 0, r.stderr
+    assert "] demo-010  tokens" in r.stdout and r.stdout.count("  assistant   ") == 3
+    r = run("inspect", str(demo_dirs["packed"]), "--pack", "999")
+    assert r.returncode == 1 and r.stderr.startswith("Error: --pack 999:") and "holds packs 0.." in r.stderr
+    r = run("inspect", str(demo_dirs["packed"]), "--sample", "nope")
+    assert r.returncode == 1 and "'nope' is in no pack" in r.stderr and "errors.jsonl" in r.stderr
+    r = run("inspect", str(demo_dirs["tokenized"]), "--pack", "0")
+    assert r.returncode == 1 and "use --sample" in r.stderr
+    r = run("inspect", str(demo_dirs["tokenized"]), "--sample", "demo-003", "--json")
+    view = json.loads(r.stdout)
+    assert view["kind"] == "sample" and view["samples"][0]["sample_id"] == "demo-003"
+
+
+# ----------------------------------------------------------------------------------------------
+# a message tree
+
+
+@pytest.fixture(scope="module")
+def tree_dir(tmp_path_factory) -> Path:
+    img = Part.media("image", 0)
+    questions = [("What colour is it?", "Red."), ("What shape is it?", "A circle."), ("Is there text?", "No.")]
+    branches = tuple((_msg("user", img, _text(q)), _msg("assistant", _text(a))) for q, a in questions)
+    tree = Sample("tree-0", "mem.jsonl", 0, (MediaRef("image", "images/img00.png"),), branches)
+    plain = Sample("plain-1", "mem.jsonl", 1, (), ((_msg("user", _text("Hi")), _msg("assistant", _text("Hello."))),))
+    ctx = EncodeContext(load_tokenizer(), get_template("chatml"), get_family("qwen2.5-vl"), SAMPLE)
+    rows, rejected = encode_samples([tree, plain], ctx)
+    assert not rejected and rows[0]["n_branches"] == 3
+    return _write_tokenized(tmp_path_factory.mktemp("tree") / "tok", rows, "qwen2.5-vl", SAMPLE)
+
+
+def test_tree_shows_prefix_then_each_branch(tree_dir):
+    view = inspect_dir(tree_dir, sample="tree-0")
+    s = view["samples"][0]
+    row = pq.read_table(next(tree_dir.glob("*.parquet"))).to_pylist()[0]
+    sub, pos = np.array(row["subsegment_ids"]), np.array(row["position_ids"])
+    p = int((sub == 10000).sum())
+    assert [r["part"] for r in s["ruler"]] == ["prefix", "branch 0", "branch 1", "branch 2"]
+    assert s["ruler"][0] == {"part": "prefix", "tokens": [0, p - 1], "positions": [0, p - 1], "subsegment": 10000}
+    for b, r in enumerate(s["ruler"][1:]):
+        idx = np.flatnonzero(sub == b)
+        assert r["tokens"] == [int(idx[0]), int(idx[-1])] and r["positions"] == [p, int(pos[idx[-1]])]
+    assert s["n_branches"] == 3 and s["n_loss_tokens"] == int((np.array(row["target_ids"]) != -100).sum())
+    prefix_turns = s["parts"][0]["turns"]
+    assert [t["role"] for t in prefix_turns] == ["system", "user"]
+    assert prefix_turns[1]["text"].startswith("<image 1: 644×476, 391 tokens>")
+    for (q, a), part in zip([("What colour is it?", "Red."), ("What shape is it?", "A circle."), ("Is there text?", "No.")],
+                            s["parts"][1:], strict=True):
+        roles = [(t["role"], t["continued"]) for t in part["turns"]]
+        assert roles == [("user", True), ("assistant", False)]
+        whole = prefix_turns[1]["text"] + part["turns"][0]["text"]
+        assert whole == f"<image 1: 644×476, 391 tokens>{q}<|im_end|>"
+        assert part["turns"][1]["text"] == f"{LOSS_OPEN}{a}<|im_end|>{LOSS_CLOSE}"
+    text = render_inspection(view)
+    assert "  prefix:" in text and "  branch 2:" in text and "user (cont.)" in text
+    assert "sub 10000  prefix" in text and "sub 2  branch 2" in text
+    assert "3 branches" in text
+
+
+def test_tree_stats_count_branches(tree_dir):
+    from packtool.stats import compute_stats
+
+    s = compute_stats(tree_dir)
+    assert s["branches_per_sample"]["histogram"] == {"1": 1, "3": 1}
+
+
+def test_cli_inspect_tokenized_default_is_first_sample(tree_dir):
+    r = run("inspect", str(tree_dir))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("sample tree-0  (") and "branch 1:" in r.stdout
+
+
+# ----------------------------------------------------------------------------------------------
+# a pack with a real video
+
+
+def _make_video(path: Path, n_frames: int = 12, fps: int = 4, size: tuple[int, int] = (96, 64)) -> list[float]:
+    """A real H.264/MPEG-4 video made with PyAV; returns the presentation times of its frames."""
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height = size
+        stream.pix_fmt = "yuv420p"
+        for i in range(n_frames):
+            img = np.full((size[1], size[0], 3), (i * 20) % 255, dtype=np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    with av.open(str(path)) as src:
+        vs = src.streams.video[0]
+        return [float(f.pts * vs.time_base) for f in src.decode(vs)]
+
+
+def _encode_video_row(sid: str, video_path: str, meta: VideoMeta, times: list[float], question: str, answer: str) -> dict:
+    """A tokenized row for one video sample: template segments expanded with the family's layout."""
+    tok, tpl, fam = load_tokenizer(), get_template("chatml"), get_family("fixed:64")
+    layout = fam.video(meta)
+    msgs = (_msg("user", Part.media("video", 0), _text(question)), _msg("assistant", _text(answer)))
+    ids: list[int] = []
+    loss: list[bool] = []
+    span = None
+    for kind, value, count, lossy in tpl.render(msgs):
+        if kind == "media":
+            for skind, svalue, scount in layout.segments:
+                if skind == "pad":
+                    span = (len(ids), scount)
+                    ids += [tok.special_id(svalue)] * scount
+                    loss += [False] * scount
+                else:
+                    new = [tok.special_id(svalue)] * scount if skind == "special" else tok.encode(svalue)
+                    ids += new
+                    loss += [False] * len(new)
+        else:
+            new = [tok.special_id(value)] * count if kind == "special" else tok.encode(value)
+            ids += new
+            loss += [lossy] * len(new)
+    arr = np.array(ids, dtype=np.int32)
+    return {
+        "sample_id": sid, "source": "videos.jsonl", "source_row": 0, "n_tokens": len(ids),
+        "n_vision_units": layout.units, "n_branches": 1, "input_ids": arr,
+        "target_ids": shifted_targets(arr, np.array(loss)), "position_ids": np.arange(len(ids), dtype=np.int32),
+        "subsegment_ids": np.full(len(ids), 10000, dtype=np.int32),
+        "media": [{"kind": "video", "path": video_path, "token_offset": span[0], "n_tokens": span[1],
+                   "width": meta.width, "height": meta.height, "resized_width": layout.resized[1],
+                   "resized_height": layout.resized[0], "grid_t": layout.grid[0], "grid_h": layout.grid[1],
+                   "grid_w": layout.grid[2], "vision_units": layout.units, "timestamps": times, "data": None}],
+    }
+
+
+@pytest.fixture(scope="module")
+def video_pack(tmp_path_factory) -> dict:
+    base = tmp_path_factory.mktemp("video")
+    (base / "media").mkdir()
+    times = _make_video(base / "media" / "clip.mp4")
+    with av.open(str(base / "media" / "clip.mp4")) as src:
+        vs = src.streams.video[0]
+        meta = VideoMeta(vs.width, vs.height, float(vs.duration * vs.time_base) if vs.duration else len(times) / 4,
+                         float(vs.average_rate or Fraction(4)), vs.frames or len(times))
+    rows = [_encode_video_row("vid-0", "clip.mp4", meta, times, "What happens?", "It gets brighter."),
+            _encode_video_row("vid-1", "clip.mp4", meta, times[:6], "How long is it?", "Three seconds.")]
+    tok = _write_tokenized(base / "tok", rows, "fixed:64", base / "media")
+    packed = base / "packed"
+    pack_dataset(tok, packed, PackConfig(max_tokens=1024, media="reference"))
+    return {"tokenized": tok, "packed": packed, "times": times, "meta": meta}
+
+
+def test_pack_with_video_lists_frames_and_collapses_placeholders(video_pack):
+    view = inspect_dir(video_pack["packed"], pack=0)
+    assert view["n_samples"] == 2 and [s["sample_id"] for s in view["samples"]] == ["vid-0", "vid-1"]
+    meta, times = video_pack["meta"], video_pack["times"]
+    for s, ts, (q, a) in zip(view["samples"], [times, times[:6]],
+                             [("What happens?", "It gets brighter."), ("How long is it?", "Three seconds.")], strict=True):
+        (m,) = s["media"]
+        assert m["label"] == "video 1" and m["kind"] == "video" and m["timestamps"] == ts
+        assert (m["width"], m["height"], m["n_tokens"]) == (meta.width, meta.height, 64)
+        turns = s["parts"][0]["turns"]
+        user = next(t for t in turns if t["role"] == "user")
+        assert user["text"] == f"<video 1: {meta.width}×{meta.height}, 64 tokens>{q}<|im_end|>"
+        assert turns[-1] == {"role": "assistant", "continued": False, "text": f"{LOSS_OPEN}{a}<|im_end|>{LOSS_CLOSE}",
+                             "segments": turns[-1]["segments"]}
+        assert [seg["loss"] for seg in turns[-1]["segments"]] == [True, True]
+    text = render_inspection(view)
+    assert f"media  video 1  clip.mp4  {meta.width}×{meta.height} -> " in text
+    assert f"{len(times)} frames at 0, 0.25, 0.5, 0.75, ..., " in text and "6 frames at 0, 0.25" in text
+    assert "sub 1*100000+10000  sample" in text
+    assert "<|video_pad|>" not in text
+
+
+def test_stats_of_the_video_pack(video_pack):
+    from packtool.stats import compute_stats
+
+    s = compute_stats(video_pack["packed"])
+    assert s["vision_unit"] == "images" and s["vision_tokens"] == 128 and s["vision_units"] == 2
+    assert s["samples_per_pack"]["histogram"] == {"2": 1}

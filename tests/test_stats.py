@@ -1,0 +1,300 @@
+"""`packtool stats`: every figure recomputed here from the shard columns with pyarrow,
+the JSON shape pinned by schemas/stats.v1.json, reconciliation of every input row, gates."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+from packtool.stats import compute_stats, naive_padding, pack_padding, plan_stats, render_stats
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = json.loads((ROOT / "schemas" / "stats.v1.json").read_text())
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "packtool", *args], capture_output=True, text=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# a small JSON-Schema validator for the subset stats.v1.json uses (no extra dependency)
+
+
+def _check(value, schema: dict, path: str = "$") -> list[str]:
+    errors: list[str] = []
+    if "$ref" in schema:
+        name = schema["$ref"].split("/")[-1]
+        errors += _check(value, SCHEMA["$defs"][name], path)
+    for sub in schema.get("allOf", []):
+        errors += _check(value, sub, path)
+    if "oneOf" in schema:
+        matches = sum(not _check(value, sub, path) for sub in schema["oneOf"])
+        if matches != 1:
+            errors.append(f"{path}: matches {matches} of oneOf")
+    if "type" in schema:
+        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        ok = {
+            "object": isinstance(value, dict),
+            "array": isinstance(value, list),
+            "string": isinstance(value, str),
+            "boolean": isinstance(value, bool),
+            "integer": isinstance(value, int) and not isinstance(value, bool),
+            "number": isinstance(value, int | float) and not isinstance(value, bool),
+            "null": value is None,
+        }
+        if not any(ok[t] for t in types):
+            return errors + [f"{path}: {value!r} is not {types}"]
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{path}: {value!r} not in {schema['enum']}")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append(f"{path}: {value} < {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append(f"{path}: {value} > {schema['maximum']}")
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        for key in schema.get("required", []):
+            if key not in value:
+                errors.append(f"{path}: missing {key!r}")
+        for key, v in value.items():
+            if key in props:
+                errors += _check(v, props[key], f"{path}.{key}")
+            elif schema.get("additionalProperties") is False:
+                errors.append(f"{path}: unexpected key {key!r}")
+            elif isinstance(schema.get("additionalProperties"), dict):
+                errors += _check(v, schema["additionalProperties"], f"{path}.{key}")
+    if isinstance(value, list) and "items" in schema:
+        for i, v in enumerate(value):
+            errors += _check(v, schema["items"], f"{path}[{i}]")
+    return errors
+
+
+def validate(stats: dict) -> None:
+    errors = _check(stats, SCHEMA)
+    assert not errors, "\n".join(errors)
+    try:
+        import jsonschema
+    except ImportError:
+        return
+    jsonschema.validate(stats, SCHEMA)
+
+
+def test_the_validator_rejects_what_the_schema_forbids(demo_dirs):
+    s = compute_stats(demo_dirs["packed"])
+    validate(s)
+    bad = dict(s, token_fill={"mean": 1.0})
+    assert _check(bad, SCHEMA) == ["$.token_fill: matches 0 of oneOf"]
+    assert any("missing 'p5'" in e for e in _check({"mean": 1.0}, SCHEMA["$defs"]["dist"]))
+    assert any("unexpected key 'surprise'" in e for e in _check(dict(s, surprise=1), SCHEMA))
+    assert any("not in [1]" in e for e in _check(dict(s, stats_version=2), SCHEMA))
+
+
+# ----------------------------------------------------------------------------------------------
+# independent recomputation from the shard columns
+
+
+def _columns(d: Path, cols: list[str]) -> dict[str, list]:
+    manifest = json.loads((d / "manifest.json").read_text())
+    out: dict[str, list] = {c: [] for c in cols}
+    for shard in manifest["shards"]:
+        t = pq.read_table(d / shard["file"], columns=cols)
+        for c in cols:
+            out[c].extend(t[c].to_pylist())
+    return out
+
+
+def _naive(lengths: list[int], b: int) -> int:
+    pad = 0
+    for i in range(0, len(lengths), b):
+        batch = lengths[i : i + b]
+        pad += sum(max(batch) - x for x in batch)
+    return pad
+
+
+def test_packed_stats_match_the_shard_columns(demo_dirs):
+    s = compute_stats(demo_dirs["packed"])
+    validate(s)
+    manifest = json.loads((demo_dirs["packed"] / "manifest.json").read_text())
+    max_t, max_u = manifest["capacities"]["max_tokens"], manifest["capacities"]["max_vision_units"]
+    p = _columns(demo_dirs["packed"], ["n_tokens", "n_vision_units", "sample_ids", "input_ids", "media"])
+    t = _columns(demo_dirs["tokenized"], ["sample_id", "n_tokens", "n_branches", "source"])
+    tokens = np.array([len(x) for x in p["input_ids"]])  # from the token lists, not n_tokens
+    units = np.array([sum(m["vision_units"] for m in media) for media in p["media"]])
+    per_pack = np.array([len(x) for x in p["sample_ids"]])
+    assert s["kind"] == "packed" and s["tokenized"] == str(demo_dirs["tokenized"])
+    assert s["packs"] == len(tokens) and s["samples"] == per_pack.sum() == 30
+    assert s["tokens"] == tokens.sum() and s["vision_units"] == units.sum()
+    assert s["token_fill"]["mean"] == pytest.approx((tokens / max_t).mean(), abs=1e-4)
+    assert s["token_fill"]["p5"] == pytest.approx(np.percentile(tokens / max_t, 5), abs=1e-4)
+    assert s["token_fill"]["p50"] == pytest.approx(np.median(tokens / max_t), abs=1e-4)
+    assert s["vision_fill"]["mean"] == pytest.approx((units / max_u).mean(), abs=1e-4)
+    assert s["lower_bound"] == max(-(-tokens.sum() // max_t), -(-units.sum() // max_u))
+    assert s["samples_per_pack"]["histogram"] == {str(k): int((per_pack == k).sum()) for k in sorted(set(per_pack))}
+    # vision token share: image placeholder tokens counted in the token lists themselves
+    pad_ids = {151655, 151656}
+    vision = sum(sum(1 for x in ids if x in pad_ids) for ids in p["input_ids"])
+    assert s["vision_tokens"] == vision
+    assert s["vision_token_share"] == pytest.approx(vision / tokens.sum(), abs=1e-4)
+    # naive padding in input (tokenized) order versus pack slack
+    for n in s["padding"]["naive"]:
+        assert n["pad_tokens"] == _naive(t["n_tokens"], n["batch_size"])
+        assert n["slots"] == n["pad_tokens"] + sum(t["n_tokens"])
+    assert s["padding"]["packtool"]["pad_tokens"] == int((max_t - tokens).sum())
+    assert s["padding"]["naive"][0]["pad_tokens"] > s["padding"]["packtool"]["pad_tokens"]
+    assert s["branches_per_sample"]["histogram"] == {"1": 30}
+    assert s["sources"] == [{"source": t["source"][0], "rows": 30, "samples": 30, "packed": 30, "dropped": 0,
+                             "rejected": 0, "tokens": sum(t["n_tokens"]), "vision_units": int(units.sum())}]
+    assert s["reconcile"]["balanced"] and s["reconcile"]["rows_in"] == 30
+
+
+def test_padding_helpers_worked_examples():
+    assert naive_padding(np.array([3, 1, 4, 1, 5]), 2) == (5, 19)
+    assert naive_padding(np.array([], dtype=np.int64), 8) == (0, 0)
+    lengths = np.random.default_rng(0).integers(1, 500, 101)
+    assert naive_padding(lengths, 8)[0] == _naive(lengths.tolist(), 8)
+    assert pack_padding(np.array([8000, 8192, 9000]), 8192) == (192, 25384)
+
+
+def test_tokenized_stats_and_human_table(demo_dirs):
+    s = compute_stats(demo_dirs["tokenized"])
+    validate(s)
+    t = _columns(demo_dirs["tokenized"], ["n_tokens", "n_vision_units"])
+    assert s["kind"] == "tokenized" and s["packs"] is None and s["token_fill"] is None
+    assert s["samples"] == 30 and s["rows_in"] == 30 and s["tokens"] == sum(t["n_tokens"])
+    assert s["sample_tokens"]["p50"] == pytest.approx(np.median(t["n_tokens"]), abs=1e-4)
+    assert s["sources"][0]["packed"] is None
+    text = render_stats(s)
+    assert "samples              30" in text and "token fill" not in text
+    assert "padding, batch 8" in text and "rejected             0 of 30 rows in" in text
+
+
+@pytest.fixture(scope="module")
+def messy(tmp_path_factory, demo_dirs):
+    """A corpus with rejected rows (bad JSON, missing image) packed so that big samples drop."""
+    base = tmp_path_factory.mktemp("messy")
+    sample = demo_dirs["sample"]
+    lines = (sample / "data.jsonl").read_text().splitlines()[:12]
+    lines.insert(3, "{not json")
+    lines.insert(7, json.dumps({"id": "gone", "image": "images/nope.png",
+                                "conversations": [{"from": "human", "value": "<image>\nHi"}, {"from": "gpt", "value": "Hello."}]}))
+    (base / "a.jsonl").write_text("\n".join(lines) + "\n")
+    (base / "b.jsonl").write_text("\n".join((sample / "data.jsonl").read_text().splitlines()[20:26]) + "\n")
+    tok, packed = base / "tok", base / "packed"
+    tokenize_dataset([base / "a.jsonl", base / "b.jsonl"], tok, TokenizeConfig(media_root=str(sample)))
+    pack_dataset(tok, packed, PackConfig(max_tokens=2048, buffer_size=8))
+    return {"tokenized": tok, "packed": packed, "base": base}
+
+
+def test_pair_reconciles_rows_rejections_and_drops(messy):
+    s = compute_stats(messy["tokenized"], messy["packed"])
+    validate(s)
+    tok_errors = [json.loads(x) for x in (messy["tokenized"] / "errors.jsonl").read_text().splitlines()]
+    pack_errors = [json.loads(x) for x in (messy["packed"] / "errors.jsonl").read_text().splitlines()]
+    packed_ids = [x for ids in _columns(messy["packed"], ["sample_ids"])["sample_ids"] for x in ids]
+    assert len(tok_errors) == 2 and len(pack_errors) >= 1  # 1920x1080 images need 2,691+ tokens
+    r = s["reconcile"]
+    assert r["rows_in"] == 12 + 2 + 6 == len(packed_ids) + len(tok_errors) + len(pack_errors)
+    assert r["balanced"] and r["missing"] == r["extra"] == 0
+    assert s["rejected"]["tokenize"] == {"bad_json": 1, "missing_media": 1}
+    assert s["rejected"]["pack"] == {"oversize": len(pack_errors)} and s["dropped"] == len(pack_errors)
+    assert s["rejected"]["total"] == 2 + len(pack_errors)
+    by_src = {Path(x["source"]).name: x for x in s["sources"]}
+    assert set(by_src) == {"a.jsonl", "b.jsonl"}
+    assert by_src["a.jsonl"]["rows"] == 14 and by_src["a.jsonl"]["rejected"] == 2
+    assert by_src["b.jsonl"]["rows"] == 6 and by_src["b.jsonl"]["rejected"] == 0
+    for src, row in by_src.items():
+        dropped_here = sum(1 for e in pack_errors if Path(e["source"]).name == src)
+        assert row["dropped"] == dropped_here and row["packed"] == row["samples"] - dropped_here
+    # the packed directory alone finds its tokenized directory through its manifest
+    assert compute_stats(messy["packed"])["reconcile"] == r
+    text = render_stats(s)
+    assert f"rows in = packed + rejected  20 = {len(packed_ids)} + 2 + {len(pack_errors)}  ok" in text
+    assert "  tokenize: bad_json" in text and "  pack: oversize" in text
+
+
+def test_pair_from_another_tokenized_run_is_refused(messy, demo_dirs):
+    r = run("stats", str(demo_dirs["tokenized"]), str(messy["packed"]))
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith("Error: ") and "config digest" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_packed_dir_without_its_tokenized_dir_still_reports(messy, tmp_path):
+    import shutil
+
+    moved = tmp_path / "packed-alone"
+    shutil.copytree(messy["packed"], moved)
+    manifest = json.loads((moved / "manifest.json").read_text())
+    manifest["source"]["path"] = str(tmp_path / "not-there")
+    (moved / "manifest.json").write_text(json.dumps(manifest))
+    s = compute_stats(moved)
+    validate(s)
+    full = compute_stats(messy["packed"])
+    assert s["tokenized"] is None and s["sources"] is None and s["reconcile"] is None
+    assert s["padding"]["order"] == "pack" and s["notes"]
+    for key in ("packs", "samples", "tokens", "token_fill", "vision_fill", "samples_per_pack", "sample_tokens"):
+        assert s[key] == full[key], key
+
+
+def test_dry_run_plan_stats_equal_the_written_packs(messy):
+    cfg = PackConfig(max_tokens=2048, buffer_size=8)
+    result = pack_dataset(messy["tokenized"], messy["base"] / "unused", cfg, dry_run=True)
+    planned = plan_stats(messy["tokenized"], result)
+    validate(planned)
+    written = compute_stats(messy["packed"])
+    assert not (messy["base"] / "unused").exists()
+    assert planned["kind"] == "plan"
+    for key in ("packs", "lower_bound", "samples", "tokens", "vision_tokens", "vision_units", "token_fill",
+                "vision_fill", "samples_per_pack", "sample_tokens", "padding", "dropped", "rejected"):
+        assert planned[key] == written[key], key
+
+
+def test_cli_json_and_fill_gate(messy):
+    r = run("stats", str(messy["packed"]), "--json", "--fail-below-fill", "0.05", "--fail-above-ratio", "10")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    validate(s)
+    assert [c["name"] for c in s["thresholds"]] == ["token_fill_mean", "packs_over_lower_bound"]
+    assert all(c["passed"] for c in s["thresholds"])
+    r = run("stats", str(messy["packed"]), "--fail-below-fill", "0.999")
+    assert r.returncode == 1
+    assert "token fill" in r.stdout and "gate --fail-below-fill" in r.stdout and "FAIL" in r.stdout
+    mean = compute_stats(messy["packed"])["token_fill"]["mean"]
+    assert r.stderr == f"Error: token_fill_mean {mean:.4g} is below --fail-below-fill 0.999\n"
+    r = run("stats", str(messy["packed"]), "--fail-above-rejected", "0.01", "--json")
+    assert r.returncode == 1 and "rejected_fraction" in r.stderr
+    assert json.loads(r.stdout)["thresholds"][0]["passed"] is False
+
+
+def test_fill_gate_on_a_tokenized_dir_says_what_to_pass(demo_dirs):
+    r = run("stats", str(demo_dirs["tokenized"]), "--fail-below-fill", "0.9")
+    assert r.returncode == 1 and "--fail-below-fill needs packs" in r.stderr and "packed directory" in r.stderr
+
+
+def test_stats_reads_no_token_or_media_bytes(demo_dirs, monkeypatch):
+    """Stats stay cheap: only length columns (and one media leaf) are read from the shards."""
+    read = []
+    orig = pq.ParquetFile.read
+
+    def spy(self, columns=None, **kw):
+        read.append(tuple(columns or ("<all>",)))
+        return orig(self, columns=columns, **kw)
+
+    monkeypatch.setattr(pq.ParquetFile, "read", spy)
+    compute_stats(demo_dirs["packed"])
+    cols = {c for r in read for c in r}
+    assert read and not cols & {"<all>", "input_ids", "target_ids", "media", "media.list.element.data.list.element"}
+
+
+def test_samples_per_pack_counts_cu_seqlens(demo_dirs):
+    t = pq.read_table(next(demo_dirs["packed"].glob("*.parquet")), columns=["cu_seqlens", "sample_ids"])
+    lens = pc.list_value_length(t["cu_seqlens"]).to_numpy() - 1
+    s = compute_stats(demo_dirs["packed"])
+    assert s["samples_per_pack"]["max"] == lens.max() and s["samples_per_pack"]["min"] == lens.min()

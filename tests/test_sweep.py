@@ -1,0 +1,71 @@
+"""`packtool sweep` and `pack --dry-run`: plans for a grid of settings, checked against real packs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+
+from packtool import PackConfig, pack_dataset
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "packtool", *args], capture_output=True, text=True)
+
+
+def _packs(d):
+    manifest = json.loads((d / "manifest.json").read_text())
+    return [r for s in manifest["shards"] for r in pq.read_table(d / s["file"], columns=["n_tokens", "n_vision_units"]).to_pylist()]
+
+
+def test_sweep_grid_matches_real_packs(demo_dirs, tmp_path):
+    r = run("sweep", str(demo_dirs["tokenized"]), "--buffer-size", "4,64", "--max-tokens", "4096,8192",
+            "--vision-weight", "0,30", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(x["max_tokens"], x["buffer_size"], x["vision_weight"]) for x in rows] == [
+        (t, b, w) for t in (4096, 8192) for b in (4, 64) for w in (0, 30)]
+    # two settings written for real: the sweep's packs and fill are what pack produces
+    for i in (1, 6):
+        row = rows[i]
+        out = tmp_path / f"p{i}"
+        pack_dataset(demo_dirs["tokenized"], out, PackConfig(max_tokens=row["max_tokens"], buffer_size=row["buffer_size"],
+                                                             vision_weight=row["vision_weight"]))
+        packs = _packs(out)
+        assert row["packs"] == len(packs)
+        fill = sum(p["n_tokens"] / row["max_tokens"] for p in packs) / len(packs)
+        assert abs(row["token_fill_mean"] - fill) < 1e-4
+    for row in rows:
+        assert row["packs"] >= row["lower_bound"] >= 1
+        if row["max_tokens"] == 4096:
+            assert row["dropped"] > 0  # the 4,230-token demo sample cannot fit
+    assert all(x["buffer_size"] in (4, 64) for x in rows)
+
+
+def test_sweep_table_and_bad_values(demo_dirs):
+    r = run("sweep", str(demo_dirs["tokenized"]), "--max-tokens", "8192", "--buffer-size", "8,32")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["max-tokens", "buffer-size", "vision-weight", "max-vision-units", "packs", "bound",
+                                "vs", "bound", "fill", "fill", "p5", "vision", "fill", "per", "pack", "dropped"]
+    assert len(lines) == 3 and lines[1].split()[:3] == ["8,192", "8", "0"]
+    r = run("sweep", str(demo_dirs["tokenized"]), "--buffer-size", "8,x")
+    assert r.returncode == 1 and "--buffer-size '8,x'" in r.stderr and "comma-separated integers" in r.stderr
+    r = run("sweep", str(demo_dirs["tokenized"]), "--buffer-size", "0")
+    assert r.returncode == 1 and "--buffer-size must be at least 1" in r.stderr
+
+
+def test_pack_dry_run_prints_the_stats_of_the_plan(demo_dirs, tmp_path):
+    r = run("pack", str(demo_dirs["tokenized"]), "--dry-run", "--max-tokens", "8192", "-q")
+    assert r.returncode == 0, r.stderr
+    assert "planned (dry run)" in r.stdout and "token fill" in r.stdout and "padding, batch 8" in r.stdout
+    r = run("pack", str(demo_dirs["tokenized"]), "--dry-run", "--max-tokens", "8192", "-q", "--json")
+    out = json.loads(r.stdout)
+    assert out["dry_run"] is True and out["stats"]["kind"] == "plan"
+    written = run("stats", str(demo_dirs["packed"]), "--json")
+    s = json.loads(written.stdout)
+    for key in ("packs", "token_fill", "vision_fill", "samples_per_pack", "padding"):
+        assert out["stats"][key] == s[key], key
+    assert not any(tmp_path.iterdir())
