@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError, SampleError
 
-__all__ = ["VisionLayout", "VideoMeta", "VisionFamily", "get_family", "FAMILIES", "EXIF_MODES"]
+__all__ = ["VisionLayout", "VideoMeta", "VisionFamily", "get_family", "check_tokenizer", "FAMILIES", "EXIF_MODES"]
 
 EXIF_MODES = ("apply", "ignore")
 
@@ -132,6 +132,26 @@ def check_video(meta: VideoMeta, family: str, min_frames: int = 1) -> None:
         raise SampleError(
             "video_too_short",
             f"video has {meta.n_frames} frame(s); the {family} processor needs at least {min_frames}",
+        )
+
+
+def check_tokenizer(family: VisionFamily, tokenizer) -> None:
+    """Fail fast when ``tokenizer`` lacks a special token the family's layouts use.
+
+    Raises:
+        ConfigError: naming the missing tokens and the ``--tokenizer`` fix.
+    """
+    missing = []
+    for name in family.special_tokens():
+        try:
+            tokenizer.special_id(name)
+        except ConfigError:
+            missing.append(name)
+    if missing:
+        raise ConfigError(
+            f"--model {family.name} lays out media with special tokens {', '.join(missing)}, which tokenizer "
+            f"{getattr(tokenizer, 'name', '') or 'in use'!r} does not have; pass --tokenizer with the checkpoint's "
+            "tokenizer.json (or its directory)"
         )
 
 
