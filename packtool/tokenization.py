@@ -150,7 +150,10 @@ class QwenTiktoken(Tokenizer):
         try:
             return self._special[token]
         except KeyError:
-            raise ConfigError(f"special token {token!r} is not in the Qwen2 vocabulary") from None
+            raise ConfigError(
+                f"special token {token!r} is not in the Qwen2 vocabulary; pass --tokenizer with the model's "
+                "tokenizer.json (or its directory)"
+            ) from None
 
     def decode(self, ids: list[int]) -> str:
         return self._enc.decode(list(ids))
