@@ -1,0 +1,659 @@
+"""The trainer side: stream packed shards with exact masks and exact resume.
+
+This package imports numpy, pyarrow and (for media only) Pillow / PyAV; never numba or
+typer, so it is cheap to import on every training process. ``packtool.reader.torch``
+adds a ``torch.utils.data.IterableDataset`` adapter.
+
+One packed row holds several samples; a sample may be a message tree (a shared prefix
+plus branches). Four columns say who may see whom (DESIGN.md §3.2)::
+
+    tokens          s0 s0 s0 s0 | s1 s1 s1 s1 s1 s1 s1
+    subsegment_ids  10000 x4    | 110000 x3  100000 x2   100001 x2
+                                  (prefix)   (branch 0)  (branch 1)
+    position_ids    0 1 2 3     | 0 1 2      3 4         3 4
+    cu_seqlens      [0, 4, 11]
+
+Query ``q`` attends key ``j`` iff ``j <= q`` and ``sub[q] <= sub[j]`` (same sample
+implied): branch tokens see their prefix, never another branch or another sample.
+
+How the stream is split (what makes resume exact):
+
+1. **Global order per epoch.** Shards are permuted with ``seed`` and the epoch, row
+   groups inside each shard are permuted, rows inside each row group are permuted
+   (``shuffle=False`` keeps manifest order, i.e. ``pack_index`` order). This is a list
+   ``G`` of all ``N`` packs; only one row group is decoded at a time.
+2. **Ranks take contiguous slices.** Every rank gets ``L = ceil(N / world_size)`` packs
+   (``drop_last=True``: ``floor``). Rank ``r`` reads ``G[r*L : (r+1)*L]``; positions past
+   ``N`` wrap around to the start of ``G`` (the tail is padded by repeating the first
+   packs of the epoch), so all ranks take the same number of steps.
+3. **Workers take blocks.** Inside a rank's slice, DataLoader worker ``w`` of ``K`` takes
+   blocks ``w, w+K, w+2K, ...`` of ``block`` packs (the batch size in the torch adapter).
+   A DataLoader visits workers round-robin, so the trainer sees the rank's slice in order.
+4. **State = (epoch, consumed).** ``consumed`` counts packs of the rank's slice the
+   trainer has taken. It is the same on every rank (ranks step together), so saving
+   rank 0's state is enough; resuming continues at ``G[r*L + consumed]`` for any number
+   of workers or batch size. The world size, seed, shuffle and ``drop_last`` must match
+   (a mismatch raises :class:`~packtool.errors.ResumeMismatchError`).
+
+Example:
+    >>> ds = PackedDataset("packed/", rank=0, world_size=8, seed=1)    # doctest: +SKIP
+    >>> ds.set_epoch(0)
+    >>> for row in ds:
+    ...     mask = attention_mask(row["subsegment_ids"])            # (L, L) bool
+    >>> state = ds.state_dict()                                    # {"epoch": 1, "consumed": 0, ...}
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from ..errors import ConfigError, InputError, ResumeMismatchError
+from ..schema import PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
+from ..shards import MANIFEST, read_manifest, sha256_file
+
+__all__ = [
+    "PackedDataset",
+    "attention_mask",
+    "position_ids",
+    "flash_attn_varlen_kwargs",
+    "collate",
+    "decode_image",
+    "decode_video",
+    "decode_media",
+    "VideoFrames",
+    "IGNORE_INDEX",
+    "PAD_SUBSEGMENT",
+    "VISION_MODES",
+]
+
+log = logging.getLogger(__name__)
+
+#: Target id meaning "no loss here" (what ``torch.nn.functional.cross_entropy`` ignores).
+IGNORE_INDEX = -100
+#: Subsegment id of padding added by :func:`collate`: a sample of its own, seen by nothing else.
+PAD_SUBSEGMENT = -1
+#: ``vision`` modes of :func:`attention_mask`.
+VISION_MODES = ("causal", "media", "sample")
+
+_TOKEN_COLUMNS = ("input_ids", "target_ids", "position_ids", "subsegment_ids", "cu_seqlens")
+
+
+# --------------------------------------------------------------------------- the dataset
+
+
+class PackedDataset:
+    """Packed shards as a stream of rows, split by rank and DataLoader worker.
+
+    Each row is a dict: ``pack_index``, ``n_tokens``, ``n_vision_units``, ``sample_ids``
+    (list of str), ``input_ids``, ``target_ids``, ``position_ids``, ``subsegment_ids``,
+    ``cu_seqlens`` (``np.int32`` arrays) and ``media`` (list of dicts, see
+    ``schema.PACKED``). See the module docstring for how the stream is split.
+
+    Args:
+        path: a ``packtool pack`` output directory (holding ``manifest.json``).
+        rank: this process's rank, ``0 <= rank < world_size``.
+        world_size: number of data-parallel ranks.
+        shuffle: permute shards, row groups and rows, differently every epoch.
+        seed: base of the permutation; every rank must use the same seed.
+        verify: check each shard's sha256 against the manifest when first opened
+            (its size is always checked).
+        drop_last: when the pack count does not divide ``world_size``, drop the tail
+            (``True``) instead of padding by repeating the epoch's first packs (``False``).
+
+    Raises:
+        InputError: no manifest, wrong kind, a shard missing or of the wrong size.
+        ConfigError: invalid rank, world size or seed.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        verify: bool = False,
+        drop_last: bool = False,
+    ) -> None:
+        if world_size < 1:
+            raise ConfigError(f"world_size must be at least 1, got {world_size}")
+        if not 0 <= rank < world_size:
+            raise ConfigError(f"rank {rank} is outside 0..{world_size - 1} for world_size {world_size}")
+        if seed < 0:
+            raise ConfigError(f"seed must be non-negative, got {seed}")
+        self.path = Path(path)
+        self.manifest = read_manifest(self.path, "packed")
+        self.rank = rank
+        self.world_size = world_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.verify = verify
+        self.drop_last = drop_last
+        self._shards = list(self.manifest["shards"])
+        self._rows = np.array([int(s["rows"]) for s in self._shards], dtype=np.int64)
+        self.n_packs = int(self._rows.sum())
+        n = self.n_packs
+        self._len = n // world_size if drop_last else -(-n // world_size)
+        self.epoch = 0
+        self.consumed = 0
+        self._groups: dict[int, np.ndarray] = {}  # shard -> rows per row group
+        self._checked: set[int] = set()
+
+    # ---- schedule
+
+    def __len__(self) -> int:
+        """Packs this rank yields per epoch (the same on every rank)."""
+        return self._len
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` (call before each epoch, as with ``DistributedSampler``).
+
+        Setting the epoch the dataset is already in keeps its position, so a loop
+        ``for e in range(state["epoch"], n): ds.set_epoch(e)`` resumes mid-epoch correctly.
+        """
+        if epoch < 0:
+            raise ConfigError(f"epoch must be non-negative, got {epoch}")
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self.consumed = 0
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """The position in the stream, to store with a checkpoint.
+
+        Args:
+            consumed: packs of this epoch the trainer has taken. Leave ``None`` when
+                iterating this object in-process (it counts what it yielded); with
+                DataLoader workers pass the ``consumed`` value of the last batch used
+                (the torch adapter puts it in every batch).
+        """
+        c = self.consumed if consumed is None else int(consumed)
+        if not 0 <= c <= self._len:
+            raise ConfigError(f"consumed {c} is outside 0..{self._len} (packs per rank per epoch)")
+        epoch = self.epoch
+        if c == self._len and self._len > 0:
+            epoch, c = epoch + 1, 0  # a finished epoch resumes at the next one
+        return {
+            "epoch": epoch,
+            "consumed": c,
+            "world_size": self.world_size,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "n_packs": self.n_packs,
+            "config_digest": self.manifest.get("config_digest"),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict` (taken on any rank, with any worker count).
+
+        Raises:
+            ResumeMismatchError: the state belongs to other data or another split.
+        """
+        for key in ("n_packs", "config_digest"):
+            if state.get(key) != self.state_dict(0)[key]:
+                raise ResumeMismatchError(
+                    f"reader state was saved for another packed dataset ({key} {state.get(key)!r}, "
+                    f"{str(self.path)!r} has {self.state_dict(0)[key]!r}); load the matching checkpoint or start afresh"
+                )
+        for key in ("world_size", "seed", "shuffle", "drop_last"):
+            mine = getattr(self, key)
+            if state.get(key) != mine:
+                raise ResumeMismatchError(
+                    f"reader state was saved with {key}={state.get(key)!r} but this reader has {key}={mine!r}; "
+                    f"exact resume needs the same {key}"
+                )
+        consumed = int(state["consumed"])
+        if not 0 <= consumed <= self._len:
+            raise ResumeMismatchError(f"reader state has consumed={consumed}, outside 0..{self._len}")
+        self.epoch = int(state["epoch"])
+        self.consumed = consumed
+
+    # ---- iteration
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Rows of this rank (and DataLoader worker, when inside one) from the current position."""
+        worker, n_workers = _worker()
+        for rows, _ in self.iter_blocks(worker, n_workers, block=1):
+            yield rows[0]
+
+    def iter_blocks(self, worker: int = 0, num_workers: int = 1, block: int = 1) -> Iterator[tuple[list[dict], int]]:
+        """Blocks of up to ``block`` rows for DataLoader worker ``worker`` of ``num_workers``.
+
+        Yields ``(rows, consumed)``: ``consumed`` is the rank-level position right after
+        this block (what :meth:`state_dict` wants once the trainer has used it). With a
+        single worker the dataset also advances its own position as it yields.
+        """
+        if block < 1 or not 0 <= worker < num_workers:
+            raise ConfigError(f"bad split: worker {worker} of {num_workers}, block {block}")
+        epoch, start, in_process = self.epoch, self.consumed, num_workers == 1
+        rel = np.arange(self._len - start, dtype=np.int64)
+        mine = rel[(rel // block) % num_workers == worker]
+        if len(mine) == 0:
+            if in_process and start == self._len and self._len:
+                self.epoch, self.consumed = epoch + 1, 0
+            return
+        local = start + mine  # positions within the rank's slice
+        rows_out: list[dict] = []
+        last_block = -1
+        for t, row in zip(local, self._rows_at(epoch, local), strict=True):
+            b = (int(t) - start) // block
+            if rows_out and b != last_block:
+                consumed = start + (last_block + 1) * block
+                if in_process:
+                    self.consumed = consumed
+                yield rows_out, consumed
+                rows_out = []
+            last_block = b
+            rows_out.append(row)
+        if rows_out:
+            consumed = min(self._len, start + (last_block + 1) * block)
+            if in_process:
+                self.consumed = consumed
+            yield rows_out, consumed
+        if in_process and self.epoch == epoch and self.consumed == self._len:
+            self.epoch, self.consumed = epoch + 1, 0
+
+    def _global(self, local: np.ndarray) -> np.ndarray:
+        """Positions in the epoch's global order ``G`` of positions in this rank's slice."""
+        g = self.rank * self._len + np.asarray(local, dtype=np.int64)
+        return g % self.n_packs if self.n_packs else g
+
+    def _locate(self, epoch: int, positions: np.ndarray) -> Iterator[tuple[int, int, int]]:
+        """``(shard, row_group, row)`` of each global position of ``epoch``, lazily (footers opened as needed)."""
+        shard_order = self._perm(self._rng(epoch), len(self._shards))
+        cum = np.concatenate([[0], np.cumsum(self._rows[shard_order])])
+        k = np.searchsorted(cum, positions, side="right") - 1
+        # positions of one row group are adjacent in G, so one cached entry of each kind suffices
+        shard_key, order, gcum = -1, np.zeros(0, np.int64), np.zeros(1, np.int64)
+        group_key, row_perm = (-1, -1), np.zeros(0, np.int64)
+        for p, kk in zip(positions.tolist(), k.tolist(), strict=True):
+            shard = int(shard_order[kk])
+            i = p - int(cum[kk])
+            if shard != shard_key:
+                sizes = self._group_rows(shard)
+                order = self._perm(self._rng(epoch, shard), len(sizes))
+                gcum = np.concatenate([[0], np.cumsum(sizes[order])])
+                shard_key = shard
+            gk = int(np.searchsorted(gcum, i, side="right") - 1)
+            group = int(order[gk])
+            if (shard, group) != group_key:
+                row_perm = self._perm(self._rng(epoch, shard, group), int(self._groups[shard][group]))
+                group_key = (shard, group)
+            yield shard, group, int(row_perm[i - int(gcum[gk])])
+
+    def _rows_at(self, epoch: int, local: np.ndarray) -> Iterator[dict[str, Any]]:
+        """Decode the rows at rank-slice positions ``local``, one row group in memory at a time."""
+        where = self._locate(epoch, self._global(local))
+        current: tuple[int, int] | None = None
+        group: _Group | None = None
+        for shard, g, row in where:
+            if (shard, g) != current:
+                group = None  # release the previous group before reading the next
+                file = self._file(shard)
+                try:
+                    table = self._open(shard).read_row_group(g)
+                except (OSError, ValueError) as exc:  # pyarrow's errors derive from these
+                    raise _corrupt(file, exc) from None
+                group = _Group(table, file)
+                current = (shard, g)
+            yield group.row(row)
+
+    # ---- shards
+
+    def _rng(self, *keys: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, *keys])
+
+    def _perm(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.permutation(n) if self.shuffle else np.arange(n)
+
+    def _file(self, shard: int) -> Path:
+        return self.path / self._shards[shard]["file"]
+
+    def _open(self, shard: int) -> pq.ParquetFile:
+        file = self._file(shard)
+        entry = self._shards[shard]
+        if shard not in self._checked:
+            if not file.is_file():
+                raise InputError(f"shard {str(file)!r} is listed in {MANIFEST} but missing; copy it again or re-run packtool pack")
+            size = file.stat().st_size
+            if size != int(entry["bytes"]):
+                raise InputError(
+                    f"shard {str(file)!r} is {size:,} bytes but {MANIFEST} says {int(entry['bytes']):,}; "
+                    "the copy is incomplete or was modified: copy it again or re-run packtool pack"
+                )
+            if self.verify and sha256_file(file) != entry["sha256"]:
+                raise InputError(
+                    f"shard {str(file)!r} does not match the sha256 in {MANIFEST}; the file is corrupt: "
+                    "copy it again or re-run packtool pack"
+                )
+            self._checked.add(shard)
+        try:
+            pf = pq.ParquetFile(file)
+        except (OSError, ValueError) as exc:
+            raise _corrupt(file, exc) from None
+        if pf.metadata.num_rows != int(entry["rows"]):
+            raise InputError(f"shard {str(file)!r} holds {pf.metadata.num_rows} rows but {MANIFEST} says {entry['rows']}; re-run packtool pack")
+        return pf
+
+    def _group_rows(self, shard: int) -> np.ndarray:
+        if shard not in self._groups:
+            md = self._open(shard).metadata
+            self._groups[shard] = np.array([md.row_group(i).num_rows for i in range(md.num_row_groups)], dtype=np.int64)
+        return self._groups[shard]
+
+    def __repr__(self) -> str:
+        return (f"PackedDataset({str(self.path)!r}, rank={self.rank}, world_size={self.world_size}, "
+                f"packs={self.n_packs}, per_rank={self._len}, epoch={self.epoch}, consumed={self.consumed})")
+
+
+def _corrupt(file: Path, exc: Exception) -> InputError:
+    return InputError(
+        f"shard {str(file)!r} cannot be read ({exc}); the file is corrupt: copy it again or re-run packtool pack "
+        "(verify=True checks every shard's sha256 first)"
+    )
+
+
+class _Group:
+    """One decoded row group: flat numpy token columns plus list offsets."""
+
+    def __init__(self, table, file: Path) -> None:
+        missing = [c for c in (*_TOKEN_COLUMNS, "pack_index", "media", "sample_ids") if c not in table.column_names]
+        if missing:
+            raise InputError(f"shard {str(file)!r} lacks packed columns {missing}; is it a packtool pack output?")
+        self.table = table
+        self.cols: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for name in _TOKEN_COLUMNS:
+            arr = table.column(name).combine_chunks()
+            self.cols[name] = (arr.offsets.to_numpy(), arr.values.to_numpy(zero_copy_only=False))
+        self.pack_index = table.column("pack_index").to_numpy()
+        self.n_tokens = table.column("n_tokens").to_numpy()
+        self.n_units = table.column("n_vision_units").to_numpy()
+
+    def row(self, i: int) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "pack_index": int(self.pack_index[i]),
+            "n_tokens": int(self.n_tokens[i]),
+            "n_vision_units": int(self.n_units[i]),
+            "sample_ids": self.table.column("sample_ids")[i].as_py(),
+        }
+        for name, (off, values) in self.cols.items():
+            out[name] = values[off[i]:off[i + 1]].astype(np.int32, copy=True)  # a copy: the group can be freed
+        out["media"] = self.table.column("media")[i].as_py()
+        return out
+
+
+def _worker() -> tuple[int, int]:
+    """``(worker id, worker count)`` inside a torch DataLoader worker, else ``(0, 1)``."""
+    try:
+        from torch.utils.data import get_worker_info
+    except ImportError:
+        return 0, 1
+    info = get_worker_info()
+    return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
+# --------------------------------------------------------------------------- masks
+
+
+def attention_mask(subsegment_ids: Sequence[int] | np.ndarray, media: Sequence[dict] | None = None, *,
+                   vision: str = "causal") -> np.ndarray:
+    """Boolean ``(L, L)`` mask of one packed row: ``mask[q, j]`` is True when query ``q`` may attend key ``j``.
+
+    The rule (DESIGN.md §3.2): ``j <= q`` and ``sub[q] <= sub[j]`` and both in the same
+    sample (``sub // 100000`` equal). Padding (:data:`PAD_SUBSEGMENT`) forms its own
+    sample, so padded queries see only padding and no row is fully masked.
+
+    Args:
+        subsegment_ids: the row's ``subsegment_ids``.
+        media: the row's ``media`` list; needed when ``vision`` is not ``"causal"``.
+        vision: ``"causal"`` (vision tokens like any other), ``"media"`` (each image or
+            video attends to all of its own tokens in both directions) or ``"sample"``
+            (all vision tokens of a sample attend to each other in both directions).
+
+    Example:
+        >>> attention_mask([10000, 10000, 0, 1]).astype(int).tolist()
+        [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 0, 1]]
+    """
+    if vision not in VISION_MODES:
+        raise ConfigError(f"vision={vision!r}: choose one of {', '.join(VISION_MODES)}")
+    sub = np.asarray(subsegment_ids, dtype=np.int64)
+    n = len(sub)
+    sample = sub // SUBSEGMENT_STRIDE
+    mask = sub[:, None] <= sub[None, :]
+    mask &= sample[:, None] == sample[None, :]
+    mask &= np.tri(n, dtype=bool)
+    if vision != "causal":
+        if media is None:
+            raise ConfigError(f"vision={vision!r} needs the row's media list to know where vision tokens are")
+        for idx in _vision_groups(media, vision):
+            mask[np.ix_(idx, idx)] = True
+    return mask
+
+
+def _vision_groups(media: Sequence[dict], vision: str) -> list[np.ndarray]:
+    spans: dict[Any, list[np.ndarray]] = {}
+    for i, m in enumerate(media):
+        key = i if vision == "media" else m.get("sample_index", 0)
+        start = int(m["token_offset"])
+        spans.setdefault(key, []).append(np.arange(start, start + int(m["n_tokens"])))
+    return [np.concatenate(v) for v in spans.values()]
+
+
+def position_ids(subsegment_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Position ids implied by subsegment ids (equal to a packed row's ``position_ids``).
+
+    Every sample restarts at 0; a tree's prefix counts ``0..p-1`` and every branch
+    continues from ``p``. Useful to check a row, or to rebuild positions after editing one.
+
+    Example:
+        >>> position_ids([10000, 10000, 0, 0, 1, 110000, 110000]).tolist()
+        [0, 1, 2, 3, 2, 0, 1]
+    """
+    sub = np.asarray(subsegment_ids, dtype=np.int64)
+    if len(sub) == 0:
+        return np.zeros(0, dtype=np.int64)
+    keys, inverse = np.unique(sub, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    counts = np.bincount(inverse, minlength=len(keys))
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    within = np.empty(len(sub), dtype=np.int64)
+    within[order] = np.arange(len(sub)) - np.repeat(first, counts)
+    # branch tokens continue after their sample's prefix
+    key_sample = keys // SUBSEGMENT_STRIDE
+    is_prefix = keys % SUBSEGMENT_STRIDE == PREFIX_SUBSEGMENT
+    prefix_len = {int(s): int(c) for s, c, p in zip(key_sample, counts, is_prefix, strict=True) if p}
+    base = np.array([0 if p else prefix_len.get(int(s), 0) for s, p in zip(key_sample, is_prefix, strict=True)], dtype=np.int64)
+    return within + base[inverse]
+
+
+def _has_trees(sub: np.ndarray) -> bool:
+    return bool(np.any((sub >= 0) & (sub % SUBSEGMENT_STRIDE != PREFIX_SUBSEGMENT)))
+
+
+def flash_attn_varlen_kwargs(row: dict | Sequence[dict]) -> dict[str, Any]:
+    """Keyword arguments for ``flash_attn_varlen_func`` over one row or rows laid end to end.
+
+    Returns ``cu_seqlens_q``/``cu_seqlens_k`` (``np.int32``), ``max_seqlen_q``/``max_seqlen_k``
+    and ``causal=True``. For several rows, their tokens must be concatenated without
+    padding (a padding-free batch) in the same order.
+
+    Varlen kernels make each segment causal and isolated, which is exact for ordinary
+    samples but cannot express message trees (branches would see each other) or
+    bidirectional vision: rows holding trees raise, use :func:`attention_mask` then.
+
+    Example:
+        >>> flash_attn_varlen_kwargs({"cu_seqlens": [0, 3, 7], "subsegment_ids": [10000] * 3 + [110000] * 4})["max_seqlen_q"]
+        4
+    """
+    rows = [row] if isinstance(row, dict) else list(row)
+    cus, offset = [np.zeros(1, dtype=np.int64)], 0
+    for r in rows:
+        sub = np.asarray(r["subsegment_ids"], dtype=np.int64)
+        if _has_trees(sub):
+            raise InputError(
+                f"pack {r.get('pack_index', '?')} holds message trees, which varlen attention cannot express "
+                "(branches would attend to each other); use packtool.reader.attention_mask instead"
+            )
+        cu = np.asarray(r["cu_seqlens"], dtype=np.int64)
+        cus.append(cu[1:] + offset)
+        offset += int(cu[-1])
+    cu_all = np.concatenate(cus).astype(np.int32)
+    max_len = int(np.diff(cu_all).max()) if len(cu_all) > 1 else 0
+    return {"cu_seqlens_q": cu_all, "cu_seqlens_k": cu_all, "max_seqlen_q": max_len, "max_seqlen_k": max_len, "causal": True}
+
+
+# --------------------------------------------------------------------------- media
+
+
+@dataclass(frozen=True, slots=True)
+class VideoFrames:
+    """The frames of one video exactly as counted at tokenize time.
+
+    Attributes:
+        frames: decoded RGB frames (``PIL.Image.Image``), in time order.
+        timestamps: each frame's time in seconds.
+    """
+
+    frames: tuple
+    timestamps: tuple[float, ...]
+
+
+def _media_file(item: dict, media_root: str | Path | None) -> Path:
+    path = item.get("path")
+    if media_root is None or path is None:
+        raise InputError(
+            f"{item.get('kind', 'media')} {path!r} is stored by reference (packed with --media reference); "
+            "pass media_root= the --media-root used at tokenize time, or re-pack with --media embed"
+        )
+    root = Path(media_root).resolve()
+    file = Path(os.path.realpath(root / path))
+    if file != root and root not in file.parents:
+        raise InputError(f"media path {path!r} resolves outside media_root {str(root)!r}")
+    if not file.is_file():
+        raise InputError(f"media file {path!r} not found under media_root {str(root)!r}; pass the right media_root")
+    return file
+
+
+def decode_image(item: dict, media_root: str | Path | None = None):
+    """The RGB ``PIL.Image`` of one image media item (embedded bytes, else ``media_root/path``)."""
+    from PIL import Image
+
+    data = item.get("data")
+    src = io.BytesIO(data[0]) if data else _media_file(item, media_root)
+    with Image.open(src) as im:
+        return im.convert("RGB")
+
+
+def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrames:
+    """The frames of one video media item with their timestamps.
+
+    Embedded videos carry one JPEG per counted timestamp. For videos packed by
+    reference the file under ``media_root`` is decoded with PyAV and, for each
+    timestamp, the frame nearest to it (by presentation time) is taken.
+    """
+    from PIL import Image
+
+    stamps = tuple(float(t) for t in (item.get("timestamps") or ()))
+    data = item.get("data")
+    if data:
+        frames = []
+        for blob in data:
+            with Image.open(io.BytesIO(blob)) as im:
+                frames.append(im.convert("RGB"))
+        if stamps and len(stamps) != len(frames):
+            raise InputError(f"video {item.get('path')!r} has {len(frames)} embedded frames but {len(stamps)} timestamps; re-run packtool pack")
+        return VideoFrames(tuple(frames), stamps)
+    import av
+
+    file = _media_file(item, media_root)
+    best: list[tuple[float, Any]] = [(math.inf, None)] * len(stamps)
+    with av.open(str(file)) as container:
+        stream = container.streams.video[0]
+        for frame in container.decode(stream):
+            t = float(frame.time) if frame.time is not None else 0.0
+            for i, s in enumerate(stamps):
+                if abs(t - s) < best[i][0]:
+                    best[i] = (abs(t - s), frame)
+    if any(f is None for _, f in best):
+        raise InputError(f"video {str(file)!r} yields no frames; re-check the file or re-pack with --media embed")
+    return VideoFrames(tuple(f.to_image().convert("RGB") for _, f in best), stamps)
+
+
+def decode_media(row: dict, media_root: str | Path | None = None) -> list:
+    """Every media item of a row, in row order: ``PIL.Image`` for images, :class:`VideoFrames` for videos."""
+    return [decode_video(m, media_root) if m["kind"] == "video" else decode_image(m, media_root) for m in row["media"]]
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def collate(rows: Sequence[dict], pad_to: int | None = None, *, pad_token_id: int = 0, masks: bool = False,
+            vision: str = "causal", pixels: bool = True, media_root: str | Path | None = None) -> dict[str, Any]:
+    """Stack packed rows into a batch, padded on the right.
+
+    Args:
+        rows: rows from :class:`PackedDataset`.
+        pad_to: pad every row to this length (static shapes, e.g. for ``torch.compile``);
+            ``None`` pads to the longest row.
+        pad_token_id: input id placed in padding.
+        masks: also return ``attention_mask`` (``(B, 1, T, T)`` bool, True = may attend;
+            memory grows with ``T**2``).
+        vision: see :func:`attention_mask`.
+        pixels: decode media into ``pixel``.
+        media_root: where media packed by reference live.
+
+    Returns:
+        ``input_ids``, ``target_ids`` (padding ``-100``), ``position_ids`` (padding 0),
+        ``subsegment_ids`` (padding :data:`PAD_SUBSEGMENT`): ``(B, T)`` ``int64`` arrays;
+        ``lengths`` ``(B,)``; ``cu_seqlens``: per row an ``int32`` array whose padding,
+        if any, is one more segment; ``pixel``: per row the decoded media in row order
+        (``PIL.Image`` or :class:`VideoFrames`; empty lists when ``pixels=False``);
+        ``media``: per row the media metadata (no bytes); ``sample_ids``, ``pack_index``.
+
+    Raises:
+        ConfigError: a row is longer than ``pad_to``.
+
+    Example:
+        >>> b = collate([{"input_ids": [5, 6], "target_ids": [6, -100], "position_ids": [0, 1],
+        ...               "subsegment_ids": [10000, 10000], "cu_seqlens": [0, 2], "media": []}], pad_to=3)
+        >>> b["target_ids"].tolist(), b["cu_seqlens"][0].tolist()
+        ([[6, -100, -100]], [0, 2, 3])
+    """
+    lengths = np.array([len(r["input_ids"]) for r in rows], dtype=np.int64)
+    longest = int(lengths.max()) if len(rows) else 0
+    width = longest if pad_to is None else int(pad_to)
+    if longest > width:
+        raise ConfigError(f"a pack has {longest} tokens but pad_to is {width}; raise pad_to to at least the packs' max_tokens")
+    fills = {"input_ids": pad_token_id, "target_ids": IGNORE_INDEX, "position_ids": 0, "subsegment_ids": PAD_SUBSEGMENT}
+    out: dict[str, Any] = {}
+    for name, fill in fills.items():
+        arr = np.full((len(rows), width), fill, dtype=np.int64)
+        for i, r in enumerate(rows):
+            arr[i, : lengths[i]] = r[name]
+        out[name] = arr
+    out["lengths"] = lengths
+    cus = []
+    for i, r in enumerate(rows):
+        cu = np.asarray(r["cu_seqlens"], dtype=np.int32)
+        cus.append(np.append(cu, np.int32(width)) if lengths[i] < width else cu)
+    out["cu_seqlens"] = cus
+    if masks:
+        out["attention_mask"] = np.stack(
+            [attention_mask(out["subsegment_ids"][i], r["media"], vision=vision) for i, r in enumerate(rows)]
+        )[:, None] if rows else np.zeros((0, 1, width, width), dtype=bool)
+    out["pixel"] = [decode_media(r, media_root) if pixels else [] for r in rows]
+    out["media"] = [[{k: v for k, v in m.items() if k != "data"} for m in r["media"]] for r in rows]
+    out["sample_ids"] = [list(r.get("sample_ids", [])) for r in rows]
+    out["pack_index"] = [r.get("pack_index") for r in rows]
+    return out

@@ -1,0 +1,102 @@
+"""``torch.utils.data.IterableDataset`` over packed shards (``pip install packtool[torch]``).
+
+The adapter batches inside each DataLoader worker, so build the loader with
+``batch_size=None``; workers take alternate batches of the rank's stream and the
+DataLoader's round-robin hands them to the trainer in stream order::
+
+    ds = PackedIterableDataset("packed/", batch_size=2, rank=rank, world_size=world, seed=0)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    for epoch in range(start_epoch, n_epochs):
+        ds.set_epoch(epoch)
+        for batch in loader:
+            logits = model(batch["input_ids"], batch["position_ids"], batch["attention_mask"])
+            loss = F.cross_entropy(logits.flatten(0, 1), batch["shift_labels"].flatten(), ignore_index=-100)
+            ...
+            state = ds.state_dict(consumed=batch["consumed"])   # store with the checkpoint
+
+A batch holds tensors ``input_ids``, ``shift_labels`` (the pre-shifted ``target_ids``:
+``shift_labels[t]`` is what position ``t`` predicts, ``-100`` for no loss),
+``position_ids``, ``subsegment_ids`` (all ``(B, T)`` int64), ``lengths`` ``(B,)``,
+``attention_mask`` ``(B, 1, T, T)`` bool (True = may attend; the form
+``scaled_dot_product_attention`` takes) unless ``masks=False``, ``cu_seqlens`` (list of
+int32 tensors); and plain Python ``pixel``, ``media``, ``sample_ids``, ``pack_index``,
+``epoch`` and ``consumed`` (the rank's position after this batch).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from . import PackedDataset, collate
+
+__all__ = ["PackedIterableDataset", "to_tensors"]
+
+
+def to_tensors(batch: dict[str, Any]) -> dict[str, Any]:
+    """Turn a :func:`packtool.reader.collate` batch into tensors; ``target_ids`` becomes ``shift_labels``."""
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        name = "shift_labels" if key == "target_ids" else key
+        if isinstance(value, np.ndarray):
+            out[name] = torch.from_numpy(value)
+        elif key == "cu_seqlens":
+            out[name] = [torch.from_numpy(np.asarray(c, dtype=np.int32)) for c in value]
+        else:
+            out[name] = value
+    return out
+
+
+class PackedIterableDataset(IterableDataset):
+    """Batches of packed rows as tensors, split by rank and DataLoader worker.
+
+    Args:
+        source: a packed directory (then ``dataset_kwargs`` go to
+            :class:`~packtool.reader.PackedDataset`) or a ``PackedDataset``.
+        batch_size: packs per batch; the last batch of an epoch may be smaller.
+        pad_to: fixed padded length (static shapes), else the longest pack of the batch.
+        masks: include ``attention_mask``.
+        vision: ``"causal"``, ``"media"`` or ``"sample"`` (see ``attention_mask``).
+        pixels: decode media into ``pixel`` (PIL images / ``VideoFrames``).
+        media_root: where media packed by reference live.
+        pad_token_id: input id used for padding.
+    """
+
+    def __init__(self, source: str | Path | PackedDataset, *, batch_size: int = 1, pad_to: int | None = None,
+                 masks: bool = True, vision: str = "causal", pixels: bool = False,
+                 media_root: str | Path | None = None, pad_token_id: int = 0, **dataset_kwargs: Any) -> None:
+        super().__init__()
+        self.dataset = source if isinstance(source, PackedDataset) else PackedDataset(source, **dataset_kwargs)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.batch_size = batch_size
+        self._collate = dict(pad_to=pad_to, masks=masks, vision=vision, pixels=pixels, media_root=media_root,
+                             pad_token_id=pad_token_id)
+
+    def __len__(self) -> int:
+        """Batches per rank per epoch."""
+        return math.ceil(len(self.dataset) / self.batch_size)
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        epoch = self.dataset.epoch
+        for rows, consumed in self.dataset.iter_blocks(worker, n_workers, block=self.batch_size):
+            batch = to_tensors(collate(rows, **self._collate))
+            batch["epoch"] = epoch
+            batch["consumed"] = consumed
+            yield batch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        return self.dataset.state_dict(consumed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state)

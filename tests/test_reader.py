@@ -1,0 +1,506 @@
+"""packtool.reader: the stream split, exact resume, shard checks, masks, collate and media."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from packtool.errors import ConfigError, InputError, ResumeMismatchError
+from packtool.reader import (
+    PAD_SUBSEGMENT,
+    PackedDataset,
+    VideoFrames,
+    attention_mask,
+    collate,
+    decode_image,
+    decode_media,
+    decode_video,
+    flash_attn_varlen_kwargs,
+    position_ids,
+)
+from packtool.schema import PACKED, PREFIX_SUBSEGMENT, SCHEMA_VERSION, SUBSEGMENT_STRIDE
+from packtool.shards import sha256_file
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "examples" / "sample"
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+def write_packed(out: Path, shard_rows: list[int], group_rows: int, seed: int = 0) -> Path:
+    """A packed directory with shards of the given row counts, cut into row groups of ``group_rows``.
+
+    Pack ``i`` holds one or two samples whose input ids are all ``i`` (easy to trace).
+    """
+    rng = np.random.default_rng(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    shards, index = [], 0
+    for s, n_rows in enumerate(shard_rows):
+        rows = []
+        for _ in range(n_rows):
+            lens = rng.integers(1, 6, size=rng.integers(1, 3))
+            sub = np.concatenate([np.full(n, k * SUBSEGMENT_STRIDE + PREFIX_SUBSEGMENT) for k, n in enumerate(lens)])
+            rows.append({
+                "pack_index": index, "n_tokens": int(lens.sum()), "n_vision_units": 0, "sample_ids": [f"p{index}s{k}" for k in range(len(lens))],
+                "input_ids": [index] * int(lens.sum()), "target_ids": [-100] * int(lens.sum()),
+                "position_ids": np.concatenate([np.arange(n) for n in lens]).tolist(), "subsegment_ids": sub.tolist(),
+                "cu_seqlens": [0, *np.cumsum(lens).tolist()], "media": [],
+            })
+            index += 1
+        name = f"part-{s:05d}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=PACKED), out / name, row_group_size=group_rows)
+        shards.append({"file": name, "rows": n_rows, "bytes": (out / name).stat().st_size, "sha256": sha256_file(out / name)})
+    manifest = {"kind": "packed", "schema_version": SCHEMA_VERSION, "config": {}, "config_digest": f"synthetic-{seed}", "shards": shards}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> Path:
+    """23 packs in 4 shards (7, 7, 7, 2 rows), row groups of 3 rows."""
+    return write_packed(tmp_path_factory.mktemp("packed") / "p", [7, 7, 7, 2], group_rows=3)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> dict[str, Path]:
+    """The demo corpus packed twice: media embedded and media by reference."""
+    import packtool
+    from packtool import PackConfig, TokenizeConfig
+
+    base = tmp_path_factory.mktemp("reader-demo")
+    packtool.tokenize_dataset([SAMPLE / "data.jsonl"], base / "tok", TokenizeConfig(media_root=str(SAMPLE)))
+    packtool.pack_dataset(base / "tok", base / "embed", PackConfig(max_tokens=8192))
+    packtool.pack_dataset(base / "tok", base / "ref", PackConfig(max_tokens=8192, media="reference"))
+    return {"embed": base / "embed", "ref": base / "ref", "tok": base / "tok"}
+
+
+def ids(rows) -> list[int]:
+    return [r["pack_index"] for r in rows]
+
+
+def loader_order(ds: PackedDataset, num_workers: int, block: int) -> list[tuple[list[int], int]]:
+    """What a DataLoader with ``num_workers`` workers hands the trainer: workers (each a copy
+    of the dataset, as after fork) produce blocks, visited round-robin until all are done."""
+    iters = [copy.deepcopy(ds).iter_blocks(w, num_workers, block) for w in range(num_workers)]
+    out, live = [], list(range(num_workers))
+    while live:
+        for w in list(live):
+            try:
+                rows, consumed = next(iters[w])
+                out.append((ids(rows), consumed))
+            except StopIteration:
+                live.remove(w)
+    return out
+
+
+# --------------------------------------------------------------------------- import weight
+
+
+def test_reader_import_is_light():
+    code = ("import sys, packtool.reader; "
+            "bad = [m for m in ('numba', 'typer', 'torch', 'packtool.knapsack', 'packtool.cli', 'packtool.pipeline', 'packtool.packer') "
+            "if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+# --------------------------------------------------------------------------- the split
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5, 8, 30])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_cover_every_pack(packed, world_size, drop_last):
+    n = 23
+    streams = []
+    for rank in range(world_size):
+        ds = PackedDataset(packed, rank=rank, world_size=world_size, seed=7, drop_last=drop_last)
+        rows = ids(ds)
+        assert len(rows) == len(ds) == (n // world_size if drop_last else -(-n // world_size))
+        streams.append(rows)
+    flat = [i for s in streams for i in s]
+    if drop_last:
+        assert len(set(flat)) == len(flat) == world_size * (n // world_size)
+    else:
+        # the epoch's order G, then its first packs repeated to fill the last ranks
+        assert sorted(flat[:n]) == list(range(n))
+        assert flat[n:] == (flat[:n] * world_size)[: len(flat) - n]
+
+
+def test_shuffle_is_deterministic_and_changes_per_epoch(packed):
+    def order(epoch, seed=3, shuffle=True):
+        ds = PackedDataset(packed, seed=seed, shuffle=shuffle)
+        ds.set_epoch(epoch)
+        return ids(ds)
+
+    assert order(0) == order(0)
+    assert order(0) != order(1)
+    assert order(0, seed=4) != order(0)
+    assert sorted(order(2)) == list(range(23))
+    assert order(0, shuffle=False) == order(5, shuffle=False) == list(range(23))
+
+
+def test_in_process_iteration_advances_epochs(packed):
+    ds = PackedDataset(packed, seed=1)
+    first, second = ids(ds), ids(ds)
+    assert ds.epoch == 2 and sorted(first) == sorted(second) and first != second
+    ds2 = PackedDataset(packed, seed=1)
+    ds2.set_epoch(1)
+    assert ids(ds2) == second
+
+
+def test_row_groups_are_read_one_at_a_time(packed, monkeypatch):
+    reads = []
+    original = pq.ParquetFile.read_row_group
+
+    def spy(self, i, *args, **kwargs):
+        reads.append(i)
+        return original(self, i, *args, **kwargs)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the reader must not read whole files")
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", spy)
+    monkeypatch.setattr(pq.ParquetFile, "read", refuse)
+    monkeypatch.setattr(pq, "read_table", refuse)
+    ds = PackedDataset(packed, rank=1, world_size=2, seed=0)
+    rows = list(ds)
+    # 12 rows from groups of at most 3: each group touched is decoded once, not once per row
+    assert len(rows) == 12 and 4 <= len(reads) <= 7
+
+
+# --------------------------------------------------------------------------- exact resume
+
+
+COMBOS = [(1, 0, 1, 1), (2, 1, 2, 1), (3, 2, 3, 2), (4, 0, 2, 3), (8, 5, 1, 1), (5, 4, 3, 1)]
+
+
+@pytest.mark.parametrize(("world_size", "rank", "num_workers", "block"), COMBOS)
+@pytest.mark.parametrize("k", [0, 1, 2, 3])
+def test_exact_resume(packed, world_size, rank, num_workers, block, k):
+    def fresh():
+        return PackedDataset(packed, rank=rank, world_size=world_size, seed=11)
+
+    full = [i for b, _ in loader_order(fresh(), num_workers, block) for i in b]
+    assert len(full) == len(fresh())
+    ds = fresh()
+    got = loader_order(ds, num_workers, block)
+    k = min(k, len(got))
+    taken = [i for b, _ in got[:k] for i in b]
+    state = ds.state_dict(consumed=got[k - 1][1] if k else 0)
+    assert json.loads(json.dumps(state)) == state  # a checkpoint can store it as JSON
+    for workers_after in (num_workers, 1, num_workers + 1):
+        resumed = fresh()
+        resumed.load_state_dict(state)
+        rest = [i for b, _ in loader_order(resumed, workers_after, block) for i in b]
+        if state["epoch"] == 0:
+            assert taken + rest == full
+        else:  # the whole epoch was taken: resume starts the next epoch
+            assert taken == full and rest == [i for b, _ in loader_order(_at_epoch(fresh(), 1), 1, 1) for i in b]
+
+
+def test_resume_across_epochs_and_from_another_rank(packed):
+    ds = PackedDataset(packed, rank=0, world_size=3, seed=2)
+    epoch0 = ids(ds)
+    ds.set_epoch(1)
+    it = iter(ds)
+    head = [next(it)["pack_index"] for _ in range(4)]
+    state = ds.state_dict()
+    assert state["epoch"] == 1 and state["consumed"] == 4
+    # ranks step together, so rank 0's state resumes rank 2 too
+    other = PackedDataset(packed, rank=2, world_size=3, seed=2)
+    other.set_epoch(1)
+    other_full = ids(other)
+    other2 = PackedDataset(packed, rank=2, world_size=3, seed=2)
+    other2.load_state_dict(state)
+    other2.set_epoch(1)  # the usual loop calls set_epoch again: it must keep the position
+    assert ids(other2) == other_full[4:]
+    # the rest of rank 0's epoch 1
+    again = PackedDataset(packed, rank=0, world_size=3, seed=2)
+    again.load_state_dict(state)
+    assert head + ids(again) == ids(_at_epoch(PackedDataset(packed, rank=0, world_size=3, seed=2), 1))
+    assert epoch0 != head + ids(again) and len(epoch0) == 8
+    # a finished epoch resumes at the start of the next one
+    done = PackedDataset(packed, rank=0, world_size=3, seed=2)
+    list(done)
+    assert done.state_dict() == {**state, "epoch": 1, "consumed": 0}
+
+
+def _at_epoch(ds, epoch):
+    ds.set_epoch(epoch)
+    return ds
+
+
+def test_resume_refuses_another_split(packed, tmp_path):
+    state = PackedDataset(packed, world_size=2, seed=1).state_dict()
+    with pytest.raises(ResumeMismatchError, match="world_size"):
+        PackedDataset(packed, world_size=4, seed=1).load_state_dict(state)
+    with pytest.raises(ResumeMismatchError, match="seed"):
+        PackedDataset(packed, world_size=2, seed=2).load_state_dict(state)
+    other = write_packed(tmp_path / "other", [5], group_rows=2, seed=9)
+    with pytest.raises(ResumeMismatchError, match="another packed dataset"):
+        PackedDataset(other, world_size=2, seed=1).load_state_dict(state)
+    with pytest.raises(ConfigError, match="rank 2"):
+        PackedDataset(packed, rank=2, world_size=2)
+
+
+def test_torch_dataloader_workers_resume_exactly(packed):
+    torch = pytest.importorskip("torch")
+    from packtool.reader.torch import PackedIterableDataset
+
+    def make():
+        return PackedIterableDataset(packed, batch_size=2, masks=False, rank=1, world_size=2, seed=5)
+
+    def run(ds, workers):
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context="fork" if workers else None)
+        return [(b["pack_index"], b["consumed"]) for b in loader]
+
+    ref = run(make(), 0)
+    assert [i for b, _ in ref for i in b] == ids(PackedDataset(packed, rank=1, world_size=2, seed=5))
+    assert len(ref) == len(make()) == 6
+    with_workers = run(make(), 2)
+    assert with_workers == ref
+    ds = make()
+    ds.load_state_dict(make().state_dict(consumed=with_workers[2][1]))
+    assert run(ds, 1) == ref[3:]
+
+
+# --------------------------------------------------------------------------- shard checks
+
+
+def test_shard_checks(packed, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(packed, bad)
+    f = bad / "part-00001.parquet"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=r"part-00001\.parquet.*sha256.*re-run packtool pack"):
+        list(PackedDataset(bad, shuffle=False, verify=True))
+    with pytest.raises(InputError, match=r"part-00001\.parquet.*(cannot be read|sha256)"):
+        list(PackedDataset(bad, shuffle=False))  # without verify the decoder notices, with the same advice
+    f.write_bytes(bytes(data) + b"x")
+    with pytest.raises(InputError, match=r"part-00001\.parquet.*bytes but manifest\.json says"):
+        list(PackedDataset(bad, shuffle=False))
+    f.unlink()
+    with pytest.raises(InputError, match="missing"):
+        list(PackedDataset(bad, shuffle=False))
+    with pytest.raises(InputError, match="no manifest.json"):
+        PackedDataset(tmp_path)
+
+
+def test_plain_pyarrow_reads_shards(demo):
+    import pyarrow.dataset as pads
+
+    manifest = json.loads((demo["embed"] / "manifest.json").read_text())
+    total = 0
+    for entry in manifest["shards"]:
+        table = pq.read_table(demo["embed"] / entry["file"])
+        assert table.num_rows == entry["rows"]
+        assert table.schema.remove_metadata().equals(PACKED.remove_metadata())
+        assert table.schema.metadata[b"packtool.kind"] == b"packed"
+        total += table.num_rows
+    data = pads.dataset([str(demo["embed"] / e["file"]) for e in manifest["shards"]], format="parquet").to_table()
+    assert data.num_rows == total == len(PackedDataset(demo["embed"]))
+    first = data.slice(0, 1).to_pylist()[0]
+    assert len(first["input_ids"]) == first["n_tokens"] == first["cu_seqlens"][-1]
+
+
+# --------------------------------------------------------------------------- masks and positions
+
+
+def twin_mask(sub) -> np.ndarray:
+    """Brute-force twin of the DESIGN.md rule, one pair at a time."""
+    n = len(sub)
+    out = np.zeros((n, n), dtype=bool)
+    for q in range(n):
+        for j in range(n):
+            out[q, j] = j <= q and sub[q] <= sub[j] and sub[q] // SUBSEGMENT_STRIDE == sub[j] // SUBSEGMENT_STRIDE
+    return out
+
+
+def twin_positions(sub) -> list[int]:
+    out, seen = [], {}
+    for s in sub:
+        k, b = divmod(s, SUBSEGMENT_STRIDE)
+        prefix = seen.get((k, PREFIX_SUBSEGMENT), 0)
+        n = seen.get((k, b), 0)
+        out.append(n if b == PREFIX_SUBSEGMENT else prefix + n)
+        seen[(k, b)] = n + 1
+    return out
+
+
+@st.composite
+def packed_subsegments(draw):
+    sub = []
+    for k in range(draw(st.integers(1, 4))):
+        sub += [k * SUBSEGMENT_STRIDE + PREFIX_SUBSEGMENT] * draw(st.integers(0, 5))
+        n_branches = draw(st.integers(0, 3))
+        for b in range(n_branches):
+            sub += [k * SUBSEGMENT_STRIDE + b] * draw(st.integers(1, 4))
+    sub += [PAD_SUBSEGMENT] * draw(st.integers(0, 3))
+    return sub
+
+
+@settings(max_examples=150, deadline=None)
+@given(sub=packed_subsegments())
+def test_mask_and_positions_match_twins(sub):
+    mask = attention_mask(sub)
+    np.testing.assert_array_equal(mask, twin_mask(sub))
+    if sub:
+        assert mask.diagonal().all()  # every query sees at least itself: no NaN rows in softmax
+    real = [s for s in sub if s != PAD_SUBSEGMENT]
+    assert position_ids(real).tolist() == twin_positions(real)
+
+
+def test_mask_tree_semantics():
+    # sample 0: prefix(2) branch0(2) branch1(1); sample 1: two tokens
+    sub = [10000, 10000, 0, 0, 1, 110000, 110000]
+    m = attention_mask(sub)
+    assert m[4, :2].all() and not m[4, 2:4].any()  # branch 1 sees the prefix, not branch 0
+    assert not m[5, :5].any() and m[6, 5]  # sample 1 sees nothing of sample 0
+    media = [{"token_offset": 0, "n_tokens": 2, "sample_index": 0}, {"token_offset": 5, "n_tokens": 2, "sample_index": 1}]
+    mb = attention_mask(sub, media, vision="media")
+    assert mb[0, 1] and mb[5, 6] and not mb[0, 2] and not mb[1, 5]
+    with pytest.raises(ConfigError, match="media list"):
+        attention_mask(sub, vision="sample")
+    with pytest.raises(ConfigError, match="choose one of"):
+        attention_mask(sub, media, vision="full")
+
+
+def test_positions_and_varlen_on_demo(demo):
+    rows = list(PackedDataset(demo["ref"], shuffle=False))
+    for r in rows:
+        np.testing.assert_array_equal(position_ids(r["subsegment_ids"]), r["position_ids"])
+        kw = flash_attn_varlen_kwargs(r)
+        np.testing.assert_array_equal(kw["cu_seqlens_q"], r["cu_seqlens"])
+        assert kw["max_seqlen_q"] == max(np.diff(r["cu_seqlens"])) and kw["causal"]
+    both = flash_attn_varlen_kwargs(rows[:2])
+    n0 = rows[0]["n_tokens"]
+    assert both["cu_seqlens_k"].tolist() == list(rows[0]["cu_seqlens"]) + [n0 + c for c in rows[1]["cu_seqlens"][1:]]
+    tree = {"pack_index": 3, "cu_seqlens": [0, 5], "subsegment_ids": [10000, 10000, 0, 0, 1]}
+    with pytest.raises(InputError, match="message trees"):
+        flash_attn_varlen_kwargs(tree)
+
+
+# --------------------------------------------------------------------------- collate and media
+
+
+def test_collate_pads_and_masks(demo):
+    rows = list(PackedDataset(demo["ref"], shuffle=False))[:3]
+    b = collate(rows, masks=True, pixels=False)
+    longest = max(r["n_tokens"] for r in rows)
+    assert b["input_ids"].shape == (3, longest) and b["attention_mask"].shape == (3, 1, longest, longest)
+    for i, r in enumerate(rows):
+        n = r["n_tokens"]
+        assert b["lengths"][i] == n
+        np.testing.assert_array_equal(b["target_ids"][i, :n], r["target_ids"])
+        assert (b["target_ids"][i, n:] == -100).all() and (b["subsegment_ids"][i, n:] == PAD_SUBSEGMENT).all()
+        assert b["attention_mask"][i, 0].diagonal().all()
+        assert not b["attention_mask"][i, 0, n:, :n].any() and not b["attention_mask"][i, 0, :n, n:].any()
+        assert b["cu_seqlens"][i][-1] == longest and b["cu_seqlens"][i][:len(r["cu_seqlens"])].tolist() == list(r["cu_seqlens"])
+        assert b["pixel"][i] == [] and all("data" not in m for m in b["media"][i])
+    fixed = collate(rows, pad_to=8192, pixels=False)
+    assert fixed["input_ids"].shape == (3, 8192) and "attention_mask" not in fixed
+    with pytest.raises(ConfigError, match="pad_to"):
+        collate(rows, pad_to=100, pixels=False)
+
+
+def test_images_decode_from_embedded_bytes_and_references(demo):
+    emb = next(iter(PackedDataset(demo["embed"], shuffle=False)))
+    ref = next(iter(PackedDataset(demo["ref"], shuffle=False)))
+    assert ids([emb]) == ids([ref]) and emb["media"]
+    batch = collate([emb], pixels=True)
+    pixels = batch["pixel"][0]
+    assert len(pixels) == len(emb["media"])
+    for item, im in zip(emb["media"], pixels, strict=True):
+        with Image.open(SAMPLE / item["path"]) as original:
+            assert im.size == (item["width"], item["height"]) == original.size
+            assert np.array_equal(np.asarray(im), np.asarray(original.convert("RGB")))
+    with pytest.raises(InputError, match="media_root"):
+        decode_media(ref)
+    by_ref = decode_media(ref, media_root=SAMPLE)
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(by_ref, pixels, strict=True))
+    with pytest.raises(InputError, match="outside"):
+        decode_image({**ref["media"][0], "path": "../../etc/passwd"}, media_root=SAMPLE)
+
+
+COLOURS = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0)]
+
+
+def test_video_frames_embedded_and_by_reference(tmp_path):
+    import av
+
+    # a 4 s video at 2 fps whose frames are solid colours, one colour per second
+    path = tmp_path / "clip.mp4"
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("mpeg4", rate=2)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(8):
+            frame = av.VideoFrame.from_image(Image.new("RGB", (64, 48), COLOURS[i // 2]))
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    stamps = [0.0, 1.0, 2.5, 3.5]
+    want = [COLOURS[int(t)] for t in stamps]
+    item = {"kind": "video", "path": "clip.mp4", "timestamps": stamps, "data": None, "token_offset": 0, "n_tokens": 4}
+    got = decode_video(item, media_root=tmp_path)
+    assert isinstance(got, VideoFrames) and got.timestamps == tuple(stamps)
+    for im, colour in zip(got.frames, want, strict=True):
+        assert np.abs(np.asarray(im).reshape(-1, 3).mean(0) - colour).max() < 20
+
+    def jpeg(colour):
+        buf = io.BytesIO()
+        Image.new("RGB", (32, 24), colour).save(buf, format="JPEG")
+        return buf.getvalue()
+
+    embedded = decode_video({**item, "path": None, "data": [jpeg(c) for c in want]})
+    assert embedded.timestamps == tuple(stamps)
+    for im, colour in zip(embedded.frames, want, strict=True):
+        assert im.size == (32, 24) and np.abs(np.asarray(im).reshape(-1, 3).mean(0) - colour).max() < 8
+    with pytest.raises(InputError, match="2 embedded frames but 4 timestamps"):
+        decode_video({**item, "data": [jpeg(c) for c in want[:2]]})
+
+
+# --------------------------------------------------------------------------- README
+
+
+def readme_training_code() -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Training on packed shards", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    loop = [b for b in blocks if "optimizer.step()" in b]
+    assert len(loop) == 1, "the section has exactly one complete training loop"
+    return loop[0]
+
+
+def test_readme_training_loop_runs_on_cpu(demo, tmp_path):
+    pytest.importorskip("torch")
+    code = readme_training_code()
+    assert 20 <= len(code.strip().splitlines()) <= 45
+    assert '"build/demo/packed"' in code
+    code = code.replace('"build/demo/packed"', repr(str(demo["embed"])))
+    ckpt = tmp_path / "ckpt.pt"
+    code = code.replace('"checkpoint.pt"', repr(str(ckpt)))
+    scope: dict = {"__name__": "__readme__"}
+    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the documented example itself
+    assert ckpt.is_file()
+    import torch
+
+    saved = torch.load(ckpt, weights_only=False)
+    assert saved["data"]["epoch"] >= 1 and np.isfinite(scope["loss"].item())
