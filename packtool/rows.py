@@ -134,28 +134,50 @@ class _Specials:
         return tid
 
 
-def _expand(segments, probed: list[_Probed]):
-    """Replace media segments by their family layout; returns token-level pieces.
+# piece kinds in a staged branch
+_TEXT, _TOKEN, _PAD = 0, 1, 2
 
-    Each piece is ``[kind, value, count, loss, media_index]`` with kind ``text``,
-    ``special`` or ``pad``; adjacent text pieces with equal loss are merged so they
-    are encoded as one string, as a tokenizer applied to the rendered chat would.
+
+def _stage(segments, probed: list[_Probed], specials: _Specials, texts: list[str], used: set[int]):
+    """Turn rendered segments into token-level pieces, queueing texts for one batch encode.
+
+    Each piece is ``(kind, value, count, loss, media_index)``: ``_TEXT`` pieces hold the
+    index of their string in ``texts``; ``_TOKEN`` and ``_PAD`` pieces hold a token id
+    repeated ``count`` times. Media segments are replaced by their family layout.
+    Adjacent text with equal loss is merged so it is encoded as one string, as a
+    tokenizer applied to the rendered chat would see it.
     """
-    out: list[list] = []
+    pieces: list[tuple] = []
+    last_text = -1  # index in pieces of a text piece that the next text may extend
     for kind, value, count, loss in segments:
-        if kind == "media":
+        if kind == "text":
+            if last_text >= 0 and pieces[last_text][3] == loss:
+                texts[pieces[last_text][1]] += value
+            else:
+                last_text = len(pieces)
+                pieces.append((_TEXT, len(texts), 1, loss, -1))
+                texts.append(value)
+        elif kind == "special":
+            pieces.append((_TOKEN, specials[value], count, loss, -1))
+            last_text = -1
+        elif kind == "media":
             if count >= len(probed) or probed[count].ref.kind != value:
                 raise SampleError("placeholder_mismatch", f"placeholder for {value} {count} has no matching media")
+            used.add(count)
             for skind, svalue, scount in probed[count].layout.segments:
-                if skind == "text" and out and out[-1][0] == "text" and not out[-1][3]:
-                    out[-1][1] += svalue
+                if skind == "text":
+                    if last_text >= 0 and not pieces[last_text][3]:
+                        texts[pieces[last_text][1]] += svalue
+                    else:
+                        last_text = len(pieces)
+                        pieces.append((_TEXT, len(texts), 1, False, -1))
+                        texts.append(svalue)
                 else:
-                    out.append([skind, svalue, scount, False, count])
-        elif kind == "text" and out and out[-1][0] == "text" and out[-1][3] == loss:
-            out[-1][1] += value
+                    pieces.append((_PAD if skind == "pad" else _TOKEN, specials[svalue], scount, False, count))
+                    last_text = -1
         else:
-            out.append([kind, value, count, loss, -1])
-    return out
+            raise RuntimeError(f"internal error: unknown segment kind {kind!r}")
+    return pieces
 
 
 def encode_samples(
@@ -169,26 +191,16 @@ def encode_samples(
     one per sample).
     """
     specials = _Specials(ctx.tokenizer)
+    render = ctx.template.render
+    system = ctx.system_prompt
     staged = []
     rejected: list[Rejected] = []
     texts: list[str] = []
-    n_text = 0
     for s in samples:
         try:
             probed = [_probe(ref, ctx) for ref in s.media]
-            branches = []
-            for messages in s.branches:
-                pieces = _expand(ctx.template.render(messages, ctx.system_prompt), probed)
-                for p in pieces:
-                    kind = p[0]
-                    if kind == "text":
-                        texts.append(p[1])
-                        p[2] = n_text
-                        n_text += 1
-                    else:  # special or pad: a token looked up by name
-                        p[1] = specials[p[1]]
-                branches.append(pieces)
-            used = {p[4] for b in branches for p in b if p[4] >= 0}
+            used: set[int] = set()
+            branches = [_stage(render(messages, system), probed, specials, texts, used) for messages in s.branches]
             if len(used) != len(probed):
                 raise SampleError("placeholder_mismatch", f"{len(probed)} media but only {len(used)} placed in the conversation")
             staged.append((s, probed, branches))
@@ -212,28 +224,37 @@ def encode_samples(
 
 
 def _assemble(pieces, encoded):
-    """Token ids, loss mask and media spans ``(media_index, start, n)`` of one branch."""
-    ids: list[int] = []
-    loss: list[bool] = []
+    """Token ids, loss mask and media spans ``(media_index, start, n)`` of one branch.
+
+    Arrays are preallocated and filled slice by slice: a media item is often thousands
+    of identical pad tokens, which must not pass through Python lists.
+    """
+    total = 0
+    for kind, value, count, _, _ in pieces:
+        total += len(encoded[value]) if kind == _TEXT else count
+    ids = np.empty(total, dtype=np.int32)
+    loss = np.zeros(total, dtype=bool)
     spans: list[tuple[int, int, int]] = []
+    pos = 0
     for kind, value, count, lossy, media_index in pieces:
-        if kind == "text":
-            toks = encoded[count]
-            ids.extend(toks)
-            loss.extend([lossy] * len(toks))
-        elif kind == "special":
-            ids.extend([value] * count)
-            loss.extend([lossy] * count)
-        else:  # pad: the feature slots of one media item
-            # one span per item, from its first pad to its last (layouts may put row or
-            # frame markers between pad runs)
-            if spans and spans[-1][0] == media_index:
-                spans[-1] = (media_index, spans[-1][1], len(ids) + count - spans[-1][1])
-            else:
-                spans.append((media_index, len(ids), count))
-            ids.extend([value] * count)
-            loss.extend([False] * count)
-    return np.array(ids, dtype=np.int32), np.array(loss, dtype=bool), spans
+        if kind == _TEXT:
+            toks = encoded[value]
+            count = len(toks)
+            if count:
+                ids[pos : pos + count] = toks
+        else:
+            ids[pos : pos + count] = value
+            if kind == _PAD:
+                # one span per item, from its first pad to its last (layouts may put row
+                # or frame markers between pad runs)
+                if spans and spans[-1][0] == media_index:
+                    spans[-1] = (media_index, spans[-1][1], pos + count - spans[-1][1])
+                else:
+                    spans.append((media_index, pos, count))
+        if lossy:
+            loss[pos : pos + count] = True
+        pos += count
+    return ids, loss, spans
 
 
 def shifted_targets(ids: np.ndarray, loss: np.ndarray) -> np.ndarray:
