@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SAMPLE := examples/sample
 DEMO := build/demo
 
-.PHONY: demo test test-nojit lint schemas bench clean
+.PHONY: demo demo-plot test test-nojit lint schemas bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ demo: $(STAMP)
 	$(VENV)/bin/packtool tokenize $(SAMPLE)/data.jsonl --media-root $(SAMPLE) -o $(DEMO)/tokenized --quiet
 	$(VENV)/bin/packtool pack $(DEMO)/tokenized -o $(DEMO)/packed --max-tokens 8192 --quiet
 	$(VENV)/bin/packtool stats $(DEMO)/packed
+
+# the figure in the README: stats of the demo packs, regenerated from a fresh `make demo`
+demo-plot: demo
+	$(VENV)/bin/packtool stats $(DEMO)/tokenized $(DEMO)/packed --plot docs/demo-stats.png > /dev/null
 
 test: $(STAMP)
 	$(PY) -m pytest -q

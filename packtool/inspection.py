@@ -457,7 +457,7 @@ def render_inspection(view: dict) -> str:
         branches = f"  {s['n_branches']} branches" if s["n_branches"] > 1 else ""
         idx = f"[{s['index']}] " if s.get("index") is not None else ""
         where = f"tokens {s['start']:,}..{s['end'] - 1:,}" if view["kind"] == "pack" else f"{s['n_tokens']:,} tokens"
-        out.append(f"{idx}{s['sample_id']}  {where}  {s['n_loss_tokens']:,} predict a target{branches}")
+        out.append(f"{idx}{s['sample_id']}  {where}  {s['n_loss_tokens']:,} carry loss{branches}")
         for part in s["parts"]:
             pad = "  "
             if part["part"] != "sample":

@@ -93,6 +93,11 @@ def plot_stats(data: StatsData, stats: dict, out: str | Path, dpi: int = 80) -> 
         a_len.set_ylabel("samples")
     else:
         _empty(a_len, "sample length", "no samples")
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in axes.flat:  # counts are whole numbers (empty panels have no ticks)
+        if isinstance(ax.yaxis.get_major_locator(), MaxNLocator):
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     where = stats.get("packed") or stats.get("tokenized") or ""
     head = f"{Path(where).name or where}: {stats['samples']:,} samples"
     if stats.get("packs") is not None:

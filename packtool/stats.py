@@ -401,7 +401,7 @@ def _sources(data: StatsData, tok_rejects: list[dict]) -> list[dict] | None:
 
     def row(src: str) -> dict:
         if src not in rows:
-            rows[src] = {"source": src, "rows": 0, "samples": 0, "packed": 0, "dropped": 0, "rejected": 0,
+            rows[src] = {"source": src, "samples": 0, "packed": 0, "dropped": 0, "rejected": 0,
                          "tokens": 0, "vision_units": 0}
         return rows[src]
 
@@ -415,8 +415,7 @@ def _sources(data: StatsData, tok_rejects: list[dict]) -> list[dict] | None:
     for e in tok_rejects:
         row(str(e.get("source")))["rejected"] += 1
     for r in rows.values():
-        # every input row is a sample or a rejected row; pack drops are samples not packed
-        r["rows"] = r["samples"] + r["rejected"]
+        # pack drops are the source's samples that are in no pack
         r["dropped"] = r["samples"] - r["packed"] if data.packed_mask is not None else None
         if data.packed_mask is None:
             r["packed"] = None
@@ -430,6 +429,9 @@ def _reconcile(data: StatsData) -> dict | None:
     tok_rej = dict(tc.get("rejected_by_reason") or {})
     rows_in = int(tc.get("rows_in", len(data.sample_id) + sum(tok_rej.values())))
     n_tok_rej = sum(tok_rej.values())
+    # --group-by-media folds records into one tree; --max-branches/--max-tokens split trees
+    merged = int(tc.get("merged_records", 0))
+    split = int(tc.get("split_extra_trees", 0))
     n_pack_rej = sum(data.pack_rejected.values())
     packed_ids = Counter(data.pack_sample_ids.tolist())
     dropped_ids = Counter(e.get("sample_id") for e in (data.pack_errors or []))
@@ -438,11 +440,14 @@ def _reconcile(data: StatsData) -> dict | None:
     missing = sum((expected - landed).values())
     extra = sum((landed - expected).values())
     n_packed = int(data.pack_samples.sum())
-    balanced = (rows_in == n_packed + n_tok_rej + n_pack_rej and len(data.sample_id) == n_packed + n_pack_rej
+    balanced = (rows_in == n_packed + n_tok_rej + n_pack_rej + merged - split
+                and len(data.sample_id) == n_packed + n_pack_rej
                 and missing == 0 and extra == 0)
     return {
         "rows_in": rows_in,
         "tokenize_rejected": n_tok_rej,
+        "merged_records": merged,
+        "split_extra_trees": split,
         "samples_tokenized": int(len(data.sample_id)),
         "pack_rejected": n_pack_rej,
         "samples_packed": n_packed,
@@ -665,16 +670,20 @@ def render_stats(s: dict) -> str:
     r = s.get("reconcile")
     if r:
         mark = "ok" if r["balanced"] else f"MISMATCH ({r['missing']} missing, {r['extra']} extra)"
+        extra = ""
+        if r["merged_records"] or r["split_extra_trees"]:
+            extra = f" + {r['merged_records']:,} merged - {r['split_extra_trees']:,} split"
         rows.append(("rows in = packed + rejected",
-                     f"{r['rows_in']:,} = {r['samples_packed']:,} + {r['tokenize_rejected']:,} + {r['pack_rejected']:,}  {mark}"))
+                     f"{r['rows_in']:,} = {r['samples_packed']:,} + {r['tokenize_rejected']:,} + {r['pack_rejected']:,}"
+                     f"{extra}  {mark}"))
     for c in s.get("thresholds", []):
         rows.append((f"gate {c['flag']}", f"{c['value']:.4g} vs {c['limit']:.4g}  {'pass' if c['passed'] else 'FAIL'}"))
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     if s.get("sources"):
         lines.append("")
-        head = ("source", "rows", "packed", "dropped", "rejected", "tokens", unit)
-        table = [head] + [(_short(x["source"]), f"{x['rows']:,}", _opt(x["packed"]), _opt(x["dropped"]), f"{x['rejected']:,}",
+        head = ("source", "samples", "packed", "dropped", "rejected", "tokens", unit)
+        table = [head] + [(_short(x["source"]), f"{x['samples']:,}", _opt(x["packed"]), _opt(x["dropped"]), f"{x['rejected']:,}",
                            f"{x['tokens']:,}", f"{x['vision_units']:,}") for x in s["sources"]]
         widths = [max(len(r[i]) for r in table) for i in range(len(head))]
         for r in table:

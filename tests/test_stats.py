@@ -150,7 +150,7 @@ def test_packed_stats_match_the_shard_columns(demo_dirs):
     assert s["padding"]["packtool"]["pad_tokens"] == int((max_t - tokens).sum())
     assert s["padding"]["naive"][0]["pad_tokens"] > s["padding"]["packtool"]["pad_tokens"]
     assert s["branches_per_sample"]["histogram"] == {"1": 30}
-    assert s["sources"] == [{"source": t["source"][0], "rows": 30, "samples": 30, "packed": 30, "dropped": 0,
+    assert s["sources"] == [{"source": t["source"][0], "samples": 30, "packed": 30, "dropped": 0,
                              "rejected": 0, "tokens": sum(t["n_tokens"]), "vision_units": int(units.sum())}]
     assert s["reconcile"]["balanced"] and s["reconcile"]["rows_in"] == 30
 
@@ -208,8 +208,8 @@ def test_pair_reconciles_rows_rejections_and_drops(messy):
     assert s["rejected"]["total"] == 2 + len(pack_errors)
     by_src = {Path(x["source"]).name: x for x in s["sources"]}
     assert set(by_src) == {"a.jsonl", "b.jsonl"}
-    assert by_src["a.jsonl"]["rows"] == 14 and by_src["a.jsonl"]["rejected"] == 2
-    assert by_src["b.jsonl"]["rows"] == 6 and by_src["b.jsonl"]["rejected"] == 0
+    assert by_src["a.jsonl"]["samples"] == 12 and by_src["a.jsonl"]["rejected"] == 2
+    assert by_src["b.jsonl"]["samples"] == 6 and by_src["b.jsonl"]["rejected"] == 0
     for src, row in by_src.items():
         dropped_here = sum(1 for e in pack_errors if Path(e["source"]).name == src)
         assert row["dropped"] == dropped_here and row["packed"] == row["samples"] - dropped_here
@@ -298,3 +298,20 @@ def test_samples_per_pack_counts_cu_seqlens(demo_dirs):
     lens = pc.list_value_length(t["cu_seqlens"]).to_numpy() - 1
     s = compute_stats(demo_dirs["packed"])
     assert s["samples_per_pack"]["max"] == lens.max() and s["samples_per_pack"]["min"] == lens.min()
+
+
+def test_trees_from_grouped_records_still_reconcile(demo_dirs, tmp_path):
+    """--group-by-media folds records into trees: rows in = packed + rejected + merged."""
+    sample = demo_dirs["sample"]
+    tok, packed = tmp_path / "tok", tmp_path / "packed"
+    tokenize_dataset([sample / "data.jsonl"], tok, TokenizeConfig(media_root=str(sample), group_by_media=True))
+    pack_dataset(tok, packed, PackConfig(max_tokens=8192))
+    s = compute_stats(packed)
+    validate(s)
+    t = _columns(tok, ["n_branches"])["n_branches"]
+    merged = json.loads((tok / "manifest.json").read_text())["counts"]["merged_records"]
+    assert merged == 30 - len(t) > 0
+    assert s["reconcile"]["merged_records"] == merged and s["reconcile"]["balanced"]
+    assert s["branches_per_sample"]["histogram"] == {str(b): t.count(b) for b in sorted(set(t))}
+    assert sum(b * n for b, n in ((int(k), v) for k, v in s["branches_per_sample"]["histogram"].items())) == 30
+    assert f"30 = {len(t)} + 0 + 0 + {merged} merged - 0 split  ok" in render_stats(s)
