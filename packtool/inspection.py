@@ -465,7 +465,7 @@ def render_inspection(view: dict) -> str:
                 pad = "    "
             for t in part["turns"]:
                 role = (t["role"] or "") + (" (cont.)" if t["continued"] and t["role"] else "")
-                out.extend(_indent(t["text"], f"{pad}{role:<11} ", f"{pad}{'':<11} "))
+                out.extend(_indent(t["text"], f"{pad}{role:<12} ", f"{pad}{'':<12} "))
         for m in s["media"]:
             out.append(f"  media  {_media_line(m, unit)}")
         width = max(len(_rng(r["tokens"])) for r in s["ruler"])

@@ -94,7 +94,7 @@ def test_demo_pack_reads_like_the_source_records(demo_dirs):
         assert "<|image_pad|>" not in user_text and "<|vision_start|>" not in user_text
     text = render_inspection(view)
     assert text.splitlines()[0].startswith("pack 1  (")
-    assert f"  assistant   {LOSS_OPEN}" in text and "  ruler  tokens 0.." in text
+    assert f"  assistant    {LOSS_OPEN}" in text and "  ruler  tokens 0.." in text
 
 
 def test_cli_inspect_sample_in_a_pack_and_errors(demo_dirs):
