@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -14,15 +13,15 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from packtool import PackConfig, pack_dataset
+from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
 from packtool.inspection import LOSS_CLOSE, LOSS_OPEN, inspect_dir, render_inspection
 from packtool.records import MediaRef, Message, Part, Sample
-from packtool.rows import EncodeContext, encode_samples, shifted_targets
+from packtool.rows import EncodeContext, encode_samples
 from packtool.schema import TOKENIZED
 from packtool.shards import ShardWriter, write_manifest
 from packtool.templates import get_template
 from packtool.tokenization import load_tokenizer
-from packtool.vision import VideoMeta, get_family
+from packtool.vision import get_family
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "examples" / "sample"
@@ -175,7 +174,7 @@ def test_cli_inspect_tokenized_default_is_first_sample(tree_dir):
 
 
 def _make_video(path: Path, n_frames: int = 12, fps: int = 4, size: tuple[int, int] = (96, 64)) -> list[float]:
-    """A real H.264/MPEG-4 video made with PyAV; returns the presentation times of its frames."""
+    """A real MPEG-4 video made with PyAV; returns the presentation times of its frames."""
     with av.open(str(path), "w") as out:
         stream = out.add_stream("mpeg4", rate=fps)
         stream.width, stream.height = size
@@ -191,84 +190,55 @@ def _make_video(path: Path, n_frames: int = 12, fps: int = 4, size: tuple[int, i
         return [float(f.pts * vs.time_base) for f in src.decode(vs)]
 
 
-def _encode_video_row(sid: str, video_path: str, meta: VideoMeta, times: list[float], question: str, answer: str) -> dict:
-    """A tokenized row for one video sample: template segments expanded with the family's layout."""
-    tok, tpl, fam = load_tokenizer(), get_template("chatml"), get_family("fixed:64")
-    layout = fam.video(meta)
-    msgs = (_msg("user", Part.media("video", 0), _text(question)), _msg("assistant", _text(answer)))
-    ids: list[int] = []
-    loss: list[bool] = []
-    span = None
-    for kind, value, count, lossy in tpl.render(msgs):
-        if kind == "media":
-            for skind, svalue, scount in layout.segments:
-                if skind == "pad":
-                    span = (len(ids), scount)
-                    ids += [tok.special_id(svalue)] * scount
-                    loss += [False] * scount
-                else:
-                    new = [tok.special_id(svalue)] * scount if skind == "special" else tok.encode(svalue)
-                    ids += new
-                    loss += [False] * len(new)
-        else:
-            new = [tok.special_id(value)] * count if kind == "special" else tok.encode(value)
-            ids += new
-            loss += [lossy] * len(new)
-    arr = np.array(ids, dtype=np.int32)
-    return {
-        "sample_id": sid, "source": "videos.jsonl", "source_row": 0, "n_tokens": len(ids),
-        "n_vision_units": layout.units, "n_branches": 1, "input_ids": arr,
-        "target_ids": shifted_targets(arr, np.array(loss)), "position_ids": np.arange(len(ids), dtype=np.int32),
-        "subsegment_ids": np.full(len(ids), 10000, dtype=np.int32),
-        "media": [{"kind": "video", "path": video_path, "token_offset": span[0], "n_tokens": span[1],
-                   "width": meta.width, "height": meta.height, "resized_width": layout.resized[1],
-                   "resized_height": layout.resized[0], "grid_t": layout.grid[0], "grid_h": layout.grid[1],
-                   "grid_w": layout.grid[2], "vision_units": layout.units, "timestamps": times, "data": None}],
-    }
-
-
 @pytest.fixture(scope="module")
 def video_pack(tmp_path_factory) -> dict:
+    """Two LLaVA records on one real video, tokenized for Qwen2.5-VL and packed with frames embedded."""
     base = tmp_path_factory.mktemp("video")
     (base / "media").mkdir()
-    times = _make_video(base / "media" / "clip.mp4")
-    with av.open(str(base / "media" / "clip.mp4")) as src:
-        vs = src.streams.video[0]
-        meta = VideoMeta(vs.width, vs.height, float(vs.duration * vs.time_base) if vs.duration else len(times) / 4,
-                         float(vs.average_rate or Fraction(4)), vs.frames or len(times))
-    rows = [_encode_video_row("vid-0", "clip.mp4", meta, times, "What happens?", "It gets brighter."),
-            _encode_video_row("vid-1", "clip.mp4", meta, times[:6], "How long is it?", "Three seconds.")]
-    tok = _write_tokenized(base / "tok", rows, "fixed:64", base / "media")
-    packed = base / "packed"
-    pack_dataset(tok, packed, PackConfig(max_tokens=1024, media="reference"))
-    return {"tokenized": tok, "packed": packed, "times": times, "meta": meta}
+    _make_video(base / "media" / "clip.mp4")
+    qa = [("vid-0", "What happens?", "It gets brighter."), ("vid-1", "How long is it?", "Three seconds.")]
+    recs = [{"id": i, "video": "clip.mp4", "conversations": [{"from": "human", "value": f"<video>\n{q}"},
+                                                              {"from": "gpt", "value": a}]} for i, q, a in qa]
+    (base / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    tok, packed = base / "tok", base / "packed"
+    tokenize_dataset([base / "data.jsonl"], tok, TokenizeConfig(media_root=str(base / "media"), model="qwen2.5-vl"))
+    pack_dataset(tok, packed, PackConfig(max_tokens=2048))
+    return {"tokenized": tok, "packed": packed, "qa": qa}
 
 
 def test_pack_with_video_lists_frames_and_collapses_placeholders(video_pack):
     view = inspect_dir(video_pack["packed"], pack=0)
+    (row,) = pq.read_table(next(video_pack["packed"].glob("*.parquet"))).to_pylist()
     assert view["n_samples"] == 2 and [s["sample_id"] for s in view["samples"]] == ["vid-0", "vid-1"]
-    meta, times = video_pack["meta"], video_pack["times"]
-    for s, ts, (q, a) in zip(view["samples"], [times, times[:6]],
-                             [("What happens?", "It gets brighter."), ("How long is it?", "Three seconds.")], strict=True):
+    video_pad = load_tokenizer().special_id("<|video_pad|>")
+    for s, m_row, (_, q, a) in zip(view["samples"], row["media"], video_pack["qa"], strict=True):
         (m,) = s["media"]
-        assert m["label"] == "video 1" and m["kind"] == "video" and m["timestamps"] == ts
-        assert (m["width"], m["height"], m["n_tokens"]) == (meta.width, meta.height, 64)
+        assert m["label"] == "video 1" and m["kind"] == "video" and m["path"] == "clip.mp4"
+        assert m["timestamps"] == m_row["timestamps"] and len(m["timestamps"]) == len(m_row["data"]) > 1
+        assert (m["width"], m["height"]) == (96, 64) and m["n_tokens"] == m_row["n_tokens"]
+        assert m["grid"] == [m_row["grid_t"], m_row["grid_h"], m_row["grid_w"]]
+        assert m["token_offset"] == m_row["token_offset"] - s["start"]
+        span = row["input_ids"][m_row["token_offset"]:m_row["token_offset"] + m_row["n_tokens"]]
+        assert set(span) == {video_pad}
         turns = s["parts"][0]["turns"]
         user = next(t for t in turns if t["role"] == "user")
-        assert user["text"] == f"<video 1: {meta.width}×{meta.height}, 64 tokens>{q}<|im_end|>"
-        assert turns[-1] == {"role": "assistant", "continued": False, "text": f"{LOSS_OPEN}{a}<|im_end|>{LOSS_CLOSE}",
-                             "segments": turns[-1]["segments"]}
+        label = f"<video 1: {m_row['resized_width']}×{m_row['resized_height']}, {m_row['n_tokens']:,} tokens>"
+        assert user["text"] == f"{label}{q}<|im_end|>"
+        assert turns[-1]["role"] == "assistant" and turns[-1]["text"] == f"{LOSS_OPEN}{a}<|im_end|>{LOSS_CLOSE}"
         assert [seg["loss"] for seg in turns[-1]["segments"]] == [True, True]
     text = render_inspection(view)
-    assert f"media  video 1  clip.mp4  {meta.width}×{meta.height} -> " in text
-    assert f"{len(times)} frames at 0, 0.25, 0.5, 0.75, ..., " in text and "6 frames at 0, 0.25" in text
+    ts = view["samples"][0]["media"][0]["timestamps"]
+    assert f"media  video 1  clip.mp4  96×64 -> {row['media'][0]['resized_width']}×{row['media'][0]['resized_height']}" in text
+    assert f"{len(ts)} frames at " + ", ".join(f"{x:g}" for x in ts[:4]) in text
     assert "sub 1*100000+10000  sample" in text
-    assert "<|video_pad|>" not in text
+    assert "<|video_pad|>" not in text and "<|vision_start|>" not in text
 
 
 def test_stats_of_the_video_pack(video_pack):
     from packtool.stats import compute_stats
 
     s = compute_stats(video_pack["packed"])
-    assert s["vision_unit"] == "images" and s["vision_tokens"] == 128 and s["vision_units"] == 2
-    assert s["samples_per_pack"]["histogram"] == {"2": 1}
+    (row,) = pq.read_table(next(video_pack["packed"].glob("*.parquet")), columns=["media"]).to_pylist()
+    assert s["vision_unit"] == "patches" and s["samples_per_pack"]["histogram"] == {"2": 1}
+    assert s["vision_tokens"] == sum(m["n_tokens"] for m in row["media"])
+    assert s["vision_units"] == sum(m["vision_units"] for m in row["media"])
