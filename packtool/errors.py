@@ -36,7 +36,6 @@ REASON_CODES: dict[str, str] = {
     "bad_aspect_ratio": "the image's aspect ratio is beyond what the model family accepts",
     "corrupt_video": "the video cannot be opened or has no decodable video stream",
     "video_too_short": "the video has fewer frames than the model family's processor accepts",
-    "video_too_short": "the video has fewer frames than the model family's processor accepts",
     "oversize": "the sample needs more tokens or vision units than one pack holds",
 }
 
