@@ -270,16 +270,28 @@ def test_torch_dataloader_workers_resume_exactly(packed):
 
     def run(ds, workers):
         loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context="fork" if workers else None)
-        return [(b["pack_index"], b["consumed"]) for b in loader]
+        return [(b["pack_index"], b["consumed"], b["epoch"]) for b in loader]
 
     ref = run(make(), 0)
-    assert [i for b, _ in ref for i in b] == ids(PackedDataset(packed, rank=1, world_size=2, seed=5))
+    assert [i for b, _, _ in ref for i in b] == ids(PackedDataset(packed, rank=1, world_size=2, seed=5))
     assert len(ref) == len(make()) == 6
     with_workers = run(make(), 2)
     assert with_workers == ref
     ds = make()
-    ds.load_state_dict(make().state_dict(consumed=with_workers[2][1]))
+    ds.load_state_dict(make().state_dict({"consumed": with_workers[2][1], "epoch": with_workers[2][2]}))
     assert run(ds, 1) == ref[3:]
+    # the position after a batch does not depend on when it is asked for
+    in_proc = make()
+    batches = list(torch.utils.data.DataLoader(in_proc, batch_size=None, num_workers=0))
+    assert in_proc.dataset.epoch == 1  # the finished epoch moved on
+    assert in_proc.state_dict(batches[1])["epoch"] == 0 and in_proc.state_dict(batches[1])["consumed"] == 4
+    assert in_proc.state_dict(batches[-1]) == {**in_proc.state_dict(), "epoch": 1, "consumed": 0}
+    # persistent workers never see set_epoch: their copies move to the next epoch themselves
+    persistent = torch.utils.data.DataLoader(make(), batch_size=None, num_workers=2, persistent_workers=True,
+                                             multiprocessing_context="fork")
+    epochs = [[i for b in persistent for i in b["pack_index"]] for _ in range(2)]
+    in_process = make().dataset
+    assert epochs == [ids(in_process), ids(in_process)] and epochs[0] != epochs[1]
 
 
 # --------------------------------------------------------------------------- shard checks

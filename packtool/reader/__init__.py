@@ -168,19 +168,20 @@ class PackedDataset:
             self.epoch = epoch
             self.consumed = 0
 
-    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+    def state_dict(self, consumed: int | None = None, epoch: int | None = None) -> dict[str, Any]:
         """The position in the stream, to store with a checkpoint.
 
         Args:
-            consumed: packs of this epoch the trainer has taken. Leave ``None`` when
+            consumed: packs of the epoch the trainer has taken. Leave ``None`` when
                 iterating this object in-process (it counts what it yielded); with
                 DataLoader workers pass the ``consumed`` value of the last batch used
-                (the torch adapter puts it in every batch).
+                (the torch adapter puts it, and ``epoch``, in every batch).
+            epoch: the epoch ``consumed`` counts in (default: the current one).
         """
         c = self.consumed if consumed is None else int(consumed)
         if not 0 <= c <= self._len:
             raise ConfigError(f"consumed {c} is outside 0..{self._len} (packs per rank per epoch)")
-        epoch = self.epoch
+        epoch = self.epoch if epoch is None else int(epoch)
         if c == self._len and self._len > 0:
             epoch, c = epoch + 1, 0  # a finished epoch resumes at the next one
         return {
@@ -232,7 +233,9 @@ class PackedDataset:
 
         Yields ``(rows, consumed)``: ``consumed`` is the rank-level position right after
         this block (what :meth:`state_dict` wants once the trainer has used it). With a
-        single worker the dataset also advances its own position as it yields.
+        single worker the dataset also advances its own position as it yields; once the
+        blocks run out, every copy moves on to the next epoch (so persistent DataLoader
+        workers, which never see ``set_epoch``, still change order every epoch).
         """
         if block < 1 or not 0 <= worker < num_workers:
             raise ConfigError(f"bad split: worker {worker} of {num_workers}, block {block}")
@@ -240,7 +243,7 @@ class PackedDataset:
         rel = np.arange(self._len - start, dtype=np.int64)
         mine = rel[(rel // block) % num_workers == worker]
         if len(mine) == 0:
-            if in_process and start == self._len and self._len:
+            if self._len and self.epoch == epoch:
                 self.epoch, self.consumed = epoch + 1, 0
             return
         local = start + mine  # positions within the rank's slice
@@ -261,7 +264,8 @@ class PackedDataset:
             if in_process:
                 self.consumed = consumed
             yield rows_out, consumed
-        if in_process and self.epoch == epoch and self.consumed == self._len:
+        # a finished epoch moves on by itself, here and in a persistent DataLoader worker's copy
+        if self.epoch == epoch:
             self.epoch, self.consumed = epoch + 1, 0
 
     def _global(self, local: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ DataLoader's round-robin hands them to the trainer in stream order::
             logits = model(batch["input_ids"], batch["position_ids"], batch["attention_mask"])
             loss = F.cross_entropy(logits.flatten(0, 1), batch["shift_labels"].flatten(), ignore_index=-100)
             ...
-            state = ds.state_dict(consumed=batch["consumed"])   # store with the checkpoint
+            state = ds.state_dict(batch)   # the position after this batch: store it with the checkpoint
 
 A batch holds tensors ``input_ids``, ``shift_labels`` (the pre-shifted ``target_ids``:
 ``shift_labels[t]`` is what position ``t`` predicts, ``-100`` for no loss),
@@ -95,8 +95,14 @@ class PackedIterableDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
 
-    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        return self.dataset.state_dict(consumed)
+    def state_dict(self, batch: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The stream position right after ``batch`` (the last batch the trainer used).
+
+        Without a batch, the dataset's own position (exact only when iterated in-process).
+        """
+        if batch is None:
+            return self.dataset.state_dict()
+        return self.dataset.state_dict(batch["consumed"], batch["epoch"])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.dataset.load_state_dict(state)
