@@ -115,11 +115,21 @@ def loader_order(ds: PackedDataset, num_workers: int, block: int) -> list[tuple[
 # --------------------------------------------------------------------------- import weight
 
 
-def test_reader_import_is_light():
-    code = ("import sys, packtool.reader; "
+def test_reader_import_is_light(packed):
+    code = ("import sys, packtool.reader as r; rows = list(r.PackedDataset(sys.argv[1])); "
+            "r.collate(rows, masks=True); assert len(rows) == 23; "
             "bad = [m for m in ('numba', 'typer', 'torch', 'packtool.knapsack', 'packtool.cli', 'packtool.pipeline', 'packtool.packer') "
             "if m in sys.modules]; assert not bad, bad")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-c", code, str(packed)], check=True, cwd=ROOT)
+
+
+def test_docstring_examples_hold():
+    import doctest
+
+    import packtool.reader
+
+    result = doctest.testmod(packtool.reader)
+    assert result.attempted >= 4 and result.failed == 0
 
 
 # --------------------------------------------------------------------------- the split

@@ -35,12 +35,13 @@ How the stream is split (what makes resume exact):
    of workers or batch size. The world size, seed, shuffle and ``drop_last`` must match
    (a mismatch raises :class:`~packtool.errors.ResumeMismatchError`).
 
-Example:
-    >>> ds = PackedDataset("packed/", rank=0, world_size=8, seed=1)    # doctest: +SKIP
-    >>> ds.set_epoch(0)
-    >>> for row in ds:
-    ...     mask = attention_mask(row["subsegment_ids"])            # (L, L) bool
-    >>> state = ds.state_dict()                                    # {"epoch": 1, "consumed": 0, ...}
+Example::
+
+    ds = PackedDataset("packed/", rank=0, world_size=8, seed=1)
+    ds.set_epoch(0)
+    for row in ds:
+        mask = attention_mask(row["subsegment_ids"])   # (L, L) bool
+    state = ds.state_dict()                            # {"epoch": 1, "consumed": 0, ...}
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ import io
 import logging
 import math
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -399,10 +401,10 @@ class _Group:
 
 def _worker() -> tuple[int, int]:
     """``(worker id, worker count)`` inside a torch DataLoader worker, else ``(0, 1)``."""
-    try:
-        from torch.utils.data import get_worker_info
-    except ImportError:
+    if "torch" not in sys.modules:  # a DataLoader worker has torch loaded; never import it here
         return 0, 1
+    from torch.utils.data import get_worker_info
+
     info = get_worker_info()
     return (info.id, info.num_workers) if info is not None else (0, 1)
 
