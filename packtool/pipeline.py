@@ -1,41 +1,66 @@
 """The two stages as library calls: ``tokenize_dataset`` and ``pack_dataset``.
 
 Each is a pure function of (input files, config): the same inputs and config give the
-same shard bytes. Output is written atomically and the manifest last (see ``shards``).
+same shard bytes, whatever the number of workers, machines or ranks. Both stages are
+cut into **tasks** (DESIGN.md §6), each one input slice → its own shards + errors +
+completion marker, run by an executor (``executors.py``)::
+
+    tokenize: sorted inputs ─cut every rows_per_shard lines─▶ task t ─▶ part-ttttt-kkkkk.parquet
+    pack:     tokenized shard t ─────────────────────────────▶ task t ─▶ part-ttttt-kkkkk.parquet
+                                                          each task ─▶ .packtool/task-ttttt.json
+    all tasks marked ─▶ errors.jsonl (task order) ─▶ manifest.json (last)
+
+Task boundaries depend only on the inputs and ``rows_per_shard``, so a re-run after a
+crash skips the finished tasks and writes the same bytes as an uninterrupted run.
+Memory is bounded by a task's working set (a batch of records while tokenizing, a
+chunk of packs and the row groups it draws from while packing), never by the corpus.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
+import numpy as np
 
 from .config import PackConfig, TokenizeConfig, digest_of
-from .errors import ConfigError, TooManyErrorsError
-from .formats import Rejected, expand_inputs, iter_samples
-from .media import read_media_bytes
-from .packer import assemble_packs, plan_packs
-from .records import MediaRef
-from .rows import EncodeContext, encode_samples, group_by_media
-from .schema import TOKENIZED
-from .shards import ERRORS, ShardWriter, prepare_output, read_manifest, write_manifest
-from .templates import get_template
-from .tokenization import load_tokenizer
-from .vision import get_family
+from .errors import ConfigError, InputError, SampleError, TooManyErrorsError
+from .executors import ExecutorConfig, run_tasks, set_total
+from .formats import Rejected, expand_inputs
+from .shards import (
+    ERRORS,
+    STATE_DIR,
+    ShardWriter,
+    clear_task,
+    prepare_run,
+    read_manifest,
+    read_marker,
+    read_run,
+    task_errors_path,
+    task_prefix,
+    write_manifest,
+    write_marker,
+)
 
-__all__ = ["tokenize_dataset", "pack_dataset", "lower_bound"]
+__all__ = ["tokenize_dataset", "pack_dataset", "merge_output", "lower_bound", "plan_tokenize_tasks", "Slice",
+           "ON_ERROR"]
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int], None] | None
+#: Records encoded together (one tokenizer batch call).
 BATCH = 512
+#: Packs assembled together; bounds the rows a pack task holds at once.
+PACK_CHUNK = 256
+#: ``--on-error`` choices: ``skip`` records a bad row and goes on; ``fail`` stops at the first.
+ON_ERROR = ("skip", "fail")
 
 
 def _batched(it: Iterable, n: int) -> Iterator[list]:
@@ -49,26 +74,37 @@ def _batched(it: Iterable, n: int) -> Iterator[list]:
         yield batch
 
 
-class _ErrorLog:
-    """``errors.jsonl`` written to a temporary name and moved into place with the manifest."""
+def _executor(ex: ExecutorConfig | None, workers, executor, ray_address, rank, world_size) -> ExecutorConfig:
+    if ex is not None:
+        return ex
+    return ExecutorConfig(executor=executor, workers=workers, ray_address=ray_address, rank=rank, world_size=world_size)
 
-    def __init__(self, out_dir: Path, max_errors: int | None) -> None:
-        self.final = out_dir / ERRORS
-        self.tmp = out_dir / f".{ERRORS}.tmp"
+
+def _check_on_error(on_error: str) -> None:
+    if on_error not in ON_ERROR:
+        raise ConfigError(f"--on-error {on_error!r}: choose skip or fail")
+
+
+class _TaskErrors:
+    """One task's rejected rows, written to a temporary file and renamed into place with the task."""
+
+    def __init__(self, out_dir: Path, task: int, max_errors: int | None, on_error: str) -> None:
+        self.final = task_errors_path(out_dir, task)
+        self.tmp = self.final.with_name(f".{self.final.name}.tmp")
         self.fh = open(self.tmp, "w", encoding="utf-8")
         self.by_reason: Counter[str] = Counter()
         self.max_errors = max_errors
+        self.on_error = on_error
 
     def add(self, rej: Rejected) -> None:
         self.fh.write(json.dumps(rej.to_json(), ensure_ascii=False) + "\n")
         self.by_reason[rej.reason] += 1
-        total = sum(self.by_reason.values())
-        if self.max_errors is not None and total > self.max_errors:
-            raise TooManyErrorsError(
-                f"{total} input rows rejected, more than --max-errors {self.max_errors} "
-                f"(latest: {rej.source}:{rej.source_row} {rej.reason}: {rej.message}); "
-                f"fix the input or raise --max-errors"
-            )
+        where = f"{rej.source}:{rej.source_row}" + (f" (sample {rej.sample_id!r})" if rej.sample_id else "")
+        if self.on_error == "fail":
+            raise TooManyErrorsError(f"{where} rejected, {rej.reason}: {rej.message}; --on-error fail stops at the "
+                                     "first rejected row (fix the input, or use --on-error skip)")
+        if self.max_errors is not None and self.total > self.max_errors:
+            raise TooManyErrorsError(_too_many(self.total, self.max_errors, f"latest: {where} {rej.reason}: {rej.message}"))
 
     @property
     def total(self) -> int:
@@ -83,39 +119,320 @@ class _ErrorLog:
         self.tmp.unlink(missing_ok=True)
 
 
-def tokenize_dataset(
-    inputs: list[str | Path], out_dir: str | Path, cfg: TokenizeConfig, progress: Progress = None, overwrite: bool = False
-) -> dict:
-    """Read raw corpora, count vision tokens, apply the chat template, write tokenized shards.
+def _too_many(total: int, limit: int, detail: str) -> str:
+    return f"{total:,} input rows rejected, more than --max-errors {limit:,} ({detail}); fix the input or raise --max-errors"
 
-    Returns the manifest (with ``counts``: rows in, samples written, rejected per reason).
+
+def _add_counts(total: dict, part: dict) -> None:
+    for k, v in part.items():
+        if isinstance(v, dict):
+            sub = total.setdefault(k, {})
+            for kk, vv in v.items():
+                sub[kk] = sub.get(kk, 0) + vv
+        else:
+            total[k] = total.get(k, 0) + v
+
+
+class _Driver:
+    """Runs the missing tasks of one rank, stops the run when ``--max-errors`` is passed,
+    and cleans up after a failure so that nothing half-written stays visible."""
+
+    def __init__(self, out: Path, config_digest: str, n_tasks: int, ex: ExecutorConfig, max_errors: int | None) -> None:
+        self.out = out
+        self.digest = config_digest
+        self.n_tasks = n_tasks
+        self.ex = ex
+        self.max_errors = max_errors
+        self.rejected = 0
+
+    def pending(self) -> tuple[list[int], list[dict]]:
+        todo, done = [], []
+        for t in self.ex.my_tasks(self.n_tasks):
+            marker = read_marker(self.out, t, self.digest)
+            if marker is None:
+                todo.append(t)
+            else:
+                done.append(marker)
+        return todo, done
+
+    def check(self, record: dict) -> None:
+        self.rejected += int(record["counts"].get("rejected", 0))
+        if self.max_errors is not None and self.rejected > self.max_errors:
+            raise TooManyErrorsError(_too_many(self.rejected, self.max_errors, f"see {STATE_DIR}/errors-*.jsonl"))
+
+    def run(self, fn, tasks: list, todo: list[int], progress) -> None:
+        for done in self.pending()[1]:
+            self.check(done)
+        try:
+            run_tasks(fn, tasks, self.ex, progress, on_result=self.check)
+        except BaseException:
+            for t in todo:
+                if read_marker(self.out, t, self.digest) is None:
+                    clear_task(self.out, t)
+            raise
+
+
+def _finish_or_partial(out: Path, run: dict, ex: ExecutorConfig) -> dict:
+    """Write the manifest when every task is marked; else report this rank's share."""
+    missing = [t for t in range(run["n_tasks"]) if read_marker(out, t, run["config_digest"]) is None]
+    if not missing:
+        return merge_output(out)
+    mine = ex.my_tasks(run["n_tasks"])
+    counts: dict = {}
+    shards: list[dict] = []
+    for t in mine:
+        marker = read_marker(out, t, run["config_digest"])
+        if marker is None:
+            raise RuntimeError(f"internal error: task {t} of rank {ex.rank} has no completion marker")
+        _add_counts(counts, marker["counts"])
+        shards.extend(marker["shards"])
+    log.info("rank %d of %d finished %d tasks; %d tasks of other ranks remain", ex.rank, ex.world_size, len(mine), len(missing))
+    return {"kind": run["kind"], "partial": True, "rank": ex.rank, "world_size": ex.world_size,
+            "tasks": len(mine), "tasks_missing": len(missing), "counts": counts, "shards": shards}
+
+
+def merge_output(out_dir: str | Path) -> dict:
+    """Combine the completion markers of every task into ``errors.jsonl`` and ``manifest.json``.
+
+    ``tokenize`` and ``pack`` call this themselves when their last task finishes; after a
+    Slurm or Kubernetes array (``--rank/--world-size``), run ``packtool merge DIR`` once
+    every rank is done. Idempotent: merging a finished directory rewrites the same bytes.
+
+    Raises:
+        InputError: when a task has no completion marker (names the ranks to re-run).
     """
     out = Path(out_dir)
-    files = expand_inputs([Path(p) for p in inputs])
-    media_root = Path(cfg.media_root)
-    if not media_root.is_dir():
-        raise ConfigError(f"--media-root {cfg.media_root!r} is not a directory")
-    family = get_family(cfg.model, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels, max_frames=cfg.max_frames,
+    run = read_run(out)
+    digest = run["config_digest"]
+    markers = [read_marker(out, t, digest) for t in range(run["n_tasks"])]
+    missing = [t for t, m in enumerate(markers) if m is None]
+    if missing:
+        ws = run.get("world_size", 1)
+        ranks = sorted({t % ws for t in missing})
+        raise InputError(
+            f"{str(out)!r}: {len(missing)} of {run['n_tasks']} tasks are not finished (first: {missing[:5]}); "
+            f"run rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks[:10]))} of --world-size {ws} "
+            "(the same command resumes) and merge again"
+        )
+    counts: dict = {}
+    shards: list[dict] = []
+    tmp = out / f".{ERRORS}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as fh:
+        for t, marker in enumerate(markers):
+            _add_counts(counts, marker["counts"])
+            shards.extend(marker["shards"])
+            err = task_errors_path(out, t)
+            if err.is_file():
+                with open(err, "rb") as src:
+                    while block := src.read(1 << 20):
+                        fh.write(block)
+    os.replace(tmp, out / ERRORS)
+    if "rejected_by_reason" in counts:
+        counts["rejected_by_reason"] = dict(sorted(counts["rejected_by_reason"].items()))
+    extra = dict(run.get("manifest", {}))
+    if run["kind"] == "packed":
+        caps = extra["capacities"]
+        counts["lower_bound"] = lower_bound(counts.get("tokens", 0), counts.get("vision_units", 0),
+                                            caps["max_tokens"], caps["max_vision_units"])
+    counts["tasks"] = run["n_tasks"]
+    return write_manifest(out, run["kind"], run["config"], digest, shards, **extra, counts=counts)
+
+
+# ============================================================================ tokenize
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """Lines ``start..stop-1`` of one input file (``stop=None``: to its end).
+
+    ``offset`` is the byte offset of line ``start`` in a plain JSONL file, so a task can
+    seek straight to its slice; files that cannot be cut (JSON arrays, compressed files,
+    Parquet) are one slice from line 0 with ``offset=None``.
+    """
+
+    path: str
+    start: int
+    stop: int | None
+    offset: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _TokenizeTask:
+    index: int
+    slices: tuple[Slice, ...]
+    out_dir: str
+    cfg: TokenizeConfig
+    config_digest: str
+    max_errors: int | None
+    on_error: str
+
+
+def _splittable(path: Path) -> bool:
+    if not path.name.endswith(".jsonl"):
+        return False
+    with open(path, "rb") as fh:
+        head = fh.read(1 << 12).lstrip()
+    return not head.startswith(b"[")
+
+
+def _line_offsets(path: Path, first: int, every: int) -> tuple[int, list[tuple[int, int]]]:
+    """Count the lines of ``path`` and find the byte offsets of lines ``first, first+every, ...``.
+
+    Example: a file ``b"a\\nb\\nc\\n"`` with ``first=1, every=1`` gives ``(3, [(1, 2), (2, 4)])``.
+    """
+    cuts: list[tuple[int, int]] = []
+    target = first
+    count = 0  # newlines seen so far
+    pos = 0
+    last = b"\n"
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            nl = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+            # line t starts one byte after newline number t-1 (0-based)
+            while target >= 1 and target - 1 < count + len(nl):
+                cuts.append((target, pos + int(nl[target - 1 - count]) + 1))
+                target += every
+            count += len(nl)
+            pos += len(chunk)
+            last = chunk[-1:]
+    n_lines = count + (1 if pos and last != b"\n" else 0)
+    return n_lines, [c for c in cuts if c[0] < n_lines]
+
+
+def plan_tokenize_tasks(files: list[Path], rows_per_task: int) -> tuple[list[tuple[Slice, ...]], int | None]:
+    """Cut sorted input files into tasks of at most ``rows_per_task`` lines each.
+
+    Consecutive JSONL files share a task until it is full and a large JSONL file is cut
+    into several tasks, so every task (and its tokenized shard) holds about
+    ``rows_per_task`` rows whatever the file sizes. Files that cannot be cut are a task
+    of their own. Returns the tasks and the total line count (``None`` when unknown).
+
+    Example:
+        files of 3, 5 and 1 lines with ``rows_per_task=4`` give tasks
+        ``[(f0 0..3, f1 0..1), (f1 1..5), (f2 0..1)]``.
+    """
+    tasks: list[tuple[Slice, ...]] = []
+    current: list[Slice] = []
+    fill = 0
+    total: int | None = 0
+    for path in files:
+        if not _splittable(path):
+            if current:
+                tasks.append(tuple(current))
+                current, fill = [], 0
+            tasks.append((Slice(str(path), 0, None, None),))
+            total = None
+            continue
+        n_lines, cuts = _line_offsets(path, rows_per_task - fill, rows_per_task)
+        if total is not None:
+            total += n_lines
+        starts = [(0, 0), *cuts]
+        for k, (start, offset) in enumerate(starts):
+            stop = starts[k + 1][0] if k + 1 < len(starts) else n_lines
+            if stop <= start:
+                continue
+            current.append(Slice(str(path), start, stop, offset))
+            fill += stop - start
+            if fill >= rows_per_task:
+                tasks.append(tuple(current))
+                current, fill = [], 0
+    if current:
+        tasks.append(tuple(current))
+    return tasks, total
+
+
+def _slice_records(sl: Slice) -> Iterator[tuple[int, object]]:
+    """``(row, record_or_SampleError)`` of one slice, read exactly as ``formats`` reads a file."""
+    from .formats import iter_records
+
+    if sl.offset is None:
+        yield from iter_records(Path(sl.path))
+        return
+    loads = json.loads
+    with open(sl.path, "rb", buffering=1 << 16) as fh:
+        fh.seek(sl.offset)
+        row = sl.start
+        for line in fh:
+            if sl.stop is not None and row >= sl.stop:
+                break
+            if line.strip():
+                try:
+                    yield row, loads(line.decode("utf-8"))
+                except UnicodeDecodeError as exc:
+                    yield row, SampleError("bad_encoding", f"line is not valid UTF-8: {exc}")
+                except (ValueError, RecursionError) as exc:
+                    yield row, SampleError("bad_json", f"line is not valid JSON: {str(exc)[:200]}")
+            row += 1
+
+
+def _to_sample(rec: object, source: str, row: int, fmt: str):
+    """One record as a Sample or a Rejected row (the same rules as ``formats.iter_samples``)."""
+    from .formats import PARSERS, detect_format
+
+    sid = rec.get("id") if isinstance(rec, dict) else None
+    sid = str(sid) if sid is not None else None
+    try:
+        if isinstance(rec, SampleError):
+            raise rec
+        if not isinstance(rec, dict):
+            raise SampleError("bad_record", f"record is a {type(rec).__name__}, not an object")
+        parser = PARSERS[detect_format(rec) if fmt == "auto" else fmt]
+        return parser(rec, source, row)
+    except SampleError as err:
+        return Rejected(source, row, sid, err.reason, err.message)
+    except (TypeError, AttributeError) as exc:  # a field of an unexpected type
+        return Rejected(source, row, sid, "bad_record", f"unexpected field type: {exc}")
+    except RecursionError:
+        return Rejected(source, row, sid, "bad_record", "record is nested too deeply")
+
+
+def _task_samples(task: _TokenizeTask) -> Iterator:
+    for sl in task.slices:
+        for row, rec in _slice_records(sl):
+            yield _to_sample(rec, sl.path, row, task.cfg.format)
+
+
+_CONTEXTS: dict = {}
+
+
+def _encode_context(cfg: TokenizeConfig):
+    """The tokenizer, template and vision family of ``cfg``, built once per process."""
+    key = cfg.digest()
+    ctx = _CONTEXTS.get(key)
+    if ctx is None:
+        from .rows import EncodeContext
+        from .templates import get_template
+        from .tokenization import load_tokenizer
+        from .vision import get_family
+
+        family = get_family(cfg.model, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels, max_frames=cfg.max_frames,
                         fps=cfg.fps, max_crops=cfg.max_crops, max_num=cfg.max_num, exif=cfg.exif)
-    template = get_template(cfg.template)
-    tokenizer = load_tokenizer(cfg.tokenizer)
-    config = cfg.to_dict()
-    config["inputs"] = [str(f) for f in files]
-    digest = digest_of(config, exclude=("max_errors",))
-    done = prepare_output(out, "tokenized", config, digest, overwrite)
-    if done is not None:
-        log.info("%s already holds this run; nothing to do", out)
-        return done
-    ctx = EncodeContext(tokenizer, template, family, media_root, cfg.system_prompt,
-                        max_branches=cfg.max_branches, max_tokens=cfg.max_tokens)
-    errors = _ErrorLog(out, cfg.max_errors)
+        ctx = EncodeContext(load_tokenizer(cfg.tokenizer), get_template(cfg.template), family, Path(cfg.media_root),
+                            cfg.system_prompt, max_branches=cfg.max_branches, max_tokens=cfg.max_tokens)
+        _CONTEXTS.clear()
+        _CONTEXTS[key] = ctx
+    return ctx
+
+
+def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
+    """One tokenize task: its slices → ``part-TTTTT-*.parquet`` + errors + completion marker."""
+    from .rows import encode_samples
+    from .schema import TOKENIZED
+
+    out = Path(task.out_dir)
+    clear_task(out, task.index)
+    ctx = _encode_context(task.cfg)
+    errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     n_rows = n_samples = n_tokens = n_units = 0
     tree_counts: Counter[str] = Counter()
-    stream = iter_samples(files, cfg.format)
-    if cfg.group_by_media:
-        stream = group_by_media(stream, media_root, tree_counts)
+    stream = _task_samples(task)
+    if task.cfg.group_by_media:
+        from .rows import group_by_media
+
+        # merges records within this task (one input slice), never across tasks
+        stream = group_by_media(stream, Path(task.cfg.media_root), tree_counts)
     try:
-        with ShardWriter(out, TOKENIZED, rows_per_shard=cfg.rows_per_shard) as writer:
+        with ShardWriter(out, TOKENIZED, rows_per_shard=task.cfg.rows_per_shard, prefix=task_prefix(task.index)) as writer:
             for batch in _batched(stream, BATCH):
                 samples = []
                 for item in batch:
@@ -131,19 +448,87 @@ def tokenize_dataset(
                 n_samples += len(rows)
                 n_tokens += sum(r["n_tokens"] for r in rows)
                 n_units += sum(r["n_vision_units"] for r in rows)
-                if progress:
-                    progress(len(batch))
+                report(len(batch))
+        errors.commit()
     except BaseException:
         errors.abort()
         raise
-    errors.commit()
     counts = {"rows_in": n_rows, "samples": n_samples, "rejected": errors.total,
               "rejected_by_reason": dict(sorted(errors.by_reason.items())), "tokens": n_tokens, "vision_units": n_units,
               "branches": tree_counts["branches"], "split_extra_trees": tree_counts["split_extra_trees"],
               "merged_records": tree_counts["merged_records"]}
-    vision = {**family.settings(), "unit": family.unit_name, "default_max_vision_units": family.default_max_vision_units}
-    return write_manifest(out, "tokenized", config, digest, writer.shards, tokenizer=tokenizer.identity(),
-                          vision=vision, template=template.settings(), counts=counts)
+    record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts}
+    write_marker(out, task.index, record)
+    return record
+
+
+def _tasks_digest(tasks) -> str:
+    blob = json.dumps([[[s.path, s.start, s.stop, s.offset] for s in t] for t in tasks], separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def tokenize_dataset(
+    inputs: list[str | Path],
+    out_dir: str | Path,
+    cfg: TokenizeConfig,
+    progress: Progress = None,
+    overwrite: bool = False,
+    *,
+    workers: int | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    on_error: str = "skip",
+    ex: ExecutorConfig | None = None,
+) -> dict:
+    """Read raw corpora, count vision tokens, apply the chat template, write tokenized shards.
+
+    The sorted inputs are cut into tasks of ``cfg.rows_per_shard`` lines
+    (:func:`plan_tokenize_tasks`); ``workers``/``executor``/``rank``/``world_size`` only
+    choose where the tasks run (:class:`~packtool.executors.ExecutorConfig`). Re-running
+    the same call after a crash skips finished tasks. ``on_error="fail"`` stops at the first
+    rejected row; ``cfg.max_errors`` stops the run once more rows than that are rejected.
+
+    Returns the manifest (``counts``: ``rows_in``, ``samples``, ``rejected``,
+    ``rejected_by_reason``, ``tokens``, ``vision_units``, ``tasks``); with several ranks,
+    a rank that is not the last to finish returns its own share with ``partial: True``.
+    """
+    _check_on_error(on_error)
+    ex = _executor(ex, workers, executor, ray_address, rank, world_size)
+    out = Path(out_dir)
+    files = expand_inputs([Path(p) for p in inputs])
+    if not Path(cfg.media_root).is_dir():
+        raise ConfigError(f"--media-root {cfg.media_root!r} is not a directory")
+    ctx = _encode_context(cfg)  # fails fast on a bad --model/--template/--tokenizer
+    slices, total = plan_tokenize_tasks(files, cfg.rows_per_shard)
+    config = cfg.to_dict()
+    config["inputs"] = [str(f) for f in files]
+    digest = digest_of(config, exclude=("max_errors",))
+    family = ctx.family
+    manifest_extra = {
+        "tokenizer": ctx.tokenizer.identity(),
+        "vision": {**family.settings(), "unit": family.unit_name,
+                   "default_max_vision_units": family.default_max_vision_units},
+        "template": ctx.template.settings(),
+    }
+    run = {"kind": "tokenized", "config": config, "config_digest": digest, "world_size": ex.world_size,
+           "n_tasks": len(slices), "tasks_digest": _tasks_digest(slices),
+           "inputs": {str(f): [f.stat().st_size, f.stat().st_mtime_ns] for f in files}, "manifest": manifest_extra}
+    done = prepare_run(out, run, overwrite)
+    if done is not None:
+        log.info("%s already holds this run; nothing to do", out)
+        return done
+    driver = _Driver(out, digest, len(slices), ex, cfg.max_errors)
+    todo, _ = driver.pending()
+    tasks = [_TokenizeTask(t, slices[t], str(out), cfg, digest, cfg.max_errors, on_error) for t in todo]
+    if total is not None:
+        set_total(progress, sum(sum(s.stop - s.start for s in slices[t]) for t in todo))
+    driver.run(_tokenize_task, tasks, todo, progress)
+    return _finish_or_partial(out, run, ex)
+
+
+# ============================================================================ pack
 
 
 def lower_bound(total_tokens: int, total_units: int, max_tokens: int, max_units: int) -> int:
@@ -159,6 +544,9 @@ def lower_bound(total_tokens: int, total_units: int, max_tokens: int, max_units:
 
 
 def _media_loader(media_root: Path, frame_quality: int = 90) -> Callable[[dict], list[bytes] | None]:
+    from .media import read_media_bytes
+    from .records import MediaRef
+
     def load(m: dict) -> list[bytes] | None:
         if m.get("kind") == "image":
             ref = MediaRef("image", m.get("path"), m.get("data"))
@@ -170,6 +558,108 @@ def _media_loader(media_root: Path, frame_quality: int = 90) -> Callable[[dict],
     return load
 
 
+@dataclass(frozen=True, slots=True)
+class _PackTask:
+    index: int
+    src_file: str
+    out_dir: str | None  # None: dry run, plan only
+    cfg: PackConfig
+    max_units: int
+    media_root: str
+    config_digest: str
+    max_errors: int | None
+    on_error: str
+
+
+def _has_media(pf) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    parts = [pc.list_value_length(b.column(0)).to_numpy(zero_copy_only=False) > 0
+             for b in pf.iter_batches(columns=["media"], batch_size=4096)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
+
+
+def _read_rows(pf, group_starts: np.ndarray, rows: np.ndarray):
+    """Rows ``rows`` (in that order) of a Parquet file, reading only the row groups that hold them."""
+    import pyarrow as pa
+
+    group_of = np.searchsorted(group_starts, rows, side="right") - 1
+    groups = np.unique(group_of)
+    table = pf.read_row_groups(groups.tolist())
+    sizes = group_starts[groups + 1] - group_starts[groups]
+    base = np.concatenate([[0], np.cumsum(sizes)])[:-1]
+    where = base[np.searchsorted(groups, group_of)] + (rows - group_starts[group_of])
+    return table.take(pa.array(where.astype(np.int64)))
+
+
+def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
+    """One pack task: one tokenized shard → planned packs → ``part-TTTTT-*.parquet`` + marker.
+
+    The plan needs only the length columns; packs are then assembled ``PACK_CHUNK`` at a
+    time from the row groups that hold their samples, so memory follows the chunk, not
+    the shard.
+    """
+    import pyarrow.parquet as pq
+
+    from .packer import PackPlan, assemble_packs, plan_packs
+
+    cfg = task.cfg
+    pf = pq.ParquetFile(task.src_file)
+    lengths = pf.read(columns=["n_tokens", "n_vision_units"])
+    tokens = lengths["n_tokens"].to_numpy()
+    units = lengths["n_vision_units"].to_numpy()
+    has_media = _has_media(pf)
+    plan = plan_packs(tokens, units, has_media, cfg, task.max_units)
+    packed_tokens = int(tokens[plan.order].sum()) if len(plan.order) else 0
+    if plan.truncated:
+        packed_tokens -= int(sum(int(tokens[i]) - cfg.max_tokens for i in plan.truncated))
+    counts = {"samples_in": len(tokens), "samples_packed": len(plan.order), "packs": plan.n_packs,
+              "dropped": len(plan.dropped), "alone": len(plan.alone), "truncated": len(plan.truncated),
+              "tokens": packed_tokens, "vision_units": int(units[plan.order].sum()) if len(plan.order) else 0,
+              "rejected": len(plan.dropped), "rejected_by_reason": {"oversize": len(plan.dropped)} if plan.dropped else {}}
+    if task.out_dir is None:
+        report(len(tokens))
+        return {"task": task.index, "counts": counts, "plan": plan}
+    out = Path(task.out_dir)
+    clear_task(out, task.index)
+    errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
+    try:
+        if plan.dropped:
+            ids = pf.read(columns=["sample_id", "source", "source_row"])
+            for i in plan.dropped:
+                errors.add(Rejected(ids["source"][i].as_py(), ids["source_row"][i].as_py(), ids["sample_id"][i].as_py(),
+                                    "oversize", f"needs {int(tokens[i]):,} tokens and {int(units[i]):,} vision units; "
+                                    f"a pack holds {cfg.max_tokens:,} and {task.max_units:,}"))
+            report(len(plan.dropped))
+        loader = _media_loader(Path(task.media_root), cfg.frame_quality) if cfg.media == "embed" else None
+        meta = pf.metadata
+        group_starts = np.concatenate([[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])])
+        truncated = set(plan.truncated)
+        with ShardWriter(out, _packed_schema(), rows_per_shard=cfg.packs_per_shard, row_group_rows=256,
+                         prefix=task_prefix(task.index)) as writer:
+            for p0 in range(0, plan.n_packs, PACK_CHUNK):
+                p1 = min(p0 + PACK_CHUNK, plan.n_packs)
+                rows = plan.order[plan.offsets[p0]:plan.offsets[p1]]
+                table = _read_rows(pf, group_starts, rows)
+                sub = PackPlan(np.arange(len(rows), dtype=np.int64), plan.offsets[p0:p1 + 1] - plan.offsets[p0],
+                               truncated=[k for k, r in enumerate(rows.tolist()) if r in truncated])
+                writer.write_table(assemble_packs(table, sub, p0, loader, cfg.max_tokens))
+                report(len(rows))
+        errors.commit()
+    except BaseException:
+        errors.abort()
+        raise
+    record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts}
+    write_marker(out, task.index, record)
+    return record
+
+
+def _packed_schema():
+    from .schema import PACKED
+
+    return PACKED
+
+
 def pack_dataset(
     src: str | Path,
     out_dir: str | Path,
@@ -178,15 +668,31 @@ def pack_dataset(
     overwrite: bool = False,
     dry_run: bool = False,
     media_root: str | Path | None = None,
+    *,
+    workers: int | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    max_errors: int | None = None,
+    on_error: str = "skip",
+    ex: ExecutorConfig | None = None,
 ) -> dict:
     """Pack tokenized shards into training sequences with an exact 2-D knapsack per pack.
 
     Each tokenized shard is one task, packed with its own buffer, so the output does not
-    depend on how tasks are scheduled. With ``dry_run`` only the length columns are read
-    and nothing is written; the returned dict holds the same counts, plus ``plans``: the
-    :class:`~packtool.packer.PackPlan` of each tokenized shard in manifest order (indices
-    are rows of that shard), from which ``stats.plan_stats`` derives fill and padding.
+    depend on how tasks are scheduled; ``pack_index`` counts packs within a task (the
+    manifest lists each shard's ``task``). With ``dry_run`` only the length columns are
+    read and nothing is written; the returned dict holds the same counts, plus ``plans``:
+    the :class:`~packtool.packer.PackPlan` of each tokenized shard in manifest order
+    (indices are rows of that shard), from which ``stats.plan_stats`` derives fill and padding.
+
+    Returns the manifest; ``counts`` holds ``samples_in``, ``samples_packed``, ``packs``,
+    ``dropped``, ``alone``, ``truncated``, ``tokens``, ``vision_units``, ``rejected``,
+    ``rejected_by_reason``, ``lower_bound`` and ``tasks``.
     """
+    _check_on_error(on_error)
+    ex = _executor(ex, workers, executor, ray_address, rank, world_size)
     src = Path(src)
     out = Path(out_dir)
     tok_manifest = read_manifest(src, "tokenized")
@@ -198,59 +704,38 @@ def pack_dataset(
     root = Path(media_root) if media_root is not None else Path(tok_manifest["config"].get("media_root", "."))
     config = {**cfg.to_dict(), "max_vision_units": max_units, "source_digest": tok_manifest["config_digest"]}
     digest = digest_of(config)
-    if not dry_run:
-        done = prepare_output(out, "packed", config, digest, overwrite)
-        if done is not None:
-            return done
-    loader = _media_loader(root, cfg.frame_quality) if cfg.media == "embed" else None
-    totals = Counter()
-    shards: list[dict] = []
-    errors = None if dry_run else _ErrorLog(out, None)
-    pack_index = 0
-    plans: list = []
-    try:
-        for task, entry in enumerate(tok_manifest["shards"]):
-            file = src / entry["file"]
-            lengths = pq.read_table(file, columns=["n_tokens", "n_vision_units", "media", "sample_id", "source", "source_row"])
-            tokens = lengths["n_tokens"].to_numpy()
-            units = lengths["n_vision_units"].to_numpy()
-            has_media = pc.list_value_length(lengths["media"]).to_numpy(zero_copy_only=False) > 0
-            plan = plan_packs(tokens, units, has_media, cfg, max_units)
-            plans.append(plan)
-            packed_tokens = int(tokens[plan.order].sum()) if len(plan.order) else 0
-            if plan.truncated:
-                packed_tokens -= int(sum(int(tokens[i]) - cfg.max_tokens for i in plan.truncated))
-            totals.update(samples_in=len(tokens), samples_packed=len(plan.order), packs=plan.n_packs,
-                          dropped=len(plan.dropped), alone=len(plan.alone), truncated=len(plan.truncated),
-                          tokens=packed_tokens, vision_units=int(units[plan.order].sum()) if len(plan.order) else 0)
-            if errors is not None:
-                for i in plan.dropped:
-                    errors.add(Rejected(lengths["source"][i].as_py(), lengths["source_row"][i].as_py(),
-                                        lengths["sample_id"][i].as_py(), "oversize",
-                                        f"needs {int(tokens[i]):,} tokens and {int(units[i]):,} vision units; "
-                                        f"a pack holds {cfg.max_tokens:,} and {max_units:,}"))
-                if plan.n_packs:
-                    table = pq.read_table(file)
-                    packed = assemble_packs(table, plan, pack_index, loader, cfg.max_tokens)
-                    with ShardWriter(out, packed.schema, rows_per_shard=cfg.packs_per_shard, row_group_rows=256,
-                                     prefix=f"part-{task:05d}") as writer:
-                        writer.write_table(packed)
-                    shards.extend(writer.shards)
-            pack_index += plan.n_packs
-            if progress:
-                progress(len(tokens))
-    except BaseException:
-        if errors is not None:
-            errors.abort()
-        raise
-    counts = dict(totals)
-    counts["lower_bound"] = lower_bound(totals["tokens"], totals["vision_units"], cfg.max_tokens, max_units)
-    counts["rejected_by_reason"] = dict(errors.by_reason) if errors is not None else {"oversize": totals["dropped"]}
+    entries = tok_manifest["shards"]
+    for entry in entries:
+        if not (src / entry["file"]).is_file():
+            raise InputError(f"shard {str(src / entry['file'])!r} listed in the manifest is missing; re-run tokenize")
     capacities = {"max_tokens": cfg.max_tokens, "max_vision_units": max_units}
+
+    def make(t: int, out_dir: str | None) -> _PackTask:
+        return _PackTask(t, str(src / entries[t]["file"]), out_dir, cfg, max_units, str(root), digest, max_errors, on_error)
+
     if dry_run:
+        dry = ExecutorConfig(executor=ex.executor, workers=ex.workers, ray_address=ex.ray_address)
+        set_total(progress, sum(e["rows"] for e in entries))
+        results = run_tasks(_pack_task, [make(t, None) for t in range(len(entries))], dry, progress)
+        counts: dict = {}
+        for r in results:
+            _add_counts(counts, r["counts"])
+        counts.setdefault("rejected_by_reason", {})
+        counts["lower_bound"] = lower_bound(counts.get("tokens", 0), counts.get("vision_units", 0), cfg.max_tokens, max_units)
+        counts["tasks"] = len(entries)
         return {"kind": "packed", "dry_run": True, "config": config, "capacities": capacities, "counts": counts,
-                "vision": tok_manifest.get("vision"), "shards": [], "plans": plans}
-    errors.commit()
-    return write_manifest(out, "packed", config, digest, shards, capacities=capacities, counts=counts,
-                          tokenizer=tok_manifest.get("tokenizer"), vision=tok_manifest.get("vision"),
-                          template=tok_manifest.get("template"), source={"path": str(src), "config_digest": tok_manifest["config_digest"]})
+                "vision": tok_manifest.get("vision"), "shards": [], "plans": [r["plan"] for r in results]}
+    manifest_extra = {"capacities": capacities, "tokenizer": tok_manifest.get("tokenizer"),
+                      "vision": tok_manifest.get("vision"), "template": tok_manifest.get("template"),
+                      "source": {"path": str(src), "config_digest": tok_manifest["config_digest"]}}
+    run = {"kind": "packed", "config": config, "config_digest": digest, "world_size": ex.world_size,
+           "n_tasks": len(entries), "tasks_digest": digest_of({"shards": [e["file"] for e in entries]}),
+           "inputs": {e["file"]: e["sha256"] for e in entries}, "manifest": manifest_extra}
+    done = prepare_run(out, run, overwrite)
+    if done is not None:
+        return done
+    driver = _Driver(out, digest, len(entries), ex, max_errors)
+    todo, _ = driver.pending()
+    set_total(progress, sum(entries[t]["rows"] for t in todo))
+    driver.run(_pack_task, [make(t, str(out)) for t in todo], todo, progress)
+    return _finish_or_partial(out, run, ex)

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import __version__
-from .errors import InputError, OutputError, ResumeMismatchError
 from .config import config_diff
+from .errors import InputError, OutputError, ResumeMismatchError
 from .schema import SCHEMA_VERSION
 
 __all__ = [
@@ -27,14 +27,26 @@ __all__ = [
     "write_manifest",
     "read_manifest",
     "sha256_file",
-    "prepare_output",
+    "prepare_run",
+    "read_run",
+    "task_prefix",
+    "marker_path",
+    "task_errors_path",
+    "clear_task",
+    "write_marker",
+    "read_marker",
+    "atomic_write_text",
     "iter_shard_tables",
     "MANIFEST",
     "ERRORS",
+    "STATE_DIR",
 ]
 
 MANIFEST = "manifest.json"
 ERRORS = "errors.jsonl"
+#: Per-run state (run settings, completion markers, per-task errors); kept after the run.
+STATE_DIR = ".packtool"
+RUN_STATE = "run.json"
 
 # Fixed writer options: the same rows always give the same bytes.
 _WRITE_OPTS = dict(compression="zstd", compression_level=3, use_dictionary=False, write_statistics=False,
@@ -53,8 +65,9 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to a unique temporary name, fsync, and rename it over ``path``."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
         fh.flush()
@@ -155,7 +168,7 @@ def write_manifest(out_dir: Path, kind: str, config: dict, config_digest: str, s
         **extra,
         "shards": shards,
     }
-    _atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+    atomic_write_text(Path(out_dir) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=False) + "\n")
     return manifest
 
 
@@ -178,37 +191,166 @@ def read_manifest(path: Path, kind: str | None = None) -> dict:
     return manifest
 
 
-def prepare_output(out_dir: Path, kind: str, config: dict, digest: str, overwrite: bool) -> dict | None:
-    """Make ``out_dir`` ready for a run; return the existing manifest when the same run already finished.
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        for child in path.iterdir():
+            _remove(child)
+        path.rmdir()
+    else:
+        path.unlink(missing_ok=True)
 
-    A directory holding a finished run with another config is refused (naming the settings that
-    differ) unless ``overwrite``; leftovers of an unfinished run are removed.
+
+def _wipe(out_dir: Path) -> None:
+    """Remove everything a packtool run writes into ``out_dir`` (and nothing else)."""
+    for f in out_dir.iterdir():
+        if (f.name in (MANIFEST, ERRORS, STATE_DIR) or f.name.startswith((".part-", "part-"))
+                or (f.name.startswith(".") and f.name.endswith(".tmp"))):
+            _remove(f)
+
+
+def _check_writable(out_dir: Path) -> None:
+    try:
+        (out_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
+        probe = out_dir / STATE_DIR / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise OutputError(f"cannot write to output {str(out_dir)!r}: {exc.strerror}; choose a writable -o") from None
+
+
+def _run_diff(old: dict, new: dict) -> list[str]:
+    diff = []
+    if old.get("kind") != new.get("kind"):
+        diff.append(f"kind: {old.get('kind')} -> {new.get('kind')}")
+    diff += config_diff(old.get("config", {}), new.get("config", {}))
+    if old.get("world_size") != new.get("world_size"):
+        diff.append(f"world_size: {old.get('world_size')} -> {new.get('world_size')}")
+    old_in, new_in = old.get("inputs", {}), new.get("inputs", {})
+    changed = [k for k in sorted(set(old_in) | set(new_in)) if old_in.get(k) != new_in.get(k)]
+    if changed:
+        diff.append(f"input files changed since the first attempt: {', '.join(changed[:3])}"
+                    + (f" and {len(changed) - 3} more" if len(changed) > 3 else ""))
+    if not diff and old.get("tasks_digest") != new.get("tasks_digest"):
+        diff.append("the task split differs")
+    return diff
+
+
+def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
+    """Make ``out_dir`` ready for the run described by ``run``; return the manifest when it already finished.
+
+    ``run`` holds ``kind``, ``config``, ``config_digest``, ``world_size``, ``n_tasks``,
+    ``tasks_digest`` and ``inputs`` (input sizes, to notice inputs that changed). It is
+    stored as ``.packtool/run.json`` so an interrupted run can be resumed: the same
+    command finds it, keeps every task that left a completion marker, and redoes the rest.
+    A directory holding a run (finished or not) with other settings is refused, naming the
+    settings that differ, unless ``overwrite``. Several ranks may call this at once: they
+    all write the same ``run.json``.
+
+    Example:
+        >>> prepare_run(Path("tok"), run, overwrite=False)   # doctest: +SKIP
+        None   # ready: run the tasks that have no marker
     """
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputError(f"output {str(out_dir)!r} exists and is not a directory; choose another -o")
     manifest_file = out_dir / MANIFEST
-    if manifest_file.is_file() and not overwrite:
-        old = json.loads(manifest_file.read_text(encoding="utf-8"))
-        if old.get("kind") == kind and old.get("config_digest") == digest:
+    state_file = out_dir / STATE_DIR / RUN_STATE
+    if manifest_file.is_file():
+        try:
+            old = json.loads(manifest_file.read_text(encoding="utf-8"))
+        except ValueError:
+            old = {}
+        same = old.get("kind") == run["kind"] and old.get("config_digest") == run["config_digest"]
+        if same:
             return old
-        diff = config_diff(old.get("config", {}), config) or [f"kind: {old.get('kind')} -> {kind}"]
-        raise ResumeMismatchError(
-            f"{str(out_dir)!r} already holds a finished run with a different configuration "
-            f"({'; '.join(diff)}); use another -o, or pass --overwrite to replace it"
-        )
-    if out_dir.is_dir():
-        for f in out_dir.iterdir():
-            if f.name == MANIFEST or f.name == ERRORS or f.name.startswith((".part-", "part-")) or f.name.endswith(".tmp"):
-                f.unlink()
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise OutputError(f"cannot write to output {str(out_dir)!r}: {exc.strerror}; choose a writable -o") from None
+        if not overwrite:
+            diff = _run_diff(old, {k: v for k, v in run.items() if k in ("kind", "config")})
+            raise ResumeMismatchError(
+                f"{str(out_dir)!r} already holds a finished run with a different configuration "
+                f"({'; '.join(diff) or 'config digest'}); use another -o, or pass --overwrite to replace it"
+            )
+        _wipe(out_dir)
+    elif state_file.is_file():
+        try:
+            old = json.loads(state_file.read_text(encoding="utf-8"))
+        except ValueError:
+            old = {}
+        diff = _run_diff(old, run)
+        if diff and not overwrite:
+            raise ResumeMismatchError(
+                f"{str(out_dir)!r} holds an unfinished run with other settings ({'; '.join(diff)}); "
+                "resume it with the same command, use another -o, or pass --overwrite to start over"
+            )
+        if diff:
+            _wipe(out_dir)
+    elif overwrite and out_dir.is_dir():
+        _wipe(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _check_writable(out_dir)
+    if not state_file.is_file() or json.loads(state_file.read_text(encoding="utf-8")) != run:
+        atomic_write_text(state_file, json.dumps(run, indent=2) + "\n")
     return None
+
+
+def read_run(out_dir: Path) -> dict:
+    """The ``run.json`` of an output directory (for ``merge``)."""
+    state_file = Path(out_dir) / STATE_DIR / RUN_STATE
+    if not state_file.is_file():
+        raise InputError(f"{str(out_dir)!r} holds no packtool run ({STATE_DIR}/{RUN_STATE} missing); "
+                         "run tokenize or pack into it first")
+    return json.loads(state_file.read_text(encoding="utf-8"))
+
+
+def task_prefix(task: int) -> str:
+    """Shard name prefix of one task: its shards are ``part-TTTTT-KKKKK.parquet``."""
+    return f"part-{task:05d}"
+
+
+def marker_path(out_dir: Path, task: int) -> Path:
+    return Path(out_dir) / STATE_DIR / f"task-{task:05d}.json"
+
+
+def task_errors_path(out_dir: Path, task: int) -> Path:
+    return Path(out_dir) / STATE_DIR / f"errors-{task:05d}.jsonl"
+
+
+def clear_task(out_dir: Path, task: int) -> None:
+    """Remove whatever an unfinished attempt at ``task`` left: its shards, temporaries and marker.
+
+    Only this task's own names are touched, so other ranks may be writing meanwhile.
+    """
+    out_dir = Path(out_dir)
+    prefix = task_prefix(task)
+    marker_path(out_dir, task).unlink(missing_ok=True)
+    for f in out_dir.glob(f"{prefix}-*.parquet"):
+        f.unlink(missing_ok=True)
+    for f in out_dir.glob(f".{prefix}-*.tmp"):
+        f.unlink(missing_ok=True)
+    state = out_dir / STATE_DIR
+    for f in state.glob(f".errors-{task:05d}.jsonl*.tmp"):
+        f.unlink(missing_ok=True)
+    task_errors_path(out_dir, task).unlink(missing_ok=True)
+
+
+def write_marker(out_dir: Path, task: int, record: dict) -> None:
+    """The completion marker, written last: after it, the task's shards and errors are final."""
+    atomic_write_text(marker_path(out_dir, task), json.dumps(record, indent=1) + "\n")
+
+
+def read_marker(out_dir: Path, task: int, config_digest: str) -> dict | None:
+    """The marker of a finished task of this configuration, or ``None``."""
+    path = marker_path(out_dir, task)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if record.get("config_digest") != config_digest or record.get("task") != task:
+        return None
+    for s in record.get("shards", []):
+        f = Path(out_dir) / s["file"]
+        if not f.is_file() or f.stat().st_size != s["bytes"]:
+            return None
+    return record
 
 
 def iter_shard_tables(path: Path, manifest: dict, columns: list[str] | None = None) -> Iterator[pa.Table]:

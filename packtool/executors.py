@@ -1,0 +1,313 @@
+"""How tasks run: in-process, a local process pool, or Ray (DESIGN.md §6).
+
+A *task* is the unit of work of a stage: one input slice in, one set of output shards and
+a completion marker out. The task function is a plain top-level function
+``fn(task, report) -> dict``; ``report(n)`` tells the driver that ``n`` more samples are
+done, so one progress bar can add up every worker. Every executor runs the very same
+function, so the output never depends on which one ran it, or with how many workers::
+
+    tasks (sorted, cut from the inputs)
+      │  rank r of world_size w keeps tasks[r::w]
+      ▼
+    in-process ─┐
+    pool (N)   ─┼─▶ fn(task, report) ─▶ shards + marker ─▶ result dict to the driver
+    Ray tasks  ─┘
+
+Results come back to ``on_result`` in completion order; callers that need a fixed order
+(manifests) sort by task index. When a task raises, the remaining ones are cancelled and
+the first error is re-raised in the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError, PacktoolError
+
+__all__ = ["ExecutorConfig", "run_tasks", "default_workers", "Reporter", "set_total"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds between progress messages from one worker (fewer, larger updates are cheaper).
+_REPORT_EVERY_S = 0.25
+
+
+def default_workers() -> int:
+    """The cores this process may use (``--workers`` default)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorConfig:
+    """Where and how widely the tasks of one stage run; none of this changes the output.
+
+    Attributes:
+        executor: ``local`` (in-process or a process pool) or ``ray``.
+        workers: parallel tasks on this machine (``None``: every core; ``1``: in-process).
+        ray_address: the Ray cluster to join (``None``: an already initialized Ray, else a
+            local one started for this call).
+        rank: which share of the tasks this process runs (Slurm/Kubernetes arrays).
+        world_size: how many shares there are; task ``i`` belongs to rank ``i % world_size``.
+    """
+
+    executor: str = "local"
+    workers: int | None = None
+    ray_address: str | None = None
+    rank: int = 0
+    world_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.executor not in ("local", "ray"):
+            raise ConfigError(f"--executor {self.executor!r}: choose local or ray")
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError("--workers must be at least 1")
+        if self.world_size < 1:
+            raise ConfigError("--world-size must be at least 1")
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"--rank {self.rank} is outside 0..{self.world_size - 1}; ranks count from 0 below --world-size")
+        if self.ray_address is not None and self.executor != "ray":
+            raise ConfigError("--ray-address needs --executor ray")
+
+    def my_tasks(self, n_tasks: int) -> list[int]:
+        """Task indices this rank runs: ``range(rank, n_tasks, world_size)``.
+
+        Example:
+            >>> ExecutorConfig(rank=1, world_size=3).my_tasks(8)
+            [1, 4, 7]
+        """
+        return list(range(self.rank, n_tasks, self.world_size))
+
+
+class Reporter:
+    """Adds up ``report(n)`` calls and forwards them at most every 0.25 s (and on ``flush``)."""
+
+    def __init__(self, sink: Callable[[int], None] | None) -> None:
+        self.sink = sink
+        self.pending = 0
+        self.last = time.monotonic()
+
+    def __call__(self, n: int) -> None:
+        self.pending += n
+        now = time.monotonic()
+        if self.sink is not None and now - self.last >= _REPORT_EVERY_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.sink is not None and self.pending:
+            self.sink(self.pending)
+        self.pending = 0
+        self.last = time.monotonic()
+
+
+def set_total(progress: Callable | None, total: int | None) -> None:
+    """Tell a progress sink how many samples to expect, when it can take it (``set_total``)."""
+    setter = getattr(progress, "set_total", None)
+    if setter is not None and total is not None:
+        setter(total)
+
+
+def run_tasks(
+    fn: Callable[[Any, Callable[[int], None]], dict],
+    tasks: Sequence[Any],
+    ex: ExecutorConfig,
+    progress: Callable[[int], None] | None = None,
+    on_result: Callable[[dict], None] | None = None,
+) -> list[dict]:
+    """Run ``fn`` over ``tasks`` with the chosen executor; return the results in task order.
+
+    ``tasks`` are the tasks *this* process should run (already filtered by rank and by
+    completion markers). ``on_result`` is called in the driver as each task finishes.
+    """
+    results: dict[int, dict] = {}
+
+    def collect(i: int, res: dict) -> None:
+        results[i] = res
+        if on_result is not None:
+            on_result(res)
+
+    if not tasks:
+        return []
+    if ex.executor == "ray":
+        _run_ray(fn, tasks, ex, progress, collect)
+    else:
+        workers = min(ex.workers or default_workers(), len(tasks))
+        if workers <= 1:
+            for i, task in enumerate(tasks):
+                rep = Reporter(progress)
+                res = fn(task, rep)
+                rep.flush()
+                collect(i, res)
+        else:
+            _run_pool(fn, tasks, workers, progress, collect)
+    return [results[i] for i in range(len(tasks))]
+
+
+# ---------------------------------------------------------------- local process pool
+
+_QUEUE: Any = None
+
+
+def _pool_init(q) -> None:
+    global _QUEUE
+    _QUEUE = q
+    # Workers leave the interrupt to the driver, which terminates the pool.
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _pool_entry(fn, task) -> dict:
+    rep = Reporter(_QUEUE.put)
+    res = fn(task, rep)
+    rep.flush()
+    return res
+
+
+def _drain(q, progress) -> None:
+    while True:
+        try:
+            n = q.get_nowait()
+        except (queue_mod.Empty, OSError, ValueError):
+            return
+        if progress is not None:
+            progress(n)
+
+
+def _context():
+    # fork would copy the driver's threads (Arrow's pool, tqdm's monitor) mid-state;
+    # forkserver starts workers from a clean process that has imported packtool once.
+    if sys.platform.startswith("linux"):
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["packtool.pipeline"])
+        return ctx
+    return mp.get_context("spawn")
+
+
+class _MainHidden:
+    """Start workers without re-running the caller's ``__main__``.
+
+    Workers only need ``packtool``; hiding the main module while the pool starts means a
+    plain script that calls the library at top level (no ``if __name__ == "__main__"``)
+    does not get re-executed in every worker.
+    """
+
+    def __enter__(self) -> None:
+        self.main = sys.modules.get("__main__")
+        self.saved = {k: getattr(self.main, k) for k in ("__file__", "__spec__") if hasattr(self.main, k)}
+        if self.main is not None:
+            self.main.__spec__ = None
+            if "__file__" in self.saved:
+                del self.main.__file__
+
+    def __exit__(self, *exc) -> None:
+        for k, v in self.saved.items():
+            setattr(self.main, k, v)
+
+
+def _run_pool(fn, tasks, workers, progress, collect) -> None:
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    ctx = _context()
+    q = ctx.Queue()
+    # A pool of processes that dies loudly: a worker killed (OOM, kill -9) breaks the pool
+    # instead of leaving its task waiting forever.
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pool_init, initargs=(q,))
+    ok = False
+    try:
+        with _MainHidden():
+            futures = {pool.submit(_pool_entry, fn, task): i for i, task in enumerate(tasks)}
+        while futures:
+            done, _ = wait(list(futures), timeout=0.2, return_when=FIRST_COMPLETED)
+            _drain(q, progress)
+            for fut in sorted(done, key=futures.get):
+                i = futures.pop(fut)
+                try:
+                    res = fut.result()
+                except BrokenProcessPool:
+                    raise PacktoolError(
+                        "a worker process died (killed, or out of memory); re-run the same command to resume, "
+                        "with fewer --workers if memory is short") from None
+                collect(i, res)
+        _drain(q, progress)
+        ok = True
+    finally:
+        if not ok:
+            # Stop every other task now; their temporary files are removed by the caller.
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.kill()
+        pool.shutdown(wait=True, cancel_futures=True)
+        q.close()
+
+
+# ---------------------------------------------------------------- Ray
+
+
+def _ray_entry(fn, task, q) -> dict:
+    rep = Reporter(q.put if q is not None else None)
+    res = fn(task, rep)
+    rep.flush()
+    return res
+
+
+def _unwrap_ray_error(exc: BaseException) -> BaseException:
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
+def _run_ray(fn, tasks, ex: ExecutorConfig, progress, collect) -> None:
+    try:
+        import ray
+        from ray.util.queue import Queue
+    except ImportError:
+        raise ConfigError("--executor ray needs Ray; run `pip install packtool[ray]`") from None
+    started = False
+    if not ray.is_initialized():
+        ray.init(address=ex.ray_address, log_to_driver=False, include_dashboard=False)
+        started = True
+    q = Queue(actor_options={"num_cpus": 0})
+    remote = ray.remote(num_cpus=1)(_ray_entry)
+    fn_ref = ray.put(fn)
+    refs = {remote.remote(fn_ref, task, q): i for i, task in enumerate(tasks)}
+    try:
+        while refs:
+            done, _ = ray.wait(list(refs), num_returns=1, timeout=0.2)
+            _drain_ray(q, progress)
+            for ref in done:
+                i = refs.pop(ref)
+                try:
+                    res = ray.get(ref)
+                except Exception as exc:  # a task failed: surface the original error, not Ray's wrapper
+                    raise _unwrap_ray_error(exc) from None
+                collect(i, res)
+        _drain_ray(q, progress)
+    finally:
+        for ref in refs:
+            ray.cancel(ref, force=True)
+        try:
+            q.shutdown()
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+        if started:
+            ray.shutdown()
+
+
+def _drain_ray(q, progress) -> None:
+    while True:
+        try:
+            n = q.get_nowait()
+        except Exception:  # ray.util.queue.Empty
+            return
+        if progress is not None:
+            progress(n)
