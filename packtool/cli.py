@@ -50,6 +50,28 @@ MaxTokens = Annotated[int, typer.Option(min=1, help="Tokens per pack (sequence l
 MaxVisionUnits = Annotated[
     int | None, typer.Option(min=0, help="Vision units per pack (default: the model family's default).")
 ]
+# Where tasks run (executors.ExecutorConfig); none of these changes the output bytes.
+Workers = Annotated[int | None, typer.Option(min=1, help="Parallel tasks on this machine (default: every core; 1: in-process).")]
+Executor = Annotated[str, typer.Option(help="local (process pool) or ray (pip install packtool[ray]).")]
+RayAddress = Annotated[str | None, typer.Option(help="Ray cluster to join, e.g. auto or ray://head:10001 (needs --executor ray).")]
+Rank = Annotated[int, typer.Option(min=0, help="This process's share of the tasks (Slurm/Kubernetes arrays).")]
+WorldSize = Annotated[int, typer.Option(min=1, help="Number of shares; run `packtool merge DIR` when every rank is done.")]
+MaxErrors = Annotated[int | None, typer.Option(min=0, help="Fail when more rows than this are rejected (default: no limit).")]
+OnError = Annotated[str, typer.Option(help="skip: record a bad row in errors.jsonl and go on; fail: stop at the first.")]
+
+
+class _Bar:
+    """Progress sink for the library: ``bar(n)`` adds samples, ``bar.set_total(n)`` sets the ETA's target."""
+
+    def __init__(self, bar) -> None:
+        self.bar = bar
+
+    def __call__(self, n: int) -> None:
+        self.bar.update(n)
+
+    def set_total(self, total: int) -> None:
+        self.bar.total = total
+        self.bar.refresh()
 
 
 @contextlib.contextmanager
@@ -62,7 +84,12 @@ def _progress(desc: str, quiet: bool, total: int | None = None):
     # disable=None: a bar only when stderr is a terminal, so logs and pipes stay clean
     with tqdm(total=total, desc=desc, unit=" samples", file=sys.stderr, dynamic_ncols=True, leave=False,
               disable=None) as bar:
-        yield bar.update
+        yield _Bar(bar)
+
+
+def _rank_line(result: dict, output: Path) -> str:
+    return (f"rank {result['rank']} of {result['world_size']}: {result['tasks']} tasks done, "
+            f"{result['tasks_missing']} tasks of other ranks remain; when all are done run: packtool merge {output}")
 
 
 def _emit_json(obj: dict) -> None:
@@ -91,6 +118,12 @@ def tokenize(
     max_branches: Annotated[int | None, typer.Option(min=1, help="Branches per message tree; more go to another tree on the same media.")] = None,
     max_tokens: Annotated[int | None, typer.Option(min=1, help="Tokens per message tree; branches beyond go to another tree on the same media.")] = None,
     group_by_media: Annotated[bool, typer.Option("--group-by-media", help="Merge records that use the same media file into one message tree.")] = False,
+    on_error: OnError = "skip",
+    workers: Workers = None,
+    executor: Executor = "local",
+    ray_address: RayAddress = None,
+    rank: Rank = 0,
+    world_size: WorldSize = 1,
     overwrite: Overwrite = False,
     quiet: Quiet = False,
     as_json: AsJson = False,
@@ -109,7 +142,12 @@ def tokenize(
                          exif=exif, rows_per_shard=rows_per_shard, max_errors=max_errors,
                          max_branches=max_branches, max_tokens=max_tokens, group_by_media=group_by_media)
     with _progress("tokenize", quiet) as bar:
-        manifest = tokenize_dataset(inputs, output, cfg, progress=bar, overwrite=overwrite)
+        manifest = tokenize_dataset(inputs, output, cfg, progress=bar, overwrite=overwrite, on_error=on_error,
+                                    workers=workers, executor=executor, ray_address=ray_address, rank=rank,
+                                    world_size=world_size)
+    if manifest.get("partial"):
+        _emit_json(manifest) if as_json else typer.echo(_rank_line(manifest, output))
+        return
     c = manifest["counts"]
     if as_json:
         _emit_json({"output": str(output), **c, "shards": len(manifest["shards"])})
@@ -137,6 +175,13 @@ def pack(
     packs_per_shard: Annotated[int, typer.Option(min=1, help="Packs per output shard.")] = 2_000,
     frame_quality: Annotated[int, typer.Option(min=1, max=100, help="JPEG quality of embedded video frames.")] = 90,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan only; print stats, write nothing.")] = False,
+    max_errors: MaxErrors = None,
+    on_error: OnError = "skip",
+    workers: Workers = None,
+    executor: Executor = "local",
+    ray_address: RayAddress = None,
+    rank: Rank = 0,
+    world_size: WorldSize = 1,
     overwrite: Overwrite = False,
     quiet: Quiet = False,
     as_json: AsJson = False,
@@ -157,7 +202,11 @@ def pack(
                      packs_per_shard=packs_per_shard, frame_quality=frame_quality)
     with _progress("pack", quiet) as bar:
         result = pack_dataset(src, output or Path("."), cfg, progress=bar, overwrite=overwrite, dry_run=dry_run,
-                              media_root=media_root)
+                              media_root=media_root, max_errors=max_errors, on_error=on_error, workers=workers,
+                              executor=executor, ray_address=ray_address, rank=rank, world_size=world_size)
+    if result.get("partial"):
+        _emit_json(result) if as_json else typer.echo(_rank_line(result, output))
+        return
     c = result["counts"]
     plan = None
     if dry_run:  # the same statistics `packtool stats` shows, from the plan alone
@@ -277,6 +326,50 @@ def sweep(
     base = PackConfig(text_weight=text_weight, token_granularity=token_granularity, oversize=oversize)
     rows = sweep_grid(src, base, grid)
     typer.echo(json.dumps(rows, indent=2) if as_json else render_sweep(rows))
+
+
+@app.command()
+def validate(
+    path: Annotated[Path, typer.Argument(help="Tokenized or packed directory.")],
+    max_problems: Annotated[int, typer.Option(min=1, help="Stop after this many problems.")] = 20,
+    check_media: Annotated[bool, typer.Option(help="Decode embedded media (images, video frames).")] = True,
+    as_json: AsJson = False,
+) -> None:
+    """Check a tokenized or packed directory: files against the manifest, every row's invariants.
+
+    Exit 0 when whole; exit 1 listing the first problems.
+
+    Example:
+
+      packtool validate packed
+    """
+    from .validate import render_report, validate_dir
+
+    report = validate_dir(path, max_problems=max_problems, check_media=check_media)
+    typer.echo(json.dumps(report, indent=2) if as_json else render_report(report))
+    if not report["ok"]:
+        raise PacktoolError(f"{path} is not whole: {len(report['problems'])} problem(s) listed above")
+
+
+@app.command()
+def merge(
+    path: Annotated[Path, typer.Argument(help="Output directory written by several ranks.")],
+    as_json: AsJson = False,
+) -> None:
+    """Write the manifest of a run split across ranks (--rank/--world-size), once every rank is done.
+
+    Example:
+
+      packtool merge packed
+    """
+    from .pipeline import merge_output
+
+    manifest = merge_output(path)
+    c = manifest["counts"]
+    if as_json:
+        _emit_json({"output": str(path), "kind": manifest["kind"], **c, "shards": len(manifest["shards"])})
+        return
+    typer.echo(f"{manifest['kind']}: {c['tasks']} tasks, {len(manifest['shards'])} shards -> {path / 'manifest.json'}")
 
 
 def _version_callback(value: bool) -> None:

@@ -1,0 +1,350 @@
+"""``packtool validate DIR``: prove that a tokenized or packed directory is whole.
+
+Three layers, cheapest first; the first problems found are reported, never raised:
+
+1. **files against the manifest**: every listed shard exists with the listed size,
+   sha256 and row count, opens as Parquet, and has the schema of this version;
+   ``errors.jsonl`` holds known reason codes and as many lines as the counts say;
+2. **every row's invariants** (DESIGN.md §3.2): equal column lengths; ``cu_seqlens``
+   starts at 0, rises, ends at the row length and agrees with ``position_ids``
+   (which restart at 0 exactly at each sample start); subsegment ids name the row's
+   sample and its prefix or branch, prefix first; positions continue across a branch
+   start from the prefix length; a target is ``-100`` or the next token of the same
+   branch, so nothing is predicted across a sample or branch boundary; capacities hold;
+   media spans lie on one repeated placeholder id inside their sample, carry no loss,
+   and add up to the row's vision units;
+3. **embedded media decodes** (packed, ``--media embed``): each image and video frame
+   opens and decodes with Pillow.
+
+Example:
+    >>> report = validate_dir("packed")          # doctest: +SKIP
+    >>> report["ok"], report["problems"][:1]
+    (False, [{'where': 'part-00000-00000.parquet', 'what': 'sha256 ... differs from the manifest ...'}])
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from .errors import REASON_CODES, InputError
+from .schema import PACKED, PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE, TOKENIZED
+from .shards import ERRORS, MANIFEST, read_manifest, sha256_file
+
+__all__ = ["validate_dir", "render_report", "check_row"]
+
+log = logging.getLogger(__name__)
+
+IGNORE = -100
+
+
+class _Problems:
+    def __init__(self, limit: int) -> None:
+        self.items: list[dict] = []
+        self.limit = limit
+
+    def add(self, where: str, what: str) -> None:
+        if len(self.items) < self.limit:
+            self.items.append({"where": where, "what": what})
+
+    @property
+    def full(self) -> bool:
+        return len(self.items) >= self.limit
+
+
+def _list_rows(col) -> tuple[np.ndarray, np.ndarray]:
+    """Flat values and row offsets of a list<int> column (one batch)."""
+    import pyarrow as pa
+
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    offsets = arr.offsets.to_numpy()
+    values = arr.values.to_numpy(zero_copy_only=False)
+    return values, offsets
+
+
+def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | None = None) -> list[str]:
+    """Invariant violations of one row (dict of numpy arrays and scalars; see the module doc).
+
+    ``row`` holds ``input_ids``, ``target_ids``, ``position_ids``, ``subsegment_ids``,
+    ``n_tokens``, ``n_vision_units``, ``media`` (list of dicts) and, for packed rows,
+    ``cu_seqlens`` and ``n_samples``. ``pad_ids`` collects the placeholder id per media
+    kind across rows, so a span on another id is caught. Returns human-readable problems.
+
+    Example:
+        >>> ids = np.array([5, 6, 7]); row = dict(input_ids=ids, target_ids=np.array([-100, 7, -100]),
+        ...     position_ids=np.arange(3), subsegment_ids=np.full(3, 10000), n_tokens=3, n_vision_units=0, media=[])
+        >>> check_row(row, "tokenized")
+        []
+    """
+    out: list[str] = []
+    ids, tgt, pos, sub = row["input_ids"], row["target_ids"], row["position_ids"], row["subsegment_ids"]
+    n = len(ids)
+    if not (len(tgt) == len(pos) == len(sub) == n == row["n_tokens"]):
+        return [f"column lengths differ: input {n}, target {len(tgt)}, position {len(pos)}, subsegment {len(sub)}, "
+                f"n_tokens {row['n_tokens']}"]
+    if n == 0:
+        return ["row has no tokens"]
+    if kind == "packed":
+        cu = row["cu_seqlens"]
+        if len(cu) != row["n_samples"] + 1:
+            out.append(f"cu_seqlens has {len(cu)} entries for {row['n_samples']} samples (expected samples + 1)")
+        if len(cu) < 2 or cu[0] != 0 or cu[-1] != n or np.any(np.diff(cu) <= 0):
+            out.append(f"cu_seqlens {cu[:8].tolist()}... must rise from 0 to the row length {n}")
+            return out
+    else:
+        cu = np.array([0, n])
+    starts = np.zeros(n, dtype=bool)
+    starts[cu[:-1]] = True
+    resets = pos == 0
+    if np.any(resets != starts):
+        t = int(np.flatnonzero(resets != starts)[0])
+        out.append(f"position_ids restart at 0 where cu_seqlens does not start a sample (or the reverse), first at token {t}")
+    sample_of = np.repeat(np.arange(len(cu) - 1), np.diff(cu))
+    if kind == "packed" and np.any(sub // SUBSEGMENT_STRIDE != sample_of):
+        t = int(np.flatnonzero(sub // SUBSEGMENT_STRIDE != sample_of)[0])
+        out.append(f"subsegment id {int(sub[t])} at token {t} does not name its sample {int(sample_of[t])}")
+    local = sub % SUBSEGMENT_STRIDE
+    for k in range(len(cu) - 1):
+        a, b = int(cu[k]), int(cu[k + 1])
+        loc = local[a:b]
+        is_prefix = loc == PREFIX_SUBSEGMENT
+        p = int(is_prefix.sum())
+        if p and not np.all(is_prefix[:p]):
+            out.append(f"sample {k}: its shared prefix (subsegment {PREFIX_SUBSEGMENT}) is not at its start")
+            continue
+        branch = loc[p:]
+        if np.any(np.diff(branch) < 0) or np.any(branch >= PREFIX_SUBSEGMENT):
+            out.append(f"sample {k}: branch subsegment ids are not ascending branch numbers")
+            continue
+        sp = pos[a:b]
+        new_seg = np.concatenate([[True], loc[1:] != loc[:-1]])
+        expect = np.empty(b - a, dtype=np.int64)
+        seg_start = np.flatnonzero(new_seg)
+        seg_len = np.diff(np.concatenate([seg_start, [b - a]]))
+        base = np.where(loc[seg_start] == PREFIX_SUBSEGMENT, 0, p)
+        expect[:] = np.repeat(base - seg_start, seg_len) + np.arange(b - a)
+        if np.any(sp != expect):
+            t = int(np.flatnonzero(sp != expect)[0])
+            out.append(f"sample {k}: position_ids {int(sp[t])} at token {a + t} should be {int(expect[t])} "
+                       "(0.. over the prefix, each branch continuing from the prefix length)")
+    lossy = np.flatnonzero(tgt != IGNORE)
+    if len(lossy):
+        nxt = lossy + 1
+        bad = nxt >= n
+        ok = ~bad
+        ok_idx = lossy[ok]
+        bad_next = np.zeros(len(lossy), dtype=bool)
+        bad_next[ok] = (sub[ok_idx + 1] != sub[ok_idx]) | (tgt[ok_idx] != ids[ok_idx + 1])
+        if np.any(bad | bad_next):
+            t = int(lossy[np.flatnonzero(bad | bad_next)[0]])
+            out.append(f"target_ids[{t}] = {int(tgt[t])} is neither -100 nor the next token of the same branch "
+                       "(a loss across a sample or branch boundary, or a wrong shift)")
+    units = 0
+    for j, m in enumerate(row["media"]):
+        off, cnt = int(m["token_offset"]), int(m["n_tokens"])
+        units += int(m["vision_units"])
+        if off < 0 or cnt <= 0 or off + cnt > n:
+            out.append(f"media {j}: span {off}..{off + cnt} outside the row of {n} tokens")
+            continue
+        span = ids[off:off + cnt]
+        if np.any(span != span[0]):
+            out.append(f"media {j}: span {off}..{off + cnt} is not one repeated placeholder token")
+        if pad_ids is not None:
+            known = pad_ids.setdefault(m["kind"], int(span[0]))
+            if known != int(span[0]):
+                out.append(f"media {j}: {m['kind']} span on token {int(span[0])}, other {m['kind']} spans use {known}")
+        if np.any(tgt[off:off + cnt] != IGNORE) or (off > 0 and tgt[off - 1] != IGNORE):
+            out.append(f"media {j}: placeholder tokens carry loss")
+        k = int(m.get("sample_index", 0) or 0)
+        if k + 1 >= len(cu) or not (cu[k] <= off and off + cnt <= cu[k + 1]):
+            out.append(f"media {j}: span {off}..{off + cnt} is not inside its sample {k}")
+        elif np.any(local[off:off + cnt] != PREFIX_SUBSEGMENT):
+            out.append(f"media {j}: span lies outside its sample's shared prefix")
+    if units != row["n_vision_units"]:
+        out.append(f"n_vision_units {row['n_vision_units']} but its media add up to {units}")
+    if caps:
+        alone_ok = caps.get("allow_oversize_single") and len(cu) == 2
+        if row["n_tokens"] > caps["max_tokens"] and not alone_ok:
+            out.append(f"{row['n_tokens']:,} tokens, more than the pack capacity {caps['max_tokens']:,}")
+        if caps.get("max_vision_units") and row["n_vision_units"] > caps["max_vision_units"] and not alone_ok:
+            out.append(f"{row['n_vision_units']:,} vision units, more than the pack capacity {caps['max_vision_units']:,}")
+    return out
+
+
+def _check_media_bytes(m: dict) -> str | None:
+    from PIL import Image
+
+    data = m.get("data")
+    if not data:
+        return None
+    for i, blob in enumerate(data):
+        try:
+            with Image.open(io.BytesIO(blob)) as im:
+                im.load()
+                size = im.size
+        except Exception as exc:  # noqa: BLE001 - any decoder failure is the finding
+            return f"embedded {m['kind']} {'frame ' + str(i) if m['kind'] == 'video' else 'bytes'} do not decode: {exc}"
+        if m["kind"] == "image" and sorted(size) != sorted((m["width"], m["height"])):
+            return f"embedded image is {size[0]}x{size[1]}, the row says {m['width']}x{m['height']}"
+    if m["kind"] == "video" and m.get("timestamps") is not None and len(data) != len(m["timestamps"]):
+        return f"{len(data)} embedded frames for {len(m['timestamps'])} timestamps"
+    return None
+
+
+def _schema_problem(schema, expected) -> str | None:
+    got = {f.name: f.type for f in schema}
+    want = {f.name: f.type for f in expected}
+    if got == want:
+        return None
+    missing = sorted(set(want) - set(got))
+    differ = sorted(k for k in set(want) & set(got) if want[k] != got[k])
+    return f"schema differs from version's (missing {missing}, different types {differ})"
+
+
+def _check_rows(pf, file: str, kind: str, caps: dict | None, problems: _Problems, check_media: bool,
+                pad_ids: dict) -> tuple[int, int]:
+    """Check every row of one shard; return (rows, samples) seen."""
+    n_rows = n_samples = 0
+    cols = ["input_ids", "target_ids", "position_ids", "subsegment_ids"]
+    for batch in pf.iter_batches(batch_size=256):
+        flat = {c: _list_rows(batch.column(c)) for c in cols + (["cu_seqlens"] if kind == "packed" else [])}
+        media = batch.column("media").to_pylist()
+        n_tok = batch.column("n_tokens").to_numpy()
+        n_units = batch.column("n_vision_units").to_numpy()
+        n_in_row = (np.diff(batch.column("sample_ids").offsets.to_numpy()) if kind == "packed"
+                    else np.ones(batch.num_rows, dtype=np.int64))
+        for r in range(batch.num_rows):
+            row = {c: v[o[r]:o[r + 1]] for c, (v, o) in flat.items()}
+            row.update(n_tokens=int(n_tok[r]), n_vision_units=int(n_units[r]), media=media[r], n_samples=int(n_in_row[r]))
+            where = f"{file}: row {n_rows}"
+            for what in check_row(row, kind, caps, pad_ids):
+                problems.add(where, what)
+            if check_media and kind == "packed":
+                for j, m in enumerate(row["media"]):
+                    msg = _check_media_bytes(m)
+                    if msg:
+                        problems.add(where, f"media {j}: {msg}")
+            n_rows += 1
+            n_samples += int(n_in_row[r])
+            if problems.full:
+                return n_rows, n_samples
+    return n_rows, n_samples
+
+
+def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = True, check_rows: bool = True) -> dict:
+    """Validate a tokenized or packed directory; returns a report dict, ``ok`` when whole.
+
+    ``max_problems`` stops the search early; ``check_media=False`` skips decoding embedded
+    media; ``check_rows=False`` checks only the files against the manifest.
+    """
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    problems = _Problems(max_problems)
+    report = {"ok": False, "path": str(path), "kind": None, "shards": 0, "rows": 0, "problems": problems.items}
+    try:
+        manifest = read_manifest(path)
+    except InputError as exc:
+        problems.add(MANIFEST, str(exc))
+        return report
+    kind = manifest.get("kind")
+    report["kind"] = kind
+    if kind not in ("tokenized", "packed"):
+        problems.add(MANIFEST, f"unknown kind {kind!r}")
+        return report
+    expected = PACKED if kind == "packed" else TOKENIZED
+    caps = None
+    if kind == "packed":
+        caps = dict(manifest.get("capacities") or {})
+        counts = manifest.get("counts", {})
+        caps["allow_oversize_single"] = bool(counts.get("alone") or counts.get("truncated"))
+    listed = set()
+    total_rows = total_samples = 0
+    pad_ids: dict = {}
+    for entry in manifest.get("shards", []):
+        file = entry["file"]
+        listed.add(file)
+        f = path / file
+        if not f.is_file():
+            problems.add(file, "listed in the manifest but missing")
+            continue
+        size = f.stat().st_size
+        if size != entry.get("bytes"):
+            problems.add(file, f"{size:,} bytes, the manifest says {entry.get('bytes'):,}")
+        digest = sha256_file(f)
+        if digest != entry.get("sha256"):
+            problems.add(file, f"sha256 {digest[:12]}… differs from the manifest's {str(entry.get('sha256'))[:12]}… "
+                               "(the file changed after it was written)")
+            continue
+        try:
+            pf = pq.ParquetFile(f)
+        except Exception as exc:  # noqa: BLE001 - an unreadable shard is the finding
+            problems.add(file, f"not readable as Parquet: {exc}")
+            continue
+        schema_msg = _schema_problem(pf.schema_arrow, expected)
+        if schema_msg:
+            problems.add(file, schema_msg)
+            continue
+        if pf.metadata.num_rows != entry.get("rows"):
+            problems.add(file, f"{pf.metadata.num_rows:,} rows, the manifest says {entry.get('rows'):,}")
+        report["shards"] += 1
+        if check_rows and not problems.full:
+            rows, samples = _check_rows(pf, file, kind, caps, problems, check_media, pad_ids)
+            total_rows += rows
+            total_samples += samples
+        if problems.full:
+            break
+    report["rows"] = total_rows
+    for f in sorted(path.glob("part-*.parquet")):
+        if f.name not in listed:
+            log.info("%s is not in the manifest (left over from another run); readers ignore it", f)
+    counts = manifest.get("counts", {})
+    if check_rows and not problems.full and not problems.items:
+        want_rows = counts.get("packs") if kind == "packed" else counts.get("samples")
+        if want_rows is not None and want_rows != total_rows:
+            problems.add(MANIFEST, f"counts say {want_rows:,} rows, the shards hold {total_rows:,}")
+        if kind == "packed" and counts.get("samples_packed") is not None and counts["samples_packed"] != total_samples:
+            problems.add(MANIFEST, f"counts say {counts['samples_packed']:,} samples packed, the shards hold {total_samples:,}")
+    _check_errors_file(path, counts, problems)
+    report["ok"] = not problems.items
+    return report
+
+
+def _check_errors_file(path: Path, counts: dict, problems: _Problems) -> None:
+    f = path / ERRORS
+    if not f.is_file():
+        if counts.get("rejected"):
+            problems.add(ERRORS, f"missing, but the manifest counts {counts['rejected']:,} rejected rows")
+        return
+    n = 0
+    by_reason: dict[str, int] = {}
+    with open(f, encoding="utf-8") as fh:
+        for i, line in enumerate(fh):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                problems.add(f"{ERRORS}: line {i}", "not valid JSON")
+                return
+            if rec.get("reason") not in REASON_CODES:
+                problems.add(f"{ERRORS}: line {i}", f"unknown reason code {rec.get('reason')!r}")
+            by_reason[rec.get("reason")] = by_reason.get(rec.get("reason"), 0) + 1
+            n += 1
+    if "rejected" in counts and counts["rejected"] != n:
+        problems.add(ERRORS, f"{n:,} lines, the manifest counts {counts['rejected']:,} rejected rows")
+    elif "rejected_by_reason" in counts and counts["rejected_by_reason"] != dict(sorted(by_reason.items())):
+        problems.add(ERRORS, "reasons differ from the manifest's rejected_by_reason")
+
+
+def render_report(report: dict) -> str:
+    """The human summary ``packtool validate`` prints."""
+    head = (f"{report['path']}: {report['kind'] or 'unknown'} directory, {report['shards']} shards, "
+            f"{report['rows']:,} rows checked")
+    if report["ok"]:
+        return f"{head}: OK"
+    lines = [f"{head}: {len(report['problems'])} problem(s) found (first ones):"]
+    lines += [f"  {p['where']}: {p['what']}" for p in report["problems"]]
+    return "\n".join(lines)
