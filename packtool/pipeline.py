@@ -58,7 +58,7 @@ Progress = Callable[[int], None] | None
 #: Records encoded together (one tokenizer batch call).
 BATCH = 512
 #: Packs assembled together; bounds the rows a pack task holds at once.
-PACK_CHUNK = 256
+PACK_CHUNK = 128
 #: ``--on-error`` choices: ``skip`` records a bad row and goes on; ``fail`` stops at the first.
 ON_ERROR = ("skip", "fail")
 
@@ -579,25 +579,63 @@ def _has_media(pf) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
 
 
-def _read_rows(pf, group_starts: np.ndarray, rows: np.ndarray):
-    """Rows ``rows`` (in that order) of a Parquet file, reading only the row groups that hold them."""
-    import pyarrow as pa
+class _RowStore:
+    """Rows of one tokenized shard, read row group by row group, each group once, held only until used.
 
-    group_of = np.searchsorted(group_starts, rows, side="right") - 1
-    groups = np.unique(group_of)
-    table = pf.read_row_groups(groups.tolist())
-    sizes = group_starts[groups + 1] - group_starts[groups]
-    base = np.concatenate([[0], np.cumsum(sizes)])[:-1]
-    where = base[np.searchsorted(groups, group_of)] + (rows - group_starts[group_of])
-    return table.take(pa.array(where.astype(np.int64)))
+    Packs take samples roughly in shard order, but a sample may wait in the packing buffer
+    for a long time. Reading whole row groups and dropping each row once its pack is
+    written keeps memory to the rows read but not yet packed (about one row group plus
+    the buffer), however long a sample waits.
+    """
+
+    def __init__(self, pf, never: list[int] | None = None) -> None:
+        meta = pf.metadata
+        self.pf = pf
+        self.starts = np.concatenate([[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])])
+        self.loaded = 0  # row groups read so far
+        self.tables: list = []
+        self.ids = np.zeros(0, dtype=np.int64)  # shard row of each held row, ascending
+        self.used = np.zeros(0, dtype=bool)
+        # rows no pack will take (dropped samples) count as used from the start
+        self.never = np.zeros(int(self.starts[-1]), dtype=bool)
+        if never:
+            self.never[np.asarray(never, dtype=np.int64)] = True
+
+    def take(self, rows: np.ndarray):
+        """The rows ``rows`` (shard row numbers, any order) as one table, in that order."""
+        import pyarrow as pa
+
+        if len(rows) == 0:
+            return None
+        need = int(np.searchsorted(self.starts, rows.max(), side="right"))  # groups 0..need-1
+        while self.loaded < need:
+            g = self.loaded
+            self.tables.append(self.pf.read_row_group(g))
+            self.ids = np.concatenate([self.ids, np.arange(self.starts[g], self.starts[g + 1], dtype=np.int64)])
+            self.used = np.concatenate([self.used, self.never[self.starts[g]:self.starts[g + 1]]])
+            self.loaded += 1
+        where = np.searchsorted(self.ids, rows)
+        if np.any(where >= len(self.ids)) or np.any(self.ids[np.minimum(where, len(self.ids) - 1)] != rows):
+            raise RuntimeError("internal error: a pack uses a shard row twice")
+        held = pa.concat_tables(self.tables) if len(self.tables) > 1 else self.tables[0]
+        out = held.take(pa.array(where))
+        self.used[where] = True
+        if self.used.sum() * 2 > len(self.used):  # compact: keep only rows still to be packed
+            keep = ~self.used
+            self.tables = [held.filter(pa.array(keep))] if keep.any() else []
+            self.ids = self.ids[keep]
+            self.used = np.zeros(len(self.ids), dtype=bool)
+        else:
+            self.tables = [held]
+        return out
 
 
 def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
     """One pack task: one tokenized shard → planned packs → ``part-TTTTT-*.parquet`` + marker.
 
     The plan needs only the length columns; packs are then assembled ``PACK_CHUNK`` at a
-    time from the row groups that hold their samples, so memory follows the chunk, not
-    the shard.
+    time from a :class:`_RowStore`, so memory follows the chunk and the packing buffer,
+    not the shard.
     """
     import pyarrow.parquet as pq
 
@@ -632,15 +670,14 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
                                     f"a pack holds {cfg.max_tokens:,} and {task.max_units:,}"))
             report(len(plan.dropped))
         loader = _media_loader(Path(task.media_root), cfg.frame_quality) if cfg.media == "embed" else None
-        meta = pf.metadata
-        group_starts = np.concatenate([[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])])
+        store = _RowStore(pf, never=plan.dropped)
         truncated = set(plan.truncated)
         with ShardWriter(out, _packed_schema(), rows_per_shard=cfg.packs_per_shard, row_group_rows=256,
                          prefix=task_prefix(task.index)) as writer:
             for p0 in range(0, plan.n_packs, PACK_CHUNK):
                 p1 = min(p0 + PACK_CHUNK, plan.n_packs)
                 rows = plan.order[plan.offsets[p0]:plan.offsets[p1]]
-                table = _read_rows(pf, group_starts, rows)
+                table = store.take(rows)
                 sub = PackPlan(np.arange(len(rows), dtype=np.int64), plan.offsets[p0:p1 + 1] - plan.offsets[p0],
                                truncated=[k for k, r in enumerate(rows.tolist()) if r in truncated])
                 writer.write_table(assemble_packs(table, sub, p0, loader, cfg.max_tokens))

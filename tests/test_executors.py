@@ -1,0 +1,111 @@
+"""Executors run the same task function in-process, in a process pool, or as Ray tasks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from packtool.errors import ConfigError, PacktoolError  # noqa: E402
+from packtool.executors import ExecutorConfig, Reporter, run_tasks  # noqa: E402
+
+
+def square(task: int, report) -> dict:
+    for _ in range(task):
+        report(1)
+    if task == 13:
+        raise ValueError("task 13 is unlucky")
+    if task == 99:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"task": task, "value": task * task, "pid": os.getpid()}
+
+
+def test_rank_takes_every_world_size_th_task():
+    assert ExecutorConfig(rank=0, world_size=1).my_tasks(3) == [0, 1, 2]
+    assert ExecutorConfig(rank=2, world_size=3).my_tasks(10) == [2, 5, 8]
+    assert ExecutorConfig(rank=3, world_size=4).my_tasks(3) == []
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"rank": 2, "world_size": 2}, "--rank 2 is outside 0..1"),
+    ({"workers": 0}, "--workers must be at least 1"),
+    ({"executor": "dask"}, "--executor 'dask': choose local or ray"),
+    ({"ray_address": "auto"}, "--ray-address needs --executor ray"),
+])
+def test_bad_settings_name_the_flag(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        ExecutorConfig(**kw)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_results_in_task_order_and_progress_adds_up(workers):
+    seen: list[int] = []
+    got = run_tasks(square, [3, 1, 4, 1, 5], ExecutorConfig(workers=workers), progress=seen.append)
+    assert [r["value"] for r in got] == [9, 1, 16, 1, 25]
+    assert sum(seen) == 14
+    pids = {r["pid"] for r in got}
+    assert (pids == {os.getpid()}) if workers == 1 else (os.getpid() not in pids)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failing_task_fails_the_run_with_its_own_error(workers):
+    with pytest.raises(ValueError, match="task 13 is unlucky"):
+        run_tasks(square, [1, 13, 2], ExecutorConfig(workers=workers))
+
+
+def test_a_killed_worker_fails_the_run_instead_of_hanging():
+    t0 = time.monotonic()
+    with pytest.raises(PacktoolError, match="a worker process died"):
+        run_tasks(square, [1, 99, 2, 3], ExecutorConfig(workers=2))
+    assert time.monotonic() - t0 < 60
+
+
+def test_reporter_batches_and_flushes():
+    got: list[int] = []
+    rep = Reporter(got.append)
+    for _ in range(1000):
+        rep(1)
+    rep.flush()
+    assert sum(got) == 1000 and len(got) < 1000
+
+
+def test_ray_output_is_identical_to_the_local_executor(tmp_path):
+    ray = pytest.importorskip("ray")
+    from bench.corpus import make_corpus
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+
+    corpus = tmp_path / "corpus"
+    make_corpus(corpus, 600, seed=11)
+    tcfg = TokenizeConfig(media_root=str(corpus), rows_per_shard=200)
+    pcfg = PackConfig(max_tokens=4096, media="reference", packs_per_shard=30)
+    hashes = {}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        for name, kw in (("local", {"workers": 2}), ("ray", {"executor": "ray"})):
+            seen: list[int] = []
+            tokenize_dataset([corpus / "data.jsonl"], tmp_path / name / "tok", tcfg, progress=seen.append, **kw)
+            assert sum(seen) == 600  # progress streams back from every task
+            pack_dataset(tmp_path / name / "tok", tmp_path / name / "packed", pcfg, **kw)
+            hashes[name] = {stage: {s["file"]: s["sha256"] for s in
+                                    json.loads((tmp_path / name / stage / "manifest.json").read_text())["shards"]}
+                            for stage in ("tok", "packed")}
+        assert len(hashes["local"]["tok"]) == 3
+        assert hashes["ray"] == hashes["local"]
+        # a task's own PacktoolError reaches the caller unwrapped (the CLI prints its message)
+        with open(corpus / "data.jsonl", "a") as fh:
+            fh.write("{not json\n")
+        from packtool.errors import TooManyErrorsError
+
+        with pytest.raises(TooManyErrorsError) as info:
+            tokenize_dataset([corpus / "data.jsonl"], tmp_path / "bad", tcfg, executor="ray", on_error="fail")
+        assert str(info.value).startswith(f"{corpus / 'data.jsonl'}:600 rejected, bad_json")
+        assert not (tmp_path / "bad" / "manifest.json").exists()
+    finally:
+        ray.shutdown()

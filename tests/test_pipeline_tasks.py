@@ -1,0 +1,141 @@
+"""How the stages are cut into tasks: deterministic slices, exact reading, bounded chunks."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.corpus import make_corpus  # noqa: E402
+from packtool import (  # noqa: E402
+    PackConfig,
+    TokenizeConfig,
+    pack_dataset,
+    pipeline,  # noqa: E402
+    tokenize_dataset,
+)
+from packtool.formats import Rejected, iter_samples  # noqa: E402
+from packtool.pipeline import Slice, _line_offsets, _slice_records, _to_sample, plan_tokenize_tasks  # noqa: E402
+
+
+def write(path: Path, lines: list[str], end: str = "\n") -> Path:
+    path.write_text("\n".join(lines) + end)
+    return path
+
+
+def test_line_offsets_point_at_line_starts(tmp_path):
+    f = tmp_path / "a.jsonl"
+    f.write_bytes(b"a\nbb\n\nccc\nd")
+    n, cuts = _line_offsets(f, 1, 2)
+    assert n == 5 and cuts == [(1, 2), (3, 6)]
+    data = f.read_bytes()
+    assert [data[o:].split(b"\n")[0] for _, o in cuts] == [b"bb", b"ccc"]
+    assert _line_offsets(f, 5, 5) == (5, [])
+    f.write_bytes(b"a\nb\n")
+    assert _line_offsets(f, 2, 2) == (2, [])  # no task may start past the last line
+
+
+def test_small_files_share_a_task_and_a_big_file_is_cut(tmp_path):
+    a = write(tmp_path / "a.jsonl", ["{}"] * 3)
+    b = write(tmp_path / "b.jsonl", ["{}"] * 5)
+    c = write(tmp_path / "c.jsonl", ["{}"])
+    tasks, total = plan_tokenize_tasks([a, b, c], 4)
+    assert total == 9
+    shape = [[(Path(s.path).name, s.start, s.stop) for s in t] for t in tasks]
+    assert shape == [[("a.jsonl", 0, 3), ("b.jsonl", 0, 1)], [("b.jsonl", 1, 5)], [("c.jsonl", 0, 1)]]
+    assert tasks[1][0].offset == 3  # byte offset of b.jsonl's line 1
+
+
+def test_files_that_cannot_be_cut_are_tasks_of_their_own(tmp_path):
+    a = write(tmp_path / "a.jsonl", ["{}"] * 3)
+    arr = tmp_path / "b.json"
+    arr.write_text("[{}, {}]")
+    tasks, total = plan_tokenize_tasks([a, arr, a], 10)
+    assert total is None
+    assert [[(Path(s.path).name, s.start, s.stop, s.offset) for s in t] for t in tasks] == [
+        [("a.jsonl", 0, 3, 0)], [("b.json", 0, None, None)], [("a.jsonl", 0, 3, 0)]]
+
+
+def test_slices_read_exactly_what_the_format_reader_reads(tmp_path):
+    """Reading a file slice by slice gives the same samples and rejections, row numbers
+    included, as ``formats.iter_samples`` reading it whole (bad lines, blank lines, a last
+    line without newline)."""
+    make_corpus(tmp_path, 50, seed=2)
+    f = tmp_path / "data.jsonl"
+    lines = f.read_text().splitlines()
+    lines[7] = "{not json"
+    lines[20] = ""
+    lines[31] = '{"id": "x", "conversations": 5}'
+    f.write_bytes("\n".join(lines).encode() + b"\n\xff\xfe{}")
+    tasks, _ = plan_tokenize_tasks([f], 6)
+    assert len(tasks) == 9
+    sliced = [_to_sample(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
+    whole = list(iter_samples([f]))
+    assert len(whole) == 50 and sliced == whole
+    reasons = [(x.source_row, x.reason) for x in whole if isinstance(x, Rejected)]
+    assert reasons == [(7, "bad_json"), (31, "bad_record"), (50, "bad_encoding")]
+
+
+def test_slice_offset_none_reads_the_whole_file(tmp_path):
+    f = write(tmp_path / "a.json", ['[{"a": 1},', '{"a": 2}]'])
+    assert [r for _, r in _slice_records(Slice(str(f), 0, None, None))] == [{"a": 1}, {"a": 2}]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("corpus")
+    make_corpus(root, 500, seed=4)
+    return root
+
+
+def hashes(d: Path) -> list[str]:
+    return [s["sha256"] for s in json.loads((d / "manifest.json").read_text())["shards"]]
+
+
+def test_pack_output_does_not_depend_on_the_assembly_chunk(corpus, tmp_path, monkeypatch):
+    tok = tmp_path / "tok"
+    tokenize_dataset([corpus / "data.jsonl"], tok, TokenizeConfig(media_root=str(corpus), rows_per_shard=250), workers=1)
+    # a low capacity so some samples are dropped as oversize and others wait in the buffer
+    cfg = PackConfig(max_tokens=1536, media="reference", packs_per_shard=50, buffer_size=16)
+    a = pack_dataset(tok, tmp_path / "a", cfg, workers=1)
+    assert a["counts"]["dropped"] > 0 and a["counts"]["packs"] > 2 * pipeline.PACK_CHUNK / 4
+    monkeypatch.setattr(pipeline, "PACK_CHUNK", 3)
+    b = pack_dataset(tok, tmp_path / "b", cfg, workers=1)
+    assert hashes(tmp_path / "a") == hashes(tmp_path / "b")
+    assert a["counts"] == b["counts"]
+    errors = [json.loads(x) for x in (tmp_path / "b" / "errors.jsonl").read_text().splitlines()]
+    assert len(errors) == a["counts"]["dropped"] and {e["reason"] for e in errors} == {"oversize"}
+
+
+def test_every_row_lands_in_exactly_one_place(corpus, tmp_path):
+    """Accounting over tasks: rows in = samples + rejected; samples = packed + dropped; the
+    ids in packs and errors partition the input ids."""
+    src = tmp_path / "in.jsonl"
+    lines = (corpus / "data.jsonl").read_text().splitlines()
+    lines[3] = "{broken"
+    lines[100] = json.dumps({"id": "gone", "image": "images/none.png",
+                             "conversations": [{"from": "human", "value": "<image>\nhi"}, {"from": "gpt", "value": "x"}]})
+    src.write_text("\n".join(lines) + "\n")
+    tok = tokenize_dataset([src], tmp_path / "tok", TokenizeConfig(media_root=str(corpus), rows_per_shard=120), workers=2)
+    c = tok["counts"]
+    assert c["rows_in"] == 500 and c["samples"] + c["rejected"] == 500
+    assert c["rejected_by_reason"] == {"bad_json": 1, "missing_media": 1}
+    packed = pack_dataset(tmp_path / "tok", tmp_path / "packed", PackConfig(max_tokens=1536, media="reference"), workers=2)
+    p = packed["counts"]
+    assert p["samples_in"] == c["samples"] == p["samples_packed"] + p["dropped"]
+    import pyarrow.parquet as pq
+
+    packed_ids = [i for s in packed["shards"] for ids in pq.read_table(tmp_path / "packed" / s["file"],
+                                                                           columns=["sample_ids"])["sample_ids"].to_pylist()
+                  for i in ids]
+    errs = [json.loads(x) for d in ("tok", "packed") for x in (tmp_path / d / "errors.jsonl").read_text().splitlines()]
+    assert len(packed_ids) == len(set(packed_ids))
+    expected = {json.loads(x)["id"] for i, x in enumerate(lines) if i != 3} | {f"{src}:3"}
+    got = set(packed_ids) | {e["sample_id"] or f"{e['source']}:{e['row']}" for e in errs}
+    assert len(packed_ids) + len(errs) == 500 and got == expected
+    bad = next(e for e in errs if e["reason"] == "bad_json")
+    assert (bad["source"], bad["row"]) == (str(src), 3)

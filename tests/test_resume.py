@@ -1,0 +1,133 @@
+"""Resume: a re-run skips finished tasks and gives the bytes of an uninterrupted run;
+a re-run with other settings is refused, naming what differs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.corpus import make_corpus  # noqa: E402
+from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset  # noqa: E402
+from packtool.errors import ResumeMismatchError  # noqa: E402
+from packtool.shards import STATE_DIR  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("corpus")
+    make_corpus(root, 400, seed=5)
+    return root
+
+
+def tcfg(corpus: Path, **kw) -> TokenizeConfig:
+    return TokenizeConfig(media_root=str(corpus), rows_per_shard=100, **kw)
+
+
+PCFG = PackConfig(max_tokens=4096, media="reference", packs_per_shard=25)
+
+
+def files(d: Path) -> dict:
+    """Every file's bytes; the manifest decoded, without the tokenized directory's own path."""
+    out: dict = {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
+    manifest = json.loads(out.pop("manifest.json"))
+    manifest.get("source", {}).pop("path", None)
+    out["manifest.json"] = manifest
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ref")
+    tokenize_dataset([corpus / "data.jsonl"], out / "tok", tcfg(corpus), workers=1)
+    pack_dataset(out / "tok", out / "packed", PCFG, workers=1)
+    return out
+
+
+def interrupt(d: Path, task: int) -> None:
+    """Make ``d`` look like a run killed while task ``task`` was writing: no manifest, no
+    errors.jsonl, the task's marker gone and a half-written temporary shard."""
+    (d / "manifest.json").unlink()
+    (d / "errors.jsonl").unlink()
+    (d / STATE_DIR / f"task-{task:05d}.json").unlink()
+    (d / f".part-{task:05d}-00000.parquet.tmp").write_bytes(b"PAR1 half a shard")
+
+
+@pytest.mark.parametrize("stage", ["tok", "packed"])
+def test_resume_skips_finished_tasks_and_matches_an_uninterrupted_run(corpus, reference, tmp_path, stage):
+    tokenize_dataset([corpus / "data.jsonl"], tmp_path / "tok", tcfg(corpus), workers=1)
+    pack_dataset(tmp_path / "tok", tmp_path / "packed", PCFG, workers=1)
+    d = tmp_path / stage
+    interrupt(d, 2)
+    kept = {p.name: p.stat().st_mtime_ns for p in d.glob("part-0000[013]-*.parquet")}
+    assert kept
+    if stage == "tok":
+        m = tokenize_dataset([corpus / "data.jsonl"], d, tcfg(corpus), workers=2)
+    else:
+        m = pack_dataset(tmp_path / "tok", d, PCFG, workers=2)
+    assert {p.name: p.stat().st_mtime_ns for p in d.glob("part-0000[013]-*.parquet")} == kept, "finished tasks were redone"
+    assert not list(d.glob(".*.tmp")), "the half-written shard was not cleaned up"
+    assert files(d) == files(reference / stage)
+    assert m["counts"]["tasks"] == 4
+
+
+def test_finished_run_is_not_redone(corpus, reference, tmp_path):
+    tokenize_dataset([corpus / "data.jsonl"], tmp_path / "tok", tcfg(corpus), workers=1)
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "tok").iterdir()}
+    m = tokenize_dataset([corpus / "data.jsonl"], tmp_path / "tok", tcfg(corpus), workers=1)
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "tok").iterdir()} == before
+    assert m == json.loads((reference / "tok" / "manifest.json").read_text())
+
+
+def test_other_config_is_refused_naming_the_setting(corpus, tmp_path):
+    out = tmp_path / "tok"
+    tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1)
+    with pytest.raises(ResumeMismatchError, match=r"finished run with a different configuration \(model: 'qwen2.5-vl' -> 'qwen2-vl'\)"):
+        tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus, model="qwen2-vl"), workers=1)
+    (out / "manifest.json").unlink()  # now an unfinished run
+    with pytest.raises(ResumeMismatchError, match=r"unfinished run with other settings \(model: 'qwen2.5-vl' -> 'qwen2-vl'\)"):
+        tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus, model="qwen2-vl"), workers=1)
+    m = tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus, model="qwen2-vl"), workers=1, overwrite=True)
+    assert m["config"]["model"] == "qwen2-vl"
+    assert json.loads((out / STATE_DIR / "run.json").read_text())["config"]["model"] == "qwen2-vl"
+
+
+def test_max_errors_is_not_part_of_the_config(corpus, tmp_path):
+    out = tmp_path / "tok"
+    a = tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1)
+    b = tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus, max_errors=5), workers=1)
+    assert a == b
+
+
+def test_other_world_size_is_refused(corpus, tmp_path):
+    out = tmp_path / "tok"
+    part = tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), rank=0, world_size=2, workers=1)
+    assert part["partial"] and part["tasks"] == 2
+    with pytest.raises(ResumeMismatchError, match=r"world_size: 2 -> 3"):
+        tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), rank=0, world_size=3, workers=1)
+    done = tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), rank=1, world_size=2, workers=1)
+    assert done["counts"]["rows_in"] == 400 and "partial" not in done
+
+
+def test_changed_input_is_refused(corpus, tmp_path):
+    src = tmp_path / "data.jsonl"
+    src.write_bytes((corpus / "data.jsonl").read_bytes())
+    out = tmp_path / "tok"
+    tokenize_dataset([src], out, tcfg(corpus), rank=0, world_size=2, workers=1)
+    with open(src, "a") as fh:
+        fh.write(src.read_text().splitlines()[0] + "\n")
+    with pytest.raises(ResumeMismatchError, match="input files changed since the first attempt"):
+        tokenize_dataset([src], out, tcfg(corpus), rank=1, world_size=2, workers=1)
+
+
+def test_pack_refuses_a_changed_tokenized_input(corpus, tmp_path):
+    tokenize_dataset([corpus / "data.jsonl"], tmp_path / "tok", tcfg(corpus), workers=1)
+    pack_dataset(tmp_path / "tok", tmp_path / "packed", PCFG, rank=0, world_size=2, workers=1)
+    tokenize_dataset([corpus / "data.jsonl"], tmp_path / "tok", tcfg(corpus, system_prompt="Be brief."), workers=1,
+                     overwrite=True)
+    with pytest.raises(ResumeMismatchError, match="source_digest"):
+        pack_dataset(tmp_path / "tok", tmp_path / "packed", PCFG, rank=1, world_size=2, workers=1)
