@@ -28,7 +28,7 @@ def numpy_dp_solve(w: np.ndarray, u: np.ndarray, v: np.ndarray, max_w: int, max_
     item ``i`` is taken in the backtrack where ``dp[i + 1, a, b] != dp[i, a, b]``.
 
     Example:
-        >>> numpy_dp_solve(np.array([3, 4, 5]), np.array([1, 1, 2]), np.array([3, 4, 5]), 8, 2)
+        >>> numpy_dp_solve(np.array([3, 4, 5]), np.array([1, 1, 2]), np.array([3, 4, 5]), 8, 3)
         (8, array([ True, False,  True]))
     """
     n = len(w)

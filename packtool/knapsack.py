@@ -266,7 +266,7 @@ class KnapsackSolver:
     the items after it are processed. The answer is identical to a fresh solve.
 
     Example:
-        >>> s = KnapsackSolver(8, 2)
+        >>> s = KnapsackSolver(8, 3)
         >>> s.solve(np.array([3, 4, 5]), np.array([1, 1, 2]), np.array([3, 4, 5]))
         (8, array([ True, False,  True]))
     """
@@ -295,7 +295,8 @@ class KnapsackSolver:
                 f"a knapsack over {n} items needs {size / 2**20:,.0f} MiB of tables; use fewer items "
                 "(a smaller buffer) or a coarser granularity"
             )
-        if self._ckpt is None or self._ckpt.shape[0] < n // CHECKPOINT_EVERY + 1 or self._dtype != dtype:
+        if (self._ckpt is None or self._ckpt.shape[0] < n // CHECKPOINT_EVERY + 1 or self._dtype != dtype
+                or self._ckpt.shape[1:] != (rows, cols)):
             cap = max(n, 8)
             self._ckpt = np.zeros((cap // CHECKPOINT_EVERY + 1, rows, cols), dtype=dtype)
             self._best = np.zeros((rows, cols), dtype=dtype)
@@ -303,30 +304,38 @@ class KnapsackSolver:
             self._dtype = dtype
             self._prev = None
 
-    def solve(self, w: np.ndarray, u: np.ndarray, v: np.ndarray) -> tuple[int, np.ndarray]:
-        """Optimal ``(value, chosen_mask)`` for these items (see the module docstring)."""
+    def solve(self, w: np.ndarray, u: np.ndarray, v: np.ndarray, max_w: int | None = None,
+              max_u: int | None = None) -> tuple[int, np.ndarray]:
+        """Optimal ``(value, chosen_mask)`` for these items (see the module docstring).
+
+        ``max_w`` / ``max_u`` lower the capacities for this call (at most the solver's own).
+        """
         w, u, v = _validate(w, u, v, self.max_w, self.max_u, self.max_items)
+        cap_w = self.max_w if max_w is None else int(max_w)
+        cap_u = self.max_u if max_u is None else int(max_u)
+        if not (0 <= cap_w <= self.max_w and 0 <= cap_u <= self.max_u):
+            raise ValueError(f"capacities ({cap_w}, {cap_u}) must lie within the solver's ({self.max_w}, {self.max_u})")
         n = len(w)
         chosen = np.zeros(n, dtype=np.bool_)
         if n == 0:
             return 0, chosen
-        fits = (w <= self.max_w) & (u <= self.max_u)
+        fits = (w <= cap_w) & (u <= cap_u)
         wf = np.where(fits, w, 0)
         uf = np.where(fits, u, 0)
         limit = self.max_items
-        if limit is not None and limit >= max_cardinality(w[fits], u[fits], self.max_w, self.max_u):
+        if limit is not None and limit >= max_cardinality(w[fits], u[fits], cap_w, cap_u):
             limit = None
         # everything that fits on its own fits together: take all with positive value;
         # zero-value items never improve strictly, so the tie rule leaves them out
-        if limit is None and wf.sum() <= self.max_w and uf.sum() <= self.max_u:
+        if limit is None and wf.sum() <= cap_w and uf.sum() <= cap_u:
             chosen = fits & (v > 0)
             self.last_items_processed = 0
             return int(v[chosen].sum()), chosen
         if limit is not None:
-            return self._solve_count(w, u, v, limit)
+            return self._solve_count(w, u, v, limit, cap_w, cap_u)
         # capacities beyond the total weight add nothing: cells there equal the edge
-        max_w = int(min(self.max_w, wf.sum()))
-        max_u = int(min(self.max_u, uf.sum()))
+        max_w = int(min(cap_w, wf.sum()))
+        max_u = int(min(cap_u, uf.sum()))
         dtype = _value_dtype(v, w, u, max_w, max_u)
         self._workspace(n, dtype)
         # weight of the items after i: cells below max - after[i] are never read again
@@ -373,9 +382,8 @@ class KnapsackSolver:
             start -= CHECKPOINT_EVERY
         return start
 
-    def _solve_count(self, w, u, v, limit: int) -> tuple[int, np.ndarray]:
+    def _solve_count(self, w, u, v, limit: int, max_w: int, max_u: int) -> tuple[int, np.ndarray]:
         n = len(w)
-        max_w, max_u = self.max_w, self.max_u
         cells = (limit + 1) * (max_w + 1) * (max_u + 1)
         if n * cells > MAX_TABLE_BYTES:
             raise ValueError(
@@ -410,7 +418,7 @@ def solve_knapsack_2d(
         the rule in the module docstring.
 
     Example:
-        >>> solve_knapsack_2d(np.array([3, 4, 5]), np.array([1, 1, 2]), np.array([3, 4, 5]), 8, 2)
+        >>> solve_knapsack_2d(np.array([3, 4, 5]), np.array([1, 1, 2]), np.array([3, 4, 5]), 8, 3)
         (8, array([ True, False,  True]))
     """
     return KnapsackSolver(max_w, max_u, max_items).solve(w, u, v)

@@ -19,14 +19,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .config import PackConfig
-from .errors import OversizeSampleError
-from .knapsack import solve_knapsack_2d
+from .errors import ConfigError, OversizeSampleError
+from .knapsack import KnapsackSolver
 from .schema import PACKED, SUBSEGMENT_STRIDE
 
-__all__ = ["PackPlan", "plan_packs", "assemble_packs", "unit_granularity", "MAX_UNIT_CELLS"]
+__all__ = ["PackPlan", "plan_packs", "assemble_packs", "unit_granularity", "MAX_UNIT_CELLS", "TAIL_PACKS"]
 
 #: The unit axis of the DP table has at most this many cells; larger capacities are quantized.
-MAX_UNIT_CELLS = 256
+MAX_UNIT_CELLS = 1024
+#: Regular packs re-optimized together with the flush packs at the end of a stream.
+TAIL_PACKS = 8
 
 
 @dataclass
@@ -37,8 +39,9 @@ class PackPlan:
         order: sample indices, pack after pack.
         offsets: ``order[offsets[p]:offsets[p+1]]`` are pack ``p``'s samples.
         dropped: indices of samples dropped as oversize.
-        alone: indices of oversize samples given a pack of their own.
-        truncated: indices of samples truncated to ``max_tokens`` (text-only).
+        alone: indices of oversize samples given a pack of their own (the last packs).
+        truncated: indices of text-only samples cut to ``max_tokens``.
+        tail_packs_saved: packs the tail re-optimization saved over the plain flush.
     """
 
     order: np.ndarray
@@ -46,6 +49,7 @@ class PackPlan:
     dropped: list[int] = field(default_factory=list)
     alone: list[int] = field(default_factory=list)
     truncated: list[int] = field(default_factory=list)
+    tail_packs_saved: int = 0
 
     @property
     def n_packs(self) -> int:
@@ -55,9 +59,12 @@ class PackPlan:
 def unit_granularity(max_units: int) -> int:
     """Quantum for vision units so the DP's unit axis has at most ``MAX_UNIT_CELLS`` cells.
 
+    Capacities up to ``MAX_UNIT_CELLS`` (every crop-count family) are exact; larger ones
+    (patch-count families) round unit sizes up and the capacity down, so packs still fit.
+
     Example:
-        >>> unit_granularity(128), unit_granularity(65536)
-        (1, 256)
+        >>> unit_granularity(128), unit_granularity(16384)
+        (1, 16)
     """
     return max(1, -(-max_units // MAX_UNIT_CELLS))
 
@@ -65,87 +72,178 @@ def unit_granularity(max_units: int) -> int:
 def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg: PackConfig, max_units: int) -> PackPlan:
     """Plan packs for samples with the given token and vision-unit counts, in stream order.
 
-    Each pack is an exact knapsack optimum over the current buffer for
-    ``text_weight * tokens + vision_weight * units`` (exact counts), with token sizes
-    rounded up to ``token_granularity`` and units up to :func:`unit_granularity` in the
-    constraints, so every pack fits the true capacities.
+    The buffer policy (DESIGN.md §4)::
+
+        stream ─▶ buffer (arrival order, ≤ buffer_size) ─▶ anchor = largest sample
+              ─knapsack over the rest, capacity left by the anchor─▶ pack ─▶ refill
+        end of stream: re-solve until empty, then re-optimize the tail (last packs + flush)
+
+    Each pack holds the anchor (the buffered sample with the largest relative size, tokens
+    or units; the oldest among equals) plus the exact optimum over the rest of the buffer of
+    ``text_weight * tokens + vision_weight * units`` (exact counts) subject to
+    ``sum(ceil(tokens / g)) <= floor(max_tokens / g)`` (``g = token_granularity``),
+    ``sum(units) <= max_units`` (units rounded up by :func:`unit_granularity` only when
+    ``max_units > MAX_UNIT_CELLS``) and, if set, ``count <= max_samples_per_pack``, all
+    counted with the anchor. Ties go to older samples. Every pack fits the true capacities.
+
+    Oversize samples (more tokens or units than a pack holds) follow ``cfg.oversize``:
+    ``fail`` raises, ``drop`` drops, ``alone`` gives each its own pack (over capacity, at the
+    end), ``truncate`` cuts a sample without media to ``max_tokens`` (a sample with media is
+    dropped instead: cutting could split a vision span).
     """
     tokens = np.asarray(tokens, dtype=np.int64)
     units = np.asarray(units, dtype=np.int64)
+    has_media = np.asarray(has_media, dtype=bool)
     n = len(tokens)
+    if not (len(units) == len(has_media) == n):
+        raise ValueError("tokens, units and has_media must have the same length")
     g = cfg.token_granularity
-    ug = unit_granularity(max_units)
-    qw = -(-tokens // g)
-    qu = -(-units // ug)
     cap_w = cfg.max_tokens // g
+    if cap_w < 1:
+        raise ConfigError(f"--token-granularity {g} exceeds --max-tokens {cfg.max_tokens}; lower the granularity")
+    max_units = int(max_units)
+    ug = unit_granularity(max_units)
     cap_u = max_units // ug
-    value = cfg.text_weight * tokens + cfg.vision_weight * units
+    tokens_eff = tokens.copy()
     plan = PackPlan(np.zeros(0, np.int64), np.zeros(1, np.int64))
-    packs: list[list[int]] = []
-    too_big_tokens = tokens > cfg.max_tokens
-    too_big_units = units > max_units
-    fits = np.ones(n, dtype=bool)
-    for i in np.flatnonzero(too_big_tokens | too_big_units):
-        i = int(i)
+    too_many_tokens = tokens > cfg.max_tokens
+    too_many_units = units > max_units
+    fits = ~(too_many_tokens | too_many_units)
+    for i in np.flatnonzero(~fits).tolist():
         if cfg.oversize == "fail":
             raise OversizeSampleError(
                 f"sample at index {i} needs {tokens[i]:,} tokens and {units[i]:,} vision units but a pack holds "
                 f"{cfg.max_tokens:,} and {max_units:,}; raise --max-tokens/--max-vision-units or use --oversize drop"
             )
-        if cfg.oversize == "truncate" and not too_big_units[i] and not has_media[i]:
+        if cfg.oversize == "truncate" and not too_many_units[i] and not has_media[i]:
             plan.truncated.append(i)
-            qw[i] = cap_w
-            continue
-        fits[i] = False
-        if cfg.oversize == "alone":
+            tokens_eff[i] = cfg.max_tokens
+            fits[i] = True
+        elif cfg.oversize == "alone":
             plan.alone.append(i)
         else:
             plan.dropped.append(i)
+    # a sample that fits the true token capacity always fits the quantized one on its own
+    qw = np.minimum(-(-tokens_eff // g), cap_w)
+    qu = -(-units // ug)
+    value = cfg.text_weight * tokens_eff + cfg.vision_weight * units
     stream = np.flatnonzero(fits)
-    buffer: list[int] = []
-    pos = 0
-    max_k = cfg.max_samples_per_pack
-    while pos < len(stream) or buffer:
-        while len(buffer) < cfg.buffer_size and pos < len(stream):
-            buffer.append(int(stream[pos]))
-            pos += 1
-        idx = np.asarray(buffer, dtype=np.int64)
-        _, chosen = solve_knapsack_2d(qw[idx], qu[idx], value[idx], cap_w, cap_u)
-        sel = np.flatnonzero(chosen)
-        if max_k is not None and len(sel) > max_k:
-            # keep the most valuable max_k of the optimum (stable order); exact under the extra limit is future work
-            top = np.argsort(-value[idx[sel]], kind="stable")[:max_k]
-            sel = np.sort(sel[top])
-        if len(sel) == 0:
-            sel = np.array([0])
-        packs.append([buffer[j] for j in sel])
-        taken = set(sel.tolist())
-        buffer = [b for j, b in enumerate(buffer) if j not in taken]
-    for i in plan.alone:
-        packs.append([i])
+    packs = _buffer_packs(stream, qw, qu, value, cap_w, cap_u, cfg.buffer_size, cfg.max_samples_per_pack)
+    n_flush = packs.pop()
+    packs, saved = _reoptimize_tail(packs, n_flush, qw, qu, value, cap_w, cap_u, cfg.max_samples_per_pack)
+    plan.tail_packs_saved = saved
+    packs.extend(np.array([i], dtype=np.int64) for i in plan.alone)
     sizes = np.array([len(p) for p in packs], dtype=np.int64)
     plan.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    plan.order = np.asarray([i for p in packs for i in p], dtype=np.int64)
+    plan.order = np.concatenate(packs).astype(np.int64) if packs else np.zeros(0, np.int64)
     return plan
+
+
+def _buffer_packs(stream, qw, qu, value, cap_w, cap_u, buffer_size, max_k) -> list:
+    """The fill-solve-emit-refill loop; the last list element is the number of flush packs.
+
+    The largest buffered sample (by the larger of its two relative sizes; the oldest among
+    equals) anchors each pack, and the exact knapsack fills the capacity it leaves. Samples
+    that cannot share a pack with each other then each get the best filling, instead of
+    the smaller ones being spent early on packs that did not need them.
+    """
+    solver = KnapsackSolver(cap_w, cap_u, None if max_k is None else max_k - 1)
+    packs: list = []
+    buf = np.zeros(0, dtype=np.int64)
+    pos = 0
+    n_flush = 0
+    while pos < len(stream) or len(buf):
+        if len(buf) < buffer_size and pos < len(stream):
+            take = min(buffer_size - len(buf), len(stream) - pos)
+            buf = np.concatenate([buf, stream[pos:pos + take]])
+            pos += take
+        if pos == len(stream):
+            n_flush += 1
+        rel = np.maximum(qw[buf] / cap_w, qu[buf] / cap_u if cap_u else 0.0)
+        j = int(np.argmax(rel))
+        rest = np.delete(buf, j)
+        _, ch = solver.solve(qw[rest], qu[rest], value[rest], cap_w - int(qw[buf[j]]), cap_u - int(qu[buf[j]]))
+        chosen = np.insert(ch, j, True)
+        packs.append(buf[chosen])
+        buf = buf[~chosen]
+    packs.append(n_flush)
+    return packs
+
+
+def _reoptimize_tail(packs, n_flush, qw, qu, value, cap_w, cap_u, max_k) -> tuple[list, int]:
+    """Re-pack the flush packs and the ``TAIL_PACKS`` before them, keeping the best plan.
+
+    The plain flush fills the first packs best and leaves the hard samples for the last
+    ones. Candidates over the same samples: the plain result, first-fit and best-fit
+    decreasing by the larger relative size, and "largest first, then knapsack-fill".
+    The fewest packs wins, then the fuller emptiest pack; the plain result wins ties.
+    """
+    k = min(len(packs), n_flush + TAIL_PACKS)
+    if k <= 1:
+        return packs, 0
+    head, tail = packs[:-k], packs[-k:]
+    items = np.sort(np.concatenate(tail))
+    cands = [tail, _fit_decreasing(items, qw, qu, cap_w, cap_u, max_k, best=False),
+             _fit_decreasing(items, qw, qu, cap_w, cap_u, max_k, best=True),
+             _largest_then_fill(items, qw, qu, value, cap_w, cap_u, max_k)]
+
+    def score(ps):
+        fill = min(max(qw[p].sum() / cap_w, qu[p].sum() / cap_u if cap_u else 0.0) for p in ps)
+        return (len(ps), -fill)
+
+    best = min(range(len(cands)), key=lambda c: (score(cands[c]), c))
+    return head + cands[best], len(tail) - len(cands[best])
+
+
+def _fit_decreasing(items, qw, qu, cap_w, cap_u, max_k, best: bool) -> list:
+    key = np.maximum(qw[items] / cap_w, qu[items] / cap_u if cap_u else 0.0)
+    order = items[np.argsort(-key, kind="stable")]
+    loads_w: list[int] = []
+    loads_u: list[int] = []
+    bins: list[list[int]] = []
+    for i in order.tolist():
+        pick = -1
+        slack = None
+        for j in range(len(bins)):
+            if loads_w[j] + qw[i] <= cap_w and loads_u[j] + qu[i] <= cap_u and (max_k is None or len(bins[j]) < max_k):
+                if not best:
+                    pick = j
+                    break
+                s = (cap_w - loads_w[j] - qw[i]) / cap_w + ((cap_u - loads_u[j] - qu[i]) / cap_u if cap_u else 0.0)
+                if slack is None or s < slack:
+                    pick, slack = j, s
+        if pick < 0:
+            bins.append([])
+            loads_w.append(0)
+            loads_u.append(0)
+            pick = len(bins) - 1
+        bins[pick].append(i)
+        loads_w[pick] += int(qw[i])
+        loads_u[pick] += int(qu[i])
+    return [np.array(sorted(b), dtype=np.int64) for b in bins]
+
+
+def _largest_then_fill(items, qw, qu, value, cap_w, cap_u, max_k) -> list:
+    rest = items.copy()
+    out = []
+    while len(rest):
+        key = np.maximum(qw[rest] / cap_w, qu[rest] / cap_u if cap_u else 0.0)
+        j = int(np.argmax(key))
+        seed = rest[j]
+        rest = np.delete(rest, j)
+        pack = [int(seed)]
+        if len(rest) and (max_k is None or max_k > 1):
+            solver = KnapsackSolver(cap_w - int(qw[seed]), cap_u - int(qu[seed]), None if max_k is None else max_k - 1)
+            _, chosen = solver.solve(qw[rest], qu[rest], value[rest])
+            pack += rest[chosen].tolist()
+            rest = rest[~chosen]
+        out.append(np.array(sorted(pack), dtype=np.int64))
+    return out
 
 
 def _list_values(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     return pc.list_flatten(arr).to_numpy(zero_copy_only=False)
-
-
-def _truncate(table: pa.Table, rows: list[int], max_tokens: int) -> pa.Table:
-    """Cut text-only rows to ``max_tokens``; the last kept token predicts nothing."""
-    if not rows:
-        return table
-    pylist = table.to_pylist()
-    for r in rows:
-        row = pylist[r]
-        for col in ("input_ids", "target_ids", "position_ids", "subsegment_ids"):
-            row[col] = row[col][:max_tokens]
-        row["target_ids"][-1] = -100
-        row["n_tokens"] = max_tokens
-    return pa.Table.from_pylist(pylist, schema=table.schema)
 
 
 def assemble_packs(
@@ -161,14 +259,26 @@ def assemble_packs(
     renumbered ``k * 100000 + id`` for the pack's ``k``-th sample; media spans are
     shifted by the sample's start in the pack. ``media_data(media_struct)`` returns the
     bytes to embed for one media item (``None`` keeps media by reference).
+
+    Rows listed in ``plan.truncated`` (indices into ``table``; text-only by construction)
+    are cut to their first ``max_tokens`` tokens with a mask over the flattened token
+    columns, and the last kept token's target becomes ``-100``.
     """
-    if plan.truncated and max_tokens is not None:
-        table = _truncate(table, plan.truncated, max_tokens)
-    taken = table.take(pa.array(plan.order))
+    taken = table.take(pa.array(plan.order, type=pa.int64()))
     n_samples = taken.num_rows
     n_packs = plan.n_packs
     pack_off = plan.offsets
-    lengths = taken["n_tokens"].to_numpy().astype(np.int64)
+    full = taken["n_tokens"].to_numpy().astype(np.int64)
+    lengths = full
+    keep_tok = None
+    if plan.truncated and max_tokens is not None:
+        # truncation (text-only rows) as a mask over the flattened tokens, no row loop
+        cut = np.zeros(table.num_rows, dtype=bool)
+        cut[np.asarray(plan.truncated, dtype=np.int64)] = True
+        cut = cut[plan.order] & (full > max_tokens)
+        lengths = np.where(cut, max_tokens, full)
+        pos_in_row = np.arange(int(full.sum()), dtype=np.int64) - np.repeat(np.cumsum(full) - full, full)
+        keep_tok = pos_in_row < np.repeat(lengths, full)
     pack_of = np.repeat(np.arange(n_packs), np.diff(pack_off))
     k_in_pack = np.arange(n_samples) - pack_off[pack_of]
     sample_end = np.cumsum(lengths)
@@ -176,10 +286,14 @@ def assemble_packs(
     tok_pack_off = np.concatenate([[0], sample_end])[pack_off]
     start_in_pack = sample_start - tok_pack_off[pack_of]
 
+    def values(name: str) -> np.ndarray:
+        x = _list_values(taken[name])
+        return x if keep_tok is None else x[keep_tok]
+
     def token_list(values: np.ndarray) -> pa.Array:
         return pa.ListArray.from_arrays(pa.array(tok_pack_off.astype(np.int32)), pa.array(values.astype(np.int32, copy=False)))
 
-    sub = _list_values(taken["subsegment_ids"]).astype(np.int64)
+    sub = values("subsegment_ids").astype(np.int64)
     sub = sub + np.repeat(k_in_pack * SUBSEGMENT_STRIDE, lengths)
     # cu_seqlens: per pack [0, end_0, end_1, ...] relative to the pack start
     cu_off = pack_off + np.arange(n_packs + 1)
@@ -209,15 +323,20 @@ def assemble_packs(
     m_pack_off = np.concatenate([[0], np.cumsum(m_counts)])[pack_off]
     media = pa.ListArray.from_arrays(pa.array(m_pack_off.astype(np.int32)), media_struct)
 
+    target = values("target_ids")
+    if keep_tok is not None:
+        # the last kept token of a cut row would predict a token that is gone
+        target = target.copy()
+        target[(sample_end - 1)[cut]] = -100
     units = taken["n_vision_units"].to_numpy().astype(np.int64)
     cols = {
         "pack_index": pa.array(np.arange(first_pack_index, first_pack_index + n_packs, dtype=np.int64)),
         "n_tokens": pa.array(np.diff(tok_pack_off).astype(np.int32)),
         "n_vision_units": pa.array(np.add.reduceat(units, pack_off[:-1]).astype(np.int32) if n_samples else np.zeros(0, np.int32)),
         "sample_ids": pa.ListArray.from_arrays(pa.array(pack_off.astype(np.int32)), taken["sample_id"].combine_chunks()),
-        "input_ids": token_list(_list_values(taken["input_ids"])),
-        "target_ids": token_list(_list_values(taken["target_ids"])),
-        "position_ids": token_list(_list_values(taken["position_ids"])),
+        "input_ids": token_list(values("input_ids")),
+        "target_ids": token_list(target),
+        "position_ids": token_list(values("position_ids")),
         "subsegment_ids": token_list(sub),
         "cu_seqlens": cu,
         "media": media,

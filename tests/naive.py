@@ -1,0 +1,31 @@
+"""Slow, obviously-correct twins of the fast code, for tests only."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def brute_force_knapsack(w, u, v, max_w: int, max_u: int, max_items: int | None = None) -> tuple[int, np.ndarray]:
+    """Best value over all ``2**n`` subsets, and the subset the kernel's tie rule picks.
+
+    The tie rule (see ``packtool.knapsack``): among optimal subsets, compare from the last
+    item backwards; the first item where two differ is left out. Encoding a subset as the
+    integer ``sum(2**i)``, that is the optimal subset with the smallest integer.
+    """
+    n = len(w)
+    best, best_mask = -1, 0
+    for mask in range(1 << n):
+        idx = [i for i in range(n) if mask >> i & 1]
+        if max_items is not None and len(idx) > max_items:
+            continue
+        if sum(int(w[i]) for i in idx) <= max_w and sum(int(u[i]) for i in idx) <= max_u:
+            val = sum(int(v[i]) for i in idx)
+            if val > best:  # masks ascend, so the first optimum has the smallest integer
+                best, best_mask = val, mask
+    return best, np.array([bool(best_mask >> i & 1) for i in range(n)], dtype=bool)
+
+
+def pack_capacity_ok(tokens, units, packs, max_tokens: int, max_units: int) -> bool:
+    """Every pack within both capacities (plain Python sums)."""
+    return all(sum(int(tokens[i]) for i in p) <= max_tokens and sum(int(units[i]) for i in p) <= max_units
+               for p in packs)

@@ -1,0 +1,136 @@
+"""The knapsack kernel against its brute-force twin, the numpy reference DP, and edge cases."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packtool.knapsack import KnapsackSolver, max_cardinality, solve_knapsack_2d
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.naive import brute_force_knapsack  # noqa: E402
+
+JIT = os.environ.get("NUMBA_DISABLE_JIT", "0") != "1"
+
+
+def _random_instance(rng, n_max=14):
+    n = int(rng.integers(0, n_max + 1))
+    w = rng.integers(0, 12, n)
+    u = rng.integers(0, 6, n)
+    v = rng.integers(0, 40, n)
+    return w, u, v, int(rng.integers(0, 30)), int(rng.integers(0, 12))
+
+
+def test_docstring_example():
+    value, chosen = solve_knapsack_2d(np.array([3, 4, 5]), np.array([1, 1, 2]), np.array([3, 4, 5]), 8, 3)
+    assert value == 8 and chosen.tolist() == [True, False, True]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_matches_brute_force_on_random_small_buffers(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(60 if JIT else 15):
+        w, u, v, cw, cu = _random_instance(rng, 14 if JIT else 10)
+        value, chosen = solve_knapsack_2d(w, u, v, cw, cu)
+        ref, ref_set = brute_force_knapsack(w, u, v, cw, cu)
+        assert value == ref
+        assert w[chosen].sum() <= cw and u[chosen].sum() <= cu and v[chosen].sum() == value
+        assert chosen.tolist() == ref_set.tolist()  # the documented tie rule
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_item_limit_is_exact(seed):
+    rng = np.random.default_rng(100 + seed)
+    for _ in range(40 if JIT else 10):
+        w, u, v, cw, cu = _random_instance(rng, 12 if JIT else 8)
+        k = int(rng.integers(0, 5))
+        value, chosen = solve_knapsack_2d(w, u, v, cw, cu, max_items=k)
+        ref, _ = brute_force_knapsack(w, u, v, cw, cu, max_items=k)
+        assert value == ref
+        assert chosen.sum() <= k and w[chosen].sum() <= cw and u[chosen].sum() <= cu and v[chosen].sum() == value
+
+
+@settings(max_examples=60 if JIT else 20, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 4), st.integers(0, 30)), max_size=11),
+       st.integers(0, 25), st.integers(0, 8))
+def test_property_feasible_optimal_deterministic(items, cw, cu):
+    w, u, v = (np.array([it[k] for it in items], dtype=np.int64) for k in range(3))
+    a = solve_knapsack_2d(w, u, v, cw, cu)
+    b = solve_knapsack_2d(w.copy(), u.copy(), v.copy(), cw, cu)
+    assert a[0] == b[0] and a[1].tolist() == b[1].tolist()
+    assert a[0] == brute_force_knapsack(w, u, v, cw, cu)[0]
+
+
+def test_prefix_reuse_gives_the_same_answers():
+    """A solver reused across buffers that share a prefix answers exactly like fresh solves."""
+    rng = np.random.default_rng(5)
+    cw, cu = (512, 128) if JIT else (40, 12)
+    n = 48 if JIT else 20
+    scale = 1 if JIT else 12
+    w = rng.integers(5, 60, n) // scale + 1
+    u = rng.integers(0, 14, n) // (1 if JIT else 2)
+    v = w * 32 + u * 30 - rng.integers(0, 31, n)
+    solver = KnapsackSolver(cw, cu)
+    reused = 0
+    for _ in range(12 if JIT else 5):
+        value, chosen = solver.solve(w, u, v)
+        fresh = solve_knapsack_2d(w, u, v, cw, cu)
+        assert value == fresh[0] and chosen.tolist() == fresh[1].tolist()
+        reused += solver.last_items_processed < n
+        # drop the chosen items, append new ones: the unchanged prefix is reusable
+        keep = ~chosen
+        k = int(chosen.sum())
+        w = np.concatenate([w[keep], rng.integers(5, 60, k) // scale + 1])
+        u = np.concatenate([u[keep], rng.integers(0, 14, k) // (1 if JIT else 2)])
+        v = np.concatenate([v[keep], w[-k:] * 32 + u[-k:] * 30 - rng.integers(0, 31, k)]) if k else v[keep]
+    assert reused >= 1
+
+
+def test_reduced_capacity_per_call():
+    solver = KnapsackSolver(10, 5)
+    w, u, v = np.array([4, 6, 3]), np.array([1, 2, 1]), np.array([4, 6, 3])
+    assert solver.solve(w, u, v, max_w=7)[0] == brute_force_knapsack(w, u, v, 7, 5)[0] == 7
+    with pytest.raises(ValueError, match="within"):
+        solver.solve(w, u, v, max_w=11)
+
+
+@pytest.mark.skipif(not JIT, reason="full Molmo2-size tables are slow without the compiler")
+def test_agrees_with_numpy_reference_at_molmo2_settings():
+    from bench.baselines import numpy_dp_solve
+
+    rng = np.random.default_rng(9)
+    solver = KnapsackSolver(512, 128)
+    for _ in range(20):
+        units = np.where(rng.random(48) < 0.1, 0, rng.integers(1, 40, 48))
+        tokens = units * 144 + rng.integers(10, 2000, 48)
+        w, v = -(-tokens // 32), tokens + 30 * units
+        ref_value, ref_set = numpy_dp_solve(w, units, v, 512, 128)
+        value, chosen = solver.solve(w, units, v)
+        assert value == ref_value and chosen.tolist() == ref_set.tolist()
+
+
+def test_edge_cases():
+    empty = np.zeros(0, dtype=np.int64)
+    assert solve_knapsack_2d(empty, empty, empty, 5, 5)[0] == 0
+    # zero weights and zero values; an item larger than the capacity
+    w, u, v = np.array([0, 0, 9, 2]), np.array([0, 3, 0, 1]), np.array([5, 0, 50, 4])
+    value, chosen = solve_knapsack_2d(w, u, v, 4, 2)
+    assert value == 9 and chosen.tolist() == [True, False, False, True]
+    with pytest.raises(ValueError, match="non-negative"):
+        solve_knapsack_2d(np.array([-1]), np.array([0]), np.array([1]), 3, 3)
+    with pytest.raises(ValueError, match="equal length"):
+        solve_knapsack_2d(np.array([1, 2]), np.array([0]), np.array([1]), 3, 3)
+    # large values switch to a wider table type without overflow
+    big = np.array([30000, 30000, 30000])
+    assert solve_knapsack_2d(np.array([1, 1, 1]), np.array([0, 0, 0]), big, 2, 0)[0] == 60000
+
+
+def test_max_cardinality():
+    assert max_cardinality(np.array([1, 1, 5]), np.array([0, 3, 0]), 6, 2) == 2
+    assert max_cardinality(np.array([1, 1]), np.array([0, 0]), 10, 10) == 2
