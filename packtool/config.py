@@ -110,10 +110,10 @@ class PackConfig(_Digestible):
 
     max_tokens: int = 16384
     max_vision_units: int | None = None
-    buffer_size: int = 256
+    buffer_size: int = 64
     text_weight: int = 1
     vision_weight: int = 0
-    token_granularity: int = 32
+    token_granularity: int = 16
     oversize: str = "drop"
     max_samples_per_pack: int | None = None
     media: str = "embed"
