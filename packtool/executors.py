@@ -158,16 +158,37 @@ def run_tasks(
 _QUEUE: Any = None
 
 
-def _pool_init(q) -> None:
+def _pool_init(q, driver: int) -> None:
     global _QUEUE
     _QUEUE = q
     # Workers leave the interrupt to the driver, which terminates the pool.
     import signal
+    import threading
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_driver, args=(driver,), daemon=True).start()
 
 
-def _pool_entry(fn, task) -> dict:
+def _exit_with_driver(driver: int) -> None:
+    """A worker whose driver was killed (kill -9, node lost) stops within a second instead
+    of finishing its task unseen."""
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(driver, 0)
+        except ProcessLookupError:
+            os._exit(1)
+        except PermissionError:
+            pass
+
+
+def _pool_entry(fn, task, driver: int) -> dict:
+    try:
+        os.kill(driver, 0)
+    except ProcessLookupError:  # the driver is gone: start nothing new
+        os._exit(1)
+    except PermissionError:
+        pass
     rep = Reporter(_QUEUE.put)
     res = fn(task, rep)
     rep.flush()
@@ -223,11 +244,11 @@ def _run_pool(fn, tasks, workers, progress, collect) -> None:
     q = ctx.Queue()
     # A pool of processes that dies loudly: a worker killed (OOM, kill -9) breaks the pool
     # instead of leaving its task waiting forever.
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pool_init, initargs=(q,))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pool_init, initargs=(q, os.getpid()))
     ok = False
     try:
         with _MainHidden():
-            futures = {pool.submit(_pool_entry, fn, task): i for i, task in enumerate(tasks)}
+            futures = {pool.submit(_pool_entry, fn, task, os.getpid()): i for i, task in enumerate(tasks)}
         while futures:
             done, _ = wait(list(futures), timeout=0.2, return_when=FIRST_COMPLETED)
             _drain(q, progress)

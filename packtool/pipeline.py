@@ -90,7 +90,7 @@ class _TaskErrors:
 
     def __init__(self, out_dir: Path, task: int, max_errors: int | None, on_error: str) -> None:
         self.final = task_errors_path(out_dir, task)
-        self.tmp = self.final.with_name(f".{self.final.name}.tmp")
+        self.tmp = self.final.with_name(f".{self.final.name}.{os.getpid()}.tmp")
         self.fh = open(self.tmp, "w", encoding="utf-8")
         self.by_reason: Counter[str] = Counter()
         self.max_errors = max_errors

@@ -1,6 +1,6 @@
 """Shard writer and reader as a pair: atomic shards, manifest last, sha256 per shard.
 
-A shard is written as ``.part-NNNNN.parquet.tmp`` and renamed into place only once
+A shard is written as ``.part-NNNNN.parquet.<pid>.tmp`` and renamed into place only once
 closed; ``manifest.json`` is written (atomically too) after every shard is in place.
 Readers trust the manifest: a shard not listed there does not exist.
 """
@@ -98,6 +98,11 @@ class ShardWriter:
         self._writer: pq.ParquetWriter | None = None
         self._rows_in_shard = 0
 
+    def _tmp(self) -> Path:
+        # the pid keeps two writers of one shard (a resumed run and a straggler of the
+        # killed one) apart; both rename identical bytes into place
+        return self.out_dir / f".{shard_name(self._index, self.prefix)}.{os.getpid()}.tmp"
+
     def write_table(self, table: pa.Table) -> None:
         """Append rows; shards and row groups are cut at fixed row counts, so output is deterministic."""
         table = table.cast(self.schema) if table.schema != self.schema else table
@@ -121,7 +126,7 @@ class ShardWriter:
             table = pa.concat_tables(self._pending)
             n = min(self.row_group_rows, table.num_rows)
             if self._writer is None:
-                tmp = self.out_dir / f".{shard_name(self._index, self.prefix)}.tmp"
+                tmp = self._tmp()
                 self._writer = pq.ParquetWriter(tmp, self.schema, **_WRITE_OPTS)
             self._writer.write_table(table.slice(0, n).combine_chunks(), row_group_size=n)
             self._rows_in_shard += n
@@ -136,7 +141,7 @@ class ShardWriter:
         self._writer.close()
         self._writer = None
         name = shard_name(self._index, self.prefix)
-        tmp = self.out_dir / f".{name}.tmp"
+        tmp = self._tmp()
         final = self.out_dir / name
         os.replace(tmp, final)
         self.shards.append({"file": name, "rows": self._rows_in_shard, "bytes": final.stat().st_size, "sha256": sha256_file(final)})
@@ -155,7 +160,7 @@ class ShardWriter:
             self.close()
         elif self._writer is not None:
             self._writer.close()
-            (self.out_dir / f".{shard_name(self._index, self.prefix)}.tmp").unlink(missing_ok=True)
+            self._tmp().unlink(missing_ok=True)
 
 
 def write_manifest(out_dir: Path, kind: str, config: dict, config_digest: str, shards: list[dict], **extra) -> dict:
