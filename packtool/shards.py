@@ -227,7 +227,8 @@ def _run_diff(old: dict, new: dict) -> list[str]:
     diff = []
     if old.get("kind") != new.get("kind"):
         diff.append(f"kind: {old.get('kind')} -> {new.get('kind')}")
-    diff += config_diff(old.get("config", {}), new.get("config", {}))
+    # max_errors decides when to stop, not what is written: a resume may change it
+    diff += [d for d in config_diff(old.get("config", {}), new.get("config", {})) if not d.startswith("max_errors:")]
     if old.get("world_size") != new.get("world_size"):
         diff.append(f"world_size: {old.get('world_size')} -> {new.get('world_size')}")
     old_in, new_in = old.get("inputs", {}), new.get("inputs", {})
