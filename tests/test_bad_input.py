@@ -252,3 +252,12 @@ def test_on_error_fail_stops_at_the_first_bad_row(media, tmp_path):
     with pytest.raises(TooManyErrorsError, match=r"in.jsonl:1 \(sample 'bad'\) rejected, missing_media: .*--on-error fail"):
         tokenize_dataset([src], tmp_path / "tok", TokenizeConfig(media_root=str(media)), workers=1, on_error="fail")
     assert not (tmp_path / "tok" / "manifest.json").exists()
+
+
+def test_readme_lists_every_reason_code():
+    from packtool.errors import REASON_CODES
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Reason codes", 1)[1].split("\n## ", 1)[0]
+    listed = {line.split("`")[1] for line in section.splitlines() if line.startswith("| `")}
+    assert listed == set(REASON_CODES)
