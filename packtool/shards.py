@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -75,8 +76,49 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def row_bytes(table: pa.Table) -> np.ndarray:
+    """Payload bytes of each row: list values at their width, binaries at their length.
+
+    A function of the rows alone (not of how they were batched), so row groups cut by it
+    are the same whatever produced the table.
+
+    Example:
+        >>> row_bytes(pa.table({"ids": pa.array([[1, 2, 3], []], pa.list_(pa.int32()))})).tolist()
+        [12, 0]
+    """
+    sizes = np.zeros(table.num_rows, dtype=np.int64)
+    for col in table.columns:
+        sizes += _array_bytes(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
+    return sizes
+
+
+def _array_bytes(arr: pa.Array) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    t = arr.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        inner = _array_bytes(pc.list_flatten(arr))
+        ends = np.cumsum(lengths)
+        csum = np.concatenate([[0], np.cumsum(inner)])
+        return csum[ends] - csum[ends - lengths]
+    if pa.types.is_struct(t):
+        out = np.zeros(len(arr), dtype=np.int64)
+        for i in range(t.num_fields):
+            out += _array_bytes(arr.field(i))
+        return out
+    if pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_string(t):
+        return pc.fill_null(pc.binary_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    width = getattr(t, "bit_width", 64)
+    return np.full(len(arr), max(1, width // 8), dtype=np.int64)
+
+
 class ShardWriter:
     """Writes rows to numbered Parquet shards of at most ``rows_per_shard`` rows each.
+
+    Row groups hold ``row_group_rows`` rows, or fewer when their payload would pass
+    ``max_group_bytes`` (packs with embedded media), so memory stays bounded; both cuts
+    depend only on the rows, so the bytes are deterministic.
 
     Example:
         >>> with ShardWriter(out, schema, rows_per_shard=1000) as w:   # doctest: +SKIP
@@ -85,7 +127,7 @@ class ShardWriter:
     """
 
     def __init__(self, out_dir: Path, schema: pa.Schema, rows_per_shard: int, row_group_rows: int = 1024,
-                 prefix: str = "part", first_index: int = 0) -> None:
+                 prefix: str = "part", first_index: int = 0, max_group_bytes: int = 64 << 20) -> None:
         self.out_dir = Path(out_dir)
         self.schema = schema
         self.rows_per_shard = rows_per_shard
@@ -95,6 +137,8 @@ class ShardWriter:
         self._index = first_index
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
+        self._pending_bytes = np.zeros(0, dtype=np.int64)
+        self.max_group_bytes = max_group_bytes
         self._writer: pq.ParquetWriter | None = None
         self._rows_in_shard = 0
 
@@ -106,12 +150,14 @@ class ShardWriter:
     def write_table(self, table: pa.Table) -> None:
         """Append rows; shards and row groups are cut at fixed row counts, so output is deterministic."""
         table = table.cast(self.schema) if table.schema != self.schema else table
+        sizes = row_bytes(table)
         offset = 0
         while offset < table.num_rows:
             room = self.rows_per_shard - self._rows_in_shard - self._pending_rows
             take = min(room, table.num_rows - offset)
             self._pending.append(table.slice(offset, take))
             self._pending_rows += take
+            self._pending_bytes = np.concatenate([self._pending_bytes, sizes[offset:offset + take]])
             offset += take
             self._flush_groups(final=False)
             if self._rows_in_shard + self._pending_rows >= self.rows_per_shard:
@@ -121,10 +167,17 @@ class ShardWriter:
         if rows:
             self.write_table(pa.Table.from_pylist(rows, schema=self.schema))
 
+    def _group_cut(self) -> int:
+        """Rows of the next row group: up to ``row_group_rows``, within ``max_group_bytes`` (at least 1)."""
+        n = min(self.row_group_rows, self._pending_rows)
+        over = np.flatnonzero(np.cumsum(self._pending_bytes[:n]) > self.max_group_bytes)
+        return max(1, int(over[0])) if len(over) else n
+
     def _flush_groups(self, final: bool) -> None:
-        while self._pending_rows >= self.row_group_rows or (final and self._pending_rows):
+        while self._pending_rows and (final or self._pending_rows >= self.row_group_rows
+                                      or self._group_cut() < self._pending_rows):
             table = pa.concat_tables(self._pending)
-            n = min(self.row_group_rows, table.num_rows)
+            n = self._group_cut()
             if self._writer is None:
                 tmp = self._tmp()
                 self._writer = pq.ParquetWriter(tmp, self.schema, **_WRITE_OPTS)
@@ -133,6 +186,7 @@ class ShardWriter:
             rest = table.slice(n)
             self._pending = [rest] if rest.num_rows else []
             self._pending_rows = rest.num_rows
+            self._pending_bytes = self._pending_bytes[n:]
 
     def _close_shard(self) -> None:
         self._flush_groups(final=True)

@@ -139,3 +139,26 @@ def test_every_row_lands_in_exactly_one_place(corpus, tmp_path):
     assert len(packed_ids) + len(errs) == 500 and got == expected
     bad = next(e for e in errs if e["reason"] == "bad_json")
     assert (bad["source"], bad["row"]) == (str(src), 3)
+
+
+def test_row_groups_are_cut_by_bytes_the_same_way_however_rows_arrive(demo_dirs, tmp_path):
+    import pyarrow.parquet as pq
+
+    from packtool.schema import PACKED
+    from packtool.shards import ShardWriter, row_bytes
+
+    manifest = json.loads((demo_dirs["packed"] / "manifest.json").read_text())
+    table = pq.read_table(demo_dirs["packed"] / manifest["shards"][0]["file"])
+    sizes = row_bytes(table)
+    assert all(sizes > table["n_tokens"].to_numpy() * 16)  # tokens (4 columns) plus embedded images
+    limit = int(sizes.max()) + 1  # about one pack per row group
+    outs = []
+    for name, pieces in (("whole", [table]), ("one-by-one", [table.slice(i, 1) for i in range(table.num_rows)])):
+        (tmp_path / name).mkdir()
+        with ShardWriter(tmp_path / name, PACKED, rows_per_shard=1000, row_group_rows=256, max_group_bytes=limit) as w:
+            for piece in pieces:
+                w.write_table(piece)
+        outs.append(w.shards[0]["sha256"])
+        meta = pq.ParquetFile(tmp_path / name / w.shards[0]["file"]).metadata
+        assert meta.num_row_groups >= table.num_rows - 1
+    assert outs[0] == outs[1]
