@@ -287,6 +287,10 @@ class KnapsackSolver:
         #: items processed by the DP in the last call (for benchmarks and tests)
         self.last_items_processed = 0
 
+    def reset(self) -> None:
+        """Forget the previous call, so the next one solves from scratch (keeps the workspace)."""
+        self._prev = None
+
     def _workspace(self, n: int, dtype) -> None:
         rows, cols = self.max_u + 1, self.max_w + 1 + PAD
         size = (n // CHECKPOINT_EVERY + 2) * rows * cols * np.dtype(dtype).itemsize

@@ -69,22 +69,26 @@ def unit_granularity(max_units: int) -> int:
     return max(1, -(-max_units // MAX_UNIT_CELLS))
 
 
-def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg: PackConfig, max_units: int) -> PackPlan:
+def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg: PackConfig, max_units: int,
+               anchor: bool = False) -> PackPlan:
     """Plan packs for samples with the given token and vision-unit counts, in stream order.
 
     The buffer policy (DESIGN.md §4)::
 
-        stream ─▶ buffer (arrival order, ≤ buffer_size) ─▶ anchor = largest sample
-              ─knapsack over the rest, capacity left by the anchor─▶ pack ─▶ refill
+        stream ─▶ buffer (arrival order, ≤ buffer_size) ─knapsack─▶ pack ─▶ drop chosen ─▶ refill
         end of stream: re-solve until empty, then re-optimize the tail (last packs + flush)
 
-    Each pack holds the anchor (the buffered sample with the largest relative size, tokens
-    or units; the oldest among equals) plus the exact optimum over the rest of the buffer of
+    Each pack is the exact optimum over the current buffer of
     ``text_weight * tokens + vision_weight * units`` (exact counts) subject to
     ``sum(ceil(tokens / g)) <= floor(max_tokens / g)`` (``g = token_granularity``),
     ``sum(units) <= max_units`` (units rounded up by :func:`unit_granularity` only when
-    ``max_units > MAX_UNIT_CELLS``) and, if set, ``count <= max_samples_per_pack``, all
-    counted with the anchor. Ties go to older samples. Every pack fits the true capacities.
+    ``max_units > MAX_UNIT_CELLS``) and, if set, ``count <= max_samples_per_pack``. Ties go
+    to older samples. Every pack fits the true capacities.
+
+    ``anchor=True`` (library only) first puts the largest buffered sample in each pack and
+    fills the capacity it leaves exactly. Measured in ``bench/bench_pack.py`` it helps a
+    long-video mix with large buffers on small corpora but costs packs at 40,000 samples, so
+    it is off by default.
 
     Oversize samples (more tokens or units than a pack holds) follow ``cfg.oversize``:
     ``fail`` raises, ``drop`` drops, ``alone`` gives each its own pack (over capacity, at the
@@ -128,7 +132,7 @@ def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg
     qu = -(-units // ug)
     value = cfg.text_weight * tokens_eff + cfg.vision_weight * units
     stream = np.flatnonzero(fits)
-    packs = _buffer_packs(stream, qw, qu, value, cap_w, cap_u, cfg.buffer_size, cfg.max_samples_per_pack)
+    packs = _buffer_packs(stream, qw, qu, value, cap_w, cap_u, cfg.buffer_size, cfg.max_samples_per_pack, anchor)
     n_flush = packs.pop()
     packs, saved = _reoptimize_tail(packs, n_flush, qw, qu, value, cap_w, cap_u, cfg.max_samples_per_pack)
     plan.tail_packs_saved = saved
@@ -139,15 +143,15 @@ def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg
     return plan
 
 
-def _buffer_packs(stream, qw, qu, value, cap_w, cap_u, buffer_size, max_k) -> list:
+def _buffer_packs(stream, qw, qu, value, cap_w, cap_u, buffer_size, max_k, anchor: bool = False) -> list:
     """The fill-solve-emit-refill loop; the last list element is the number of flush packs.
 
-    The largest buffered sample (by the larger of its two relative sizes; the oldest among
-    equals) anchors each pack, and the exact knapsack fills the capacity it leaves. Samples
-    that cannot share a pack with each other then each get the best filling, instead of
-    the smaller ones being spent early on packs that did not need them.
+    With ``anchor`` the largest buffered sample (by the larger of its two relative sizes;
+    the oldest among equals) is put in each pack first and the exact knapsack fills the
+    capacity it leaves.
     """
-    solver = KnapsackSolver(cap_w, cap_u, None if max_k is None else max_k - 1)
+    limit = max_k if max_k is None or not anchor else max_k - 1
+    solver = KnapsackSolver(cap_w, cap_u, limit)
     packs: list = []
     buf = np.zeros(0, dtype=np.int64)
     pos = 0
@@ -159,11 +163,16 @@ def _buffer_packs(stream, qw, qu, value, cap_w, cap_u, buffer_size, max_k) -> li
             pos += take
         if pos == len(stream):
             n_flush += 1
-        rel = np.maximum(qw[buf] / cap_w, qu[buf] / cap_u if cap_u else 0.0)
-        j = int(np.argmax(rel))
-        rest = np.delete(buf, j)
-        _, ch = solver.solve(qw[rest], qu[rest], value[rest], cap_w - int(qw[buf[j]]), cap_u - int(qu[buf[j]]))
-        chosen = np.insert(ch, j, True)
+        if anchor:
+            rel = np.maximum(qw[buf] / cap_w, qu[buf] / cap_u if cap_u else 0.0)
+            j = int(np.argmax(rel))
+            rest = np.delete(buf, j)
+            _, ch = solver.solve(qw[rest], qu[rest], value[rest], cap_w - int(qw[buf[j]]), cap_u - int(qu[buf[j]]))
+            chosen = np.insert(ch, j, True)
+        else:
+            _, chosen = solver.solve(qw[buf], qu[buf], value[buf])
+            if not chosen.any():  # only with zero values; keeps the loop finite
+                chosen[0] = True
         packs.append(buf[chosen])
         buf = buf[~chosen]
     packs.append(n_flush)

@@ -39,14 +39,15 @@ samples = st.lists(st.tuples(st.integers(1, MAX_TOKENS + MAX_TOKENS // 4), st.in
 
 
 @settings(max_examples=40 if JIT else 12, deadline=None)
-@given(samples, st.sampled_from(["drop", "alone", "truncate"]), st.integers(1, 20), st.none() | st.integers(1, 4))
-def test_every_sample_once_capacities_kept_deterministic(items, oversize, buffer_size, max_k):
+@given(samples, st.sampled_from(["drop", "alone", "truncate"]), st.integers(1, 20), st.none() | st.integers(1, 4),
+       st.booleans())
+def test_every_sample_once_capacities_kept_deterministic(items, oversize, buffer_size, max_k, anchor):
     tokens = np.array([t for t, _ in items], dtype=np.int64)
     units = np.array([u for _, u in items], dtype=np.int64)
     has_media = units > 0
     cfg = _cfg(oversize=oversize, buffer_size=buffer_size, max_samples_per_pack=max_k)
-    plan = plan_packs(tokens, units, has_media, cfg, MAX_UNITS)
-    again = plan_packs(tokens.copy(), units.copy(), has_media.copy(), cfg, MAX_UNITS)
+    plan = plan_packs(tokens, units, has_media, cfg, MAX_UNITS, anchor=anchor)
+    again = plan_packs(tokens.copy(), units.copy(), has_media.copy(), cfg, MAX_UNITS, anchor=anchor)
     assert plan.order.tolist() == again.order.tolist() and plan.offsets.tolist() == again.offsets.tolist()
     placed = plan.order.tolist()
     assert sorted(placed + plan.dropped) == list(range(len(tokens)))  # each sample exactly once
@@ -84,7 +85,7 @@ def test_largest_sample_anchors_and_rest_is_exact_fill():
         return
     tokens = np.array([992, 1200, 3008, 992, 96])
     units = np.zeros(5, dtype=np.int64)
-    plan = plan_packs(tokens, units, units > 0, _cfg(buffer_size=5, vision_weight=0), MAX_UNITS)
+    plan = plan_packs(tokens, units, units > 0, _cfg(buffer_size=5, vision_weight=0), MAX_UNITS, anchor=True)
     # 3008 + 992 + 96 fills exactly; of the two equal 992s the older one wins the tie
     assert _packs(plan)[0] == [0, 2, 4]
 
