@@ -273,7 +273,11 @@ def assemble_packs(
     are cut to their first ``max_tokens`` tokens with a mask over the flattened token
     columns, and the last kept token's target becomes ``-100``.
     """
-    taken = table.take(pa.array(plan.order, type=pa.int64()))
+    order = np.asarray(plan.order, dtype=np.int64)
+    if len(order) == table.num_rows and bool((order == np.arange(len(order))).all()):
+        taken = table  # rows already in pack order (the pipeline reads them so): no copy
+    else:
+        taken = table.take(pa.array(order))
     n_samples = taken.num_rows
     n_packs = plan.n_packs
     pack_off = plan.offsets
