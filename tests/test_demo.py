@@ -71,7 +71,7 @@ def test_loss_is_exactly_on_assistant_content_and_end_token(demo_dirs):
             # the tokens that carry loss, run by run, decode to each assistant answer + <|im_end|>
             carries = np.concatenate([[False], lossy[:-1]])
             runs, cur = [], []
-            for t, c in zip(seg_ids.tolist(), carries.tolist()):
+            for t, c in zip(seg_ids.tolist(), carries.tolist(), strict=True):
                 if c:
                     cur.append(t)
                 elif cur:
