@@ -14,6 +14,7 @@ All measured side by side in one run against the baselines in ``bench/baselines.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -119,8 +120,10 @@ def throughput_bench(n: int) -> dict:
     write_tokenized(src, "llava", n, seed=3)
     cfg = _cfg()
     pack_dataset(src, CACHE / "warmup", cfg, overwrite=True, workers=1, dry_run=True)  # numba load
+    out = CACHE / f"packed-llava-{n}"
+    shutil.rmtree(out, ignore_errors=True)  # a finished run with the same config would be reused
     t0 = time.perf_counter()
-    manifest = pack_dataset(src, CACHE / f"packed-llava-{n}", cfg, overwrite=True, workers=1)
+    manifest = pack_dataset(src, out, cfg, workers=1)
     dt = time.perf_counter() - t0
     c = manifest["counts"]
     return {"samples": c["samples_in"], "packs": c["packs"], "lower_bound": c["lower_bound"], "seconds": dt,
