@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import REASON_CODES, InputError
-from .schema import PACKED, PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE, TOKENIZED
+from .schema import PACKED, PREFIX_SUBSEGMENT, SCHEMA_VERSION, SUBSEGMENT_STRIDE, TOKENIZED
 from .shards import ERRORS, MANIFEST, read_manifest, sha256_file
 
 __all__ = ["validate_dir", "render_report", "check_row"]
@@ -286,6 +286,10 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
             problems.add(file, f"not readable as Parquet: {exc}")
             continue
         schema_msg = _schema_problem(pf.schema_arrow, expected)
+        meta = {k.decode(): v.decode() for k, v in (pf.schema_arrow.metadata or {}).items()}
+        if not schema_msg and meta.get("packtool.schema_version") != str(SCHEMA_VERSION):
+            schema_msg = (f"written with schema version {meta.get('packtool.schema_version')!r}, "
+                          f"this packtool reads {SCHEMA_VERSION}")
         if schema_msg:
             problems.add(file, schema_msg)
             continue

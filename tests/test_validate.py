@@ -139,3 +139,18 @@ def test_missing_manifest_is_a_problem_not_a_crash(tmp_path):
     r = run("validate", str(tmp_path))
     assert r.returncode == 1
     assert "manifest.json" in r.stdout and "Traceback" not in r.stderr
+
+
+def test_schema_version_of_the_shards_is_checked(packed):
+    f = shard(packed)
+    table = pq.read_table(f)
+    table = table.replace_schema_metadata({**table.schema.metadata, b"packtool.schema_version": b"0"})
+    pq.write_table(table, f)
+    manifest = json.loads((packed / "manifest.json").read_text())
+    manifest["shards"][0].update(bytes=f.stat().st_size, sha256=sha256_file(f))
+    (packed / "manifest.json").write_text(json.dumps(manifest))
+    report = validate_dir(packed)
+    assert [p["what"] for p in report["problems"]] == ["written with schema version '0', this packtool reads 1"]
+    manifest["schema_version"] = 0
+    (packed / "manifest.json").write_text(json.dumps(manifest))
+    assert "schema version 0" in validate_dir(packed)["problems"][0]["what"]
