@@ -88,7 +88,10 @@ def row_bytes(table: pa.Table) -> np.ndarray:
     """
     sizes = np.zeros(table.num_rows, dtype=np.int64)
     for col in table.columns:
-        sizes += _array_bytes(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
+        chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]  # no copy into one chunk
+        parts = [_array_bytes(c) for c in chunks if len(c)]
+        if parts:
+            sizes += np.concatenate(parts)
     return sizes
 
 
@@ -98,6 +101,9 @@ def _array_bytes(arr: pa.Array) -> np.ndarray:
     t = arr.type
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        vt = t.value_type
+        if pa.types.is_integer(vt) or pa.types.is_floating(vt):  # fixed width: no need to look inside
+            return lengths * (vt.bit_width // 8)
         inner = _array_bytes(pc.list_flatten(arr))
         ends = np.cumsum(lengths)
         csum = np.concatenate([[0], np.cumsum(inner)])
