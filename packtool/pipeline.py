@@ -58,7 +58,7 @@ Progress = Callable[[int], None] | None
 #: Records encoded together (one tokenizer batch call).
 BATCH = 512
 #: Packs assembled together; bounds the rows a pack task holds at once.
-PACK_CHUNK = 128
+PACK_CHUNK = 64
 #: ``--on-error`` choices: ``skip`` records a bad row and goes on; ``fail`` stops at the first.
 ON_ERROR = ("skip", "fail")
 
@@ -672,7 +672,7 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
         loader = _media_loader(Path(task.media_root), cfg.frame_quality) if cfg.media == "embed" else None
         store = _RowStore(pf, never=plan.dropped)
         truncated = set(plan.truncated)
-        with ShardWriter(out, _packed_schema(), rows_per_shard=cfg.packs_per_shard, row_group_rows=256,
+        with ShardWriter(out, _packed_schema(), rows_per_shard=cfg.packs_per_shard, row_group_rows=128,
                          prefix=task_prefix(task.index)) as writer:
             for p0 in range(0, plan.n_packs, PACK_CHUNK):
                 p1 = min(p0 + PACK_CHUNK, plan.n_packs)
