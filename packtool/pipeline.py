@@ -243,17 +243,19 @@ def merge_output(out_dir: str | Path) -> dict:
 
 @dataclass(frozen=True, slots=True)
 class Slice:
-    """Lines ``start..stop-1`` of one input file (``stop=None``: to its end).
+    """Lines (or Parquet rows) ``start..stop-1`` of one input file (``stop=None``: to its end).
 
     ``offset`` is the byte offset of line ``start`` in a plain JSONL file, so a task can
-    seek straight to its slice; files that cannot be cut (JSON arrays, compressed files,
-    Parquet) are one slice from line 0 with ``offset=None``.
+    seek straight to its slice; ``groups`` is the range of Parquet row groups holding rows
+    ``start..stop-1``. Files that cannot be cut (JSON arrays, compressed files) are one
+    slice from line 0 with neither.
     """
 
     path: str
     start: int
     stop: int | None
     offset: int | None
+    groups: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +275,19 @@ def _splittable(path: Path) -> bool:
     with open(path, "rb") as fh:
         head = fh.read(1 << 12).lstrip()
     return not head.startswith(b"[")
+
+
+def _parquet_groups(path: Path) -> list[int] | None:
+    """Rows per row group of a Parquet input, or ``None`` when it is not one (or unreadable)."""
+    if not path.name.endswith(".parquet"):
+        return None
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except Exception:  # noqa: BLE001 - the format reader reports an unreadable file when the task runs
+        return None
+    return [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
 
 
 def _line_offsets(path: Path, first: int, every: int) -> tuple[int, list[tuple[int, int]]]:
@@ -316,6 +331,27 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int) -> tuple[list[tup
     fill = 0
     total: int | None = 0
     for path in files:
+        groups = _parquet_groups(path)
+        if groups is not None:
+            # Parquet is cut at row-group boundaries: a task takes whole groups while they fit
+            row = 0
+            for g, n in enumerate(groups):
+                if current and fill + n > rows_per_task:
+                    tasks.append(tuple(current))
+                    current, fill = [], 0
+                if current and current[-1].path == str(path) and current[-1].groups and current[-1].groups[1] == g:
+                    last = current.pop()  # the next group of the same file: widen the slice
+                    current.append(Slice(last.path, last.start, row + n, None, (last.groups[0], g + 1)))
+                elif n:
+                    current.append(Slice(str(path), row, row + n, None, (g, g + 1)))
+                row += n
+                fill += n
+                if fill >= rows_per_task:
+                    tasks.append(tuple(current))
+                    current, fill = [], 0
+            if total is not None:
+                total += row
+            continue
         if not _splittable(path):
             if current:
                 tasks.append(tuple(current))
@@ -345,6 +381,15 @@ def _slice_records(sl: Slice) -> Iterator[tuple[int, object]]:
     """``(row, record_or_SampleError)`` of one slice, read exactly as ``formats`` reads a file."""
     from .formats import iter_records
 
+    if sl.groups is not None:
+        import pyarrow.parquet as pq
+
+        row = sl.start
+        for batch in pq.ParquetFile(sl.path).iter_batches(batch_size=512, row_groups=list(range(*sl.groups))):
+            for rec in batch.to_pylist():
+                yield row, rec
+                row += 1
+        return
     if sl.offset is None:
         yield from iter_records(Path(sl.path))
         return
@@ -463,7 +508,7 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
 
 
 def _tasks_digest(tasks) -> str:
-    blob = json.dumps([[[s.path, s.start, s.stop, s.offset] for s in t] for t in tasks], separators=(",", ":"))
+    blob = json.dumps([[[s.path, s.start, s.stop, s.offset, s.groups] for s in t] for t in tasks], separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

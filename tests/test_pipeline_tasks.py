@@ -162,3 +162,24 @@ def test_row_groups_are_cut_by_bytes_the_same_way_however_rows_arrive(demo_dirs,
         meta = pq.ParquetFile(tmp_path / name / w.shards[0]["file"]).metadata
         assert meta.num_row_groups >= table.num_rows - 1
     assert outs[0] == outs[1]
+
+
+def test_parquet_inputs_are_cut_at_row_groups_and_read_like_the_format_reader(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"id": f"r{i}", "conversations": [{"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": f"a{i}"}]}
+            for i in range(23)]
+    rows[5] = {"id": "r5", "conversations": []}
+    f = tmp_path / "data.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), f, row_group_size=4)  # groups of 4,4,4,4,4,3
+    small = write(tmp_path / "z.jsonl", ['{"id": "z"}'] * 2)
+    tasks, total = plan_tokenize_tasks([f, small], 10)
+    assert total == 25
+    shape = [[(Path(s.path).name, s.start, s.stop, s.groups) for s in t] for t in tasks]
+    assert shape == [[("data.parquet", 0, 8, (0, 2))], [("data.parquet", 8, 16, (2, 4))],
+                     [("data.parquet", 16, 23, (4, 6)), ("z.jsonl", 0, 2, None)]]
+    sliced = [_to_sample(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
+    assert sliced == list(iter_samples([f, small]))
+    assert [(x.source_row, x.reason) for x in sliced if isinstance(x, Rejected)] == [
+        (5, "empty_conversation"), (0, "bad_record"), (1, "bad_record")]
