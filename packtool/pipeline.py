@@ -226,6 +226,11 @@ def merge_output(out_dir: str | Path) -> dict:
                 with open(err, "rb") as src:
                     while block := src.read(1 << 20):
                         fh.write(block)
+    limit = run.get("max_errors")
+    if limit is not None and counts.get("rejected", 0) > limit:
+        tmp.unlink(missing_ok=True)
+        # ranks each see only their own rejections; the limit holds for the whole run here
+        raise TooManyErrorsError(_too_many(counts["rejected"], limit, f"see {STATE_DIR}/errors-*.jsonl"))
     os.replace(tmp, out / ERRORS)
     if "rejected_by_reason" in counts:
         counts["rejected_by_reason"] = dict(sorted(counts["rejected_by_reason"].items()))
@@ -559,7 +564,8 @@ def tokenize_dataset(
     }
     run = {"kind": "tokenized", "config": config, "config_digest": digest, "world_size": ex.world_size,
            "n_tasks": len(slices), "tasks_digest": _tasks_digest(slices),
-           "inputs": {str(f): [f.stat().st_size, f.stat().st_mtime_ns] for f in files}, "manifest": manifest_extra}
+           "inputs": {str(f): [f.stat().st_size, f.stat().st_mtime_ns] for f in files}, "manifest": manifest_extra,
+           "max_errors": cfg.max_errors}
     done = prepare_run(out, run, overwrite)
     if done is not None:
         log.info("%s already holds this run; nothing to do", out)
@@ -812,7 +818,7 @@ def pack_dataset(
                       "source": {"path": str(src), "config_digest": tok_manifest["config_digest"]}}
     run = {"kind": "packed", "config": config, "config_digest": digest, "world_size": ex.world_size,
            "n_tasks": len(entries), "tasks_digest": digest_of({"shards": [e["file"] for e in entries]}),
-           "inputs": {e["file"]: e["sha256"] for e in entries}, "manifest": manifest_extra}
+           "inputs": {e["file"]: e["sha256"] for e in entries}, "manifest": manifest_extra, "max_errors": max_errors}
     done = prepare_run(out, run, overwrite)
     if done is not None:
         return done

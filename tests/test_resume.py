@@ -131,3 +131,20 @@ def test_pack_refuses_a_changed_tokenized_input(corpus, tmp_path):
                      overwrite=True)
     with pytest.raises(ResumeMismatchError, match="source_digest"):
         pack_dataset(tmp_path / "tok", tmp_path / "packed", PCFG, rank=1, world_size=2, workers=1)
+
+
+def test_max_errors_holds_for_the_whole_run_across_ranks(corpus, tmp_path):
+    from packtool.errors import TooManyErrorsError
+
+    src = tmp_path / "in.jsonl"
+    lines = (corpus / "data.jsonl").read_text().splitlines()
+    lines[10] = lines[150] = "{broken"  # one bad line in task 0 (rank 0), one in task 1 (rank 1)
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "tok"
+    part = tokenize_dataset([src], out, tcfg(corpus, max_errors=1), rank=0, world_size=2, workers=1)
+    assert part["partial"] and part["counts"]["rejected"] == 1
+    with pytest.raises(TooManyErrorsError, match=r"2 input rows rejected, more than --max-errors 1"):
+        tokenize_dataset([src], out, tcfg(corpus, max_errors=1), rank=1, world_size=2, workers=1)
+    assert not (out / "manifest.json").exists() and not (out / "errors.jsonl").exists()
+    m = tokenize_dataset([src], out, tcfg(corpus, max_errors=2), rank=1, world_size=2, workers=1)
+    assert m["counts"]["rejected_by_reason"] == {"bad_json": 2}
