@@ -76,6 +76,7 @@ def test_reporter_batches_and_flushes():
     assert sum(got) == 1000 and len(got) < 1000
 
 
+@pytest.mark.slow  # starting a Ray cluster: 15 s on an idle machine, a minute on a busy one
 def test_ray_output_is_identical_to_the_local_executor(tmp_path):
     ray = pytest.importorskip("ray")
     from bench.corpus import make_corpus
