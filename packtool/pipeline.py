@@ -123,6 +123,16 @@ def _too_many(total: int, limit: int, detail: str) -> str:
     return f"{total:,} input rows rejected, more than --max-errors {limit:,} ({detail}); fix the input or raise --max-errors"
 
 
+def _zero_counts(kind: str) -> dict:
+    """The counts every manifest of ``kind`` holds, at zero (a run may have no tasks at all)."""
+    if kind == "packed":
+        keys = ("samples_in", "samples_packed", "packs", "dropped", "alone", "truncated", "tokens", "vision_units",
+                "rejected", "rejected_by_reason")
+    else:
+        keys = ("rows_in", "samples", "rejected", "rejected_by_reason", "tokens", "vision_units")
+    return {k: {} if k == "rejected_by_reason" else 0 for k in keys}
+
+
 def _add_counts(total: dict, part: dict) -> None:
     for k, v in part.items():
         if isinstance(v, dict):
@@ -178,7 +188,7 @@ def _finish_or_partial(out: Path, run: dict, ex: ExecutorConfig) -> dict:
     if not missing:
         return merge_output(out)
     mine = ex.my_tasks(run["n_tasks"])
-    counts: dict = {}
+    counts = _zero_counts(run["kind"])
     shards: list[dict] = []
     for t in mine:
         marker = read_marker(out, t, run["config_digest"])
@@ -214,7 +224,7 @@ def merge_output(out_dir: str | Path) -> dict:
             f"run rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks[:10]))} of --world-size {ws} "
             "(the same command resumes) and merge again"
         )
-    counts: dict = {}
+    counts = _zero_counts(run["kind"])
     shards: list[dict] = []
     tmp = out / f".{ERRORS}.{os.getpid()}.tmp"
     with open(tmp, "wb") as fh:
@@ -805,10 +815,9 @@ def pack_dataset(
         dry = ExecutorConfig(executor=ex.executor, workers=ex.workers, ray_address=ex.ray_address)
         set_total(progress, sum(e["rows"] for e in entries))
         results = run_tasks(_pack_task, [make(t, None) for t in range(len(entries))], dry, progress)
-        counts: dict = {}
+        counts = _zero_counts("packed")
         for r in results:
             _add_counts(counts, r["counts"])
-        counts.setdefault("rejected_by_reason", {})
         counts["lower_bound"] = lower_bound(counts.get("tokens", 0), counts.get("vision_units", 0), cfg.max_tokens, max_units)
         counts["tasks"] = len(entries)
         return {"kind": "packed", "dry_run": True, "config": config, "capacities": capacities, "counts": counts,

@@ -183,3 +183,16 @@ def test_parquet_inputs_are_cut_at_row_groups_and_read_like_the_format_reader(tm
     assert sliced == list(iter_samples([f, small]))
     assert [(x.source_row, x.reason) for x in sliced if isinstance(x, Rejected)] == [
         (5, "empty_conversation"), (0, "bad_record"), (1, "bad_record")]
+
+
+def test_a_corpus_with_no_good_row_still_gives_whole_empty_outputs(tmp_path):
+    from packtool.validate import validate_dir
+
+    src = write(tmp_path / "in.jsonl", ["{bad", "[1, 2]"])
+    tok = tokenize_dataset([src], tmp_path / "tok", TokenizeConfig(media_root=str(tmp_path)), workers=2)
+    assert tok["counts"]["samples"] == 0 and tok["counts"]["rejected_by_reason"] == {"bad_json": 1, "bad_record": 1}
+    packed = pack_dataset(tmp_path / "tok", tmp_path / "packed", PackConfig(), workers=2)
+    assert packed["shards"] == [] and packed["counts"]["packs"] == packed["counts"]["samples_packed"] == 0
+    assert validate_dir(tmp_path / "tok")["ok"] and validate_dir(tmp_path / "packed")["ok"]
+    dry = pack_dataset(tmp_path / "tok", tmp_path / "unused", PackConfig(), dry_run=True)
+    assert dry["counts"]["packs"] == 0 and dry["plans"] == []
