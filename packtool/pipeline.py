@@ -59,6 +59,8 @@ Progress = Callable[[int], None] | None
 BATCH = 512
 #: Packs assembled together; bounds the rows a pack task holds at once.
 PACK_CHUNK = 64
+#: Files that cannot be cut (JSON arrays, compressed JSONL) share one tokenize task up to this size.
+WHOLE_FILES_PER_TASK_BYTES = 32 << 20
 #: ``--on-error`` choices: ``skip`` records a bad row and goes on; ``fail`` stops at the first.
 ON_ERROR = ("skip", "fail")
 
@@ -292,6 +294,10 @@ def _splittable(path: Path) -> bool:
     return not head.startswith(b"[")
 
 
+def _is_whole(sl: Slice) -> bool:
+    return sl.offset is None and sl.groups is None
+
+
 def _parquet_groups(path: Path) -> list[int] | None:
     """Rows per row group of a Parquet input, or ``None`` when it is not one (or unreadable)."""
     if not path.name.endswith(".parquet"):
@@ -343,10 +349,13 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int) -> tuple[list[tup
     """
     tasks: list[tuple[Slice, ...]] = []
     current: list[Slice] = []
-    fill = 0
+    fill = whole_bytes = 0
     total: int | None = 0
     for path in files:
         groups = _parquet_groups(path)
+        if current and _is_whole(current[-1]) and (groups is not None or _splittable(path)):
+            tasks.append(tuple(current))  # whole files do not share a task with counted rows
+            current, fill = [], 0
         if groups is not None:
             # Parquet is cut at row-group boundaries: a task takes whole groups while they fit
             row = 0
@@ -368,10 +377,16 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int) -> tuple[list[tup
                 total += row
             continue
         if not _splittable(path):
-            if current:
+            # whole files (JSON arrays, compressed JSONL) of unknown row count share a task
+            # while their bytes add up to less than WHOLE_FILES_PER_TASK_BYTES
+            size = path.stat().st_size
+            if current and (not _is_whole(current[-1]) or whole_bytes + size > WHOLE_FILES_PER_TASK_BYTES):
                 tasks.append(tuple(current))
                 current, fill = [], 0
-            tasks.append((Slice(str(path), 0, None, None),))
+            if not current:
+                whole_bytes = 0
+            current.append(Slice(str(path), 0, None, None))
+            whole_bytes += size
             total = None
             continue
         n_lines, cuts = _line_offsets(path, rows_per_task - fill, rows_per_task)

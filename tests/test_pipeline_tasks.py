@@ -50,14 +50,24 @@ def test_small_files_share_a_task_and_a_big_file_is_cut(tmp_path):
     assert tasks[1][0].offset == 3  # byte offset of b.jsonl's line 1
 
 
-def test_files_that_cannot_be_cut_are_tasks_of_their_own(tmp_path):
+def test_files_that_cannot_be_cut_share_tasks_by_size(tmp_path, monkeypatch):
+    import gzip
+
     a = write(tmp_path / "a.jsonl", ["{}"] * 3)
     arr = tmp_path / "b.json"
     arr.write_text("[{}, {}]")
-    tasks, total = plan_tokenize_tasks([a, arr, a], 10)
+    gz = tmp_path / "c.jsonl.gz"
+    gz.write_bytes(gzip.compress(b"{}\n" * 50))
+    big = tmp_path / "d.json"
+    big.write_text("[" + ", ".join(["{}"] * 400) + "]")
+    monkeypatch.setattr(pipeline, "WHOLE_FILES_PER_TASK_BYTES", 1000)
+    tasks, total = plan_tokenize_tasks([a, arr, gz, big, a], 10)
     assert total is None
     assert [[(Path(s.path).name, s.start, s.stop, s.offset) for s in t] for t in tasks] == [
-        [("a.jsonl", 0, 3, 0)], [("b.json", 0, None, None)], [("a.jsonl", 0, 3, 0)]]
+        [("a.jsonl", 0, 3, 0)], [("b.json", 0, None, None), ("c.jsonl.gz", 0, None, None)],
+        [("d.json", 0, None, None)], [("a.jsonl", 0, 3, 0)]]
+    sliced = [_to_sample(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
+    assert sliced == list(iter_samples([a, arr, gz, big, a]))
 
 
 def test_slices_read_exactly_what_the_format_reader_reads(tmp_path):
