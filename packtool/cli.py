@@ -41,6 +41,9 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+# Flag defaults come from the configs, so the CLI, sweep and the library never disagree.
+_PACK_DEFAULTS = PackConfig()
+
 # Options declared once; flags are the kebab-case names of library parameters.
 Output = Annotated[Path, typer.Option("--output", "-o", help="Output directory.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
@@ -162,17 +165,17 @@ def tokenize(
 def pack(
     src: Annotated[Path, typer.Argument(help="Tokenized directory.")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Output directory.")] = None,
-    max_tokens: MaxTokens = 16384,
+    max_tokens: MaxTokens = _PACK_DEFAULTS.max_tokens,
     max_vision_units: MaxVisionUnits = None,
-    buffer_size: Annotated[int, typer.Option(min=1, help="Samples the knapsack chooses from per pack.")] = 64,
-    text_weight: Annotated[int, typer.Option(min=1, help="Objective weight of a token.")] = 1,
-    vision_weight: Annotated[int, typer.Option(min=0, help="Objective weight of a vision unit.")] = 0,
-    token_granularity: Annotated[int, typer.Option(min=1, help="Token sizes round up to this in the DP.")] = 16,
+    buffer_size: Annotated[int, typer.Option(min=1, help="Samples the knapsack chooses from per pack.")] = _PACK_DEFAULTS.buffer_size,
+    text_weight: Annotated[int, typer.Option(min=1, help="Objective weight of a token.")] = _PACK_DEFAULTS.text_weight,
+    vision_weight: Annotated[int, typer.Option(min=0, help="Objective weight of a vision unit.")] = _PACK_DEFAULTS.vision_weight,
+    token_granularity: Annotated[int, typer.Option(min=1, help="Token sizes round up to this in the DP.")] = _PACK_DEFAULTS.token_granularity,
     oversize: Annotated[str, typer.Option(help="Samples that never fit: drop, truncate, alone, fail.")] = "drop",
     max_samples_per_pack: Annotated[int | None, typer.Option(min=1, help="Cap on samples in one pack.")] = None,
     media: Annotated[str, typer.Option(help="embed media bytes in packs, or reference paths.")] = "embed",
     media_root: Annotated[Path | None, typer.Option(help="Media root (default: the one tokenize used).")] = None,
-    packs_per_shard: Annotated[int, typer.Option(min=1, help="Packs per output shard.")] = 2_000,
+    packs_per_shard: Annotated[int, typer.Option(min=1, help="Packs per output shard.")] = _PACK_DEFAULTS.packs_per_shard,
     frame_quality: Annotated[int, typer.Option(min=1, max=100, help="JPEG quality of embedded video frames.")] = 90,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan only; print stats, write nothing.")] = False,
     max_errors: MaxErrors = None,
@@ -299,12 +302,12 @@ def _int_list(flag: str, text: str | None) -> list[int] | None:
 @app.command()
 def sweep(
     src: Annotated[Path, typer.Argument(help="Tokenized directory.")],
-    max_tokens: Annotated[str, typer.Option(help="Comma-separated --max-tokens values.")] = "16384",
+    max_tokens: Annotated[str, typer.Option(help="Comma-separated --max-tokens values.")] = str(_PACK_DEFAULTS.max_tokens),
     max_vision_units: Annotated[str | None, typer.Option(help="Comma-separated --max-vision-units values.")] = None,
-    buffer_size: Annotated[str, typer.Option(help="Comma-separated --buffer-size values.")] = "256",
+    buffer_size: Annotated[str, typer.Option(help="Comma-separated --buffer-size values.")] = str(_PACK_DEFAULTS.buffer_size),
     vision_weight: Annotated[str, typer.Option(help="Comma-separated --vision-weight values.")] = "0",
     text_weight: Annotated[int, typer.Option(min=1, help="Objective weight of a token.")] = 1,
-    token_granularity: Annotated[int, typer.Option(min=1, help="Token sizes round up to this in the DP.")] = 32,
+    token_granularity: Annotated[int, typer.Option(min=1, help="Token sizes round up to this in the DP.")] = _PACK_DEFAULTS.token_granularity,
     oversize: Annotated[str, typer.Option(help="Samples that never fit: drop, truncate, alone.")] = "drop",
     as_json: AsJson = False,
 ) -> None:
