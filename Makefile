@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,plot,zstd,ray]'
 	# CPU build of torch for the trainer-side tests (the copy on the machine; no CUDA download)
 	$(PY) -m pip install -q torch==2.13.0
+	# processors' own arithmetic, for the vision cross-check tests (pure functions; no weights)
+	$(PY) -m pip install -q transformers==5.24.0
 	touch $(STAMP)
 
 demo: $(STAMP)
