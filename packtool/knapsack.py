@@ -23,21 +23,33 @@ buffer order (oldest first) this means older samples win ties.
 
 Algorithm
 ---------
-A dense dynamic program over the table ``best[a, b]`` = best value within capacity
-``(a, b)``, updated in place, one item at a time (``a`` descending, so each item is used at
-most once); ``keep[i, a, b]`` records whether item ``i`` improved the cell, and a backtrack
-from ``(max_w, max_u)`` recovers the subset. What makes it fast compared with the textbook
-``(items x tokens x units)`` numpy table:
+A dense dynamic program over the table ``best[b, a]`` = best value within capacity
+``(a, b)`` (rows: the second dimension, contiguous along the first), one item at a time,
+and a backtrack from ``(max_w, max_u)`` that needs no per-item decision table. What makes
+it fast compared with the textbook ``(items x tokens x units)`` numpy table:
 
-* compiled loops over contiguous rows that LLVM vectorizes; values held in the narrowest
-  integer type that cannot overflow (``int16`` for the Molmo2 settings);
-* only the cells that can still reach the corner are updated: after item ``i`` the
-  remaining items weigh ``R_w(i)`` and ``R_u(i)`` in total, so cells with
-  ``a < max_w - R_w(i)`` or ``b < max_u - R_u(i)`` are never read again and are skipped;
-* :class:`KnapsackSolver` keeps checkpoints of the table every few items, so a buffer
-  whose first items did not change since the last solve restarts from the last valid
-  checkpoint instead of from zero (the buffer policy keeps arrival order, so the oldest
-  items that stayed in the buffer form that prefix);
+* the inner loop is one branch-free ``max(dst, src + v)`` over a contiguous row, written so
+  that LLVM keeps it in the table's own integer type: values are held in the narrowest
+  type that cannot overflow (``int16`` for the Molmo2 settings: 32 lanes per AVX-512
+  instruction), chosen from a fractional (Dantzig) upper bound on any table value. Loops run
+  over whole vectors (rows carry padding), and row copies are explicit loops (numba's
+  slice assignment costs more than a row update);
+* only cells that can still matter are touched: after item ``i`` the remaining items
+  weigh ``R_w(i)`` and ``R_u(i)`` in total, so cells with ``a < max_w - R_w(i)`` or
+  ``b < max_u - R_u(i)`` are never read again and are skipped; rows above the units of
+  the items so far would be copies of the last reachable row and are only filled when an
+  item first reaches them;
+* most items update the table in place (rows in descending order, so each item is used at
+  most once); every ``CHECKPOINT_EVERY``-th item instead writes its result into the next
+  of a ring of tables, which leaves the previous table intact as a checkpoint for free
+  (that item reads and writes each cell once either way);
+* the backtrack decides item ``i`` from the checkpoint at the start of its block: the best
+  value without ``i`` is the best over the (at most ``2**(CHECKPOINT_EVERY - 1)``) subsets of
+  the block's earlier items plus the checkpoint's value at the capacity they leave;
+* :class:`KnapsackSolver` keeps its tables between calls, so a buffer whose first items did
+  not change since the last solve restarts from the last valid checkpoint instead of from
+  zero (the buffer policy keeps arrival order, so the oldest items that stayed in the
+  buffer form that prefix);
 * trivial instances are answered without a table: when all items that fit on their own
   also fit together, every one with a positive value is taken (zero-value items never
   improve strictly, so the tie rule leaves them out, as the table would).
@@ -51,68 +63,204 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from numba.extending import overload
 
 __all__ = ["solve_knapsack_2d", "KnapsackSolver", "max_cardinality"]
 
-#: Table checkpoints are kept every this many items (prefix reuse granularity).
+#: Every this many items one writes a fresh table, keeping the previous one as a checkpoint
+#: (prefix-reuse granularity; the backtrack enumerates at most ``2**(this - 1)`` subsets).
 CHECKPOINT_EVERY = 8
-#: Refuse tables (keep bits) larger than this many bytes; callers should shrink the buffer.
+#: Refuse workspaces (all checkpoint tables) larger than this many bytes.
 MAX_TABLE_BYTES = 1 << 30
+#: Cells per vector step: row loops are rounded up to whole multiples of this (32 ``int16``
+#: lanes fill an AVX-512 register); rows carry this much padding past the capacity.
+VEC = 32
 
 
-#: Rows of the table are padded by this many cells so inner loops run in whole vectors.
-PAD = 64
+def _narrow(x, like):
+    """``x`` converted (wrapping) to the element type of array ``like``."""
+    return like.dtype.type(x)
+
+
+@overload(_narrow)
+def _narrow_impl(x, like):  # pragma: no cover - compiled
+    # numba computes ``int16 + int64`` in int64; converting the sum back to the table's type
+    # lets LLVM run the add and the max in that type (16-bit lanes instead of 64-bit ones)
+    t = like.dtype
+
+    def impl(x, like):
+        return t(x)
+
+    return impl
 
 
 @njit(cache=True)
-def _forward(w, u, v, max_w, max_u, lo_a, lo_b, start, pu0, best, scratch, ckpt, every):  # pragma: no cover - compiled
-    """Items ``start..n-1`` into ``best[b, a]`` (in place); ``best`` holds the table before ``start``.
+def _dantzig(x, v, fits, cap):  # pragma: no cover - compiled
+    """Fractional-knapsack bound on the value of any fitting subset with ``sum(x) <= cap``."""
+    n = x.shape[0]
+    bound = 0
+    ratio = np.empty(n)
+    k = 0
+    idx = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        if fits[i] and v[i] > 0:
+            if x[i] == 0:
+                bound += v[i]
+            else:
+                ratio[k] = -v[i] / x[i]
+                idx[k] = i
+                k += 1
+    order = np.argsort(ratio[:k])
+    left = cap
+    for j in range(k):
+        i = idx[order[j]]
+        if x[i] <= left:
+            bound += v[i]
+            left -= x[i]
+        else:
+            bound += -(-v[i] * left // x[i])
+            break
+    # +1: a float sort may swap items whose ratios differ in the last bit
+    return bound + 1
 
-    ``pu0`` is the unit weight of the fitting items before ``start`` (capped at ``max_u``):
-    rows above it would be copies of row ``pu0``; they are not kept up to date but
-    initialized from it when an item first reaches them. Before item
-    ``i`` with ``i % every == 0`` the table is copied to ``ckpt[i // every]``. Cells with
-    ``a < lo_a[i]`` or ``b < lo_b[i]`` are never read again and are not updated for item ``i``.
-    Returns the unit weight after the last item (capped).
+
+@njit(cache=True)
+def _prepare(w, u, v, cap_w, cap_u, fits, lo_a, lo_b, pu_before):  # pragma: no cover - compiled
+    """Checks and per-item bounds in one pass; returns ``(status, max_w, max_u, bound)``.
+
+    ``status``: -1 a negative input, 1 everything that fits alone fits together (then
+    ``max_w``/``max_u`` are the totals), 0 a table is needed. ``max_w``/``max_u`` are the
+    capacities cut to the total weight (capacity beyond it adds nothing); ``lo_a[i]`` /
+    ``lo_b[i]`` the smallest cells still needed after item ``i``; ``pu_before[i]`` the units
+    of the fitting items before ``i`` (capped); ``bound`` an upper bound on any table value,
+    padding columns included.
     """
     n = w.shape[0]
-    pu = pu0
+    sw = 0
+    su = 0
+    for i in range(n):
+        if w[i] < 0 or u[i] < 0 or v[i] < 0:
+            return -1, 0, 0, 0
+        f = w[i] <= cap_w and u[i] <= cap_u
+        fits[i] = f
+        if f:
+            sw += w[i]
+            su += u[i]
+    if sw <= cap_w and su <= cap_u:
+        return 1, sw, su, 0
+    max_w = min(cap_w, sw)
+    max_u = min(cap_u, su)
+    rw = 0
+    ru = 0
+    for i in range(n - 1, -1, -1):
+        lo_a[i] = max(max_w - rw, 0)
+        lo_b[i] = max(max_u - ru, 0)
+        if fits[i]:
+            rw += w[i]
+            ru += u[i]
+    pu = 0
+    for i in range(n):
+        pu_before[i] = min(pu, max_u)
+        if fits[i]:
+            pu += u[i]
+    bound = min(_dantzig(w, v, fits, max_w + VEC - 1), _dantzig(u, v, fits, max_u))
+    return 0, max_w, max_u, bound
+
+
+@njit(cache=True, inline="always")
+def _copy(dst, src, m):  # pragma: no cover - compiled
+    # an explicit loop: numba's slice assignment measured several times slower per row
+    for k in range(m):
+        dst[k] = src[k]
+
+
+@njit(cache=True, inline="always")
+def _fill_zero(dst, m):  # pragma: no cover - compiled
+    for k in range(m):
+        dst[k] = 0
+
+
+@njit(cache=True, inline="always")
+def _relax(dst, old, src, vi, m):  # pragma: no cover - compiled
+    """``dst[k] = max(old[k], src[k] + vi)`` in the arrays' own integer type."""
+    for k in range(m):
+        c = _narrow(src[k] + vi, dst)
+        d = old[k]
+        dst[k] = c if c > d else d
+
+
+@njit(cache=True, inline="always")
+def _relax_in_place(dst, src, vi, m):  # pragma: no cover - compiled
+    """``dst[k] = max(dst[k], src[k] + vi)`` (a separate loop: passing ``dst`` as ``old``
+    to :func:`_relax` makes LLVM's overlap check fail and the loop run scalar)."""
+    for k in range(m):
+        c = _narrow(src[k] + vi, dst)
+        d = dst[k]
+        dst[k] = c if c > d else d
+
+
+@njit(cache=True)
+def _forward(w, u, v, fits, max_w, max_u, lo_a, lo_b, pu_before, start, every, tables, width, scratch):  # pragma: no cover
+    """Items ``start..n-1``; item ``i`` leaves its table in ``tables[i // every + 1]``.
+
+    A table is one flat row-major array, ``width`` cells a row. ``tables[start // every]``
+    must hold the table before ``start`` (for ``start == 0`` its row 0 is zeroed here).
+    Item ``i`` with ``i % every == 0`` reads ``tables[i // every]`` and writes the next table
+    (so the old one stays as a checkpoint); the others update in place. Invariants of a
+    table before item ``i``: rows ``lo_b[i-1]..pu_before[i]`` and columns
+    ``lo_a[i-1]..max_w`` are exact; rows above ``pu_before[i]`` stand for copies of that
+    row and are not kept; everything else is never read again. (Rows are sliced from the
+    flat array: slicing a 2-D table row by row measured 20% slower.)
+    """
+    n = w.shape[0]
+    if start == 0:
+        _fill_zero(tables[0], width)
+    pu = pu_before[start]
     for i in range(start, n):
-        if i % every == 0:
-            ckpt[i // every, :, :] = best
+        t = tables[i // every + 1]
         wi = w[i]
         ui = u[i]
         vi = v[i]
-        if wi > max_w or ui > max_u:
-            continue
-        a0 = max(wi, lo_a[i])
-        m = max_w + 1 - a0
-        m = (m + PAD - 1) // PAD * PAD
-        hi = min(max_u, pu + ui)
-        for b in range(hi, max(ui, lo_b[i]) - 1, -1):
-            if ui == 0:
-                # the item reads the row it writes: read an unchanged copy
-                scratch[:] = best[b]
-                src = scratch[a0 - wi: a0 - wi + m]
-            else:
-                src = best[b - ui, a0 - wi: a0 - wi + m]
-            if b > pu:
-                # a row entering use starts as a copy of the edge row it stood for
-                best[b, :] = best[pu]
-            dst = best[b, a0: a0 + m]
-            for k in range(m):
-                c = src[k] + vi
-                d = dst[k]
-                dst[k] = c if c > d else d
-        # rows that become valid but the item cannot reach keep the old edge row
-        for b in range(max(pu + 1, lo_b[i]), min(ui, hi + 1)):
-            best[b, :] = best[pu]
+        la = lo_a[i]
+        lb = lo_b[i]
+        fit = fits[i]
+        hi = min(max_u, pu + ui) if fit else pu
+        a0 = max(wi, la)
+        m = (max_w + 1 - a0 + VEC - 1) // VEC * VEC
+        if i % every == 0:
+            old = tables[i // every]
+            c0 = la // VEC * VEC
+            for b in range(lb, hi + 1):
+                ob = min(b, pu) * width
+                tb = b * width
+                if fit and b >= ui:
+                    # columns below the item's weight keep their value; a rounded copy may
+                    # run past a0, where the update below overwrites it
+                    mc = (a0 - c0 + VEC - 1) // VEC * VEC
+                    _copy(t[tb + c0: tb + c0 + mc], old[ob + c0: ob + c0 + mc], mc)
+                    sb = (b - ui) * width + a0 - wi
+                    _relax(t[tb + a0: tb + a0 + m], old[ob + a0: ob + a0 + m], old[sb: sb + m], vi, m)
+                else:
+                    mc = (max_w + 1 - c0 + VEC - 1) // VEC * VEC
+                    _copy(t[tb + c0: tb + c0 + mc], old[ob + c0: ob + c0 + mc], mc)
+        elif fit:
+            # rows the item reaches for the first time start as copies of the last row
+            for b in range(max(pu + 1, lb), hi + 1):
+                _copy(t[b * width: (b + 1) * width], t[pu * width: (pu + 1) * width], width)
+            for b in range(hi, max(ui, lb) - 1, -1):
+                d0 = b * width + a0
+                s0 = (b - ui) * width + a0 - wi
+                if ui == 0:
+                    # the item reads the row it writes: read an unchanged copy
+                    _copy(scratch, t[s0: s0 + m], m)
+                    _relax_in_place(t[d0: d0 + m], scratch[:m], vi, m)
+                else:
+                    _relax_in_place(t[d0: d0 + m], t[s0: s0 + m], vi, m)
         pu = hi
-    return pu
 
 
 @njit(cache=True)
-def _value_at(w, u, v, first, last, b, a, table, pu):  # pragma: no cover - compiled
+def _value_at(w, u, v, fits, first, last, b, a, table, width, pu):  # pragma: no cover - compiled
     """Best value of items ``first..last-1`` plus the table before ``first``, within ``(b, a)``.
 
     Enumerates the ``2**(last-first)`` subsets of those items (a block is short).
@@ -123,37 +271,41 @@ def _value_at(w, u, v, first, last, b, a, table, pu):  # pragma: no cover - comp
         sw = 0
         su = 0
         sv = 0
+        ok = True
         for j in range(k):
             if (mask >> j) & 1:
+                ok = ok and fits[first + j]
                 sw += w[first + j]
                 su += u[first + j]
                 sv += v[first + j]
-        if sw <= a and su <= b:
-            val = sv + table[min(b - su, pu), a - sw]
+        if ok and sw <= a and su <= b:
+            val = sv + table[min(b - su, pu) * width + a - sw]
             if val > out:
                 out = val
     return out
 
 
 @njit(cache=True)
-def _backtrack(w, u, v, max_w, max_u, best_value, pu_before, ckpt, every, chosen):  # pragma: no cover - compiled
-    """Recover the subset without per-item tables: item ``i`` is taken iff the best value
-    within the current capacity drops without it. That value is rebuilt from the checkpoint
-    at the start of ``i``'s block by enumerating the block's earlier items."""
+def _backtrack(w, u, v, fits, max_w, max_u, pu_before, every, tables, width, chosen):  # pragma: no cover - compiled
+    """Optimal value and the tie-rule subset: item ``i`` is taken iff the best value within
+    the current capacity drops without it (rebuilt from the checkpoint of ``i``'s block)."""
+    n = w.shape[0]
+    value = tables[(n - 1) // every + 1, max_u * width + max_w]
     a = max_w
     b = max_u
-    cur = best_value
-    for i in range(w.shape[0] - 1, -1, -1):
+    cur = value
+    for i in range(n - 1, -1, -1):
         chosen[i] = False
-        if w[i] > a or u[i] > b:
+        if not fits[i] or w[i] > a or u[i] > b:
             continue
         s = (i // every) * every
-        without = _value_at(w, u, v, s, i, b, a, ckpt[i // every], pu_before[s])
+        without = _value_at(w, u, v, fits, s, i, b, a, tables[i // every], width, pu_before[s])
         if cur > without:
             chosen[i] = True
             a -= w[i]
             b -= u[i]
             cur -= v[i]
+    return value
 
 
 @njit(cache=True)
@@ -177,7 +329,7 @@ def _forward_count(w, u, v, max_w, max_u, max_c, best, keep):  # pragma: no cove
                 dst = cur[a, ui:]
                 kr = kc[a, ui:]
                 for k in range(m):
-                    c = src[k] + vi
+                    c = _narrow(src[k] + vi, dst)
                     d = dst[k]
                     t = c > d
                     kr[k] = t
@@ -215,45 +367,21 @@ def max_cardinality(w: np.ndarray, u: np.ndarray, max_w: int, max_u: int) -> int
     return out
 
 
-def _value_dtype(v: np.ndarray, w: np.ndarray, u: np.ndarray, max_w: int, max_u: int):
-    """The narrowest integer type that holds every table value without overflow.
-
-    A table value never exceeds the total value, nor the fractional (Dantzig) bound of
-    either dimension alone, so the smallest of those bounds decides.
-    """
-    total = int(v.sum()) if len(v) else 0
-    for x, cap in ((w, max_w), (u, max_u)):
-        free = x == 0
-        bound = int(v[free].sum())
-        x_pos, v_pos = x[~free], v[~free]
-        if len(x_pos):
-            order = np.argsort(-(v_pos / x_pos), kind="stable")
-            cum = np.cumsum(x_pos[order])
-            k = int(np.searchsorted(cum, cap, side="right"))
-            bound += int(v_pos[order][:k].sum())
-            if k < len(order):
-                rest = cap - (int(cum[k - 1]) if k else 0)
-                bound += -(-int(v_pos[order][k]) * rest // int(x_pos[order][k]))
-        total = min(total, bound)
-    if total <= np.iinfo(np.int16).max:
+def _value_dtype(bound: int):
+    """The narrowest integer type that holds ``bound`` (an upper bound on every table value)."""
+    if bound <= np.iinfo(np.int16).max:
         return np.int16
-    if total <= np.iinfo(np.int32).max:
+    if bound <= np.iinfo(np.int32).max:
         return np.int32
     return np.int64
 
 
-def _validate(w, u, v, max_w, max_u, max_items):
+def _as_items(w, u, v):
     w = np.ascontiguousarray(w, dtype=np.int64)
     u = np.ascontiguousarray(u, dtype=np.int64)
     v = np.ascontiguousarray(v, dtype=np.int64)
     if not (w.ndim == u.ndim == v.ndim == 1 and len(w) == len(u) == len(v)):
         raise ValueError("w, u and v must be 1-D arrays of equal length")
-    if len(w) and (w.min() < 0 or u.min() < 0 or v.min() < 0):
-        raise ValueError("weights and values must be non-negative")
-    if int(max_w) < 0 or int(max_u) < 0:
-        raise ValueError("capacities must be non-negative")
-    if max_items is not None and int(max_items) < 0:
-        raise ValueError("max_items must be non-negative")
     return w, u, v
 
 
@@ -261,9 +389,9 @@ class KnapsackSolver:
     """Reusable exact solver with a workspace and DP-prefix reuse between calls.
 
     Each :meth:`solve` compares the new items with those of the previous call; if the
-    first ``p`` items are identical (and the skipped cells of the old table are still
-    unneeded) the table is restored from the last checkpoint at or before ``p`` and only
-    the items after it are processed. The answer is identical to a fresh solve.
+    first ``p`` items are identical (and the skipped cells of the old tables are still
+    unneeded) the DP restarts from the last checkpoint at or before ``p`` and only the
+    items after it are processed. The answer is identical to a fresh solve.
 
     Example:
         >>> s = KnapsackSolver(8, 3)
@@ -279,11 +407,10 @@ class KnapsackSolver:
         self.max_w = int(max_w)
         self.max_u = int(max_u)
         self.max_items = None if max_items is None else int(max_items)
-        self._prev: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._dtype = None
-        self._best: np.ndarray | None = None
-        self._ckpt: np.ndarray | None = None
-        self._lo: tuple[np.ndarray, np.ndarray] | None = None
+        self._prev: tuple | None = None
+        self._tables: np.ndarray | None = None
+        self._scratch: np.ndarray | None = None
+        self._every = CHECKPOINT_EVERY
         #: items processed by the DP in the last call (for benchmarks and tests)
         self.last_items_processed = 0
 
@@ -292,20 +419,25 @@ class KnapsackSolver:
         self._prev = None
 
     def _workspace(self, n: int, dtype) -> None:
-        rows, cols = self.max_u + 1, self.max_w + 1 + PAD
-        size = (n // CHECKPOINT_EVERY + 2) * rows * cols * np.dtype(dtype).itemsize
-        if size > MAX_TABLE_BYTES:
+        rows = self.max_u + 1
+        width = (self.max_w + 2 * VEC - 1) // VEC * VEC  # rounded loops end below max_w + VEC
+        table = rows * width * np.dtype(dtype).itemsize
+        every = CHECKPOINT_EVERY
+        while ((n - 1) // every + 2) * table > MAX_TABLE_BYTES and every < 16:
+            every *= 2
+        count = (n - 1) // every + 2
+        if count * table > MAX_TABLE_BYTES:
             raise ValueError(
-                f"a knapsack over {n} items needs {size / 2**20:,.0f} MiB of tables; use fewer items "
+                f"a knapsack over {n} items needs {count * table / 2**20:,.0f} MiB of tables; use fewer items "
                 "(a smaller buffer) or a coarser granularity"
             )
-        if (self._ckpt is None or self._ckpt.shape[0] < n // CHECKPOINT_EVERY + 1 or self._dtype != dtype
-                or self._ckpt.shape[1:] != (rows, cols)):
-            cap = max(n, 8)
-            self._ckpt = np.zeros((cap // CHECKPOINT_EVERY + 1, rows, cols), dtype=dtype)
-            self._best = np.zeros((rows, cols), dtype=dtype)
-            self._scratch = np.zeros(cols, dtype=dtype)
-            self._dtype = dtype
+        t = self._tables
+        if t is None or t.dtype != dtype or t.shape[0] < count or every != self._every:
+            # room for a somewhat larger buffer next time, within the byte limit
+            spare = max(count, min((2 * n - 1) // every + 2, MAX_TABLE_BYTES // table))
+            self._tables = np.zeros((spare, rows * width), dtype=dtype)
+            self._scratch = np.zeros(width, dtype=dtype)
+            self._every = every
             self._prev = None
 
     def solve(self, w: np.ndarray, u: np.ndarray, v: np.ndarray, max_w: int | None = None,
@@ -314,7 +446,7 @@ class KnapsackSolver:
 
         ``max_w`` / ``max_u`` lower the capacities for this call (at most the solver's own).
         """
-        w, u, v = _validate(w, u, v, self.max_w, self.max_u, self.max_items)
+        w, u, v = _as_items(w, u, v)
         cap_w = self.max_w if max_w is None else int(max_w)
         cap_u = self.max_u if max_u is None else int(max_u)
         if not (0 <= cap_w <= self.max_w and 0 <= cap_u <= self.max_u):
@@ -323,67 +455,51 @@ class KnapsackSolver:
         chosen = np.zeros(n, dtype=np.bool_)
         if n == 0:
             return 0, chosen
-        fits = (w <= cap_w) & (u <= cap_u)
-        wf = np.where(fits, w, 0)
-        uf = np.where(fits, u, 0)
+        fits = np.empty(n, dtype=np.bool_)
+        lo_a = np.empty(n, dtype=np.int64)
+        lo_b = np.empty(n, dtype=np.int64)
+        pu_before = np.empty(n, dtype=np.int64)
+        status, tw, tu, bound = _prepare(w, u, v, cap_w, cap_u, fits, lo_a, lo_b, pu_before)
+        if status < 0:
+            raise ValueError("weights and values must be non-negative")
         limit = self.max_items
         if limit is not None and limit >= max_cardinality(w[fits], u[fits], cap_w, cap_u):
             limit = None
         # everything that fits on its own fits together: take all with positive value;
         # zero-value items never improve strictly, so the tie rule leaves them out
-        if limit is None and wf.sum() <= cap_w and uf.sum() <= cap_u:
+        if limit is None and status == 1:
             chosen = fits & (v > 0)
             self.last_items_processed = 0
             return int(v[chosen].sum()), chosen
         if limit is not None:
             return self._solve_count(w, u, v, limit, cap_w, cap_u)
-        # capacities beyond the total weight add nothing: cells there equal the edge
-        max_w = int(min(cap_w, wf.sum()))
-        max_u = int(min(cap_u, uf.sum()))
-        dtype = _value_dtype(v, w, u, max_w, max_u)
-        self._workspace(n, dtype)
-        # weight of the items after i: cells below max - after[i] are never read again
-        after_w = np.concatenate([np.cumsum(wf[::-1])[::-1][1:], [0]])
-        after_u = np.concatenate([np.cumsum(uf[::-1])[::-1][1:], [0]])
-        lo_a = np.maximum(max_w - after_w, 0)
-        lo_b = np.maximum(max_u - after_u, 0)
-        pu_before = np.minimum(np.concatenate([[0], np.cumsum(uf)[:-1]]), max_u)
-        start = self._reusable_prefix(w, u, v, lo_a, lo_b, (max_w, max_u))
-        best = self._best
-        if start == 0:
-            best[:, :] = 0
-            pu0 = 0
-        else:
-            best[:, :] = self._ckpt[start // CHECKPOINT_EVERY]
-            pu0 = int(pu_before[start])
-        vv = v.astype(dtype)
-        _forward(w, u, vv, max_w, max_u, lo_a, lo_b, start, pu0, best, self._scratch, self._ckpt, CHECKPOINT_EVERY)
-        value = int(best[max_u, max_w])
-        _backtrack(np.where(fits, w, max_w + 1), u, v, max_w, max_u, value, pu_before, self._ckpt, CHECKPOINT_EVERY,
-                   chosen)
-        self._prev = (w, u, v)
-        self._lo = (lo_a, lo_b, (max_w, max_u))
+        self._workspace(n, _value_dtype(bound))
+        every = self._every
+        start = self._reusable_prefix(w, u, v, lo_a, lo_b, (tw, tu))
+        width = self._scratch.shape[0]
+        _forward(w, u, v, fits, tw, tu, lo_a, lo_b, pu_before, start, every, self._tables, width, self._scratch)
+        value = int(_backtrack(w, u, v, fits, tw, tu, pu_before, every, self._tables, width, chosen))
+        self._prev = (w.copy(), u.copy(), v.copy(), lo_a, lo_b, (tw, tu))
         self.last_items_processed = n - start
         return value, chosen
 
     def _reusable_prefix(self, w, u, v, lo_a, lo_b, caps) -> int:
-        """First item to process: a checkpoint index whose table is still valid, else 0."""
-        if self._prev is None or self._lo is None or self._lo[2] != caps:
+        """First item to process: a checkpoint index whose tables are still valid, else 0."""
+        if self._prev is None:
             return 0
-        pw, pu, pv = self._prev
+        pw, pu, pv, old_a, old_b, old_caps = self._prev
+        if old_caps != caps:
+            return 0
         m = min(len(pw), len(w))
         same = (pw[:m] == w[:m]) & (pu[:m] == u[:m]) & (pv[:m] == v[:m])
         p = int(np.argmin(same)) if not same.all() else m
-        # cells skipped before must not be read now, and the reused keep rows must cover
-        # every cell the backtrack can visit now
-        old_a, old_b, _ = self._lo
-        start = (min(p, len(w) - 1) // CHECKPOINT_EVERY) * CHECKPOINT_EVERY
-        while start > 0:
-            ok_table = old_a[:start].max() <= lo_a[start - 1] and old_b[:start].max() <= lo_b[start - 1]
-            ok_keep = bool(np.all(old_a[:start] <= lo_a[:start]) and np.all(old_b[:start] <= lo_b[:start]))
-            if ok_table and ok_keep:
-                break
-            start -= CHECKPOINT_EVERY
+        every = self._every
+        start = (min(p, len(w) - 1) // every) * every
+        # every checkpoint up to ``start`` is exact on the cells this run reads from it
+        # (the old run skipped only cells below its own bounds; lo_* grow with i)
+        bad = (old_a[:start] > lo_a[:start]) | (old_b[:start] > lo_b[:start])
+        if bad.any():
+            start = (int(np.argmax(bad)) // every) * every
         return start
 
     def _solve_count(self, w, u, v, limit: int, max_w: int, max_u: int) -> tuple[int, np.ndarray]:
@@ -394,10 +510,12 @@ class KnapsackSolver:
                 f"a knapsack over {n} items with at most {limit} per pack needs a {n * cells / 2**20:,.0f} MiB "
                 "table; use fewer items (a smaller buffer) or drop the item limit"
             )
-        dtype = _value_dtype(v, w, u, max_w, max_u)
+        fits = (w <= max_w) & (u <= max_u)
+        bound = min(int(v[fits].sum()), int(_dantzig(w, v, fits, max_w)), int(_dantzig(u, v, fits, max_u)))
+        dtype = _value_dtype(bound)
         best = np.zeros((limit + 1, max_w + 1, max_u + 1), dtype=dtype)
         keep = np.zeros((n, limit + 1, max_w + 1, max_u + 1), dtype=np.bool_)
-        _forward_count(w, u, v.astype(dtype), max_w, max_u, limit, best, keep)
+        _forward_count(w, u, v, max_w, max_u, limit, best, keep)
         chosen = np.zeros(n, dtype=np.bool_)
         _backtrack_count(w, u, max_w, max_u, limit, keep, chosen)
         self._prev = None
