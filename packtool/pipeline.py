@@ -794,8 +794,9 @@ def pack_dataset(
     """Pack tokenized shards into training sequences with an exact 2-D knapsack per pack.
 
     Each tokenized shard is one task, packed with its own buffer, so the output does not
-    depend on how tasks are scheduled; ``pack_index`` counts packs within a task (the
-    manifest lists each shard's ``task``). With ``dry_run`` only the length columns are
+    depend on how tasks are scheduled; ``pack_index`` counts packs within a task (task ``t``
+    writes ``part-ttttt-*.parquet``; a pack's position in the whole output is its row number
+    counted through the manifest's shards in order). With ``dry_run`` only the length columns are
     read and nothing is written; the returned dict holds the same counts, plus ``plans``:
     the :class:`~packtool.packer.PackPlan` of each tokenized shard in manifest order
     (indices are rows of that shard), from which ``stats.plan_stats`` derives fill and padding.
