@@ -61,6 +61,9 @@ BATCH = 512
 PACK_CHUNK = 64
 #: Files that cannot be cut (JSON arrays, compressed JSONL) share one tokenize task up to this size.
 WHOLE_FILES_PER_TASK_BYTES = 32 << 20
+#: ``pack_index = task * PACK_INDEX_STRIDE + k`` for the ``k``-th pack of pack task ``task``: unique,
+#: rising in manifest order, and known to a task without asking any other (ranks never wait).
+PACK_INDEX_STRIDE = 1_000_000_000
 #: ``--on-error`` choices: ``skip`` records a bad row and goes on; ``fail`` stops at the first.
 ON_ERROR = ("skip", "fail")
 
@@ -724,6 +727,9 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
     units = lengths["n_vision_units"].to_numpy()
     has_media = _has_media(pf)
     plan = plan_packs(tokens, units, has_media, cfg, task.max_units)
+    if plan.n_packs >= PACK_INDEX_STRIDE:
+        raise ConfigError(f"{task.src_file}: {plan.n_packs:,} packs from one tokenized shard; re-run tokenize with a "
+                          "smaller --rows-per-shard")
     packed_tokens = int(tokens[plan.order].sum()) if len(plan.order) else 0
     if plan.truncated:
         packed_tokens -= int(sum(int(tokens[i]) - cfg.max_tokens for i in plan.truncated))
@@ -756,7 +762,8 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
                 table = store.take(rows)
                 sub = PackPlan(np.arange(len(rows), dtype=np.int64), plan.offsets[p0:p1 + 1] - plan.offsets[p0],
                                truncated=[k for k, r in enumerate(rows.tolist()) if r in truncated])
-                writer.write_table(assemble_packs(table, sub, p0, loader, cfg.max_tokens))
+                first = task.index * PACK_INDEX_STRIDE + p0
+                writer.write_table(assemble_packs(table, sub, first, loader, cfg.max_tokens))
                 report(len(rows))
         errors.commit()
     except BaseException:
@@ -794,9 +801,10 @@ def pack_dataset(
     """Pack tokenized shards into training sequences with an exact 2-D knapsack per pack.
 
     Each tokenized shard is one task, packed with its own buffer, so the output does not
-    depend on how tasks are scheduled; ``pack_index`` counts packs within a task (task ``t``
-    writes ``part-ttttt-*.parquet``; a pack's position in the whole output is its row number
-    counted through the manifest's shards in order). With ``dry_run`` only the length columns are
+    depend on how tasks are scheduled. ``pack_index`` is ``t * 1_000_000_000 + k`` for the
+    ``k``-th pack of task ``t`` (which writes ``part-ttttt-*.parquet``): unique and rising in
+    manifest order without any task waiting for another; a pack's position in the whole output
+    is its row number counted through the manifest's shards. With ``dry_run`` only the length columns are
     read and nothing is written; the returned dict holds the same counts, plus ``plans``:
     the :class:`~packtool.packer.PackPlan` of each tokenized shard in manifest order
     (indices are rows of that shard), from which ``stats.plan_stats`` derives fill and padding.

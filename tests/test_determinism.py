@@ -85,3 +85,18 @@ def test_shards_carry_no_run_specific_metadata(serial):
             assert set(kv) == {"ARROW:schema", "packtool.kind", "packtool.schema_version"}, kv.keys()
             assert kv["packtool.kind"] == {"tok": "tokenized", "packed": "packed"}[stage]
             assert meta.created_by.startswith("parquet-cpp-arrow")
+
+
+def test_pack_index_is_unique_and_rises_in_manifest_order(serial):
+    import pyarrow.parquet as pq
+
+    from packtool.pipeline import PACK_INDEX_STRIDE
+
+    d = serial / "packed"
+    index = [i for f in shard_hashes(d) for i in pq.read_table(d / f, columns=["pack_index"])["pack_index"].to_pylist()]
+    assert index == sorted(set(index))
+    tasks = sorted({i // PACK_INDEX_STRIDE for i in index})
+    assert tasks == [0, 1, 2]
+    for t in tasks:  # within a task: 0, 1, 2, ...
+        local = [i % PACK_INDEX_STRIDE for i in index if i // PACK_INDEX_STRIDE == t]
+        assert local == list(range(len(local)))
