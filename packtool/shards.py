@@ -50,7 +50,7 @@ STATE_DIR = ".packtool"
 RUN_STATE = "run.json"
 
 # Fixed writer options: the same rows always give the same bytes.
-_WRITE_OPTS = dict(compression="zstd", compression_level=3, use_dictionary=False, write_statistics=False,
+_WRITE_OPTS = dict(compression="zstd", compression_level=1, use_dictionary=False, write_statistics=False,
                    data_page_version="2.0", store_schema=True)
 
 
