@@ -61,20 +61,34 @@ feasible subset has more than ``max_items`` items).
 
 from __future__ import annotations
 
+import numba
 import numpy as np
-from numba import njit
-from numba.extending import overload
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic, overload
 
 __all__ = ["solve_knapsack_2d", "KnapsackSolver", "max_cardinality"]
 
-#: Every this many items one writes a fresh table, keeping the previous one as a checkpoint
-#: (prefix-reuse granularity; the backtrack enumerates at most ``2**(this - 1)`` subsets).
+#: Default spacing of the table copies kept for prefix reuse (0 keeps none).
 CHECKPOINT_EVERY = 8
-#: Refuse workspaces (all checkpoint tables) larger than this many bytes.
+#: Refuse workspaces (table, checkpoints, decision bits) larger than this many bytes.
 MAX_TABLE_BYTES = 1 << 30
-#: Cells per vector step: row loops are rounded up to whole multiples of this (32 ``int16``
-#: lanes fill an AVX-512 register); rows carry this much padding past the capacity.
+#: Cells per vector step (32 ``int16`` lanes fill an AVX-512 register); rows carry padding
+#: so that whole steps never leave them.
 VEC = 32
+
+# Columns of the integer workspace ``ints`` (a row per item, one more for ``_OFF``, and a
+# last row of settings and state): whether the item fits alone and its bounds
+# (``_prepare``), its table region and bit offset (``_forward``), and the previous call's
+# items and bounds (prefix reuse).
+_FIT, _LO_A, _LO_B, _PU, _A0, _BLO, _HI, _NCH, _OFF, _PW, _PUN, _PV, _PLA, _PLB = range(14)
+_NCOL = 14
+# Columns of the last row: settings, the previous call (prefix reuse), the last call.
+_M_EVERY, _M_WIDTH, _M_PREV_N, _M_TW, _M_TU, _M_CODE, _M_PROCESSED = range(7)
+# Results of ``_solve`` below 0; ``_NEED_TABLE - code``: first allocate the table of that type.
+_NEGATIVE, _NEED_TABLE = -1, -2
+#: Table value types by code (the narrowest whose range holds the value bound).
+_DTYPES = (np.int16, np.int32, np.int64)
 
 
 def _narrow(x, like):
@@ -84,14 +98,62 @@ def _narrow(x, like):
 
 @overload(_narrow)
 def _narrow_impl(x, like):  # pragma: no cover - compiled
-    # numba computes ``int16 + int64`` in int64; converting the sum back to the table's type
-    # lets LLVM run the add and the max in that type (16-bit lanes instead of 64-bit ones)
+    # numba computes ``int16 + int64`` in int64; converting back to the table's type lets
+    # LLVM run the arithmetic in that type (16-bit lanes instead of 64-bit ones)
     t = like.dtype
 
     def impl(x, like):
         return t(x)
 
     return impl
+
+
+def _relax_chunk_py(t, d0, s0, vi):
+    """``t[d0:d0+32] = max(t[d0:d0+32], t[s0:s0+32] + vi)``; bit ``k`` of the result: cell
+    ``d0 + k`` improved (strictly). Both ranges are read before the write. (Python twin of
+    the compiled version, used when numba's JIT is disabled.)"""
+    c = t[s0: s0 + VEC].astype(np.int64) + vi
+    d = t[d0: d0 + VEC]
+    gt = c > d
+    t[d0: d0 + VEC] = np.where(gt, c, d).astype(t.dtype)  # padding cells may wrap, as compiled
+    return int(np.packbits(gt, bitorder="little").view(np.uint32)[0])
+
+
+@intrinsic
+def _relax_chunk_ir(typingctx, t, d0, s0, vi):
+    """Compiled :func:`_relax_chunk_py`: one ``VEC``-lane add, compare, select and store in
+    the table's own type; the compare mask is the returned bits (with AVX-512 a single
+    compare into a mask register)."""
+    if not (isinstance(t, types.Array) and isinstance(t.dtype, types.Integer)):
+        return None
+    sig = types.uint32(t, d0, s0, vi)
+
+    def codegen(context, builder, signature, args):
+        tv, d0v, s0v, viv = args
+        arr = context.make_array(signature.args[0])(context, builder, tv)
+        elt = context.get_data_type(signature.args[0].dtype)
+        vec = ir.VectorType(elt, VEC)
+        d0v = context.cast(builder, d0v, signature.args[1], types.intp)
+        s0v = context.cast(builder, s0v, signature.args[2], types.intp)
+        dp = builder.bitcast(builder.gep(arr.data, [d0v]), vec.as_pointer())
+        sp = builder.bitcast(builder.gep(arr.data, [s0v]), vec.as_pointer())
+        size = elt.width // 8
+        d = builder.load(dp, align=size)
+        src = builder.load(sp, align=size)
+        x = context.cast(builder, viv, signature.args[3], signature.args[0].dtype)
+        one = builder.insert_element(ir.Constant(vec, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
+        splat = builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
+                                       ir.Constant(ir.VectorType(ir.IntType(32), VEC), [0] * VEC))
+        c = builder.add(src, splat)
+        gt = builder.icmp_signed(">", c, d)
+        builder.store(builder.select(gt, c, d), dp, align=size)
+        return builder.bitcast(gt, ir.IntType(32))
+
+    return sig, codegen
+
+
+_relax_chunk = _relax_chunk_py if numba.config.DISABLE_JIT else _relax_chunk_ir
+
 
 
 @njit(cache=True)
@@ -125,14 +187,15 @@ def _dantzig(x, v, fits, cap):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _prepare(w, u, v, cap_w, cap_u, fits, lo_a, lo_b, pu_before):  # pragma: no cover - compiled
+def _prepare(w, u, v, cap_w, cap_u, ints, chosen):  # pragma: no cover - compiled
     """Checks and per-item bounds in one pass; returns ``(status, max_w, max_u, bound)``.
 
-    ``status``: -1 a negative input, 1 everything that fits alone fits together (then
-    ``max_w``/``max_u`` are the totals), 0 a table is needed. ``max_w``/``max_u`` are the
-    capacities cut to the total weight (capacity beyond it adds nothing); ``lo_a[i]`` /
-    ``lo_b[i]`` the smallest cells still needed after item ``i``; ``pu_before[i]`` the units
-    of the fitting items before ``i`` (capped); ``bound`` an upper bound on any table value,
+    ``status``: -1 a negative input; 1 when everything that fits alone fits together (then
+    ``chosen`` holds the answer and ``max_w`` its value); 0 a table is needed.
+    ``max_w``/``max_u`` are the capacities cut to the total weight (capacity beyond it
+    adds nothing); per item ``ints[i, _FIT]``: it fits alone;
+    ``ints[i, _LO_A/_LO_B]``: the smallest cells still needed after it; ``ints[i, _PU]``:
+    the units of the fitting items before it (capped). ``bound`` bounds every table value,
     padding columns included.
     """
     n = w.shape[0]
@@ -142,28 +205,45 @@ def _prepare(w, u, v, cap_w, cap_u, fits, lo_a, lo_b, pu_before):  # pragma: no 
         if w[i] < 0 or u[i] < 0 or v[i] < 0:
             return -1, 0, 0, 0
         f = w[i] <= cap_w and u[i] <= cap_u
-        fits[i] = f
+        ints[i, _FIT] = f
         if f:
             sw += w[i]
             su += u[i]
     if sw <= cap_w and su <= cap_u:
-        return 1, sw, su, 0
+        # zero-value items never improve strictly, so the tie rule leaves them out
+        total = 0
+        for i in range(n):
+            chosen[i] = ints[i, _FIT] != 0 and v[i] > 0
+            if chosen[i]:
+                total += v[i]
+        return 1, total, 0, 0
     max_w = min(cap_w, sw)
     max_u = min(cap_u, su)
     rw = 0
     ru = 0
     for i in range(n - 1, -1, -1):
-        lo_a[i] = max(max_w - rw, 0)
-        lo_b[i] = max(max_u - ru, 0)
-        if fits[i]:
+        ints[i, _LO_A] = max(max_w - rw, 0)
+        ints[i, _LO_B] = max(max_u - ru, 0)
+        if ints[i, _FIT]:
             rw += w[i]
             ru += u[i]
+    # a subset's value is at most (best value per unit of weight) x capacity, in either
+    # dimension; the tighter fractional bound is computed only when that is not enough
     pu = 0
+    bw = 0
+    bu = 0
+    total = 0
     for i in range(n):
-        pu_before[i] = min(pu, max_u)
-        if fits[i]:
+        ints[i, _PU] = min(pu, max_u)
+        if ints[i, _FIT]:
             pu += u[i]
-    bound = min(_dantzig(w, v, fits, max_w + VEC - 1), _dantzig(u, v, fits, max_u))
+            total += v[i]
+            bw = bw + v[i] if w[i] == 0 else max(bw, -(-v[i] * (max_w + VEC - 1) // w[i]))
+            bu = bu + v[i] if u[i] == 0 else max(bu, -(-v[i] * max_u // u[i]))
+    bound = min(total, bw, bu)
+    if bound > 32767:
+        fits = ints[:n, _FIT] != 0
+        bound = min(bound, _dantzig(w, v, fits, max_w + VEC - 1), _dantzig(u, v, fits, max_u))
     return 0, max_w, max_u, bound
 
 
@@ -175,137 +255,155 @@ def _copy(dst, src, m):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _fill_zero(dst, m):  # pragma: no cover - compiled
-    for k in range(m):
-        dst[k] = 0
-
-
-@njit(cache=True, inline="always")
-def _relax(dst, old, src, vi, m):  # pragma: no cover - compiled
-    """``dst[k] = max(old[k], src[k] + vi)`` in the arrays' own integer type."""
-    for k in range(m):
-        c = _narrow(src[k] + vi, dst)
-        d = old[k]
-        dst[k] = c if c > d else d
-
-
-@njit(cache=True, inline="always")
-def _relax_in_place(dst, src, vi, m):  # pragma: no cover - compiled
-    """``dst[k] = max(dst[k], src[k] + vi)`` (a separate loop: passing ``dst`` as ``old``
-    to :func:`_relax` makes LLVM's overlap check fail and the loop run scalar)."""
-    for k in range(m):
-        c = _narrow(src[k] + vi, dst)
-        d = dst[k]
-        dst[k] = c if c > d else d
+def _item(w, u, v, max_w, max_u, i, pu, off, ints, bits, table, width):  # pragma: no cover - compiled
+    """Item ``i`` (see :func:`_forward`); returns the new ``(off, pu)``."""
+    wi = w[i]
+    ui = u[i]
+    vi = v[i]
+    lb = ints[i, _LO_B]
+    a0 = max(wi, ints[i, _LO_A])
+    nch = (max_w + 1 - a0 + VEC - 1) // VEC
+    fit = ints[i, _FIT] != 0
+    hi = min(max_u, pu + ui) if fit else pu
+    blo = max(ui, lb) if fit else hi + 1
+    ints[i, _A0] = a0
+    ints[i, _BLO] = blo
+    ints[i, _HI] = hi
+    ints[i, _NCH] = nch
+    ints[i, _OFF] = off
+    if fit:
+        # rows the item reaches for the first time start as copies of the last row
+        for b in range(pu + 1, hi + 1):
+            _copy(table[b * width: (b + 1) * width], table[pu * width: (pu + 1) * width],
+                  width)
+        for b in range(hi, blo - 1, -1):
+            d0 = b * width + a0
+            s0 = d0 - ui * width - wi
+            row = off + (hi - b) * nch
+            for c in range(nch - 1, -1, -1):
+                bits[row + c] = _relax_chunk(table, d0 + c * VEC, s0 + c * VEC, vi)
+        off += (hi - blo + 1) * nch
+    ints[i + 1, _OFF] = off
+    return off, hi
 
 
 @njit(cache=True)
-def _forward(w, u, v, fits, max_w, max_u, lo_a, lo_b, pu_before, start, every, tables, width, scratch):  # pragma: no cover
-    """Items ``start..n-1``; item ``i`` leaves its table in ``tables[i // every + 1]``.
+def _forward(w, u, v, max_w, max_u, start, every, ints, bits, tabs, width):  # pragma: no cover - compiled
+    """Items ``start..n-1`` into the table ``tabs[0]`` (flat: cell ``(b, a)`` at
+    ``b * width + a``), in place.
 
-    A table is one flat row-major array, ``width`` cells a row. ``tables[start // every]``
-    must hold the table before ``start`` (for ``start == 0`` its row 0 is zeroed here).
-    Item ``i`` with ``i % every == 0`` reads ``tables[i // every]`` and writes the next table
-    (so the old one stays as a checkpoint); the others update in place. Invariants of a
-    table before item ``i``: rows ``lo_b[i-1]..pu_before[i]`` and columns
+    An item updates rows ``ints[i, _BLO]..ints[i, _HI]`` (descending, so each item is used
+    at most once) from column ``ints[i, _A0]`` on, in ``ints[i, _NCH]`` steps of ``VEC``
+    cells a row (descending too: an item without units reads the row it writes, and a step
+    reads its sources before it writes), and stores the steps' improvement bits from
+    ``bits[ints[i, _OFF]]`` on. Invariants
+    of the table before item ``i``: rows ``lo_b[i-1]..pu_before[i]`` and columns
     ``lo_a[i-1]..max_w`` are exact; rows above ``pu_before[i]`` stand for copies of that
-    row and are not kept; everything else is never read again. (Rows are sliced from the
-    flat array: slicing a 2-D table row by row measured 20% slower.)
+    row and are not kept; everything else is never read again. With ``every > 0`` those
+    exact rows are copied to ``tabs[i // every]`` before each item ``i > 0`` with
+    ``i % every == 0``, and ``start > 0`` restores that copy.
     """
     n = w.shape[0]
+    table = tabs[0]
+    pu = ints[start, _PU]
     if start == 0:
-        _fill_zero(tables[0], width)
-    pu = pu_before[start]
+        for k in range(width):
+            table[k] = 0
+        ints[0, _OFF] = 0
+    else:
+        r0 = ints[start - 1, _LO_B] * width
+        r1 = (pu + 1) * width
+        _copy(table[r0: r1], tabs[start // every, r0: r1], r1 - r0)
+    off = ints[start, _OFF]
     for i in range(start, n):
-        t = tables[i // every + 1]
-        wi = w[i]
-        ui = u[i]
-        vi = v[i]
-        la = lo_a[i]
-        lb = lo_b[i]
-        fit = fits[i]
-        hi = min(max_u, pu + ui) if fit else pu
-        a0 = max(wi, la)
-        m = (max_w + 1 - a0 + VEC - 1) // VEC * VEC
-        if i % every == 0:
-            old = tables[i // every]
-            c0 = la // VEC * VEC
-            for b in range(lb, hi + 1):
-                ob = min(b, pu) * width
-                tb = b * width
-                if fit and b >= ui:
-                    # columns below the item's weight keep their value; a rounded copy may
-                    # run past a0, where the update below overwrites it
-                    mc = (a0 - c0 + VEC - 1) // VEC * VEC
-                    _copy(t[tb + c0: tb + c0 + mc], old[ob + c0: ob + c0 + mc], mc)
-                    sb = (b - ui) * width + a0 - wi
-                    _relax(t[tb + a0: tb + a0 + m], old[ob + a0: ob + a0 + m], old[sb: sb + m], vi, m)
-                else:
-                    mc = (max_w + 1 - c0 + VEC - 1) // VEC * VEC
-                    _copy(t[tb + c0: tb + c0 + mc], old[ob + c0: ob + c0 + mc], mc)
-        elif fit:
-            # rows the item reaches for the first time start as copies of the last row
-            for b in range(max(pu + 1, lb), hi + 1):
-                _copy(t[b * width: (b + 1) * width], t[pu * width: (pu + 1) * width], width)
-            for b in range(hi, max(ui, lb) - 1, -1):
-                d0 = b * width + a0
-                s0 = (b - ui) * width + a0 - wi
-                if ui == 0:
-                    # the item reads the row it writes: read an unchanged copy
-                    _copy(scratch, t[s0: s0 + m], m)
-                    _relax_in_place(t[d0: d0 + m], scratch[:m], vi, m)
-                else:
-                    _relax_in_place(t[d0: d0 + m], t[s0: s0 + m], vi, m)
-        pu = hi
+        if every > 0 and i > start and i % every == 0:
+            r0 = ints[i - 1, _LO_B] * width
+            r1 = (pu + 1) * width
+            _copy(tabs[i // every, r0: r1], table[r0: r1], r1 - r0)
+        off, pu = _item(w, u, v, max_w, max_u, i, pu, off, ints, bits, table, width)
 
 
 @njit(cache=True)
-def _value_at(w, u, v, fits, first, last, b, a, table, width, pu):  # pragma: no cover - compiled
-    """Best value of items ``first..last-1`` plus the table before ``first``, within ``(b, a)``.
-
-    Enumerates the ``2**(last-first)`` subsets of those items (a block is short).
-    """
-    k = last - first
-    out = -1
-    for mask in range(1 << k):
-        sw = 0
-        su = 0
-        sv = 0
-        ok = True
-        for j in range(k):
-            if (mask >> j) & 1:
-                ok = ok and fits[first + j]
-                sw += w[first + j]
-                su += u[first + j]
-                sv += v[first + j]
-        if ok and sw <= a and su <= b:
-            val = sv + table[min(b - su, pu) * width + a - sw]
-            if val > out:
-                out = val
-    return out
-
-
-@njit(cache=True)
-def _backtrack(w, u, v, fits, max_w, max_u, pu_before, every, tables, width, chosen):  # pragma: no cover - compiled
-    """Optimal value and the tie-rule subset: item ``i`` is taken iff the best value within
-    the current capacity drops without it (rebuilt from the checkpoint of ``i``'s block)."""
-    n = w.shape[0]
-    value = tables[(n - 1) // every + 1, max_u * width + max_w]
+def _backtrack(w, u, max_w, max_u, ints, bits, chosen):  # pragma: no cover - compiled
+    """The tie-rule subset into ``chosen``: from ``(max_w, max_u)`` backwards, item ``i``
+    is taken iff it strictly improved the cell of the capacity left (its bit)."""
     a = max_w
     b = max_u
-    cur = value
-    for i in range(n - 1, -1, -1):
+    for i in range(w.shape[0] - 1, -1, -1):
         chosen[i] = False
-        if not fits[i] or w[i] > a or u[i] > b:
+        if not ints[i, _FIT] or w[i] > a or u[i] > b:
             continue
-        s = (i // every) * every
-        without = _value_at(w, u, v, fits, s, i, b, a, tables[i // every], width, pu_before[s])
-        if cur > without:
+        # rows above the item's reach hold the same values (and decisions) as its top row
+        hi = ints[i, _HI]
+        k = a - ints[i, _A0]
+        word = bits[ints[i, _OFF] + (hi - min(b, hi)) * ints[i, _NCH] + k // VEC]
+        if (word >> (k % VEC)) & 1:
             chosen[i] = True
             a -= w[i]
             b -= u[i]
-            cur -= v[i]
-    return value
+
+
+@njit(cache=True)
+def _reusable(w, u, v, max_w, max_u, code, ints):  # pragma: no cover - compiled
+    """First item to process: the last checkpoint whose prefix of items is unchanged since
+    the previous call and whose stored state is exact where this call reads it, else 0."""
+    n = w.shape[0]
+    m = ints[ints.shape[0] - 1]
+    every = m[_M_EVERY]
+    pn = m[_M_PREV_N]
+    if every == 0 or pn <= 0 or m[_M_TW] != max_w or m[_M_TU] != max_u or m[_M_CODE] != code:
+        return 0
+    p = 0
+    while p < min(n, pn) and ints[p, _PW] == w[p] and ints[p, _PUN] == u[p] and ints[p, _PV] == v[p]:
+        p += 1
+    # checkpoints exist before items every, 2 every, ... below the previous length
+    start = (min(p, n - 1, pn - 1) // every) * every
+    # the old bits and checkpoints are exact on cells at or above the old bounds
+    for i in range(start):
+        if ints[i, _PLA] > ints[i, _LO_A] or ints[i, _PLB] > ints[i, _LO_B]:
+            return (i // every) * every
+    return start
+
+
+@njit(cache=True)
+def _solve(w, u, v, cap_w, cap_u, ints, bits, tabs, chosen):  # pragma: no cover - compiled
+    """The whole exact solve in one call (each Python round trip costs more than a DP item
+    when caches are cold): the optimal value, or ``_NEGATIVE``, or ``_NEED_TABLE - code``
+    when ``tabs`` is not of the value type needed (``_DTYPES[code]``). The chosen items go
+    to ``chosen``; ``tabs`` holds the table and the checkpoints, settings and state live in
+    the last row of ``ints``."""
+    status, max_w, max_u, bound = _prepare(w, u, v, cap_w, cap_u, ints, chosen)
+    m = ints[ints.shape[0] - 1]
+    if status < 0:
+        return _NEGATIVE
+    if status == 1:
+        m[_M_PROCESSED] = 0
+        return max_w
+    code = 0 if bound <= 32767 else (1 if bound <= 2147483647 else 2)
+    if tabs.shape[0] == 0 or tabs.itemsize != 2 << code:
+        return _NEED_TABLE - code
+    n = w.shape[0]
+    # checkpoints only pay when the next call reuses them: a fresh or reset solver (the
+    # caller solves independent buffers) writes none; from its second call on it does
+    every = m[_M_EVERY] if m[_M_PREV_N] >= 0 else 0
+    width = m[_M_WIDTH]
+    start = _reusable(w, u, v, max_w, max_u, code, ints)
+    _forward(w, u, v, max_w, max_u, start, every, ints, bits, tabs, width)
+    _backtrack(w, u, max_w, max_u, ints, bits, chosen)
+    m[_M_PROCESSED] = n - start
+    m[_M_PREV_N] = 0  # a call happened, with nothing to reuse unless set below
+    if every > 0:
+        for i in range(n):
+            ints[i, _PW] = w[i]
+            ints[i, _PUN] = u[i]
+            ints[i, _PV] = v[i]
+            ints[i, _PLA] = ints[i, _LO_A]
+            ints[i, _PLB] = ints[i, _LO_B]
+        m[_M_PREV_N] = n
+        m[_M_TW] = max_w
+        m[_M_TU] = max_u
+        m[_M_CODE] = code
+    return tabs[0, max_u * width + max_w]
 
 
 @njit(cache=True)
@@ -367,31 +465,15 @@ def max_cardinality(w: np.ndarray, u: np.ndarray, max_w: int, max_u: int) -> int
     return out
 
 
-def _value_dtype(bound: int):
-    """The narrowest integer type that holds ``bound`` (an upper bound on every table value)."""
-    if bound <= np.iinfo(np.int16).max:
-        return np.int16
-    if bound <= np.iinfo(np.int32).max:
-        return np.int32
-    return np.int64
-
-
-def _as_items(w, u, v):
-    w = np.ascontiguousarray(w, dtype=np.int64)
-    u = np.ascontiguousarray(u, dtype=np.int64)
-    v = np.ascontiguousarray(v, dtype=np.int64)
-    if not (w.ndim == u.ndim == v.ndim == 1 and len(w) == len(u) == len(v)):
-        raise ValueError("w, u and v must be 1-D arrays of equal length")
-    return w, u, v
-
-
 class KnapsackSolver:
     """Reusable exact solver with a workspace and DP-prefix reuse between calls.
 
     Each :meth:`solve` compares the new items with those of the previous call; if the
-    first ``p`` items are identical (and the skipped cells of the old tables are still
+    first ``p`` items are identical (and the skipped cells of the old table are still
     unneeded) the DP restarts from the last checkpoint at or before ``p`` and only the
-    items after it are processed. The answer is identical to a fresh solve.
+    items after it are processed. The answer is identical to a fresh solve. Checkpoints
+    (a copy of the table every ``checkpoint_every`` items) cost time when every call
+    starts afresh; ``checkpoint_every=0`` keeps none.
 
     Example:
         >>> s = KnapsackSolver(8, 3)
@@ -399,46 +481,60 @@ class KnapsackSolver:
         (8, array([ True, False,  True]))
     """
 
-    def __init__(self, max_w: int, max_u: int, max_items: int | None = None) -> None:
+    def __init__(self, max_w: int, max_u: int, max_items: int | None = None,
+                 checkpoint_every: int = CHECKPOINT_EVERY) -> None:
         if int(max_w) < 0 or int(max_u) < 0:
             raise ValueError("capacities must be non-negative")
         if max_items is not None and int(max_items) < 0:
             raise ValueError("max_items must be non-negative")
+        if int(checkpoint_every) < 0:
+            raise ValueError("checkpoint_every must be non-negative (0: no prefix reuse)")
         self.max_w = int(max_w)
         self.max_u = int(max_u)
         self.max_items = None if max_items is None else int(max_items)
-        self._prev: tuple | None = None
-        self._tables: np.ndarray | None = None
-        self._scratch: np.ndarray | None = None
-        self._every = CHECKPOINT_EVERY
-        #: items processed by the DP in the last call (for benchmarks and tests)
-        self.last_items_processed = 0
+        self.checkpoint_every = int(checkpoint_every)
+        self._rows = self.max_u + 1
+        self._width = (self.max_w + 2 * VEC - 1) // VEC * VEC  # steps end below max_w + VEC
+        self._cap = 0
+        self._tables: dict = {}
+        self._table = np.zeros((0, 0), dtype=np.int16)
+        self._allocate(16)
+
+    @property
+    def last_items_processed(self) -> int:
+        """Items the DP processed in the last call (for benchmarks and tests)."""
+        return int(self._ints[-1, _M_PROCESSED])
 
     def reset(self) -> None:
         """Forget the previous call, so the next one solves from scratch (keeps the workspace)."""
-        self._prev = None
+        self._ints[-1, _M_PREV_N] = -1
 
-    def _workspace(self, n: int, dtype) -> None:
-        rows = self.max_u + 1
-        width = (self.max_w + 2 * VEC - 1) // VEC * VEC  # rounded loops end below max_w + VEC
-        table = rows * width * np.dtype(dtype).itemsize
-        every = CHECKPOINT_EVERY
-        while ((n - 1) // every + 2) * table > MAX_TABLE_BYTES and every < 16:
-            every *= 2
-        count = (n - 1) // every + 2
-        if count * table > MAX_TABLE_BYTES:
+    def _allocate(self, n: int, dtype=None) -> None:
+        """Per-item workspaces for at least ``n`` items; with ``dtype``, that type's tables."""
+        every = self.checkpoint_every
+        cap = max(n, self._cap)
+        cells = self._rows * self._width
+        n_tabs = 1 + ((cap - 1) // every if every else 0)
+        types_ = {np.dtype(t) for t in self._tables} | ({np.dtype(dtype)} if dtype is not None else set())
+        size = cap * cells // 8 + sum(n_tabs * cells * t.itemsize for t in types_)
+        if size > MAX_TABLE_BYTES:
             raise ValueError(
-                f"a knapsack over {n} items needs {count * table / 2**20:,.0f} MiB of tables; use fewer items "
+                f"a knapsack over {n} items needs {size / 2**20:,.0f} MiB of tables; use fewer items "
                 "(a smaller buffer) or a coarser granularity"
             )
-        t = self._tables
-        if t is None or t.dtype != dtype or t.shape[0] < count or every != self._every:
-            # room for a somewhat larger buffer next time, within the byte limit
-            spare = max(count, min((2 * n - 1) // every + 2, MAX_TABLE_BYTES // table))
-            self._tables = np.zeros((spare, rows * width), dtype=dtype)
-            self._scratch = np.zeros(width, dtype=dtype)
-            self._every = every
-            self._prev = None
+        if cap > self._cap:
+            self._cap = cap
+            self._ints = np.zeros((cap + 2, _NCOL), dtype=np.int64)
+            self._ints[-1, _M_EVERY] = every
+            self._ints[-1, _M_WIDTH] = self._width
+            self._ints[-1, _M_PREV_N] = -1
+            self._bits = np.zeros(cap * self._rows * (self._width // VEC), dtype=np.uint32)
+        for t in types_:
+            if t not in self._tables or self._tables[t].shape[0] != n_tabs:
+                self._tables[t] = np.zeros((n_tabs, cells), dtype=t)
+                self._ints[-1, _M_PREV_N] = -1
+        current = np.dtype(dtype) if dtype is not None else self._table.dtype
+        self._table = self._tables.get(current, self._table)
 
     def solve(self, w: np.ndarray, u: np.ndarray, v: np.ndarray, max_w: int | None = None,
               max_u: int | None = None) -> tuple[int, np.ndarray]:
@@ -446,61 +542,34 @@ class KnapsackSolver:
 
         ``max_w`` / ``max_u`` lower the capacities for this call (at most the solver's own).
         """
-        w, u, v = _as_items(w, u, v)
+        w = np.ascontiguousarray(w, dtype=np.int64)
+        u = np.ascontiguousarray(u, dtype=np.int64)
+        v = np.ascontiguousarray(v, dtype=np.int64)
+        n = w.shape[0]
+        if not (w.ndim == u.ndim == v.ndim == 1 and n == u.shape[0] == v.shape[0]):
+            raise ValueError("w, u and v must be 1-D arrays of equal length")
         cap_w = self.max_w if max_w is None else int(max_w)
         cap_u = self.max_u if max_u is None else int(max_u)
         if not (0 <= cap_w <= self.max_w and 0 <= cap_u <= self.max_u):
             raise ValueError(f"capacities ({cap_w}, {cap_u}) must lie within the solver's ({self.max_w}, {self.max_u})")
-        n = len(w)
         chosen = np.zeros(n, dtype=np.bool_)
         if n == 0:
             return 0, chosen
-        fits = np.empty(n, dtype=np.bool_)
-        lo_a = np.empty(n, dtype=np.int64)
-        lo_b = np.empty(n, dtype=np.int64)
-        pu_before = np.empty(n, dtype=np.int64)
-        status, tw, tu, bound = _prepare(w, u, v, cap_w, cap_u, fits, lo_a, lo_b, pu_before)
-        if status < 0:
+        if self.max_items is not None:
+            if w.min() < 0 or u.min() < 0 or v.min() < 0:
+                raise ValueError("weights and values must be non-negative")
+            fits = (w <= cap_w) & (u <= cap_u)
+            if self.max_items < max_cardinality(w[fits], u[fits], cap_w, cap_u):
+                return self._solve_count(w, u, v, self.max_items, cap_w, cap_u)
+        if n > self._cap:
+            self._allocate(n)
+        value = _solve(w, u, v, cap_w, cap_u, self._ints, self._bits, self._table, chosen)
+        if value <= _NEED_TABLE:  # the value bound needs another table type (rare)
+            self._allocate(n, _DTYPES[_NEED_TABLE - value])
+            value = _solve(w, u, v, cap_w, cap_u, self._ints, self._bits, self._table, chosen)
+        if value == _NEGATIVE:
             raise ValueError("weights and values must be non-negative")
-        limit = self.max_items
-        if limit is not None and limit >= max_cardinality(w[fits], u[fits], cap_w, cap_u):
-            limit = None
-        # everything that fits on its own fits together: take all with positive value;
-        # zero-value items never improve strictly, so the tie rule leaves them out
-        if limit is None and status == 1:
-            chosen = fits & (v > 0)
-            self.last_items_processed = 0
-            return int(v[chosen].sum()), chosen
-        if limit is not None:
-            return self._solve_count(w, u, v, limit, cap_w, cap_u)
-        self._workspace(n, _value_dtype(bound))
-        every = self._every
-        start = self._reusable_prefix(w, u, v, lo_a, lo_b, (tw, tu))
-        width = self._scratch.shape[0]
-        _forward(w, u, v, fits, tw, tu, lo_a, lo_b, pu_before, start, every, self._tables, width, self._scratch)
-        value = int(_backtrack(w, u, v, fits, tw, tu, pu_before, every, self._tables, width, chosen))
-        self._prev = (w.copy(), u.copy(), v.copy(), lo_a, lo_b, (tw, tu))
-        self.last_items_processed = n - start
-        return value, chosen
-
-    def _reusable_prefix(self, w, u, v, lo_a, lo_b, caps) -> int:
-        """First item to process: a checkpoint index whose tables are still valid, else 0."""
-        if self._prev is None:
-            return 0
-        pw, pu, pv, old_a, old_b, old_caps = self._prev
-        if old_caps != caps:
-            return 0
-        m = min(len(pw), len(w))
-        same = (pw[:m] == w[:m]) & (pu[:m] == u[:m]) & (pv[:m] == v[:m])
-        p = int(np.argmin(same)) if not same.all() else m
-        every = self._every
-        start = (min(p, len(w) - 1) // every) * every
-        # every checkpoint up to ``start`` is exact on the cells this run reads from it
-        # (the old run skipped only cells below its own bounds; lo_* grow with i)
-        bad = (old_a[:start] > lo_a[:start]) | (old_b[:start] > lo_b[:start])
-        if bad.any():
-            start = (int(np.argmax(bad)) // every) * every
-        return start
+        return int(value), chosen
 
     def _solve_count(self, w, u, v, limit: int, max_w: int, max_u: int) -> tuple[int, np.ndarray]:
         n = len(w)
@@ -512,14 +581,14 @@ class KnapsackSolver:
             )
         fits = (w <= max_w) & (u <= max_u)
         bound = min(int(v[fits].sum()), int(_dantzig(w, v, fits, max_w)), int(_dantzig(u, v, fits, max_u)))
-        dtype = _value_dtype(bound)
+        dtype = next(dt for dt in _DTYPES if bound <= np.iinfo(dt).max)
         best = np.zeros((limit + 1, max_w + 1, max_u + 1), dtype=dtype)
         keep = np.zeros((n, limit + 1, max_w + 1, max_u + 1), dtype=np.bool_)
         _forward_count(w, u, v, max_w, max_u, limit, best, keep)
         chosen = np.zeros(n, dtype=np.bool_)
         _backtrack_count(w, u, max_w, max_u, limit, keep, chosen)
-        self._prev = None
-        self.last_items_processed = n
+        self._ints[-1, _M_PREV_N] = -1
+        self._ints[-1, _M_PROCESSED] = n
         return int(best[limit, max_w, max_u]), chosen
 
 
