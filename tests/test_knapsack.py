@@ -134,3 +134,84 @@ def test_edge_cases():
 def test_max_cardinality():
     assert max_cardinality(np.array([1, 1, 5]), np.array([0, 3, 0]), 6, 2) == 2
     assert max_cardinality(np.array([1, 1]), np.array([0, 0]), 10, 10) == 2
+
+
+def test_solver_chains_match_fresh_solves():
+    """Reused solvers (prefix reuse, lowered capacities, growing buffers, resets, value types
+    switching) answer every call exactly like a fresh solve and the brute force."""
+    rng = np.random.default_rng(21)
+    cw, cu = (60, 14) if JIT else (24, 8)
+    for every in (0, 2, 8):
+        solver = KnapsackSolver(cw, cu, checkpoint_every=every)
+        w = rng.integers(0, 12, 10)
+        u = rng.integers(0, 5, 10)
+        v = rng.integers(0, 40, 10)
+        reused = 0
+        for step in range(40 if JIT else 12):
+            big = step % 7 == 5  # values beyond int16: the solver switches table type and back
+            vv = v * (1500 if big else 1)
+            lw = cw if step % 5 else int(rng.integers(0, cw + 1))
+            lu = cu if step % 5 else int(rng.integers(0, cu + 1))
+            value, chosen = solver.solve(w, u, vv, max_w=lw, max_u=lu)
+            fresh = solve_knapsack_2d(w, u, vv, lw, lu)
+            assert value == fresh[0] and chosen.tolist() == fresh[1].tolist()
+            if len(w) <= (12 if JIT else 9):
+                ref, ref_set = brute_force_knapsack(w, u, vv, lw, lu)
+                assert value == ref and chosen.tolist() == ref_set.tolist()
+            reused += 0 < solver.last_items_processed < len(w)  # 0: answered without a table
+            if step % 11 == 10:
+                solver.reset()
+            # drop the chosen items and append new ones (sometimes more: the buffer grows)
+            keep = ~chosen
+            k = int(chosen.sum()) + (3 if step % 6 == 0 else 0)
+            w = np.concatenate([w[keep], rng.integers(0, 12, k)])
+            u = np.concatenate([u[keep], rng.integers(0, 5, k)])
+            v = np.concatenate([v[keep], rng.integers(0, 40, k)])
+        if every:
+            assert reused >= 1
+        else:
+            assert reused == 0
+
+
+def test_reset_and_fresh_solvers_keep_no_checkpoints():
+    """Checkpoints only once a solver is reused: the first call after reset() processes all."""
+    rng = np.random.default_rng(3)
+    n = 40 if JIT else 12
+    w, u = rng.integers(1, 9, n), rng.integers(0, 4, n)
+    v = 3 * w + 2 * u
+    solver = KnapsackSolver(30, 10, checkpoint_every=4)
+    solver.solve(w, u, v)
+    assert solver.last_items_processed == n
+    solver.solve(w, u, v)  # writes checkpoints (reused solver), nothing to reuse yet
+    assert solver.last_items_processed == n
+    solver.solve(w, u, v)  # identical items: restarts from the last checkpoint
+    assert solver.last_items_processed < n
+    solver.reset()
+    solver.solve(w, u, v)
+    assert solver.last_items_processed == n
+
+
+@pytest.mark.skipif(not JIT, reason="compares the compiled vector step with its Python twin")
+@pytest.mark.parametrize("dtype", [np.int16, np.int32, np.int64])
+def test_vector_step_matches_its_python_twin(dtype):
+    from numba import njit
+
+    from packtool.knapsack import VEC, _relax_chunk_ir, _relax_chunk_py
+
+    @njit
+    def step(t, d0, s0, vi):
+        return _relax_chunk_ir(t, d0, s0, vi)
+
+    rng = np.random.default_rng(int(np.dtype(dtype).itemsize))
+    hi = np.iinfo(dtype).max // 2
+    for _ in range(200):
+        t = rng.integers(0, hi, 4 * VEC).astype(dtype)
+        d0 = int(rng.integers(VEC, 3 * VEC))
+        s0 = d0 - int(rng.integers(0, VEC + 1))  # overlapping ranges: the source is read first
+        vi = int(rng.integers(0, hi))
+        a, b = t.copy(), t.copy()
+        bits_a = step(a, d0, s0, vi)
+        bits_b = _relax_chunk_py(b, d0, s0, vi)
+        assert int(bits_a) == bits_b and a.tolist() == b.tolist()
+        c = t[s0: s0 + VEC].astype(np.int64) + vi
+        assert (a[d0: d0 + VEC] == np.maximum(t[d0: d0 + VEC], c)).all()
