@@ -84,7 +84,7 @@ class _Probed:
     layout: VisionLayout
 
 
-def _probe_uncached(ref: MediaRef, ctx: EncodeContext) -> tuple[int, int, VisionLayout]:
+def _probe_uncached(ref: MediaRef, ctx: EncodeContext, n_images: int) -> tuple[int, int, VisionLayout]:
     if ref.kind not in ("image", "video"):
         raise SampleError("bad_record", f"unknown media kind {ref.kind!r}")
     if ref.data is None and not ref.path:
@@ -92,26 +92,32 @@ def _probe_uncached(ref: MediaRef, ctx: EncodeContext) -> tuple[int, int, Vision
     src = ref.data if ref.data is not None else resolve_media_path(ref.path, ctx.media_root)
     if ref.kind == "image":
         info = probe_image(src, exif=ctx.family.exif)
-        return info.width, info.height, ctx.family.image(info.height, info.width)
+        return info.width, info.height, ctx.family.image_in_sample(info.height, info.width, n_images)
     from .media import probe_video
 
     meta = probe_video(src, apply_rotation=ctx.family.exif == "apply")
     return meta.width, meta.height, ctx.family.video(meta)
 
 
-def _probe(ref: MediaRef, ctx: EncodeContext) -> _Probed:
+def _probe(ref: MediaRef, ctx: EncodeContext, n_images: int = 1) -> _Probed:
     """Probe one media item, memoized per path (or per inline bytes) for the whole run.
 
     Corpora reference the same image from many records; a header read costs far more
     than the rest of a sample's encoding, so each distinct file is probed once.
-    Failures are memoized too, so a missing file costs one ``stat``.
+    Failures are memoized too, so a missing file costs one ``stat``. ``n_images`` is
+    the number of images in the sample, which some families' image layouts depend on
+    (:meth:`VisionFamily.image_in_sample`); it joins the key only for those families.
     """
     cache = ctx.probe_cache
     key = (ref.kind, ref.path, None) if ref.data is None else (ref.kind, None, ref.data)
+    if ref.kind == "image":
+        count_key = ctx.family.image_count_key(n_images)
+        if count_key is not None:
+            key = (*key, count_key)
     hit = cache.get(key)
     if hit is None:
         try:
-            hit = _probe_uncached(ref, ctx)
+            hit = _probe_uncached(ref, ctx, n_images)
         except SampleError as err:
             hit = err
         if len(cache) >= _PROBE_CACHE_MAX:
@@ -198,7 +204,8 @@ def encode_samples(
     texts: list[str] = []
     for s in samples:
         try:
-            probed = [_probe(ref, ctx) for ref in s.media]
+            n_images = sum(ref.kind == "image" for ref in s.media)
+            probed = [_probe(ref, ctx, n_images) for ref in s.media]
             used: set[int] = set()
             branches = [_stage(render(messages, system), probed, specials, texts, used) for messages in s.branches]
             if len(used) != len(probed):

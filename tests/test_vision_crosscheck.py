@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from packtool.vision import get_family
+from packtool.vision import VideoMeta, get_family
 from packtool.vision.internvl import find_closest_aspect_ratio, target_ratios
 from packtool.vision.llava_ov import PINPOINTS
 from packtool.vision.molmo2 import select_tiling
@@ -85,6 +85,45 @@ def test_llava_ov_counts_match():
     fam = get_family("llava-ov")
     for h, w in _sizes(random.Random(3), 8, 8000):
         assert fam.image(h, w).n_tokens == proc["_get_number_of_features"](me, h, w, 384, 384), (h, w)
+
+
+def test_llava_ov_multi_image_and_video_placeholders_match():
+    """``replace_image_token`` / ``replace_video_token`` decide the expanded prompt per sample."""
+    best = _lift("image_processing_utils.py", "select_best_resolution")["select_best_resolution"]
+    proc = _lift("models/llava_onevision/processing_llava_onevision.py", "_get_number_of_features",
+                 "_get_unpadded_features", "replace_image_token", "replace_video_token",
+                 cls="LlavaOnevisionProcessor")
+    proc["select_best_resolution"] = best
+    me = SimpleNamespace(image_processor=SimpleNamespace(image_grid_pinpoints=[list(p) for p in PINPOINTS]),
+                         num_image_tokens=729, vision_aspect_ratio="anyres_max_9",
+                         vision_feature_select_strategy="full", image_token="I", video_token="V")
+    for name in ("_get_number_of_features", "_get_unpadded_features"):
+        setattr(me, name, (lambda f: lambda *a: f(me, *a))(proc[name]))
+    fam = get_family("llava-ov")
+    rng = random.Random(6)
+    sizes = list(_sizes(rng, 8, 8000))
+    crop = SimpleNamespace(shape=(3, 384, 384))  # pixel_values[0][0]: the processed base crop
+    pos = multi = 0
+    while True:
+        counts = [rng.choice((1, 1, 2, 3, 5)) for _ in range(4)]  # a batch of 4 samples
+        if pos + sum(counts) > len(sizes):
+            break
+        batch = sizes[pos: pos + sum(counts)]
+        pos += sum(counts)
+        inputs = {"batch_num_images": counts, "image_sizes": batch, "pixel_values": [[crop]]}
+        image_idx = 0
+        for n in counts:
+            for h, w in batch[image_idx: image_idx + n]:
+                ref = len(proc["replace_image_token"](me, inputs, image_idx))
+                assert fam.image_in_sample(h, w, n).n_tokens == ref, (h, w, n)
+                image_idx += 1
+                multi += n > 1
+    assert pos > 900 and multi > 500  # both rules were exercised
+    for n_frames in (1, 2, 7, 8, 16, 31, 32, 33, 100, 900):
+        videos = {"pixel_values_videos": [SimpleNamespace(shape=(min(n_frames, 32), 3, 384, 384))]}
+        ref = len(proc["replace_video_token"](me, videos, 0))
+        lay = fam.video(VideoMeta(640, 480, n_frames / 30, 30.0, n_frames))
+        assert lay.n_tokens == ref == lay.units * 196 + 1, n_frames
 
 
 def test_internvl_tiling_matches():

@@ -87,6 +87,12 @@ LLAVA_OV = {
     (31, 5000): (892, 7, (384, 2304), (1, 27, 162)),
     (1001, 999): (7371, 10, (1152, 1152), (1, 81, 81)),  # 81x81 -> ratio 1.0 -> 6561 + 81 + 729
 }
+# A sample with more than one image: no anyres tiling; each image is padded to a square and
+# resized to one 384x384 crop -> 27*27 = 729 features + 1 image_newline = 730 tokens, 1 tile
+# (transformers LlavaOnevisionProcessor.replace_image_token: num_image_tokens + 1 when the
+# sample's batch_num_images != 1; LLaVA-NeXT trains multi-image samples with aspect "pad").
+# Independent of size: tiny, huge, extreme aspect and odd sizes all give the same row.
+LLAVA_OV_MULTI = {hw: (730, 1, (384, 384), (1, 27, 27)) for hw in LLAVA_OV}
 INTERNVL = {
     # (cols, rows) closest to w/h among cols*rows <= 12; tiles = cols*rows (+1 thumbnail when > 1); 256 each
     (1, 1): (256, 1, (448, 448), (1, 16, 16)),  # aspect 1 -> (1,1); tie with (2,2) etc. kept since area is tiny
@@ -115,6 +121,29 @@ def test_image_golden_table(family):
         lay = fam.image(h, w)
         assert (lay.n_tokens, lay.units, lay.resized, lay.grid) == (tokens, units, resized, grid), (family, h, w)
         assert sum(c for kind, _, c in lay.segments if kind == "pad") == tokens
+
+
+@pytest.mark.parametrize("n_images", [2, 3, 9])
+def test_llava_ov_multi_image_golden_table(n_images):
+    fam = get_family("llava-ov")
+    for (h, w), (tokens, units, resized, grid) in LLAVA_OV_MULTI.items():
+        lay = fam.image_in_sample(h, w, n_images)
+        assert (lay.n_tokens, lay.units, lay.resized, lay.grid) == (tokens, units, resized, grid), (n_images, h, w)
+        assert lay.segments == (("pad", "<image>", 730),)
+    # alone in its sample, an image keeps the anyres_max_9 rule
+    assert all(fam.image_in_sample(h, w, 1) == fam.image(h, w) for h, w in LLAVA_OV)
+    with pytest.raises(SampleError) as err:
+        fam.image_in_sample(0, 640, n_images)
+    assert err.value.reason == "corrupt_image"
+
+
+@pytest.mark.parametrize("family", sorted(set(TABLES) - {"llava-ov"}) + ["qwen2-vl", "fixed:576"])
+def test_other_families_ignore_the_sample_image_count(family):
+    fam = get_family(family)
+    assert fam.image_count_key(3) is None
+    for h, w in list(LLAVA_OV)[:8]:
+        if max(h, w) / min(h, w) <= 200:
+            assert fam.image_in_sample(h, w, 3) == fam.image(h, w)
 
 
 def test_qwen2_vl_equals_qwen25_for_images():
@@ -216,8 +245,66 @@ def test_llava_ov_and_internvl_video_golden():
     assert (lay.n_tokens, lay.units, len(lay.timestamps)) == (6273, 32, 32)
     assert lo.video(VSHORT).n_tokens == 15 * 196 + 1  # fewer frames than 32: every frame
     assert lo.video(VONE).n_tokens == 197
+    # 600 s at 1 fps: 600 frames -> linspace(0, 599, 32) -> 32 * 14 * 14 + 1 (one newline per video)
+    lay = lo.video(VLONG)
+    assert (lay.n_tokens, lay.units, lay.grid) == (32 * 196 + 1, 32, (32, 14, 14))
+    assert lay.timestamps[:2] == (0.0, 19.0) and lay.timestamps[-1] == 599.0  # int(599/31) = 19
+    assert get_family("llava-ov", max_frames=8).video(V30).n_tokens == 8 * 196 + 1
     iv = get_family("internvl")
     lay = iv.video(V30)  # 8 segments of 899/8 = 112.375: int(56.19 + r(112.375 i)), r(449.5) = 450
     assert [round(t * 30) for t in lay.timestamps] == [56, 168, 281, 393, 506, 618, 730, 843]
     assert lay.n_tokens == 8 * 256 and [v for k, v, _ in lay.segments if k == "text"][:2] == ["Frame1: ", "\n"]
     assert get_family("internvl", max_frames=4).video(VLONG).units == 4
+
+
+def test_llava_ov_rows_count_images_per_sample(tmp_path):
+    """End to end: the same file is tiled when alone and one 730-token crop beside another image."""
+    from PIL import Image
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from video_fixtures import write_video
+
+    from packtool.records import MediaRef, Message, Part, Sample
+    from packtool.rows import EncodeContext, encode_samples
+    from packtool.templates import get_template
+    from packtool.tokenization import load_tokenizer
+
+    Image.new("RGB", (640, 480), (200, 10, 10)).save(tmp_path / "a.png")
+    Image.new("RGB", (1920, 1080), (10, 200, 10)).save(tmp_path / "b.png")
+    write_video(tmp_path / "v.mp4", 12)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<image>", "<video>"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    tokenizer = load_tokenizer(str(tmp_path / "tokenizer.json"))
+    image_id, video_id = tokenizer.special_id("<image>"), tokenizer.special_id("<video>")
+
+    def sample(sid, *media):
+        parts = tuple(Part.media(kind, i) for i, (kind, _) in enumerate(media)) + (Part.of_text("Describe."),)
+        turns = (Message("user", parts), Message("assistant", (Part.of_text("Shapes."),)))
+        return Sample(sid, "t.jsonl", 0, tuple(MediaRef(k, p) for k, p in media), (turns,))
+
+    samples = [
+        sample("one", ("image", "a.png")),  # alone: anyres 2929 (see LLAVA_OV[(480, 640)])
+        sample("two", ("image", "a.png"), ("image", "b.png")),  # 2 images: 730 each
+        sample("three", ("image", "b.png"), ("image", "a.png"), ("image", "a.png")),
+        sample("img+video", ("image", "b.png"), ("video", "v.mp4")),  # videos do not count: b tiled, 7269
+        sample("one again", ("image", "a.png")),  # the probe cache must not hand back the 730 layout
+    ]
+    for order in (samples, samples[::-1]):  # either case may reach the probe cache first
+        ctx = EncodeContext(tokenizer, get_template("chatml"), get_family("llava-ov"), tmp_path)
+        rows, rejected = encode_samples(order, ctx)
+        assert rejected == []
+        got = {r["sample_id"]: r for r in rows}
+        expect = {"one": ([2929], 5), "two": ([730, 730], 2), "three": ([730] * 3, 3),
+                  "img+video": ([7269, 12 * 196 + 1], 16 + 12), "one again": ([2929], 5)}
+        for sid, (spans, units) in expect.items():
+            row = got[sid]
+            assert [m["n_tokens"] for m in row["media"]] == spans, sid
+            assert row["n_vision_units"] == units, sid
+            ids = list(row["input_ids"])
+            assert ids.count(image_id) + ids.count(video_id) == sum(spans), sid
+            for m in row["media"]:
+                pad = image_id if m["kind"] == "image" else video_id
+                assert ids[m["token_offset"]: m["token_offset"] + m["n_tokens"]] == [pad] * m["n_tokens"], sid

@@ -113,6 +113,22 @@ class VisionFamily:
     def video(self, meta: VideoMeta) -> VisionLayout:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def image_in_sample(self, height: int, width: int, n_images: int) -> VisionLayout:
+        """Layout of one image in a sample that holds ``n_images`` images (videos not counted).
+
+        Most processors treat every image alike, so the default is :meth:`image`.
+        LLaVA-OneVision encodes the images of a multi-image sample without tiling.
+        """
+        return self.image(height, width)
+
+    def image_count_key(self, n_images: int):
+        """What of a sample's image count changes an image's layout (part of the probe cache key).
+
+        ``None`` (the default): nothing; a family that overrides :meth:`image_in_sample`
+        returns the smallest key that tells its cases apart.
+        """
+        return None
+
     def settings(self) -> dict:
         """The settings that change counts; stored in the manifest and the config digest."""
         return {"name": self.name, "exif": self.exif}

@@ -10,7 +10,14 @@ Images (``anyres_max_9``, SigLIP 384 px, 27x27 = 729 tokens per tile):
   ``ratio = sqrt(h*w / (9*27*27))``; one newline token per remaining row;
 * tokens = unpadded + newlines + 729 (the base image).
 
-Vision unit: a 384-px tile: ``1 + rows*cols`` per image, one per video frame.
+A sample with more than one image (videos not counted) is not tiled: each image is
+padded to a square and resized to one 384-px crop, 729 features plus one newline =
+730 tokens (``LlavaOnevisionProcessor.replace_image_token``: ``num_image_tokens + 1``
+when the sample's ``batch_num_images`` entry is not 1; the model's
+``pack_image_features`` appends ``image_newline`` to a single-crop image).
+
+Vision unit: a 384-px tile: ``1 + rows*cols`` per single image, one per image of a
+multi-image sample, one per video frame.
 
 Videos: ``min(max_frames, n_frames)`` frames at indices
 ``linspace(0, n_frames - 1, n).astype(int)`` (the LLaVA-NeXT uniform sampler,
@@ -22,6 +29,8 @@ lacks: pass the checkpoint's tokenizer with ``--tokenizer``.
 
     >>> LlavaOneVision().image(480, 640).n_tokens
     2929
+    >>> LlavaOneVision().image_in_sample(480, 640, n_images=2).n_tokens
+    730
 """
 
 from __future__ import annotations
@@ -107,6 +116,24 @@ class LlavaOneVision(VisionFamily):
         n = feats + newlines + self.patches * self.patches
         return VisionLayout("image", n, 1 + rows * cols, (1, rows * self.patches, cols * self.patches), (bh, bw),
                             (("pad", "<image>", n),))
+
+    def image_in_sample(self, height: int, width: int, n_images: int) -> VisionLayout:
+        """One image of a sample holding ``n_images`` images: anyres when alone, else one base crop.
+
+        Example:
+            >>> LlavaOneVision().image_in_sample(1080, 1920, 3).units
+            1
+        """
+        if n_images == 1:
+            return self.image(height, width)
+        if min(height, width) <= 0:
+            raise SampleError("corrupt_image", f"image has a zero dimension ({width}x{height})")
+        n = self.patches * self.patches + 1  # 729 features + image_newline
+        return VisionLayout("image", n, 1, (1, self.patches, self.patches), (self.tile, self.tile),
+                            (("pad", "<image>", n),))
+
+    def image_count_key(self, n_images: int) -> bool:
+        return n_images == 1
 
     def video(self, meta: VideoMeta) -> VisionLayout:
         check_video(meta, self.name)
