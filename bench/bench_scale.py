@@ -56,6 +56,16 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process so far (``/proc/PID/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _memory(pids: list[int]) -> tuple[int, int, int]:
     """Summed RSS and PSS (bytes) of ``pids``, and the largest RSS of one of them."""
     rss = pss = largest = 0
@@ -80,11 +90,15 @@ def measure(args: list[str]) -> dict:
     proc = subprocess.Popen([sys.executable, "-m", "packtool", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     peak = [0, 0, 0]
+    cpu_seen: dict[int, float] = {}  # last CPU seconds seen per process of the tree
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.is_set():
-            now = _memory(_tree(proc.pid))
+            pids = _tree(proc.pid)
+            now = _memory(pids)
+            for p in pids:
+                cpu_seen[p] = max(cpu_seen.get(p, 0.0), _cpu_s(p))
             peak[:] = [max(a, b) for a, b in zip(peak, now, strict=True)]
             stop.wait(0.1)
 
@@ -95,9 +109,10 @@ def measure(args: list[str]) -> dict:
     wall = time.perf_counter() - t0
     stop.set()
     t.join()
+    cpu = sum(cpu_seen.values())
     if proc.returncode != 0:
         raise RuntimeError(f"packtool {' '.join(args)} failed: {err[-2000:]}")
-    return {"wall_s": wall, "rss": peak[0], "pss": peak[1], "largest": peak[2], "stdout": out}
+    return {"wall_s": wall, "cpu_s": cpu, "rss": peak[0], "pss": peak[1], "largest": peak[2], "stdout": out}
 
 
 def _tokenize(corpus: Path, out: Path, workers: int, rows_per_shard: int) -> dict:
@@ -144,7 +159,8 @@ def run(quick: bool = False) -> str:
     for stage, n, one, two, what in (("tokenize", small, tok_one, tok_two, "8 tasks"),
                                       ("pack", large, pack_one, mem[large]["pack"], f"{large // rows_per_shard} tasks")):
         rows.append(f"| {stage} speedup at {n:,} samples ({what}) | 1 worker {n / one['wall_s']:,.0f} samples/s "
-                    f"| 2 workers {n / two['wall_s']:,.0f} samples/s | {one['wall_s'] / two['wall_s']:.2f}x | |")
+                    f"| 2 workers {n / two['wall_s']:,.0f} samples/s | {one['wall_s'] / two['wall_s']:.2f}x "
+                    f"| CPU-s: {one['cpu_s']:.0f} vs {two['cpu_s']:.0f} |")
     if not os.environ.get("PACKTOOL_BENCH_DIR"):
         shutil.rmtree(base, ignore_errors=True)
     head = [f"| measure | {small:,} samples | {large:,} samples | ratio | {large:,}: wall time |",
