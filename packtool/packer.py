@@ -250,13 +250,19 @@ def _largest_then_fill(items, qw, qu, value, cap_w, cap_u, max_k) -> list:
     return out
 
 
-def _list_values(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    return pc.list_flatten(arr).to_numpy(zero_copy_only=False)
+def _token_columns(tables: list[pa.Table], name: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Flat values and list offsets of one token column per table, without copying."""
+    values, offsets = [], []
+    for t in tables:
+        col = t.column(name)
+        arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+        values.append(arr.values.to_numpy(zero_copy_only=False))
+        offsets.append(arr.offsets.to_numpy(zero_copy_only=False))
+    return values, offsets
 
 
 def assemble_packs(
-    table: pa.Table,
+    table: pa.Table | list[pa.Table],
     plan: PackPlan,
     first_pack_index: int,
     media_data: Callable[[dict], list[bytes] | None] | None = None,
@@ -269,45 +275,65 @@ def assemble_packs(
     shifted by the sample's start in the pack. ``media_data(media_struct)`` returns the
     bytes to embed for one media item (``None`` keeps media by reference).
 
+    ``table`` may be a list of tables read as one (rows numbered across them in list
+    order), so rows can be gathered straight from the row groups that hold them: each
+    token lands in its pack with one copy, whatever tables it comes from.
+
     Rows listed in ``plan.truncated`` (indices into ``table``; text-only by construction)
-    are cut to their first ``max_tokens`` tokens with a mask over the flattened token
-    columns, and the last kept token's target becomes ``-100``.
+    are cut to their first ``max_tokens`` tokens, and the last kept token's target
+    becomes ``-100``.
     """
+    tables = [table] if isinstance(table, pa.Table) else list(table)
     order = np.asarray(plan.order, dtype=np.int64)
-    if len(order) == table.num_rows and bool((order == np.arange(len(order))).all()):
-        taken = table  # rows already in pack order (the pipeline reads them so): no copy
+    row_start = np.cumsum([0] + [t.num_rows for t in tables])
+    small = [t.select(["sample_id", "n_tokens", "n_vision_units", "media"]) for t in tables]
+    small = pa.concat_tables(small) if len(small) > 1 else small[0]
+    if len(order) == small.num_rows and bool((order == np.arange(len(order))).all()):
+        taken = small  # rows already in pack order: no copy
     else:
-        taken = table.take(pa.array(order))
+        taken = small.take(pa.array(order))
     n_samples = taken.num_rows
     n_packs = plan.n_packs
     pack_off = plan.offsets
     full = taken["n_tokens"].to_numpy().astype(np.int64)
     lengths = full
-    keep_tok = None
+    cut = None
     if plan.truncated and max_tokens is not None:
-        # truncation (text-only rows) as a mask over the flattened tokens, no row loop
-        cut = np.zeros(table.num_rows, dtype=bool)
+        cut = np.zeros(int(row_start[-1]), dtype=bool)
         cut[np.asarray(plan.truncated, dtype=np.int64)] = True
-        cut = cut[plan.order] & (full > max_tokens)
+        cut = cut[order] & (full > max_tokens)
         lengths = np.where(cut, max_tokens, full)
-        pos_in_row = np.arange(int(full.sum()), dtype=np.int64) - np.repeat(np.cumsum(full) - full, full)
-        keep_tok = pos_in_row < np.repeat(lengths, full)
     pack_of = np.repeat(np.arange(n_packs), np.diff(pack_off))
     k_in_pack = np.arange(n_samples) - pack_off[pack_of]
     sample_end = np.cumsum(lengths)
     sample_start = sample_end - lengths
     tok_pack_off = np.concatenate([[0], sample_end])[pack_off]
     start_in_pack = sample_start - tok_pack_off[pack_of]
+    # each sample's table and row within it; one slice per sample is copied into place
+    src = np.searchsorted(row_start, order, side="right") - 1
+    local = order - row_start[src]
+    src_list = src.tolist()
+    len_list = lengths.tolist()
+    n_total = int(sample_end[-1]) if n_samples else 0
 
     def values(name: str) -> np.ndarray:
-        x = _list_values(taken[name])
-        return x if keep_tok is None else x[keep_tok]
+        vals, offs = _token_columns(tables, name)
+        starts = np.empty(n_samples, dtype=np.int64)
+        for s in range(len(tables)):
+            here = src == s
+            starts[here] = offs[s][local[here]]
+        out = np.empty(n_total, dtype=np.int32)
+        if n_samples:
+            np.concatenate([vals[s][a:a + n] for s, a, n in zip(src_list, starts.tolist(), len_list, strict=True)],
+                           out=out)
+        return out
 
     def token_list(values: np.ndarray) -> pa.Array:
-        return pa.ListArray.from_arrays(pa.array(tok_pack_off.astype(np.int32)), pa.array(values.astype(np.int32, copy=False)))
+        return pa.ListArray.from_arrays(pa.array(tok_pack_off.astype(np.int32)), pa.array(values))
 
-    sub = values("subsegment_ids").astype(np.int64)
-    sub = sub + np.repeat(k_in_pack * SUBSEGMENT_STRIDE, lengths)
+    sub = values("subsegment_ids")
+    # int32 wraps as the old int64 sum cast to int32 did; ids stay far below 2**31 in practice
+    sub += np.repeat((k_in_pack * SUBSEGMENT_STRIDE).astype(np.int32), lengths)
     # cu_seqlens: per pack [0, end_0, end_1, ...] relative to the pack start
     cu_off = pack_off + np.arange(n_packs + 1)
     cu_vals = np.zeros(n_samples + n_packs, dtype=np.int64)
@@ -337,9 +363,8 @@ def assemble_packs(
     media = pa.ListArray.from_arrays(pa.array(m_pack_off.astype(np.int32)), media_struct)
 
     target = values("target_ids")
-    if keep_tok is not None:
+    if cut is not None:
         # the last kept token of a cut row would predict a token that is gone
-        target = target.copy()
         target[(sample_end - 1)[cut]] = -100
     units = taken["n_vision_units"].to_numpy().astype(np.int64)
     cols = {

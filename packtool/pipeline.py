@@ -662,9 +662,10 @@ class _RowStore:
     """Rows of one tokenized shard, read row group by row group, each group once, held only until used.
 
     Packs take samples roughly in shard order, but a sample may wait in the packing buffer
-    for a long time. Reading whole row groups and dropping each row once its pack is
-    written keeps memory to the rows read but not yet packed (about one row group plus
-    the buffer), however long a sample waits.
+    for a long time. Each row group is held as read and handed to the assembly as it is
+    (no copy); a group is let go once all its rows are packed, and a group that is mostly
+    packed keeps only its waiting rows (a small copy), so memory stays about one row group
+    plus the rows waiting in the buffer, however long a sample waits.
     """
 
     def __init__(self, pf, never: list[int] | None = None) -> None:
@@ -672,41 +673,54 @@ class _RowStore:
         self.pf = pf
         self.starts = np.concatenate([[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])])
         self.loaded = 0  # row groups read so far
-        self.tables: list = []
-        self.ids = np.zeros(0, dtype=np.int64)  # shard row of each held row, ascending
-        self.used = np.zeros(0, dtype=bool)
+        # group -> [table, shard row of each held row (ascending), packed flags]
+        self.held: dict[int, list] = {}
         # rows no pack will take (dropped samples) count as used from the start
         self.never = np.zeros(int(self.starts[-1]), dtype=bool)
         if never:
             self.never[np.asarray(never, dtype=np.int64)] = True
 
     def take(self, rows: np.ndarray):
-        """The rows ``rows`` (shard row numbers, any order) as one table, in that order."""
-        import pyarrow as pa
-
+        """The held tables that hold ``rows`` (shard row numbers, any order) and each row's
+        position in them, counted across the tables in list order (``assemble_packs`` input)."""
         if len(rows) == 0:
             return None
         need = int(np.searchsorted(self.starts, rows.max(), side="right"))  # groups 0..need-1
         while self.loaded < need:
             g = self.loaded
-            self.tables.append(self.pf.read_row_group(g))
-            self.ids = np.concatenate([self.ids, np.arange(self.starts[g], self.starts[g + 1], dtype=np.int64)])
-            self.used = np.concatenate([self.used, self.never[self.starts[g]:self.starts[g + 1]]])
+            lo, hi = int(self.starts[g]), int(self.starts[g + 1])
+            used = self.never[lo:hi].copy()
+            if not used.all():
+                self.held[g] = [self.pf.read_row_group(g), np.arange(lo, hi, dtype=np.int64), used]
             self.loaded += 1
-        where = np.searchsorted(self.ids, rows)
-        if np.any(where >= len(self.ids)) or np.any(self.ids[np.minimum(where, len(self.ids) - 1)] != rows):
-            raise RuntimeError("internal error: a pack uses a shard row twice")
-        held = pa.concat_tables(self.tables) if len(self.tables) > 1 else self.tables[0]
-        out = held.take(pa.array(where))
-        self.used[where] = True
-        if self.used.sum() * 2 > len(self.used):  # compact: keep only rows still to be packed
-            keep = ~self.used
-            self.tables = [held.filter(pa.array(keep))] if keep.any() else []
-            self.ids = self.ids[keep]
-            self.used = np.zeros(len(self.ids), dtype=bool)
-        else:
-            self.tables = [held]
-        return out
+        group_of = np.searchsorted(self.starts, rows, side="right") - 1
+        where = np.empty(len(rows), dtype=np.int64)
+        tables = []
+        base = 0
+        groups = np.unique(group_of).tolist()
+        for g in groups:
+            entry = self.held.get(g)
+            mine = group_of == g
+            want = rows[mine]
+            if entry is None:
+                raise RuntimeError("internal error: a pack uses a shard row twice")
+            table, ids, used = entry
+            pos = np.minimum(np.searchsorted(ids, want), len(ids) - 1)
+            if np.any(ids[pos] != want) or used[pos].any() or len(np.unique(pos)) != len(pos):
+                raise RuntimeError("internal error: a pack uses a shard row twice")
+            used[pos] = True
+            where[mine] = base + pos
+            tables.append(table)
+            base += table.num_rows
+        for g in groups:
+            table, ids, used = self.held[g]
+            n_used = int(used.sum())
+            if n_used == len(ids):
+                del self.held[g]
+            elif n_used * 4 >= len(ids) * 3:  # keep only the rows still to be packed
+                keep = np.flatnonzero(~used)
+                self.held[g] = [table.take(keep), ids[keep], np.zeros(len(keep), dtype=bool)]
+        return tables, where
 
 
 def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
@@ -759,11 +773,11 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
             for p0 in range(0, plan.n_packs, PACK_CHUNK):
                 p1 = min(p0 + PACK_CHUNK, plan.n_packs)
                 rows = plan.order[plan.offsets[p0]:plan.offsets[p1]]
-                table = store.take(rows)
-                sub = PackPlan(np.arange(len(rows), dtype=np.int64), plan.offsets[p0:p1 + 1] - plan.offsets[p0],
-                               truncated=[k for k, r in enumerate(rows.tolist()) if r in truncated])
+                tables, where = store.take(rows)
+                sub = PackPlan(where, plan.offsets[p0:p1 + 1] - plan.offsets[p0],
+                               truncated=[int(where[k]) for k, r in enumerate(rows.tolist()) if r in truncated])
                 first = task.index * PACK_INDEX_STRIDE + p0
-                writer.write_table(assemble_packs(table, sub, first, loader, cfg.max_tokens))
+                writer.write_table(assemble_packs(tables, sub, first, loader, cfg.max_tokens))
                 report(len(rows))
         errors.commit()
     except BaseException:

@@ -159,3 +159,22 @@ def test_assemble_concatenates_renumbers_and_truncates_vectorized():
             assert m["token_offset"] == first + src[owner]["media"][0]["token_offset"]
             assert r["input_ids"][m["token_offset"]] == 151655  # the vision span moved with its sample
     assert pa.Table.from_pylist(rows, schema=packed.schema).num_rows == plan.n_packs
+
+
+def test_assemble_from_several_tables_equals_one_table():
+    """Rows gathered straight from several tables (as the pipeline hands over row groups)
+    give the same packs as the same rows in one table, truncation included."""
+    table = _tokenized_table([400, 700, 300, 5000, 90, 1100, 600], [1, 0, 1, 0, 0, 1, 0])
+    max_tokens = 1200
+    cfg = PackConfig(max_tokens=max_tokens, token_granularity=16, oversize="truncate", buffer_size=3)
+    tokens = np.array(table["n_tokens"].to_pylist())
+    units = np.array(table["n_vision_units"].to_pylist())
+    has_media = np.array([len(m) > 0 for m in table["media"].to_pylist()])
+    plan = plan_packs(tokens, units, has_media, cfg, 32)
+    assert plan.truncated == [3] and plan.n_packs > 1
+    whole = assemble_packs(table, plan, 0, None, max_tokens)
+    # sliced tables: list offsets that do not start at zero, one of them two chunks
+    parts = [table.slice(0, 2), pa.concat_tables([table.slice(2, 2), table.slice(4, 1)]), table.slice(5)]
+    split = assemble_packs(parts, plan, 0, None, max_tokens)
+    assert split.equals(whole)
+    assert split.column("target_ids").to_pylist() != assemble_packs(table, plan, 0).column("target_ids").to_pylist()
