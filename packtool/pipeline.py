@@ -58,7 +58,9 @@ Progress = Callable[[int], None] | None
 #: Records encoded together (one tokenizer batch call).
 BATCH = 512
 #: Packs assembled together; bounds the rows a pack task holds at once.
-PACK_CHUNK = 64
+PACK_CHUNK = 128
+#: Rows per row group of packed shards (one chunk of packs when PACK_CHUNK is the same).
+PACKED_GROUP_ROWS = 128
 #: Files that cannot be cut (JSON arrays, compressed JSONL) share one tokenize task up to this size.
 WHOLE_FILES_PER_TASK_BYTES = 32 << 20
 #: ``pack_index = task * PACK_INDEX_STRIDE + k`` for the ``k``-th pack of pack task ``task``: unique,
@@ -768,10 +770,13 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
         loader = _media_loader(Path(task.media_root), cfg.frame_quality) if cfg.media == "embed" else None
         store = _RowStore(pf, never=plan.dropped)
         truncated = set(plan.truncated)
-        with ShardWriter(out, _packed_schema(), rows_per_shard=cfg.packs_per_shard, row_group_rows=128,
+        with ShardWriter(out, _packed_schema(), rows_per_shard=cfg.packs_per_shard, row_group_rows=PACKED_GROUP_ROWS,
                          prefix=task_prefix(task.index)) as writer:
-            for p0 in range(0, plan.n_packs, PACK_CHUNK):
-                p1 = min(p0 + PACK_CHUNK, plan.n_packs)
+            # chunks restart at each shard's first pack, so with PACK_CHUNK == PACKED_GROUP_ROWS
+            # each chunk is one whole row group and the writer need not join chunks (a copy)
+            bounds = [s + k for s in range(0, plan.n_packs, cfg.packs_per_shard)
+                      for k in range(0, min(cfg.packs_per_shard, plan.n_packs - s), PACK_CHUNK)]
+            for p0, p1 in zip(bounds, [*bounds[1:], plan.n_packs], strict=True):
                 rows = plan.order[plan.offsets[p0]:plan.offsets[p1]]
                 tables, where = store.take(rows)
                 sub = PackPlan(where, plan.offsets[p0:p1 + 1] - plan.offsets[p0],
