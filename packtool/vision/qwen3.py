@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 
 from ..errors import SampleError
-from . import VideoMeta, VisionFamily, VisionLayout, check_video
-from .qwen import MAX_RATIO, smart_resize, uniform_indices
+from . import VideoMeta, VisionLayout, check_video
+from .qwen import MAX_RATIO, Qwen2VL, uniform_indices
 
 __all__ = ["Qwen3VL", "smart_resize_video", "frame_pair_times"]
 
@@ -76,8 +76,14 @@ def frame_pair_times(indices: list[int], video_fps: float, merge: int = 2) -> li
     return [(ts[i] + ts[i + merge - 1]) / 2 for i in range(0, len(ts), merge)]
 
 
-class Qwen3VL(VisionFamily):
-    """Qwen3-VL: 16-px patches, 2x2 merge, temporal patch 2, timestamp text per temporal patch."""
+class Qwen3VL(Qwen2VL):
+    """Qwen3-VL: 16-px patches, 2x2 merge, temporal patch 2, timestamp text per temporal patch.
+
+    Images follow the Qwen2-VL rule with the 32-px factor:
+
+        >>> Qwen3VL().image(1080, 1920).n_tokens
+        2040
+    """
 
     name = "qwen3-vl"
     unit_name = "patches"
@@ -96,30 +102,6 @@ class Qwen3VL(VisionFamily):
         self.min_frames = 4
         self.video_min_pixels = 4096
         self.video_max_pixels = 25165824
-
-    @property
-    def factor(self) -> int:
-        return self.patch * self.merge
-
-    def settings(self) -> dict:
-        return {"name": self.name, "exif": self.exif, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels,
-                "max_frames": self.max_frames, "fps": self.fps}
-
-    def special_tokens(self) -> tuple[str, ...]:
-        return ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
-
-    def image(self, height: int, width: int) -> VisionLayout:
-        """Layout of one image.
-
-        Example:
-            >>> Qwen3VL().image(1080, 1920).n_tokens
-            2040
-        """
-        rh, rw = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
-        gh, gw = rh // self.patch, rw // self.patch
-        n = gh * gw // (self.merge * self.merge)
-        segs = (("special", "<|vision_start|>", 1), ("pad", "<|image_pad|>", n), ("special", "<|vision_end|>", 1))
-        return VisionLayout("image", n, gh * gw, (1, gh, gw), (rh, rw), segs)
 
     def video(self, meta: VideoMeta) -> VisionLayout:
         check_video(meta, self.name, self.temporal_patch)
