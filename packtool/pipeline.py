@@ -33,7 +33,7 @@ import numpy as np
 from .config import PackConfig, TokenizeConfig, digest_of
 from .errors import ConfigError, InputError, SampleError, TooManyErrorsError
 from .executors import ExecutorConfig, run_tasks, set_total
-from .formats import Rejected, expand_inputs
+from .formats import Rejected, expand_inputs, parse_record
 from .shards import (
     ERRORS,
     STATE_DIR,
@@ -445,31 +445,10 @@ def _slice_records(sl: Slice) -> Iterator[tuple[int, object]]:
             row += 1
 
 
-def _to_sample(rec: object, source: str, row: int, fmt: str):
-    """One record as a Sample or a Rejected row (the same rules as ``formats.iter_samples``)."""
-    from .formats import PARSERS, detect_format
-
-    sid = rec.get("id") if isinstance(rec, dict) else None
-    sid = str(sid) if sid is not None else None
-    try:
-        if isinstance(rec, SampleError):
-            raise rec
-        if not isinstance(rec, dict):
-            raise SampleError("bad_record", f"record is a {type(rec).__name__}, not an object")
-        parser = PARSERS[detect_format(rec) if fmt == "auto" else fmt]
-        return parser(rec, source, row)
-    except SampleError as err:
-        return Rejected(source, row, sid, err.reason, err.message)
-    except (TypeError, AttributeError) as exc:  # a field of an unexpected type
-        return Rejected(source, row, sid, "bad_record", f"unexpected field type: {exc}")
-    except RecursionError:
-        return Rejected(source, row, sid, "bad_record", "record is nested too deeply")
-
-
 def _task_samples(task: _TokenizeTask) -> Iterator:
     for sl in task.slices:
         for row, rec in _slice_records(sl):
-            yield _to_sample(rec, sl.path, row, task.cfg.format)
+            yield parse_record(rec, sl.path, row, task.cfg.format)
 
 
 _CONTEXTS: dict = {}
@@ -693,7 +672,7 @@ class _RowStore:
             lo, hi = int(self.starts[g]), int(self.starts[g + 1])
             used = self.never[lo:hi].copy()
             if not used.all():
-                self.held[g] = [self.pf.read_row_group(g), np.arange(lo, hi, dtype=np.int64), used]
+                self.held[g] = [self.pf.read_row_group(g, use_threads=False), np.arange(lo, hi, dtype=np.int64), used]
             self.loaded += 1
         group_of = np.searchsorted(self.starts, rows, side="right") - 1
         where = np.empty(len(rows), dtype=np.int64)

@@ -18,8 +18,8 @@ from packtool import (  # noqa: E402
     pipeline,  # noqa: E402
     tokenize_dataset,
 )
-from packtool.formats import Rejected, iter_samples  # noqa: E402
-from packtool.pipeline import Slice, _line_offsets, _slice_records, _to_sample, plan_tokenize_tasks  # noqa: E402
+from packtool.formats import Rejected, iter_samples, parse_record  # noqa: E402
+from packtool.pipeline import Slice, _line_offsets, _slice_records, plan_tokenize_tasks  # noqa: E402
 
 
 def write(path: Path, lines: list[str], end: str = "\n") -> Path:
@@ -66,7 +66,7 @@ def test_files_that_cannot_be_cut_share_tasks_by_size(tmp_path, monkeypatch):
     assert [[(Path(s.path).name, s.start, s.stop, s.offset) for s in t] for t in tasks] == [
         [("a.jsonl", 0, 3, 0)], [("b.json", 0, None, None), ("c.jsonl.gz", 0, None, None)],
         [("d.json", 0, None, None)], [("a.jsonl", 0, 3, 0)]]
-    sliced = [_to_sample(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
+    sliced = [parse_record(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
     assert sliced == list(iter_samples([a, arr, gz, big, a]))
 
 
@@ -83,7 +83,7 @@ def test_slices_read_exactly_what_the_format_reader_reads(tmp_path):
     f.write_bytes("\n".join(lines).encode() + b"\n\xff\xfe{}")
     tasks, _ = plan_tokenize_tasks([f], 6)
     assert len(tasks) == 9
-    sliced = [_to_sample(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
+    sliced = [parse_record(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
     whole = list(iter_samples([f]))
     assert len(whole) == 50 and sliced == whole
     reasons = [(x.source_row, x.reason) for x in whole if isinstance(x, Rejected)]
@@ -189,7 +189,7 @@ def test_parquet_inputs_are_cut_at_row_groups_and_read_like_the_format_reader(tm
     shape = [[(Path(s.path).name, s.start, s.stop, s.groups) for s in t] for t in tasks]
     assert shape == [[("data.parquet", 0, 8, (0, 2))], [("data.parquet", 8, 16, (2, 4))],
                      [("data.parquet", 16, 23, (4, 6)), ("z.jsonl", 0, 2, None)]]
-    sliced = [_to_sample(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
+    sliced = [parse_record(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
     assert sliced == list(iter_samples([f, small]))
     assert [(x.source_row, x.reason) for x in sliced if isinstance(x, Rejected)] == [
         (5, "empty_conversation"), (0, "bad_record"), (1, "bad_record")]

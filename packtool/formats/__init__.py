@@ -28,7 +28,7 @@ from ..errors import ConfigError, InputError, SampleError
 from ..records import Sample
 from . import hf_parquet, llava, molmo, qwen_vl, sharegpt, swift
 
-__all__ = ["Rejected", "iter_samples", "iter_records", "expand_inputs", "PARSERS", "FORMATS", "detect_format", "SUFFIXES"]
+__all__ = ["Rejected", "iter_samples", "parse_record", "iter_records", "expand_inputs", "PARSERS", "FORMATS", "detect_format", "SUFFIXES"]
 
 log = logging.getLogger(__name__)
 
@@ -183,23 +183,29 @@ def check_format(fmt: str) -> None:
         raise ConfigError(f"unknown --format {fmt!r}; choose one of: {', '.join(FORMATS)}")
 
 
+def parse_record(rec: object, source: str, row: int, fmt: str = "auto") -> Sample | Rejected:
+    """One record (or the SampleError its line raised) as a Sample or a Rejected row."""
+    sid = rec.get("id") if isinstance(rec, dict) else None
+    sid = str(sid) if sid is not None else None
+    try:
+        if isinstance(rec, SampleError):
+            raise rec
+        if not isinstance(rec, dict):
+            raise SampleError("bad_record", f"record is a {type(rec).__name__}, not an object")
+        parser = PARSERS[detect_format(rec) if fmt == "auto" else fmt]
+        return parser(rec, source, row)
+    except SampleError as err:
+        return Rejected(source, row, sid, err.reason, err.message)
+    except (TypeError, AttributeError) as exc:  # a field of an unexpected type
+        return Rejected(source, row, sid, "bad_record", f"unexpected field type: {exc}")
+    except RecursionError:
+        return Rejected(source, row, sid, "bad_record", "record is nested too deeply")
+
+
 def iter_samples(files: list[Path], fmt: str = "auto") -> Iterator[Sample | Rejected]:
     """Every record of every file, as a Sample or a Rejected row, in input order."""
     check_format(fmt)
-    fixed = None if fmt == "auto" else PARSERS[fmt]
     for path in files:
         source = str(path)
         for row, rec in iter_records(path):
-            sid = rec.get("id") if isinstance(rec, dict) else None
-            sid = str(sid) if sid is not None else None
-            try:
-                if isinstance(rec, SampleError):
-                    raise rec
-                if not isinstance(rec, dict):
-                    raise SampleError("bad_record", f"record is a {type(rec).__name__}, not an object")
-                parser = fixed or PARSERS[detect_format(rec)]
-                yield parser(rec, source, row)
-            except SampleError as err:
-                yield Rejected(source, row, sid, err.reason, err.message)
-            except (TypeError, AttributeError) as exc:  # a field of an unexpected type
-                yield Rejected(source, row, sid, "bad_record", f"unexpected field type: {exc}")
+            yield parse_record(rec, source, row, fmt)
