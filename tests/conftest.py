@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -22,3 +23,15 @@ def demo_dirs(tmp_path_factory) -> dict[str, Path]:
     tokenize_dataset([SAMPLE / "data.jsonl"], tok, TokenizeConfig(media_root=str(SAMPLE)))
     pack_dataset(tok, packed, PackConfig(max_tokens=8192))
     return {"tokenized": tok, "packed": packed, "sample": SAMPLE}
+
+
+def pytest_collection_modifyitems(config, items):
+    """With ``NUMBA_DISABLE_JIT=1`` (``make test-nojit``) the knapsack runs as plain Python, one
+    32-cell step at a time; tests marked ``jit`` pack corpora of several tasks and would take
+    minutes there, so they run only with the compiled kernel (``make test``). The kernel and
+    packer tests themselves run in both modes."""
+    if os.environ.get("NUMBA_DISABLE_JIT", "0") not in ("", "0"):
+        skip = pytest.mark.skip(reason="needs the compiled kernel (NUMBA_DISABLE_JIT=1)")
+        for item in items:
+            if "jit" in item.keywords:
+                item.add_marker(skip)

@@ -14,6 +14,9 @@ from bench.corpus import make_corpus  # noqa: E402
 from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset  # noqa: E402
 from packtool.pipeline import merge_output  # noqa: E402
 
+# packs a corpus of several tasks: minutes with the pure-Python kernel (NUMBA_DISABLE_JIT=1)
+pytestmark = pytest.mark.jit
+
 
 def shard_hashes(d: Path) -> dict[str, str]:
     manifest = json.loads((d / "manifest.json").read_text())

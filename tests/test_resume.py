@@ -57,6 +57,7 @@ def interrupt(d: Path, task: int) -> None:
     (d / f".part-{task:05d}-00000.parquet.tmp").write_bytes(b"PAR1 half a shard")
 
 
+@pytest.mark.jit
 @pytest.mark.parametrize("stage", ["tok", "packed"])
 def test_resume_skips_finished_tasks_and_matches_an_uninterrupted_run(corpus, reference, tmp_path, stage):
     tokenize_dataset([corpus / "data.jsonl"], tmp_path / "tok", tcfg(corpus), workers=1)
@@ -75,6 +76,7 @@ def test_resume_skips_finished_tasks_and_matches_an_uninterrupted_run(corpus, re
     assert m["counts"]["tasks"] == 4
 
 
+@pytest.mark.jit
 def test_finished_run_is_not_redone(corpus, reference, tmp_path):
     tokenize_dataset([corpus / "data.jsonl"], tmp_path / "tok", tcfg(corpus), workers=1)
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "tok").iterdir()}
@@ -124,6 +126,7 @@ def test_changed_input_is_refused(corpus, tmp_path):
         tokenize_dataset([src], out, tcfg(corpus), rank=1, world_size=2, workers=1)
 
 
+@pytest.mark.jit
 def test_pack_refuses_a_changed_tokenized_input(corpus, tmp_path):
     tokenize_dataset([corpus / "data.jsonl"], tmp_path / "tok", tcfg(corpus), workers=1)
     pack_dataset(tmp_path / "tok", tmp_path / "packed", PCFG, rank=0, world_size=2, workers=1)
