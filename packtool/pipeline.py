@@ -31,9 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from .config import PackConfig, TokenizeConfig, digest_of
-from .errors import ConfigError, InputError, SampleError, TooManyErrorsError
+from .errors import ConfigError, InputError, TooManyErrorsError
 from .executors import ExecutorConfig, run_tasks, set_total
-from .formats import Rejected, expand_inputs, parse_record
+from .formats import Rejected, expand_inputs, parse_json_line, parse_record
 from .shards import (
     ERRORS,
     STATE_DIR,
@@ -428,7 +428,6 @@ def _slice_records(sl: Slice) -> Iterator[tuple[int, object]]:
     if sl.offset is None:
         yield from iter_records(Path(sl.path))
         return
-    loads = json.loads
     with open(sl.path, "rb", buffering=1 << 16) as fh:
         fh.seek(sl.offset)
         row = sl.start
@@ -436,12 +435,7 @@ def _slice_records(sl: Slice) -> Iterator[tuple[int, object]]:
             if sl.stop is not None and row >= sl.stop:
                 break
             if line.strip():
-                try:
-                    yield row, loads(line.decode("utf-8"))
-                except UnicodeDecodeError as exc:
-                    yield row, SampleError("bad_encoding", f"line is not valid UTF-8: {exc}")
-                except (ValueError, RecursionError) as exc:
-                    yield row, SampleError("bad_json", f"line is not valid JSON: {str(exc)[:200]}")
+                yield row, parse_json_line(line)
             row += 1
 
 

@@ -28,7 +28,7 @@ from ..errors import ConfigError, InputError, SampleError
 from ..records import Sample
 from . import hf_parquet, llava, molmo, qwen_vl, sharegpt, swift
 
-__all__ = ["Rejected", "iter_samples", "parse_record", "iter_records", "expand_inputs", "PARSERS", "FORMATS", "detect_format", "SUFFIXES"]
+__all__ = ["Rejected", "iter_samples", "parse_record", "parse_json_line", "iter_records", "expand_inputs", "PARSERS", "FORMATS", "detect_format", "SUFFIXES"]
 
 log = logging.getLogger(__name__)
 
@@ -120,16 +120,19 @@ def _json_records(path: Path) -> Iterator[tuple[int, object]]:
                 raise InputError(f"{path}: expected a JSON array of records")
             yield from enumerate(data)
             return
-        loads = json.loads
         for row, line in enumerate(fh):
-            if not line.strip():
-                continue
-            try:
-                yield row, loads(line.decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                yield row, SampleError("bad_encoding", f"line is not valid UTF-8: {exc}")
-            except (ValueError, RecursionError) as exc:
-                yield row, SampleError("bad_json", f"line is not valid JSON: {str(exc)[:200]}")
+            if line.strip():
+                yield row, parse_json_line(line)
+
+
+def parse_json_line(line: bytes) -> object:
+    """One JSONL line as a value, or the ``SampleError`` (``bad_encoding``/``bad_json``) it earns."""
+    try:
+        return json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return SampleError("bad_encoding", f"line is not valid UTF-8: {exc}")
+    except (ValueError, RecursionError) as exc:
+        return SampleError("bad_json", f"line is not valid JSON: {str(exc)[:200]}")
 
 
 def _looks_like_jsonl(head: bytes) -> bool:
