@@ -12,9 +12,10 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev,plot,zstd,ray]'
-	# CPU build of torch for the trainer-side tests (the copy on the machine; no CUDA download)
-	$(PY) -m pip install -q torch==2.13.0
-	# processors' own arithmetic, for the vision cross-check tests (pure functions; no weights)
+	# torch + torchvision for the trainer-side tests: the family processors (video, Molmo2) need
+	# torchvision, and this pair is the one whose wheels lie on the machine (no download)
+	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
+	# the model classes and processors the hf reader is proven against (tiny random-init models; no weights)
 	$(PY) -m pip install -q transformers==5.24.0
 	touch $(STAMP)
 

@@ -151,6 +151,7 @@ class PackedDataset:
         self.consumed = 0
         self._groups: dict[int, np.ndarray] = {}  # shard -> rows per row group
         self._checked: set[int] = set()
+        self._vision = self.manifest.get("vision")
 
     # ---- schedule
 
@@ -313,7 +314,9 @@ class PackedDataset:
                     raise _corrupt(file, exc) from None
                 group = _Group(table, file)
                 current = (shard, g)
-            yield group.row(row)
+            out = group.row(row)
+            out["vision"] = self._vision  # the family settings: what packtool.reader.hf builds model inputs from
+            yield out
 
     # ---- shards
 

@@ -1,0 +1,326 @@
+"""Packed rows as the exact keyword arguments of a ``transformers`` model class (``pip install packtool[hf]``).
+
+A packed row is right only if the real model, fed from it, computes what it computes
+for each sample alone (DESIGN.md §3.5). Three things differ per model family and per
+attention implementation, and this module owns them so trainers need no glue:
+
+* **positions**: 1-D restarting at every sample, or Qwen-VL's 3-D mRoPE computed per
+  sample and per branch of a message tree (each branch continues its prefix);
+* **pixels**: the model's own pixel inputs, made by the family's ``transformers``
+  processor with the settings ``tokenize`` counted with (read from the manifest);
+* **the mask**, in the form the attention implementation reads::
+
+      attn_implementation   attention_mask                     trees
+      sdpa                  (B, 1, L, L) bool, True = attend   yes
+      eager                 (B, 1, L, L) float, 0 or -inf-ish  yes
+      flex_attention        a BlockMask from subsegment_ids    yes
+      flash_attention_2/3   none: rows laid end to end (B=1),  no (refused)
+                            position_ids restart per sample
+
+One call::
+
+    from packtool.reader import PackedDataset
+    from packtool.reader.hf import model_inputs
+
+    ds = PackedDataset("packed/", seed=0)
+    rows = [next(iter(ds))]
+    out = model(**model_inputs(rows, attn_implementation="sdpa"))
+    out.loss.backward()     # mean over loss tokens (num_items_in_batch)
+
+The family and its processor settings come from the packed manifest (every
+``PackedDataset`` row carries them as ``row["vision"]``), never from the caller.
+The returned dict holds ``labels`` and ``shift_labels`` (the pre-shifted
+``target_ids``: nothing is predicted across a sample or branch boundary),
+``num_items_in_batch`` (loss tokens of these rows, so the loss is a sum over tokens
+divided by that count; pass the total of a gradient-accumulation step instead with
+``num_items_in_batch=``) and ``use_cache=False`` (a cache built during training
+would let samples see each other).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...errors import ConfigError, InputError
+from ...schema import PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
+from .. import IGNORE_INDEX, PAD_SUBSEGMENT, attention_mask, collate
+
+__all__ = [
+    "ATTN_IMPLEMENTATIONS",
+    "FamilyInputs",
+    "model_inputs",
+    "get_family_inputs",
+    "loss_tokens",
+    "eager_mask",
+    "block_mask",
+    "sample_spans",
+]
+
+#: The attention implementations :func:`model_inputs` builds inputs for.
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
+_VARLEN = ("flash_attention_2", "flash_attention_3")
+
+# family name (manifest "vision"."name") -> "module:class" of its FamilyInputs
+_FAMILIES = {
+    "qwen2-vl": "qwen:Qwen2VLInputs",
+    "qwen2.5-vl": "qwen:Qwen25VLInputs",
+    "qwen3-vl": "qwen:Qwen3VLInputs",
+    "llava-ov": "llava_ov:LlavaOnevisionInputs",
+    "internvl": "internvl:InternVLInputs",
+    "molmo2": "molmo2:Molmo2Inputs",
+}
+
+
+class FamilyInputs:
+    """What one model family adds to a packed batch. Subclasses live in this package.
+
+    Attributes:
+        name: the family (``tokenize --model``).
+        model_class: the ``transformers`` class these inputs are for.
+        vision_attention: how the model lets vision tokens attend, as
+            :func:`packtool.reader.attention_mask` ``vision=`` (``"causal"``: like text).
+        mrope: positions are ``(3 or 4, B, L)`` rather than ``(B, L)``.
+    """
+
+    name = ""
+    model_class = ""
+    vision_attention = "causal"
+    mrope = False
+
+    def __init__(self, vision: dict) -> None:
+        self.vision = dict(vision)
+
+    def positions(self, rows: Sequence[dict], width: int) -> np.ndarray | None:
+        """Position ids of ``rows`` padded to ``width``, or ``None`` for the rows' 1-D ``position_ids``."""
+        return None
+
+    def pixels(self, rows: Sequence[dict], media_root: str | Path | None) -> dict[str, Any]:
+        """The model's vision keyword arguments for ``rows`` (media in row order, rows in batch order)."""
+        return {}
+
+    def extra(self, rows: Sequence[dict], batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        """Other per-family keyword arguments (token type ids and the like)."""
+        return {}
+
+
+def get_family_inputs(vision: dict) -> FamilyInputs:
+    """The :class:`FamilyInputs` of a manifest's ``vision`` settings.
+
+    Raises:
+        ConfigError: the family has no ``transformers`` inputs here (``fixed:N``).
+    """
+    name = str(vision.get("name", ""))
+    spec = _FAMILIES.get(name)
+    if spec is None:
+        raise ConfigError(
+            f"packs of --model {name!r} have no transformers model class here; model_inputs supports "
+            f"{', '.join(_FAMILIES)} (use packtool.reader.collate and attention_mask for other models)"
+        )
+    module, cls = spec.split(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)(vision)
+
+
+def loss_tokens(rows: Sequence[dict]) -> int:
+    """Tokens that carry loss in ``rows`` (``target_ids != -100``): the ``num_items_in_batch`` of a step.
+
+    Example:
+        >>> loss_tokens([{"target_ids": [5, -100, 7]}, {"target_ids": [-100]}])
+        2
+    """
+    return int(sum(int(np.count_nonzero(np.asarray(r["target_ids"]) != IGNORE_INDEX)) for r in rows))
+
+
+def sample_spans(row: dict) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """The samples of a packed row: ``(start, prefix_end, branches)`` with ``branches`` as ``(start, end)``.
+
+    A one-branch sample is all prefix (``branches`` empty). Branches follow their
+    prefix in the row, in order.
+
+    Example:
+        >>> sample_spans({"cu_seqlens": [0, 2, 7], "subsegment_ids": [10000, 10000, 110000, 110000, 100000, 100001, 100001]})
+        [(0, 2, []), (2, 4, [(4, 5), (5, 7)])]
+    """
+    sub = np.asarray(row["subsegment_ids"], dtype=np.int64)
+    cu = np.asarray(row["cu_seqlens"], dtype=np.int64)
+    out = []
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        local = sub[s:e] % SUBSEGMENT_STRIDE
+        is_branch = local != PREFIX_SUBSEGMENT
+        p = s + (int(np.argmax(is_branch)) if is_branch.any() else e - s)
+        branches = []
+        if p < e:
+            change = np.flatnonzero(np.diff(local[p - s:])) + 1
+            bounds = [p, *(p + change).tolist(), e]
+            branches = list(zip(bounds[:-1], bounds[1:], strict=True))
+        out.append((s, p, branches))
+    return out
+
+
+def eager_mask(allowed: np.ndarray, dtype=None):
+    """An additive float mask for ``attn_implementation="eager"``: 0 where allowed, the dtype's minimum elsewhere.
+
+    Eager attention *adds* the mask to the scores, so a boolean mask there is silently
+    wrong (True adds 1, False adds 0); this is the form it needs.
+    """
+    import torch
+
+    dtype = dtype or torch.float32
+    allowed_t = torch.from_numpy(np.ascontiguousarray(allowed))
+    out = torch.zeros(allowed_t.shape, dtype=dtype)
+    return out.masked_fill_(~allowed_t, torch.finfo(dtype).min)
+
+
+def block_mask(subsegment_ids: np.ndarray, *, media: Sequence[Sequence[dict]] | None = None, vision: str = "causal",
+               block_size: int = 128, device: str = "cpu"):
+    """A flex-attention ``BlockMask`` for a ``(B, L)`` batch of subsegment ids (padding: :data:`PAD_SUBSEGMENT`).
+
+    The rule is the one of :func:`packtool.reader.attention_mask`, evaluated block by
+    block, so no dense ``L x L`` mask exists: at 16,384 tokens the block mask holds
+    ``(L / 128)^2`` block flags per row instead of 268 MB of booleans.
+    """
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    sub = torch.as_tensor(np.asarray(subsegment_ids, dtype=np.int64), device=device)
+    b, length = sub.shape
+    sample = torch.where(sub >= 0, sub // SUBSEGMENT_STRIDE, -1)
+    vis = None
+    if vision != "causal":
+        if media is None:
+            raise ConfigError(f"vision={vision!r} needs the rows' media lists")
+        # every vision token gets a group id; tokens of one group attend both ways
+        groups = np.full((b, length), -1, dtype=np.int64)
+        for i, items in enumerate(media):
+            for j, m in enumerate(items):
+                key = j if vision == "media" else int(m.get("sample_index", 0))
+                start = int(m["token_offset"])
+                groups[i, start:start + int(m["n_tokens"])] = key
+        vis = torch.as_tensor(groups, device=device)
+
+    def mask_mod(bi, h, q, k):
+        same = sample[bi, q] == sample[bi, k]
+        allowed = (k <= q) & (sub[bi, q] <= sub[bi, k]) & same
+        if vis is not None:
+            allowed = allowed | (same & (vis[bi, q] >= 0) & (vis[bi, q] == vis[bi, k]))
+        return allowed
+
+    return create_block_mask(mask_mod, B=b, H=None, Q_LEN=length, KV_LEN=length, device=device, BLOCK_SIZE=block_size)
+
+
+def _has_trees(rows: Sequence[dict]) -> bool:
+    for r in rows:
+        sub = np.asarray(r["subsegment_ids"], dtype=np.int64)
+        if np.any((sub >= 0) & (sub % SUBSEGMENT_STRIDE != PREFIX_SUBSEGMENT)):
+            return True
+    return False
+
+
+def _concat_rows(rows: Sequence[dict]) -> dict:
+    """Rows laid end to end as one row (the padding-free batch varlen kernels read)."""
+    out: dict[str, Any] = {"pack_index": rows[0].get("pack_index"), "vision": rows[0].get("vision"), "media": [],
+                           "sample_ids": []}
+    offset, n_samples, cus = 0, 0, [np.zeros(1, dtype=np.int64)]
+    for name in ("input_ids", "target_ids", "position_ids"):
+        out[name] = np.concatenate([np.asarray(r[name], dtype=np.int64) for r in rows])
+    subs = []
+    for r in rows:
+        sub = np.asarray(r["subsegment_ids"], dtype=np.int64)
+        subs.append(sub + n_samples * SUBSEGMENT_STRIDE)
+        cu = np.asarray(r["cu_seqlens"], dtype=np.int64)
+        cus.append(cu[1:] + offset)
+        for m in r["media"]:
+            out["media"].append({**m, "token_offset": int(m["token_offset"]) + offset,
+                                 "sample_index": int(m.get("sample_index", 0)) + n_samples})
+        out["sample_ids"].extend(r.get("sample_ids", []))
+        n_samples += len(cu) - 1
+        offset += len(sub)
+    out["subsegment_ids"] = np.concatenate(subs)
+    out["cu_seqlens"] = np.concatenate(cus)
+    return out
+
+
+def model_inputs(rows: Sequence[dict], *, attn_implementation: str = "sdpa", media_root: str | Path | None = None,
+                 pad_to: int | None = None, pad_token_id: int = 0, num_items_in_batch: int | None = None,
+                 dtype=None, vision: dict | None = None) -> dict[str, Any]:
+    """The keyword arguments of the family's ``transformers`` model class for a batch of packed rows.
+
+    ``model(**model_inputs(rows))`` computes, for every sample of every row, what the
+    model computes for that sample alone (each branch of a message tree with its
+    prefix): the same logits, loss and gradients.
+
+    Args:
+        rows: rows from :class:`packtool.reader.PackedDataset` (each carries ``"vision"``,
+            the manifest's family settings).
+        attn_implementation: the model's ``config._attn_implementation``; one of
+            :data:`ATTN_IMPLEMENTATIONS`. Varlen (flash) forms lay the rows end to end
+            as one sequence and refuse message trees.
+        media_root: where media packed with ``--media reference`` live.
+        pad_to: pad rows to this length (static shapes); ``None``: the longest row.
+        pad_token_id: input id of padding (padding never carries loss nor is seen).
+        num_items_in_batch: loss tokens to normalise by; ``None``: those of ``rows``.
+            For gradient accumulation pass the sum over the step's micro-batches.
+        dtype: float dtype of an eager mask (the model's dtype; default float32).
+        vision: the manifest's ``vision`` settings when rows lack them.
+
+    Returns:
+        ``input_ids``, ``labels`` and ``shift_labels`` (both the pre-shifted targets),
+        ``position_ids``, ``attention_mask`` (absent for varlen forms),
+        ``num_items_in_batch``, ``use_cache=False`` and the family's pixel inputs, all
+        ``torch`` tensors on the CPU.
+
+    Raises:
+        ConfigError: unknown attention implementation, rows of another family mixed in,
+            or no family settings.
+        InputError: message trees with a varlen implementation; media that do not give
+            the counted number of vision tokens.
+    """
+    import torch
+
+    if attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise ConfigError(f"attn_implementation={attn_implementation!r}: choose one of {', '.join(ATTN_IMPLEMENTATIONS)}")
+    if not rows:
+        raise ConfigError("model_inputs needs at least one row")
+    settings = vision if vision is not None else rows[0].get("vision")
+    if not settings:
+        raise ConfigError("rows carry no family settings (row['vision']); take rows from packtool.reader.PackedDataset "
+                          "or pass vision=manifest['vision']")
+    for r in rows:
+        if vision is None and r.get("vision") not in (None, settings):
+            raise ConfigError(f"pack {r.get('pack_index')} was packed for {r['vision'].get('name')!r} but the batch is "
+                              f"for {settings.get('name')!r}; batch rows of one packed directory together")
+    family = get_family_inputs(settings)
+    if attn_implementation in _VARLEN:
+        if _has_trees(rows):
+            raise InputError(
+                f"packs {[r.get('pack_index') for r in rows]} hold message trees, which {attn_implementation} "
+                "cannot express (varlen kernels would let branches see each other); use sdpa, eager or flex_attention, "
+                "or tokenize with --max-branches 1"
+            )
+        rows = [_concat_rows(rows)]
+        pad_to = None
+    batch = collate(rows, pad_to, pad_token_id=pad_token_id, pixels=False)
+    width = batch["input_ids"].shape[1]
+    out: dict[str, Any] = {"input_ids": torch.from_numpy(batch["input_ids"])}
+    labels = torch.from_numpy(batch["target_ids"])
+    out["labels"] = labels
+    out["shift_labels"] = labels
+    pos = family.positions(rows, width)
+    pos = batch["position_ids"] if pos is None else pos
+    out["position_ids"] = torch.from_numpy(np.ascontiguousarray(pos, dtype=np.int64))
+    if attn_implementation == "flex_attention":
+        out["attention_mask"] = block_mask(batch["subsegment_ids"], media=batch["media"], vision=family.vision_attention)
+    elif attn_implementation not in _VARLEN:
+        allowed = np.stack([attention_mask(batch["subsegment_ids"][i], batch["media"][i], vision=family.vision_attention)
+                            for i in range(len(rows))])[:, None]
+        out["attention_mask"] = torch.from_numpy(allowed) if attn_implementation == "sdpa" else eager_mask(allowed, dtype)
+    out.update(family.pixels(rows, media_root))
+    out.update(family.extra(rows, batch))
+    n_items = loss_tokens(rows) if num_items_in_batch is None else int(num_items_in_batch)
+    out["num_items_in_batch"] = torch.tensor(n_items)
+    out["use_cache"] = False
+    return out
