@@ -85,15 +85,20 @@ class FamilyInputs:
         vision_attention: how the model lets vision tokens attend, as
             :func:`packtool.reader.attention_mask` ``vision=`` (``"causal"``: like text).
         mrope: positions are ``(3 or 4, B, L)`` rather than ``(B, L)``.
+        attn_implementations: the forms the model class accepts (``transformers``
+            refuses flex attention for some classes).
     """
 
     name = ""
     model_class = ""
     vision_attention = "causal"
     mrope = False
+    attn_implementations: tuple[str, ...] = ATTN_IMPLEMENTATIONS
 
-    def __init__(self, vision: dict) -> None:
+    def __init__(self, vision: dict, config: Any = None) -> None:
         self.vision = dict(vision)
+        #: the model's ``transformers`` config when the caller passed one (token ids, merge sizes, ...)
+        self.config = config
 
     def positions(self, rows: Sequence[dict], width: int) -> np.ndarray | None:
         """Position ids of ``rows`` padded to ``width``, or ``None`` for the rows' 1-D ``position_ids``."""
@@ -107,8 +112,21 @@ class FamilyInputs:
         """Other per-family keyword arguments (token type ids and the like)."""
         return {}
 
+    # -- molmo2 addition: vision blocks defined per token rather than per media span
+    def vision_blocks(self, rows: Sequence[dict], width: int) -> np.ndarray | None:
+        """``(B, width)`` block id per token for models whose bidirectional vision blocks are token sets, or ``None``.
 
-def get_family_inputs(vision: dict) -> FamilyInputs:
+        Some models (Molmo2) let a set of *tokens* attend each other both ways (every
+        image or frame token of a sequence, structure tokens included, timestamp text
+        between frames excluded), which media spans cannot express. Tokens with the same
+        id ``>= 0`` in the same sample attend each other in both directions, on top of
+        the causal rule; ``-1`` marks tokens outside every block. ``None``: the spans
+        of :attr:`vision_attention` apply.
+        """
+        return None
+
+
+def get_family_inputs(vision: dict, config: Any = None) -> FamilyInputs:
     """The :class:`FamilyInputs` of a manifest's ``vision`` settings.
 
     Raises:
@@ -122,7 +140,7 @@ def get_family_inputs(vision: dict) -> FamilyInputs:
             f"{', '.join(_FAMILIES)} (use packtool.reader.collate and attention_mask for other models)"
         )
     module, cls = spec.split(":")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)(vision)
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)(vision, config)
 
 
 def loss_tokens(rows: Sequence[dict]) -> int:
@@ -176,12 +194,15 @@ def eager_mask(allowed: np.ndarray, dtype=None):
 
 
 def block_mask(subsegment_ids: np.ndarray, *, media: Sequence[Sequence[dict]] | None = None, vision: str = "causal",
-               block_size: int = 128, device: str = "cpu"):
+               block_size: int = 128, device: str = "cpu", blocks: np.ndarray | None = None):
     """A flex-attention ``BlockMask`` for a ``(B, L)`` batch of subsegment ids (padding: :data:`PAD_SUBSEGMENT`).
 
     The rule is the one of :func:`packtool.reader.attention_mask`, evaluated block by
     block, so no dense ``L x L`` mask exists: at 16,384 tokens the block mask holds
     ``(L / 128)^2`` block flags per row instead of 268 MB of booleans.
+
+    ``blocks`` (``(B, L)``, see :meth:`FamilyInputs.vision_blocks`) replaces the
+    media-span groups of ``vision`` when given.
     """
     import torch
     from torch.nn.attention.flex_attention import create_block_mask
@@ -190,7 +211,9 @@ def block_mask(subsegment_ids: np.ndarray, *, media: Sequence[Sequence[dict]] | 
     b, length = sub.shape
     sample = torch.where(sub >= 0, sub // SUBSEGMENT_STRIDE, -1)
     vis = None
-    if vision != "causal":
+    if blocks is not None:  # molmo2 addition
+        vis = torch.as_tensor(np.asarray(blocks, dtype=np.int64), device=device)
+    elif vision != "causal":
         if media is None:
             raise ConfigError(f"vision={vision!r} needs the rows' media lists")
         # every vision token gets a group id; tokens of one group attend both ways
@@ -210,6 +233,15 @@ def block_mask(subsegment_ids: np.ndarray, *, media: Sequence[Sequence[dict]] | 
         return allowed
 
     return create_block_mask(mask_mod, B=b, H=None, Q_LEN=length, KV_LEN=length, device=device, BLOCK_SIZE=block_size)
+
+
+def _block_overlay(blocks: np.ndarray, subsegment_ids: np.ndarray) -> np.ndarray:
+    """``(B, L, L)``: True where query and key share a vision block (id ``>= 0``) and a sample (molmo2 addition)."""
+    blocks = np.asarray(blocks, dtype=np.int64)
+    sub = np.asarray(subsegment_ids, dtype=np.int64)
+    sample = np.where(sub >= 0, sub // SUBSEGMENT_STRIDE, -1)
+    same = (blocks[:, :, None] == blocks[:, None, :]) & (blocks >= 0)[:, :, None]
+    return same & (sample[:, :, None] == sample[:, None, :])
 
 
 def _has_trees(rows: Sequence[dict]) -> bool:
@@ -246,7 +278,7 @@ def _concat_rows(rows: Sequence[dict]) -> dict:
 
 def model_inputs(rows: Sequence[dict], *, attn_implementation: str = "sdpa", media_root: str | Path | None = None,
                  pad_to: int | None = None, pad_token_id: int = 0, num_items_in_batch: int | None = None,
-                 dtype=None, vision: dict | None = None) -> dict[str, Any]:
+                 dtype=None, vision: dict | None = None, config: Any = None) -> dict[str, Any]:
     """The keyword arguments of the family's ``transformers`` model class for a batch of packed rows.
 
     ``model(**model_inputs(rows))`` computes, for every sample of every row, what the
@@ -266,6 +298,9 @@ def model_inputs(rows: Sequence[dict], *, attn_implementation: str = "sdpa", med
             For gradient accumulation pass the sum over the step's micro-batches.
         dtype: float dtype of an eager mask (the model's dtype; default float32).
         vision: the manifest's ``vision`` settings when rows lack them.
+        config: the model's config (``model.config``). Families read from it what the
+            checkpoint fixes rather than the data (Qwen2.5-VL's ``tokens_per_second``,
+            merge sizes); without it the released checkpoints' values apply.
 
     Returns:
         ``input_ids``, ``labels`` and ``shift_labels`` (both the pre-shifted targets),
@@ -293,7 +328,12 @@ def model_inputs(rows: Sequence[dict], *, attn_implementation: str = "sdpa", med
         if vision is None and r.get("vision") not in (None, settings):
             raise ConfigError(f"pack {r.get('pack_index')} was packed for {r['vision'].get('name')!r} but the batch is "
                               f"for {settings.get('name')!r}; batch rows of one packed directory together")
-    family = get_family_inputs(settings)
+    family = get_family_inputs(settings, config)
+    if attn_implementation not in family.attn_implementations:
+        raise ConfigError(
+            f"{family.model_class} does not take attn_implementation={attn_implementation!r} in transformers; "
+            f"use one of {', '.join(family.attn_implementations)}"
+        )
     if attn_implementation in _VARLEN:
         if _has_trees(rows):
             raise InputError(
@@ -312,11 +352,18 @@ def model_inputs(rows: Sequence[dict], *, attn_implementation: str = "sdpa", med
     pos = family.positions(rows, width)
     pos = batch["position_ids"] if pos is None else pos
     out["position_ids"] = torch.from_numpy(np.ascontiguousarray(pos, dtype=np.int64))
+    blocks = family.vision_blocks(rows, width)
+    if attn_implementation in _VARLEN and blocks is not None and bool((blocks >= 0).any()):
+        raise ConfigError(f"{family.name} lets vision tokens attend both ways, which {attn_implementation} cannot "
+                          "express; use sdpa, eager or flex_attention")
     if attn_implementation == "flex_attention":
-        out["attention_mask"] = block_mask(batch["subsegment_ids"], media=batch["media"], vision=family.vision_attention)
+        out["attention_mask"] = block_mask(batch["subsegment_ids"], media=batch["media"], vision=family.vision_attention,
+                                           blocks=blocks)
     elif attn_implementation not in _VARLEN:
         allowed = np.stack([attention_mask(batch["subsegment_ids"][i], batch["media"][i], vision=family.vision_attention)
                             for i in range(len(rows))])[:, None]
+        if blocks is not None:
+            allowed |= _block_overlay(blocks, batch["subsegment_ids"])[:, None]
         out["attention_mask"] = torch.from_numpy(allowed) if attn_implementation == "sdpa" else eager_mask(allowed, dtype)
     out.update(family.pixels(rows, media_root))
     out.update(family.extra(rows, batch))
