@@ -21,6 +21,17 @@ A batch holds tensors ``input_ids``, ``shift_labels`` (the pre-shifted ``target_
 ``scaled_dot_product_attention`` takes) unless ``masks=False``, ``cu_seqlens`` (list of
 int32 tensors); and plain Python ``pixel``, ``media``, ``sample_ids``, ``pack_index``,
 ``epoch`` and ``consumed`` (the rank's position after this batch).
+
+With ``attn_implementation=`` set, a batch is instead exactly the keyword arguments of
+the family's ``transformers`` model class (:func:`packtool.reader.hf.model_inputs`: 3-D
+mRoPE positions for Qwen-VL, the processor's pixels, the mask in the form that
+attention implementation reads), made inside the DataLoader workers, plus ``epoch``
+and ``consumed``; pop those two before calling the model::
+
+    ds = PackedIterableDataset("packed/", batch_size=2, attn_implementation="sdpa", config=model.config)
+    for batch in DataLoader(ds, batch_size=None, num_workers=2):
+        epoch, consumed = batch.pop("epoch"), batch.pop("consumed")
+        model(**batch).loss.backward()
 """
 
 from __future__ import annotations
@@ -65,11 +76,16 @@ class PackedIterableDataset(IterableDataset):
         pixels: decode media into ``pixel`` (PIL images / ``VideoFrames``).
         media_root: where media packed by reference live.
         pad_token_id: input id used for padding.
+        attn_implementation: build model inputs for this attention implementation
+            (see :func:`packtool.reader.hf.model_inputs`) instead of plain tensors.
+        config: the model's config, for ``attn_implementation`` (checkpoint constants
+            such as Qwen2.5-VL's ``tokens_per_second``).
     """
 
     def __init__(self, source: str | Path | PackedDataset, *, batch_size: int = 1, pad_to: int | None = None,
                  masks: bool = True, vision: str = "causal", pixels: bool = False,
-                 media_root: str | Path | None = None, pad_token_id: int = 0, **dataset_kwargs: Any) -> None:
+                 media_root: str | Path | None = None, pad_token_id: int = 0, attn_implementation: str | None = None,
+                 config: Any = None, **dataset_kwargs: Any) -> None:
         super().__init__()
         self.dataset = source if isinstance(source, PackedDataset) else PackedDataset(source, **dataset_kwargs)
         if batch_size < 1:
@@ -77,6 +93,14 @@ class PackedIterableDataset(IterableDataset):
         self.batch_size = batch_size
         self._collate = dict(pad_to=pad_to, masks=masks, vision=vision, pixels=pixels, media_root=media_root,
                              pad_token_id=pad_token_id)
+        self._hf = None
+        if attn_implementation is not None:
+            from .hf import ATTN_IMPLEMENTATIONS
+
+            if attn_implementation not in ATTN_IMPLEMENTATIONS:
+                raise ValueError(f"attn_implementation={attn_implementation!r}: choose one of {', '.join(ATTN_IMPLEMENTATIONS)}")
+            self._hf = dict(attn_implementation=attn_implementation, media_root=media_root, pad_to=pad_to,
+                            pad_token_id=pad_token_id, config=config)
 
     def __len__(self) -> int:
         """Batches per rank per epoch."""
@@ -87,7 +111,12 @@ class PackedIterableDataset(IterableDataset):
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         epoch = self.dataset.epoch
         for rows, consumed in self.dataset.iter_blocks(worker, n_workers, block=self.batch_size):
-            batch = to_tensors(collate(rows, **self._collate))
+            if self._hf is not None:
+                from .hf import model_inputs
+
+                batch = model_inputs(rows, **self._hf)
+            else:
+                batch = to_tensors(collate(rows, **self._collate))
             batch["epoch"] = epoch
             batch["consumed"] = consumed
             yield batch

@@ -48,7 +48,7 @@ import numpy as np
 
 from ...errors import ConfigError, InputError
 from ...schema import PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
-from .. import IGNORE_INDEX, PAD_SUBSEGMENT, attention_mask, collate
+from .. import IGNORE_INDEX, attention_mask, collate
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
@@ -195,7 +195,7 @@ def eager_mask(allowed: np.ndarray, dtype=None):
 
 def block_mask(subsegment_ids: np.ndarray, *, media: Sequence[Sequence[dict]] | None = None, vision: str = "causal",
                block_size: int = 128, device: str = "cpu", blocks: np.ndarray | None = None):
-    """A flex-attention ``BlockMask`` for a ``(B, L)`` batch of subsegment ids (padding: :data:`PAD_SUBSEGMENT`).
+    """A flex-attention ``BlockMask`` for a ``(B, L)`` batch of subsegment ids (padding: ``PAD_SUBSEGMENT``, -1).
 
     The rule is the one of :func:`packtool.reader.attention_mask`, evaluated block by
     block, so no dense ``L x L`` mask exists: at 16,384 tokens the block mask holds
