@@ -197,42 +197,102 @@ def block_mask(subsegment_ids: np.ndarray, *, media: Sequence[Sequence[dict]] | 
                block_size: int = 128, device: str = "cpu", blocks: np.ndarray | None = None):
     """A flex-attention ``BlockMask`` for a ``(B, L)`` batch of subsegment ids (padding: ``PAD_SUBSEGMENT``, -1).
 
-    The rule is the one of :func:`packtool.reader.attention_mask`, evaluated block by
-    block, so no dense ``L x L`` mask exists: at 16,384 tokens the block mask holds
-    ``(L / 128)^2`` block flags per row instead of 268 MB of booleans.
+    The rule is the one of :func:`packtool.reader.attention_mask`. No dense ``L x L``
+    mask is ever built: each ``block_size`` tile is classified from per-block summaries
+    (empty: other samples or above the diagonal; full: one sample and one subsegment on
+    each side, keys before queries), and only tiles on the diagonal or across a
+    sample, branch or image boundary are evaluated exactly. At 16,384 tokens the mask
+    is a few hundred KiB of block indices instead of 268 MB of booleans.
 
-    ``blocks`` (``(B, L)``, see :meth:`FamilyInputs.vision_blocks`) replaces the
-    media-span groups of ``vision`` when given.
+    Example:
+        >>> bm = block_mask(np.array([[10000] * 200 + [110000] * 56]))
+        >>> bm.shape, bm.to_dense()[0, 0].tolist()   # 2x2 blocks: both diagonal tiles partial, one tile empty
+        ((1, 1, 256, 256), [[1, 0], [0, 1]])
     """
     import torch
-    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.nn.attention.flex_attention import BlockMask
 
-    sub = torch.as_tensor(np.asarray(subsegment_ids, dtype=np.int64), device=device)
-    b, length = sub.shape
-    sample = torch.where(sub >= 0, sub // SUBSEGMENT_STRIDE, -1)
-    vis = None
-    if blocks is not None:  # molmo2 addition
-        vis = torch.as_tensor(np.asarray(blocks, dtype=np.int64), device=device)
+    sub_np = np.asarray(subsegment_ids, dtype=np.int64)
+    b, length = sub_np.shape
+    # padding forms its own sample; a large id keeps sample ids ascending along the row
+    sample_np = np.where(sub_np >= 0, sub_np // SUBSEGMENT_STRIDE, np.int64(1) << 40)
+    groups_np = np.full((b, length), -1, dtype=np.int64)
+    if blocks is not None:  # molmo2 addition: token blocks (FamilyInputs.vision_blocks) replace media spans
+        groups_np = np.asarray(blocks, dtype=np.int64)
     elif vision != "causal":
         if media is None:
             raise ConfigError(f"vision={vision!r} needs the rows' media lists")
-        # every vision token gets a group id; tokens of one group attend both ways
-        groups = np.full((b, length), -1, dtype=np.int64)
         for i, items in enumerate(media):
             for j, m in enumerate(items):
                 key = j if vision == "media" else int(m.get("sample_index", 0))
                 start = int(m["token_offset"])
-                groups[i, start:start + int(m["n_tokens"])] = key
-        vis = torch.as_tensor(groups, device=device)
+                groups_np[i, start:start + int(m["n_tokens"])] = key
+    nb = -(-length // block_size)
+    kv_num, kv_idx, full_num, full_idx = (np.zeros((b, 1, nb), np.int32), np.zeros((b, 1, nb, nb), np.int32),
+                                          np.zeros((b, 1, nb), np.int32), np.zeros((b, 1, nb, nb), np.int32))
+    for i in range(b):
+        kind = _classify_blocks(sample_np[i], sub_np[i], groups_np[i], block_size)
+        for q in range(nb):
+            part, full = np.flatnonzero(kind[q] == 1), np.flatnonzero(kind[q] == 2)
+            kv_num[i, 0, q], full_num[i, 0, q] = len(part), len(full)
+            kv_idx[i, 0, q, :len(part)] = part
+            full_idx[i, 0, q, :len(full)] = full
+
+    sub = torch.as_tensor(sub_np, device=device)
+    sample = torch.as_tensor(sample_np, device=device)
+    groups = torch.as_tensor(groups_np, device=device) if vision != "causal" or blocks is not None else None
 
     def mask_mod(bi, h, q, k):
         same = sample[bi, q] == sample[bi, k]
         allowed = (k <= q) & (sub[bi, q] <= sub[bi, k]) & same
-        if vis is not None:
-            allowed = allowed | (same & (vis[bi, q] >= 0) & (vis[bi, q] == vis[bi, k]))
+        if groups is not None:
+            allowed = allowed | (same & (groups[bi, q] >= 0) & (groups[bi, q] == groups[bi, k]))
         return allowed
 
-    return create_block_mask(mask_mod, B=b, H=None, Q_LEN=length, KV_LEN=length, device=device, BLOCK_SIZE=block_size)
+    def t(a):
+        return torch.as_tensor(a, device=device)
+
+    return BlockMask.from_kv_blocks(t(kv_num), t(kv_idx), t(full_num), t(full_idx), BLOCK_SIZE=block_size,
+                                    mask_mod=mask_mod, seq_lengths=(length, length))
+
+
+def _classify_blocks(sample: np.ndarray, sub: np.ndarray, groups: np.ndarray, bs: int) -> np.ndarray:
+    """``(nb, nb)`` tile kinds of one row: 0 empty, 1 partial, 2 full (query block, key block)."""
+    length = len(sub)
+    nb = -(-length // bs)
+    pad = nb * bs - length
+    # positions past the row: a sample of their own that nothing attends
+    s = np.concatenate([sample, np.full(pad, -1, np.int64)]).reshape(nb, bs)
+    u = np.concatenate([sub, np.full(pad, -1, np.int64)]).reshape(nb, bs)
+    g = np.concatenate([groups, np.full(pad, -1, np.int64)]).reshape(nb, bs)
+    valid = np.concatenate([np.ones(length, bool), np.zeros(pad, bool)]).reshape(nb, bs)
+    smin, smax = np.where(valid, s, np.iinfo(np.int64).max).min(1), np.where(valid, s, -1).max(1)
+    umin, umax = u.min(1), u.max(1)
+    vis = (g >= 0).any(1)
+    const = (smin == smax) & (umin == umax) & valid.all(1)
+    qi, ki = np.meshgrid(np.arange(nb), np.arange(nb), indexing="ij")
+    overlap = (smin[qi] <= smax[ki]) & (smin[ki] <= smax[qi])
+    kind = np.zeros((nb, nb), np.int8)
+    # one sample and one subsegment on each side, keys strictly before queries, no image spanning both:
+    # all or nothing
+    easy = overlap & (ki < qi) & const[qi] & const[ki] & ~(vis[qi] & vis[ki])
+    kind[easy & (umin[qi] <= umin[ki])] = 2
+    # everything else that may hold an allowed pair is evaluated exactly
+    exact = overlap & ~easy & ((ki <= qi) | (vis[qi] & vis[ki]))
+    pairs = np.argwhere(exact)
+    r = np.arange(bs)
+    for c in range(0, len(pairs), 256):
+        qb, kb = pairs[c:c + 256, 0], pairs[c:c + 256, 1]
+        qpos, kpos = qb[:, None] * bs + r, kb[:, None] * bs + r
+        same = s[qb][:, :, None] == s[kb][:, None, :]
+        allowed = same & (kpos[:, None, :] <= qpos[:, :, None]) & (u[qb][:, :, None] <= u[kb][:, None, :])
+        gq, gk = g[qb][:, :, None], g[kb][:, None, :]
+        allowed |= same & (gq >= 0) & (gq == gk)
+        allowed &= valid[qb][:, :, None] & valid[kb][:, None, :]
+        n_allowed = allowed.sum((1, 2))
+        n_pairs = valid[qb].sum(1) * valid[kb].sum(1)
+        kind[qb, kb] = np.where(n_allowed == 0, 0, np.where(n_allowed == n_pairs, 2, 1))
+    return kind
 
 
 def _block_overlay(blocks: np.ndarray, subsegment_ids: np.ndarray) -> np.ndarray:
