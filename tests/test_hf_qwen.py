@@ -214,6 +214,15 @@ def test_bad_arguments_are_clear(packs):
         model_inputs(bare)
 
 
+def test_tokenizer_mismatch_with_the_model_is_named(packs):
+    """Packs from one tokenizer, a model whose image token is another id: a clear error up front."""
+    rows = list(PackedDataset(packs["qwen2.5-vl"], shuffle=False))
+    model = tiny_model("qwen2.5-vl", packs["tokenizer"])
+    model.config.image_token_id += 1
+    with pytest.raises(InputError, match="another tokenizer than this checkpoint's"):
+        model_inputs(rows, config=model.config)
+
+
 def test_loss_normalises_by_loss_tokens(packs):
     """``num_items_in_batch`` makes the loss a per-token mean over the batch, whatever the packing."""
     rows = list(PackedDataset(packs["qwen2.5-vl"], shuffle=False))

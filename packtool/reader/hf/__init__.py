@@ -87,6 +87,7 @@ class FamilyInputs:
         mrope: positions are ``(3 or 4, B, L)`` rather than ``(B, L)``.
         attn_implementations: the forms the model class accepts (``transformers``
             refuses flex attention for some classes).
+        placeholder_ids: media spans start with the config's image / video token id.
     """
 
     name = ""
@@ -94,6 +95,9 @@ class FamilyInputs:
     vision_attention = "causal"
     mrope = False
     attn_implementations: tuple[str, ...] = ATTN_IMPLEMENTATIONS
+    #: media spans start with the config's ``image_token_id`` / ``video_token_id`` (checked by
+    #: :meth:`check_token_ids` when a config is given)
+    placeholder_ids = False
 
     def __init__(self, vision: dict, config: Any = None) -> None:
         self.vision = dict(vision)
@@ -112,6 +116,28 @@ class FamilyInputs:
         """Other per-family keyword arguments (token type ids and the like)."""
         return {}
 
+    def check_token_ids(self, rows: Sequence[dict]) -> None:
+        """With a model config: each media span must start with the model's placeholder id.
+
+        Packs tokenized with another tokenizer than the checkpoint's would otherwise fail
+        deep inside the model ("features and tokens do not match") or, worse, not at all.
+        """
+        if self.config is None or not self.placeholder_ids:
+            return
+        want = {kind: _config_id(self.config, kind) for kind in ("image", "video")}
+        for r in rows:
+            ids = r["input_ids"]
+            for m in r["media"]:
+                expected = want.get(m["kind"])
+                got = int(ids[int(m["token_offset"])])
+                if expected is not None and got != expected:
+                    raise InputError(
+                        f"pack {r.get('pack_index', '?')}: its {m['kind']} placeholders are token {got} but the model's "
+                        f"{m['kind']}_token_id is {expected}; the packs were tokenized with another tokenizer than this "
+                        "checkpoint's (re-tokenize with --tokenizer pointing at the checkpoint)"
+                    )
+
+
     # -- molmo2 addition: vision blocks defined per token rather than per media span
     def vision_blocks(self, rows: Sequence[dict], width: int) -> np.ndarray | None:
         """``(B, width)`` block id per token for models whose bidirectional vision blocks are token sets, or ``None``.
@@ -124,6 +150,14 @@ class FamilyInputs:
         of :attr:`vision_attention` apply.
         """
         return None
+
+
+def _config_id(config: Any, kind: str) -> int | None:
+    for name in (f"{kind}_token_id", f"{kind}_token_index"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
 
 
 def get_family_inputs(vision: dict, config: Any = None) -> FamilyInputs:
@@ -394,6 +428,7 @@ def model_inputs(rows: Sequence[dict], *, attn_implementation: str = "sdpa", med
             f"{family.model_class} does not take attn_implementation={attn_implementation!r} in transformers; "
             f"use one of {', '.join(family.attn_implementations)}"
         )
+    family.check_token_ids(rows)
     if attn_implementation in _VARLEN:
         if _has_trees(rows):
             raise InputError(
