@@ -142,7 +142,7 @@ def alone_rows(row: dict) -> list[tuple[np.ndarray, dict]]:
 
 
 def compare(model, packed_dir: Path, attn_implementation: str, *, alone_extra: Callable | None = None,
-            mutate: Callable | None = None, media_root: Path | None = None) -> Report:
+            mutate: Callable | None = None, media_root: Path | None = None, grads: bool = True) -> Report:
     """Run ``packed_dir`` packed and alone through ``model``; return the largest relative differences.
 
     Args:
@@ -152,6 +152,7 @@ def compare(model, packed_dir: Path, attn_implementation: str, *, alone_extra: C
             alone run (what a processor returns beside the pixels); default: the family's
             ``extra`` hook (token type ids), never positions or masks.
         mutate: ``f(inputs) -> inputs`` applied to the packed inputs (deliberately wrong inputs).
+        grads: also compare gradients (flex attention has no backward on the CPU).
     """
     import torch
 
@@ -168,8 +169,10 @@ def compare(model, packed_dir: Path, attn_implementation: str, *, alone_extra: C
         inputs = mutate(inputs)
     varlen = attn_implementation.startswith("flash")
     model.zero_grad(set_to_none=True)
-    out = model(**inputs)
-    (out.loss).backward()
+    with torch.set_grad_enabled(grads):
+        out = model(**inputs)
+    if grads:
+        out.loss.backward()
     packed_loss = float(out.loss.detach()) * n_items
     packed_logits = out.logits.detach()
     packed_grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -185,9 +188,11 @@ def compare(model, packed_dir: Path, attn_implementation: str, *, alone_extra: C
             kw.update(alone_extra(family, alone) if alone_extra else family.extra([alone], {"input_ids": alone["input_ids"][None]}))
             ids = torch.from_numpy(alone["input_ids"])[None]
             tgt = torch.from_numpy(alone["target_ids"])[None]
-            o = model(input_ids=ids, labels=tgt, shift_labels=tgt, num_items_in_batch=torch.tensor(n_items),
-                      use_cache=False, **kw)
-            o.loss.backward()
+            with torch.set_grad_enabled(grads):
+                o = model(input_ids=ids, labels=tgt, shift_labels=tgt, num_items_in_batch=torch.tensor(n_items),
+                          use_cache=False, **kw)
+            if grads:
+                o.loss.backward()
             alone_loss += float(o.loss.detach()) * n_items
             where = (0, torch.from_numpy(idx + offset)) if varlen else (i, torch.from_numpy(idx))
             worst_logits = max(worst_logits, _rel(packed_logits[where[0], where[1]], o.logits[0].detach()))
@@ -197,12 +202,16 @@ def compare(model, packed_dir: Path, attn_implementation: str, *, alone_extra: C
     report.loss = abs(packed_loss - alone_loss) / max(abs(alone_loss), 1e-12)
     report.logits = worst_logits
     report.details = {"packed_loss_sum": packed_loss, "alone_loss_sum": alone_loss}
+    # a gradient that is zero in theory (e.g. a key bias under softmax) computes as rounding noise:
+    # measure every parameter against at least 1e-6 of the model's largest gradient, not against its own noise
+    alone_grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    floor = 1e-6 * max((float(g.abs().max()) for g in alone_grads.values()), default=0.0)
     for n, p in model.named_parameters():
-        if p.grad is None and n not in packed_grads:
+        if n not in alone_grads and n not in packed_grads:
             continue
         a = packed_grads.get(n, torch.zeros_like(p))
-        b = p.grad if p.grad is not None else torch.zeros_like(p)
-        r = _rel(a, b)
+        b = alone_grads.get(n, torch.zeros_like(p))
+        r = float(torch.max(torch.abs(a - b))) / max(float(torch.max(torch.abs(b))), floor, 1e-12)
         if r > report.grads:
             report.grads, report.worst_grad = r, n
     model.zero_grad(set_to_none=True)

@@ -554,14 +554,18 @@ def _media_file(item: dict, media_root: str | Path | None) -> Path:
     return file
 
 
-def decode_image(item: dict, media_root: str | Path | None = None):
-    """The RGB ``PIL.Image`` of one image media item (embedded bytes, else ``media_root/path``)."""
-    from PIL import Image
+def decode_image(item: dict, media_root: str | Path | None = None, *, exif: bool = False):
+    """The RGB ``PIL.Image`` of one image media item (embedded bytes, else ``media_root/path``).
+
+    ``exif=True`` turns the image by its EXIF orientation first, as families whose
+    loader does so were counted (the manifest's ``vision.exif == "apply"``).
+    """
+    from PIL import Image, ImageOps
 
     data = item.get("data")
     src = io.BytesIO(data[0]) if data else _media_file(item, media_root)
     with Image.open(src) as im:
-        return im.convert("RGB")
+        return (ImageOps.exif_transpose(im) if exif else im).convert("RGB")
 
 
 def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrames:

@@ -48,7 +48,7 @@ import numpy as np
 
 from ...errors import ConfigError, InputError
 from ...schema import PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
-from .. import IGNORE_INDEX, attention_mask, collate
+from .. import IGNORE_INDEX, attention_mask, collate, decode_image
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
@@ -103,6 +103,10 @@ class FamilyInputs:
         self.vision = dict(vision)
         #: the model's ``transformers`` config when the caller passed one (token ids, merge sizes, ...)
         self.config = config
+
+    def image(self, m: dict, media_root: str | Path | None):
+        """One image decoded as ``tokenize`` measured it (EXIF orientation applied when the manifest says so)."""
+        return decode_image(m, media_root, exif=self.vision.get("exif") == "apply")
 
     def positions(self, rows: Sequence[dict], width: int) -> np.ndarray | None:
         """Position ids of ``rows`` padded to ``width``, or ``None`` for the rows' 1-D ``position_ids``."""
@@ -372,7 +376,7 @@ def _concat_rows(rows: Sequence[dict]) -> dict:
 
 def model_inputs(rows: Sequence[dict], *, attn_implementation: str = "sdpa", media_root: str | Path | None = None,
                  pad_to: int | None = None, pad_token_id: int = 0, num_items_in_batch: int | None = None,
-                 dtype=None, vision: dict | None = None, config: Any = None) -> dict[str, Any]:
+                 dtype=None, vision: dict | None = None, config: Any = None, device: str | None = None) -> dict[str, Any]:
     """The keyword arguments of the family's ``transformers`` model class for a batch of packed rows.
 
     ``model(**model_inputs(rows))`` computes, for every sample of every row, what the
@@ -395,6 +399,9 @@ def model_inputs(rows: Sequence[dict], *, attn_implementation: str = "sdpa", med
         config: the model's config (``model.config``). Families read from it what the
             checkpoint fixes rather than the data (Qwen2.5-VL's ``tokens_per_second``,
             merge sizes); without it the released checkpoints' values apply.
+        device: where a flex ``BlockMask`` is built (its ``mask_mod`` reads tensors on that
+            device, so build it where the model runs, e.g. ``"cuda"``); other tensors stay
+            on the CPU for the trainer (or pin-memory) to move.
 
     Returns:
         ``input_ids``, ``labels`` and ``shift_labels`` (both the pre-shifted targets),
@@ -453,7 +460,7 @@ def model_inputs(rows: Sequence[dict], *, attn_implementation: str = "sdpa", med
                           "express; use sdpa, eager or flex_attention")
     if attn_implementation == "flex_attention":
         out["attention_mask"] = block_mask(batch["subsegment_ids"], media=batch["media"], vision=family.vision_attention,
-                                           blocks=blocks)
+                                           blocks=blocks, device=device or "cpu")
     elif attn_implementation not in _VARLEN:
         allowed = np.stack([attention_mask(batch["subsegment_ids"][i], batch["media"][i], vision=family.vision_attention)
                             for i in range(len(rows))])[:, None]

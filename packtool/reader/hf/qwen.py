@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import InputError
-from .. import decode_image, decode_video
+from .. import decode_video
 from . import FamilyInputs, sample_spans
 
 __all__ = ["Qwen2VLInputs", "Qwen25VLInputs", "Qwen3VLInputs", "mrope_positions"]
@@ -210,7 +210,7 @@ class Qwen2VLInputs(FamilyInputs):
                     videos.append(out["pixel_values_videos"])
                     grids_v.append(out["video_grid_thw"])
                 else:
-                    images.append(decode_image(m, media_root))
+                    images.append(self.image(m, media_root))
                     image_media.append((r, m))
         kw: dict[str, Any] = {}
         if images:
