@@ -92,3 +92,14 @@ def test_eager_mask_is_additive():
 def test_sample_spans_of_a_tree_row():
     row = {"cu_seqlens": [0, 3, 9], "subsegment_ids": [10000] * 3 + [110000] * 2 + [100000] * 2 + [100001] * 2}
     assert sample_spans(row) == [(0, 3, []), (3, 5, [(5, 7), (7, 9)])]
+
+
+def test_docstring_examples():
+    import doctest
+
+    import packtool.reader.hf as hf
+    import packtool.reader.hf.qwen as qwen
+
+    for mod in (hf, qwen):
+        failed, _ = doctest.testmod(mod)
+        assert failed == 0, mod.__name__

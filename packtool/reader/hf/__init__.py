@@ -59,6 +59,7 @@ __all__ = [
     "eager_mask",
     "block_mask",
     "sample_spans",
+    "media_sample_id",
 ]
 
 #: The attention implementations :func:`model_inputs` builds inputs for.
@@ -156,6 +157,18 @@ class FamilyInputs:
         return None
 
 
+def media_sample_id(row: dict, m: dict) -> str:
+    """The id of the sample a media item of a packed row belongs to (for error messages).
+
+    Example:
+        >>> media_sample_id({"sample_ids": ["a", "b"]}, {"sample_index": 1})
+        'b'
+    """
+    ids = row.get("sample_ids") or []
+    k = int(m.get("sample_index", 0))
+    return ids[k] if 0 <= k < len(ids) else "?"
+
+
 def _config_id(config: Any, kind: str) -> int | None:
     for name in (f"{kind}_token_id", f"{kind}_token_index"):
         value = getattr(config, name, None)
@@ -244,8 +257,8 @@ def block_mask(subsegment_ids: np.ndarray, *, media: Sequence[Sequence[dict]] | 
 
     Example:
         >>> bm = block_mask(np.array([[10000] * 200 + [110000] * 56]))
-        >>> bm.shape, bm.to_dense()[0, 0].tolist()   # 2x2 blocks: both diagonal tiles partial, one tile empty
-        ((1, 1, 256, 256), [[1, 0], [0, 1]])
+        >>> bm.shape, bm.to_dense()[0, 0].tolist()   # block 1 starts inside sample 0, so it sees block 0
+        ((1, 1, 256, 256), [[1, 0], [1, 1]])
     """
     import torch
     from torch.nn.attention.flex_attention import BlockMask

@@ -44,7 +44,7 @@ import numpy as np
 from ...errors import ConfigError, InputError
 from ...vision.internvl import InternVL
 from .. import decode_image, decode_video
-from . import FamilyInputs
+from . import FamilyInputs, media_sample_id
 
 __all__ = ["InternVLInputs"]
 
@@ -189,7 +189,7 @@ class InternVLInputs(FamilyInputs):
         got = get_optimal_tiled_canvas((im.height, im.width), (self.tile, self.tile), 1, self.max_num)
         if (im.width, im.height) != (int(m["width"]), int(m["height"])) or tuple(got) != want:
             raise InputError(
-                f"sample {_sample_id(row, m)!r} (pack {row.get('pack_index', '?')}): the image decodes to "
+                f"sample {media_sample_id(row, m)!r} (pack {row.get('pack_index', '?')}): the image decodes to "
                 f"{im.width}x{im.height} and GotOcr2ImageProcessor(max_patches={self.max_num}) cuts a "
                 f"{got[0]}x{got[1]} grid, where tokenize counted {m['width']}x{m['height']} and a {want[0]}x{want[1]} "
                 "grid; the media or --max-num / --exif changed since tokenize (re-tokenize with the model's settings)"
@@ -205,14 +205,9 @@ class InternVLInputs(FamilyInputs):
         units = int(m["vision_units"])
         if n_tiles != units or n_context != units * self.tokens_per_tile:
             raise InputError(
-                f"sample {_sample_id(row, m)!r} (pack {row.get('pack_index', '?')}): the {self.name} processor makes "
+                f"sample {media_sample_id(row, m)!r} (pack {row.get('pack_index', '?')}): the {self.name} processor makes "
                 f"{n_tiles} tiles ({n_tiles * self.tokens_per_tile} tokens) for the {m['kind']} at token {start}, "
                 f"where tokenize counted {units} tiles and laid out {n_context} placeholder tokens; the media or the "
                 "processor settings changed since tokenize, or the pack is for another --model"
             )
 
-
-def _sample_id(row: dict, m: dict) -> str:
-    ids = row.get("sample_ids") or []
-    k = int(m.get("sample_index", 0))
-    return ids[k] if 0 <= k < len(ids) else "?"

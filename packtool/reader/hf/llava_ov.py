@@ -56,7 +56,7 @@ import numpy as np
 
 from ...errors import ConfigError, InputError
 from .. import decode_image, decode_video
-from . import FamilyInputs
+from . import FamilyInputs, media_sample_id
 
 __all__ = ["LlavaOnevisionInputs"]
 
@@ -251,9 +251,7 @@ class LlavaOnevisionInputs(FamilyInputs):
         """The model's features must fill exactly the counted placeholders: else tokens and features misalign."""
         want = int(m["n_tokens"])
         if got != want:
-            ids = row.get("sample_ids") or []
-            k = int(m.get("sample_index", 0))
-            sid = ids[k] if 0 <= k < len(ids) else "?"
+            sid = media_sample_id(row, m)
             raise InputError(
                 f"sample {sid!r} (pack {row.get('pack_index', '?')}): the {m['kind']} {m.get('path')!r} ({what}) "
                 f"gives {got} vision tokens where tokenize counted {want}; the media, the processor settings or the "

@@ -65,7 +65,7 @@ from ...errors import InputError
 from ...schema import PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
 from ...vision.molmo2 import Molmo2
 from .. import decode_video
-from . import FamilyInputs
+from . import FamilyInputs, media_sample_id
 
 __all__ = ["Molmo2Inputs", "image_token_spans"]
 
@@ -242,9 +242,7 @@ class Molmo2Inputs(FamilyInputs):
         got = (g[0], g[1], g[2]) if m["kind"] == "video" else (1, g[2], g[3])
         want = (int(m["grid_t"]), int(m["grid_h"]), int(m["grid_w"]))
         if n_features != n_pads or got != want:
-            ids_ = row.get("sample_ids") or []
-            k = int(m.get("sample_index", 0))
-            sid = ids_[k] if 0 <= k < len(ids_) else "?"
+            sid = media_sample_id(row, m)
             raise InputError(
                 f"sample {sid!r} (pack {row.get('pack_index', '?')}): the molmo2 processor makes {n_features} "
                 f"{m['kind']} features (grid {got}) where tokenize counted {n_pads} <im_patch> tokens (grid {want}); "

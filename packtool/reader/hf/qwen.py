@@ -37,7 +37,7 @@ import numpy as np
 
 from ...errors import InputError
 from .. import decode_video
-from . import FamilyInputs, sample_spans
+from . import FamilyInputs, media_sample_id, sample_spans
 
 __all__ = ["Qwen2VLInputs", "Qwen25VLInputs", "Qwen3VLInputs", "mrope_positions"]
 
@@ -233,18 +233,13 @@ class Qwen2VLInputs(FamilyInputs):
         got = tuple(int(x) for x in grid)
         want = (int(m["grid_t"]), int(m["grid_h"]), int(m["grid_w"]))
         if got != want:
-            sid = _sample_id(row, m)
+            sid = media_sample_id(row, m)
             raise InputError(
                 f"sample {sid!r} (pack {row.get('pack_index', '?')}): the {self.name} processor makes a {m['kind']} grid "
                 f"{got} where tokenize counted {want}; the media or the processor settings changed since tokenize "
                 "(re-tokenize with the settings the model uses)"
             )
 
-
-def _sample_id(row: dict, m: dict) -> str:
-    ids = row.get("sample_ids") or []
-    k = int(m.get("sample_index", 0))
-    return ids[k] if 0 <= k < len(ids) else "?"
 
 
 class Qwen25VLInputs(Qwen2VLInputs):
