@@ -23,6 +23,7 @@ __all__ = [
 REASON_CODES: dict[str, str] = {
     "bad_json": "the line or record is not valid JSON",
     "bad_encoding": "the line or a text field is not valid UTF-8",
+    "corrupt_file": "a compressed or Parquet input file breaks off or is not what its name says",
     "bad_record": "the record lacks required fields or has the wrong types",
     "empty_conversation": "the record has no conversation turns",
     "unknown_role": "a turn has a role the template does not know",

@@ -417,13 +417,9 @@ def _slice_records(sl: Slice) -> Iterator[tuple[int, object]]:
     from .formats import iter_records
 
     if sl.groups is not None:
-        import pyarrow.parquet as pq
+        from .formats import hf_parquet
 
-        row = sl.start
-        for batch in pq.ParquetFile(sl.path).iter_batches(batch_size=512, row_groups=list(range(*sl.groups))):
-            for rec in batch.to_pylist():
-                yield row, rec
-                row += 1
+        yield from hf_parquet.iter_records(Path(sl.path), row_groups=sl.groups, first_row=sl.start)
         return
     if sl.offset is None:
         yield from iter_records(Path(sl.path))

@@ -85,6 +85,46 @@ def expand_inputs(inputs: list[Path]) -> list[Path]:
     return files
 
 
+class _ZstdStream(io.RawIOBase):
+    """The decompressed bytes of one or more zstd frames; ``EOFError`` when the input ends
+    inside a frame (``zstandard``'s ``stream_reader`` returns a truncated stream's bytes
+    without saying so, which would lose the tail of a file silently)."""
+
+    def __init__(self, raw, zstandard) -> None:
+        self.raw = raw
+        self.dctx = zstandard.ZstdDecompressor()
+        self.obj = self.dctx.decompressobj()
+        self.in_frame = False
+        self.buf = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not len(self.buf):
+            data = self.raw.read(1 << 16)
+            if not data:
+                if self.in_frame:
+                    raise EOFError("zstd stream ended before the end of its frame")
+                return 0
+            out = []
+            while data:
+                if self.obj.eof:  # the next frame of a multi-frame file
+                    self.obj = self.dctx.decompressobj()
+                out.append(self.obj.decompress(data))
+                data = self.obj.unused_data if self.obj.eof else b""
+            self.in_frame = not self.obj.eof
+            self.buf = memoryview(b"".join(out))
+        n = min(len(b), len(self.buf))
+        b[:n] = self.buf[:n]
+        self.buf = self.buf[n:]
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
 def _open_binary(path: Path):
     """A buffered binary stream of the file's (decompressed) bytes, with ``peek``."""
     name = path.name
@@ -96,13 +136,49 @@ def _open_binary(path: Path):
         except ImportError:
             raise InputError(f"{path}: reading .zst files needs the zstandard package; "
                              f"run `pip install packtool[zstd]` or decompress the file") from None
-        raw = open(path, "rb")
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), buffer_size=1 << 16)
+        return io.BufferedReader(_ZstdStream(open(path, "rb"), zstandard), buffer_size=1 << 16)
     return open(path, "rb", buffering=1 << 16)
 
 
+def _decode_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean a compressed file's bytes are not what its name says (not an
+    environment fault such as a permission or I/O error, which stops the run)."""
+    import zlib
+
+    errors: list[type[BaseException]] = [EOFError, gzip.BadGzipFile, zlib.error]
+    try:
+        import zstandard
+
+        errors.append(zstandard.ZstdError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def _corrupt_file(path: Path, exc: BaseException) -> SampleError:
+    kind = "zstd" if path.name.endswith(".zst") else "gzip" if path.name.endswith(".gz") else "file"
+    if isinstance(exc, EOFError):
+        what = f"the {kind} stream is truncated ({exc})"
+    else:
+        what = f"the file cannot be decompressed as {kind} ({exc})"
+    return SampleError("corrupt_file", f"{what}; rows from here to the end of the file are lost: re-copy or "
+                                      "re-compress the file")
+
+
 def _json_records(path: Path) -> Iterator[tuple[int, object]]:
-    """JSON arrays element by element, JSONL line by line; a bad line is a SampleError."""
+    """JSON arrays element by element, JSONL line by line; a bad line is a SampleError, and a
+    file whose compressed bytes break off or are not its compression ends with one
+    ``corrupt_file`` SampleError (the rows before it are kept)."""
+    next_row = 0
+    try:
+        for row, rec in _json_records_unchecked(path):
+            next_row = row + 1
+            yield row, rec
+    except _decode_errors() as exc:
+        yield next_row, _corrupt_file(path, exc)
+
+
+def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
     with _open_binary(path) as fh:
         head = fh.peek(1 << 12)[: 1 << 12].lstrip()
         whole_json = head.startswith(b"[") or (head.startswith(b"{") and ".jsonl" not in path.name
@@ -113,11 +189,15 @@ def _json_records(path: Path) -> Iterator[tuple[int, object]]:
             try:
                 data = json.loads(text)
             except (ValueError, RecursionError) as exc:
-                raise InputError(f"{path}: not valid JSON ({exc}); fix the file or convert it to JSONL") from None
+                # one unreadable file is one rejected row (its records cannot be told apart), not a stopped run
+                yield 0, SampleError("bad_json", f"the file is not valid JSON ({str(exc)[:200]}); fix it or convert "
+                                                 "it to JSONL, one record per line")
+                return
             if isinstance(data, dict):
                 data = [data]
             if not isinstance(data, list):
-                raise InputError(f"{path}: expected a JSON array of records")
+                yield 0, SampleError("bad_json", f"the file holds a JSON {type(data).__name__}, not an array of records")
+                return
             yield from enumerate(data)
             return
         for row, line in enumerate(fh):

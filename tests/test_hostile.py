@@ -1,0 +1,185 @@
+"""A hostile user's inputs and faults (issue 13): exit codes that tell the truth, crashes that
+cannot happen, paths that cannot escape, media that cannot run code, errors that are the same
+bytes on every run. Every fixture is a real file made here; nothing is downloaded."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from packtool.cli import main
+
+
+def png_bytes(w: int = 64, h: int = 48) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (10, 120, 200)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def conv(prompt: str = "<image>\nWhat is this?", answer: str = "A picture.") -> list[dict]:
+    return [{"from": "human", "value": prompt}, {"from": "gpt", "value": answer}]
+
+
+def rec(rid: str, image: str = "ok.png", **extra) -> dict:
+    return {"id": rid, "image": image, "conversations": conv(), **extra}
+
+
+def jsonl(path: Path, records: list) -> Path:
+    path.write_bytes(b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in records))
+    return path
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("media")
+    (root / "ok.png").write_bytes(png_bytes())
+    return root
+
+
+def cli(capfd, *args: str) -> tuple[int, str, str]:
+    """Run the CLI in this process (as ``packtool ARGS``); return exit code, stdout, stderr."""
+    code = main([str(a) for a in args])
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def run(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "packtool", *map(str, args)], capture_output=True, text=True, **kw)
+
+
+# ============================================================================ 3: exit codes
+
+
+USAGE_CASES = {
+    "tokenize_without_output": (["tokenize", "in.jsonl"], "Missing option '--output'"),
+    "unknown_format": (["tokenize", "in.jsonl", "-o", "out", "--format", "llava2"], "--format"),
+    "unknown_command": (["tokenise", "in.jsonl"], "No such command 'tokenise'"),
+    "pack_without_source": (["pack", "-o", "out"], "Missing argument"),
+    "max_tokens_zero": (["pack", "tok", "-o", "out", "--max-tokens", "0"], "--max-tokens"),
+    "max_tokens_not_a_number": (["pack", "tok", "-o", "out", "--max-tokens", "lots"], "--max-tokens"),
+    "unknown_option": (["stats", "packed", "--fill"], "No such option: --fill"),
+    "option_without_value": (["tokenize", "in.jsonl", "-o"], "-o"),
+    "frame_quality_above_100": (["pack", "tok", "-o", "out", "--frame-quality", "101"], "--frame-quality"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(USAGE_CASES))
+def test_usage_errors_exit_2_with_the_message_and_no_traceback(capfd, case):
+    args, needle = USAGE_CASES[case]
+    code, out, err = cli(capfd, *args)
+    assert code == 2, (code, err)
+    assert needle in err and "Error:" in err
+    assert "Traceback" not in err and out == ""
+
+
+def test_usage_error_through_the_console_entry_point():
+    r = run("tokenize", "in.jsonl")
+    assert r.returncode == 2 and "Missing option '--output'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_help_and_version_still_exit_0(capfd):
+    assert cli(capfd, "--help")[0] == 0
+    assert cli(capfd, "--version")[0] == 0
+
+
+def _corpus(tmp_path: Path, media: Path, n: int) -> Path:
+    return jsonl(tmp_path / "in.jsonl", [rec(f"r{i}", conversations=conv(answer="word " * 40)) for i in range(n)])
+
+
+@pytest.mark.parametrize("stage", ["tokenize", "pack"])
+def test_ctrl_c_exits_130_with_a_message_and_the_same_command_resumes(tmp_path, media, stage):
+    """SIGINT to the process group (what a terminal's Ctrl-C sends), once the run has started
+    (its run.json is written): exit 130, one ``Error:`` line, no traceback; re-running the
+    same command finishes with exit 0."""
+    src = _corpus(tmp_path, media, 3000)
+    tok = tmp_path / "tok"
+    if stage == "pack":
+        assert run("tokenize", src, "--media-root", media, "-o", tok, "-q", "--workers", "1").returncode == 0
+        cmd = ["pack", tok, "-o", tmp_path / "packed", "--max-tokens", "512", "--buffer-size", "512", "-q",
+               "--workers", "1", "--packs-per-shard", "50"]
+        out = tmp_path / "packed"
+    else:
+        cmd = ["tokenize", src, "--media-root", media, "-o", tok, "-q", "--workers", "1", "--rows-per-shard", "100"]
+        out = tok
+    proc = subprocess.Popen([sys.executable, "-m", "packtool", *map(str, cmd)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (out / ".packtool" / "run.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert proc.poll() is None, "the run finished before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, stderr)
+    assert stderr.startswith("Error: interrupted") and "re-run the same command" in stderr, stderr
+    assert "Traceback" not in stderr and stdout == ""
+    assert not (out / "manifest.json").exists()
+    r = run(*cmd)
+    assert r.returncode == 0, r.stderr
+    assert (out / "manifest.json").is_file() and not list(out.glob(".*.tmp"))
+
+
+# ============================================================================ compressed inputs
+
+
+def test_truncated_gz_keeps_the_rows_before_the_cut(tmp_path, media, capfd):
+    # answers that do not compress away, so the cut lands after many read buffers
+    records = b"".join(json.dumps(rec(f"r{i}", conversations=conv(answer=hashlib.sha256(str(i).encode()).hexdigest()
+                                                                   * 4))).encode() + b"\n" for i in range(3000))
+    whole = gzip.compress(records)
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    code, out, err = cli(capfd, "tokenize", tmp_path / "cut.jsonl.gz", "--media-root", media, "-o", tmp_path / "tok",
+                         "-q", "--workers", "1", "--json")
+    assert code == 0, err
+    assert "Traceback" not in err and "Aborted" not in err
+    counts = json.loads(out)
+    assert 0 < counts["samples"] < 3000
+    errors = [json.loads(x) for x in (tmp_path / "tok" / "errors.jsonl").read_text().splitlines()]
+    assert errors[-1]["reason"] == "corrupt_file" and "truncated" in errors[-1]["message"]
+    assert counts["rows_in"] == counts["samples"] + counts["rejected"]
+
+
+def _not_its_compression(name: str) -> bytes:
+    one = json.dumps(rec("inner")).encode() + b"\n"
+    if name == "bad-crc.jsonl.gz":  # a whole gzip stream whose CRC does not match its bytes
+        good = bytearray(gzip.compress(one))
+        good[-8] ^= 0xFF
+        return bytes(good)
+    if name == "cut.jsonl.zst":  # zstandard's own reader would return the first half silently
+        import zstandard
+
+        whole = zstandard.ZstdCompressor().compress(one * 2000)
+        return whole[: len(whole) // 2]
+    if name == "not-parquet.parquet":
+        return b"PAR1 this is not a parquet file PAR1"
+    if name == "empty.parquet":
+        return b""
+    return {"not-gzip.jsonl.gz": one, "garbage.jsonl.zst": b"\x00\x01\x02 not zstd"}[name]
+
+
+@pytest.mark.parametrize("name", ["not-gzip.jsonl.gz", "bad-crc.jsonl.gz", "garbage.jsonl.zst", "cut.jsonl.zst",
+                                  "not-parquet.parquet", "empty.parquet"])
+def test_a_file_that_is_not_its_compression_is_one_error_row(tmp_path, media, capfd, name):
+    (tmp_path / name).write_bytes(_not_its_compression(name))
+    jsonl(tmp_path / "good.jsonl", [rec("good")])
+    code, out, err = cli(capfd, "tokenize", tmp_path / name, tmp_path / "good.jsonl", "--media-root", media,
+                         "-o", tmp_path / "tok", "-q", "--workers", "1", "--json")
+    assert code == 0, err
+    assert "Traceback" not in err
+    errors = [json.loads(x) for x in (tmp_path / "tok" / "errors.jsonl").read_text().splitlines()]
+    assert [e["reason"] for e in errors] == ["corrupt_file"] and errors[0]["source"].endswith(name)
+    assert json.loads(out)["rows_in"] == json.loads(out)["samples"] + 1
+    if name == "cut.jsonl.zst":
+        assert 0 < json.loads(out)["samples"] < 2001 and "truncated" in errors[0]["message"]
+    else:
+        assert json.loads(out)["samples"] == 1
