@@ -745,7 +745,8 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
             # each chunk is one whole row group and the writer need not join chunks (a copy)
             bounds = [s + k for s in range(0, plan.n_packs, cfg.packs_per_shard)
                       for k in range(0, min(cfg.packs_per_shard, plan.n_packs - s), PACK_CHUNK)]
-            for p0, p1 in zip(bounds, [*bounds[1:], plan.n_packs], strict=True):
+            # no bounds when the plan has no pack (every sample of the shard dropped as oversize)
+            for p0, p1 in zip(bounds, [*bounds[1:], plan.n_packs][:len(bounds)], strict=True):
                 rows = plan.order[plan.offsets[p0]:plan.offsets[p1]]
                 tables, where = store.take(rows)
                 sub = PackPlan(where, plan.offsets[p0:p1 + 1] - plan.offsets[p0],

@@ -183,3 +183,86 @@ def test_a_file_that_is_not_its_compression_is_one_error_row(tmp_path, media, ca
         assert 0 < json.loads(out)["samples"] < 2001 and "truncated" in errors[0]["message"]
     else:
         assert json.loads(out)["samples"] == 1
+
+
+# ============================================================================ 2: pack never crashes on a plan
+
+
+def _tokenize(capfd, tmp_path: Path, media: Path, records: list, *extra: str) -> Path:
+    src = jsonl(tmp_path / "in.jsonl", records)
+    tok = tmp_path / "tok"
+    code, _, err = cli(capfd, "tokenize", src, "--media-root", media, "-o", tok, "-q", "--workers", "1", *extra)
+    assert code == 0, err
+    return tok
+
+
+def _errors(d: Path) -> list[dict]:
+    return [json.loads(x) for x in (d / "errors.jsonl").read_text().splitlines()]
+
+
+LONG = "and then " * 400  # about 1,200 tokens: oversize at --max-tokens 256
+
+
+@pytest.mark.parametrize("oversize", ["drop", "alone", "truncate"])
+def test_pack_a_shard_whose_every_sample_is_oversize(tmp_path, media, capfd, oversize):
+    """Every sample of the shard is too long: drop leaves no pack at all (and must not crash),
+    alone and truncate (text-only samples cut to the capacity) give one pack each."""
+    records = [{"id": f"long{i}", "conversations": conv("Tell me.", LONG)} for i in range(3)]
+    tok = _tokenize(capfd, tmp_path, media, records)
+    packed = tmp_path / "packed"
+    code, out, err = cli(capfd, "pack", tok, "-o", packed, "--max-tokens", "256", "--oversize", oversize, "-q",
+                         "--workers", "1", "--json")
+    assert code == 0, err
+    counts = json.loads(out)
+    expect = {"drop": (0, 0, 3), "alone": (3, 3, 0), "truncate": (3, 3, 0)}[oversize]
+    assert (counts["samples_packed"], counts["packs"], counts["dropped"]) == expect
+    assert [e["reason"] for e in _errors(packed)] == ["oversize"] * counts["dropped"]
+    # what reads the output takes the empty (or tiny) result in its stride
+    for args in (["stats", packed], ["stats", tok, packed], ["validate", packed], ["inspect", packed]):
+        code, _, err = cli(capfd, *args)
+        assert "Traceback" not in err
+        assert code == 0 or (args[0] == "inspect" and counts["packs"] == 0 and err.startswith("Error: ")), err
+
+
+def test_pack_one_row_per_tokenized_shard(tmp_path, media, capfd):
+    records = [rec("fits-0"), {"id": "long", "conversations": conv("Tell me.", LONG)}, rec("fits-1")]
+    tok = _tokenize(capfd, tmp_path, media, records, "--rows-per-shard", "1")
+    code, out, err = cli(capfd, "pack", tok, "-o", tmp_path / "packed", "--max-tokens", "256", "-q", "--workers", "1",
+                         "--json", "--media", "reference")
+    assert code == 0, err
+    counts = json.loads(out)
+    assert (counts["samples_packed"], counts["dropped"], counts["tasks"]) == (2, 1, 3)
+    assert [e["sample_id"] for e in _errors(tmp_path / "packed")] == ["long"]
+
+
+def test_pack_a_message_tree_of_5000_branches(tmp_path, media, capfd):
+    tree = {"id": "tree", "image": "ok.png",
+            "message_list": [{"question": f"Question {i}?", "answer": f"Answer {i}."} for i in range(5000)]}
+    tok = _tokenize(capfd, tmp_path, media, [tree, rec("small")])
+    for oversize in ("drop", "alone"):
+        code, out, err = cli(capfd, "pack", tok, "-o", tmp_path / oversize, "--max-tokens", "4096", "--oversize",
+                             oversize, "-q", "--workers", "1", "--json", "--media", "reference")
+        assert code == 0, err
+        counts = json.loads(out)
+        assert counts["samples_packed"] + counts["dropped"] == 2
+        assert counts["dropped"] == (1 if oversize == "drop" else 0)
+
+
+def test_every_stage_on_a_corpus_with_no_good_row(tmp_path, media, capfd):
+    """All rows rejected at tokenize: an empty tokenized set packs to an empty packed set, and
+    stats, sweep, dry runs and validate say so instead of failing."""
+    tok = _tokenize(capfd, tmp_path, media, [b"{broken", rec("missing", "nope.png")])
+    packed = tmp_path / "packed"
+    for args in (["pack", tok, "-o", packed, "--workers", "1"], ["pack", tok, "--dry-run"], ["sweep", tok],
+                 ["stats", tok], ["stats", packed], ["stats", tok, packed], ["validate", tok], ["validate", packed]):
+        code, _, err = cli(capfd, *args, "-q" if args[0] == "pack" else "--json")
+        assert code == 0 and "Traceback" not in err, (args, err)
+
+
+@pytest.mark.parametrize("policy", ["drop", "alone", "truncate"])
+def test_dry_run_and_sweep_of_an_all_oversize_shard(tmp_path, media, capfd, policy):
+    tok = _tokenize(capfd, tmp_path, media, [{"id": "long", "conversations": conv("Tell me.", LONG)}])
+    for args in (["pack", tok, "--dry-run", "--max-tokens", "256", "--oversize", policy, "--json"],
+                 ["sweep", tok, "--max-tokens", "256,512", "--oversize", policy if policy != "fail" else "drop"]):
+        code, _, err = cli(capfd, *args)
+        assert code == 0 and "Traceback" not in err, (args, err)
