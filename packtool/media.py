@@ -65,15 +65,22 @@ def resolve_media_path(path: str, media_root: Path) -> Path:
     ``..`` components, absolute paths elsewhere and symlinks that point outside the
     root all raise ``path_outside_root``; a path that does not exist raises ``missing_media``.
     """
+    shown = path if len(path) <= 200 else f"{path[:200]}..."
+    if "\x00" in path:
+        raise SampleError("bad_record", f"media path {shown!r} holds a NUL byte, which no file name can")
     root = media_root.resolve()
     candidate = Path(path)
     if not candidate.is_absolute():
         candidate = root / candidate
-    resolved = Path(os.path.realpath(candidate))
-    if resolved != root and root not in resolved.parents:
-        raise SampleError("path_outside_root", f"media path {path!r} resolves outside --media-root {str(root)!r}")
-    if not resolved.is_file():
-        raise SampleError("missing_media", f"media file {path!r} not found under --media-root {str(root)!r}")
+    try:
+        resolved = Path(os.path.realpath(candidate))
+        if resolved != root and root not in resolved.parents:
+            raise SampleError("path_outside_root", f"media path {shown!r} resolves outside --media-root {str(root)!r}")
+        if not resolved.is_file():
+            raise SampleError("missing_media", f"media file {shown!r} not found under --media-root {str(root)!r}")
+    except (OSError, ValueError) as exc:  # a name too long, a loop of links, an undecodable name
+        raise SampleError("missing_media", f"media file {shown!r} cannot be looked up under --media-root "
+                                           f"{str(root)!r}: {getattr(exc, 'strerror', None) or exc}") from None
     return resolved
 
 

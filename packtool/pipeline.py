@@ -98,13 +98,15 @@ class _TaskErrors:
     def __init__(self, out_dir: Path, task: int, max_errors: int | None, on_error: str) -> None:
         self.final = task_errors_path(out_dir, task)
         self.tmp = self.final.with_name(f".{self.final.name}.{os.getpid()}.tmp")
-        self.fh = open(self.tmp, "w", encoding="utf-8")
+        self.fh = open(self.tmp, "wb")
         self.by_reason: Counter[str] = Counter()
         self.max_errors = max_errors
         self.on_error = on_error
 
     def add(self, rej: Rejected) -> None:
-        self.fh.write(json.dumps(rej.to_json(), ensure_ascii=False) + "\n")
+        # a lone surrogate a rejected row held (in its id, say) is written as its JSON escape
+        # ("\\udc80"), so errors.jsonl stays UTF-8 and reads back as the same string
+        self.fh.write((json.dumps(rej.to_json(), ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace"))
         self.by_reason[rej.reason] += 1
         where = f"{rej.source}:{rej.source_row}" + (f" (sample {rej.sample_id!r})" if rej.sample_id else "")
         if self.on_error == "fail":

@@ -27,6 +27,7 @@ from pathlib import Path
 from ..errors import ConfigError, InputError, SampleError
 from ..records import Sample
 from . import hf_parquet, llava, molmo, qwen_vl, sharegpt, swift
+from .common import check_sample, printable
 
 __all__ = ["Rejected", "iter_samples", "parse_record", "parse_json_line", "iter_records", "expand_inputs", "PARSERS", "FORMATS", "detect_format", "SUFFIXES"]
 
@@ -268,7 +269,8 @@ def check_format(fmt: str) -> None:
 
 def parse_record(rec: object, source: str, row: int, fmt: str = "auto") -> Sample | Rejected:
     """One record (or the SampleError its line raised) as a Sample or a Rejected row."""
-    sid = rec.get("id") if isinstance(rec, dict) else None
+    source = printable(source)
+    sid = rec.get("id", rec.get("sample_id")) if isinstance(rec, dict) else None
     sid = str(sid) if sid is not None else None
     try:
         if isinstance(rec, SampleError):
@@ -276,11 +278,12 @@ def parse_record(rec: object, source: str, row: int, fmt: str = "auto") -> Sampl
         if not isinstance(rec, dict):
             raise SampleError("bad_record", f"record is a {type(rec).__name__}, not an object")
         parser = PARSERS[detect_format(rec) if fmt == "auto" else fmt]
-        return parser(rec, source, row)
+        return check_sample(parser(rec, source, row))
     except SampleError as err:
         return Rejected(source, row, sid, err.reason, err.message)
-    except (TypeError, AttributeError) as exc:  # a field of an unexpected type
-        return Rejected(source, row, sid, "bad_record", f"unexpected field type: {exc}")
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError) as exc:  # a field of an unexpected type or shape
+        return Rejected(source, row, sid, "bad_record", f"unexpected field type or shape: {type(exc).__name__}: "
+                                                        f"{str(exc)[:200]}")
     except RecursionError:
         return Rejected(source, row, sid, "bad_record", "record is nested too deeply")
 
