@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +39,9 @@ __all__ = [
     "read_marker",
     "atomic_write_text",
     "iter_shard_tables",
+    "shard_path",
+    "shard_name_problem",
+    "SHARD_NAME",
     "MANIFEST",
     "ERRORS",
     "STATE_DIR",
@@ -253,7 +257,75 @@ def read_manifest(path: Path, kind: str | None = None) -> dict:
         )
     if kind is not None and manifest.get("kind") != kind:
         raise InputError(f"{str(path)!r} holds {manifest.get('kind')} shards, expected {kind} shards")
+    _check_manifest(Path(path), file, manifest)
     return manifest
+
+
+#: What a shard may be called: ``part-NNNNN.parquet`` or ``part-TTTTT-KKKKK.parquet``, beside its manifest.
+SHARD_NAME = re.compile(r"part-[0-9]{5,}(-[0-9]{5,})?\.parquet")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def shard_name_problem(name: object) -> str | None:
+    """Why ``name`` (a shard ``file`` read from a manifest or marker) is not a shard of its
+    directory, or ``None``. Only plain ``part-*.parquet`` names pass, so no manifest can point
+    a reader at ``/etc/passwd``, ``../other/...`` or the run's own state files.
+
+    Example:
+        >>> shard_name_problem("../x/part-00000-00000.parquet")
+        "'../x/part-00000-00000.parquet' is not a shard file of this directory (part-NNNNN[-NNNNN].parquet)"
+    """
+    if isinstance(name, str) and SHARD_NAME.fullmatch(name):
+        return None
+    return f"{name!r} is not a shard file of this directory (part-NNNNN[-NNNNN].parquet)"
+
+
+def shard_path(directory: Path, name: object) -> Path:
+    """``directory / name`` for a shard name read from a manifest, refused when it leaves the
+    directory: a name that is not a plain ``part-*.parquet`` file name, or a symbolic link
+    resolving elsewhere.
+
+    Raises:
+        InputError: naming the manifest entry and the fix.
+    """
+    problem = shard_name_problem(name)
+    if problem is not None:
+        raise InputError(f"{str(directory / MANIFEST)!r} lists {problem}; a manifest may only name the shards "
+                         "beside it: re-run the stage that wrote it")
+    file = Path(directory) / str(name)
+    if file.is_symlink():
+        target = Path(os.path.realpath(file))
+        if target.parent != Path(os.path.realpath(directory)):
+            raise InputError(f"shard {str(file)!r} is a link to {str(target)!r}, outside its directory; copy the "
+                             "file in its place")
+    return file
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_manifest(path: Path, file: Path, manifest: object) -> None:
+    """The fields every reader relies on, with their types; each shard name inside ``path``."""
+    def bad(what: str) -> InputError:
+        return InputError(f"{file}: {what}; the manifest is damaged: re-run the stage that wrote it")
+
+    if not isinstance(manifest, dict):
+        raise bad(f"holds a JSON {type(manifest).__name__}, not an object")
+    for key, typ in (("kind", str), ("config", dict), ("config_digest", str), ("shards", list)):
+        if not isinstance(manifest.get(key), typ):
+            raise bad(f"{key!r} is missing or not a {typ.__name__}")
+    for key in ("counts", "capacities", "vision", "tokenizer", "template", "source"):
+        if manifest.get(key) is not None and not isinstance(manifest[key], dict):
+            raise bad(f"{key!r} is not an object")
+    for i, entry in enumerate(manifest["shards"]):
+        if not isinstance(entry, dict):
+            raise bad(f"shard {i} is not an object")
+        shard_path(path, entry.get("file"))
+        if not _is_count(entry.get("rows")) or not _is_count(entry.get("bytes")):
+            raise bad(f"shard {i} ({entry.get('file')}) has no whole-number rows and bytes")
+        if not isinstance(entry.get("sha256"), str) or not _SHA256.fullmatch(entry["sha256"]):
+            raise bad(f"shard {i} ({entry.get('file')}) has no sha256")
 
 
 def _remove(path: Path) -> None:
@@ -410,11 +482,18 @@ def read_marker(out_dir: Path, task: int, config_digest: str) -> dict | None:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if record.get("config_digest") != config_digest or record.get("task") != task:
+    if not isinstance(record, dict) or record.get("config_digest") != config_digest or record.get("task") != task:
         return None
-    for s in record.get("shards", []):
+    shards = record.get("shards")
+    if not isinstance(shards, list) or not isinstance(record.get("counts"), dict):
+        return None
+    for s in shards:
+        # a marker naming anything but its own task's shards marks nothing: the task is redone
+        if not isinstance(s, dict) or not isinstance(s.get("file"), str) or shard_name_problem(s["file"]) \
+                or not s["file"].startswith(task_prefix(task) + "-"):
+            return None
         f = Path(out_dir) / s["file"]
-        if not f.is_file() or f.stat().st_size != s["bytes"]:
+        if f.is_symlink() or not f.is_file() or f.stat().st_size != s.get("bytes"):
             return None
     return record
 
@@ -422,7 +501,7 @@ def read_marker(out_dir: Path, task: int, config_digest: str) -> dict | None:
 def iter_shard_tables(path: Path, manifest: dict, columns: list[str] | None = None) -> Iterator[pa.Table]:
     """Yield each listed shard as a table (``columns`` to read only some), in manifest order."""
     for entry in manifest["shards"]:
-        file = Path(path) / entry["file"]
+        file = shard_path(Path(path), entry["file"])
         if not file.is_file():
             raise InputError(f"shard {str(file)!r} listed in the manifest is missing; re-run the stage that wrote it")
         yield pq.read_table(file, columns=columns)

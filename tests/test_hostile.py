@@ -266,3 +266,97 @@ def test_dry_run_and_sweep_of_an_all_oversize_shard(tmp_path, media, capfd, poli
                  ["sweep", tok, "--max-tokens", "256,512", "--oversize", policy if policy != "fail" else "drop"]):
         code, _, err = cli(capfd, *args)
         assert code == 0 and "Traceback" not in err, (args, err)
+
+
+# ============================================================================ 5: names from manifests stay inside
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, media) -> dict[str, Path]:
+    """A small tokenized and packed pair (embedded media), made once; tests copy it before changing it."""
+    base = tmp_path_factory.mktemp("built")
+    src = jsonl(base / "in.jsonl", [rec(f"r{i}") for i in range(6)] + [{"id": "t", "conversations": conv("Hi.", "Yo.")}])
+    assert main([str(a) for a in ("tokenize", src, "--media-root", media, "-o", base / "tok", "-q", "--workers", "1",
+                                  "--rows-per-shard", "4")]) == 0
+    assert main([str(a) for a in ("pack", base / "tok", "-o", base / "packed", "-q", "--workers", "1",
+                                  "--max-tokens", "1024", "--packs-per-shard", "2")]) == 0
+    return {"tok": base / "tok", "packed": base / "packed", "base": base}
+
+
+def _copy(built: dict, tmp_path: Path) -> dict[str, Path]:
+    import shutil
+
+    out = {}
+    for k in ("tok", "packed"):
+        shutil.copytree(built[k], tmp_path / k, symlinks=True)
+        out[k] = tmp_path / k
+    return out
+
+
+def _readers(d: dict[str, Path], which: str, tmp_path: Path) -> list[list]:
+    """Every command that reads directory ``which`` (``tok`` or ``packed``)."""
+    target = d[which]
+    cmds = [["stats", target], ["validate", target], ["inspect", target]]
+    if which == "tok":
+        cmds += [["pack", target, "-o", tmp_path / "out", "-q", "--workers", "1"], ["pack", target, "--dry-run", "-q"],
+                 ["sweep", target], ["stats", target, d["packed"]], ["inspect", target, "--sample", "r0"]]
+    else:
+        cmds += [["stats", d["tok"], target], ["inspect", target, "--pack", "0"]]
+    return cmds
+
+
+ESCAPES = ["/etc/passwd", "../other/part-00000-00000.parquet", "..", ".", "", "sub/part-00000-00000.parquet",
+           "part-00000-00000.parquet/../../x", "\\\\server\\share\\part.parquet", "manifest.json", "errors.jsonl",
+           ".packtool/run.json"]
+
+
+@pytest.mark.parametrize("which", ["tok", "packed"])
+@pytest.mark.parametrize("name", ESCAPES)
+def test_a_shard_name_that_leaves_its_directory_is_refused_by_every_reader(built, tmp_path, capfd, which, name):
+    d = _copy(built, tmp_path)
+    (tmp_path / "other").mkdir()
+    for f in d[which].glob("part-*.parquet"):  # the target exists, so only the name check can stop it
+        (tmp_path / "other" / f.name).write_bytes(f.read_bytes())
+    manifest = json.loads((d[which] / "manifest.json").read_text())
+    manifest["shards"][0]["file"] = name
+    (d[which] / "manifest.json").write_text(json.dumps(manifest))
+    for args in _readers(d, which, tmp_path):
+        code, _, err = cli(capfd, *args)
+        assert code == 1, (args, code, err)
+        assert "Traceback" not in err
+        assert "not a shard file" in err or "not a shard file" in _ or "not whole" in err, (args, err)
+    if which == "packed":
+        from packtool.errors import InputError
+        from packtool.reader import PackedDataset
+
+        with pytest.raises(InputError, match="not a shard file"):
+            list(PackedDataset(d["packed"], shuffle=False))
+
+
+def test_a_shard_that_is_a_link_out_of_its_directory_is_refused(built, tmp_path, capfd):
+    d = _copy(built, tmp_path)
+    first = json.loads((d["tok"] / "manifest.json").read_text())["shards"][0]["file"]
+    outside = tmp_path / "elsewhere.parquet"
+    (d["tok"] / first).rename(outside)
+    os.symlink(outside, d["tok"] / first)
+    code, _, err = cli(capfd, "pack", d["tok"], "-o", tmp_path / "out", "-q", "--workers", "1")
+    assert code == 1 and "outside" in err and "Traceback" not in err
+
+
+def test_a_marker_naming_a_file_outside_is_not_trusted(built, tmp_path, capfd):
+    """A completion marker whose shard names leave the directory marks nothing: the task is
+    redone, and the manifest lists only the task's own shards."""
+    d = _copy(built, tmp_path)
+    (d["tok"] / "manifest.json").unlink()
+    marker = d["tok"] / ".packtool" / "task-00000.json"
+    record = json.loads(marker.read_text())
+    good = record["shards"][0]["file"]
+    record["shards"][0]["file"] = "../" + good
+    (tmp_path / good).write_bytes((d["tok"] / good).read_bytes())
+    marker.write_text(json.dumps(record))
+    src = built["base"] / "in.jsonl"
+    code, _, err = cli(capfd, "tokenize", src, "--media-root", Path(json.loads(
+        (built["tok"] / "manifest.json").read_text())["config"]["media_root"]), "-o", d["tok"], "-q", "--workers", "1",
+        "--rows-per-shard", "4")
+    assert code == 0, err
+    assert (d["tok"] / "manifest.json").read_bytes() == (built["tok"] / "manifest.json").read_bytes()
