@@ -32,6 +32,7 @@ REASON_CODES: dict[str, str] = {
     "placeholder_mismatch": "the number of <image>/<video> tags differs from the number of media",
     "missing_media": "a media file does not exist",
     "path_outside_root": "a media path escapes --media-root",
+    "unsupported_media": "a media file is in a format packtool does not open (e.g. EPS, PDF, a playlist)",
     "corrupt_image": "the image header cannot be read or the file is truncated",
     "image_too_large": "the image exceeds Pillow's decompression-bomb limit",
     "bad_aspect_ratio": "the image's aspect ratio is beyond what the model family accepts",

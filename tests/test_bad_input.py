@@ -354,3 +354,108 @@ def test_an_input_file_name_that_is_not_utf8(media, tmp_path):
     assert e["source"].endswith("caf\\udce9.jsonl") and e["reason"] == "missing_media"
     rows = pq.read_table(next((tmp_path / "tok").glob("part-*.parquet")), columns=["source"]).column("source").to_pylist()
     assert rows == [e["source"]]
+
+
+# ---------------------------------------------------------------- media formats (issue 13, class 7)
+# Images are opened with an allow-list of the formats the model families' processors read;
+# Pillow's other formats (EPS and PDF hand work to Ghostscript) are unsupported_media. Videos
+# are opened with the demuxer their first bytes name, so a playlist or concat list (which make
+# FFmpeg open other files or URLs) is never interpreted.
+
+
+def _pil_bytes(fmt: str, **kw) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), (200, 30, 30)).save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+UNSUPPORTED_IMAGES = {
+    "eps.eps": lambda: _pil_bytes("EPS"),
+    "eps_named.png": lambda: _pil_bytes("EPS"),
+    "pdf.pdf": lambda: _pil_bytes("PDF"),
+    "ico.ico": lambda: _pil_bytes("ICO"),
+    "ppm.ppm": lambda: _pil_bytes("PPM"),
+    "tga.tga": lambda: _pil_bytes("TGA"),
+    "pcx.pcx": lambda: _pil_bytes("PCX"),
+    "svg.svg": lambda: b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>',
+}
+SUPPORTED_IMAGES = {
+    "jpeg.jpg": lambda: _pil_bytes("JPEG"),
+    "png.png": lambda: _pil_bytes("PNG"),
+    "webp.webp": lambda: _pil_bytes("WEBP"),
+    "gif.gif": lambda: _pil_bytes("GIF"),
+    "bmp.bmp": lambda: _pil_bytes("BMP"),
+    "tiff.tiff": lambda: _pil_bytes("TIFF"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNSUPPORTED_IMAGES))
+def test_image_formats_outside_the_allow_list_are_unsupported(media, tmp_path, name):
+    root = tmp_path / "m"
+    root.mkdir()
+    (root / "ok.png").write_bytes(png_bytes(64, 48))
+    (root / name).write_bytes(UNSUPPORTED_IMAGES[name]())
+    e = assert_rejected(root, tmp_path, image_rec(name, name), "unsupported_media")
+    assert "JPEG" in e["message"] and "PNG" in e["message"]
+
+
+def test_inline_eps_bytes_are_unsupported(media, tmp_path):
+    import base64
+
+    uri = "data:image/eps;base64," + base64.b64encode(_pil_bytes("EPS")).decode()
+    assert_rejected(media, tmp_path, image_rec("inline-eps", uri), "unsupported_media")
+
+
+@pytest.mark.parametrize("name", sorted(SUPPORTED_IMAGES))
+def test_image_formats_on_the_allow_list_pass(tmp_path, name):
+    root = tmp_path / "m"
+    root.mkdir()
+    (root / "ok.png").write_bytes(png_bytes(64, 48))
+    (root / name).write_bytes(SUPPORTED_IMAGES[name]())
+    _, errors = run_tokenize(root, tmp_path, [json.dumps(image_rec(name, name)).encode()])
+    assert name not in errors
+
+
+VIDEO_TRICKS = {
+    # an HLS playlist naming a file outside the media root
+    "playlist.m3u8": b"#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10,\n../outside.mp4\n#EXT-X-ENDLIST\n",
+    "playlist_named.mp4": b"#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10,\n../outside.mp4\n#EXT-X-ENDLIST\n",
+    "concat.ffconcat": b"ffconcat version 1.0\nfile ../outside.mp4\n",
+    "concat_named.mp4": b"ffconcat version 1.0\nfile ../outside.mp4\n",
+    "text.mp4": b"just some text, not a video at all\n" * 10,
+    "image_as_video.mp4": None,  # a PNG given as a video
+}
+
+
+@pytest.mark.parametrize("name", sorted(VIDEO_TRICKS))
+def test_video_files_that_are_not_video_containers(media, tmp_path, name):
+    root = tmp_path / "m"
+    root.mkdir()
+    (root / "ok.png").write_bytes(png_bytes(64, 48))
+    video(tmp_path / "outside.mp4")
+    (root / name).write_bytes(VIDEO_TRICKS[name] if VIDEO_TRICKS[name] is not None else png_bytes(64, 48))
+    assert_rejected(root, tmp_path, video_rec(name, name), "unsupported_media")
+
+
+@pytest.mark.parametrize("container", ["mp4", "avi", "mkv", "webm", "mov", "ts"])
+def test_video_containers_on_the_allow_list_pass(tmp_path, container):
+    import av
+    import numpy as np
+
+    root = tmp_path / "m"
+    root.mkdir()
+    (root / "ok.png").write_bytes(png_bytes(64, 48))
+    path = root / f"v.{container}"
+    codec = "libvpx" if container == "webm" else "mpeg4"
+    if codec not in av.codecs_available:
+        pytest.skip(f"{codec} encoder not in this PyAV build")
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream(codec, rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(12):
+            for p in stream.encode(av.VideoFrame.from_ndarray(np.full((48, 64, 3), i * 20, np.uint8), format="rgb24")):
+                out.mux(p)
+        for p in stream.encode(None):
+            out.mux(p)
+    _, errors = run_tokenize(root, tmp_path, [json.dumps(video_rec("v", path.name)).encode()])
+    assert "v" not in errors, errors.get("v")

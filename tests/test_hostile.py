@@ -360,3 +360,38 @@ def test_a_marker_naming_a_file_outside_is_not_trusted(built, tmp_path, capfd):
         "--rows-per-shard", "4")
     assert code == 0, err
     assert (d["tok"] / "manifest.json").read_bytes() == (built["tok"] / "manifest.json").read_bytes()
+
+
+# ============================================================================ 7: media that would run code
+
+
+def _eps() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (20, 10)).save(buf, format="EPS")
+    return buf.getvalue()
+
+
+def test_the_reader_and_validate_refuse_embedded_eps(tmp_path, monkeypatch):
+    """An EPS in a packed shard (or under the media root) is refused by ``decode_media`` and
+    reported by validate; Ghostscript is never started (any subprocess would fail the test)."""
+    from packtool.errors import InputError
+    from packtool.reader import decode_image, decode_video
+    from packtool.validate import _check_media_bytes
+
+    def no_programs(*a, **k):
+        raise AssertionError(f"an external program was started: {a}")
+
+    monkeypatch.setattr(subprocess, "Popen", no_programs)
+    monkeypatch.setattr(subprocess, "check_call", no_programs)
+    with pytest.raises(InputError, match="PostScript"):
+        decode_image({"kind": "image", "data": [_eps()]})
+    (tmp_path / "x.png").write_bytes(_eps())
+    with pytest.raises(InputError, match="PostScript"):
+        decode_image({"kind": "image", "path": "x.png", "data": None}, tmp_path)
+    with pytest.raises(InputError, match="PostScript"):
+        decode_video({"kind": "video", "data": [_eps()], "timestamps": [0.0]})
+    (tmp_path / "list.mp4").write_bytes(b"ffconcat version 1.0\nfile x.png\n")
+    with pytest.raises(InputError, match="not a container"):
+        decode_video({"kind": "video", "path": "list.mp4", "data": None, "timestamps": [0.0]}, tmp_path)
+    problem = _check_media_bytes({"kind": "image", "data": [_eps()], "width": 20, "height": 10})
+    assert problem and "refused" in problem

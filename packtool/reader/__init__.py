@@ -556,12 +556,22 @@ def _media_file(item: dict, media_root: str | Path | None) -> Path:
 
 def decode_image(item: dict, media_root: str | Path | None = None):
     """The RGB ``PIL.Image`` of one image media item (embedded bytes, else ``media_root/path``)."""
-    from PIL import Image
-
     data = item.get("data")
     src = io.BytesIO(data[0]) if data else _media_file(item, media_root)
-    with Image.open(src) as im:
+    with _open_image(src) as im:
         return im.convert("RGB")
+
+
+def _open_image(src):
+    """Open an image with packtool's allow-list (``media.IMAGE_FORMATS``): an EPS or PDF placed
+    in a shard or under the media root is refused, never handed to Ghostscript."""
+    from ..errors import SampleError
+    from ..media import open_image
+
+    try:
+        return open_image(src)
+    except SampleError as err:
+        raise InputError(f"{err.message}: {src if isinstance(src, Path) else 'embedded bytes'}") from None
 
 
 def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrames:
@@ -571,23 +581,27 @@ def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrame
     reference the file under ``media_root`` is decoded with PyAV and, for each
     timestamp, the frame nearest to it (by presentation time) is taken.
     """
-    from PIL import Image
-
     stamps = tuple(float(t) for t in (item.get("timestamps") or ()))
     data = item.get("data")
     if data:
         frames = []
         for blob in data:
-            with Image.open(io.BytesIO(blob)) as im:
+            with _open_image(io.BytesIO(blob)) as im:
                 frames.append(im.convert("RGB"))
         if stamps and len(stamps) != len(frames):
             raise InputError(f"video {item.get('path')!r} has {len(frames)} embedded frames but {len(stamps)} timestamps; re-run packtool pack")
         return VideoFrames(tuple(frames), stamps)
     import av
 
+    from ..media import VIDEO_CONTAINERS, video_demuxer
+
     file = _media_file(item, media_root)
     best: list[tuple[float, Any]] = [(math.inf, None)] * len(stamps)
-    with av.open(str(file)) as container:
+    with open(file, "rb") as fh:
+        demuxer = video_demuxer(fh.read(189))
+    if demuxer is None:  # never let FFmpeg probe a playlist or concat list, which open other files
+        raise InputError(f"video {str(file)!r} is not a container packtool reads ({VIDEO_CONTAINERS})")
+    with av.open(str(file), format=demuxer) as container:
         stream = container.streams.video[0]
         for frame in container.decode(stream):
             t = float(frame.time) if frame.time is not None else 0.0
