@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -104,6 +105,8 @@ class _TaskErrors:
         self.on_error = on_error
 
     def add(self, rej: Rejected) -> None:
+        if " at 0x" in rej.message:  # a library's repr of an object: its address differs run to run
+            rej = Rejected(rej.source, rej.source_row, rej.sample_id, rej.reason, _ADDRESS.sub("", rej.message))
         # a lone surrogate a rejected row held (in its id, say) is written as its JSON escape
         # ("\\udc80"), so errors.jsonl stays UTF-8 and reads back as the same string
         self.fh.write((json.dumps(rej.to_json(), ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace"))
@@ -126,6 +129,10 @@ class _TaskErrors:
     def abort(self) -> None:
         self.fh.close()
         self.tmp.unlink(missing_ok=True)
+
+
+#: `` at 0x7f...`` in an object's repr, dropped from messages so errors.jsonl is the same bytes on every run.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def _too_many(total: int, limit: int, detail: str) -> str:

@@ -395,3 +395,53 @@ def test_the_reader_and_validate_refuse_embedded_eps(tmp_path, monkeypatch):
         decode_video({"kind": "video", "path": "list.mp4", "data": None, "timestamps": [0.0]}, tmp_path)
     problem = _check_media_bytes({"kind": "image", "data": [_eps()], "width": 20, "height": 10})
     assert problem and "refused" in problem
+
+
+# ============================================================================ 8: the same errors, byte for byte
+
+
+def _uri(data: bytes, mime: str = "image/png") -> str:
+    import base64
+
+    return f"data:{mime};base64," + base64.b64encode(data).decode()
+
+
+def test_errors_of_inline_media_are_the_same_bytes_on_every_run(tmp_path, media):
+    """Inline bytes that fail (garbage, truncated, a format outside the allow-list, a broken
+    video) give messages without object addresses or temporary names, so errors.jsonl is
+    byte-identical between runs and between --workers 1 and 2."""
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    png = png_bytes()
+    bad = [_uri(b"not an image at all"), _uri(png[: len(png) // 2]), _uri(_eps()), _uri(b"\x00" * 64),
+           _uri(b"GIF89a" + b"\x00" * 20), _uri(b"RIFF\x00\x00\x00\x00WEBPVP8 ")]
+    records = []
+    for i, uri in enumerate(bad * 3):
+        records.append(rec(f"img{i}", uri))
+        records.append({"id": f"vid{i}", "video": _uri(b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 50, "video/mp4"),
+                        "conversations": conv("<video>\nWhat?", "This.")})
+        records.append(rec(f"good{i}"))
+    src = jsonl(tmp_path / "in.jsonl", records)
+    outs = []
+    for k, workers in enumerate((1, 2, 1)):
+        out = tmp_path / f"tok{k}"
+        tokenize_dataset([src], out, TokenizeConfig(media_root=str(media), rows_per_shard=7), workers=workers)
+        outs.append((out / "errors.jsonl").read_bytes())
+    assert outs[0] == outs[1] == outs[2]
+    text = outs[0].decode()
+    assert " at 0x" not in text and ".tmp" not in text and "<_io." not in text
+    assert text.count("\n") == 2 * len(bad) * 3
+
+
+def test_an_object_address_in_any_message_is_dropped(tmp_path):
+    """The safety net under every reader: whatever library text a message quotes, errors.jsonl
+    holds no `` at 0x...`` address."""
+    from packtool.formats import Rejected
+    from packtool.pipeline import _TaskErrors
+
+    (tmp_path / ".packtool").mkdir()
+    errors = _TaskErrors(tmp_path, 0, None, "skip")
+    errors.add(Rejected("in.jsonl", 3, "x", "corrupt_image", "cannot identify <_io.BytesIO object at 0x7f3a2b1c>"))
+    errors.commit()
+    line = json.loads((tmp_path / ".packtool" / "errors-00000.jsonl").read_text())
+    assert line["message"] == "cannot identify <_io.BytesIO object>"
