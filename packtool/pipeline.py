@@ -44,8 +44,10 @@ from .shards import (
     read_manifest,
     read_marker,
     read_run,
+    sweep_stale_tmps,
     task_errors_path,
     task_prefix,
+    tmp_path,
     write_manifest,
     write_marker,
 )
@@ -98,7 +100,7 @@ class _TaskErrors:
 
     def __init__(self, out_dir: Path, task: int, max_errors: int | None, on_error: str) -> None:
         self.final = task_errors_path(out_dir, task)
-        self.tmp = self.final.with_name(f".{self.final.name}.{os.getpid()}.tmp")
+        self.tmp = tmp_path(self.final)
         self.fh = open(self.tmp, "wb")
         self.by_reason: Counter[str] = Counter()
         self.max_errors = max_errors
@@ -242,7 +244,7 @@ def merge_output(out_dir: str | Path) -> dict:
         )
     counts = _zero_counts(run["kind"])
     shards: list[dict] = []
-    tmp = out / f".{ERRORS}.{os.getpid()}.tmp"
+    tmp = tmp_path(out / ERRORS)
     with open(tmp, "wb") as fh:
         for t, marker in enumerate(markers):
             _add_counts(counts, marker["counts"])
@@ -266,7 +268,9 @@ def merge_output(out_dir: str | Path) -> dict:
         counts["lower_bound"] = lower_bound(counts.get("tokens", 0), counts.get("vision_units", 0),
                                             caps["max_tokens"], caps["max_vision_units"])
     counts["tasks"] = run["n_tasks"]
-    return write_manifest(out, run["kind"], run["config"], digest, shards, **extra, counts=counts)
+    manifest = write_manifest(out, run["kind"], run["config"], digest, shards, **extra, counts=counts)
+    sweep_stale_tmps(out)  # what writers killed during this run (or a straggler of an earlier one) left
+    return manifest
 
 
 # ============================================================================ tokenize

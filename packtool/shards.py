@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +40,8 @@ __all__ = [
     "write_marker",
     "read_marker",
     "atomic_write_text",
+    "tmp_path",
+    "sweep_stale_tmps",
     "iter_shard_tables",
     "shard_path",
     "shard_name_problem",
@@ -46,6 +50,8 @@ __all__ = [
     "ERRORS",
     "STATE_DIR",
 ]
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 ERRORS = "errors.jsonl"
@@ -70,9 +76,56 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def tmp_path(path: Path) -> Path:
+    """The temporary name ``path`` is written under by this process: ``.NAME.PID@HOST.tmp``.
+
+    The pid keeps two writers of one file apart (a resumed run and a straggler of the killed
+    one); pid and host tell :func:`sweep_stale_tmps` whether the writer is still alive.
+    """
+    return path.with_name(f".{path.name}.{os.getpid()}@{_HOST}.tmp")
+
+
+_HOST = socket.gethostname().replace("/", "_") or "localhost"
+#: ``.NAME.PID@HOST.tmp`` (and ``.NAME.PID.tmp``, the name before hosts were recorded)
+_TMP = re.compile(r"\..+\.(?P<pid>[0-9]+)(@(?P<host>[^/]+))?\.tmp")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def sweep_stale_tmps(out_dir: Path) -> list[str]:
+    """Remove the temporary files that writers which are no longer alive left in ``out_dir``
+    (and its state folder): a run killed while writing a shard, a marker or the manifest.
+
+    Only files of dead processes on this host are removed; a live writer's file, or one from
+    another host (ranks sharing the directory), is left alone. Returns the names removed.
+    """
+    removed = []
+    for d in (Path(out_dir), Path(out_dir) / STATE_DIR):
+        if not d.is_dir():
+            continue
+        for f in d.glob(".*.tmp"):
+            m = _TMP.fullmatch(f.name)
+            if m is None or (m["host"] is not None and m["host"] != _HOST) or _alive(int(m["pid"])):
+                continue
+            try:
+                f.unlink()
+                removed.append(f.name)
+            except FileNotFoundError:  # its writer renamed it, or another sweep got there first
+                pass
+    return sorted(removed)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to a unique temporary name, fsync, and rename it over ``path``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = tmp_path(path)
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
         fh.flush()
@@ -155,7 +208,7 @@ class ShardWriter:
     def _tmp(self) -> Path:
         # the pid keeps two writers of one shard (a resumed run and a straggler of the
         # killed one) apart; both rename identical bytes into place
-        return self.out_dir / f".{shard_name(self._index, self.prefix)}.{os.getpid()}.tmp"
+        return tmp_path(self.out_dir / shard_name(self._index, self.prefix))
 
     def write_table(self, table: pa.Table) -> None:
         """Append rows; shards and row groups are cut at fixed row counts, so output is deterministic."""
@@ -425,6 +478,9 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
         _wipe(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _check_writable(out_dir)
+    swept = sweep_stale_tmps(out_dir)
+    if swept:
+        log.info("removed %d temporary files of runs that died: %s", len(swept), ", ".join(swept[:5]))
     if not state_file.is_file() or json.loads(state_file.read_text(encoding="utf-8")) != run:
         atomic_write_text(state_file, json.dumps(run, indent=2) + "\n")
     return None

@@ -445,3 +445,43 @@ def test_an_object_address_in_any_message_is_dropped(tmp_path):
     errors.commit()
     line = json.loads((tmp_path / ".packtool" / "errors-00000.jsonl").read_text())
     assert line["message"] == "cannot identify <_io.BytesIO object>"
+
+
+# ============================================================================ 11: temporaries of dead runs
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_resume_sweeps_the_temporaries_of_dead_writers_only(built, tmp_path, media):
+    """A run killed while writing the manifest, a marker, errors or a shard leaves
+    ``.NAME.PID@HOST.tmp`` files; the resume removes those of dead processes on this host and
+    leaves a live writer's, and another host's, alone."""
+    import socket
+
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    d = _copy(built, tmp_path)
+    tok = d["tok"]
+    (tok / "manifest.json").unlink()
+    host, dead = socket.gethostname(), _dead_pid()
+    stale = [tok / f".manifest.json.{dead}@{host}.tmp", tok / f".errors.jsonl.{dead}@{host}.tmp",
+             tok / f".part-00000-00000.parquet.{dead}@{host}.tmp", tok / ".packtool" / f".task-00001.json.{dead}@{host}.tmp",
+             tok / ".packtool" / f".run.json.{dead}.tmp"]
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    kept = [tok / f".manifest.json.{live.pid}@{host}.tmp", tok / f".manifest.json.{dead}@another-host.tmp"]
+    for f in stale + kept:
+        f.write_text("half")
+    cfg = json.loads((built["tok"] / "manifest.json").read_text())["config"]
+    try:
+        tokenize_dataset([built["base"] / "in.jsonl"], tok, TokenizeConfig(media_root=cfg["media_root"], rows_per_shard=4),
+                         workers=1)
+    finally:
+        live.kill()
+        live.wait()
+    assert not [f for f in stale if f.exists()]
+    assert all(f.exists() for f in kept)
+    assert (tok / "manifest.json").read_bytes() == (built["tok"] / "manifest.json").read_bytes()
