@@ -26,7 +26,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -562,6 +562,8 @@ def tokenize_dataset(
     files = expand_inputs([Path(p) for p in inputs])
     if not Path(cfg.media_root).is_dir():
         raise ConfigError(f"--media-root {cfg.media_root!r} is not a directory")
+    # the manifest records the root as resolved here, so pack (run from anywhere) opens the same files
+    cfg = replace(cfg, media_root=str(Path(cfg.media_root).resolve()))
     ctx = _encode_context(cfg)  # fails fast on a bad --model/--template/--tokenizer
     slices, total = plan_tokenize_tasks(files, cfg.rows_per_shard)
     config = cfg.to_dict()

@@ -408,6 +408,27 @@ def _check_writable(out_dir: Path) -> None:
         raise OutputError(f"cannot write to output {str(out_dir)!r}: {exc.strerror}; choose a writable -o") from None
 
 
+def _changed_inputs(old: object, new: object) -> list[str]:
+    """Input files whose recorded identity (size and mtime; a shard's sha256) differs, sorted."""
+    old_in = old if isinstance(old, dict) else {}
+    new_in = new if isinstance(new, dict) else {}
+    if not old_in:  # a state from before inputs were recorded: nothing to compare
+        return []
+    return [k for k in sorted(set(old_in) | set(new_in)) if old_in.get(k) != new_in.get(k)]
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _read_state(state_file: Path) -> dict:
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
 def _run_diff(old: dict, new: dict) -> list[str]:
     diff = []
     if old.get("kind") != new.get("kind"):
@@ -416,11 +437,9 @@ def _run_diff(old: dict, new: dict) -> list[str]:
     diff += [d for d in config_diff(old.get("config", {}), new.get("config", {})) if not d.startswith("max_errors:")]
     if old.get("world_size") != new.get("world_size"):
         diff.append(f"world_size: {old.get('world_size')} -> {new.get('world_size')}")
-    old_in, new_in = old.get("inputs", {}), new.get("inputs", {})
-    changed = [k for k in sorted(set(old_in) | set(new_in)) if old_in.get(k) != new_in.get(k)]
+    changed = _changed_inputs(old.get("inputs"), new.get("inputs"))
     if changed:
-        diff.append(f"input files changed since the first attempt: {', '.join(changed[:3])}"
-                    + (f" and {len(changed) - 3} more" if len(changed) > 3 else ""))
+        diff.append(f"input files changed since the first attempt: {_some(changed)}")
     if not diff and old.get("tasks_digest") != new.get("tasks_digest"):
         diff.append("the task split differs")
     return diff
@@ -452,9 +471,15 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
         except ValueError:
             old = {}
         same = old.get("kind") == run["kind"] and old.get("config_digest") == run["config_digest"]
-        if same:
+        changed = _changed_inputs(_read_state(state_file).get("inputs"), run.get("inputs")) if same else []
+        if same and not changed:
             return old
-        if not overwrite:
+        if same and not overwrite:
+            raise ResumeMismatchError(
+                f"{str(out_dir)!r} holds a finished run of these settings, but input files changed since "
+                f"(size or modification time): {_some(changed)}; pass --overwrite to redo it, or use another -o"
+            )
+        if not same and not overwrite:
             diff = _run_diff(old, {k: v for k, v in run.items() if k in ("kind", "config")})
             raise ResumeMismatchError(
                 f"{str(out_dir)!r} already holds a finished run with a different configuration "
@@ -467,6 +492,11 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
         except ValueError:
             old = {}
         diff = _run_diff(old, run)
+        if diff and not any((out_dir / STATE_DIR).glob("task-*.json")):
+            # a run that stopped before finishing any task (a failed start) holds nothing to keep
+            log.info("%s: replacing an unfinished run that finished no task (%s)", out_dir, "; ".join(diff))
+            _wipe(out_dir)
+            diff = []
         if diff and not overwrite:
             raise ResumeMismatchError(
                 f"{str(out_dir)!r} holds an unfinished run with other settings ({'; '.join(diff)}); "

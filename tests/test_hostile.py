@@ -485,3 +485,65 @@ def test_a_resume_sweeps_the_temporaries_of_dead_writers_only(built, tmp_path, m
     assert not [f for f in stale if f.exists()]
     assert all(f.exists() for f in kept)
     assert (tok / "manifest.json").read_bytes() == (built["tok"] / "manifest.json").read_bytes()
+
+
+# ============================================================================ 4: reruns trust no stale state
+
+
+def test_a_rerun_after_an_input_changed_is_refused_not_answered_from_the_old_output(tmp_path, media, capfd):
+    src = jsonl(tmp_path / "in.jsonl", [rec("a"), rec("b")])
+    args = ["tokenize", src, "--media-root", media, "-o", tmp_path / "tok", "-q", "--workers", "1"]
+    assert cli(capfd, *args)[0] == 0
+    with open(src, "ab") as fh:
+        fh.write(json.dumps(rec("c")).encode() + b"\n")
+    code, out, err = cli(capfd, *args)
+    assert code == 1 and out == ""
+    assert "input files changed" in err and "in.jsonl" in err and "--overwrite" in err, err
+    code, out, err = cli(capfd, *args, "--overwrite", "--json")
+    assert code == 0 and json.loads(out)["samples"] == 3
+
+
+def test_a_repack_after_the_tokenized_set_was_redone_is_refused(tmp_path, media, capfd):
+    src = jsonl(tmp_path / "in.jsonl", [rec("a"), rec("b")])
+    tok_args = ["tokenize", src, "--media-root", media, "-o", tmp_path / "tok", "-q", "--workers", "1"]
+    pack_args = ["pack", tmp_path / "tok", "-o", tmp_path / "packed", "-q", "--workers", "1", "--media", "reference"]
+    assert cli(capfd, *tok_args)[0] == 0 and cli(capfd, *pack_args)[0] == 0
+    jsonl(src, [rec("a"), rec("b"), rec("c")])
+    assert cli(capfd, *tok_args, "--overwrite")[0] == 0
+    code, _, err = cli(capfd, *pack_args)
+    assert code == 1 and "input files changed" in err, err
+
+
+def test_a_failed_start_does_not_block_the_corrected_retry(tmp_path, media, capfd):
+    """A run that stopped before finishing any task (here: --on-error fail at the first row)
+    holds nothing worth keeping; the retry with corrected settings starts over instead of
+    being refused as a different unfinished run."""
+    src = jsonl(tmp_path / "in.jsonl", [rec("bad", "nope.png"), rec("good")])
+    out = tmp_path / "tok"
+    code, _, err = cli(capfd, "tokenize", src, "--media-root", media, "-o", out, "-q", "--workers", "1",
+                       "--on-error", "fail")
+    assert code == 1 and "--on-error fail" in err
+    code, _, err = cli(capfd, "tokenize", src, "--media-root", media, "-o", out, "-q", "--workers", "1",
+                       "--model", "qwen2-vl")
+    assert code == 0, err
+
+
+def test_a_relative_media_root_means_the_same_files_from_any_directory(tmp_path, media, monkeypatch, capfd):
+    """tokenize records the media root it resolved; pack run from another directory embeds the
+    very files tokenize counted."""
+    work = tmp_path / "work"
+    (work / "media").mkdir(parents=True)
+    (work / "media" / "ok.png").write_bytes(png_bytes(64, 48))
+    src = jsonl(work / "in.jsonl", [rec("a")])
+    monkeypatch.chdir(work)
+    assert cli(capfd, "tokenize", src, "--media-root", "media", "-o", tmp_path / "tok", "-q", "--workers", "1")[0] == 0
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "media").mkdir(parents=True)
+    (elsewhere / "media" / "ok.png").write_bytes(png_bytes(300, 200))  # a different file of the same name
+    monkeypatch.chdir(elsewhere)
+    code, _, err = cli(capfd, "pack", tmp_path / "tok", "-o", tmp_path / "packed", "-q", "--workers", "1")
+    assert code == 0, err
+    from packtool.reader import PackedDataset
+
+    (row,) = list(PackedDataset(tmp_path / "packed", shuffle=False))
+    assert row["media"][0]["data"][0] == png_bytes(64, 48)
