@@ -38,6 +38,7 @@ REASON_CODES: dict[str, str] = {
     "bad_aspect_ratio": "the image's aspect ratio is beyond what the model family accepts",
     "corrupt_video": "the video cannot be opened or has no decodable video stream",
     "video_too_short": "the video has fewer frames than the model family's processor accepts",
+    "media_changed": "a media file differs from the one tokenize counted (size, or modification time)",
     "oversize": "the sample needs more tokens or vision units than one pack holds",
 }
 

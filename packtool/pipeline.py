@@ -615,7 +615,12 @@ def _media_loader(media_root: Path, frame_quality: int = 90) -> Callable[[dict],
     def load(m: dict) -> list[bytes] | None:
         if m.get("kind") == "image":
             ref = MediaRef("image", m.get("path"), m.get("data"))
-            return [read_media_bytes(ref, media_root)]
+            data = read_media_bytes(ref, media_root)
+            if ref.data is None and m.get("size_bytes") is not None and len(data) != m["size_bytes"]:
+                # checked before planning; a file rewritten while this task ran is caught here
+                raise InputError(f"media file {m.get('path')!r} changed while pack was running ({len(data):,} bytes, "
+                                 f"{m['size_bytes']:,} when counted); re-run the same command")
+            return [data]
         from .media import extract_frames
 
         return extract_frames(media_root, m, quality=frame_quality)
@@ -634,6 +639,54 @@ class _PackTask:
     config_digest: str
     max_errors: int | None
     on_error: str
+    check_mtime: bool = True  # False when pack reads media from another root than tokenize counted (copies)
+
+
+def _media_problems(pf, media_root: Path, check_mtime: bool) -> dict[int, tuple[str, str]]:
+    """Rows of a tokenized shard whose media file is no longer the one tokenize counted.
+
+    Tokenize recorded each media file's size and modification time; a file now missing,
+    outside the root, of another size, or (under the same root) modified since, would put
+    other pixels than were counted into the packs, so its row is rejected (``media_changed``,
+    ``missing_media``, ``path_outside_root``) instead. One ``stat`` per distinct file.
+    Returns ``{row: (reason, message)}``.
+    """
+    import pyarrow.compute as pc
+
+    from .errors import SampleError
+    from .media import resolve_media_path
+
+    leaves = ["media.list.element.kind", "media.list.element.path", "media.list.element.size_bytes",
+              "media.list.element.mtime_ns"]
+    if "size_bytes" not in [f.name for f in pf.schema_arrow.field("media").type.value_type]:
+        return {}  # written before sizes were recorded: nothing to compare
+    media = pf.read(columns=leaves, use_threads=False)["media"].combine_chunks()
+    lengths = pc.fill_null(pc.list_value_length(media), 0).to_numpy(zero_copy_only=False)
+    flat = pc.list_flatten(media)
+    rows = np.repeat(np.arange(len(lengths)), lengths).tolist()
+    seen: dict[str, object] = {}
+    bad: dict[int, tuple[str, str]] = {}
+    for row, kind, path, size, mtime in zip(rows, flat.field("kind").to_pylist(), flat.field("path").to_pylist(),
+                                           flat.field("size_bytes").to_pylist(), flat.field("mtime_ns").to_pylist(),
+                                           strict=True):
+        if size is None or path is None or row in bad:  # inline bytes travel in the row itself
+            continue
+        now = seen.get(path)
+        if now is None:
+            try:
+                st = resolve_media_path(path, media_root).stat()
+                now = (st.st_size, st.st_mtime_ns)
+            except SampleError as err:
+                now = err
+            except OSError as exc:
+                now = SampleError("missing_media", f"media file {path!r} cannot be read: {exc.strerror}")
+            seen[path] = now
+        if isinstance(now, SampleError):
+            bad[row] = (now.reason, now.message)
+        elif now[0] != size or (check_mtime and now[1] != mtime):
+            bad[row] = ("media_changed", f"{kind} {path!r} changed since tokenize counted it (then {size:,} bytes, "
+                        f"modified at {mtime} ns; now {now[0]:,} bytes, {now[1]} ns); re-run tokenize to count it again")
+    return bad
 
 
 def _has_media(pf) -> np.ndarray:
@@ -726,17 +779,29 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
     tokens = lengths["n_tokens"].to_numpy()
     units = lengths["n_vision_units"].to_numpy()
     has_media = _has_media(pf)
-    plan = plan_packs(tokens, units, has_media, cfg, task.max_units)
+    bad = _media_problems(pf, Path(task.media_root), task.check_mtime)
+    if bad:  # plan only the rows whose media are still the ones counted
+        keep = np.ones(len(tokens), dtype=bool)
+        keep[list(bad)] = False
+        idx = np.flatnonzero(keep)
+        plan = plan_packs(tokens[idx], units[idx], has_media[idx], cfg, task.max_units)
+        plan.order = idx[plan.order]
+        plan.dropped, plan.alone, plan.truncated = ([int(idx[i]) for i in part]
+                                                    for part in (plan.dropped, plan.alone, plan.truncated))
+    else:
+        plan = plan_packs(tokens, units, has_media, cfg, task.max_units)
     if plan.n_packs >= PACK_INDEX_STRIDE:
         raise ConfigError(f"{task.src_file}: {plan.n_packs:,} packs from one tokenized shard; re-run tokenize with a "
                           "smaller --rows-per-shard")
     packed_tokens = int(tokens[plan.order].sum()) if len(plan.order) else 0
     if plan.truncated:
         packed_tokens -= int(sum(int(tokens[i]) - cfg.max_tokens for i in plan.truncated))
+    by_reason = Counter({"oversize": len(plan.dropped)} if plan.dropped else {})
+    by_reason.update(reason for reason, _ in bad.values())
     counts = {"samples_in": len(tokens), "samples_packed": len(plan.order), "packs": plan.n_packs,
               "dropped": len(plan.dropped), "alone": len(plan.alone), "truncated": len(plan.truncated),
               "tokens": packed_tokens, "vision_units": int(units[plan.order].sum()) if len(plan.order) else 0,
-              "rejected": len(plan.dropped), "rejected_by_reason": {"oversize": len(plan.dropped)} if plan.dropped else {}}
+              "rejected": len(plan.dropped) + len(bad), "rejected_by_reason": dict(sorted(by_reason.items()))}
     if task.out_dir is None:
         report(len(tokens))
         return {"task": task.index, "counts": counts, "plan": plan}
@@ -744,15 +809,18 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
     clear_task(out, task.index)
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     try:
-        if plan.dropped:
+        if plan.dropped or bad:
             ids = pf.read(columns=["sample_id", "source", "source_row"])
-            for i in plan.dropped:
+            dropped = set(plan.dropped)
+            for i in sorted(dropped | set(bad)):
+                reason, message = bad[i] if i in bad else (
+                    "oversize", f"needs {int(tokens[i]):,} tokens and {int(units[i]):,} vision units; "
+                                f"a pack holds {cfg.max_tokens:,} and {task.max_units:,}")
                 errors.add(Rejected(ids["source"][i].as_py(), ids["source_row"][i].as_py(), ids["sample_id"][i].as_py(),
-                                    "oversize", f"needs {int(tokens[i]):,} tokens and {int(units[i]):,} vision units; "
-                                    f"a pack holds {cfg.max_tokens:,} and {task.max_units:,}"))
-            report(len(plan.dropped))
+                                    reason, message))
+            report(len(plan.dropped) + len(bad))
         loader = _media_loader(Path(task.media_root), cfg.frame_quality) if cfg.media == "embed" else None
-        store = _RowStore(pf, never=plan.dropped)
+        store = _RowStore(pf, never=sorted(set(plan.dropped) | set(bad)))
         truncated = set(plan.truncated)
         with ShardWriter(out, _packed_schema(), rows_per_shard=cfg.packs_per_shard, row_group_rows=PACKED_GROUP_ROWS,
                          prefix=task_prefix(task.index)) as writer:
@@ -827,7 +895,10 @@ def pack_dataset(
         max_units = int(tok_manifest.get("vision", {}).get("default_max_vision_units") or 0)
     if cfg.text_weight < 1:
         raise ConfigError("--text-weight must be at least 1 so every sample has value to the packer")
-    root = Path(media_root) if media_root is not None else Path(tok_manifest["config"].get("media_root", "."))
+    counted_root = Path(str(tok_manifest["config"].get("media_root", "."))).resolve()
+    root = Path(media_root).resolve() if media_root is not None else counted_root
+    # media read from another root are copies: their sizes must match, their times cannot
+    check_mtime = root == counted_root
     config = {**cfg.to_dict(), "max_vision_units": max_units, "source_digest": tok_manifest["config_digest"]}
     digest = digest_of(config)
     entries = tok_manifest["shards"]
@@ -837,7 +908,8 @@ def pack_dataset(
     capacities = {"max_tokens": cfg.max_tokens, "max_vision_units": max_units}
 
     def make(t: int, out_dir: str | None) -> _PackTask:
-        return _PackTask(t, str(src / entries[t]["file"]), out_dir, cfg, max_units, str(root), digest, max_errors, on_error)
+        return _PackTask(t, str(src / entries[t]["file"]), out_dir, cfg, max_units, str(root), digest, max_errors, on_error,
+                         check_mtime)
 
     if dry_run:
         dry = ExecutorConfig(executor=ex.executor, workers=ex.workers, ray_address=ex.ray_address)

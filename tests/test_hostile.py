@@ -547,3 +547,59 @@ def test_a_relative_media_root_means_the_same_files_from_any_directory(tmp_path,
 
     (row,) = list(PackedDataset(tmp_path / "packed", shuffle=False))
     assert row["media"][0]["data"][0] == png_bytes(64, 48)
+
+
+def _media_corpus(tmp_path: Path, capfd) -> tuple[Path, Path]:
+    root = tmp_path / "media"
+    root.mkdir()
+    for name in ("a.png", "b.png", "c.png"):
+        (root / name).write_bytes(png_bytes(64, 48))
+    records = [rec("ra", "a.png"), rec("rb", "b.png"), rec("rc", "c.png"), rec("ra2", "a.png")]
+    return root, _tokenize(capfd, tmp_path, root, records)
+
+
+@pytest.mark.parametrize("media_mode", ["embed", "reference"])
+def test_media_changed_since_tokenize_is_a_row_error_never_a_substitution(tmp_path, capfd, media_mode):
+    root, tok = _media_corpus(tmp_path, capfd)
+    (root / "a.png").write_bytes(png_bytes(300, 200))  # another image: another size
+    st = (root / "b.png").stat()
+    os.utime(root / "b.png", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # same bytes, touched
+    (root / "c.png").unlink()
+    code, out, err = cli(capfd, "pack", tok, "-o", tmp_path / "packed", "-q", "--workers", "1", "--json",
+                         "--media", media_mode)
+    assert code == 0, err
+    assert json.loads(out)["samples_packed"] == 0
+    got = {(e["sample_id"], e["reason"]) for e in _errors(tmp_path / "packed")}
+    assert got == {("ra", "media_changed"), ("ra2", "media_changed"), ("rb", "media_changed"), ("rc", "missing_media")}
+    code, out, err = cli(capfd, "stats", tok, tmp_path / "packed", "--json")
+    assert code == 0 and json.loads(out)["rejected"]["pack"] == {"media_changed": 3, "missing_media": 1}
+
+
+def test_media_copied_to_another_root_are_checked_by_size_only(tmp_path, capfd):
+    """``pack --media-root COPY``: copies carry new modification times, so only sizes are
+    compared there; a copy of another size is still refused."""
+    import shutil
+
+    root, tok = _media_corpus(tmp_path, capfd)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    time.sleep(0.01)
+    for f in root.iterdir():
+        shutil.copy(f, copy / f.name)  # no -p: new mtimes
+    (copy / "c.png").write_bytes(png_bytes(10, 10))
+    code, out, err = cli(capfd, "pack", tok, "-o", tmp_path / "packed", "-q", "--workers", "1", "--json",
+                         "--media-root", copy)
+    assert code == 0, err
+    assert json.loads(out)["samples_packed"] == 3
+    assert [(e["sample_id"], e["reason"]) for e in _errors(tmp_path / "packed")] == [("rc", "media_changed")]
+
+
+def test_a_media_file_swapped_for_a_link_out_of_the_root_after_tokenize(tmp_path, capfd):
+    root, tok = _media_corpus(tmp_path, capfd)
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(png_bytes(64, 48))
+    (root / "b.png").unlink()
+    os.symlink(secret, root / "b.png")
+    code, _, err = cli(capfd, "pack", tok, "-o", tmp_path / "packed", "-q", "--workers", "1")
+    assert code == 0, err
+    assert [(e["sample_id"], e["reason"]) for e in _errors(tmp_path / "packed")] == [("rb", "path_outside_root")]
