@@ -40,10 +40,12 @@ from .shards import (
     STATE_DIR,
     ShardWriter,
     clear_task,
+    open_shard,
     prepare_run,
     read_manifest,
     read_marker,
     read_run,
+    shard_error,
     sweep_stale_tmps,
     task_errors_path,
     task_prefix,
@@ -640,6 +642,7 @@ class _PackTask:
     max_errors: int | None
     on_error: str
     check_mtime: bool = True  # False when pack reads media from another root than tokenize counted (copies)
+    entry: dict | None = None  # the tokenized manifest's entry for src_file: size, rows, sha256 to check
 
 
 def _media_problems(pf, media_root: Path, check_mtime: bool) -> dict[int, tuple[str, str]]:
@@ -707,9 +710,13 @@ class _RowStore:
     plus the rows waiting in the buffer, however long a sample waits.
     """
 
-    def __init__(self, pf, never: list[int] | None = None) -> None:
+    def __init__(self, pf, never: list[int] | None = None, file: Path = Path("?")) -> None:
+        import pyarrow as pa
+
         meta = pf.metadata
         self.pf = pf
+        self.file = file
+        self._arrow_errors = (pa.ArrowException, OSError)
         self.starts = np.concatenate([[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])])
         self.loaded = 0  # row groups read so far
         # group -> [table, shard row of each held row (ascending), packed flags]
@@ -730,7 +737,11 @@ class _RowStore:
             lo, hi = int(self.starts[g]), int(self.starts[g + 1])
             used = self.never[lo:hi].copy()
             if not used.all():
-                self.held[g] = [self.pf.read_row_group(g, use_threads=False), np.arange(lo, hi, dtype=np.int64), used]
+                try:
+                    table = self.pf.read_row_group(g, use_threads=False)
+                except self._arrow_errors as exc:  # a page whose checksum fails
+                    raise shard_error(self.file, exc) from None
+                self.held[g] = [table, np.arange(lo, hi, dtype=np.int64), used]
             self.loaded += 1
         group_of = np.searchsorted(self.starts, rows, side="right") - 1
         where = np.empty(len(rows), dtype=np.int64)
@@ -769,17 +780,27 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
     time from a :class:`_RowStore`, so memory follows the chunk and the packing buffer,
     not the shard.
     """
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from .packer import PackPlan, assemble_packs, plan_packs
 
     cfg = task.cfg
-    pf = pq.ParquetFile(task.src_file)
-    lengths = pf.read(columns=["n_tokens", "n_vision_units"])
-    tokens = lengths["n_tokens"].to_numpy()
-    units = lengths["n_vision_units"].to_numpy()
-    has_media = _has_media(pf)
-    bad = _media_problems(pf, Path(task.media_root), task.check_mtime)
+    src = Path(task.src_file)
+    if task.entry is not None:
+        # the whole file against the manifest's sha256 (a pass over bytes the task reads anyway):
+        # a cut, flipped, emptied or swapped shard stops here, before anything is planned
+        pf = open_shard(src.parent, task.entry, sha256=True)
+    else:
+        pf = pq.ParquetFile(src, page_checksum_verification=True)
+    try:
+        lengths = pf.read(columns=["n_tokens", "n_vision_units"], use_threads=False)
+        tokens = lengths["n_tokens"].to_numpy()
+        units = lengths["n_vision_units"].to_numpy()
+        has_media = _has_media(pf)
+        bad = _media_problems(pf, Path(task.media_root), task.check_mtime)
+    except (pa.ArrowException, KeyError) as exc:
+        raise shard_error(src, exc) from None
     if bad:  # plan only the rows whose media are still the ones counted
         keep = np.ones(len(tokens), dtype=bool)
         keep[list(bad)] = False
@@ -820,7 +841,7 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
                                     reason, message))
             report(len(plan.dropped) + len(bad))
         loader = _media_loader(Path(task.media_root), cfg.frame_quality) if cfg.media == "embed" else None
-        store = _RowStore(pf, never=sorted(set(plan.dropped) | set(bad)))
+        store = _RowStore(pf, never=sorted(set(plan.dropped) | set(bad)), file=src)
         truncated = set(plan.truncated)
         with ShardWriter(out, _packed_schema(), rows_per_shard=cfg.packs_per_shard, row_group_rows=PACKED_GROUP_ROWS,
                          prefix=task_prefix(task.index)) as writer:
@@ -902,14 +923,13 @@ def pack_dataset(
     config = {**cfg.to_dict(), "max_vision_units": max_units, "source_digest": tok_manifest["config_digest"]}
     digest = digest_of(config)
     entries = tok_manifest["shards"]
-    for entry in entries:
-        if not (src / entry["file"]).is_file():
-            raise InputError(f"shard {str(src / entry['file'])!r} listed in the manifest is missing; re-run tokenize")
+    for entry in entries:  # the cheap checks of every shard before any task starts (sha256 is per task)
+        open_shard(src, entry)
     capacities = {"max_tokens": cfg.max_tokens, "max_vision_units": max_units}
 
     def make(t: int, out_dir: str | None) -> _PackTask:
         return _PackTask(t, str(src / entries[t]["file"]), out_dir, cfg, max_units, str(root), digest, max_errors, on_error,
-                         check_mtime)
+                         check_mtime, entries[t])
 
     if dry_run:
         dry = ExecutorConfig(executor=ex.executor, workers=ex.workers, ray_address=ex.ray_address)

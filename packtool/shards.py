@@ -43,6 +43,9 @@ __all__ = [
     "tmp_path",
     "sweep_stale_tmps",
     "iter_shard_tables",
+    "open_shard",
+    "read_shard",
+    "shard_error",
     "shard_path",
     "shard_name_problem",
     "SHARD_NAME",
@@ -60,8 +63,9 @@ STATE_DIR = ".packtool"
 RUN_STATE = "run.json"
 
 # Fixed writer options: the same rows always give the same bytes.
+# Page checksums (CRC32 per data page) let every read notice a damaged page for the cost of a CRC.
 _WRITE_OPTS = dict(compression="zstd", compression_level=1, use_dictionary=False, write_statistics=False,
-                   data_page_version="2.0", store_schema=True)
+                   data_page_version="2.0", store_schema=True, write_page_checksum=True)
 
 
 def shard_name(index: int, prefix: str = "part") -> str:
@@ -584,10 +588,52 @@ def read_marker(out_dir: Path, task: int, config_digest: str) -> dict | None:
     return record
 
 
+def shard_error(file: Path, exc: BaseException) -> InputError:
+    """The error for a shard whose bytes cannot be read (a damaged page, a cut file)."""
+    return InputError(f"shard {str(file)!r} cannot be read ({str(exc)[:300]}); the file is damaged: "
+                      "re-run the stage that wrote it, or copy it again")
+
+
+def open_shard(directory: Path, entry: dict, *, sha256: bool = False) -> pq.ParquetFile:
+    """Open one shard a manifest lists, after checking it is the file the manifest describes.
+
+    Always (a ``stat`` and the footer): present, the listed size, the listed row count; pages
+    are read with their CRC32 checked, so a damaged page raises instead of decoding to wrong
+    values. With ``sha256`` the whole file is hashed first (catches a same-size swap too).
+
+    Raises:
+        InputError: naming the shard, what differs, and the fix.
+    """
+    file = Path(directory) / entry["file"]
+    if not file.is_file():
+        raise InputError(f"shard {str(file)!r} listed in {MANIFEST} is missing; re-run the stage that wrote it")
+    size = file.stat().st_size
+    if size != entry["bytes"]:
+        raise InputError(f"shard {str(file)!r} is {size:,} bytes but {MANIFEST} says {entry['bytes']:,}; it was cut "
+                         "short, replaced or modified: re-run the stage that wrote it, or copy it again")
+    if sha256 and sha256_file(file) != entry["sha256"]:
+        raise InputError(f"shard {str(file)!r} does not match the sha256 in {MANIFEST}; it was replaced or "
+                         "modified: re-run the stage that wrote it, or copy it again")
+    try:
+        pf = pq.ParquetFile(file, page_checksum_verification=True)
+    except (pa.ArrowException, OSError) as exc:
+        raise shard_error(file, exc) from None
+    if pf.metadata.num_rows != entry["rows"]:
+        raise InputError(f"shard {str(file)!r} holds {pf.metadata.num_rows:,} rows but {MANIFEST} says "
+                         f"{entry['rows']:,}; re-run the stage that wrote it")
+    return pf
+
+
+def read_shard(directory: Path, entry: dict, columns: list[str] | None = None) -> pa.Table:
+    """Columns of one listed shard (:func:`open_shard`'s checks, damaged pages as ``InputError``)."""
+    pf = open_shard(directory, entry)
+    try:
+        return pf.read(columns=columns, use_threads=False)
+    except (pa.ArrowException, OSError) as exc:
+        raise shard_error(Path(directory) / entry["file"], exc) from None
+
+
 def iter_shard_tables(path: Path, manifest: dict, columns: list[str] | None = None) -> Iterator[pa.Table]:
     """Yield each listed shard as a table (``columns`` to read only some), in manifest order."""
     for entry in manifest["shards"]:
-        file = shard_path(Path(path), entry["file"])
-        if not file.is_file():
-            raise InputError(f"shard {str(file)!r} listed in the manifest is missing; re-run the stage that wrote it")
-        yield pq.read_table(file, columns=columns)
+        yield read_shard(Path(path), entry, columns)

@@ -348,7 +348,8 @@ class PackedDataset:
                 )
             self._checked.add(shard)
         try:
-            pf = pq.ParquetFile(file)
+            # pages are read with their CRC32 checked: a flipped bit raises, never decodes to wrong ids
+            pf = pq.ParquetFile(file, page_checksum_verification=True)
         except (OSError, ValueError) as exc:
             raise _corrupt(file, exc) from None
         if pf.metadata.num_rows != int(entry["rows"]):
