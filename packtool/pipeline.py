@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import PackConfig, TokenizeConfig, digest_of
-from .errors import ConfigError, InputError, TooManyErrorsError
+from .errors import ConfigError, InputError, OutputError, PacktoolError, TooManyErrorsError
 from .executors import ExecutorConfig, run_tasks, set_total
 from .formats import Rejected, expand_inputs, parse_json_line, parse_record
 from .shards import (
@@ -73,6 +73,59 @@ WHOLE_FILES_PER_TASK_BYTES = 32 << 20
 PACK_INDEX_STRIDE = 1_000_000_000
 #: ``--on-error`` choices: ``skip`` records a bad row and goes on; ``fail`` stops at the first.
 ON_ERROR = ("skip", "fail")
+
+
+def _environment_errors(fn):
+    """Turn what the machine refuses (disk full, no permission, a read-only file system) into
+    one ``PacktoolError`` naming the path and the fix, for a stage function with an ``out_dir``.
+
+    Only ``OSError`` with an ``errno`` is translated: those come from the environment, not from
+    the data (a damaged input is a row error or an ``InputError`` already) nor from a bug.
+    Tasks that finished keep their markers, so the same command resumes once the cause is fixed.
+    """
+    import functools
+    import inspect
+
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except OSError as exc:
+            if exc.errno is None:
+                raise
+            out = sig.bind_partial(*args, **kwargs).arguments.get("out_dir")
+            raise environment_error(exc, Path(out) if out is not None else None) from exc
+
+    return wrapper
+
+
+def environment_error(exc: OSError, out: Path | None) -> PacktoolError:
+    """The ``Error:`` for an ``OSError`` the environment raised while a stage wrote into ``out``.
+
+    Example:
+        ``OSError(ENOSPC)`` while writing ``tok`` gives ``OutputError("no space left writing to
+        'tok' (No space left on device); free space on its disk or choose another -o, then run the
+        same command again: finished tasks are kept")``.
+    """
+    import errno
+
+    why = exc.strerror or os.strerror(exc.errno or 0)
+    path = exc.filename if isinstance(exc.filename, str) else None
+    # the output, something in it, or a folder above it that mkdir had to create
+    under_out = out is not None and (path is None or Path(os.path.abspath(path)).is_relative_to(os.path.abspath(out))
+                                     or Path(os.path.abspath(out)).is_relative_to(os.path.abspath(path)))
+    resume = "then run the same command again: finished tasks are kept"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return OutputError(f"no space left writing to {str(path or out)!r} ({why}); free space on its disk or "
+                           f"choose another -o, {resume}")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        if under_out or exc.errno == errno.EROFS:
+            return OutputError(f"cannot write to {str(path or out)!r} ({why}); choose a writable -o, or fix its "
+                               f"permissions and {resume}")
+        return InputError(f"cannot read {str(path)!r} ({why}); make it readable or leave it out of the inputs")
+    return PacktoolError(f"{why} ({str(path or out)!r}); fix the cause and {resume}")
 
 
 def _batched(it: Iterable, n: int) -> Iterator[list]:
@@ -221,6 +274,7 @@ def _finish_or_partial(out: Path, run: dict, ex: ExecutorConfig) -> dict:
             "tasks": len(mine), "tasks_missing": len(missing), "counts": counts, "shards": shards}
 
 
+@_environment_errors
 def merge_output(out_dir: str | Path) -> dict:
     """Combine the completion markers of every task into ``errors.jsonl`` and ``manifest.json``.
 
@@ -531,6 +585,7 @@ def _tasks_digest(tasks) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+@_environment_errors
 def tokenize_dataset(
     inputs: list[str | Path],
     out_dir: str | Path,
@@ -873,6 +928,7 @@ def _packed_schema():
     return PACKED
 
 
+@_environment_errors
 def pack_dataset(
     src: str | Path,
     out_dir: str | Path,

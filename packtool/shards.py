@@ -616,6 +616,8 @@ def open_shard(directory: Path, entry: dict, *, sha256: bool = False) -> pq.Parq
                          "modified: re-run the stage that wrote it, or copy it again")
     try:
         pf = pq.ParquetFile(file, page_checksum_verification=True)
+    except PermissionError as exc:
+        raise InputError(f"cannot read shard {str(file)!r} ({exc.strerror}); make it readable") from None
     except (pa.ArrowException, OSError) as exc:
         raise shard_error(file, exc) from None
     if pf.metadata.num_rows != entry["rows"]:

@@ -688,3 +688,108 @@ def test_the_reader_default_check_catches_one_flipped_bit(built, tmp_path):
         for a, b in zip(rows, clean, strict=True):  # whatever got through is the true data
             assert all(np.array_equal(a[k], b[k]) for k in ("input_ids", "position_ids", "target_ids"))
     assert caught >= 3
+
+
+# ============================================================================ 9: the machine says no
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real, small file system (tmpfs) to fill up or make read-only; skipped where this
+    process may not mount (not root, or no CAP_SYS_ADMIN)."""
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _remount(mnt: Path, opts: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{opts}", str(mnt)], check=True, capture_output=True)
+
+
+def _big_corpus(tmp_path: Path, n: int = 1200) -> Path:
+    return jsonl(tmp_path / "in.jsonl", [rec(f"r{i}", conversations=conv(answer=hashlib.sha256(str(i).encode())
+                                                                          .hexdigest() * 8)) for i in range(n)])
+
+
+def test_disk_full_in_tokenize_and_pack_is_one_error_line_then_the_same_command_resumes(tmp_path, media, capfd,
+                                                                                          small_fs):
+    src = _big_corpus(tmp_path)
+    tok = small_fs / "tok"
+    args = ["tokenize", src, "--media-root", media, "-o", tok, "-q", "--workers", "1", "--rows-per-shard", "100"]
+    code, out, err = cli(capfd, *args)
+    assert code == 1, err
+    assert err.startswith("Error: no space left writing to") and str(tok) in err and "Traceback" not in err, err
+    assert err.count("\n") == 1
+    _remount(small_fs, "size=64m")
+    code, _, err = cli(capfd, *args)
+    assert code == 0, err
+    assert not [p for d in (tok, tok / ".packtool") for p in d.glob(".*.tmp")]
+    # pack into a file system that fills up
+    _remount(small_fs, "size=2m")
+    filler = small_fs / "filler"
+    filler.write_bytes(b"\0" * (2_000_000 - sum(f.stat().st_size for f in small_fs.rglob("*") if f.is_file()) - 80_000))
+    pargs = ["pack", tok, "-o", small_fs / "packed", "-q", "--workers", "1", "--max-tokens", "1024", "--packs-per-shard", "20"]
+    code, _, err = cli(capfd, *pargs)
+    assert code == 1 and err.startswith("Error: no space left") and "Traceback" not in err, err
+    filler.unlink()
+    code, _, err = cli(capfd, *pargs)
+    assert code == 0, err
+
+
+def test_output_under_a_read_only_directory(tmp_path, media, capfd, small_fs):
+    _remount(small_fs, "ro")
+    src = jsonl(tmp_path / "in.jsonl", [rec("a")])
+    code, _, err = cli(capfd, "tokenize", src, "--media-root", media, "-o", small_fs / "sub" / "tok", "-q")
+    assert code == 1 and err.startswith("Error: cannot write to") and "-o" in err and "Traceback" not in err, err
+
+
+def test_an_unreadable_input_file_names_it(tmp_path, media, capfd, monkeypatch):
+    """Permission bits do not stop root (tests may run as root), so the refusal is injected
+    where the file is opened: exactly what the kernel returns to a user without the right."""
+    import builtins
+
+    src = jsonl(tmp_path / "in.jsonl", [rec("a")])
+    real_open = builtins.open
+
+    def guarded(file, *a, **k):
+        if os.fspath(file) == str(src):
+            raise PermissionError(13, "Permission denied", str(src))
+        return real_open(file, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", guarded)
+    code, _, err = cli(capfd, "tokenize", src, "--media-root", media, "-o", tmp_path / "tok", "-q", "--workers", "1")
+    assert code == 1 and err == f"Error: cannot read {str(src)!r} (Permission denied); make it readable or leave it " \
+                                "out of the inputs\n", err
+
+
+def test_an_unreadable_directory_inside_an_input_directory_is_not_skipped(tmp_path, media, capfd, monkeypatch):
+    d = tmp_path / "inputs"
+    (d / "locked").mkdir(parents=True)
+    jsonl(d / "a.jsonl", [rec("a")])
+    jsonl(d / "locked" / "b.jsonl", [rec("b")])
+    real_scandir = os.scandir
+
+    def guarded(path="."):
+        if os.fspath(path) == str(d / "locked"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", guarded)
+    code, _, err = cli(capfd, "tokenize", d, "--media-root", media, "-o", tmp_path / "tok", "-q", "--workers", "1")
+    assert code == 1 and "cannot list" in err and "locked" in err and "Traceback" not in err, err
+
+
+def test_a_link_loop_inside_an_input_directory_is_listed_once(tmp_path, media, capfd):
+    d = tmp_path / "inputs"
+    d.mkdir()
+    jsonl(d / "a.jsonl", [rec("a")])
+    os.symlink(d, d / "loop")
+    code, out, err = cli(capfd, "tokenize", d, "--media-root", media, "-o", tmp_path / "tok", "-q", "--workers", "1",
+                         "--json")
+    assert code == 0 and json.loads(out)["samples"] == 1, err

@@ -75,8 +75,7 @@ def expand_inputs(inputs: list[Path]) -> list[Path]:
     files: list[Path] = []
     for p in inputs:
         if p.is_dir():
-            files.extend(sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(SUFFIXES)
-                                and not f.name.startswith(".")))
+            files.extend(sorted(f for f in _walk(p) if f.name.endswith(SUFFIXES) and not f.name.startswith(".")))
         elif p.is_file():
             files.append(p)
         else:
@@ -124,6 +123,31 @@ class _ZstdStream(io.RawIOBase):
     def close(self) -> None:
         self.raw.close()
         super().close()
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    """Every file under ``root``; a directory that cannot be listed is an error, not a silent gap
+    (``Path.rglob`` skips unreadable directories without a word)."""
+    import os
+
+    seen: set[str] = set()
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        real = os.path.realpath(d)
+        if real in seen:  # a link back up the tree is listed once, not forever
+            continue
+        seen.add(real)
+        try:
+            entries = list(os.scandir(d))
+        except OSError as exc:
+            raise InputError(f"cannot list {str(d)!r} inside input {str(root)!r} ({exc.strerror}); make it "
+                             "readable or leave it out of the inputs") from None
+        for e in entries:
+            if e.is_dir():
+                stack.append(Path(e.path))
+            elif e.is_file():
+                yield Path(e.path)
 
 
 def _open_binary(path: Path):
