@@ -45,6 +45,7 @@ from .shards import (
     read_manifest,
     read_marker,
     read_run,
+    run_lock,
     shard_error,
     sweep_stale_tmps,
     task_errors_path,
@@ -637,17 +638,18 @@ def tokenize_dataset(
            "n_tasks": len(slices), "tasks_digest": _tasks_digest(slices),
            "inputs": {str(f): [f.stat().st_size, f.stat().st_mtime_ns] for f in files}, "manifest": manifest_extra,
            "max_errors": cfg.max_errors}
-    done = prepare_run(out, run, overwrite)
-    if done is not None:
-        log.info("%s already holds this run; nothing to do", out)
-        return done
-    driver = _Driver(out, digest, len(slices), ex, cfg.max_errors)
-    todo, _ = driver.pending()
-    tasks = [_TokenizeTask(t, slices[t], str(out), cfg, digest, cfg.max_errors, on_error) for t in todo]
-    if total is not None:
-        set_total(progress, sum(sum(s.stop - s.start for s in slices[t]) for t in todo))
-    driver.run(_tokenize_task, tasks, todo, progress)
-    return _finish_or_partial(out, run, ex)
+    with run_lock(out, ex.rank):  # a second run of this rank into `out` is refused, naming this one
+        done = prepare_run(out, run, overwrite)
+        if done is not None:
+            log.info("%s already holds this run; nothing to do", out)
+            return done
+        driver = _Driver(out, digest, len(slices), ex, cfg.max_errors)
+        todo, _ = driver.pending()
+        tasks = [_TokenizeTask(t, slices[t], str(out), cfg, digest, cfg.max_errors, on_error) for t in todo]
+        if total is not None:
+            set_total(progress, sum(sum(s.stop - s.start for s in slices[t]) for t in todo))
+        driver.run(_tokenize_task, tasks, todo, progress)
+        return _finish_or_partial(out, run, ex)
 
 
 # ============================================================================ pack
@@ -1004,11 +1006,12 @@ def pack_dataset(
     run = {"kind": "packed", "config": config, "config_digest": digest, "world_size": ex.world_size,
            "n_tasks": len(entries), "tasks_digest": digest_of({"shards": [e["file"] for e in entries]}),
            "inputs": {e["file"]: e["sha256"] for e in entries}, "manifest": manifest_extra, "max_errors": max_errors}
-    done = prepare_run(out, run, overwrite)
-    if done is not None:
-        return done
-    driver = _Driver(out, digest, len(entries), ex, max_errors)
-    todo, _ = driver.pending()
-    set_total(progress, sum(entries[t]["rows"] for t in todo))
-    driver.run(_pack_task, [make(t, str(out)) for t in todo], todo, progress)
-    return _finish_or_partial(out, run, ex)
+    with run_lock(out, ex.rank):
+        done = prepare_run(out, run, overwrite)
+        if done is not None:
+            return done
+        driver = _Driver(out, digest, len(entries), ex, max_errors)
+        todo, _ = driver.pending()
+        set_total(progress, sum(entries[t]["rows"] for t in todo))
+        driver.run(_pack_task, [make(t, str(out)) for t in todo], todo, progress)
+        return _finish_or_partial(out, run, ex)

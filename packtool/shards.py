@@ -7,6 +7,7 @@ Readers trust the manifest: a shard not listed there does not exist.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -32,6 +33,7 @@ __all__ = [
     "read_manifest",
     "sha256_file",
     "prepare_run",
+    "run_lock",
     "read_run",
     "task_prefix",
     "marker_path",
@@ -447,6 +449,47 @@ def _run_diff(old: dict, new: dict) -> list[str]:
     if not diff and old.get("tasks_digest") != new.get("tasks_digest"):
         diff.append("the task split differs")
     return diff
+
+
+@contextlib.contextmanager
+def run_lock(out_dir: Path, rank: int = 0) -> Iterator[None]:
+    """Hold the output directory for one run of ``rank`` (ranks of one run share it).
+
+    An exclusive ``flock`` on ``.packtool-rank-RRRRR.lock``, which holds the holder's pid, host
+    and start time. The kernel drops the lock when its process ends, however it ends, so a
+    run killed with SIGKILL leaves no stale lock: the same command resumes at once.
+
+    Raises:
+        OutputError: another live run of this rank holds ``out_dir`` (naming its pid and host).
+    """
+    import fcntl
+    import time
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputError(f"output {str(out_dir)!r} exists and is not a directory; choose another -o")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f".packtool-rank-{rank:05d}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+            except ValueError:
+                holder = {}
+            raise OutputError(
+                f"{str(out_dir)!r} is being written by another packtool run (pid {holder.get('pid', '?')} on "
+                f"{holder.get('host', '?')}, started {holder.get('started', '?')}); wait for it to finish, or "
+                "choose another -o"
+            ) from None
+        info = {"pid": os.getpid(), "host": _HOST, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode("utf-8"), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:

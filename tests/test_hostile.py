@@ -793,3 +793,49 @@ def test_a_link_loop_inside_an_input_directory_is_listed_once(tmp_path, media, c
     code, out, err = cli(capfd, "tokenize", d, "--media-root", media, "-o", tmp_path / "tok", "-q", "--workers", "1",
                          "--json")
     assert code == 0 and json.loads(out)["samples"] == 1, err
+
+
+# ============================================================================ 10: one run per output directory
+
+
+@pytest.mark.parametrize("stage", ["tokenize", "pack"])
+def test_a_second_run_into_the_same_directory_is_refused_naming_the_first(tmp_path, media, capfd, stage):
+    import socket
+
+    src = _corpus(tmp_path, media, 3000)
+    tok = tmp_path / "tok"
+    if stage == "pack":
+        assert run("tokenize", src, "--media-root", media, "-o", tok, "-q", "--workers", "1").returncode == 0
+        cmd = ["pack", tok, "-o", tmp_path / "packed", "--max-tokens", "512", "--buffer-size", "512", "-q",
+               "--workers", "1", "--packs-per-shard", "50"]
+        out = tmp_path / "packed"
+    else:
+        cmd = ["tokenize", src, "--media-root", media, "-o", tok, "-q", "--workers", "1", "--rows-per-shard", "100"]
+        out = tok
+    first = subprocess.Popen([sys.executable, "-m", "packtool", *map(str, cmd)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out / ".packtool" / "run.json").exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert first.poll() is None, "the first run finished before the second could start"
+    code, _, err = cli(capfd, *cmd)
+    assert code == 1, err
+    assert f"pid {first.pid} on {socket.gethostname()}" in err and "another packtool run" in err
+    assert "Traceback" not in err
+    _, stderr = first.communicate(timeout=120)
+    assert first.returncode == 0, stderr
+    assert cli(capfd, "validate", out, "--no-check-media")[0] == 0
+
+
+def test_a_killed_run_leaves_no_lock_behind(tmp_path, media):
+    src = _corpus(tmp_path, media, 3000)
+    cmd = ["tokenize", src, "--media-root", media, "-o", tmp_path / "tok", "-q", "--workers", "1", "--rows-per-shard",
+           "100"]
+    proc = subprocess.Popen([sys.executable, "-m", "packtool", *map(str, cmd)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    while not (tmp_path / "tok" / ".packtool" / "run.json").exists() and proc.poll() is None:
+        time.sleep(0.002)
+    proc.kill()
+    proc.wait()
+    r = run(*cmd)
+    assert r.returncode == 0, r.stderr
