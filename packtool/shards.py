@@ -397,9 +397,14 @@ def _remove(path: Path) -> None:
 
 
 def _wipe(out_dir: Path) -> None:
-    """Remove everything a packtool run writes into ``out_dir`` (and nothing else)."""
+    """Remove everything a packtool run writes into ``out_dir`` (and nothing else), but the
+    run locks: the run wiping holds one (:func:`run_lock`)."""
     for f in out_dir.iterdir():
-        if (f.name in (MANIFEST, ERRORS, STATE_DIR) or f.name.startswith((".part-", "part-"))
+        if f.name == STATE_DIR and f.is_dir() and not f.is_symlink():
+            for child in f.iterdir():
+                if not child.name.endswith(".lock"):
+                    _remove(child)
+        elif (f.name in (MANIFEST, ERRORS, STATE_DIR) or f.name.startswith((".part-", "part-"))
                 or (f.name.startswith(".") and f.name.endswith(".tmp"))):
             _remove(f)
 
@@ -455,8 +460,8 @@ def _run_diff(old: dict, new: dict) -> list[str]:
 def run_lock(out_dir: Path, rank: int = 0) -> Iterator[None]:
     """Hold the output directory for one run of ``rank`` (ranks of one run share it).
 
-    An exclusive ``flock`` on ``.packtool-rank-RRRRR.lock``, which holds the holder's pid, host
-    and start time. The kernel drops the lock when its process ends, however it ends, so a
+    An exclusive ``flock`` on ``.packtool/rank-RRRRR.lock``, which holds the holder's pid, host
+    and start time (``--overwrite`` wipes the folder but keeps the locks). The kernel drops the lock when its process ends, however it ends, so a
     run killed with SIGKILL leaves no stale lock: the same command resumes at once.
 
     Raises:
@@ -468,8 +473,8 @@ def run_lock(out_dir: Path, rank: int = 0) -> Iterator[None]:
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputError(f"output {str(out_dir)!r} exists and is not a directory; choose another -o")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f".packtool-rank-{rank:05d}.lock"
+    (out_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
+    path = out_dir / STATE_DIR / f"rank-{rank:05d}.lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
