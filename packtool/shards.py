@@ -309,6 +309,9 @@ def read_manifest(path: Path, kind: str | None = None) -> dict:
         manifest = json.loads(file.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise InputError(f"{file}: manifest is not valid JSON ({exc}); re-run the command that wrote it") from None
+    if not isinstance(manifest, dict):
+        raise InputError(f"{file}: holds a JSON {type(manifest).__name__}, not a manifest; re-run the command that "
+                         "wrote it")
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise InputError(
             f"{file}: schema version {manifest.get('schema_version')!r}, this packtool reads {SCHEMA_VERSION}; "
@@ -522,6 +525,7 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
             old = json.loads(manifest_file.read_text(encoding="utf-8"))
         except ValueError:
             old = {}
+        old = old if isinstance(old, dict) else {}
         same = old.get("kind") == run["kind"] and old.get("config_digest") == run["config_digest"]
         changed = _changed_inputs(_read_state(state_file).get("inputs"), run.get("inputs")) if same else []
         if same and not changed:
@@ -539,10 +543,7 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
             )
         _wipe(out_dir)
     elif state_file.is_file():
-        try:
-            old = json.loads(state_file.read_text(encoding="utf-8"))
-        except ValueError:
-            old = {}
+        old = _read_state(state_file)
         diff = _run_diff(old, run)
         if diff and not any((out_dir / STATE_DIR).glob("task-*.json")):
             # a run that stopped before finishing any task (a failed start) holds nothing to keep
@@ -563,7 +564,7 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
     swept = sweep_stale_tmps(out_dir)
     if swept:
         log.info("removed %d temporary files of runs that died: %s", len(swept), ", ".join(swept[:5]))
-    if not state_file.is_file() or json.loads(state_file.read_text(encoding="utf-8")) != run:
+    if _read_state(state_file) != run:
         atomic_write_text(state_file, json.dumps(run, indent=2) + "\n")
     return None
 
@@ -574,7 +575,16 @@ def read_run(out_dir: Path) -> dict:
     if not state_file.is_file():
         raise InputError(f"{str(out_dir)!r} holds no packtool run ({STATE_DIR}/{RUN_STATE} missing); "
                          "run tokenize or pack into it first")
-    return json.loads(state_file.read_text(encoding="utf-8"))
+    run = _read_state(state_file)
+    extra = run.get("manifest")
+    caps = extra.get("capacities") if isinstance(extra, dict) else None
+    if not (isinstance(run.get("config_digest"), str) and _is_count(run.get("n_tasks")) and run.get("kind") in
+            ("tokenized", "packed") and isinstance(run.get("config"), dict) and isinstance(extra, dict)
+            and (run["kind"] == "tokenized" or isinstance(caps, dict) and _is_count(caps.get("max_tokens"))
+                 and _is_count(caps.get("max_vision_units")))):
+        raise InputError(f"{str(state_file)!r} is damaged; run the tokenize or pack command again (it resumes, "
+                         "or pass --overwrite to start over)")
+    return run
 
 
 def task_prefix(task: int) -> str:

@@ -839,3 +839,116 @@ def test_a_killed_run_leaves_no_lock_behind(tmp_path, media):
     proc.wait()
     r = run(*cmd)
     assert r.returncode == 0, r.stderr
+
+
+# ============================================================================ every bad input, through the CLI
+
+
+def test_every_bad_input_through_the_cli_prints_no_traceback(tmp_path, capfd):
+    """Every bad row, media file and compressed file of the suites above goes through the real
+    console entry point in one tokenize run (then pack, stats, validate); and every damaged or
+    escaping manifest through the commands that read it. Exit codes are 0 (rows rejected and
+    counted) or 1 with one ``Error:`` line; stderr never holds a traceback."""
+    import base64
+
+    from test_bad_input import (
+        _CONV,
+        _VCONV,
+        IMAGE_CASES,
+        RECORD_CASES,
+        SUPPORTED_IMAGES,
+        UNSUPPORTED_IMAGES,
+        VIDEO_CASES,
+        VIDEO_TRICKS,
+        image_rec,
+        jpeg_bytes,
+        png_declaring,
+        video,
+        video_rec,
+    )
+    from test_bad_input import png_bytes as thin_png
+
+    root = tmp_path / "media"
+    root.mkdir()
+    (root / "ok.png").write_bytes(png_bytes(64, 48))
+    jpg = jpeg_bytes()
+    (root / "truncated.jpg").write_bytes(jpg[: len(jpg) // 2])
+    (root / "wrong-header.png").write_bytes(b"GIF89a" + png_bytes(64, 48)[6:])
+    (root / "empty.png").write_bytes(b"")
+    (root / "bomb.png").write_bytes(png_declaring(100_000, 100_000))
+    (root / "thin.png").write_bytes(thin_png(1, 70_000, "L"))
+    video(root / "ok.mp4")
+    video(root / "audio-only.mp4", audio_only=True)
+    video(root / "zero-frames.avi", n_frames=0)
+    whole = video(root / "whole.mp4", n_frames=40).read_bytes()
+    (root / "truncated.mp4").write_bytes(whole[: len(whole) // 3])
+    (tmp_path / "outside.png").write_bytes(png_bytes())
+    os.symlink(tmp_path / "outside.png", root / "link.png")
+    video(tmp_path / "outside.mp4")
+    for name, make in {**UNSUPPORTED_IMAGES, **SUPPORTED_IMAGES}.items():
+        (root / name).write_bytes(make())
+    for name, payload in VIDEO_TRICKS.items():
+        (root / name).write_bytes(payload if payload is not None else png_bytes())
+
+    lines = [json.dumps(rec("good-first")).encode()]
+    lines += [line.replace(b"%s", _CONV).replace(b"%v", _VCONV) for line, _ in RECORD_CASES.values()]
+    lines += [json.dumps(image_rec(k, path)).encode() for k, (path, _) in IMAGE_CASES.items()]
+    lines += [json.dumps(video_rec(k, path)).encode() for k, (path, _) in VIDEO_CASES.items()]
+    lines += [json.dumps(image_rec(name, name)).encode() for name in [*UNSUPPORTED_IMAGES, *SUPPORTED_IMAGES]]
+    lines += [json.dumps(video_rec(name, name)).encode() for name in VIDEO_TRICKS]
+    lines += [json.dumps(image_rec(f"inline{i}", f"data:image/png;base64,{base64.b64encode(b).decode()}")).encode()
+              for i, b in enumerate([b"junk", png_bytes()[:40], _eps()])]
+    lines += [b"{not json", b'{"id": "latin1", "conversations": [{"from": "human", "value": "caf\xe9"}]}', b"[1, 2]",
+              b'"a string"', b"null", b"{" * 100_000, json.dumps(rec("good-last")).encode()]
+    inputs = [jsonl(tmp_path / "bad.jsonl", lines)]
+    for name in ("not-gzip.jsonl.gz", "bad-crc.jsonl.gz", "garbage.jsonl.zst", "cut.jsonl.zst", "not-parquet.parquet",
+                 "empty.parquet"):
+        (tmp_path / name).write_bytes(_not_its_compression(name))
+        inputs.append(tmp_path / name)
+    (tmp_path / "array.json").write_bytes(b"[" + json.dumps(rec("arr")).encode() + b", 7, {\"id\": \"x\\udc80\"}]")
+    (tmp_path / "broken.json").write_bytes(b"[{\"id\": 1},")
+    inputs += [tmp_path / "array.json", tmp_path / "broken.json"]
+
+    tok, packed = tmp_path / "tok", tmp_path / "packed"
+    r = run("tokenize", *inputs, "--media-root", root, "-o", tok, "--workers", "2", "--json", "--rows-per-shard", "16")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    counts = json.loads(r.stdout)
+    assert counts["rows_in"] == counts["samples"] + counts["rejected"]
+    assert counts["rejected"] >= len(lines) - 2 - len(SUPPORTED_IMAGES) - 1
+    reasons = set(json.loads((tok / "manifest.json").read_text())["counts"]["rejected_by_reason"])
+    assert {"bad_json", "bad_encoding", "bad_record", "corrupt_file", "unsupported_media", "corrupt_image",
+            "corrupt_video", "missing_media", "path_outside_root", "image_too_large", "bad_aspect_ratio"} <= reasons
+    for args in (["pack", tok, "-o", packed, "--max-tokens", "1024", "--workers", "2"], ["stats", tok, packed],
+                 ["validate", packed], ["validate", tok], ["inspect", packed]):
+        r = run(*args)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (args, r.stderr)
+
+    # damaged and escaping directories, every reader
+    import shutil
+
+    for k, damage in enumerate(["escape", "truncated", "zero_length", "not_json", "not_an_object", "no_shards"]):
+        d = {"tok": tmp_path / f"tok{k}", "packed": tmp_path / f"packed{k}"}
+        shutil.copytree(tok, d["tok"])
+        shutil.copytree(packed, d["packed"])
+        for which in ("tok", "packed"):
+            m = d[which] / "manifest.json"
+            if damage == "escape":
+                doc = json.loads(m.read_text())
+                doc["shards"][0]["file"] = "/etc/passwd"
+                m.write_text(json.dumps(doc))
+            elif damage in ("truncated", "zero_length"):
+                _damage(d[which], damage)
+            elif damage == "not_json":
+                m.write_bytes(b"{\xff")
+            elif damage == "not_an_object":
+                m.write_text("[1, 2, 3]")
+            else:
+                doc = json.loads(m.read_text())
+                del doc["shards"]
+                m.write_text(json.dumps(doc))
+            for args in _readers(d, which, tmp_path / f"scratch{k}{which}"):
+                # in this process (cli.main, the same boundary the console script calls): fast, and an
+                # escaping exception fails the test just as a traceback on stderr would
+                code, _, err = cli(capfd, *args)
+                assert "Traceback" not in err, (damage, args, err)
+                assert code == 1 and err.startswith("Error: "), (damage, args, code, err)
