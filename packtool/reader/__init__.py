@@ -107,8 +107,9 @@ class PackedDataset:
         world_size: number of data-parallel ranks.
         shuffle: permute shards, row groups and rows, differently every epoch.
         seed: base of the permutation; every rank must use the same seed.
-        verify: check each shard's sha256 against the manifest when first opened
-            (its size is always checked).
+        verify: check each shard's sha256 against the manifest when first opened. Without it
+            the size and row count are checked, and every Parquet page is read with its CRC32
+            verified, so a damaged page raises instead of decoding to wrong values.
         drop_last: when the pack count does not divide ``world_size``, drop the tail
             (``True``) instead of padding by repeating the epoch's first packs (``False``).
 
