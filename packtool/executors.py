@@ -184,7 +184,7 @@ def _exit_with_driver(driver: int) -> None:
             pass
 
 
-def _pool_entry(fn, task, driver: int) -> dict:
+def _pool_entry(fn, task, driver: int) -> tuple[dict, int]:
     try:
         os.kill(driver, 0)
     except ProcessLookupError:  # the driver is gone: start nothing new
