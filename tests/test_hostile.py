@@ -98,7 +98,7 @@ def _corpus(tmp_path: Path, media: Path, n: int) -> Path:
     return jsonl(tmp_path / "in.jsonl", [rec(f"r{i}", conversations=conv(answer="word " * 40)) for i in range(n)])
 
 
-@pytest.mark.parametrize("stage", ["tokenize", "pack"])
+@pytest.mark.parametrize("stage", ["tokenize", pytest.param("pack", marks=pytest.mark.jit)])
 def test_ctrl_c_exits_130_with_a_message_and_the_same_command_resumes(tmp_path, media, stage):
     """SIGINT to the process group (what a terminal's Ctrl-C sends), once the run has started
     (its run.json is written): exit 130, one ``Error:`` line, no traceback; re-running the
@@ -798,7 +798,7 @@ def test_a_link_loop_inside_an_input_directory_is_listed_once(tmp_path, media, c
 # ============================================================================ 10: one run per output directory
 
 
-@pytest.mark.parametrize("stage", ["tokenize", "pack"])
+@pytest.mark.parametrize("stage", ["tokenize", pytest.param("pack", marks=pytest.mark.jit)])
 def test_a_second_run_into_the_same_directory_is_refused_naming_the_first(tmp_path, media, capfd, stage):
     import socket
 
