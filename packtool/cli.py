@@ -1,7 +1,8 @@
 """The ``packtool`` command line: parse, build a frozen config, make one library call, render.
 
-This is the one place that catches :class:`~packtool.errors.PacktoolError`, prints
-``Error: ...`` on stderr and exits 1; progress bars go to stderr, results to stdout.
+This is the one place that turns outcomes into exit codes: :class:`~packtool.errors.PacktoolError`
+prints ``Error: ...`` on stderr and exits 1, a usage error prints click's usage message and exits 2,
+Ctrl-C prints ``Error: interrupted ...`` and exits 130. Progress bars go to stderr, results to stdout.
 """
 
 from __future__ import annotations
@@ -390,26 +391,59 @@ def _root(
                         stream=sys.stderr)
 
 
+def _click_exceptions() -> tuple[type[BaseException], ...]:
+    """The ``ClickException`` classes the installed typer raises for usage errors.
+
+    typer >= 0.2x vendors click as ``typer._click``; older releases use the ``click``
+    package. Both are caught, so a usage error is a usage error whichever is installed.
+    """
+    import importlib
+
+    found = []
+    for name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            found.append(importlib.import_module(name).ClickException)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+#: What an interrupted stage prints; its finished tasks keep their markers, so the same command resumes.
+INTERRUPTED = "interrupted; finished tasks are kept: re-run the same command to resume"
+#: Exit code of an interrupted command (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPT = 130
+#: Exit code of a usage error (bad flag, missing option, unknown command), as click uses.
+EXIT_USAGE = 2
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the app, turning PacktoolError into ``Error: ...`` and exit code 1."""
+    """Entry point: run the app and turn every outcome into an exit code.
+
+    ``PacktoolError`` -> ``Error: ...`` and 1; a usage error -> click's usage message and 2;
+    Ctrl-C -> ``Error: interrupted ...`` and 130. Anything else is a bug and keeps its traceback.
+    """
+    usage_errors = _click_exceptions()
     try:
-        app(args=argv, standalone_mode=False)
+        rv = app(args=argv, prog_name="packtool", standalone_mode=False)
     except PacktoolError as exc:
         typer.echo(f"Error: {exc}", err=True)
         return exc.exit_code
     except typer.Exit as exc:
-        return exc.exit_code
-    except typer.Abort:
-        typer.echo("Aborted.", err=True)
-        return 130
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
+        return _interrupted() if exc.exit_code == EXIT_INTERRUPT else exc.exit_code
+    except (typer.Abort, KeyboardInterrupt):  # older click turns Ctrl-C into Abort
+        return _interrupted()
+    except usage_errors as exc:
+        exc.show()  # type: ignore[attr-defined]
+        return exc.exit_code  # type: ignore[attr-defined]
+    # typer >= 0.2x returns 130 for Ctrl-C (it raises Exit(130), which non-standalone mode returns)
+    if isinstance(rv, int) and not isinstance(rv, bool):
+        return _interrupted() if rv == EXIT_INTERRUPT else rv
     return 0
+
+
+def _interrupted() -> int:
+    typer.echo(f"Error: {INTERRUPTED}", err=True)
+    return EXIT_INTERRUPT
 
 
 if __name__ == "__main__":  # pragma: no cover

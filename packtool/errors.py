@@ -23,6 +23,7 @@ __all__ = [
 REASON_CODES: dict[str, str] = {
     "bad_json": "the line or record is not valid JSON",
     "bad_encoding": "the line or a text field is not valid UTF-8",
+    "corrupt_file": "a compressed or Parquet input file breaks off or is not what its name says",
     "bad_record": "the record lacks required fields or has the wrong types",
     "empty_conversation": "the record has no conversation turns",
     "unknown_role": "a turn has a role the template does not know",
@@ -31,11 +32,13 @@ REASON_CODES: dict[str, str] = {
     "placeholder_mismatch": "the number of <image>/<video> tags differs from the number of media",
     "missing_media": "a media file does not exist",
     "path_outside_root": "a media path escapes --media-root",
+    "unsupported_media": "a media file is in a format packtool does not open (e.g. EPS, PDF, a playlist)",
     "corrupt_image": "the image header cannot be read or the file is truncated",
     "image_too_large": "the image exceeds Pillow's decompression-bomb limit",
     "bad_aspect_ratio": "the image's aspect ratio is beyond what the model family accepts",
     "corrupt_video": "the video cannot be opened or has no decodable video stream",
     "video_too_short": "the video has fewer frames than the model family's processor accepts",
+    "media_changed": "a media file differs from the one tokenize counted (size, or modification time)",
     "oversize": "the sample needs more tokens or vision units than one pack holds",
 }
 

@@ -95,10 +95,12 @@ class Reporter:
     def __init__(self, sink: Callable[[int], None] | None) -> None:
         self.sink = sink
         self.pending = 0
+        self.total = 0  # every n reported, sent or not
         self.last = time.monotonic()
 
     def __call__(self, n: int) -> None:
         self.pending += n
+        self.total += n
         now = time.monotonic()
         if self.sink is not None and now - self.last >= _REPORT_EVERY_S:
             self.flush()
@@ -182,7 +184,7 @@ def _exit_with_driver(driver: int) -> None:
             pass
 
 
-def _pool_entry(fn, task, driver: int) -> dict:
+def _pool_entry(fn, task, driver: int) -> tuple[dict, int]:
     try:
         os.kill(driver, 0)
     except ProcessLookupError:  # the driver is gone: start nothing new
@@ -192,15 +194,18 @@ def _pool_entry(fn, task, driver: int) -> dict:
     rep = Reporter(_QUEUE.put)
     res = fn(task, rep)
     rep.flush()
-    return res
+    # the total travels with the result: queue messages may still be in flight when it arrives
+    return res, rep.total
 
 
-def _drain(q, progress) -> None:
+def _drain(q, progress) -> int:
+    got = 0
     while True:
         try:
             n = q.get_nowait()
         except (queue_mod.Empty, OSError, ValueError):
-            return
+            return got
+        got += n
         if progress is not None:
             progress(n)
 
@@ -249,19 +254,23 @@ def _run_pool(fn, tasks, workers, progress, collect) -> None:
     try:
         with _MainHidden():
             futures = {pool.submit(_pool_entry, fn, task, os.getpid()): i for i, task in enumerate(tasks)}
+        drained = reported = 0
         while futures:
             done, _ = wait(list(futures), timeout=0.2, return_when=FIRST_COMPLETED)
-            _drain(q, progress)
+            drained += _drain(q, progress)
             for fut in sorted(done, key=futures.get):
                 i = futures.pop(fut)
                 try:
-                    res = fut.result()
+                    res, total = fut.result()
                 except BrokenProcessPool:
                     raise PacktoolError(
                         "a worker process died (killed, or out of memory); re-run the same command to resume, "
                         "with fewer --workers if memory is short") from None
+                reported += total
                 collect(i, res)
-        _drain(q, progress)
+        drained += _drain(q, progress)
+        if progress is not None and reported > drained:  # updates still in the queue's pipe
+            progress(reported - drained)
         ok = True
     finally:
         if not ok:

@@ -22,11 +22,11 @@ import re
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
+import pyarrow as pa
 
 from .errors import ConfigError, InputError
 from .schema import MEDIA_FIELDS, PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
-from .shards import read_manifest
+from .shards import open_shard, read_manifest, read_shard, shard_error
 from .templates import TEMPLATES, Template
 from .tokenization import Tokenizer, load_tokenizer
 
@@ -50,25 +50,25 @@ _VISION_DELIMITERS = ("<|vision_start|>", "<|vision_end|>")
 
 def _find_row(path: Path, manifest: dict, column: str, want, is_list: bool) -> tuple[str, int] | None:
     for entry in manifest["shards"]:
-        file = path / entry["file"]
-        if not file.is_file():
-            raise InputError(f"shard {str(file)!r} listed in the manifest is missing; re-run the stage that wrote it")
-        col = pq.ParquetFile(file).read(columns=[column])[column]
-        values = col.to_pylist()
+        values = read_shard(path, entry, [column])[column].to_pylist()
         for row, v in enumerate(values):
             if (want in v) if is_list else (v == want):
                 return entry["file"], row
     return None
 
 
-def _read_row(path: Path, file: str, row: int, columns: list[str]) -> dict:
+def _read_row(path: Path, manifest: dict, file: str, row: int, columns: list[str]) -> dict:
     """One row, reading only the row group that holds it."""
-    pf = pq.ParquetFile(path / file)
+    entry = next(e for e in manifest["shards"] if e["file"] == file)
+    pf = open_shard(path, entry)
     start = 0
     for rg in range(pf.metadata.num_row_groups):
         n = pf.metadata.row_group(rg).num_rows
         if row < start + n:
-            table = pf.read_row_group(rg, columns=columns)
+            try:
+                table = pf.read_row_group(rg, columns=columns)
+            except (pa.ArrowException, OSError) as exc:
+                raise shard_error(path / file, exc) from None
             return table.slice(row - start, 1).to_pylist()[0]
         start += n
     raise RuntimeError(f"internal error: row {row} not in {file}")
@@ -77,7 +77,7 @@ def _read_row(path: Path, file: str, row: int, columns: list[str]) -> dict:
 def _examples(path: Path, manifest: dict, column: str, is_list: bool, n: int = 3) -> list:
     if not manifest["shards"]:
         return []
-    col = pq.ParquetFile(path / manifest["shards"][0]["file"]).read(columns=[column])[column].to_pylist()
+    col = read_shard(path, manifest["shards"][0], [column])[column].to_pylist()
     flat = [x for v in col for x in v] if is_list else col
     return flat[:n]
 
@@ -373,7 +373,7 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
                 ex = ", ".join(repr(x) for x in _examples(path, manifest, "sample_id", False))
                 raise InputError(f"sample {sample!r} is not in {str(path)!r} (e.g. {ex})")
         cols = ["sample_id", "source", "source_row", "n_tokens", "n_vision_units", "n_branches"] + _TOKEN_COLUMNS + media_cols
-        row = _read_row(path, where[0], where[1], cols)
+        row = _read_row(path, manifest, where[0], where[1], cols)
         view = _sample_view(row, 0, len(row["input_ids"]), None, row["media"], dec)
         view.update(sample_id=row["sample_id"], source=row["source"], source_row=row["source_row"],
                     n_vision_units=row["n_vision_units"])
@@ -393,7 +393,7 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
             total = sum(e["rows"] for e in manifest["shards"])
             raise InputError(f"--pack {want}: {str(path)!r} holds packs 0..{total - 1}")
     cols = ["pack_index", "n_tokens", "n_vision_units", "sample_ids", "cu_seqlens"] + _TOKEN_COLUMNS + media_cols
-    row = _read_row(path, where[0], where[1], cols)
+    row = _read_row(path, manifest, where[0], where[1], cols)
     cu = row["cu_seqlens"]
     views = []
     for k, sid in enumerate(row["sample_ids"]):

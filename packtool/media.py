@@ -28,6 +28,10 @@ from .records import MediaRef
 from .vision import VideoMeta
 
 __all__ = [
+    "IMAGE_FORMATS",
+    "VIDEO_CONTAINERS",
+    "open_image",
+    "video_demuxer",
     "ImageInfo",
     "resolve_media_path",
     "probe_image",
@@ -41,6 +45,91 @@ log = logging.getLogger(__name__)
 
 _EXIF_ORIENTATION = 0x0112
 _TAIL = 4096
+
+
+#: Image formats packtool opens (Pillow format names): those the model families' processors
+#: read. Pillow's others stay closed: EPS and PDF hand work to Ghostscript, and rare decoders
+#: are attack surface a training corpus does not need. Anything else is ``unsupported_media``.
+IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")  # JPEG includes MPO (phone photos)
+#: First bytes of documents that are not images (PDF, PostScript/EPS, SVG/XML).
+_DOCUMENTS = (b"%PDF", b"%!PS", b"\xc5\xd0\xd3\xc6", b"<?xml", b"<svg")
+
+#: Video containers packtool opens, each with the FFmpeg demuxer chosen from its first bytes
+#: (:func:`video_demuxer`), so FFmpeg never probes a file into a playlist or concat list
+#: (HLS ``.m3u8``, ``ffconcat``), formats that open other files or URLs.
+VIDEO_CONTAINERS = "MP4/MOV/3GP, Matroska/WebM, AVI, MPEG-TS, MPEG-PS, FLV, Ogg, ASF/WMV, raw H.264"
+
+
+def _unsupported(what: str) -> SampleError:
+    return SampleError("unsupported_media", f"{what}; packtool reads images in {', '.join(IMAGE_FORMATS)} "
+                                            "(convert the file, e.g. to PNG)")
+
+
+def open_image(source: Path | bytes | io.IOBase) -> Image.Image:
+    """``Image.open`` restricted to :data:`IMAGE_FORMATS`: the one way packtool opens an image.
+
+    Raises:
+        SampleError: ``unsupported_media`` when the file is a format outside the allow-list
+            (named when Pillow knows it), e.g. EPS; other failures propagate as Pillow raises them.
+    """
+    fp = io.BytesIO(source) if isinstance(source, bytes) else source
+    try:
+        return Image.open(fp, formats=IMAGE_FORMATS)
+    except Image.UnidentifiedImageError:
+        other = _other_format(source)
+        if other is not None:
+            raise _unsupported(f"the image is {other}") from None
+        raise
+
+
+def _other_format(source: Path | bytes | io.IOBase) -> str | None:
+    """The format of an image outside the allow-list, or ``None`` when nothing knows it."""
+    if isinstance(source, bytes):
+        head = source[:64]
+    elif isinstance(source, io.IOBase):
+        source.seek(0)
+        head = source.read(64)
+        source.seek(0)
+    else:
+        with open(source, "rb") as fh:
+            head = fh.read(64)
+    if head.lstrip().startswith(_DOCUMENTS):
+        return "a document (PDF, PostScript or SVG)"
+    try:
+        # header parsing only: no pixel is decoded and no plugin's external program runs
+        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as im:
+            return f"{im.format} ({im.format_description})" if im.format else None
+    except Exception:  # noqa: BLE001 - not an image Pillow knows either: a corrupt file
+        return None
+
+
+def video_demuxer(head: bytes) -> str | None:
+    """The FFmpeg demuxer for a video whose first bytes are ``head``, or ``None`` when they
+    name no container of :data:`VIDEO_CONTAINERS`.
+
+    Example:
+        >>> video_demuxer(b"\\x00\\x00\\x00\\x18ftypmp42")
+        'mov'
+    """
+    if head[4:8] in (b"ftyp", b"moov", b"mdat", b"wide", b"free", b"skip", b"pnot"):
+        return "mov"
+    if head.startswith(b"\x1a\x45\xdf\xa3"):
+        return "matroska"
+    if head.startswith(b"RIFF") and head[8:12] == b"AVI ":
+        return "avi"
+    if head[:1] == b"\x47" and (len(head) <= 188 or head[188:189] == b"\x47"):
+        return "mpegts"
+    if head.startswith(b"\x00\x00\x01\xba"):
+        return "mpeg"
+    if head.startswith(b"FLV"):
+        return "flv"
+    if head.startswith(b"OggS"):
+        return "ogg"
+    if head.startswith(b"\x30\x26\xb2\x75\x8e\x66\xcf\x11"):
+        return "asf"
+    if head.startswith((b"\x00\x00\x00\x01", b"\x00\x00\x01")):
+        return "h264"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,15 +154,22 @@ def resolve_media_path(path: str, media_root: Path) -> Path:
     ``..`` components, absolute paths elsewhere and symlinks that point outside the
     root all raise ``path_outside_root``; a path that does not exist raises ``missing_media``.
     """
+    shown = path if len(path) <= 200 else f"{path[:200]}..."
+    if "\x00" in path:
+        raise SampleError("bad_record", f"media path {shown!r} holds a NUL byte, which no file name can")
     root = media_root.resolve()
     candidate = Path(path)
     if not candidate.is_absolute():
         candidate = root / candidate
-    resolved = Path(os.path.realpath(candidate))
-    if resolved != root and root not in resolved.parents:
-        raise SampleError("path_outside_root", f"media path {path!r} resolves outside --media-root {str(root)!r}")
-    if not resolved.is_file():
-        raise SampleError("missing_media", f"media file {path!r} not found under --media-root {str(root)!r}")
+    try:
+        resolved = Path(os.path.realpath(candidate))
+        if resolved != root and root not in resolved.parents:
+            raise SampleError("path_outside_root", f"media path {shown!r} resolves outside --media-root {str(root)!r}")
+        if not resolved.is_file():
+            raise SampleError("missing_media", f"media file {shown!r} not found under --media-root {str(root)!r}")
+    except (OSError, ValueError) as exc:  # a name too long, a loop of links, an undecodable name
+        raise SampleError("missing_media", f"media file {shown!r} cannot be looked up under --media-root "
+                                           f"{str(root)!r}: {getattr(exc, 'strerror', None) or exc}") from None
     return resolved
 
 
@@ -134,8 +230,7 @@ def probe_image(source: Path | bytes, exif: str = "ignore", verify: bool = True)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            fp = io.BytesIO(source) if isinstance(source, bytes) else source
-            with Image.open(fp) as im:
+            with open_image(source) as im:
                 width, height = im.size
                 fmt = im.format or ""
                 orientation = 1
@@ -148,8 +243,12 @@ def probe_image(source: Path | bytes, exif: str = "ignore", verify: bool = True)
         raise SampleError(
             "image_too_large", f"image exceeds Pillow's decompression-bomb limit ({Image.MAX_IMAGE_PIXELS:,} px): {exc}"
         ) from None
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise SampleError("corrupt_image", f"cannot read image header: {exc}") from None
+    except SampleError:
+        raise
+    except Image.UnidentifiedImageError:  # its message holds the file object's address: not deterministic
+        raise SampleError("corrupt_image", "cannot read image header: not an image Pillow can identify") from None
+    except Exception as exc:  # noqa: BLE001 - any header parser failure on hostile bytes is this row's
+        raise SampleError("corrupt_image", f"cannot read image header: {type(exc).__name__}: {str(exc)[:200]}") from None
     if width <= 0 or height <= 0:
         raise SampleError("corrupt_image", f"image declares a zero size ({width}x{height})")
     if verify:
@@ -162,8 +261,20 @@ def probe_image(source: Path | bytes, exif: str = "ignore", verify: bool = True)
 def _open_video(source: Path | bytes | str):
     import av
 
+    if isinstance(source, bytes):
+        head = source[:189]
+    else:
+        try:
+            with open(source, "rb") as fh:
+                head = fh.read(189)
+        except OSError as exc:
+            raise SampleError("corrupt_video", f"cannot open video: {exc.strerror}") from None
+    demuxer = video_demuxer(head)
+    if demuxer is None:
+        raise SampleError("unsupported_media", f"not a video container packtool reads ({VIDEO_CONTAINERS}); "
+                                               "convert the file, e.g. to MP4")
     try:
-        return av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source))
+        return av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source), format=demuxer)
     except (av.error.FFmpegError, OSError, ValueError) as exc:
         raise SampleError("corrupt_video", f"cannot open video: {exc}") from None
 

@@ -23,15 +23,16 @@ import json
 import logging
 import math
 import os
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from .config import PackConfig, TokenizeConfig, digest_of
-from .errors import ConfigError, InputError, TooManyErrorsError
+from .errors import ConfigError, InputError, OutputError, PacktoolError, TooManyErrorsError
 from .executors import ExecutorConfig, run_tasks, set_total
 from .formats import Rejected, expand_inputs, parse_json_line, parse_record
 from .shards import (
@@ -39,12 +40,17 @@ from .shards import (
     STATE_DIR,
     ShardWriter,
     clear_task,
+    open_shard,
     prepare_run,
     read_manifest,
     read_marker,
     read_run,
+    run_lock,
+    shard_error,
+    sweep_stale_tmps,
     task_errors_path,
     task_prefix,
+    tmp_path,
     write_manifest,
     write_marker,
 )
@@ -68,6 +74,59 @@ WHOLE_FILES_PER_TASK_BYTES = 32 << 20
 PACK_INDEX_STRIDE = 1_000_000_000
 #: ``--on-error`` choices: ``skip`` records a bad row and goes on; ``fail`` stops at the first.
 ON_ERROR = ("skip", "fail")
+
+
+def _environment_errors(fn):
+    """Turn what the machine refuses (disk full, no permission, a read-only file system) into
+    one ``PacktoolError`` naming the path and the fix, for a stage function with an ``out_dir``.
+
+    Only ``OSError`` with an ``errno`` is translated: those come from the environment, not from
+    the data (a damaged input is a row error or an ``InputError`` already) nor from a bug.
+    Tasks that finished keep their markers, so the same command resumes once the cause is fixed.
+    """
+    import functools
+    import inspect
+
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except OSError as exc:
+            if exc.errno is None:
+                raise
+            out = sig.bind_partial(*args, **kwargs).arguments.get("out_dir")
+            raise environment_error(exc, Path(out) if out is not None else None) from exc
+
+    return wrapper
+
+
+def environment_error(exc: OSError, out: Path | None) -> PacktoolError:
+    """The ``Error:`` for an ``OSError`` the environment raised while a stage wrote into ``out``.
+
+    Example:
+        ``OSError(ENOSPC)`` while writing ``tok`` gives ``OutputError("no space left writing to
+        'tok' (No space left on device); free space on its disk or choose another -o, then run the
+        same command again: finished tasks are kept")``.
+    """
+    import errno
+
+    why = exc.strerror or os.strerror(exc.errno or 0)
+    path = exc.filename if isinstance(exc.filename, str) else None
+    # the output, something in it, or a folder above it that mkdir had to create
+    under_out = out is not None and (path is None or Path(os.path.abspath(path)).is_relative_to(os.path.abspath(out))
+                                     or Path(os.path.abspath(out)).is_relative_to(os.path.abspath(path)))
+    resume = "then run the same command again: finished tasks are kept"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return OutputError(f"no space left writing to {str(path or out)!r} ({why}); free space on its disk or "
+                           f"choose another -o, {resume}")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        if under_out or exc.errno == errno.EROFS:
+            return OutputError(f"cannot write to {str(path or out)!r} ({why}); choose a writable -o, or fix its "
+                               f"permissions and {resume}")
+        return InputError(f"cannot read {str(path)!r} ({why}); make it readable or leave it out of the inputs")
+    return PacktoolError(f"{why} ({str(path or out)!r}); fix the cause and {resume}")
 
 
 def _batched(it: Iterable, n: int) -> Iterator[list]:
@@ -97,14 +156,18 @@ class _TaskErrors:
 
     def __init__(self, out_dir: Path, task: int, max_errors: int | None, on_error: str) -> None:
         self.final = task_errors_path(out_dir, task)
-        self.tmp = self.final.with_name(f".{self.final.name}.{os.getpid()}.tmp")
-        self.fh = open(self.tmp, "w", encoding="utf-8")
+        self.tmp = tmp_path(self.final)
+        self.fh = open(self.tmp, "wb")
         self.by_reason: Counter[str] = Counter()
         self.max_errors = max_errors
         self.on_error = on_error
 
     def add(self, rej: Rejected) -> None:
-        self.fh.write(json.dumps(rej.to_json(), ensure_ascii=False) + "\n")
+        if " at 0x" in rej.message:  # a library's repr of an object: its address differs run to run
+            rej = Rejected(rej.source, rej.source_row, rej.sample_id, rej.reason, _ADDRESS.sub("", rej.message))
+        # a lone surrogate a rejected row held (in its id, say) is written as its JSON escape
+        # ("\\udc80"), so errors.jsonl stays UTF-8 and reads back as the same string
+        self.fh.write((json.dumps(rej.to_json(), ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace"))
         self.by_reason[rej.reason] += 1
         where = f"{rej.source}:{rej.source_row}" + (f" (sample {rej.sample_id!r})" if rej.sample_id else "")
         if self.on_error == "fail":
@@ -124,6 +187,10 @@ class _TaskErrors:
     def abort(self) -> None:
         self.fh.close()
         self.tmp.unlink(missing_ok=True)
+
+
+#: `` at 0x7f...`` in an object's repr, dropped from messages so errors.jsonl is the same bytes on every run.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def _too_many(total: int, limit: int, detail: str) -> str:
@@ -208,6 +275,7 @@ def _finish_or_partial(out: Path, run: dict, ex: ExecutorConfig) -> dict:
             "tasks": len(mine), "tasks_missing": len(missing), "counts": counts, "shards": shards}
 
 
+@_environment_errors
 def merge_output(out_dir: str | Path) -> dict:
     """Combine the completion markers of every task into ``errors.jsonl`` and ``manifest.json``.
 
@@ -233,7 +301,7 @@ def merge_output(out_dir: str | Path) -> dict:
         )
     counts = _zero_counts(run["kind"])
     shards: list[dict] = []
-    tmp = out / f".{ERRORS}.{os.getpid()}.tmp"
+    tmp = tmp_path(out / ERRORS)
     with open(tmp, "wb") as fh:
         for t, marker in enumerate(markers):
             _add_counts(counts, marker["counts"])
@@ -257,7 +325,9 @@ def merge_output(out_dir: str | Path) -> dict:
         counts["lower_bound"] = lower_bound(counts.get("tokens", 0), counts.get("vision_units", 0),
                                             caps["max_tokens"], caps["max_vision_units"])
     counts["tasks"] = run["n_tasks"]
-    return write_manifest(out, run["kind"], run["config"], digest, shards, **extra, counts=counts)
+    manifest = write_manifest(out, run["kind"], run["config"], digest, shards, **extra, counts=counts)
+    sweep_stale_tmps(out)  # what writers killed during this run (or a straggler of an earlier one) left
+    return manifest
 
 
 # ============================================================================ tokenize
@@ -417,13 +487,9 @@ def _slice_records(sl: Slice) -> Iterator[tuple[int, object]]:
     from .formats import iter_records
 
     if sl.groups is not None:
-        import pyarrow.parquet as pq
+        from .formats import hf_parquet
 
-        row = sl.start
-        for batch in pq.ParquetFile(sl.path).iter_batches(batch_size=512, row_groups=list(range(*sl.groups))):
-            for rec in batch.to_pylist():
-                yield row, rec
-                row += 1
+        yield from hf_parquet.iter_records(Path(sl.path), row_groups=sl.groups, first_row=sl.start)
         return
     if sl.offset is None:
         yield from iter_records(Path(sl.path))
@@ -520,6 +586,7 @@ def _tasks_digest(tasks) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+@_environment_errors
 def tokenize_dataset(
     inputs: list[str | Path],
     out_dir: str | Path,
@@ -553,6 +620,8 @@ def tokenize_dataset(
     files = expand_inputs([Path(p) for p in inputs])
     if not Path(cfg.media_root).is_dir():
         raise ConfigError(f"--media-root {cfg.media_root!r} is not a directory")
+    # the manifest records the root as resolved here, so pack (run from anywhere) opens the same files
+    cfg = replace(cfg, media_root=str(Path(cfg.media_root).resolve()))
     ctx = _encode_context(cfg)  # fails fast on a bad --model/--template/--tokenizer
     slices, total = plan_tokenize_tasks(files, cfg.rows_per_shard)
     config = cfg.to_dict()
@@ -569,17 +638,18 @@ def tokenize_dataset(
            "n_tasks": len(slices), "tasks_digest": _tasks_digest(slices),
            "inputs": {str(f): [f.stat().st_size, f.stat().st_mtime_ns] for f in files}, "manifest": manifest_extra,
            "max_errors": cfg.max_errors}
-    done = prepare_run(out, run, overwrite)
-    if done is not None:
-        log.info("%s already holds this run; nothing to do", out)
-        return done
-    driver = _Driver(out, digest, len(slices), ex, cfg.max_errors)
-    todo, _ = driver.pending()
-    tasks = [_TokenizeTask(t, slices[t], str(out), cfg, digest, cfg.max_errors, on_error) for t in todo]
-    if total is not None:
-        set_total(progress, sum(sum(s.stop - s.start for s in slices[t]) for t in todo))
-    driver.run(_tokenize_task, tasks, todo, progress)
-    return _finish_or_partial(out, run, ex)
+    with run_lock(out, ex.rank):  # a second run of this rank into `out` is refused, naming this one
+        done = prepare_run(out, run, overwrite)
+        if done is not None:
+            log.info("%s already holds this run; nothing to do", out)
+            return done
+        driver = _Driver(out, digest, len(slices), ex, cfg.max_errors)
+        todo, _ = driver.pending()
+        tasks = [_TokenizeTask(t, slices[t], str(out), cfg, digest, cfg.max_errors, on_error) for t in todo]
+        if total is not None:
+            set_total(progress, sum(sum(s.stop - s.start for s in slices[t]) for t in todo))
+        driver.run(_tokenize_task, tasks, todo, progress)
+        return _finish_or_partial(out, run, ex)
 
 
 # ============================================================================ pack
@@ -604,7 +674,12 @@ def _media_loader(media_root: Path, frame_quality: int = 90) -> Callable[[dict],
     def load(m: dict) -> list[bytes] | None:
         if m.get("kind") == "image":
             ref = MediaRef("image", m.get("path"), m.get("data"))
-            return [read_media_bytes(ref, media_root)]
+            data = read_media_bytes(ref, media_root)
+            if ref.data is None and m.get("size_bytes") is not None and len(data) != m["size_bytes"]:
+                # checked before planning; a file rewritten while this task ran is caught here
+                raise InputError(f"media file {m.get('path')!r} changed while pack was running ({len(data):,} bytes, "
+                                 f"{m['size_bytes']:,} when counted); re-run the same command")
+            return [data]
         from .media import extract_frames
 
         return extract_frames(media_root, m, quality=frame_quality)
@@ -623,6 +698,55 @@ class _PackTask:
     config_digest: str
     max_errors: int | None
     on_error: str
+    check_mtime: bool = True  # False when pack reads media from another root than tokenize counted (copies)
+    entry: dict | None = None  # the tokenized manifest's entry for src_file: size, rows, sha256 to check
+
+
+def _media_problems(pf, media_root: Path, check_mtime: bool) -> dict[int, tuple[str, str]]:
+    """Rows of a tokenized shard whose media file is no longer the one tokenize counted.
+
+    Tokenize recorded each media file's size and modification time; a file now missing,
+    outside the root, of another size, or (under the same root) modified since, would put
+    other pixels than were counted into the packs, so its row is rejected (``media_changed``,
+    ``missing_media``, ``path_outside_root``) instead. One ``stat`` per distinct file.
+    Returns ``{row: (reason, message)}``.
+    """
+    import pyarrow.compute as pc
+
+    from .errors import SampleError
+    from .media import resolve_media_path
+
+    leaves = ["media.list.element.kind", "media.list.element.path", "media.list.element.size_bytes",
+              "media.list.element.mtime_ns"]
+    if "size_bytes" not in [f.name for f in pf.schema_arrow.field("media").type.value_type]:
+        return {}  # written before sizes were recorded: nothing to compare
+    media = pf.read(columns=leaves, use_threads=False)["media"].combine_chunks()
+    lengths = pc.fill_null(pc.list_value_length(media), 0).to_numpy(zero_copy_only=False)
+    flat = pc.list_flatten(media)
+    rows = np.repeat(np.arange(len(lengths)), lengths).tolist()
+    seen: dict[str, object] = {}
+    bad: dict[int, tuple[str, str]] = {}
+    for row, kind, path, size, mtime in zip(rows, flat.field("kind").to_pylist(), flat.field("path").to_pylist(),
+                                           flat.field("size_bytes").to_pylist(), flat.field("mtime_ns").to_pylist(),
+                                           strict=True):
+        if size is None or path is None or row in bad:  # inline bytes travel in the row itself
+            continue
+        now = seen.get(path)
+        if now is None:
+            try:
+                st = resolve_media_path(path, media_root).stat()
+                now = (st.st_size, st.st_mtime_ns)
+            except SampleError as err:
+                now = err
+            except OSError as exc:
+                now = SampleError("missing_media", f"media file {path!r} cannot be read: {exc.strerror}")
+            seen[path] = now
+        if isinstance(now, SampleError):
+            bad[row] = (now.reason, now.message)
+        elif now[0] != size or (check_mtime and now[1] != mtime):
+            bad[row] = ("media_changed", f"{kind} {path!r} changed since tokenize counted it (then {size:,} bytes, "
+                        f"modified at {mtime} ns; now {now[0]:,} bytes, {now[1]} ns); re-run tokenize to count it again")
+    return bad
 
 
 def _has_media(pf) -> np.ndarray:
@@ -643,9 +767,13 @@ class _RowStore:
     plus the rows waiting in the buffer, however long a sample waits.
     """
 
-    def __init__(self, pf, never: list[int] | None = None) -> None:
+    def __init__(self, pf, never: list[int] | None = None, file: Path = Path("?")) -> None:
+        import pyarrow as pa
+
         meta = pf.metadata
         self.pf = pf
+        self.file = file
+        self._arrow_errors = (pa.ArrowException, OSError)
         self.starts = np.concatenate([[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])])
         self.loaded = 0  # row groups read so far
         # group -> [table, shard row of each held row (ascending), packed flags]
@@ -666,7 +794,11 @@ class _RowStore:
             lo, hi = int(self.starts[g]), int(self.starts[g + 1])
             used = self.never[lo:hi].copy()
             if not used.all():
-                self.held[g] = [self.pf.read_row_group(g, use_threads=False), np.arange(lo, hi, dtype=np.int64), used]
+                try:
+                    table = self.pf.read_row_group(g, use_threads=False)
+                except self._arrow_errors as exc:  # a page whose checksum fails
+                    raise shard_error(self.file, exc) from None
+                self.held[g] = [table, np.arange(lo, hi, dtype=np.int64), used]
             self.loaded += 1
         group_of = np.searchsorted(self.starts, rows, side="right") - 1
         where = np.empty(len(rows), dtype=np.int64)
@@ -705,27 +837,49 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
     time from a :class:`_RowStore`, so memory follows the chunk and the packing buffer,
     not the shard.
     """
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from .packer import PackPlan, assemble_packs, plan_packs
 
     cfg = task.cfg
-    pf = pq.ParquetFile(task.src_file)
-    lengths = pf.read(columns=["n_tokens", "n_vision_units"])
-    tokens = lengths["n_tokens"].to_numpy()
-    units = lengths["n_vision_units"].to_numpy()
-    has_media = _has_media(pf)
-    plan = plan_packs(tokens, units, has_media, cfg, task.max_units)
+    src = Path(task.src_file)
+    if task.entry is not None:
+        # the whole file against the manifest's sha256 (a pass over bytes the task reads anyway):
+        # a cut, flipped, emptied or swapped shard stops here, before anything is planned
+        pf = open_shard(src.parent, task.entry, sha256=True)
+    else:
+        pf = pq.ParquetFile(src, page_checksum_verification=True)
+    try:
+        lengths = pf.read(columns=["n_tokens", "n_vision_units"], use_threads=False)
+        tokens = lengths["n_tokens"].to_numpy()
+        units = lengths["n_vision_units"].to_numpy()
+        has_media = _has_media(pf)
+        bad = _media_problems(pf, Path(task.media_root), task.check_mtime)
+    except (pa.ArrowException, KeyError) as exc:
+        raise shard_error(src, exc) from None
+    if bad:  # plan only the rows whose media are still the ones counted
+        keep = np.ones(len(tokens), dtype=bool)
+        keep[list(bad)] = False
+        idx = np.flatnonzero(keep)
+        plan = plan_packs(tokens[idx], units[idx], has_media[idx], cfg, task.max_units)
+        plan.order = idx[plan.order]
+        plan.dropped, plan.alone, plan.truncated = ([int(idx[i]) for i in part]
+                                                    for part in (plan.dropped, plan.alone, plan.truncated))
+    else:
+        plan = plan_packs(tokens, units, has_media, cfg, task.max_units)
     if plan.n_packs >= PACK_INDEX_STRIDE:
         raise ConfigError(f"{task.src_file}: {plan.n_packs:,} packs from one tokenized shard; re-run tokenize with a "
                           "smaller --rows-per-shard")
     packed_tokens = int(tokens[plan.order].sum()) if len(plan.order) else 0
     if plan.truncated:
         packed_tokens -= int(sum(int(tokens[i]) - cfg.max_tokens for i in plan.truncated))
+    by_reason = Counter({"oversize": len(plan.dropped)} if plan.dropped else {})
+    by_reason.update(reason for reason, _ in bad.values())
     counts = {"samples_in": len(tokens), "samples_packed": len(plan.order), "packs": plan.n_packs,
               "dropped": len(plan.dropped), "alone": len(plan.alone), "truncated": len(plan.truncated),
               "tokens": packed_tokens, "vision_units": int(units[plan.order].sum()) if len(plan.order) else 0,
-              "rejected": len(plan.dropped), "rejected_by_reason": {"oversize": len(plan.dropped)} if plan.dropped else {}}
+              "rejected": len(plan.dropped) + len(bad), "rejected_by_reason": dict(sorted(by_reason.items()))}
     if task.out_dir is None:
         report(len(tokens))
         return {"task": task.index, "counts": counts, "plan": plan}
@@ -733,15 +887,18 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
     clear_task(out, task.index)
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     try:
-        if plan.dropped:
+        if plan.dropped or bad:
             ids = pf.read(columns=["sample_id", "source", "source_row"])
-            for i in plan.dropped:
+            dropped = set(plan.dropped)
+            for i in sorted(dropped | set(bad)):
+                reason, message = bad[i] if i in bad else (
+                    "oversize", f"needs {int(tokens[i]):,} tokens and {int(units[i]):,} vision units; "
+                                f"a pack holds {cfg.max_tokens:,} and {task.max_units:,}")
                 errors.add(Rejected(ids["source"][i].as_py(), ids["source_row"][i].as_py(), ids["sample_id"][i].as_py(),
-                                    "oversize", f"needs {int(tokens[i]):,} tokens and {int(units[i]):,} vision units; "
-                                    f"a pack holds {cfg.max_tokens:,} and {task.max_units:,}"))
-            report(len(plan.dropped))
+                                    reason, message))
+            report(len(plan.dropped) + len(bad))
         loader = _media_loader(Path(task.media_root), cfg.frame_quality) if cfg.media == "embed" else None
-        store = _RowStore(pf, never=plan.dropped)
+        store = _RowStore(pf, never=sorted(set(plan.dropped) | set(bad)), file=src)
         truncated = set(plan.truncated)
         with ShardWriter(out, _packed_schema(), rows_per_shard=cfg.packs_per_shard, row_group_rows=PACKED_GROUP_ROWS,
                          prefix=task_prefix(task.index)) as writer:
@@ -749,7 +906,8 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
             # each chunk is one whole row group and the writer need not join chunks (a copy)
             bounds = [s + k for s in range(0, plan.n_packs, cfg.packs_per_shard)
                       for k in range(0, min(cfg.packs_per_shard, plan.n_packs - s), PACK_CHUNK)]
-            for p0, p1 in zip(bounds, [*bounds[1:], plan.n_packs], strict=True):
+            # no bounds when the plan has no pack (every sample of the shard dropped as oversize)
+            for p0, p1 in zip(bounds, [*bounds[1:], plan.n_packs][:len(bounds)], strict=True):
                 rows = plan.order[plan.offsets[p0]:plan.offsets[p1]]
                 tables, where = store.take(rows)
                 sub = PackPlan(where, plan.offsets[p0:p1 + 1] - plan.offsets[p0],
@@ -772,6 +930,7 @@ def _packed_schema():
     return PACKED
 
 
+@_environment_errors
 def pack_dataset(
     src: str | Path,
     out_dir: str | Path,
@@ -815,17 +974,20 @@ def pack_dataset(
         max_units = int(tok_manifest.get("vision", {}).get("default_max_vision_units") or 0)
     if cfg.text_weight < 1:
         raise ConfigError("--text-weight must be at least 1 so every sample has value to the packer")
-    root = Path(media_root) if media_root is not None else Path(tok_manifest["config"].get("media_root", "."))
+    counted_root = Path(str(tok_manifest["config"].get("media_root", "."))).resolve()
+    root = Path(media_root).resolve() if media_root is not None else counted_root
+    # media read from another root are copies: their sizes must match, their times cannot
+    check_mtime = root == counted_root
     config = {**cfg.to_dict(), "max_vision_units": max_units, "source_digest": tok_manifest["config_digest"]}
     digest = digest_of(config)
     entries = tok_manifest["shards"]
-    for entry in entries:
-        if not (src / entry["file"]).is_file():
-            raise InputError(f"shard {str(src / entry['file'])!r} listed in the manifest is missing; re-run tokenize")
+    for entry in entries:  # the cheap checks of every shard before any task starts (sha256 is per task)
+        open_shard(src, entry)
     capacities = {"max_tokens": cfg.max_tokens, "max_vision_units": max_units}
 
     def make(t: int, out_dir: str | None) -> _PackTask:
-        return _PackTask(t, str(src / entries[t]["file"]), out_dir, cfg, max_units, str(root), digest, max_errors, on_error)
+        return _PackTask(t, str(src / entries[t]["file"]), out_dir, cfg, max_units, str(root), digest, max_errors, on_error,
+                         check_mtime, entries[t])
 
     if dry_run:
         dry = ExecutorConfig(executor=ex.executor, workers=ex.workers, ray_address=ex.ray_address)
@@ -844,11 +1006,12 @@ def pack_dataset(
     run = {"kind": "packed", "config": config, "config_digest": digest, "world_size": ex.world_size,
            "n_tasks": len(entries), "tasks_digest": digest_of({"shards": [e["file"] for e in entries]}),
            "inputs": {e["file"]: e["sha256"] for e in entries}, "manifest": manifest_extra, "max_errors": max_errors}
-    done = prepare_run(out, run, overwrite)
-    if done is not None:
-        return done
-    driver = _Driver(out, digest, len(entries), ex, max_errors)
-    todo, _ = driver.pending()
-    set_total(progress, sum(entries[t]["rows"] for t in todo))
-    driver.run(_pack_task, [make(t, str(out)) for t in todo], todo, progress)
-    return _finish_or_partial(out, run, ex)
+    with run_lock(out, ex.rank):
+        done = prepare_run(out, run, overwrite)
+        if done is not None:
+            return done
+        driver = _Driver(out, digest, len(entries), ex, max_errors)
+        todo, _ = driver.pending()
+        set_total(progress, sum(entries[t]["rows"] for t in todo))
+        driver.run(_pack_task, [make(t, str(out)) for t in todo], todo, progress)
+        return _finish_or_partial(out, run, ex)

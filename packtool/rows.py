@@ -82,6 +82,7 @@ class _Probed:
     width: int
     height: int
     layout: VisionLayout
+    stat: tuple[int, int] | None = None  # (size_bytes, mtime_ns) of the file counted; None: inline bytes
 
 
 def _probe_uncached(ref: MediaRef, ctx: EncodeContext, n_images: int) -> tuple[int, int, VisionLayout]:
@@ -90,13 +91,18 @@ def _probe_uncached(ref: MediaRef, ctx: EncodeContext, n_images: int) -> tuple[i
     if ref.data is None and not ref.path:
         raise SampleError("missing_media", f"{ref.kind} has neither a path nor inline bytes")
     src = ref.data if ref.data is not None else resolve_media_path(ref.path, ctx.media_root)
+    # what was counted: pack checks the file is still this one before it embeds or references it
+    stat = None
+    if ref.data is None:
+        st = src.stat()
+        stat = (st.st_size, st.st_mtime_ns)
     if ref.kind == "image":
         info = probe_image(src, exif=ctx.family.exif)
-        return info.width, info.height, ctx.family.image_in_sample(info.height, info.width, n_images)
+        return info.width, info.height, ctx.family.image_in_sample(info.height, info.width, n_images), stat
     from .media import probe_video
 
     meta = probe_video(src, apply_rotation=ctx.family.exif == "apply")
-    return meta.width, meta.height, ctx.family.video(meta)
+    return meta.width, meta.height, ctx.family.video(meta), stat
 
 
 def _probe(ref: MediaRef, ctx: EncodeContext, n_images: int = 1) -> _Probed:
@@ -125,7 +131,7 @@ def _probe(ref: MediaRef, ctx: EncodeContext, n_images: int = 1) -> _Probed:
         cache[key] = hit
     if isinstance(hit, SampleError):
         raise SampleError(hit.reason, hit.message)
-    return _Probed(ref, hit[0], hit[1], hit[2])
+    return _Probed(ref, hit[0], hit[1], hit[2], hit[3])
 
 
 class _Specials:
@@ -399,6 +405,8 @@ def _media_entry(pr: _Probed, start: int, n: int) -> dict:
         "vision_units": lay.units,
         "timestamps": list(lay.timestamps) if lay.kind == "video" else None,
         "data": pr.ref.data,
+        "size_bytes": pr.stat[0] if pr.stat else None,
+        "mtime_ns": pr.stat[1] if pr.stat else None,
     }
 
 

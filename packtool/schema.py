@@ -56,8 +56,10 @@ TOKENIZED = pa.schema(
         pa.field("target_ids", _i32_list, nullable=False),
         pa.field("position_ids", _i32_list, nullable=False),
         pa.field("subsegment_ids", _i32_list, nullable=False),
-        # data: inline bytes for media given inline (data URIs, Parquet image structs); else null
-        pa.field("media", media_type([pa.field("data", pa.binary())]), nullable=False),
+        # data: inline bytes for media given inline (data URIs, Parquet image structs); else null.
+        # size_bytes, mtime_ns: the file that was counted (null for inline bytes); pack checks them
+        pa.field("media", media_type([pa.field("data", pa.binary()), pa.field("size_bytes", pa.int64()),
+                                      pa.field("mtime_ns", pa.int64())]), nullable=False),
     ],
     metadata={"packtool.kind": "tokenized", "packtool.schema_version": str(SCHEMA_VERSION)},
 )

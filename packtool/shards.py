@@ -7,9 +7,13 @@ Readers trust the manifest: a shard not listed there does not exist.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
+import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +33,7 @@ __all__ = [
     "read_manifest",
     "sha256_file",
     "prepare_run",
+    "run_lock",
     "read_run",
     "task_prefix",
     "marker_path",
@@ -37,11 +42,21 @@ __all__ = [
     "write_marker",
     "read_marker",
     "atomic_write_text",
+    "tmp_path",
+    "sweep_stale_tmps",
     "iter_shard_tables",
+    "open_shard",
+    "read_shard",
+    "shard_error",
+    "shard_path",
+    "shard_name_problem",
+    "SHARD_NAME",
     "MANIFEST",
     "ERRORS",
     "STATE_DIR",
 ]
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 ERRORS = "errors.jsonl"
@@ -50,8 +65,9 @@ STATE_DIR = ".packtool"
 RUN_STATE = "run.json"
 
 # Fixed writer options: the same rows always give the same bytes.
+# Page checksums (CRC32 per data page) let every read notice a damaged page for the cost of a CRC.
 _WRITE_OPTS = dict(compression="zstd", compression_level=1, use_dictionary=False, write_statistics=False,
-                   data_page_version="2.0", store_schema=True)
+                   data_page_version="2.0", store_schema=True, write_page_checksum=True)
 
 
 def shard_name(index: int, prefix: str = "part") -> str:
@@ -66,9 +82,56 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def tmp_path(path: Path) -> Path:
+    """The temporary name ``path`` is written under by this process: ``.NAME.PID@HOST.tmp``.
+
+    The pid keeps two writers of one file apart (a resumed run and a straggler of the killed
+    one); pid and host tell :func:`sweep_stale_tmps` whether the writer is still alive.
+    """
+    return path.with_name(f".{path.name}.{os.getpid()}@{_HOST}.tmp")
+
+
+_HOST = socket.gethostname().replace("/", "_") or "localhost"
+#: ``.NAME.PID@HOST.tmp`` (and ``.NAME.PID.tmp``, the name before hosts were recorded)
+_TMP = re.compile(r"\..+\.(?P<pid>[0-9]+)(@(?P<host>[^/]+))?\.tmp")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def sweep_stale_tmps(out_dir: Path) -> list[str]:
+    """Remove the temporary files that writers which are no longer alive left in ``out_dir``
+    (and its state folder): a run killed while writing a shard, a marker or the manifest.
+
+    Only files of dead processes on this host are removed; a live writer's file, or one from
+    another host (ranks sharing the directory), is left alone. Returns the names removed.
+    """
+    removed = []
+    for d in (Path(out_dir), Path(out_dir) / STATE_DIR):
+        if not d.is_dir():
+            continue
+        for f in d.glob(".*.tmp"):
+            m = _TMP.fullmatch(f.name)
+            if m is None or (m["host"] is not None and m["host"] != _HOST) or _alive(int(m["pid"])):
+                continue
+            try:
+                f.unlink()
+                removed.append(f.name)
+            except FileNotFoundError:  # its writer renamed it, or another sweep got there first
+                pass
+    return sorted(removed)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to a unique temporary name, fsync, and rename it over ``path``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = tmp_path(path)
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
         fh.flush()
@@ -151,7 +214,7 @@ class ShardWriter:
     def _tmp(self) -> Path:
         # the pid keeps two writers of one shard (a resumed run and a straggler of the
         # killed one) apart; both rename identical bytes into place
-        return self.out_dir / f".{shard_name(self._index, self.prefix)}.{os.getpid()}.tmp"
+        return tmp_path(self.out_dir / shard_name(self._index, self.prefix))
 
     def write_table(self, table: pa.Table) -> None:
         """Append rows; shards and row groups are cut at fixed row counts, so output is deterministic."""
@@ -246,6 +309,9 @@ def read_manifest(path: Path, kind: str | None = None) -> dict:
         manifest = json.loads(file.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise InputError(f"{file}: manifest is not valid JSON ({exc}); re-run the command that wrote it") from None
+    if not isinstance(manifest, dict):
+        raise InputError(f"{file}: holds a JSON {type(manifest).__name__}, not a manifest; re-run the command that "
+                         "wrote it")
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise InputError(
             f"{file}: schema version {manifest.get('schema_version')!r}, this packtool reads {SCHEMA_VERSION}; "
@@ -253,7 +319,75 @@ def read_manifest(path: Path, kind: str | None = None) -> dict:
         )
     if kind is not None and manifest.get("kind") != kind:
         raise InputError(f"{str(path)!r} holds {manifest.get('kind')} shards, expected {kind} shards")
+    _check_manifest(Path(path), file, manifest)
     return manifest
+
+
+#: What a shard may be called: ``part-NNNNN.parquet`` or ``part-TTTTT-KKKKK.parquet``, beside its manifest.
+SHARD_NAME = re.compile(r"part-[0-9]{5,}(-[0-9]{5,})?\.parquet")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def shard_name_problem(name: object) -> str | None:
+    """Why ``name`` (a shard ``file`` read from a manifest or marker) is not a shard of its
+    directory, or ``None``. Only plain ``part-*.parquet`` names pass, so no manifest can point
+    a reader at ``/etc/passwd``, ``../other/...`` or the run's own state files.
+
+    Example:
+        >>> shard_name_problem("../x/part-00000-00000.parquet")
+        "'../x/part-00000-00000.parquet' is not a shard file of this directory (part-NNNNN[-NNNNN].parquet)"
+    """
+    if isinstance(name, str) and SHARD_NAME.fullmatch(name):
+        return None
+    return f"{name!r} is not a shard file of this directory (part-NNNNN[-NNNNN].parquet)"
+
+
+def shard_path(directory: Path, name: object) -> Path:
+    """``directory / name`` for a shard name read from a manifest, refused when it leaves the
+    directory: a name that is not a plain ``part-*.parquet`` file name, or a symbolic link
+    resolving elsewhere.
+
+    Raises:
+        InputError: naming the manifest entry and the fix.
+    """
+    problem = shard_name_problem(name)
+    if problem is not None:
+        raise InputError(f"{str(directory / MANIFEST)!r} lists {problem}; a manifest may only name the shards "
+                         "beside it: re-run the stage that wrote it")
+    file = Path(directory) / str(name)
+    if file.is_symlink():
+        target = Path(os.path.realpath(file))
+        if target.parent != Path(os.path.realpath(directory)):
+            raise InputError(f"shard {str(file)!r} is a link to {str(target)!r}, outside its directory; copy the "
+                             "file in its place")
+    return file
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_manifest(path: Path, file: Path, manifest: object) -> None:
+    """The fields every reader relies on, with their types; each shard name inside ``path``."""
+    def bad(what: str) -> InputError:
+        return InputError(f"{file}: {what}; the manifest is damaged: re-run the stage that wrote it")
+
+    if not isinstance(manifest, dict):
+        raise bad(f"holds a JSON {type(manifest).__name__}, not an object")
+    for key, typ in (("kind", str), ("config", dict), ("config_digest", str), ("shards", list)):
+        if not isinstance(manifest.get(key), typ):
+            raise bad(f"{key!r} is missing or not a {typ.__name__}")
+    for key in ("counts", "capacities", "vision", "tokenizer", "template", "source"):
+        if manifest.get(key) is not None and not isinstance(manifest[key], dict):
+            raise bad(f"{key!r} is not an object")
+    for i, entry in enumerate(manifest["shards"]):
+        if not isinstance(entry, dict):
+            raise bad(f"shard {i} is not an object")
+        shard_path(path, entry.get("file"))
+        if not _is_count(entry.get("rows")) or not _is_count(entry.get("bytes")):
+            raise bad(f"shard {i} ({entry.get('file')}) has no whole-number rows and bytes")
+        if not isinstance(entry.get("sha256"), str) or not _SHA256.fullmatch(entry["sha256"]):
+            raise bad(f"shard {i} ({entry.get('file')}) has no sha256")
 
 
 def _remove(path: Path) -> None:
@@ -266,9 +400,14 @@ def _remove(path: Path) -> None:
 
 
 def _wipe(out_dir: Path) -> None:
-    """Remove everything a packtool run writes into ``out_dir`` (and nothing else)."""
+    """Remove everything a packtool run writes into ``out_dir`` (and nothing else), but the
+    run locks: the run wiping holds one (:func:`run_lock`)."""
     for f in out_dir.iterdir():
-        if (f.name in (MANIFEST, ERRORS, STATE_DIR) or f.name.startswith((".part-", "part-"))
+        if f.name == STATE_DIR and f.is_dir() and not f.is_symlink():
+            for child in f.iterdir():
+                if not child.name.endswith(".lock"):
+                    _remove(child)
+        elif (f.name in (MANIFEST, ERRORS, STATE_DIR) or f.name.startswith((".part-", "part-"))
                 or (f.name.startswith(".") and f.name.endswith(".tmp"))):
             _remove(f)
 
@@ -283,6 +422,27 @@ def _check_writable(out_dir: Path) -> None:
         raise OutputError(f"cannot write to output {str(out_dir)!r}: {exc.strerror}; choose a writable -o") from None
 
 
+def _changed_inputs(old: object, new: object) -> list[str]:
+    """Input files whose recorded identity (size and mtime; a shard's sha256) differs, sorted."""
+    old_in = old if isinstance(old, dict) else {}
+    new_in = new if isinstance(new, dict) else {}
+    if not old_in:  # a state from before inputs were recorded: nothing to compare
+        return []
+    return [k for k in sorted(set(old_in) | set(new_in)) if old_in.get(k) != new_in.get(k)]
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _read_state(state_file: Path) -> dict:
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
 def _run_diff(old: dict, new: dict) -> list[str]:
     diff = []
     if old.get("kind") != new.get("kind"):
@@ -291,14 +451,53 @@ def _run_diff(old: dict, new: dict) -> list[str]:
     diff += [d for d in config_diff(old.get("config", {}), new.get("config", {})) if not d.startswith("max_errors:")]
     if old.get("world_size") != new.get("world_size"):
         diff.append(f"world_size: {old.get('world_size')} -> {new.get('world_size')}")
-    old_in, new_in = old.get("inputs", {}), new.get("inputs", {})
-    changed = [k for k in sorted(set(old_in) | set(new_in)) if old_in.get(k) != new_in.get(k)]
+    changed = _changed_inputs(old.get("inputs"), new.get("inputs"))
     if changed:
-        diff.append(f"input files changed since the first attempt: {', '.join(changed[:3])}"
-                    + (f" and {len(changed) - 3} more" if len(changed) > 3 else ""))
+        diff.append(f"input files changed since the first attempt: {_some(changed)}")
     if not diff and old.get("tasks_digest") != new.get("tasks_digest"):
         diff.append("the task split differs")
     return diff
+
+
+@contextlib.contextmanager
+def run_lock(out_dir: Path, rank: int = 0) -> Iterator[None]:
+    """Hold the output directory for one run of ``rank`` (ranks of one run share it).
+
+    An exclusive ``flock`` on ``.packtool/rank-RRRRR.lock``, which holds the holder's pid, host
+    and start time (``--overwrite`` wipes the folder but keeps the locks). The kernel drops the lock when its process ends, however it ends, so a
+    run killed with SIGKILL leaves no stale lock: the same command resumes at once.
+
+    Raises:
+        OutputError: another live run of this rank holds ``out_dir`` (naming its pid and host).
+    """
+    import fcntl
+    import time
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputError(f"output {str(out_dir)!r} exists and is not a directory; choose another -o")
+    (out_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
+    path = out_dir / STATE_DIR / f"rank-{rank:05d}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+            except ValueError:
+                holder = {}
+            raise OutputError(
+                f"{str(out_dir)!r} is being written by another packtool run (pid {holder.get('pid', '?')} on "
+                f"{holder.get('host', '?')}, started {holder.get('started', '?')}); wait for it to finish, or "
+                "choose another -o"
+            ) from None
+        info = {"pid": os.getpid(), "host": _HOST, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode("utf-8"), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
@@ -326,10 +525,17 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
             old = json.loads(manifest_file.read_text(encoding="utf-8"))
         except ValueError:
             old = {}
+        old = old if isinstance(old, dict) else {}
         same = old.get("kind") == run["kind"] and old.get("config_digest") == run["config_digest"]
-        if same:
+        changed = _changed_inputs(_read_state(state_file).get("inputs"), run.get("inputs")) if same else []
+        if same and not changed:
             return old
-        if not overwrite:
+        if same and not overwrite:
+            raise ResumeMismatchError(
+                f"{str(out_dir)!r} holds a finished run of these settings, but input files changed since "
+                f"(size or modification time): {_some(changed)}; pass --overwrite to redo it, or use another -o"
+            )
+        if not same and not overwrite:
             diff = _run_diff(old, {k: v for k, v in run.items() if k in ("kind", "config")})
             raise ResumeMismatchError(
                 f"{str(out_dir)!r} already holds a finished run with a different configuration "
@@ -337,11 +543,13 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
             )
         _wipe(out_dir)
     elif state_file.is_file():
-        try:
-            old = json.loads(state_file.read_text(encoding="utf-8"))
-        except ValueError:
-            old = {}
+        old = _read_state(state_file)
         diff = _run_diff(old, run)
+        if diff and not any((out_dir / STATE_DIR).glob("task-*.json")):
+            # a run that stopped before finishing any task (a failed start) holds nothing to keep
+            log.info("%s: replacing an unfinished run that finished no task (%s)", out_dir, "; ".join(diff))
+            _wipe(out_dir)
+            diff = []
         if diff and not overwrite:
             raise ResumeMismatchError(
                 f"{str(out_dir)!r} holds an unfinished run with other settings ({'; '.join(diff)}); "
@@ -353,7 +561,10 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
         _wipe(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _check_writable(out_dir)
-    if not state_file.is_file() or json.loads(state_file.read_text(encoding="utf-8")) != run:
+    swept = sweep_stale_tmps(out_dir)
+    if swept:
+        log.info("removed %d temporary files of runs that died: %s", len(swept), ", ".join(swept[:5]))
+    if _read_state(state_file) != run:
         atomic_write_text(state_file, json.dumps(run, indent=2) + "\n")
     return None
 
@@ -364,7 +575,16 @@ def read_run(out_dir: Path) -> dict:
     if not state_file.is_file():
         raise InputError(f"{str(out_dir)!r} holds no packtool run ({STATE_DIR}/{RUN_STATE} missing); "
                          "run tokenize or pack into it first")
-    return json.loads(state_file.read_text(encoding="utf-8"))
+    run = _read_state(state_file)
+    extra = run.get("manifest")
+    caps = extra.get("capacities") if isinstance(extra, dict) else None
+    if not (isinstance(run.get("config_digest"), str) and _is_count(run.get("n_tasks")) and run.get("kind") in
+            ("tokenized", "packed") and isinstance(run.get("config"), dict) and isinstance(extra, dict)
+            and (run["kind"] == "tokenized" or isinstance(caps, dict) and _is_count(caps.get("max_tokens"))
+                 and _is_count(caps.get("max_vision_units")))):
+        raise InputError(f"{str(state_file)!r} is damaged; run the tokenize or pack command again (it resumes, "
+                         "or pass --overwrite to start over)")
+    return run
 
 
 def task_prefix(task: int) -> str:
@@ -410,19 +630,70 @@ def read_marker(out_dir: Path, task: int, config_digest: str) -> dict | None:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if record.get("config_digest") != config_digest or record.get("task") != task:
+    if not isinstance(record, dict) or record.get("config_digest") != config_digest or record.get("task") != task:
         return None
-    for s in record.get("shards", []):
+    shards = record.get("shards")
+    if not isinstance(shards, list) or not isinstance(record.get("counts"), dict):
+        return None
+    for s in shards:
+        # a marker naming anything but its own task's shards marks nothing: the task is redone
+        if not isinstance(s, dict) or not isinstance(s.get("file"), str) or shard_name_problem(s["file"]) \
+                or not s["file"].startswith(task_prefix(task) + "-"):
+            return None
         f = Path(out_dir) / s["file"]
-        if not f.is_file() or f.stat().st_size != s["bytes"]:
+        if f.is_symlink() or not f.is_file() or f.stat().st_size != s.get("bytes"):
             return None
     return record
+
+
+def shard_error(file: Path, exc: BaseException) -> InputError:
+    """The error for a shard whose bytes cannot be read (a damaged page, a cut file)."""
+    return InputError(f"shard {str(file)!r} cannot be read ({str(exc)[:300]}); the file is damaged: "
+                      "re-run the stage that wrote it, or copy it again")
+
+
+def open_shard(directory: Path, entry: dict, *, sha256: bool = False) -> pq.ParquetFile:
+    """Open one shard a manifest lists, after checking it is the file the manifest describes.
+
+    Always (a ``stat`` and the footer): present, the listed size, the listed row count; pages
+    are read with their CRC32 checked, so a damaged page raises instead of decoding to wrong
+    values. With ``sha256`` the whole file is hashed first (catches a same-size swap too).
+
+    Raises:
+        InputError: naming the shard, what differs, and the fix.
+    """
+    file = Path(directory) / entry["file"]
+    if not file.is_file():
+        raise InputError(f"shard {str(file)!r} listed in {MANIFEST} is missing; re-run the stage that wrote it")
+    size = file.stat().st_size
+    if size != entry["bytes"]:
+        raise InputError(f"shard {str(file)!r} is {size:,} bytes but {MANIFEST} says {entry['bytes']:,}; it was cut "
+                         "short, replaced or modified: re-run the stage that wrote it, or copy it again")
+    if sha256 and sha256_file(file) != entry["sha256"]:
+        raise InputError(f"shard {str(file)!r} does not match the sha256 in {MANIFEST}; it was replaced or "
+                         "modified: re-run the stage that wrote it, or copy it again")
+    try:
+        pf = pq.ParquetFile(file, page_checksum_verification=True)
+    except PermissionError as exc:
+        raise InputError(f"cannot read shard {str(file)!r} ({exc.strerror}); make it readable") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise shard_error(file, exc) from None
+    if pf.metadata.num_rows != entry["rows"]:
+        raise InputError(f"shard {str(file)!r} holds {pf.metadata.num_rows:,} rows but {MANIFEST} says "
+                         f"{entry['rows']:,}; re-run the stage that wrote it")
+    return pf
+
+
+def read_shard(directory: Path, entry: dict, columns: list[str] | None = None) -> pa.Table:
+    """Columns of one listed shard (:func:`open_shard`'s checks, damaged pages as ``InputError``)."""
+    pf = open_shard(directory, entry)
+    try:
+        return pf.read(columns=columns, use_threads=False)
+    except (pa.ArrowException, OSError) as exc:
+        raise shard_error(Path(directory) / entry["file"], exc) from None
 
 
 def iter_shard_tables(path: Path, manifest: dict, columns: list[str] | None = None) -> Iterator[pa.Table]:
     """Yield each listed shard as a table (``columns`` to read only some), in manifest order."""
     for entry in manifest["shards"]:
-        file = Path(path) / entry["file"]
-        if not file.is_file():
-            raise InputError(f"shard {str(file)!r} listed in the manifest is missing; re-run the stage that wrote it")
-        yield pq.read_table(file, columns=columns)
+        yield read_shard(Path(path), entry, columns)

@@ -31,11 +31,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from .errors import ConfigError, InputError
 from .pipeline import lower_bound
-from .shards import ERRORS, read_manifest
+from .shards import ERRORS, read_manifest, read_shard
 
 __all__ = [
     "STATS_VERSION",
@@ -186,11 +185,8 @@ class StatsData:
 
 
 def _read(path: Path, entry: dict, columns: list[str]) -> pa.Table:
-    file = path / entry["file"]
-    if not file.is_file():
-        raise InputError(f"shard {str(file)!r} listed in the manifest is missing; re-run the stage that wrote it")
     # full leaf paths select one field of the media struct, so media bytes are never read
-    return pq.ParquetFile(file).read(columns=columns)
+    return read_shard(path, entry, columns)
 
 
 def _read_errors(path: Path) -> list[dict]:

@@ -24,7 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 from pathlib import Path
@@ -176,16 +175,19 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
 
 
 def _check_media_bytes(m: dict) -> str | None:
-    from PIL import Image
+    from .errors import SampleError
+    from .media import open_image
 
     data = m.get("data")
     if not data:
         return None
     for i, blob in enumerate(data):
         try:
-            with Image.open(io.BytesIO(blob)) as im:
+            with open_image(blob) as im:  # the allow-list: an embedded EPS is reported, never rendered
                 im.load()
                 size = im.size
+        except SampleError as err:
+            return f"embedded {m['kind']} is refused: {err.message}"
         except Exception as exc:  # noqa: BLE001 - any decoder failure is the finding
             return f"embedded {m['kind']} {'frame ' + str(i) if m['kind'] == 'video' else 'bytes'} do not decode: {exc}"
         if m["kind"] == "image" and sorted(size) != sorted((m["width"], m["height"])):

@@ -261,3 +261,201 @@ def test_readme_lists_every_reason_code():
     section = readme.split("## Reason codes", 1)[1].split("\n## ", 1)[0]
     listed = {line.split("`")[1] for line in section.splitlines() if line.startswith("| `")}
     assert listed == set(REASON_CODES)
+
+
+# ---------------------------------------------------------------- what a record carries (issue 13, class 1)
+# Every field that reaches a shard or errors.jsonl is checked where the record is parsed: a row
+# that cannot be represented is one errors.jsonl line, never a stopped run.
+
+RECORD_CASES = {
+    # name: (JSONL line, reason)
+    "nul_in_image_path": (b'{"id": "nul_in_image_path", "image": "ok.png\\u0000.jpg", "conversations": %s}', "bad_record"),
+    "nul_in_video_path": (b'{"id": "nul_in_video_path", "video": "ok\\u0000.mp4", "conversations": %v}', "bad_record"),
+    "surrogate_in_image_path": (b'{"id": "surrogate_in_image_path", "image": "ok\\udc80.png", "conversations": %s}',
+                                "bad_encoding"),
+    "surrogate_in_video_list": (b'{"id": "surrogate_in_video_list", "videos": ["\\ud800.mp4"], "conversations": %v}',
+                                "bad_encoding"),
+    "surrogate_in_struct_path": (b'{"id": "surrogate_in_struct_path", "image": {"path": "\\udfff.png"}, '
+                                 b'"conversations": %s}', "bad_encoding"),
+    "surrogate_in_sample_id": (b'{"id": "surrogate_in_sample_id\\udc80", "image": "ok.png", "conversations": %s}',
+                               "bad_encoding"),
+    "surrogate_in_sample_id_key": (b'{"sample_id": "x\\udc80", "image": "ok.png", "conversations": %s}', "bad_encoding"),
+    "surrogate_in_role": (b'{"id": "surrogate_in_role", "conversations": [{"from": "\\udc80", "value": "hi"}, '
+                          b'{"from": "gpt", "value": "yo"}]}', "unknown_role"),
+    "surrogate_in_system": (b'{"id": "surrogate_in_system", "system": "\\udc80", "conversations": %s, "images": ["ok.png"]}',
+                            "bad_encoding"),
+    "nul_in_data_uri": (b'{"id": "nul_in_data_uri", "image": "data:image/png;base64,\\u0000", "conversations": %s}',
+                        "bad_record"),
+    "media_path_is_a_number": (b'{"id": "media_path_is_a_number", "image": 12, "conversations": %s}', "bad_record"),
+    "media_list_of_lists": (b'{"id": "media_list_of_lists", "images": [["ok.png"]], "conversations": %s}', "bad_record"),
+    "conversations_is_a_string": (b'{"id": "conversations_is_a_string", "conversations": "hello"}', "bad_record"),
+    "turn_is_a_number": (b'{"id": "turn_is_a_number", "conversations": [1, 2]}', "bad_record"),
+    "message_list_of_nulls": (b'{"id": "message_list_of_nulls", "image": "ok.png", "message_list": [null]}', "bad_record"),
+    "messages_content_is_a_dict": (b'{"id": "messages_content_is_a_dict", "messages": [{"role": "user", "content": '
+                                   b'{"a": 1}}, {"role": "assistant", "content": "x"}]}', "bad_record"),
+    "very_long_media_path": (b'{"id": "very_long_media_path", "image": "' + b"a/" * 5000 + b'x.png", "conversations": %s}',
+                             "missing_media"),
+    "media_path_is_the_root": (b'{"id": "media_path_is_the_root", "image": ".", "conversations": %s}', "missing_media"),
+    "media_path_is_a_directory": (b'{"id": "media_path_is_a_directory", "image": "/", "conversations": %s}',
+                                  "path_outside_root"),
+}
+
+_CONV = json.dumps(conv()).encode()
+_VCONV = json.dumps(conv("<video>\nWhat happens?")).encode()
+
+
+@pytest.mark.parametrize("case", sorted(RECORD_CASES))
+def test_a_record_that_cannot_be_represented_is_one_error_row(media, tmp_path, case):
+    line, reason = RECORD_CASES[case]
+    line = line.replace(b"%s", _CONV).replace(b"%v", _VCONV)
+    m, errors = run_tokenize(media, tmp_path, [line])
+    assert len(errors) == 1, errors
+    (e,) = errors.values()
+    assert e["reason"] == reason, e
+    assert e["row"] == 1 and e["message"]
+    assert m["counts"]["rejected_by_reason"] == {reason: 1}
+
+
+def test_a_latin1_byte_in_a_json_array_file_rejects_only_its_records(media, tmp_path):
+    """A JSON array file is decoded as a whole; the records holding the invalid byte (in a
+    text, an id, a media path) are rejected, the others in the same file are kept."""
+    good = json.dumps(image_rec("good", "ok.png")).encode()
+    texts = b'{"id": "in-text", "image": "ok.png", "conversations": [{"from": "human", "value": "<image>caf\xe9"}, {"from": "gpt", "value": "x"}]}'
+    ids = b'{"id": "caf\xe9", "image": "ok.png", "conversations": ' + _CONV + b"}"
+    paths = b'{"id": "in-path", "image": "caf\xe9.png", "conversations": ' + _CONV + b"}"
+    src = tmp_path / "array.json"
+    src.write_bytes(b"[" + b",\n".join([good, texts, ids, paths, good.replace(b'"good"', b'"good2"')]) + b"]")
+    m = tokenize_dataset([src], tmp_path / "tok", TokenizeConfig(media_root=str(media)), workers=1)
+    errors = [json.loads(x) for x in (tmp_path / "tok" / "errors.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [(e["row"], e["reason"]) for e in errors] == [(1, "bad_encoding"), (2, "bad_encoding"), (3, "bad_encoding")]
+    assert m["counts"]["samples"] == 2 and m["counts"]["rows_in"] == 5
+
+
+def test_errors_jsonl_is_utf8_whatever_the_rejected_row_held(media, tmp_path):
+    """errors.jsonl stays valid UTF-8 JSON lines: a lone surrogate in a rejected row's id is
+    written as its JSON escape, and reads back as the same string."""
+    line = b'{"id": "x\\udc80", "image": "nope.png", "conversations": ' + _CONV + b"}"
+    run_tokenize(media, tmp_path, [line])
+    raw = (tmp_path / "tok" / "errors.jsonl").read_bytes()
+    raw.decode("utf-8")
+    (e,) = [json.loads(x) for x in raw.splitlines()]
+    assert e["sample_id"] == "x\udc80" and e["reason"] == "bad_encoding"
+
+
+def test_an_input_file_name_that_is_not_utf8(media, tmp_path):
+    """A file name with a non-UTF-8 byte (possible on Linux) is read; its rows name it with the
+    byte escaped, since Arrow strings and JSON need UTF-8."""
+    name = os.fsdecode(b"caf\xe9.jsonl")
+    src = tmp_path / name
+    src.write_bytes(json.dumps(image_rec("a", "ok.png")).encode() + b"\n" + json.dumps(image_rec("b", "nope.png")).encode() + b"\n")
+    m = tokenize_dataset([src], tmp_path / "tok", TokenizeConfig(media_root=str(media)), workers=1)
+    assert m["counts"]["samples"] == 1 and m["counts"]["rejected"] == 1
+    (e,) = [json.loads(x) for x in (tmp_path / "tok" / "errors.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert e["source"].endswith("caf\\udce9.jsonl") and e["reason"] == "missing_media"
+    rows = pq.read_table(next((tmp_path / "tok").glob("part-*.parquet")), columns=["source"]).column("source").to_pylist()
+    assert rows == [e["source"]]
+
+
+# ---------------------------------------------------------------- media formats (issue 13, class 7)
+# Images are opened with an allow-list of the formats the model families' processors read;
+# Pillow's other formats (EPS and PDF hand work to Ghostscript) are unsupported_media. Videos
+# are opened with the demuxer their first bytes name, so a playlist or concat list (which make
+# FFmpeg open other files or URLs) is never interpreted.
+
+
+def _pil_bytes(fmt: str, **kw) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), (200, 30, 30)).save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+UNSUPPORTED_IMAGES = {
+    "eps.eps": lambda: _pil_bytes("EPS"),
+    "eps_named.png": lambda: _pil_bytes("EPS"),
+    "pdf.pdf": lambda: _pil_bytes("PDF"),
+    "ico.ico": lambda: _pil_bytes("ICO"),
+    "ppm.ppm": lambda: _pil_bytes("PPM"),
+    "tga.tga": lambda: _pil_bytes("TGA"),
+    "pcx.pcx": lambda: _pil_bytes("PCX"),
+    "svg.svg": lambda: b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>',
+}
+SUPPORTED_IMAGES = {
+    "jpeg.jpg": lambda: _pil_bytes("JPEG"),
+    "png.png": lambda: _pil_bytes("PNG"),
+    "webp.webp": lambda: _pil_bytes("WEBP"),
+    "gif.gif": lambda: _pil_bytes("GIF"),
+    "bmp.bmp": lambda: _pil_bytes("BMP"),
+    "tiff.tiff": lambda: _pil_bytes("TIFF"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNSUPPORTED_IMAGES))
+def test_image_formats_outside_the_allow_list_are_unsupported(media, tmp_path, name):
+    root = tmp_path / "m"
+    root.mkdir()
+    (root / "ok.png").write_bytes(png_bytes(64, 48))
+    (root / name).write_bytes(UNSUPPORTED_IMAGES[name]())
+    e = assert_rejected(root, tmp_path, image_rec(name, name), "unsupported_media")
+    assert "JPEG" in e["message"] and "PNG" in e["message"]
+
+
+def test_inline_eps_bytes_are_unsupported(media, tmp_path):
+    import base64
+
+    uri = "data:image/eps;base64," + base64.b64encode(_pil_bytes("EPS")).decode()
+    assert_rejected(media, tmp_path, image_rec("inline-eps", uri), "unsupported_media")
+
+
+@pytest.mark.parametrize("name", sorted(SUPPORTED_IMAGES))
+def test_image_formats_on_the_allow_list_pass(tmp_path, name):
+    root = tmp_path / "m"
+    root.mkdir()
+    (root / "ok.png").write_bytes(png_bytes(64, 48))
+    (root / name).write_bytes(SUPPORTED_IMAGES[name]())
+    _, errors = run_tokenize(root, tmp_path, [json.dumps(image_rec(name, name)).encode()])
+    assert name not in errors
+
+
+VIDEO_TRICKS = {
+    # an HLS playlist naming a file outside the media root
+    "playlist.m3u8": b"#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10,\n../outside.mp4\n#EXT-X-ENDLIST\n",
+    "playlist_named.mp4": b"#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10,\n../outside.mp4\n#EXT-X-ENDLIST\n",
+    "concat.ffconcat": b"ffconcat version 1.0\nfile ../outside.mp4\n",
+    "concat_named.mp4": b"ffconcat version 1.0\nfile ../outside.mp4\n",
+    "text.mp4": b"just some text, not a video at all\n" * 10,
+    "image_as_video.mp4": None,  # a PNG given as a video
+}
+
+
+@pytest.mark.parametrize("name", sorted(VIDEO_TRICKS))
+def test_video_files_that_are_not_video_containers(media, tmp_path, name):
+    root = tmp_path / "m"
+    root.mkdir()
+    (root / "ok.png").write_bytes(png_bytes(64, 48))
+    video(tmp_path / "outside.mp4")
+    (root / name).write_bytes(VIDEO_TRICKS[name] if VIDEO_TRICKS[name] is not None else png_bytes(64, 48))
+    assert_rejected(root, tmp_path, video_rec(name, name), "unsupported_media")
+
+
+@pytest.mark.parametrize("container", ["mp4", "avi", "mkv", "webm", "mov", "ts"])
+def test_video_containers_on_the_allow_list_pass(tmp_path, container):
+    import av
+    import numpy as np
+
+    root = tmp_path / "m"
+    root.mkdir()
+    (root / "ok.png").write_bytes(png_bytes(64, 48))
+    path = root / f"v.{container}"
+    codec = "libvpx" if container == "webm" else "mpeg4"
+    if codec not in av.codecs_available:
+        pytest.skip(f"{codec} encoder not in this PyAV build")
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream(codec, rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(12):
+            for p in stream.encode(av.VideoFrame.from_ndarray(np.full((48, 64, 3), i * 20, np.uint8), format="rgb24")):
+                out.mux(p)
+        for p in stream.encode(None):
+            out.mux(p)
+    _, errors = run_tokenize(root, tmp_path, [json.dumps(video_rec("v", path.name)).encode()])
+    assert "v" not in errors, errors.get("v")

@@ -21,6 +21,8 @@ from bench.corpus import make_corpus  # noqa: E402
 from packtool.shards import sha256_file  # noqa: E402
 
 KILLS = 5
+#: Kill points come from this seed: a fresh one per session unless PACKTOOL_CRASH_SEED replays one.
+SEED = int(os.environ.get("PACKTOOL_CRASH_SEED") or random.SystemRandom().randrange(2**32))
 
 
 def command(stage: str, src: Path, out: Path, corpus: Path) -> list[str]:
@@ -32,11 +34,24 @@ def command(stage: str, src: Path, out: Path, corpus: Path) -> list[str]:
             "--media", "reference", "--packs-per-shard", "40", *common]
 
 
-def finish(cmd: list[str]) -> float:
+def finish(cmd: list[str], replay: str = "") -> float:
     t0 = time.monotonic()
     r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, f"{r.stderr} {replay}"
     return time.monotonic() - t0
+
+
+def _wait_for_group_exit(pgid: int, timeout_s: float = 30.0) -> None:
+    """Wait until every process of the killed run is gone (workers of a killed driver stop
+    within a second by themselves), so the resume's result depends on no race with them."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"processes of group {pgid} still run {timeout_s:.0f} s after the kill")
 
 
 def visible(d: Path) -> dict[str, str]:
@@ -65,7 +80,9 @@ def test_sigkill_at_random_points_then_resume_gives_identical_shards(setup, stag
     ref_hashes = {s["file"]: s["sha256"] for s in json.loads((ref[stage] / "manifest.json").read_text())["shards"]}
     n_tasks = len(list((ref[stage] / ".packtool").glob("task-*.json")))
     assert len(ref_hashes) >= 15 and n_tasks == 15
-    rng = random.Random(f"{stage}-kills")
+    rng = random.Random(f"{SEED}-{stage}")
+    replay = f"(replay: PACKTOOL_CRASH_SEED={SEED} pytest {__file__} -k {stage})"
+    print(f"{stage}: kill points from seed {SEED}")
     interrupted = 0
     for k in range(KILLS):
         out = base / f"{stage}-{k}"
@@ -88,20 +105,23 @@ def test_sigkill_at_random_points_then_resume_gives_identical_shards(setup, stag
             else:
                 os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+        _wait_for_group_exit(proc.pid)
         done = len(list((out / ".packtool").glob("task-*.json"))) if (out / ".packtool").is_dir() else 0
         tmp = len(list(out.glob(".*.tmp"))) if out.is_dir() else 0
         print(f"{stage} kill {k} at {at:.2f}s of {times[stage]:.2f}s: {done} tasks marked, {len(visible(out))} shards, "
               f"{tmp} temporaries")
         # whatever is visible now is a complete shard, byte for byte the one the full run writes
         for name, digest in visible(out).items():
-            assert ref_hashes.get(name) == digest, f"kill at {at:.2f}s left a partial or foreign {name}"
+            assert ref_hashes.get(name) == digest, f"kill at {at:.2f}s left a partial or foreign {name} {replay}"
             pq.read_metadata(out / name)
         if (out / "manifest.json").exists():
             assert (out / "manifest.json").read_bytes() == (ref[stage] / "manifest.json").read_bytes() or stage == "pack"
-        finish(cmd)
+        finish(cmd, replay)
         got = {s["file"]: s["sha256"] for s in json.loads((out / "manifest.json").read_text())["shards"]}
-        assert got == ref_hashes, f"resume after a kill at {at:.2f}s differs from the uninterrupted run"
-        assert visible(out) == ref_hashes
-        assert (out / "errors.jsonl").read_bytes() == (ref[stage] / "errors.jsonl").read_bytes()
-        assert not list(out.glob(".*.tmp"))
-    assert interrupted == KILLS, "every kill must land while the command runs"
+        assert got == ref_hashes, f"resume after a kill at {at:.2f}s differs from the uninterrupted run {replay}"
+        assert visible(out) == ref_hashes, replay
+        assert (out / "errors.jsonl").read_bytes() == (ref[stage] / "errors.jsonl").read_bytes(), replay
+        # the resume swept what the killed run was writing (manifest, markers, errors, shards)
+        left = [p.name for d in (out, out / ".packtool") for p in d.glob(".*.tmp")]
+        assert not left, f"kill at {at:.2f}s: temporaries left after the resume: {left} {replay}"
+    assert interrupted == KILLS, f"every kill must land while the command runs {replay}"

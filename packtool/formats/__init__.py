@@ -27,6 +27,7 @@ from pathlib import Path
 from ..errors import ConfigError, InputError, SampleError
 from ..records import Sample
 from . import hf_parquet, llava, molmo, qwen_vl, sharegpt, swift
+from .common import check_sample, printable
 
 __all__ = ["Rejected", "iter_samples", "parse_record", "parse_json_line", "iter_records", "expand_inputs", "PARSERS", "FORMATS", "detect_format", "SUFFIXES"]
 
@@ -74,8 +75,7 @@ def expand_inputs(inputs: list[Path]) -> list[Path]:
     files: list[Path] = []
     for p in inputs:
         if p.is_dir():
-            files.extend(sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(SUFFIXES)
-                                and not f.name.startswith(".")))
+            files.extend(sorted(f for f in _walk(p) if f.name.endswith(SUFFIXES) and not f.name.startswith(".")))
         elif p.is_file():
             files.append(p)
         else:
@@ -83,6 +83,71 @@ def expand_inputs(inputs: list[Path]) -> list[Path]:
     if not files:
         raise InputError(f"no input files found in {', '.join(map(str, inputs))}; expected {', '.join(SUFFIXES)}")
     return files
+
+
+class _ZstdStream(io.RawIOBase):
+    """The decompressed bytes of one or more zstd frames; ``EOFError`` when the input ends
+    inside a frame (``zstandard``'s ``stream_reader`` returns a truncated stream's bytes
+    without saying so, which would lose the tail of a file silently)."""
+
+    def __init__(self, raw, zstandard) -> None:
+        self.raw = raw
+        self.dctx = zstandard.ZstdDecompressor()
+        self.obj = self.dctx.decompressobj()
+        self.in_frame = False
+        self.buf = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not len(self.buf):
+            data = self.raw.read(1 << 16)
+            if not data:
+                if self.in_frame:
+                    raise EOFError("zstd stream ended before the end of its frame")
+                return 0
+            out = []
+            while data:
+                if self.obj.eof:  # the next frame of a multi-frame file
+                    self.obj = self.dctx.decompressobj()
+                out.append(self.obj.decompress(data))
+                data = self.obj.unused_data if self.obj.eof else b""
+            self.in_frame = not self.obj.eof
+            self.buf = memoryview(b"".join(out))
+        n = min(len(b), len(self.buf))
+        b[:n] = self.buf[:n]
+        self.buf = self.buf[n:]
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    """Every file under ``root``; a directory that cannot be listed is an error, not a silent gap
+    (``Path.rglob`` skips unreadable directories without a word)."""
+    import os
+
+    seen: set[str] = set()
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        real = os.path.realpath(d)
+        if real in seen:  # a link back up the tree is listed once, not forever
+            continue
+        seen.add(real)
+        try:
+            entries = list(os.scandir(d))
+        except OSError as exc:
+            raise InputError(f"cannot list {str(d)!r} inside input {str(root)!r} ({exc.strerror}); make it "
+                             "readable or leave it out of the inputs") from None
+        for e in entries:
+            if e.is_dir():
+                stack.append(Path(e.path))
+            elif e.is_file():
+                yield Path(e.path)
 
 
 def _open_binary(path: Path):
@@ -96,13 +161,49 @@ def _open_binary(path: Path):
         except ImportError:
             raise InputError(f"{path}: reading .zst files needs the zstandard package; "
                              f"run `pip install packtool[zstd]` or decompress the file") from None
-        raw = open(path, "rb")
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), buffer_size=1 << 16)
+        return io.BufferedReader(_ZstdStream(open(path, "rb"), zstandard), buffer_size=1 << 16)
     return open(path, "rb", buffering=1 << 16)
 
 
+def _decode_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean a compressed file's bytes are not what its name says (not an
+    environment fault such as a permission or I/O error, which stops the run)."""
+    import zlib
+
+    errors: list[type[BaseException]] = [EOFError, gzip.BadGzipFile, zlib.error]
+    try:
+        import zstandard
+
+        errors.append(zstandard.ZstdError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def _corrupt_file(path: Path, exc: BaseException) -> SampleError:
+    kind = "zstd" if path.name.endswith(".zst") else "gzip" if path.name.endswith(".gz") else "file"
+    if isinstance(exc, EOFError):
+        what = f"the {kind} stream is truncated ({exc})"
+    else:
+        what = f"the file cannot be decompressed as {kind} ({exc})"
+    return SampleError("corrupt_file", f"{what}; rows from here to the end of the file are lost: re-copy or "
+                                      "re-compress the file")
+
+
 def _json_records(path: Path) -> Iterator[tuple[int, object]]:
-    """JSON arrays element by element, JSONL line by line; a bad line is a SampleError."""
+    """JSON arrays element by element, JSONL line by line; a bad line is a SampleError, and a
+    file whose compressed bytes break off or are not its compression ends with one
+    ``corrupt_file`` SampleError (the rows before it are kept)."""
+    next_row = 0
+    try:
+        for row, rec in _json_records_unchecked(path):
+            next_row = row + 1
+            yield row, rec
+    except _decode_errors() as exc:
+        yield next_row, _corrupt_file(path, exc)
+
+
+def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
     with _open_binary(path) as fh:
         head = fh.peek(1 << 12)[: 1 << 12].lstrip()
         whole_json = head.startswith(b"[") or (head.startswith(b"{") and ".jsonl" not in path.name
@@ -113,11 +214,15 @@ def _json_records(path: Path) -> Iterator[tuple[int, object]]:
             try:
                 data = json.loads(text)
             except (ValueError, RecursionError) as exc:
-                raise InputError(f"{path}: not valid JSON ({exc}); fix the file or convert it to JSONL") from None
+                # one unreadable file is one rejected row (its records cannot be told apart), not a stopped run
+                yield 0, SampleError("bad_json", f"the file is not valid JSON ({str(exc)[:200]}); fix it or convert "
+                                                 "it to JSONL, one record per line")
+                return
             if isinstance(data, dict):
                 data = [data]
             if not isinstance(data, list):
-                raise InputError(f"{path}: expected a JSON array of records")
+                yield 0, SampleError("bad_json", f"the file holds a JSON {type(data).__name__}, not an array of records")
+                return
             yield from enumerate(data)
             return
         for row, line in enumerate(fh):
@@ -188,7 +293,8 @@ def check_format(fmt: str) -> None:
 
 def parse_record(rec: object, source: str, row: int, fmt: str = "auto") -> Sample | Rejected:
     """One record (or the SampleError its line raised) as a Sample or a Rejected row."""
-    sid = rec.get("id") if isinstance(rec, dict) else None
+    source = printable(source)
+    sid = rec.get("id", rec.get("sample_id")) if isinstance(rec, dict) else None
     sid = str(sid) if sid is not None else None
     try:
         if isinstance(rec, SampleError):
@@ -196,11 +302,12 @@ def parse_record(rec: object, source: str, row: int, fmt: str = "auto") -> Sampl
         if not isinstance(rec, dict):
             raise SampleError("bad_record", f"record is a {type(rec).__name__}, not an object")
         parser = PARSERS[detect_format(rec) if fmt == "auto" else fmt]
-        return parser(rec, source, row)
+        return check_sample(parser(rec, source, row))
     except SampleError as err:
         return Rejected(source, row, sid, err.reason, err.message)
-    except (TypeError, AttributeError) as exc:  # a field of an unexpected type
-        return Rejected(source, row, sid, "bad_record", f"unexpected field type: {exc}")
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError) as exc:  # a field of an unexpected type or shape
+        return Rejected(source, row, sid, "bad_record", f"unexpected field type or shape: {type(exc).__name__}: "
+                                                        f"{str(exc)[:200]}")
     except RecursionError:
         return Rejected(source, row, sid, "bad_record", "record is nested too deeply")
 

@@ -20,7 +20,8 @@ from pathlib import Path
 from ..errors import SampleError
 from ..records import MediaRef, Message, Part, Sample
 
-__all__ = ["media_ref", "media_refs", "as_list", "check_text", "sample_id_of", "split_placeholders", "build_sample"]
+__all__ = ["media_ref", "media_refs", "as_list", "check_text", "check_sample", "printable", "sample_id_of",
+           "split_placeholders", "build_sample"]
 
 
 def as_list(value) -> list:
@@ -92,6 +93,51 @@ def check_text(text, where: str) -> str:
         except UnicodeEncodeError as exc:
             raise SampleError("bad_encoding", f"{where} is not valid UTF-8 text: {exc.reason} at {exc.start}") from None
     return text
+
+
+def printable(text: str) -> str:
+    """``text`` with whatever UTF-8 cannot encode (lone surrogates, e.g. a file name's undecodable
+    byte as Python reads it) written as a ``\\udcXX`` escape: a label Arrow and JSON can store.
+
+    Example:
+        >>> printable("caf\\udce9.jsonl")
+        'caf\\\\udce9.jsonl'
+    """
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _check_path(path: str, kind: str) -> None:
+    if "\x00" in path:
+        raise SampleError("bad_record", f"{kind} path {path[:80]!r} holds a NUL byte, which no file name can")
+    check_text(path, f"{kind} path {path[:80]!r}")
+
+
+def check_sample(sample: Sample) -> Sample:
+    """Check everything a parsed sample carries into a shard, for every format at once.
+
+    The sample id and media paths go into Arrow string columns and file-system calls; each
+    message text into the tokenizer. A string UTF-8 cannot encode (a lone surrogate from a
+    JSON escape or an undecodable byte) is ``bad_encoding``; a NUL byte in a path, a path
+    or id of the wrong type is ``bad_record``. A record rejected here never reaches a writer,
+    so one bad record cannot stop a run.
+
+    Raises:
+        SampleError: ``bad_encoding`` or ``bad_record``.
+    """
+    check_text(sample.sample_id, f"sample id {sample.sample_id[:80]!r}")
+    for ref in sample.media:
+        if ref.path is not None:
+            if not isinstance(ref.path, str):
+                raise SampleError("bad_record", f"{ref.kind} path must be a string, got {type(ref.path).__name__}")
+            _check_path(ref.path, ref.kind)
+    for branch in sample.branches:
+        for message in branch:
+            for part in message.parts:
+                if part.kind == "text" and not part.text.isascii():
+                    check_text(part.text, f"a {message.role} message")
+    return sample
 
 
 def sample_id_of(record: dict, source: str, row: int) -> str:

@@ -16,24 +16,41 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import SampleError
 
 __all__ = ["iter_records", "SUFFIXES"]
 
 SUFFIXES = (".parquet",)
 
 
-def iter_records(path: Path, batch_rows: int = 512) -> Iterator[tuple[int, dict]]:
-    """Yield ``(row, record)`` for every row of a Parquet file."""
+def iter_records(path: Path, batch_rows: int = 512, row_groups: tuple[int, int] | None = None,
+                 first_row: int = 0) -> Iterator[tuple[int, object]]:
+    """Yield ``(row, record)`` for every row of a Parquet file (or of row groups ``row_groups``,
+    whose first row is ``first_row``).
+
+    A file that is not Parquet, or whose pages cannot be decoded, ends with one ``corrupt_file``
+    :class:`~packtool.errors.SampleError` in place of its remaining rows; the rows before it
+    are kept. Permission and I/O errors stop the run (they are the environment's, not the file's).
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    row = first_row
     try:
         pf = pq.ParquetFile(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
-    row = 0
-    for batch in pf.iter_batches(batch_size=batch_rows):
-        for rec in batch.to_pylist():
-            yield row, rec
-            row += 1
+        groups = list(range(*row_groups)) if row_groups is not None else None
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups):
+            for rec in batch.to_pylist():
+                yield row, rec
+                row += 1
+    except OSError as exc:
+        if exc.errno is not None:  # EACCES, EIO ...: not the file's contents
+            raise
+        yield row, _corrupt(exc)
+    except (pa.ArrowException, ValueError) as exc:
+        yield row, _corrupt(exc)
+
+
+def _corrupt(exc: BaseException) -> SampleError:
+    return SampleError("corrupt_file", f"not a readable Parquet file from this row on ({str(exc)[:200]}); "
+                                       "re-copy or re-write the file")

@@ -107,8 +107,9 @@ class PackedDataset:
         world_size: number of data-parallel ranks.
         shuffle: permute shards, row groups and rows, differently every epoch.
         seed: base of the permutation; every rank must use the same seed.
-        verify: check each shard's sha256 against the manifest when first opened
-            (its size is always checked).
+        verify: check each shard's sha256 against the manifest when first opened. Without it
+            the size and row count are checked, and every Parquet page is read with its CRC32
+            verified, so a damaged page raises instead of decoding to wrong values.
         drop_last: when the pack count does not divide ``world_size``, drop the tail
             (``True``) instead of padding by repeating the epoch's first packs (``False``).
 
@@ -348,7 +349,8 @@ class PackedDataset:
                 )
             self._checked.add(shard)
         try:
-            pf = pq.ParquetFile(file)
+            # pages are read with their CRC32 checked: a flipped bit raises, never decodes to wrong ids
+            pf = pq.ParquetFile(file, page_checksum_verification=True)
         except (OSError, ValueError) as exc:
             raise _corrupt(file, exc) from None
         if pf.metadata.num_rows != int(entry["rows"]):
@@ -560,12 +562,24 @@ def decode_image(item: dict, media_root: str | Path | None = None, *, exif: bool
     ``exif=True`` turns the image by its EXIF orientation first, as families whose
     loader does so were counted (the manifest's ``vision.exif == "apply"``).
     """
-    from PIL import Image, ImageOps
+    from PIL import ImageOps
 
     data = item.get("data")
     src = io.BytesIO(data[0]) if data else _media_file(item, media_root)
-    with Image.open(src) as im:
+    with _open_image(src) as im:
         return (ImageOps.exif_transpose(im) if exif else im).convert("RGB")
+
+
+def _open_image(src):
+    """Open an image with packtool's allow-list (``media.IMAGE_FORMATS``): an EPS or PDF placed
+    in a shard or under the media root is refused, never handed to Ghostscript."""
+    from ..errors import SampleError
+    from ..media import open_image
+
+    try:
+        return open_image(src)
+    except SampleError as err:
+        raise InputError(f"{err.message}: {src if isinstance(src, Path) else 'embedded bytes'}") from None
 
 
 def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrames:
@@ -575,23 +589,27 @@ def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrame
     reference the file under ``media_root`` is decoded with PyAV and, for each
     timestamp, the frame nearest to it (by presentation time) is taken.
     """
-    from PIL import Image
-
     stamps = tuple(float(t) for t in (item.get("timestamps") or ()))
     data = item.get("data")
     if data:
         frames = []
         for blob in data:
-            with Image.open(io.BytesIO(blob)) as im:
+            with _open_image(io.BytesIO(blob)) as im:
                 frames.append(im.convert("RGB"))
         if stamps and len(stamps) != len(frames):
             raise InputError(f"video {item.get('path')!r} has {len(frames)} embedded frames but {len(stamps)} timestamps; re-run packtool pack")
         return VideoFrames(tuple(frames), stamps)
     import av
 
+    from ..media import VIDEO_CONTAINERS, video_demuxer
+
     file = _media_file(item, media_root)
     best: list[tuple[float, Any]] = [(math.inf, None)] * len(stamps)
-    with av.open(str(file)) as container:
+    with open(file, "rb") as fh:
+        demuxer = video_demuxer(fh.read(189))
+    if demuxer is None:  # never let FFmpeg probe a playlist or concat list, which open other files
+        raise InputError(f"video {str(file)!r} is not a container packtool reads ({VIDEO_CONTAINERS})")
+    with av.open(str(file), format=demuxer) as container:
         stream = container.streams.video[0]
         for frame in container.decode(stream):
             t = float(frame.time) if frame.time is not None else 0.0
