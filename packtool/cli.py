@@ -20,6 +20,7 @@ from . import __version__
 from .config import PackConfig, TokenizeConfig
 from .errors import PacktoolError
 from .formats import FORMATS
+from .shards import ERRORS, MANIFEST
 
 __all__ = ["app", "main", "run"]
 
@@ -60,7 +61,7 @@ RayAddress = Annotated[str | None, typer.Option(help="Ray cluster to join, e.g. 
 Rank = Annotated[int, typer.Option(min=0, help="This process's share of the tasks (Slurm/Kubernetes arrays).")]
 WorldSize = Annotated[int, typer.Option(min=1, help="Number of shares; run `packtool merge DIR` when every rank is done.")]
 MaxErrors = Annotated[int | None, typer.Option(min=0, help="Fail when more rows than this are rejected (default: no limit).")]
-OnError = Annotated[str, typer.Option(help="skip: record a bad row in errors.jsonl and go on; fail: stop at the first.")]
+OnError = Annotated[str, typer.Option(help="skip: record a bad row in .packtool/errors.jsonl and go on; fail: stop at the first.")]
 
 
 class _Bar:
@@ -158,7 +159,7 @@ def tokenize(
     typer.echo(f"{c['samples']:,} samples from {c['rows_in']:,} rows in {len(manifest['shards'])} shards -> {output}")
     if c["rejected"]:
         reasons = ", ".join(f"{k} {v}" for k, v in c["rejected_by_reason"].items())
-        typer.echo(f"{c['rejected']:,} rows rejected ({reasons}); see {output / 'errors.jsonl'}")
+        typer.echo(f"{c['rejected']:,} rows rejected ({reasons}); see {output / ERRORS}")
 
 
 @app.command()
@@ -372,7 +373,7 @@ def merge(
     if as_json:
         _emit_json({"output": str(path), "kind": manifest["kind"], **c, "shards": len(manifest["shards"])})
         return
-    typer.echo(f"{manifest['kind']}: {c['tasks']} tasks, {len(manifest['shards'])} shards -> {path / 'manifest.json'}")
+    typer.echo(f"{manifest['kind']}: {c['tasks']} tasks, {len(manifest['shards'])} shards -> {path / MANIFEST}")
 
 
 def _version_callback(value: bool) -> None:

@@ -1,8 +1,14 @@
 """Shard writer and reader as a pair: atomic shards, manifest last, sha256 per shard.
 
 A shard is written as ``.part-NNNNN.parquet.<pid>.tmp`` and renamed into place only once
-closed; ``manifest.json`` is written (atomically too) after every shard is in place.
+closed; ``.packtool/manifest.json`` is written (atomically too) after every shard is in place.
 Readers trust the manifest: a shard not listed there does not exist.
+
+Everything that is not a shard lives in the hidden ``.packtool/`` folder (manifest, rejected
+rows, run state), so the output directory itself is a Parquet dataset: pandas, pyarrow,
+duckdb and Hugging Face ``datasets`` open it by its path and see only the shards' rows.
+Directories written before that layout (``manifest.json`` and ``errors.jsonl`` beside the
+shards) are still read.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import pyarrow.parquet as pq
 from . import __version__
 from .config import config_diff
 from .errors import InputError, OutputError, ResumeMismatchError
-from .schema import SCHEMA_VERSION
+from .schema import READABLE_VERSIONS, SCHEMA_VERSION
 
 __all__ = [
     "ShardWriter",
@@ -41,17 +47,51 @@ __all__ = [
     "MANIFEST",
     "ERRORS",
     "STATE_DIR",
+    "LEGACY_MANIFEST",
+    "LEGACY_ERRORS",
+    "manifest_path",
+    "errors_path",
+    "is_output_dir",
 ]
 
-MANIFEST = "manifest.json"
-ERRORS = "errors.jsonl"
-#: Per-run state (run settings, completion markers, per-task errors); kept after the run.
+#: Per-run state (run settings, completion markers, per-task errors) and the run's published
+#: files; hidden, so dataset readers that open the directory see only the shards.
 STATE_DIR = ".packtool"
+#: The manifest, relative to the output directory: written last, lists every shard.
+MANIFEST = f"{STATE_DIR}/manifest.json"
+#: Every rejected input row of the run, one JSON line each, relative to the output directory.
+ERRORS = f"{STATE_DIR}/errors.jsonl"
+#: Where directories written by packtool before the hidden layout keep them (still read).
+LEGACY_MANIFEST = "manifest.json"
+LEGACY_ERRORS = "errors.jsonl"
 RUN_STATE = "run.json"
 
 # Fixed writer options: the same rows always give the same bytes.
 _WRITE_OPTS = dict(compression="zstd", compression_level=1, use_dictionary=False, write_statistics=False,
                    data_page_version="2.0", store_schema=True)
+
+
+def manifest_path(out_dir: str | Path) -> Path:
+    """The manifest file of an output directory: ``.packtool/manifest.json``, or the top-level
+    ``manifest.json`` of a directory written before the hidden layout, when only that exists."""
+    out_dir = Path(out_dir)
+    legacy = out_dir / LEGACY_MANIFEST
+    current = out_dir / MANIFEST
+    return legacy if not current.is_file() and legacy.is_file() else current
+
+
+def errors_path(out_dir: str | Path) -> Path:
+    """The rejected-rows file of an output directory (``.packtool/errors.jsonl``; legacy: ``errors.jsonl``)."""
+    out_dir = Path(out_dir)
+    legacy = out_dir / LEGACY_ERRORS
+    current = out_dir / ERRORS
+    return legacy if not current.is_file() and legacy.is_file() else current
+
+
+def is_output_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a packtool output directory (finished or not, any layout)."""
+    path = Path(path)
+    return (path / STATE_DIR / RUN_STATE).is_file() or (path / MANIFEST).is_file() or (path / LEGACY_MANIFEST).is_file()
 
 
 def shard_name(index: int, prefix: str = "part") -> str:
@@ -233,23 +273,25 @@ def write_manifest(out_dir: Path, kind: str, config: dict, config_digest: str, s
         **extra,
         "shards": shards,
     }
+    (Path(out_dir) / STATE_DIR).mkdir(parents=True, exist_ok=True)
     atomic_write_text(Path(out_dir) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=False) + "\n")
     return manifest
 
 
 def read_manifest(path: Path, kind: str | None = None) -> dict:
-    """Read ``path/manifest.json`` and check its kind and schema version."""
-    file = Path(path) / MANIFEST
+    """Read ``path/.packtool/manifest.json`` (or a legacy ``path/manifest.json``) and check its kind and schema version."""
+    file = manifest_path(path)
     if not file.is_file():
         raise InputError(f"{str(path)!r} has no {MANIFEST}; is it the output of packtool tokenize/pack, and did that run finish?")
     try:
         manifest = json.loads(file.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise InputError(f"{file}: manifest is not valid JSON ({exc}); re-run the command that wrote it") from None
-    if manifest.get("schema_version") != SCHEMA_VERSION:
+    readable = READABLE_VERSIONS.get(manifest.get("kind"), (SCHEMA_VERSION,))
+    if manifest.get("schema_version") not in readable:
         raise InputError(
-            f"{file}: schema version {manifest.get('schema_version')!r}, this packtool reads {SCHEMA_VERSION}; "
-            "re-run the stage with this version"
+            f"{file}: {manifest.get('kind')} schema version {manifest.get('schema_version')!r}, this packtool reads "
+            f"{' or '.join(map(str, readable))}; re-run the stage with this version"
         )
     if kind is not None and manifest.get("kind") != kind:
         raise InputError(f"{str(path)!r} holds {manifest.get('kind')} shards, expected {kind} shards")
@@ -268,7 +310,7 @@ def _remove(path: Path) -> None:
 def _wipe(out_dir: Path) -> None:
     """Remove everything a packtool run writes into ``out_dir`` (and nothing else)."""
     for f in out_dir.iterdir():
-        if (f.name in (MANIFEST, ERRORS, STATE_DIR) or f.name.startswith((".part-", "part-"))
+        if (f.name in (LEGACY_MANIFEST, LEGACY_ERRORS, STATE_DIR) or f.name.startswith((".part-", "part-"))
                 or (f.name.startswith(".") and f.name.endswith(".tmp"))):
             _remove(f)
 
@@ -319,7 +361,7 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputError(f"output {str(out_dir)!r} exists and is not a directory; choose another -o")
-    manifest_file = out_dir / MANIFEST
+    manifest_file = manifest_path(out_dir)
     state_file = out_dir / STATE_DIR / RUN_STATE
     if manifest_file.is_file():
         try:

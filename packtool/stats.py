@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from .errors import ConfigError, InputError
 from .pipeline import lower_bound
-from .shards import ERRORS, read_manifest
+from .shards import errors_path, is_output_dir, read_manifest
 
 __all__ = [
     "STATS_VERSION",
@@ -194,7 +194,7 @@ def _read(path: Path, entry: dict, columns: list[str]) -> pa.Table:
 
 
 def _read_errors(path: Path) -> list[dict]:
-    file = path / ERRORS
+    file = errors_path(path)
     if not file.is_file():
         return []
     out = []
@@ -266,7 +266,7 @@ def _find_source(packed: Path, manifest: dict) -> Path | None:
     if not src:
         return None
     for cand in (Path(src), packed / src):
-        if (cand / "manifest.json").is_file():
+        if is_output_dir(cand):
             return cand
     return None
 

@@ -62,7 +62,7 @@ def setup(tmp_path_factory):
 def test_sigkill_at_random_points_then_resume_gives_identical_shards(setup, stage):
     corpus, base, ref, times = setup
     src = corpus / "data.jsonl" if stage == "tokenize" else ref["tokenize"]
-    ref_hashes = {s["file"]: s["sha256"] for s in json.loads((ref[stage] / "manifest.json").read_text())["shards"]}
+    ref_hashes = {s["file"]: s["sha256"] for s in json.loads((ref[stage] / ".packtool" / "manifest.json").read_text())["shards"]}
     n_tasks = len(list((ref[stage] / ".packtool").glob("task-*.json")))
     assert len(ref_hashes) >= 15 and n_tasks == 15
     rng = random.Random(f"{stage}-kills")
@@ -96,12 +96,12 @@ def test_sigkill_at_random_points_then_resume_gives_identical_shards(setup, stag
         for name, digest in visible(out).items():
             assert ref_hashes.get(name) == digest, f"kill at {at:.2f}s left a partial or foreign {name}"
             pq.read_metadata(out / name)
-        if (out / "manifest.json").exists():
-            assert (out / "manifest.json").read_bytes() == (ref[stage] / "manifest.json").read_bytes() or stage == "pack"
+        if (out / ".packtool" / "manifest.json").exists():
+            assert (out / ".packtool" / "manifest.json").read_bytes() == (ref[stage] / ".packtool" / "manifest.json").read_bytes() or stage == "pack"
         finish(cmd)
-        got = {s["file"]: s["sha256"] for s in json.loads((out / "manifest.json").read_text())["shards"]}
+        got = {s["file"]: s["sha256"] for s in json.loads((out / ".packtool" / "manifest.json").read_text())["shards"]}
         assert got == ref_hashes, f"resume after a kill at {at:.2f}s differs from the uninterrupted run"
         assert visible(out) == ref_hashes
-        assert (out / "errors.jsonl").read_bytes() == (ref[stage] / "errors.jsonl").read_bytes()
+        assert (out / ".packtool" / "errors.jsonl").read_bytes() == (ref[stage] / ".packtool" / "errors.jsonl").read_bytes()
         assert not list(out.glob(".*.tmp"))
     assert interrupted == KILLS, "every kill must land while the command runs"

@@ -40,8 +40,8 @@ def test_ranks_then_merge(corpus, tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("30 samples from 31 rows in 4 shards")
     r = run("merge", str(out))
-    assert (r.returncode, r.stdout) == (0, f"tokenized: 4 tasks, 4 shards -> {out / 'manifest.json'}\n")
-    assert json.loads((out / "manifest.json").read_text())["counts"]["rejected_by_reason"] == {"bad_json": 1}
+    assert (r.returncode, r.stdout) == (0, f"tokenized: 4 tasks, 4 shards -> {out / '.packtool' / 'manifest.json'}\n")
+    assert json.loads((out / ".packtool" / "manifest.json").read_text())["counts"]["rejected_by_reason"] == {"bad_json": 1}
 
 
 def test_on_error_fail_and_max_errors_exit_1_with_the_row(corpus, tmp_path):
@@ -51,7 +51,7 @@ def test_on_error_fail_and_max_errors_exit_1_with_the_row(corpus, tmp_path):
     assert r.returncode == 1
     assert r.stderr.startswith(f"Error: {src}:30 rejected, bad_json: line is not valid JSON")
     assert "--on-error fail stops at the first rejected row" in r.stderr
-    assert not (tmp_path / "a" / "manifest.json").exists()
+    assert not (tmp_path / "a" / ".packtool" / "manifest.json").exists()
     r = run("tokenize", *common, "-o", str(tmp_path / "b"), "--max-errors", "0")
     assert r.returncode == 1
     assert r.stderr.startswith("Error: 1 input rows rejected, more than --max-errors 0")
