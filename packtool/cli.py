@@ -49,7 +49,9 @@ _PACK_DEFAULTS = PackConfig()
 Output = Annotated[Path, typer.Option("--output", "-o", help="Output directory.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
-Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace a finished run made with another configuration.")]
+Overwrite = Annotated[bool, typer.Option(
+    "--overwrite",
+    help="Replace a run made with other settings (only the files it wrote are removed), or write into a non-empty directory that holds no packtool run.")]
 MaxTokens = Annotated[int, typer.Option(min=1, help="Tokens per pack (sequence length).")]
 MaxVisionUnits = Annotated[
     int | None, typer.Option(min=0, help="Vision units per pack (default: the model family's default).")

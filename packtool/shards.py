@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -307,12 +308,57 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def _wipe(out_dir: Path) -> None:
-    """Remove everything a packtool run writes into ``out_dir`` (and nothing else)."""
+#: Temporaries of this run's writers: ``.part-TTTTT-KKKKK.parquet.<pid>.tmp`` and ``.<file>.<pid>.tmp``.
+_OWN_TMP = re.compile(r"^\.(part-\d{5}-\d{5}\.parquet|manifest\.json|errors\.jsonl)\.\d+\.tmp$")
+
+
+def _own_files(out_dir: Path) -> set[str]:
+    """The names a packtool run in ``out_dir`` wrote, as its manifest, run state and markers name them.
+
+    Shards listed by the manifest or by a task's completion marker, the shards of every task
+    the run planned (an unfinished task leaves shards but no marker), the legacy manifest and
+    errors files, and the writers' temporaries.
+    """
+    names: set[str] = set()
+    for file in (out_dir / MANIFEST, out_dir / LEGACY_MANIFEST):
+        try:
+            names.update(s["file"] for s in json.loads(file.read_text(encoding="utf-8")).get("shards", []))
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+    state = out_dir / STATE_DIR
+    for marker in state.glob("task-*.json"):
+        try:
+            names.update(s["file"] for s in json.loads(marker.read_text(encoding="utf-8")).get("shards", []))
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+    try:
+        n_tasks = int(json.loads((state / RUN_STATE).read_text(encoding="utf-8")).get("n_tasks", 0))
+    except (OSError, ValueError, TypeError):
+        n_tasks = 0
+    prefixes = {task_prefix(t) for t in range(n_tasks)}
     for f in out_dir.iterdir():
-        if (f.name in (LEGACY_MANIFEST, LEGACY_ERRORS, STATE_DIR) or f.name.startswith((".part-", "part-"))
-                or (f.name.startswith(".") and f.name.endswith(".tmp"))):
-            _remove(f)
+        if (f.name.startswith("part-") and f.name[:10] in prefixes and re.fullmatch(r"part-\d{5}-\d{5}\.parquet", f.name)) \
+                or _OWN_TMP.match(f.name):
+            names.add(f.name)
+    names.update(n for n in (LEGACY_MANIFEST, LEGACY_ERRORS) if (out_dir / n).is_file() and (out_dir / LEGACY_MANIFEST).is_file())
+    # only plain names directly inside out_dir: a manifest cannot point anywhere else
+    return {n for n in names if isinstance(n, str) and n and "/" not in n and "\\" not in n and n not in (".", "..")}
+
+
+def _wipe(out_dir: Path) -> None:
+    """Remove what a packtool run wrote into ``out_dir`` (the names its own manifest, markers and
+    run state give, and its ``.packtool/`` folder) and nothing else: files of other programs stay."""
+    for name in sorted(_own_files(out_dir)):
+        _remove(out_dir / name)
+    _remove(out_dir / STATE_DIR)
+
+
+def _foreign_entries(out_dir: Path) -> list[str]:
+    """Visible entries of ``out_dir`` that no packtool run wrote (hidden ones are not counted)."""
+    if not out_dir.is_dir():
+        return []
+    own = _own_files(out_dir) if is_output_dir(out_dir) else set()
+    return sorted(f.name for f in out_dir.iterdir() if not f.name.startswith(".") and f.name not in own)
 
 
 def _check_writable(out_dir: Path) -> None:
@@ -351,7 +397,9 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
     stored as ``.packtool/run.json`` so an interrupted run can be resumed: the same
     command finds it, keeps every task that left a completion marker, and redoes the rest.
     A directory holding a run (finished or not) with other settings is refused, naming the
-    settings that differ, unless ``overwrite``. Several ranks may call this at once: they
+    settings that differ, unless ``overwrite``; so is a non-empty directory that holds no
+    packtool run (hidden entries aside). ``overwrite`` removes only what a run wrote there
+    (the files its manifest, markers and run state name, and ``.packtool/``), never other files. Several ranks may call this at once: they
     all write the same ``run.json``.
 
     Example:
@@ -393,6 +441,12 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
             _wipe(out_dir)
     elif overwrite and out_dir.is_dir():
         _wipe(out_dir)
+    elif foreign := _foreign_entries(out_dir):
+        shown = ", ".join(repr(n) for n in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise OutputError(
+            f"output {str(out_dir)!r} is not empty and holds no packtool run ({shown}); choose a new or empty -o, "
+            "or pass --overwrite to write there anyway (files packtool did not write are never removed)"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     _check_writable(out_dir)
     if not state_file.is_file() or json.loads(state_file.read_text(encoding="utf-8")) != run:

@@ -20,6 +20,7 @@ import gzip
 import io
 import json
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,13 +70,46 @@ _COMPRESSIONS = ("", ".gz", ".zst")
 SUFFIXES = tuple(s + c for s in _JSON_SUFFIXES for c in _COMPRESSIONS) + hf_parquet.SUFFIXES
 
 
+def _scan_dir(root: Path) -> list[Path]:
+    """The supported files under ``root``, sorted; hidden entries and packtool outputs are skipped.
+
+    A corpus directory often holds earlier results (``tokenize data -o data/tok`` run twice):
+    their shards are packtool's own rows, not input records, so a directory holding a packtool
+    run (a ``.packtool/`` state folder or a manifest) is left out with everything under it, and
+    so is every entry whose name starts with ``.`` (``.git``, editor and OS files).
+    """
+    from ..shards import is_output_dir
+
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        skipped = [d for d in dirnames if d.startswith(".") or is_output_dir(here / d)]
+        for d in skipped:
+            if not d.startswith("."):
+                log.info("skipping %s: a packtool output directory, not input", here / d)
+        dirnames[:] = sorted(d for d in dirnames if d not in skipped)
+        found.extend(here / f for f in filenames if f.endswith(SUFFIXES) and not f.startswith("."))
+    return sorted(found)
+
+
 def expand_inputs(inputs: list[Path]) -> list[Path]:
-    """Files named directly, plus the supported files under named directories, sorted."""
+    """Files named directly, plus the supported files under named directories, sorted.
+
+    Under a directory, hidden entries and packtool output directories are skipped
+    (see :func:`_scan_dir`); a named file is always read.
+
+    Raises:
+        InputError: an input does not exist, is itself a packtool output, or holds no input files.
+    """
+    from ..shards import is_output_dir
+
     files: list[Path] = []
     for p in inputs:
         if p.is_dir():
-            files.extend(sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(SUFFIXES)
-                                and not f.name.startswith(".")))
+            if is_output_dir(p):
+                raise InputError(f"input {str(p)!r} is a packtool output directory, not raw records; "
+                                 "pass the corpus it was made from (pack takes a tokenized directory)")
+            files.extend(_scan_dir(p))
         elif p.is_file():
             files.append(p)
         else:
