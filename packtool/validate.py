@@ -32,7 +32,14 @@ from pathlib import Path
 import numpy as np
 
 from .errors import REASON_CODES, InputError
-from .schema import PACKED, PREFIX_SUBSEGMENT, READABLE_VERSIONS, SCHEMA_VERSION, SUBSEGMENT_STRIDE, TOKENIZED
+from .schema import (
+    PACKED,
+    PREFIX_SUBSEGMENT,
+    READABLE_VERSIONS,
+    SCHEMA_VERSION,
+    SUBSEGMENT_STRIDE,
+    TOKENIZED,
+)
 from .shards import ERRORS, MANIFEST, errors_path, read_manifest, sha256_file
 
 __all__ = ["validate_dir", "render_report", "check_row"]
