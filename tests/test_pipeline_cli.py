@@ -59,15 +59,16 @@ def test_on_error_fail_and_max_errors_exit_1_with_the_row(corpus, tmp_path):
     assert r.returncode == 0 and json.loads(r.stdout)["rejected"] == 1
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--rank", "2", "--world-size", "2"], "Error: --rank 2 is outside 0..1"),
-    (["--executor", "spark"], "Error: --executor 'spark': choose local or ray"),
-    (["--on-error", "ignore"], "Error: --on-error 'ignore': choose skip or fail"),
+@pytest.mark.parametrize(("flags", "code", "message"), [
+    (["--rank", "2", "--world-size", "2"], 1, "Error: --rank 2 is outside 0..1"),
+    # enumerated options are checked by the parser, which lists the choices (a usage error)
+    (["--executor", "spark"], 2, "'spark' is not one of 'local', 'ray'"),
+    (["--on-error", "ignore"], 2, "'ignore' is not one of 'skip', 'fail'"),
 ])
-def test_bad_flags_name_the_fix(corpus, tmp_path, flags, message):
+def test_bad_flags_name_the_fix(corpus, tmp_path, flags, code, message):
     src, sample = corpus
     r = run("tokenize", str(src), "--media-root", str(sample), "-o", str(tmp_path / "t"), "--quiet", *flags)
-    assert r.returncode == 1 and r.stderr.startswith(message), r.stderr
+    assert r.returncode == code and message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_resume_refusal_names_the_setting(demo_dirs, tmp_path):
