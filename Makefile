@@ -1,47 +1,69 @@
 # One Makefile, the same checks everywhere. `make test` is what CI runs.
+#
+# Two installs into one .venv: `make demo` needs only packtool's runtime dependencies; the test
+# tools, the data readers the tests open outputs with, torch, torchvision and transformers (the
+# trainer-side tests) come with `make test`. pip shows what it downloads and installs.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+PIP := $(PY) -m pip install --progress-bar on
+RUNTIME := $(VENV)/.runtime
+PLOT := $(VENV)/.plot
+TESTENV := $(VENV)/.test
 SAMPLE := examples/sample
 DEMO := build/demo
+# The CPU wheels of torch, where a PyTorch wheel index is reachable (the default registry's Linux
+# wheel pulls the CUDA libraries): make test TORCH_INDEX=<index URL ending in /whl/cpu>
+TORCH_INDEX ?=
 
-.PHONY: demo demo-plot test test-nojit lint schemas bench clean
+.PHONY: demo demo-plot docs test test-nojit lint schemas bench clean
 
-$(STAMP): pyproject.toml
+$(RUNTIME): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,plot,zstd,ray]'
+	$(PIP) --upgrade pip
+	$(PIP) -e .
+	touch $@
+
+$(PLOT): $(RUNTIME)
+	$(PIP) -e '.[plot]'
+	touch $@
+
+$(TESTENV): $(RUNTIME)
+	$(PIP) -e '.[dev,test,plot,zstd,ray]'
 	# torch + torchvision for the trainer-side tests: the family processors (video, Molmo2) need
 	# torchvision, and this pair is the one whose wheels lie on the machine (no download)
-	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
+	$(PIP) torch==2.14.1 torchvision==0.29.1 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	# the model classes and processors the hf reader is proven against (tiny random-init models; no weights)
-	$(PY) -m pip install -q transformers==5.24.0
-	touch $(STAMP)
+	$(PIP) transformers==5.24.0
+	touch $@ $(PLOT)
 
-demo: $(STAMP)
+demo: $(RUNTIME)
 	rm -rf $(DEMO)
 	$(VENV)/bin/packtool tokenize $(SAMPLE)/data.jsonl --media-root $(SAMPLE) -o $(DEMO)/tokenized --quiet
 	$(VENV)/bin/packtool pack $(DEMO)/tokenized -o $(DEMO)/packed --max-tokens 8192 --quiet
 	$(VENV)/bin/packtool stats $(DEMO)/packed
 
 # the figure in the README: stats of the demo packs, regenerated from a fresh `make demo`
-demo-plot: demo
+demo-plot: $(PLOT) demo
 	$(VENV)/bin/packtool stats $(DEMO)/tokenized $(DEMO)/packed --plot docs/demo-stats.png > /dev/null
 
-test: $(STAMP)
+# every console block of the README (and the figure) regenerated from the sample data
+docs: $(PLOT)
+	$(PY) docs/readme.py --write
+
+test: $(TESTENV)
 	$(PY) -m pytest -q
 
-test-nojit: $(STAMP)
+test-nojit: $(TESTENV)
 	NUMBA_DISABLE_JIT=1 $(PY) -m pytest -q -m "not slow"
 
-lint: $(STAMP)
+lint: $(TESTENV)
 	$(VENV)/bin/ruff check packtool tests bench
 
-schemas: $(STAMP)
+schemas: $(RUNTIME)
 	$(PY) -m packtool.schema schemas
 
-bench: $(STAMP)
+bench: $(TESTENV)
 	$(PY) -m bench $(BENCH)
 
 clean:

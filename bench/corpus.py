@@ -212,12 +212,12 @@ def write_tokenized(out_dir: str | Path, mix: str, n: int, seed: int = 0, rows_p
     A finished directory with the same ``(mix, n, seed, rows_per_shard)`` is reused.
     """
     from packtool.config import digest_of
-    from packtool.shards import ShardWriter, read_manifest, write_manifest
+    from packtool.shards import ShardWriter, is_output_dir, read_manifest, write_manifest
 
     out = Path(out_dir)
     config = {"generated": mix, "n": n, "seed": seed, "rows_per_shard": rows_per_shard, "media_root": "."}
     digest = digest_of(config)
-    if (out / "manifest.json").is_file():
+    if is_output_dir(out):
         old = read_manifest(out, "tokenized")
         if old.get("config_digest") == digest:
             return old

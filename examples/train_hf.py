@@ -22,7 +22,6 @@ What it shows:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from torch.utils.data import DataLoader
 import packtool
 from packtool.reader import PackedDataset
 from packtool.reader.torch import PackedIterableDataset
+from packtool.shards import is_output_dir
 
 ROOT = Path(__file__).resolve().parent
 ACCUMULATE = 2  # micro-batches per optimizer step
@@ -40,7 +40,7 @@ ACCUMULATE = 2  # micro-batches per optimizer step
 def build_packs(out: Path) -> Path:
     """The demo corpus, images capped at 64 merged patches so a CPU step takes about a second."""
     tok, packed = out / "tokenized", out / "packed"
-    if not (packed / "manifest.json").is_file():
+    if not is_output_dir(packed):
         packtool.tokenize_dataset([ROOT / "sample" / "data.jsonl"], tok,
                                   packtool.TokenizeConfig(media_root=str(ROOT / "sample"), max_pixels=28 * 28 * 64))
         packtool.pack_dataset(tok, packed, packtool.PackConfig(max_tokens=512))
@@ -53,7 +53,7 @@ def tiny_model(packed: Path, seed: int = 0):
 
     from packtool.tokenization import load_tokenizer
 
-    manifest = json.loads((packed / "manifest.json").read_text())
+    manifest = PackedDataset(packed).manifest
     tok = load_tokenizer(None)  # the embedded Qwen2 vocabulary the demo packs were made with
     if manifest["tokenizer"]["vocab_sha256"] != tok.identity()["vocab_sha256"]:
         sys.exit("the packs were made with another tokenizer; rebuild them")

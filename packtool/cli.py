@@ -13,24 +13,43 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
 from . import __version__
-from .config import PackConfig, TokenizeConfig
+from .config import MEDIA_MODES, OVERSIZE_POLICIES, PackConfig, TokenizeConfig
 from .errors import PacktoolError
 from .formats import FORMATS
+from .pipeline import ON_ERROR
+from .shards import ERRORS, MANIFEST
+from .templates import TEMPLATES
+from .vision import EXIF_MODES, FAMILIES
 
 __all__ = ["app", "main", "run"]
 
 #: ``--format`` choices (``qwen-vl`` is spelled with a dash on the command line).
 FormatChoice = enum.Enum("FormatChoice", [(f.replace("-", "_"), f) for f in FORMATS], type=str)
+# Enumerated options as Literal types, so --help lists every choice and a typo is a usage error.
+TemplateChoice = Literal[tuple(TEMPLATES)]  # type: ignore[valid-type]
+OversizeChoice = Literal[OVERSIZE_POLICIES]  # type: ignore[valid-type]
+SweepOversizeChoice = Literal[tuple(p for p in OVERSIZE_POLICIES if p != "fail")]  # type: ignore[valid-type]
+MediaChoice = Literal[MEDIA_MODES]  # type: ignore[valid-type]
+OnErrorChoice = Literal[ON_ERROR]  # type: ignore[valid-type]
+ExifChoice = Literal[EXIF_MODES]  # type: ignore[valid-type]
+ExecutorChoice = Literal["local", "ray"]
+#: What --tokenizer accepts, said once for every command that takes it.
+TOKENIZER_FORMS = ("default: the embedded Qwen2/Qwen2.5 vocabulary; or a tokenizer.json file, a model directory "
+                   "(its tokenizer.json and tokenizer_config.json), or hf:ORG/NAME from the local Hugging Face "
+                   "cache (never downloaded)")
 
 app = typer.Typer(
     name="packtool",
     help=(
         "Offline, exact packing of vision-language training data into Parquet shards.\n\n"
+        "Start with `tokenize` (raw corpus + media -> one row per sample), then `pack` (samples -> "
+        "training sequences), then `stats` (fill, waste, drops). `inspect`, `validate`, `sweep` and "
+        "`merge` work on their outputs.\n\n"
         "Example:\n\n"
         "  packtool tokenize data.jsonl --media-root media -o tok\n\n"
         "  packtool pack tok -o packed --max-tokens 8192\n\n"
@@ -49,19 +68,21 @@ _PACK_DEFAULTS = PackConfig()
 Output = Annotated[Path, typer.Option("--output", "-o", help="Output directory.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
-Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace a finished run made with another configuration.")]
+Overwrite = Annotated[bool, typer.Option(
+    "--overwrite",
+    help="Replace a run made with other settings (only the files it wrote are removed), or write into a non-empty directory that holds no packtool run.")]
 MaxTokens = Annotated[int, typer.Option(min=1, help="Tokens per pack (sequence length).")]
 MaxVisionUnits = Annotated[
     int | None, typer.Option(min=0, help="Vision units per pack (default: the model family's default).")
 ]
 # Where tasks run (executors.ExecutorConfig); none of these changes the output bytes.
 Workers = Annotated[int | None, typer.Option(min=1, help="Parallel tasks on this machine (default: every core; 1: in-process).")]
-Executor = Annotated[str, typer.Option(help="local (process pool) or ray (pip install packtool[ray]).")]
+Executor = Annotated[ExecutorChoice, typer.Option(help="local: a process pool; ray: Ray tasks (pip install packtool[ray]).")]
 RayAddress = Annotated[str | None, typer.Option(help="Ray cluster to join, e.g. auto or ray://head:10001 (needs --executor ray).")]
 Rank = Annotated[int, typer.Option(min=0, help="This process's share of the tasks (Slurm/Kubernetes arrays).")]
 WorldSize = Annotated[int, typer.Option(min=1, help="Number of shares; run `packtool merge DIR` when every rank is done.")]
 MaxErrors = Annotated[int | None, typer.Option(min=0, help="Fail when more rows than this are rejected (default: no limit).")]
-OnError = Annotated[str, typer.Option(help="skip: record a bad row in errors.jsonl and go on; fail: stop at the first.")]
+OnError = Annotated[OnErrorChoice, typer.Option(help="skip: record a bad row in .packtool/errors.jsonl and go on; fail: stop at the first.")]
 
 
 class _Bar:
@@ -102,12 +123,14 @@ def _emit_json(obj: dict) -> None:
 
 @app.command()
 def tokenize(
-    inputs: Annotated[list[Path], typer.Argument(help="Input files or directories (JSON, JSONL, .gz, .zst, Parquet).")],
+    inputs: Annotated[list[Path], typer.Argument(
+        metavar="INPUT", help="Input files or directories (JSON, JSONL, .gz, .zst, Parquet); directories are searched "
+        "recursively, skipping hidden entries and packtool outputs.")],
     output: Output,
     media_root: Annotated[Path, typer.Option(help="Directory media paths resolve under.")] = Path("."),
-    model: Annotated[str, typer.Option(help="Vision family: qwen2-vl, qwen2.5-vl, qwen3-vl, molmo2, llava-ov, internvl, fixed:N.")] = "qwen2.5-vl",
-    template: Annotated[str, typer.Option(help="Chat template.")] = "chatml",
-    tokenizer: Annotated[str | None, typer.Option(help="tokenizer.json or model dir (default: embedded Qwen2).")] = None,
+    model: Annotated[str, typer.Option(help=f"Vision family: {', '.join(FAMILIES)}, or fixed:N (N tokens per image).")] = "qwen2.5-vl",
+    template: Annotated[TemplateChoice, typer.Option(help="Chat template.")] = "chatml",
+    tokenizer: Annotated[str | None, typer.Option(metavar="<path|hf:ORG/NAME>", help=f"Tokenizer ({TOKENIZER_FORMS}).")] = None,
     format: Annotated[FormatChoice, typer.Option("--format", help="Input record format; auto detects it per record.")] = FormatChoice.auto,
     system_prompt: Annotated[str | None, typer.Option(help="System prompt (default: the template's).")] = None,
     min_pixels: Annotated[int | None, typer.Option(help="Image pixel floor (families with a pixel budget).")] = None,
@@ -116,7 +139,7 @@ def tokenize(
     fps: Annotated[float | None, typer.Option(min=0.01, help="Video sampling rate (qwen families; default 2).")] = None,
     max_crops: Annotated[int | None, typer.Option(min=1, help="Molmo2 crops per image (default 8).")] = None,
     max_num: Annotated[int | None, typer.Option(min=1, help="InternVL tiles per image (default 12).")] = None,
-    exif: Annotated[str | None, typer.Option(help="EXIF orientation / video rotation: apply or ignore (default: the family's loader).")] = None,
+    exif: Annotated[ExifChoice | None, typer.Option(help="EXIF orientation / video rotation (default: what the family's loader does).")] = None,
     rows_per_shard: Annotated[int, typer.Option(min=1, help="Rows per tokenized shard.")] = 50_000,
     max_errors: Annotated[int | None, typer.Option(min=0, help="Fail when more rows than this are rejected.")] = None,
     max_branches: Annotated[int | None, typer.Option(min=1, help="Branches per message tree; more go to another tree on the same media.")] = None,
@@ -159,7 +182,7 @@ def tokenize(
     typer.echo(f"{c['samples']:,} samples from {c['rows_in']:,} rows in {len(manifest['shards'])} shards -> {output}")
     if c["rejected"]:
         reasons = ", ".join(f"{k} {v}" for k, v in c["rejected_by_reason"].items())
-        typer.echo(f"{c['rejected']:,} rows rejected ({reasons}); see {output / 'errors.jsonl'}")
+        typer.echo(f"{c['rejected']:,} rows rejected ({reasons}); see {output / ERRORS}")
 
 
 @app.command()
@@ -172,9 +195,9 @@ def pack(
     text_weight: Annotated[int, typer.Option(min=1, help="Objective weight of a token.")] = _PACK_DEFAULTS.text_weight,
     vision_weight: Annotated[int, typer.Option(min=0, help="Objective weight of a vision unit.")] = _PACK_DEFAULTS.vision_weight,
     token_granularity: Annotated[int, typer.Option(min=1, help="Token sizes round up to this in the DP.")] = _PACK_DEFAULTS.token_granularity,
-    oversize: Annotated[str, typer.Option(help="Samples that never fit: drop, truncate, alone, fail.")] = "drop",
+    oversize: Annotated[OversizeChoice, typer.Option(help="Samples that never fit: drop (listed in .packtool/errors.jsonl), truncate (text-only), alone (a pack of their own), fail.")] = "drop",
     max_samples_per_pack: Annotated[int | None, typer.Option(min=1, help="Cap on samples in one pack.")] = None,
-    media: Annotated[str, typer.Option(help="embed media bytes in packs, or reference paths.")] = "embed",
+    media: Annotated[MediaChoice, typer.Option(help="embed: media bytes (images) and JPEG frames (videos) in the packs; reference: paths only.")] = "embed",
     media_root: Annotated[Path | None, typer.Option(help="Media root (default: the one tokenize used).")] = None,
     packs_per_shard: Annotated[int, typer.Option(min=1, help="Packs per output shard.")] = _PACK_DEFAULTS.packs_per_shard,
     frame_quality: Annotated[int, typer.Option(min=1, max=100, help="JPEG quality of embedded video frames.")] = 90,
@@ -271,7 +294,7 @@ def inspect(
     path: Annotated[Path, typer.Argument(help="Packed or tokenized directory.")],
     pack: Annotated[int | None, typer.Option("--pack", min=0, help="Pack index to show (packed directories).")] = None,
     sample: Annotated[str | None, typer.Option("--sample", help="Sample id to show.")] = None,
-    tokenizer: Annotated[str | None, typer.Option(help="tokenizer.json or model dir (default: the one the manifest names).")] = None,
+    tokenizer: Annotated[str | None, typer.Option(metavar="<path|hf:ORG/NAME>", help="Tokenizer: a tokenizer.json file, a model directory or hf:ORG/NAME (default: the one the manifest names).")] = None,
     as_json: AsJson = False,
 ) -> None:
     """Show one pack or sample as text: turns, loss, media, position ruler.
@@ -309,7 +332,7 @@ def sweep(
     vision_weight: Annotated[str, typer.Option(help="Comma-separated --vision-weight values.")] = "0",
     text_weight: Annotated[int, typer.Option(min=1, help="Objective weight of a token.")] = 1,
     token_granularity: Annotated[int, typer.Option(min=1, help="Token sizes round up to this in the DP.")] = _PACK_DEFAULTS.token_granularity,
-    oversize: Annotated[str, typer.Option(help="Samples that never fit: drop, truncate, alone.")] = "drop",
+    oversize: Annotated[SweepOversizeChoice, typer.Option(help="Samples that never fit.")] = "drop",
     as_json: AsJson = False,
 ) -> None:
     """Plan packs for a grid of settings (dry run, nothing written); print packs and fill.
@@ -373,7 +396,7 @@ def merge(
     if as_json:
         _emit_json({"output": str(path), "kind": manifest["kind"], **c, "shards": len(manifest["shards"])})
         return
-    typer.echo(f"{manifest['kind']}: {c['tasks']} tasks, {len(manifest['shards'])} shards -> {path / 'manifest.json'}")
+    typer.echo(f"{manifest['kind']}: {c['tasks']} tasks, {len(manifest['shards'])} shards -> {path / MANIFEST}")
 
 
 def _version_callback(value: bool) -> None:

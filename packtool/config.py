@@ -34,6 +34,11 @@ class _Digestible:
         return digest_of(self.to_dict(), self._not_digested)
 
 
+#: ``--oversize`` choices: what happens to a sample that can never fit a pack.
+OVERSIZE_POLICIES = ("drop", "truncate", "alone", "fail")
+#: ``--media`` choices: embed media bytes in packed rows, or keep references to the files.
+MEDIA_MODES = ("embed", "reference")
+
 @dataclass(frozen=True, slots=True)
 class TokenizeConfig(_Digestible):
     """Settings of ``packtool tokenize``.
@@ -128,9 +133,9 @@ class PackConfig(_Digestible):
             raise ConfigError("--max-vision-units must be non-negative")
         if self.text_weight < 0 or self.vision_weight < 0:
             raise ConfigError("--text-weight and --vision-weight must be non-negative")
-        if self.oversize not in ("drop", "truncate", "alone", "fail"):
+        if self.oversize not in OVERSIZE_POLICIES:
             raise ConfigError(f"--oversize {self.oversize!r}: choose drop, truncate, alone or fail")
-        if self.media not in ("embed", "reference"):
+        if self.media not in MEDIA_MODES:
             raise ConfigError(f"--media {self.media!r}: choose embed or reference")
         if not 1 <= self.frame_quality <= 100:
             raise ConfigError(f"--frame-quality {self.frame_quality}: choose a JPEG quality from 1 to 100")

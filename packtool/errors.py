@@ -19,7 +19,7 @@ __all__ = [
     "REASON_CODES",
 ]
 
-#: Reason codes written to ``errors.jsonl``; each names one way an input row can be rejected.
+#: Reason codes written to ``.packtool/errors.jsonl``; each names one way an input row can be rejected.
 REASON_CODES: dict[str, str] = {
     "bad_json": "the line or record is not valid JSON",
     "bad_encoding": "the line or a text field is not valid UTF-8",

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from .errors import ConfigError, InputError
 from .schema import MEDIA_FIELDS, PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
-from .shards import open_shard, read_manifest, read_shard, shard_error
+from .shards import ERRORS, is_output_dir, open_shard, read_manifest, read_shard, shard_error
 from .templates import TEMPLATES, Template
 from .tokenization import Tokenizer, load_tokenizer
 
@@ -356,7 +356,7 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
     tok_manifest = manifest if kind == "tokenized" else None
     if kind == "packed":
         src = (manifest.get("source") or {}).get("path")
-        if src and (Path(src) / "manifest.json").is_file() and tokenizer is None:
+        if src and is_output_dir(src) and tokenizer is None:
             tok_manifest = read_manifest(Path(src))
     dec = _Decoder(_resolve_tokenizer(manifest, tok_manifest, tokenizer), _template(manifest))
     media_cols = _MEDIA_LEAVES + (["media.list.element.sample_index"] if kind == "packed" else [])
@@ -385,7 +385,7 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
         if where is None:
             ex = ", ".join(repr(x) for x in _examples(path, manifest, "sample_ids", True))
             raise InputError(f"sample {sample!r} is in no pack of {str(path)!r} (e.g. {ex}); "
-                             "a dropped sample is listed in errors.jsonl")
+                             f"a dropped sample is listed in {ERRORS}")
     else:
         want = 0 if pack is None else pack
         where = _find_row(path, manifest, "pack_index", want, is_list=False)

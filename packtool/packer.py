@@ -355,10 +355,12 @@ def assemble_packs(
             off = media_flat.field("token_offset").to_numpy(zero_copy_only=False).astype(np.int64)
             children[name] = pa.array((off + start_in_pack[m_sample]).astype(np.int32))
         elif name == "data":
-            children[name] = _media_payload(media_flat, media_data)
+            children["data"], children["frames"] = _media_payload(media_flat, media_data)
+        elif name == "frames":
+            continue
         else:
             children[name] = media_flat.field(name)
-    media_struct = pa.StructArray.from_arrays(list(children.values()), fields=list(PACKED.field("media").type.value_type))
+    media_struct = pa.StructArray.from_arrays([children[n] for n in names], fields=list(PACKED.field("media").type.value_type))
     m_pack_off = np.concatenate([[0], np.cumsum(m_counts)])[pack_off]
     media = pa.ListArray.from_arrays(pa.array(m_pack_off.astype(np.int32)), media_struct)
 
@@ -382,9 +384,19 @@ def assemble_packs(
     return pa.Table.from_arrays(list(cols.values()), schema=PACKED)
 
 
-def _media_payload(media_flat: pa.StructArray, media_data) -> pa.Array:
-    typ = pa.list_(pa.binary())
-    if media_data is None or len(media_flat) == 0:
-        return pa.nulls(len(media_flat), type=typ)
-    items = media_flat.to_pylist()
-    return pa.array([media_data(m) for m in items], type=typ)
+def _media_payload(media_flat: pa.StructArray, media_data) -> tuple[pa.Array, pa.Array]:
+    """The ``data`` (an image file's bytes) and ``frames`` (a video's JPEG per timestamp) columns."""
+    n = len(media_flat)
+    if media_data is None or n == 0:
+        return pa.nulls(n, type=pa.binary()), pa.nulls(n, type=pa.list_(pa.binary()))
+    data: list[bytes | None] = []
+    frames: list[list[bytes] | None] = []
+    for m in media_flat.to_pylist():
+        payload = media_data(m)
+        if m["kind"] == "image":
+            data.append(payload[0] if payload else None)
+            frames.append(None)
+        else:
+            data.append(None)
+            frames.append(payload)
+    return pa.array(data, type=pa.binary()), pa.array(frames, type=pa.list_(pa.binary()))

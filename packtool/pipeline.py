@@ -8,7 +8,7 @@ completion marker, run by an executor (``executors.py``)::
     tokenize: sorted inputs ─cut every rows_per_shard lines─▶ task t ─▶ part-ttttt-kkkkk.parquet
     pack:     tokenized shard t ─────────────────────────────▶ task t ─▶ part-ttttt-kkkkk.parquet
                                                           each task ─▶ .packtool/task-ttttt.json
-    all tasks marked ─▶ errors.jsonl (task order) ─▶ manifest.json (last)
+    all tasks marked ─▶ .packtool/errors.jsonl (task order) ─▶ .packtool/manifest.json (last)
 
 Task boundaries depend only on the inputs and ``rows_per_shard``, so a re-run after a
 crash skips the finished tasks and writes the same bytes as an uninterrupted run.
@@ -37,6 +37,8 @@ from .executors import ExecutorConfig, run_tasks, set_total
 from .formats import Rejected, expand_inputs, parse_json_line, parse_record
 from .shards import (
     ERRORS,
+    LEGACY_ERRORS,
+    LEGACY_MANIFEST,
     STATE_DIR,
     ShardWriter,
     clear_task,
@@ -277,7 +279,7 @@ def _finish_or_partial(out: Path, run: dict, ex: ExecutorConfig) -> dict:
 
 @_environment_errors
 def merge_output(out_dir: str | Path) -> dict:
-    """Combine the completion markers of every task into ``errors.jsonl`` and ``manifest.json``.
+    """Combine the completion markers of every task into ``.packtool/errors.jsonl`` and ``.packtool/manifest.json``.
 
     ``tokenize`` and ``pack`` call this themselves when their last task finishes; after a
     Slurm or Kubernetes array (``--rank/--world-size``), run ``packtool merge DIR`` once
@@ -301,7 +303,9 @@ def merge_output(out_dir: str | Path) -> dict:
         )
     counts = _zero_counts(run["kind"])
     shards: list[dict] = []
-    tmp = tmp_path(out / ERRORS)
+    final = out / ERRORS
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_path(final)
     with open(tmp, "wb") as fh:
         for t, marker in enumerate(markers):
             _add_counts(counts, marker["counts"])
@@ -316,7 +320,9 @@ def merge_output(out_dir: str | Path) -> dict:
         tmp.unlink(missing_ok=True)
         # ranks each see only their own rejections; the limit holds for the whole run here
         raise TooManyErrorsError(_too_many(counts["rejected"], limit, f"see {STATE_DIR}/errors-*.jsonl"))
-    os.replace(tmp, out / ERRORS)
+    os.replace(tmp, final)
+    for legacy in (LEGACY_ERRORS, LEGACY_MANIFEST):  # a legacy-layout run merged again: one manifest only
+        (out / legacy).unlink(missing_ok=True)
     if "rejected_by_reason" in counts:
         counts["rejected_by_reason"] = dict(sorted(counts["rejected_by_reason"].items()))
     extra = dict(run.get("manifest", {}))

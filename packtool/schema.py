@@ -1,7 +1,7 @@
 """The Arrow schemas of tokenized and packed shards, written out once (DESIGN.md §3).
 
-``python -m packtool.schema DIR`` writes ``DIR/tokenized.v1.json`` and
-``DIR/packed.v1.json``; a test fails when the committed files drift from this module.
+``python -m packtool.schema DIR`` writes ``DIR/tokenized.vN.json`` and
+``DIR/packed.vN.json`` (N = ``SCHEMA_VERSION``); a test fails when the committed files drift from this module.
 """
 
 from __future__ import annotations
@@ -12,9 +12,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
-__all__ = ["SCHEMA_VERSION", "MEDIA_FIELDS", "media_type", "TOKENIZED", "PACKED", "schema_json", "SUBSEGMENT_STRIDE", "PREFIX_SUBSEGMENT"]
+__all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "MEDIA_FIELDS", "media_type", "TOKENIZED", "PACKED", "schema_json", "SUBSEGMENT_STRIDE", "PREFIX_SUBSEGMENT"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Versions of each kind this packtool reads: version 2 changed only packed shards (media
+#: ``data`` became the image file's ``binary`` everywhere; video frames moved to ``frames``),
+#: so tokenized directories of version 1 are read (and packed) as they are.
+READABLE_VERSIONS = {"tokenized": (1, 2), "packed": (2,)}
 
 #: Sample ``k`` of a pack uses subsegment ids ``k * SUBSEGMENT_STRIDE + b``.
 SUBSEGMENT_STRIDE = 100_000
@@ -56,7 +60,7 @@ TOKENIZED = pa.schema(
         pa.field("target_ids", _i32_list, nullable=False),
         pa.field("position_ids", _i32_list, nullable=False),
         pa.field("subsegment_ids", _i32_list, nullable=False),
-        # data: inline bytes for media given inline (data URIs, Parquet image structs); else null.
+        # data: the media file's bytes when given inline (data URIs, Parquet image structs); else null.
         # size_bytes, mtime_ns: the file that was counted (null for inline bytes); pack checks them
         pa.field("media", media_type([pa.field("data", pa.binary()), pa.field("size_bytes", pa.int64()),
                                       pa.field("mtime_ns", pa.int64())]), nullable=False),
@@ -77,7 +81,10 @@ PACKED = pa.schema(
         pa.field("cu_seqlens", _i32_list, nullable=False),
         pa.field(
             "media",
-            media_type([pa.field("sample_index", pa.int32(), nullable=False), pa.field("data", pa.list_(pa.binary()))]),
+            # embedded media (--media embed): data is an image file's bytes, frames a video's JPEG
+            # per timestamp; both null with --media reference. One type per name in both kinds.
+            media_type([pa.field("sample_index", pa.int32(), nullable=False), pa.field("data", pa.binary()),
+                        pa.field("frames", pa.list_(pa.binary()))]),
             nullable=False,
         ),
     ],

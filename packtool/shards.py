@@ -1,8 +1,14 @@
 """Shard writer and reader as a pair: atomic shards, manifest last, sha256 per shard.
 
 A shard is written as ``.part-NNNNN.parquet.<pid>.tmp`` and renamed into place only once
-closed; ``manifest.json`` is written (atomically too) after every shard is in place.
+closed; ``.packtool/manifest.json`` is written (atomically too) after every shard is in place.
 Readers trust the manifest: a shard not listed there does not exist.
+
+Everything that is not a shard lives in the hidden ``.packtool/`` folder (manifest, rejected
+rows, run state), so the output directory itself is a Parquet dataset: pandas, pyarrow,
+duckdb and Hugging Face ``datasets`` open it by its path and see only the shards' rows.
+Directories written before that layout (``manifest.json`` and ``errors.jsonl`` beside the
+shards) are still read.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import pyarrow.parquet as pq
 from . import __version__
 from .config import config_diff
 from .errors import InputError, OutputError, ResumeMismatchError
-from .schema import SCHEMA_VERSION
+from .schema import READABLE_VERSIONS, SCHEMA_VERSION
 
 __all__ = [
     "ShardWriter",
@@ -54,20 +60,54 @@ __all__ = [
     "MANIFEST",
     "ERRORS",
     "STATE_DIR",
+    "LEGACY_MANIFEST",
+    "LEGACY_ERRORS",
+    "manifest_path",
+    "errors_path",
+    "is_output_dir",
 ]
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
-ERRORS = "errors.jsonl"
-#: Per-run state (run settings, completion markers, per-task errors); kept after the run.
+#: Per-run state (run settings, completion markers, per-task errors) and the run's published
+#: files; hidden, so dataset readers that open the directory see only the shards.
 STATE_DIR = ".packtool"
+#: The manifest, relative to the output directory: written last, lists every shard.
+MANIFEST = f"{STATE_DIR}/manifest.json"
+#: Every rejected input row of the run, one JSON line each, relative to the output directory.
+ERRORS = f"{STATE_DIR}/errors.jsonl"
+#: Where directories written by packtool before the hidden layout keep them (still read).
+LEGACY_MANIFEST = "manifest.json"
+LEGACY_ERRORS = "errors.jsonl"
 RUN_STATE = "run.json"
 
 # Fixed writer options: the same rows always give the same bytes.
 # Page checksums (CRC32 per data page) let every read notice a damaged page for the cost of a CRC.
 _WRITE_OPTS = dict(compression="zstd", compression_level=1, use_dictionary=False, write_statistics=False,
                    data_page_version="2.0", store_schema=True, write_page_checksum=True)
+
+
+def manifest_path(out_dir: str | Path) -> Path:
+    """The manifest file of an output directory: ``.packtool/manifest.json``, or the top-level
+    ``manifest.json`` of a directory written before the hidden layout, when only that exists."""
+    out_dir = Path(out_dir)
+    legacy = out_dir / LEGACY_MANIFEST
+    current = out_dir / MANIFEST
+    return legacy if not current.is_file() and legacy.is_file() else current
+
+
+def errors_path(out_dir: str | Path) -> Path:
+    """The rejected-rows file of an output directory (``.packtool/errors.jsonl``; legacy: ``errors.jsonl``)."""
+    out_dir = Path(out_dir)
+    legacy = out_dir / LEGACY_ERRORS
+    current = out_dir / ERRORS
+    return legacy if not current.is_file() and legacy.is_file() else current
+
+
+def is_output_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a packtool output directory (finished or not, any layout)."""
+    path = Path(path)
+    return (path / STATE_DIR / RUN_STATE).is_file() or (path / MANIFEST).is_file() or (path / LEGACY_MANIFEST).is_file()
 
 
 def shard_name(index: int, prefix: str = "part") -> str:
@@ -296,13 +336,14 @@ def write_manifest(out_dir: Path, kind: str, config: dict, config_digest: str, s
         **extra,
         "shards": shards,
     }
+    (Path(out_dir) / STATE_DIR).mkdir(parents=True, exist_ok=True)
     atomic_write_text(Path(out_dir) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=False) + "\n")
     return manifest
 
 
 def read_manifest(path: Path, kind: str | None = None) -> dict:
-    """Read ``path/manifest.json`` and check its kind and schema version."""
-    file = Path(path) / MANIFEST
+    """Read ``path/.packtool/manifest.json`` (or a legacy ``path/manifest.json``) and check its kind and schema version."""
+    file = manifest_path(path)
     if not file.is_file():
         raise InputError(f"{str(path)!r} has no {MANIFEST}; is it the output of packtool tokenize/pack, and did that run finish?")
     try:
@@ -312,10 +353,11 @@ def read_manifest(path: Path, kind: str | None = None) -> dict:
     if not isinstance(manifest, dict):
         raise InputError(f"{file}: holds a JSON {type(manifest).__name__}, not a manifest; re-run the command that "
                          "wrote it")
-    if manifest.get("schema_version") != SCHEMA_VERSION:
+    readable = READABLE_VERSIONS.get(manifest.get("kind"), (SCHEMA_VERSION,))
+    if manifest.get("schema_version") not in readable:
         raise InputError(
-            f"{file}: schema version {manifest.get('schema_version')!r}, this packtool reads {SCHEMA_VERSION}; "
-            "re-run the stage with this version"
+            f"{file}: {manifest.get('kind')} schema version {manifest.get('schema_version')!r}, this packtool reads "
+            f"{' or '.join(map(str, readable))}; re-run the stage with this version"
         )
     if kind is not None and manifest.get("kind") != kind:
         raise InputError(f"{str(path)!r} holds {manifest.get('kind')} shards, expected {kind} shards")
@@ -399,17 +441,64 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def _wipe(out_dir: Path) -> None:
-    """Remove everything a packtool run writes into ``out_dir`` (and nothing else), but the
-    run locks: the run wiping holds one (:func:`run_lock`)."""
+#: Temporaries of this run's writers: ``.part-TTTTT-KKKKK.parquet.<pid>@<host>.tmp`` and ``.<file>.<pid>@<host>.tmp``.
+_OWN_TMP = re.compile(r"^\.(part-\d{5}-\d{5}\.parquet|manifest\.json|errors\.jsonl)\.\d+(@[^/\\]+)?\.tmp$")
+
+
+def _own_files(out_dir: Path) -> set[str]:
+    """The names a packtool run in ``out_dir`` wrote, as its manifest, run state and markers name them.
+
+    Shards listed by the manifest or by a task's completion marker, the shards of every task
+    the run planned (an unfinished task leaves shards but no marker), the legacy manifest and
+    errors files, and the writers' temporaries.
+    """
+    names: set[str] = set()
+    for file in (out_dir / MANIFEST, out_dir / LEGACY_MANIFEST):
+        try:
+            names.update(s["file"] for s in json.loads(file.read_text(encoding="utf-8")).get("shards", []))
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+    state = out_dir / STATE_DIR
+    for marker in state.glob("task-*.json"):
+        try:
+            names.update(s["file"] for s in json.loads(marker.read_text(encoding="utf-8")).get("shards", []))
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+    try:
+        n_tasks = int(json.loads((state / RUN_STATE).read_text(encoding="utf-8")).get("n_tasks", 0))
+    except (OSError, ValueError, TypeError):
+        n_tasks = 0
+    prefixes = {task_prefix(t) for t in range(n_tasks)}
     for f in out_dir.iterdir():
-        if f.name == STATE_DIR and f.is_dir() and not f.is_symlink():
-            for child in f.iterdir():
-                if not child.name.endswith(".lock"):
-                    _remove(child)
-        elif (f.name in (MANIFEST, ERRORS, STATE_DIR) or f.name.startswith((".part-", "part-"))
-                or (f.name.startswith(".") and f.name.endswith(".tmp"))):
-            _remove(f)
+        if (f.name.startswith("part-") and f.name[:10] in prefixes and re.fullmatch(r"part-\d{5}-\d{5}\.parquet", f.name)) \
+                or _OWN_TMP.match(f.name):
+            names.add(f.name)
+    names.update(n for n in (LEGACY_MANIFEST, LEGACY_ERRORS) if (out_dir / n).is_file() and (out_dir / LEGACY_MANIFEST).is_file())
+    # only plain names directly inside out_dir: a manifest cannot point anywhere else
+    return {n for n in names if isinstance(n, str) and n and "/" not in n and "\\" not in n and n not in (".", "..")}
+
+
+def _wipe(out_dir: Path) -> None:
+    """Remove what a packtool run wrote into ``out_dir`` (the names its own manifest, markers and
+    run state give, and its ``.packtool/`` folder) and nothing else: files of other programs stay.
+    The run locks in ``.packtool/`` stay too: the run wiping holds one (:func:`run_lock`)."""
+    for name in sorted(_own_files(out_dir)):
+        _remove(out_dir / name)
+    state = out_dir / STATE_DIR
+    if state.is_dir() and not state.is_symlink():
+        for child in state.iterdir():
+            if not child.name.endswith(".lock"):
+                _remove(child)
+    elif state.exists() or state.is_symlink():
+        _remove(state)
+
+
+def _foreign_entries(out_dir: Path) -> list[str]:
+    """Visible entries of ``out_dir`` that no packtool run wrote (hidden ones are not counted)."""
+    if not out_dir.is_dir():
+        return []
+    own = _own_files(out_dir) if is_output_dir(out_dir) else set()
+    return sorted(f.name for f in out_dir.iterdir() if not f.name.startswith(".") and f.name not in own)
 
 
 def _check_writable(out_dir: Path) -> None:
@@ -508,7 +597,9 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
     stored as ``.packtool/run.json`` so an interrupted run can be resumed: the same
     command finds it, keeps every task that left a completion marker, and redoes the rest.
     A directory holding a run (finished or not) with other settings is refused, naming the
-    settings that differ, unless ``overwrite``. Several ranks may call this at once: they
+    settings that differ, unless ``overwrite``; so is a non-empty directory that holds no
+    packtool run (hidden entries aside). ``overwrite`` removes only what a run wrote there
+    (the files its manifest, markers and run state name, and ``.packtool/``), never other files. Several ranks may call this at once: they
     all write the same ``run.json``.
 
     Example:
@@ -518,7 +609,7 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputError(f"output {str(out_dir)!r} exists and is not a directory; choose another -o")
-    manifest_file = out_dir / MANIFEST
+    manifest_file = manifest_path(out_dir)
     state_file = out_dir / STATE_DIR / RUN_STATE
     if manifest_file.is_file():
         try:
@@ -559,6 +650,12 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
             _wipe(out_dir)
     elif overwrite and out_dir.is_dir():
         _wipe(out_dir)
+    elif foreign := _foreign_entries(out_dir):
+        shown = ", ".join(repr(n) for n in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise OutputError(
+            f"output {str(out_dir)!r} is not empty and holds no packtool run ({shown}); choose a new or empty -o, "
+            "or pass --overwrite to write there anyway (files packtool did not write are never removed)"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     _check_writable(out_dir)
     swept = sweep_stale_tmps(out_dir)

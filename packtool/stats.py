@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from .errors import ConfigError, InputError
 from .pipeline import lower_bound
-from .shards import ERRORS, read_manifest, read_shard
+from .shards import errors_path, is_output_dir, read_manifest, read_shard
 
 __all__ = [
     "STATS_VERSION",
@@ -190,7 +190,7 @@ def _read(path: Path, entry: dict, columns: list[str]) -> pa.Table:
 
 
 def _read_errors(path: Path) -> list[dict]:
-    file = path / ERRORS
+    file = errors_path(path)
     if not file.is_file():
         return []
     out = []
@@ -262,7 +262,7 @@ def _find_source(packed: Path, manifest: dict) -> Path | None:
     if not src:
         return None
     for cand in (Path(src), packed / src):
-        if (cand / "manifest.json").is_file():
+        if is_output_dir(cand):
             return cand
     return None
 
@@ -313,8 +313,24 @@ def load_stats_data(path: str | Path, packed: str | Path | None = None) -> Stats
                           "pass it first: packtool stats TOKENIZED PACKED")
         return data
     _load_tokenized(data, tok_path, tok_manifest)
-    data.packed_mask = np.isin(data.sample_id, data.pack_sample_ids)
+    data.packed_mask = is_in(data.sample_id, data.pack_sample_ids)
     return data
+
+
+def is_in(ids: np.ndarray, value_set: np.ndarray) -> np.ndarray:
+    """Which of ``ids`` (strings) occur in ``value_set``: one hash join, linear in both sizes.
+
+    ``np.isin`` on object arrays compares element by element (quadratic: 23 s for 50,000
+    samples); Arrow hashes the value set once.
+
+    Example:
+        >>> is_in(np.array(["a", "b", "c"], dtype=object), np.array(["c", "a"], dtype=object)).tolist()
+        [True, False, True]
+    """
+    if len(ids) == 0:
+        return np.zeros(0, dtype=bool)
+    found = pc.is_in(pa.array(ids, type=pa.string()), value_set=pa.array(value_set, type=pa.string()))
+    return found.to_numpy(zero_copy_only=False).astype(bool, copy=False)
 
 
 def plan_stats_data(tokenized: str | Path, result: dict) -> StatsData:
@@ -402,12 +418,18 @@ def _sources(data: StatsData, tok_rejects: list[dict]) -> list[dict] | None:
         return rows[src]
 
     packed = data.packed_mask if data.packed_mask is not None else np.ones(len(data.sample_source), bool)
-    for src, n, t, u, p in zip(data.sample_source, itertools.repeat(1), data.sample_tokens, data.sample_units, packed):
+    # one pass per column over source codes (a Python loop per sample took seconds at 1M)
+    enc = pa.array(data.sample_source, type=pa.string()).dictionary_encode()
+    names = enc.dictionary.to_pylist()
+    code = enc.indices.to_numpy(zero_copy_only=False)
+    k = len(names)
+    per = {"samples": np.bincount(code, minlength=k), "tokens": np.bincount(code, weights=data.sample_tokens, minlength=k),
+           "vision_units": np.bincount(code, weights=data.sample_units, minlength=k),
+           "packed": np.bincount(code, weights=packed.astype(np.int64), minlength=k)}
+    for i, src in enumerate(names):
         r = row(src)
-        r["samples"] += n
-        r["tokens"] += int(t)
-        r["vision_units"] += int(u)
-        r["packed"] += int(p)
+        for key, arr in per.items():
+            r[key] += int(arr[i])
     for e in tok_rejects:
         row(str(e.get("source")))["rejected"] += 1
     for r in rows.values():

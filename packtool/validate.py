@@ -4,7 +4,7 @@ Three layers, cheapest first; the first problems found are reported, never raise
 
 1. **files against the manifest**: every listed shard exists with the listed size,
    sha256 and row count, opens as Parquet, and has the schema of this version;
-   ``errors.jsonl`` holds known reason codes and as many lines as the counts say;
+   ``.packtool/errors.jsonl`` holds known reason codes and as many lines as the counts say;
 2. **every row's invariants** (DESIGN.md §3.2): equal column lengths; ``cu_seqlens``
    starts at 0, rises, ends at the row length and agrees with ``position_ids``
    (which restart at 0 exactly at each sample start); subsegment ids name the row's
@@ -31,8 +31,15 @@ from pathlib import Path
 import numpy as np
 
 from .errors import REASON_CODES, InputError
-from .schema import PACKED, PREFIX_SUBSEGMENT, SCHEMA_VERSION, SUBSEGMENT_STRIDE, TOKENIZED
-from .shards import ERRORS, MANIFEST, read_manifest, sha256_file
+from .schema import (
+    PACKED,
+    PREFIX_SUBSEGMENT,
+    READABLE_VERSIONS,
+    SCHEMA_VERSION,
+    SUBSEGMENT_STRIDE,
+    TOKENIZED,
+)
+from .shards import ERRORS, MANIFEST, errors_path, read_manifest, sha256_file
 
 __all__ = ["validate_dir", "render_report", "check_row"]
 
@@ -178,7 +185,7 @@ def _check_media_bytes(m: dict) -> str | None:
     from .errors import SampleError
     from .media import open_image
 
-    data = m.get("data")
+    data = m.get("frames") if m["kind"] == "video" else ([m["data"]] if m.get("data") else None)
     if not data:
         return None
     for i, blob in enumerate(data):
@@ -289,9 +296,10 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
             continue
         schema_msg = _schema_problem(pf.schema_arrow, expected)
         meta = {k.decode(): v.decode() for k, v in (pf.schema_arrow.metadata or {}).items()}
-        if not schema_msg and meta.get("packtool.schema_version") != str(SCHEMA_VERSION):
+        readable = [str(v) for v in READABLE_VERSIONS.get(kind, (SCHEMA_VERSION,))]
+        if not schema_msg and meta.get("packtool.schema_version") not in readable:
             schema_msg = (f"written with schema version {meta.get('packtool.schema_version')!r}, "
-                          f"this packtool reads {SCHEMA_VERSION}")
+                          f"this packtool reads {' or '.join(readable)}")
         if schema_msg:
             problems.add(file, schema_msg)
             continue
@@ -321,7 +329,7 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
 
 
 def _check_errors_file(path: Path, counts: dict, problems: _Problems) -> None:
-    f = path / ERRORS
+    f = errors_path(path)
     if not f.is_file():
         if counts.get("rejected"):
             problems.add(ERRORS, f"missing, but the manifest counts {counts['rejected']:,} rejected rows")

@@ -111,7 +111,7 @@ def run_tokenize(media: Path, tmp_path: Path, lines: list[bytes], **kw) -> tuple
     src.write_bytes(b"\n".join([good, *lines, last]) + b"\n")
     m = tokenize_dataset([src], tmp_path / "tok", TokenizeConfig(media_root=str(media), **kw), workers=1)
     errors = {}
-    for line in (tmp_path / "tok" / "errors.jsonl").read_text().splitlines():
+    for line in (tmp_path / "tok" / ".packtool" / "errors.jsonl").read_text().splitlines():
         e = json.loads(line)
         errors[e["sample_id"] or f"row {e['row']}"] = e
     # the run went on: both good records made it, and every row is accounted for
@@ -202,7 +202,7 @@ def test_a_50_mb_json_line(media, tmp_path):
         assert errors["huge"]["reason"] in ("oversize", "bad_record")
         return
     packed = pack_dataset(tmp_path / "tok", tmp_path / "packed", PackConfig(max_tokens=4096, media="reference"), workers=1)
-    drops = [json.loads(x) for x in (tmp_path / "packed" / "errors.jsonl").read_text().splitlines()]
+    drops = [json.loads(x) for x in (tmp_path / "packed" / ".packtool" / "errors.jsonl").read_text().splitlines()]
     assert [(d["sample_id"], d["reason"]) for d in drops] == [("huge", "oversize")]
     assert packed["counts"]["samples_packed"] == 2
 
@@ -211,7 +211,7 @@ def test_sample_longer_than_any_pack(media, tmp_path):
     rec = {"id": "long", "conversations": conv("Tell me everything.", "and then " * 3000)}
     run_tokenize(media, tmp_path, [json.dumps(rec).encode()])
     packed = pack_dataset(tmp_path / "tok", tmp_path / "packed", PackConfig(max_tokens=2048, media="reference"), workers=1)
-    drops = [json.loads(x) for x in (tmp_path / "packed" / "errors.jsonl").read_text().splitlines()]
+    drops = [json.loads(x) for x in (tmp_path / "packed" / ".packtool" / "errors.jsonl").read_text().splitlines()]
     assert [(d["sample_id"], d["reason"], d["row"]) for d in drops] == [("long", "oversize", 1)]
     assert drops[0]["source"].endswith("in.jsonl")
     assert packed["counts"]["dropped"] == 1 and packed["counts"]["samples_packed"] == 2
@@ -224,7 +224,7 @@ def test_parquet_input_with_a_missing_column(media, tmp_path):
     pq.write_table(pa.table({"id": ["q0", "q1"], "image": ["ok.png", "ok.png"]}), tmp_path / "b-no-conversations.parquet")
     m = tokenize_dataset([tmp_path / "a-good.parquet", tmp_path / "b-no-conversations.parquet"], tmp_path / "tok",
                          TokenizeConfig(media_root=str(media)), workers=1)
-    errors = [json.loads(x) for x in (tmp_path / "tok" / "errors.jsonl").read_text().splitlines()]
+    errors = [json.loads(x) for x in (tmp_path / "tok" / ".packtool" / "errors.jsonl").read_text().splitlines()]
     assert m["counts"]["samples"] == 2 and m["counts"]["rows_in"] == 4
     assert [(e["sample_id"], e["reason"], e["row"]) for e in errors] == [("q0", "bad_record", 0), ("q1", "bad_record", 1)]
 
@@ -237,7 +237,7 @@ def test_max_errors_fails_the_run_and_leaves_nothing_half_done(media, tmp_path):
 
     with pytest.raises(TooManyErrorsError, match=r"5 input rows rejected, more than --max-errors 4"):
         tokenize_dataset([src], tmp_path / "tok", TokenizeConfig(media_root=str(media), max_errors=4), workers=1)
-    assert not (tmp_path / "tok" / "manifest.json").exists()
+    assert not (tmp_path / "tok" / ".packtool" / "manifest.json").exists()
     assert not [p for p in (tmp_path / "tok").rglob("*") if p.name.endswith(".tmp") or p.suffix == ".parquet"]
     m = tokenize_dataset([src], tmp_path / "tok", TokenizeConfig(media_root=str(media), max_errors=5), workers=1)
     assert m["counts"]["rejected"] == 5
@@ -251,7 +251,7 @@ def test_on_error_fail_stops_at_the_first_bad_row(media, tmp_path):
                                 json.dumps(image_rec("bad", "nope.png")).encode()]) + b"\n")
     with pytest.raises(TooManyErrorsError, match=r"in.jsonl:1 \(sample 'bad'\) rejected, missing_media: .*--on-error fail"):
         tokenize_dataset([src], tmp_path / "tok", TokenizeConfig(media_root=str(media)), workers=1, on_error="fail")
-    assert not (tmp_path / "tok" / "manifest.json").exists()
+    assert not (tmp_path / "tok" / ".packtool" / "manifest.json").exists()
 
 
 def test_readme_lists_every_reason_code():

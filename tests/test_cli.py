@@ -25,6 +25,41 @@ def test_top_level_help_shows_an_example(capsys):
         assert name in out
 
 
+def test_top_level_help_says_which_command_comes_first(capsys):
+    assert main(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Start with `tokenize` (raw corpus + media -> one row per sample), then `pack`" in out
+
+
+def _help(*command: str, capsys) -> str:
+    assert main([*command, "--help"]) == 0
+    return " ".join(capsys.readouterr().out.split())  # help wraps at the terminal width
+
+
+@pytest.mark.parametrize("command, shown", [
+    ("tokenize", ["--template <chatml|qwen3-vl|llama3|molmo2|plain>", "--exif <apply|ignore>",
+                  "--on-error <skip|fail>", "--executor <local|ray>",
+                  "--format <auto|llava|qwen-vl|sharegpt|swift|molmo>",
+                  "--tokenizer <path|hf:ORG/NAME> Tokenizer (default: the embedded Qwen2/Qwen2.5 vocabulary; or a "
+                  "tokenizer.json file, a model directory (its tokenizer.json and tokenizer_config.json), or "
+                  "hf:ORG/NAME from the local Hugging Face cache (never downloaded)).",
+                  "qwen2-vl, qwen2.5-vl, qwen3-vl, molmo2, llava-ov, internvl, or fixed:N"]),
+    ("pack", ["--oversize <drop|truncate|alone|fail>", "--media <embed|reference>", "--on-error <skip|fail>",
+              "--executor <local|ray>"]),
+    ("sweep", ["--oversize <drop|truncate|alone>"]),
+    ("inspect", ["--tokenizer <path|hf:ORG/NAME>"]),
+])
+def test_help_lists_the_choices_of_every_enumerated_option(command, shown, capsys):
+    out = _help(command, capsys=capsys)
+    for text in shown:
+        assert text in out
+
+
+def test_a_choice_outside_the_list_is_a_usage_error(tmp_path, demo_dirs):
+    r = run("pack", str(demo_dirs["tokenized"]), "-o", str(tmp_path / "p"), "--oversize", "squeeze")
+    assert r.returncode == 2 and "'squeeze' is not one of 'drop', 'truncate', 'alone', 'fail'" in r.stderr
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_help_shows_an_example(command, capsys):
     assert main([command, "--help"]) == 0

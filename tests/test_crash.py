@@ -77,7 +77,7 @@ def setup(tmp_path_factory):
 def test_sigkill_at_random_points_then_resume_gives_identical_shards(setup, stage):
     corpus, base, ref, times = setup
     src = corpus / "data.jsonl" if stage == "tokenize" else ref["tokenize"]
-    ref_hashes = {s["file"]: s["sha256"] for s in json.loads((ref[stage] / "manifest.json").read_text())["shards"]}
+    ref_hashes = {s["file"]: s["sha256"] for s in json.loads((ref[stage] / ".packtool" / "manifest.json").read_text())["shards"]}
     n_tasks = len(list((ref[stage] / ".packtool").glob("task-*.json")))
     assert len(ref_hashes) >= 15 and n_tasks == 15
     rng = random.Random(f"{SEED}-{stage}")
@@ -114,13 +114,13 @@ def test_sigkill_at_random_points_then_resume_gives_identical_shards(setup, stag
         for name, digest in visible(out).items():
             assert ref_hashes.get(name) == digest, f"kill at {at:.2f}s left a partial or foreign {name} {replay}"
             pq.read_metadata(out / name)
-        if (out / "manifest.json").exists():
-            assert (out / "manifest.json").read_bytes() == (ref[stage] / "manifest.json").read_bytes() or stage == "pack"
+        if (out / ".packtool" / "manifest.json").exists():
+            assert (out / ".packtool" / "manifest.json").read_bytes() == (ref[stage] / ".packtool" / "manifest.json").read_bytes() or stage == "pack"
         finish(cmd, replay)
-        got = {s["file"]: s["sha256"] for s in json.loads((out / "manifest.json").read_text())["shards"]}
+        got = {s["file"]: s["sha256"] for s in json.loads((out / ".packtool" / "manifest.json").read_text())["shards"]}
         assert got == ref_hashes, f"resume after a kill at {at:.2f}s differs from the uninterrupted run {replay}"
         assert visible(out) == ref_hashes, replay
-        assert (out / "errors.jsonl").read_bytes() == (ref[stage] / "errors.jsonl").read_bytes(), replay
+        assert (out / ".packtool" / "errors.jsonl").read_bytes() == (ref[stage] / ".packtool" / "errors.jsonl").read_bytes(), replay
         # the resume swept what the killed run was writing (manifest, markers, errors, shards)
         left = [p.name for d in (out, out / ".packtool") for p in d.glob(".*.tmp")]
         assert not left, f"kill at {at:.2f}s: temporaries left after the resume: {left} {replay}"

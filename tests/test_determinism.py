@@ -19,12 +19,12 @@ pytestmark = pytest.mark.jit
 
 
 def shard_hashes(d: Path) -> dict[str, str]:
-    manifest = json.loads((d / "manifest.json").read_text())
+    manifest = json.loads((d / ".packtool" / "manifest.json").read_text())
     return {s["file"]: s["sha256"] for s in manifest["shards"]}
 
 
 def manifest_without_paths(d: Path) -> dict:
-    m = json.loads((d / "manifest.json").read_text())
+    m = json.loads((d / ".packtool" / "manifest.json").read_text())
     m.get("source", {}).pop("path", None)  # the tokenized directory's own location
     return m
 
@@ -58,7 +58,7 @@ def test_pool_output_is_byte_identical_to_in_process(corpus, serial, tmp_path):
         assert len(a) >= 3, "the corpus must be cut into several tasks for this test to mean anything"
         assert a == b
         assert manifest_without_paths(serial / stage) == manifest_without_paths(tmp_path / stage)
-        assert (serial / stage / "errors.jsonl").read_bytes() == (tmp_path / stage / "errors.jsonl").read_bytes()
+        assert (serial / stage / ".packtool" / "errors.jsonl").read_bytes() == (tmp_path / stage / ".packtool" / "errors.jsonl").read_bytes()
 
 
 def test_ranks_then_merge_give_the_same_bytes(corpus, serial, tmp_path):
@@ -67,14 +67,14 @@ def test_ranks_then_merge_give_the_same_bytes(corpus, serial, tmp_path):
              for r in (1, 0)]
     assert parts[0]["partial"] and parts[0]["tasks_missing"] == 2
     assert "partial" not in parts[1]  # the last rank to finish writes the manifest
-    assert (tmp_path / "tok" / "manifest.json").read_bytes() == (serial / "tok" / "manifest.json").read_bytes()
+    assert (tmp_path / "tok" / ".packtool" / "manifest.json").read_bytes() == (serial / "tok" / ".packtool" / "manifest.json").read_bytes()
     pcfg = PackConfig(max_tokens=4096, media="reference", packs_per_shard=40)
     for r in range(3):
         pack_dataset(tmp_path / "tok", tmp_path / "packed", pcfg, rank=r, world_size=3, workers=1)
-    (tmp_path / "packed" / "manifest.json").unlink()
+    (tmp_path / "packed" / ".packtool" / "manifest.json").unlink()
     merged = merge_output(tmp_path / "packed")
     assert shard_hashes(tmp_path / "packed") == shard_hashes(serial / "packed")
-    assert merged["counts"] == json.loads((serial / "packed" / "manifest.json").read_text())["counts"]
+    assert merged["counts"] == json.loads((serial / "packed" / ".packtool" / "manifest.json").read_text())["counts"]
 
 
 def test_shards_carry_no_run_specific_metadata(serial):

@@ -95,7 +95,7 @@ def test_ray_output_is_identical_to_the_local_executor(tmp_path):
             assert sum(seen) == 600  # progress streams back from every task
             pack_dataset(tmp_path / name / "tok", tmp_path / name / "packed", pcfg, **kw)
             hashes[name] = {stage: {s["file"]: s["sha256"] for s in
-                                    json.loads((tmp_path / name / stage / "manifest.json").read_text())["shards"]}
+                                    json.loads((tmp_path / name / stage / ".packtool" / "manifest.json").read_text())["shards"]}
                             for stage in ("tok", "packed")}
         assert len(hashes["local"]["tok"]) == 3
         assert hashes["ray"] == hashes["local"]
@@ -107,6 +107,6 @@ def test_ray_output_is_identical_to_the_local_executor(tmp_path):
         with pytest.raises(TooManyErrorsError) as info:
             tokenize_dataset([corpus / "data.jsonl"], tmp_path / "bad", tcfg, executor="ray", on_error="fail")
         assert str(info.value).startswith(f"{corpus / 'data.jsonl'}:600 rejected, bad_json")
-        assert not (tmp_path / "bad" / "manifest.json").exists()
+        assert not (tmp_path / "bad" / ".packtool" / "manifest.json").exists()
     finally:
         ray.shutdown()

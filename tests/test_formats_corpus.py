@@ -75,7 +75,7 @@ def test_every_format_in_one_command(tmp_path, capsys):
     assert by_id["pixmo-17"] == 3
     inline = [m["data"] for ms in table["media"].to_pylist() for m in ms]
     assert sum(d is not None for d in inline) == 2  # the Parquet image bytes travel inline
-    errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    errors = [json.loads(line) for line in (out / ".packtool" / "errors.jsonl").read_text().splitlines()]
     assert sorted(e["reason"] for e in errors) == ["bad_encoding", "bad_json", "bad_turn_order", "missing_media"]
     assert all(e["reason"] in REASON_CODES and e["source"].endswith("f_bad.jsonl") for e in errors)
 

@@ -299,7 +299,7 @@ def test_videos_are_the_counted_frames(packs):
 def test_videos_of_different_lengths_are_refused(packs):
     row = next(r for r in packs["rows"] if any(m["kind"] == "video" for m in r["media"]))
     shorter = {**row, "pack_index": 99, "media": [
-        {**m, "data": m["data"][:2], "timestamps": m["timestamps"][:2], "n_tokens": 2 * 196 + 1}
+        {**m, "frames": m["frames"][:2], "timestamps": m["timestamps"][:2], "n_tokens": 2 * 196 + 1}
         if m["kind"] == "video" else m for m in row["media"]]}
     family = get_family_inputs(row["vision"])
     assert family.pixels([shorter], None)["pixel_values_videos"].shape[1] == 2
@@ -320,7 +320,7 @@ def test_model_with_other_tiling_names_the_sample(packs):
 
 def test_changed_video_frames_name_the_sample(packs):
     row = next(r for r in packs["rows"] if any(m["kind"] == "video" for m in r["media"]))
-    bad = {**row, "media": [{**m, "data": m["data"][:3], "timestamps": m["timestamps"][:3]} if m["kind"] == "video"
+    bad = {**row, "media": [{**m, "frames": m["frames"][:3], "timestamps": m["timestamps"][:3]} if m["kind"] == "video"
                             else m for m in row["media"]]}
     with pytest.raises(InputError, match="sample 'clip'.*3 frames"):
         model_inputs([bad])

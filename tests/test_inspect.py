@@ -61,7 +61,7 @@ def _text(t: str) -> Part:
 def test_demo_pack_reads_like_the_source_records(demo_dirs):
     view = inspect_dir(demo_dirs["packed"], pack=1)
     records = {json.loads(x)["id"]: json.loads(x) for x in (SAMPLE / "data.jsonl").read_text().splitlines()}
-    manifest = json.loads((demo_dirs["packed"] / "manifest.json").read_text())
+    manifest = json.loads((demo_dirs["packed"] / ".packtool" / "manifest.json").read_text())
     rows = []
     for shard in manifest["shards"]:
         rows += pq.read_table(demo_dirs["packed"] / shard["file"], columns=["pack_index", "sample_ids", "cu_seqlens", "target_ids"]).to_pylist()
@@ -214,7 +214,7 @@ def test_pack_with_video_lists_frames_and_collapses_placeholders(video_pack):
     for s, m_row, (_, q, a) in zip(view["samples"], row["media"], video_pack["qa"], strict=True):
         (m,) = s["media"]
         assert m["label"] == "video 1" and m["kind"] == "video" and m["path"] == "clip.mp4"
-        assert m["timestamps"] == m_row["timestamps"] and len(m["timestamps"]) == len(m_row["data"]) > 1
+        assert m["timestamps"] == m_row["timestamps"] and len(m["timestamps"]) == len(m_row["frames"]) > 1
         assert (m["width"], m["height"]) == (96, 64) and m["n_tokens"] == m_row["n_tokens"]
         assert m["grid"] == [m_row["grid_t"], m_row["grid_h"], m_row["grid_w"]]
         assert m["token_offset"] == m_row["token_offset"] - s["start"]

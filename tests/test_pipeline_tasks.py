@@ -103,7 +103,7 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def hashes(d: Path) -> list[str]:
-    return [s["sha256"] for s in json.loads((d / "manifest.json").read_text())["shards"]]
+    return [s["sha256"] for s in json.loads((d / ".packtool" / "manifest.json").read_text())["shards"]]
 
 
 def test_pack_output_does_not_depend_on_the_assembly_chunk(corpus, tmp_path, monkeypatch):
@@ -117,7 +117,7 @@ def test_pack_output_does_not_depend_on_the_assembly_chunk(corpus, tmp_path, mon
     b = pack_dataset(tok, tmp_path / "b", cfg, workers=1)
     assert hashes(tmp_path / "a") == hashes(tmp_path / "b")
     assert a["counts"] == b["counts"]
-    errors = [json.loads(x) for x in (tmp_path / "b" / "errors.jsonl").read_text().splitlines()]
+    errors = [json.loads(x) for x in (tmp_path / "b" / ".packtool" / "errors.jsonl").read_text().splitlines()]
     assert len(errors) == a["counts"]["dropped"] and {e["reason"] for e in errors} == {"oversize"}
 
 
@@ -142,7 +142,7 @@ def test_every_row_lands_in_exactly_one_place(corpus, tmp_path):
     packed_ids = [i for s in packed["shards"] for ids in pq.read_table(tmp_path / "packed" / s["file"],
                                                                            columns=["sample_ids"])["sample_ids"].to_pylist()
                   for i in ids]
-    errs = [json.loads(x) for d in ("tok", "packed") for x in (tmp_path / d / "errors.jsonl").read_text().splitlines()]
+    errs = [json.loads(x) for d in ("tok", "packed") for x in (tmp_path / d / ".packtool" / "errors.jsonl").read_text().splitlines()]
     assert len(packed_ids) == len(set(packed_ids))
     expected = {json.loads(x)["id"] for i, x in enumerate(lines) if i != 3} | {f"{src}:3"}
     got = set(packed_ids) | {e["sample_id"] or f"{e['source']}:{e['row']}" for e in errs}
@@ -157,7 +157,7 @@ def test_row_groups_are_cut_by_bytes_the_same_way_however_rows_arrive(demo_dirs,
     from packtool.schema import PACKED
     from packtool.shards import ShardWriter, row_bytes
 
-    manifest = json.loads((demo_dirs["packed"] / "manifest.json").read_text())
+    manifest = json.loads((demo_dirs["packed"] / ".packtool" / "manifest.json").read_text())
     table = pq.read_table(demo_dirs["packed"] / manifest["shards"][0]["file"])
     sizes = row_bytes(table)
     assert all(sizes > table["n_tokens"].to_numpy() * 16)  # tokens (4 columns) plus embedded images

@@ -34,9 +34,10 @@ PCFG = PackConfig(max_tokens=4096, media="reference", packs_per_shard=25)
 def files(d: Path) -> dict:
     """Every file's bytes; the manifest decoded, without the tokenized directory's own path."""
     out: dict = {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
-    manifest = json.loads(out.pop("manifest.json"))
+    out.update({f".packtool/{p.name}": p.read_bytes() for p in (d / ".packtool").glob("*.jsonl")})
+    manifest = json.loads((d / ".packtool" / "manifest.json").read_bytes())
     manifest.get("source", {}).pop("path", None)
-    out["manifest.json"] = manifest
+    out[".packtool/manifest.json"] = manifest
     return out
 
 
@@ -51,8 +52,8 @@ def reference(corpus, tmp_path_factory) -> Path:
 def interrupt(d: Path, task: int) -> None:
     """Make ``d`` look like a run killed while task ``task`` was writing: no manifest, no
     errors.jsonl, the task's marker gone and a half-written temporary shard."""
-    (d / "manifest.json").unlink()
-    (d / "errors.jsonl").unlink()
+    (d / ".packtool" / "manifest.json").unlink()
+    (d / ".packtool" / "errors.jsonl").unlink()
     (d / STATE_DIR / f"task-{task:05d}.json").unlink()
     (d / f".part-{task:05d}-00000.parquet.tmp").write_bytes(b"PAR1 half a shard")
 
@@ -82,7 +83,7 @@ def test_finished_run_is_not_redone(corpus, reference, tmp_path):
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "tok").iterdir()}
     m = tokenize_dataset([corpus / "data.jsonl"], tmp_path / "tok", tcfg(corpus), workers=1)
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "tok").iterdir()} == before
-    assert m == json.loads((reference / "tok" / "manifest.json").read_text())
+    assert m == json.loads((reference / "tok" / ".packtool" / "manifest.json").read_text())
 
 
 def test_other_config_is_refused_naming_the_setting(corpus, tmp_path):
@@ -90,7 +91,7 @@ def test_other_config_is_refused_naming_the_setting(corpus, tmp_path):
     tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1)
     with pytest.raises(ResumeMismatchError, match=r"finished run with a different configuration \(model: 'qwen2.5-vl' -> 'qwen2-vl'\)"):
         tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus, model="qwen2-vl"), workers=1)
-    (out / "manifest.json").unlink()  # now an unfinished run
+    (out / ".packtool" / "manifest.json").unlink()  # now an unfinished run
     with pytest.raises(ResumeMismatchError, match=r"unfinished run with other settings \(model: 'qwen2.5-vl' -> 'qwen2-vl'\)"):
         tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus, model="qwen2-vl"), workers=1)
     m = tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus, model="qwen2-vl"), workers=1, overwrite=True)
@@ -148,6 +149,6 @@ def test_max_errors_holds_for_the_whole_run_across_ranks(corpus, tmp_path):
     assert part["partial"] and part["counts"]["rejected"] == 1
     with pytest.raises(TooManyErrorsError, match=r"2 input rows rejected, more than --max-errors 1"):
         tokenize_dataset([src], out, tcfg(corpus, max_errors=1), rank=1, world_size=2, workers=1)
-    assert not (out / "manifest.json").exists() and not (out / "errors.jsonl").exists()
+    assert not (out / ".packtool" / "manifest.json").exists() and not (out / ".packtool" / "errors.jsonl").exists()
     m = tokenize_dataset([src], out, tcfg(corpus, max_errors=2), rank=1, world_size=2, workers=1)
     assert m["counts"]["rejected_by_reason"] == {"bad_json": 2}

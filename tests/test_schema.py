@@ -16,7 +16,7 @@ def test_committed_schema_files_match_the_module():
 
 def test_shards_carry_exactly_the_declared_schema(demo_dirs):
     for kind, schema in (("tokenized", TOKENIZED), ("packed", PACKED)):
-        manifest = json.loads((demo_dirs[kind] / "manifest.json").read_text())
+        manifest = json.loads((demo_dirs[kind] / ".packtool" / "manifest.json").read_text())
         for shard in manifest["shards"]:
             got = pq.read_schema(demo_dirs[kind] / shard["file"])
             assert got.remove_metadata().equals(schema.remove_metadata()), kind

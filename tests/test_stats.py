@@ -102,7 +102,7 @@ def test_the_validator_rejects_what_the_schema_forbids(demo_dirs):
 
 
 def _columns(d: Path, cols: list[str]) -> dict[str, list]:
-    manifest = json.loads((d / "manifest.json").read_text())
+    manifest = json.loads((d / ".packtool" / "manifest.json").read_text())
     out: dict[str, list] = {c: [] for c in cols}
     for shard in manifest["shards"]:
         t = pq.read_table(d / shard["file"], columns=cols)
@@ -122,7 +122,7 @@ def _naive(lengths: list[int], b: int) -> int:
 def test_packed_stats_match_the_shard_columns(demo_dirs):
     s = compute_stats(demo_dirs["packed"])
     validate(s)
-    manifest = json.loads((demo_dirs["packed"] / "manifest.json").read_text())
+    manifest = json.loads((demo_dirs["packed"] / ".packtool" / "manifest.json").read_text())
     max_t, max_u = manifest["capacities"]["max_tokens"], manifest["capacities"]["max_vision_units"]
     p = _columns(demo_dirs["packed"], ["n_tokens", "n_vision_units", "sample_ids", "input_ids", "media"])
     t = _columns(demo_dirs["tokenized"], ["sample_id", "n_tokens", "n_branches", "source"])
@@ -196,8 +196,8 @@ def messy(tmp_path_factory, demo_dirs):
 def test_pair_reconciles_rows_rejections_and_drops(messy):
     s = compute_stats(messy["tokenized"], messy["packed"])
     validate(s)
-    tok_errors = [json.loads(x) for x in (messy["tokenized"] / "errors.jsonl").read_text().splitlines()]
-    pack_errors = [json.loads(x) for x in (messy["packed"] / "errors.jsonl").read_text().splitlines()]
+    tok_errors = [json.loads(x) for x in (messy["tokenized"] / ".packtool" / "errors.jsonl").read_text().splitlines()]
+    pack_errors = [json.loads(x) for x in (messy["packed"] / ".packtool" / "errors.jsonl").read_text().splitlines()]
     packed_ids = [x for ids in _columns(messy["packed"], ["sample_ids"])["sample_ids"] for x in ids]
     assert len(tok_errors) == 2 and len(pack_errors) >= 1  # 1920x1080 images need 2,691+ tokens
     r = s["reconcile"]
@@ -231,9 +231,9 @@ def test_packed_dir_without_its_tokenized_dir_still_reports(messy, tmp_path):
 
     moved = tmp_path / "packed-alone"
     shutil.copytree(messy["packed"], moved)
-    manifest = json.loads((moved / "manifest.json").read_text())
+    manifest = json.loads((moved / ".packtool" / "manifest.json").read_text())
     manifest["source"]["path"] = str(tmp_path / "not-there")
-    (moved / "manifest.json").write_text(json.dumps(manifest))
+    (moved / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     s = compute_stats(moved)
     validate(s)
     full = compute_stats(messy["packed"])
@@ -309,9 +309,29 @@ def test_trees_from_grouped_records_still_reconcile(demo_dirs, tmp_path):
     s = compute_stats(packed)
     validate(s)
     t = _columns(tok, ["n_branches"])["n_branches"]
-    merged = json.loads((tok / "manifest.json").read_text())["counts"]["merged_records"]
+    merged = json.loads((tok / ".packtool" / "manifest.json").read_text())["counts"]["merged_records"]
     assert merged == 30 - len(t) > 0
     assert s["reconcile"]["merged_records"] == merged and s["reconcile"]["balanced"]
     assert s["branches_per_sample"]["histogram"] == {str(b): t.count(b) for b in sorted(set(t))}
     assert sum(b * n for b, n in ((int(k), v) for k, v in s["branches_per_sample"]["histogram"].items())) == 30
     assert f"30 = {len(t)} + 0 + 0 + {merged} merged - 0 split  ok" in render_stats(s)
+
+
+@pytest.mark.jit
+def test_pair_stats_stay_linear_in_the_samples(tmp_path):
+    """40,000 samples: matching tokenized ids to packed ids must be a hash join. The old
+    ``np.isin`` over object arrays took ~70 s here (quadratic); linear work takes about 1 s,
+    so the bound below is an order of magnitude away from either."""
+    import time
+
+    from bench.corpus import write_tokenized
+
+    tok = tmp_path / "tok"
+    write_tokenized(tok, "llava", 40_000, seed=5, rows_per_shard=20_000)
+    pack_dataset(tok, tmp_path / "packed", PackConfig(media="reference"), workers=1)
+    t0 = time.perf_counter()
+    s = compute_stats(tok, tmp_path / "packed")
+    seconds = time.perf_counter() - t0
+    assert s["samples"] == 40_000 and s["reconcile"]["balanced"]
+    assert sum(x["packed"] for x in s["sources"]) == 40_000
+    assert seconds < 12, f"stats took {seconds:.1f} s for 40,000 samples"

@@ -16,7 +16,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 
 def _packs(d):
-    manifest = json.loads((d / "manifest.json").read_text())
+    manifest = json.loads((d / ".packtool" / "manifest.json").read_text())
     return [r for s in manifest["shards"] for r in pq.read_table(d / s["file"], columns=["n_tokens", "n_vision_units"]).to_pylist()]
 
 

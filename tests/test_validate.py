@@ -29,7 +29,7 @@ def packed(demo_dirs, tmp_path) -> Path:
 
 
 def shard(d: Path) -> Path:
-    return d / json.loads((d / "manifest.json").read_text())["shards"][0]["file"]
+    return d / json.loads((d / ".packtool" / "manifest.json").read_text())["shards"][0]["file"]
 
 
 def rewrite_row(d: Path, edit) -> None:
@@ -39,9 +39,9 @@ def rewrite_row(d: Path, edit) -> None:
     rows = pq.read_table(f).to_pylist()
     edit(rows[0])
     pq.write_table(pa.Table.from_pylist(rows, schema=PACKED), f)
-    manifest = json.loads((d / "manifest.json").read_text())
+    manifest = json.loads((d / ".packtool" / "manifest.json").read_text())
     manifest["shards"][0].update(bytes=f.stat().st_size, sha256=sha256_file(f))
-    (d / "manifest.json").write_text(json.dumps(manifest))
+    (d / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
 
 
 @pytest.mark.parametrize("kind", ["tokenized", "packed"])
@@ -107,8 +107,8 @@ def test_media_span_off_its_placeholders_is_caught(packed):
 
 def test_corrupt_embedded_image_is_caught(packed):
     def edit(row):
-        data = row["media"][0]["data"][0]
-        row["media"][0]["data"] = [data[: len(data) // 2]]
+        data = row["media"][0]["data"]
+        row["media"][0]["data"] = data[: len(data) // 2]
 
     rewrite_row(packed, edit)
     report = validate_dir(packed)
@@ -117,21 +117,21 @@ def test_corrupt_embedded_image_is_caught(packed):
 
 
 def test_capacity_and_counts_are_checked(packed):
-    manifest = json.loads((packed / "manifest.json").read_text())
+    manifest = json.loads((packed / ".packtool" / "manifest.json").read_text())
     manifest["capacities"]["max_tokens"] = 100
     manifest["counts"]["packs"] += 1
-    (packed / "manifest.json").write_text(json.dumps(manifest))
+    (packed / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     report = validate_dir(packed, max_problems=50)
     whats = [p["what"] for p in report["problems"]]
     assert any("more than the pack capacity 100" in w for w in whats)
 
 
 def test_row_counts_and_errors_file_are_checked(packed):
-    manifest = json.loads((packed / "manifest.json").read_text())
+    manifest = json.loads((packed / ".packtool" / "manifest.json").read_text())
     manifest["counts"]["packs"] += 1
-    (packed / "manifest.json").write_text(json.dumps(manifest))
+    (packed / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     assert any("rows, the shards hold" in p["what"] for p in validate_dir(packed)["problems"])
-    (packed / "errors.jsonl").write_text('{"reason": "no_such_reason"}\n')
+    (packed / ".packtool" / "errors.jsonl").write_text('{"reason": "no_such_reason"}\n')
     assert any("unknown reason code" in p["what"] for p in validate_dir(packed)["problems"])
 
 
@@ -146,11 +146,11 @@ def test_schema_version_of_the_shards_is_checked(packed):
     table = pq.read_table(f)
     table = table.replace_schema_metadata({**table.schema.metadata, b"packtool.schema_version": b"0"})
     pq.write_table(table, f)
-    manifest = json.loads((packed / "manifest.json").read_text())
+    manifest = json.loads((packed / ".packtool" / "manifest.json").read_text())
     manifest["shards"][0].update(bytes=f.stat().st_size, sha256=sha256_file(f))
-    (packed / "manifest.json").write_text(json.dumps(manifest))
+    (packed / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     report = validate_dir(packed)
-    assert [p["what"] for p in report["problems"]] == ["written with schema version '0', this packtool reads 1"]
+    assert [p["what"] for p in report["problems"]] == ["written with schema version '0', this packtool reads 2"]
     manifest["schema_version"] = 0
-    (packed / "manifest.json").write_text(json.dumps(manifest))
+    (packed / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     assert "schema version 0" in validate_dir(packed)["problems"][0]["what"]

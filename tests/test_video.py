@@ -124,7 +124,7 @@ def test_packed_shard_embeds_the_recorded_frames(videos, tmp_path):
     assert media["n_tokens"] == get_family("qwen2.5-vl").video(probe_video(videos / "cfr.mp4")).n_tokens
     pack_dataset(tok, packed, PackConfig(max_tokens=4096, media="embed", frame_quality=80))
     prow = pq.read_table(next(packed.glob("**/part-*.parquet"))).to_pylist()[0]
-    frames = prow["media"][0]["data"]
+    frames = prow["media"][0]["frames"]
     assert len(frames) == 6
     assert prow["media"][0]["timestamps"] == media["timestamps"]
     levels = [round(grey_level(f) / 8) for f in frames]

@@ -20,6 +20,7 @@ import gzip
 import io
 import json
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,12 +71,35 @@ _COMPRESSIONS = ("", ".gz", ".zst")
 SUFFIXES = tuple(s + c for s in _JSON_SUFFIXES for c in _COMPRESSIONS) + hf_parquet.SUFFIXES
 
 
+def _scan_dir(root: Path) -> list[Path]:
+    """The supported files under ``root``, sorted; hidden entries and packtool outputs are skipped.
+
+    A corpus directory often holds earlier results (``tokenize data -o data/tok`` run twice):
+    their shards are packtool's own rows, not input records, so a directory holding a packtool
+    run (a ``.packtool/`` state folder or a manifest) is left out with everything under it, and
+    so is every entry whose name starts with ``.`` (``.git``, editor and OS files).
+    """
+    return sorted(f for f in _walk(root) if f.name.endswith(SUFFIXES))
+
+
 def expand_inputs(inputs: list[Path]) -> list[Path]:
-    """Files named directly, plus the supported files under named directories, sorted."""
+    """Files named directly, plus the supported files under named directories, sorted.
+
+    Under a directory, hidden entries and packtool output directories are skipped
+    (see :func:`_scan_dir`); a named file is always read.
+
+    Raises:
+        InputError: an input does not exist, is itself a packtool output, or holds no input files.
+    """
+    from ..shards import is_output_dir
+
     files: list[Path] = []
     for p in inputs:
         if p.is_dir():
-            files.extend(sorted(f for f in _walk(p) if f.name.endswith(SUFFIXES) and not f.name.startswith(".")))
+            if is_output_dir(p):
+                raise InputError(f"input {str(p)!r} is a packtool output directory, not raw records; "
+                                 "pass the corpus it was made from (pack takes a tokenized directory)")
+            files.extend(_scan_dir(p))
         elif p.is_file():
             files.append(p)
         else:
@@ -126,16 +150,20 @@ class _ZstdStream(io.RawIOBase):
 
 
 def _walk(root: Path) -> Iterator[Path]:
-    """Every file under ``root``; a directory that cannot be listed is an error, not a silent gap
-    (``Path.rglob`` skips unreadable directories without a word)."""
-    import os
+    """Every file under ``root`` but hidden entries and packtool output directories (see :func:`_scan_dir`).
+
+    A directory that cannot be listed is an error, not a silent gap (``os.walk`` and
+    ``Path.rglob`` skip unreadable directories without a word); a link back up the tree
+    is listed once.
+    """
+    from ..shards import is_output_dir
 
     seen: set[str] = set()
     stack = [root]
     while stack:
         d = stack.pop()
         real = os.path.realpath(d)
-        if real in seen:  # a link back up the tree is listed once, not forever
+        if real in seen:
             continue
         seen.add(real)
         try:
@@ -144,7 +172,12 @@ def _walk(root: Path) -> Iterator[Path]:
             raise InputError(f"cannot list {str(d)!r} inside input {str(root)!r} ({exc.strerror}); make it "
                              "readable or leave it out of the inputs") from None
         for e in entries:
+            if e.name.startswith("."):
+                continue
             if e.is_dir():
+                if is_output_dir(Path(e.path)):
+                    log.info("skipping %s: a packtool output directory, not input", e.path)
+                    continue
                 stack.append(Path(e.path))
             elif e.is_file():
                 yield Path(e.path)

@@ -102,7 +102,7 @@ class PackedDataset:
     ``schema.PACKED``). See the module docstring for how the stream is split.
 
     Args:
-        path: a ``packtool pack`` output directory (holding ``manifest.json``).
+        path: a ``packtool pack`` output directory (holding ``.packtool/manifest.json``).
         rank: this process's rank, ``0 <= rank < world_size``.
         world_size: number of data-parallel ranks.
         shuffle: permute shards, row groups and rows, differently every epoch.
@@ -565,7 +565,7 @@ def decode_image(item: dict, media_root: str | Path | None = None, *, exif: bool
     from PIL import ImageOps
 
     data = item.get("data")
-    src = io.BytesIO(data[0]) if data else _media_file(item, media_root)
+    src = io.BytesIO(data) if data else _media_file(item, media_root)
     with _open_image(src) as im:
         return (ImageOps.exif_transpose(im) if exif else im).convert("RGB")
 
@@ -590,7 +590,7 @@ def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrame
     timestamp, the frame nearest to it (by presentation time) is taken.
     """
     stamps = tuple(float(t) for t in (item.get("timestamps") or ()))
-    data = item.get("data")
+    data = item.get("frames")
     if data:
         frames = []
         for blob in data:
@@ -684,7 +684,7 @@ def collate(rows: Sequence[dict], pad_to: int | None = None, *, pad_token_id: in
             [attention_mask(out["subsegment_ids"][i], r["media"], vision=vision) for i, r in enumerate(rows)]
         )[:, None] if rows else np.zeros((0, 1, width, width), dtype=bool)
     out["pixel"] = [decode_media(r, media_root) if pixels else [] for r in rows]
-    out["media"] = [[{k: v for k, v in m.items() if k != "data"} for m in r["media"]] for r in rows]
+    out["media"] = [[{k: v for k, v in m.items() if k not in ("data", "frames")} for m in r["media"]] for r in rows]
     out["sample_ids"] = [list(r.get("sample_ids", [])) for r in rows]
     out["pack_index"] = [r.get("pack_index") for r in rows]
     return out

@@ -1,0 +1,60 @@
+"""Docs as tests: every console and pycon block of the README is what its commands print now,
+every python block runs, and the figure shows the current demo data. `make docs` rewrites
+stale blocks and the figure (docs/readme.py says how blocks are marked)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("readme_runner", ROOT / "docs" / "readme.py")
+readme = importlib.util.module_from_spec(spec)
+sys.modules["readme_runner"] = readme
+spec.loader.exec_module(readme)
+
+
+@pytest.mark.slow
+@pytest.mark.jit
+def test_every_readme_block_is_current(tmp_path):
+    problems, skipped = readme.check(scratch=tmp_path / "docs")
+    for s in skipped:
+        print(f"skipped {s}")
+    assert not problems, "\n\n".join(problems)
+
+
+def test_the_block_markers_are_parsed():
+    lines = ["text", "<!-- docs: setup touch a -->", "<!-- docs: requires torch transformers -->", "```python",
+             "import torch", "```", "<!-- docs: skip -->", "```console", "$ false", "```", "```bash", "ls", "```"]
+    a, b, c = readme.parse(lines)
+    assert (a.lang, a.setup, a.requires, a.skip, a.lines) == ("python", ["touch a"], ["torch", "transformers"], False,
+                                                              ["import torch"])
+    assert (b.lang, b.skip) == ("console", True) and c.lang == "bash"
+    assert readme.missing_modules(readme.Block("python", 0, 0, [], requires=["no_such_module_x"])) == ["no_such_module_x"]
+
+
+def test_a_stale_console_block_is_reported_and_rewritten(tmp_path):
+    doc = tmp_path / "README.md"
+    doc.write_text("```console\n$ echo hello\nhullo\n```\n\n```pycon\n>>> 1 + 1\n3\n```\n\n"
+                   "<!-- docs: requires no_such_module_x -->\n```python\nraise SystemExit(1)\n```\n")
+    problems, skipped = readme.check(readme=doc, scratch=tmp_path / "s")
+    assert len(problems) == 2 and "hullo" in problems[0] and skipped == ["README.md:12: python block needs no_such_module_x"]
+    readme.check(write=True, readme=doc, scratch=tmp_path / "s")
+    assert doc.read_text().startswith("```console\n$ echo hello\nhello\n```\n\n```pycon\n>>> 1 + 1\n2\n```")
+    assert readme.check(readme=doc, scratch=tmp_path / "s")[0] == []
+
+
+def test_the_figure_shows_the_current_demo_data(demo_dirs):
+    pytest.importorskip("matplotlib")
+    from packtool.plotting import figure_digest
+    from packtool.stats import load_stats_data, summarize
+
+    data = load_stats_data(demo_dirs["tokenized"], demo_dirs["packed"])
+    with Image.open(ROOT / "docs" / "demo-stats.png") as im:
+        recorded = im.info.get("Description", "")
+    assert recorded == f"packtool stats figure, data sha256 {figure_digest(data, summarize(data))}", \
+        "docs/demo-stats.png is stale: run make docs"
