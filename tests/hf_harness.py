@@ -31,6 +31,20 @@ from packtool.reader.hf import get_family_inputs, loss_tokens, model_inputs, sam
 RTOL = 1e-5
 
 
+def _static_flex_shapes() -> None:
+    """torch 2.14's inductor cannot build flex attention's CPU kernel for dynamic shapes (C++ compile
+    error: ``cur_kvSplitSize`` undeclared). A recompile for a new sequence length turns dynamic shapes
+    on, and a whole test session compiles flex for many lengths, so keep shapes static here."""
+    try:
+        import torch._dynamo
+    except ImportError:
+        return
+    torch._dynamo.config.automatic_dynamic_shapes = False
+
+
+_static_flex_shapes()
+
+
 def byte_tokenizer(directory: Path, specials: list[str]) -> Path:
     """A real ``tokenizer.json``: one id per byte (no merges), then ``specials`` (a small vocabulary,
     so tiny models stay tiny)."""
