@@ -565,6 +565,7 @@ def run_lock(out_dir: Path, rank: int = 0) -> Iterator[None]:
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputError(f"output {str(out_dir)!r} exists and is not a directory; choose another -o")
+    made_out, made_state = not out_dir.exists(), not (out_dir / STATE_DIR).exists()
     (out_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
     path = out_dir / STATE_DIR / f"rank-{rank:05d}.lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -584,7 +585,17 @@ def run_lock(out_dir: Path, rank: int = 0) -> Iterator[None]:
         info = {"pid": os.getpid(), "host": _HOST, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode("utf-8"), 0)
-        yield
+        try:
+            yield
+        except BaseException:
+            # a run refused before it wrote anything (a foreign -o, bad settings) leaves no trace of itself
+            if made_state:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                    (out_dir / STATE_DIR).rmdir()
+                    if made_out:
+                        out_dir.rmdir()
+            raise
     finally:
         os.close(fd)  # releases the lock
 

@@ -326,7 +326,7 @@ def test_a_latin1_byte_in_a_json_array_file_rejects_only_its_records(media, tmp_
     src = tmp_path / "array.json"
     src.write_bytes(b"[" + b",\n".join([good, texts, ids, paths, good.replace(b'"good"', b'"good2"')]) + b"]")
     m = tokenize_dataset([src], tmp_path / "tok", TokenizeConfig(media_root=str(media)), workers=1)
-    errors = [json.loads(x) for x in (tmp_path / "tok" / "errors.jsonl").read_text(encoding="utf-8").splitlines()]
+    errors = [json.loads(x) for x in (tmp_path / "tok" / ".packtool" / "errors.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [(e["row"], e["reason"]) for e in errors] == [(1, "bad_encoding"), (2, "bad_encoding"), (3, "bad_encoding")]
     assert m["counts"]["samples"] == 2 and m["counts"]["rows_in"] == 5
 
@@ -336,7 +336,7 @@ def test_errors_jsonl_is_utf8_whatever_the_rejected_row_held(media, tmp_path):
     written as its JSON escape, and reads back as the same string."""
     line = b'{"id": "x\\udc80", "image": "nope.png", "conversations": ' + _CONV + b"}"
     run_tokenize(media, tmp_path, [line])
-    raw = (tmp_path / "tok" / "errors.jsonl").read_bytes()
+    raw = (tmp_path / "tok" / ".packtool" / "errors.jsonl").read_bytes()
     raw.decode("utf-8")
     (e,) = [json.loads(x) for x in raw.splitlines()]
     assert e["sample_id"] == "x\udc80" and e["reason"] == "bad_encoding"
@@ -350,7 +350,7 @@ def test_an_input_file_name_that_is_not_utf8(media, tmp_path):
     src.write_bytes(json.dumps(image_rec("a", "ok.png")).encode() + b"\n" + json.dumps(image_rec("b", "nope.png")).encode() + b"\n")
     m = tokenize_dataset([src], tmp_path / "tok", TokenizeConfig(media_root=str(media)), workers=1)
     assert m["counts"]["samples"] == 1 and m["counts"]["rejected"] == 1
-    (e,) = [json.loads(x) for x in (tmp_path / "tok" / "errors.jsonl").read_text(encoding="utf-8").splitlines()]
+    (e,) = [json.loads(x) for x in (tmp_path / "tok" / ".packtool" / "errors.jsonl").read_text(encoding="utf-8").splitlines()]
     assert e["source"].endswith("caf\\udce9.jsonl") and e["reason"] == "missing_media"
     rows = pq.read_table(next((tmp_path / "tok").glob("part-*.parquet")), columns=["source"]).column("source").to_pylist()
     assert rows == [e["source"]]

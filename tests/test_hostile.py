@@ -124,10 +124,10 @@ def test_ctrl_c_exits_130_with_a_message_and_the_same_command_resumes(tmp_path, 
     assert proc.returncode == 130, (proc.returncode, stderr)
     assert stderr.startswith("Error: interrupted") and "re-run the same command" in stderr, stderr
     assert "Traceback" not in stderr and stdout == ""
-    assert not (out / "manifest.json").exists()
+    assert not (out / ".packtool" / "manifest.json").exists()
     r = run(*cmd)
     assert r.returncode == 0, r.stderr
-    assert (out / "manifest.json").is_file() and not list(out.glob(".*.tmp"))
+    assert (out / ".packtool" / "manifest.json").is_file() and not list(out.glob(".*.tmp"))
 
 
 # ============================================================================ compressed inputs
@@ -145,7 +145,7 @@ def test_truncated_gz_keeps_the_rows_before_the_cut(tmp_path, media, capfd):
     assert "Traceback" not in err and "Aborted" not in err
     counts = json.loads(out)
     assert 0 < counts["samples"] < 3000
-    errors = [json.loads(x) for x in (tmp_path / "tok" / "errors.jsonl").read_text().splitlines()]
+    errors = [json.loads(x) for x in (tmp_path / "tok" / ".packtool" / "errors.jsonl").read_text().splitlines()]
     assert errors[-1]["reason"] == "corrupt_file" and "truncated" in errors[-1]["message"]
     assert counts["rows_in"] == counts["samples"] + counts["rejected"]
 
@@ -177,7 +177,7 @@ def test_a_file_that_is_not_its_compression_is_one_error_row(tmp_path, media, ca
                          "-o", tmp_path / "tok", "-q", "--workers", "1", "--json")
     assert code == 0, err
     assert "Traceback" not in err
-    errors = [json.loads(x) for x in (tmp_path / "tok" / "errors.jsonl").read_text().splitlines()]
+    errors = [json.loads(x) for x in (tmp_path / "tok" / ".packtool" / "errors.jsonl").read_text().splitlines()]
     assert [e["reason"] for e in errors] == ["corrupt_file"] and errors[0]["source"].endswith(name)
     assert json.loads(out)["rows_in"] == json.loads(out)["samples"] + 1
     if name == "cut.jsonl.zst":
@@ -198,7 +198,7 @@ def _tokenize(capfd, tmp_path: Path, media: Path, records: list, *extra: str) ->
 
 
 def _errors(d: Path) -> list[dict]:
-    return [json.loads(x) for x in (d / "errors.jsonl").read_text().splitlines()]
+    return [json.loads(x) for x in (d / ".packtool" / "errors.jsonl").read_text().splitlines()]
 
 
 LONG = "and then " * 400  # about 1,200 tokens: oversize at --max-tokens 256
@@ -318,9 +318,9 @@ def test_a_shard_name_that_leaves_its_directory_is_refused_by_every_reader(built
     (tmp_path / "other").mkdir()
     for f in d[which].glob("part-*.parquet"):  # the target exists, so only the name check can stop it
         (tmp_path / "other" / f.name).write_bytes(f.read_bytes())
-    manifest = json.loads((d[which] / "manifest.json").read_text())
+    manifest = json.loads((d[which] / ".packtool" / "manifest.json").read_text())
     manifest["shards"][0]["file"] = name
-    (d[which] / "manifest.json").write_text(json.dumps(manifest))
+    (d[which] / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     for args in _readers(d, which, tmp_path):
         code, _, err = cli(capfd, *args)
         assert code == 1, (args, code, err)
@@ -336,7 +336,7 @@ def test_a_shard_name_that_leaves_its_directory_is_refused_by_every_reader(built
 
 def test_a_shard_that_is_a_link_out_of_its_directory_is_refused(built, tmp_path, capfd):
     d = _copy(built, tmp_path)
-    first = json.loads((d["tok"] / "manifest.json").read_text())["shards"][0]["file"]
+    first = json.loads((d["tok"] / ".packtool" / "manifest.json").read_text())["shards"][0]["file"]
     outside = tmp_path / "elsewhere.parquet"
     (d["tok"] / first).rename(outside)
     os.symlink(outside, d["tok"] / first)
@@ -348,7 +348,7 @@ def test_a_marker_naming_a_file_outside_is_not_trusted(built, tmp_path, capfd):
     """A completion marker whose shard names leave the directory marks nothing: the task is
     redone, and the manifest lists only the task's own shards."""
     d = _copy(built, tmp_path)
-    (d["tok"] / "manifest.json").unlink()
+    (d["tok"] / ".packtool" / "manifest.json").unlink()
     marker = d["tok"] / ".packtool" / "task-00000.json"
     record = json.loads(marker.read_text())
     good = record["shards"][0]["file"]
@@ -357,10 +357,10 @@ def test_a_marker_naming_a_file_outside_is_not_trusted(built, tmp_path, capfd):
     marker.write_text(json.dumps(record))
     src = built["base"] / "in.jsonl"
     code, _, err = cli(capfd, "tokenize", src, "--media-root", Path(json.loads(
-        (built["tok"] / "manifest.json").read_text())["config"]["media_root"]), "-o", d["tok"], "-q", "--workers", "1",
+        (built["tok"] / ".packtool" / "manifest.json").read_text())["config"]["media_root"]), "-o", d["tok"], "-q", "--workers", "1",
         "--rows-per-shard", "4")
     assert code == 0, err
-    assert (d["tok"] / "manifest.json").read_bytes() == (built["tok"] / "manifest.json").read_bytes()
+    assert (d["tok"] / ".packtool" / "manifest.json").read_bytes() == (built["tok"] / ".packtool" / "manifest.json").read_bytes()
 
 
 # ============================================================================ 7: media that would run code
@@ -385,16 +385,16 @@ def test_the_reader_and_validate_refuse_embedded_eps(tmp_path, monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", no_programs)
     monkeypatch.setattr(subprocess, "check_call", no_programs)
     with pytest.raises(InputError, match="PostScript"):
-        decode_image({"kind": "image", "data": [_eps()]})
+        decode_image({"kind": "image", "data": _eps()})
     (tmp_path / "x.png").write_bytes(_eps())
     with pytest.raises(InputError, match="PostScript"):
         decode_image({"kind": "image", "path": "x.png", "data": None}, tmp_path)
     with pytest.raises(InputError, match="PostScript"):
-        decode_video({"kind": "video", "data": [_eps()], "timestamps": [0.0]})
+        decode_video({"kind": "video", "frames": [_eps()], "timestamps": [0.0]})
     (tmp_path / "list.mp4").write_bytes(b"ffconcat version 1.0\nfile x.png\n")
     with pytest.raises(InputError, match="not a container"):
         decode_video({"kind": "video", "path": "list.mp4", "data": None, "timestamps": [0.0]}, tmp_path)
-    problem = _check_media_bytes({"kind": "image", "data": [_eps()], "width": 20, "height": 10})
+    problem = _check_media_bytes({"kind": "image", "data": _eps(), "width": 20, "height": 10})
     assert problem and "refused" in problem
 
 
@@ -427,7 +427,7 @@ def test_errors_of_inline_media_are_the_same_bytes_on_every_run(tmp_path, media)
     for k, workers in enumerate((1, 2, 1)):
         out = tmp_path / f"tok{k}"
         tokenize_dataset([src], out, TokenizeConfig(media_root=str(media), rows_per_shard=7), workers=workers)
-        outs.append((out / "errors.jsonl").read_bytes())
+        outs.append((out / ".packtool" / "errors.jsonl").read_bytes())
     assert outs[0] == outs[1] == outs[2]
     text = outs[0].decode()
     assert " at 0x" not in text and ".tmp" not in text and "<_io." not in text
@@ -467,7 +467,7 @@ def test_a_resume_sweeps_the_temporaries_of_dead_writers_only(built, tmp_path, m
 
     d = _copy(built, tmp_path)
     tok = d["tok"]
-    (tok / "manifest.json").unlink()
+    (tok / ".packtool" / "manifest.json").unlink()
     host, dead = socket.gethostname(), _dead_pid()
     stale = [tok / f".manifest.json.{dead}@{host}.tmp", tok / f".errors.jsonl.{dead}@{host}.tmp",
              tok / f".part-00000-00000.parquet.{dead}@{host}.tmp", tok / ".packtool" / f".task-00001.json.{dead}@{host}.tmp",
@@ -476,7 +476,7 @@ def test_a_resume_sweeps_the_temporaries_of_dead_writers_only(built, tmp_path, m
     kept = [tok / f".manifest.json.{live.pid}@{host}.tmp", tok / f".manifest.json.{dead}@another-host.tmp"]
     for f in stale + kept:
         f.write_text("half")
-    cfg = json.loads((built["tok"] / "manifest.json").read_text())["config"]
+    cfg = json.loads((built["tok"] / ".packtool" / "manifest.json").read_text())["config"]
     try:
         tokenize_dataset([built["base"] / "in.jsonl"], tok, TokenizeConfig(media_root=cfg["media_root"], rows_per_shard=4),
                          workers=1)
@@ -485,7 +485,7 @@ def test_a_resume_sweeps_the_temporaries_of_dead_writers_only(built, tmp_path, m
         live.wait()
     assert not [f for f in stale if f.exists()]
     assert all(f.exists() for f in kept)
-    assert (tok / "manifest.json").read_bytes() == (built["tok"] / "manifest.json").read_bytes()
+    assert (tok / ".packtool" / "manifest.json").read_bytes() == (built["tok"] / ".packtool" / "manifest.json").read_bytes()
 
 
 # ============================================================================ 4: reruns trust no stale state
@@ -547,7 +547,7 @@ def test_a_relative_media_root_means_the_same_files_from_any_directory(tmp_path,
     from packtool.reader import PackedDataset
 
     (row,) = list(PackedDataset(tmp_path / "packed", shuffle=False))
-    assert row["media"][0]["data"][0] == png_bytes(64, 48)
+    assert row["media"][0]["data"] == png_bytes(64, 48)
 
 
 def _media_corpus(tmp_path: Path, capfd) -> tuple[Path, Path]:
@@ -646,7 +646,7 @@ def test_pack_checks_each_tokenized_shard_against_its_manifest(built, tmp_path, 
     code, out, err = cli(capfd, "pack", d["tok"], "-o", tmp_path / "out", "-q", "--workers", "1")
     assert code == 1, (code, out, err)
     assert err.startswith("Error: ") and name in err and "Traceback" not in err, err
-    assert not (tmp_path / "out" / "manifest.json").exists()
+    assert not (tmp_path / "out" / ".packtool" / "manifest.json").exists()
 
 
 @pytest.mark.parametrize("which", ["tok", "packed"])
@@ -915,7 +915,7 @@ def test_every_bad_input_through_the_cli_prints_no_traceback(tmp_path, capfd):
     counts = json.loads(r.stdout)
     assert counts["rows_in"] == counts["samples"] + counts["rejected"]
     assert counts["rejected"] >= len(lines) - 2 - len(SUPPORTED_IMAGES) - 1
-    reasons = set(json.loads((tok / "manifest.json").read_text())["counts"]["rejected_by_reason"])
+    reasons = set(json.loads((tok / ".packtool" / "manifest.json").read_text())["counts"]["rejected_by_reason"])
     assert {"bad_json", "bad_encoding", "bad_record", "corrupt_file", "unsupported_media", "corrupt_image",
             "corrupt_video", "missing_media", "path_outside_root", "image_too_large", "bad_aspect_ratio"} <= reasons
     for args in (["pack", tok, "-o", packed, "--max-tokens", "1024", "--workers", "2"], ["stats", tok, packed],
@@ -931,7 +931,7 @@ def test_every_bad_input_through_the_cli_prints_no_traceback(tmp_path, capfd):
         shutil.copytree(tok, d["tok"])
         shutil.copytree(packed, d["packed"])
         for which in ("tok", "packed"):
-            m = d[which] / "manifest.json"
+            m = d[which] / ".packtool" / "manifest.json"
             if damage == "escape":
                 doc = json.loads(m.read_text())
                 doc["shards"][0]["file"] = "/etc/passwd"
