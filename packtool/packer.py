@@ -23,9 +23,12 @@ from .errors import ConfigError, OversizeSampleError
 from .knapsack import KnapsackSolver
 from .schema import PACKED, SUBSEGMENT_STRIDE
 
-__all__ = ["PackPlan", "plan_packs", "assemble_packs", "unit_granularity", "MAX_UNIT_CELLS", "TAIL_PACKS"]
+__all__ = ["PackPlan", "plan_packs", "assemble_packs", "unit_granularity", "unit_axis", "MAX_UNIT_CELLS",
+           "TAIL_PACKS"]
 
-#: The unit axis of the DP table has at most this many cells; larger capacities are quantized.
+#: The unit axis of the DP table has at most this many cells. A larger capacity is exact when
+#: it cannot bind (see :func:`unit_axis`) or when the units' common divisor brings it within
+#: this many cells; only otherwise are units quantized.
 MAX_UNIT_CELLS = 1024
 #: Regular packs re-optimized together with the flush packs at the end of a stream.
 TAIL_PACKS = 8
@@ -42,6 +45,8 @@ class PackPlan:
         alone: indices of oversize samples given a pack of their own (the last packs).
         truncated: indices of text-only samples cut to ``max_tokens``.
         tail_packs_saved: packs the tail re-optimization saved over the plain flush.
+        unit_axis: how the DP held the unit capacity (:func:`unit_axis`): ``exact``,
+            ``redundant`` (it could not bind; exact) or ``quantized``.
     """
 
     order: np.ndarray
@@ -50,6 +55,7 @@ class PackPlan:
     alone: list[int] = field(default_factory=list)
     truncated: list[int] = field(default_factory=list)
     tail_packs_saved: int = 0
+    unit_axis: str = "exact"
 
     @property
     def n_packs(self) -> int:
@@ -69,6 +75,45 @@ def unit_granularity(max_units: int) -> int:
     return max(1, -(-max_units // MAX_UNIT_CELLS))
 
 
+def unit_axis(qw: np.ndarray, units: np.ndarray, cap_w: int, max_units: int) -> tuple[int, int, str]:
+    """How the DP represents the unit capacity for these samples: ``(quantum, cells, how)``.
+
+    ``qw`` are the DP token weights (``ceil(tokens / g)``) and ``units`` the exact unit counts
+    of the samples that fit on their own; ``cap_w`` is the DP token capacity.
+
+    * ``"redundant"`` (``cells == 0``): no subset within the token capacity can pass the unit
+      capacity, because every sample has ``units * cap_w <= max_units * qw`` (so any subset
+      with ``sum(qw) <= cap_w`` has ``sum(units) <= max_units``). The unit axis is dropped:
+      the same subsets are feasible, so the optimum *and* the tie-rule subset are those of
+      the two-dimensional problem, from a one-row table. Patch-count families meet this at
+      their defaults: a Qwen2.5-VL sample has ``units = 4 * placeholder tokens <= 4 * tokens``
+      and the default capacity is ``4 * max_tokens`` patches.
+    * ``"exact"``: units divided by their greatest common divisor ``quantum`` (exact: every
+      sum is a multiple of it) leave at most ``MAX_UNIT_CELLS`` cells.
+    * ``"quantized"``: otherwise units are rounded up by :func:`unit_granularity` and the
+      capacity down, so packs still fit (a binding patch capacity far below the default).
+
+    Example:
+        >>> unit_axis(np.array([10, 4]), np.array([600, 256]), 1024, 65536)   # units <= 64 qw
+        (1, 0, 'redundant')
+        >>> unit_axis(np.array([10, 4]), np.array([600, 256]), 1024, 4096)
+        (8, 512, 'exact')
+        >>> unit_axis(np.array([10, 4]), np.array([601, 256]), 1024, 4096)
+        (4, 1024, 'quantized')
+    """
+    qw = np.asarray(qw, dtype=np.int64)
+    units = np.asarray(units, dtype=np.int64)
+    if max_units <= MAX_UNIT_CELLS:
+        return 1, max_units, "exact"
+    if bool(np.all(units * cap_w <= max_units * qw)):
+        return 1, 0, "redundant"
+    g = int(np.gcd.reduce(units[units > 0])) if bool((units > 0).any()) else max_units
+    if max_units // g <= MAX_UNIT_CELLS:
+        return g, max_units // g, "exact"
+    ug = unit_granularity(max_units)
+    return ug, max_units // ug, "quantized"
+
+
 def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg: PackConfig, max_units: int,
                anchor: bool = False) -> PackPlan:
     """Plan packs for samples with the given token and vision-unit counts, in stream order.
@@ -81,9 +126,10 @@ def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg
     Each pack is the exact optimum over the current buffer of
     ``text_weight * tokens + vision_weight * units`` (exact counts) subject to
     ``sum(ceil(tokens / g)) <= floor(max_tokens / g)`` (``g = token_granularity``),
-    ``sum(units) <= max_units`` (units rounded up by :func:`unit_granularity` only when
-    ``max_units > MAX_UNIT_CELLS``) and, if set, ``count <= max_samples_per_pack``. Ties go
-    to older samples. Every pack fits the true capacities.
+    ``sum(units) <= max_units`` (exact unless :func:`unit_axis` says ``"quantized"``, a
+    binding capacity over ``MAX_UNIT_CELLS`` cells: then units are rounded up) and, if set,
+    ``count <= max_samples_per_pack``. Ties go to older samples. Every pack fits the true
+    capacities. ``plan.unit_axis`` records how the unit capacity was represented.
 
     ``anchor=True`` (library only) first puts the largest buffered sample in each pack and
     fills the capacity it leaves exactly. Measured in ``bench/bench_pack.py`` it helps a
@@ -106,8 +152,6 @@ def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg
     if cap_w < 1:
         raise ConfigError(f"--token-granularity {g} exceeds --max-tokens {cfg.max_tokens}; lower the granularity")
     max_units = int(max_units)
-    ug = unit_granularity(max_units)
-    cap_u = max_units // ug
     tokens_eff = tokens.copy()
     plan = PackPlan(np.zeros(0, np.int64), np.zeros(1, np.int64))
     too_many_tokens = tokens > cfg.max_tokens
@@ -129,7 +173,8 @@ def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg
             plan.dropped.append(i)
     # a sample that fits the true token capacity always fits the quantized one on its own
     qw = np.minimum(-(-tokens_eff // g), cap_w)
-    qu = -(-units // ug)
+    ug, cap_u, plan.unit_axis = unit_axis(qw[fits], units[fits], cap_w, max_units)
+    qu = -(-units // ug) if cap_u else np.zeros_like(units)
     value = cfg.text_weight * tokens_eff + cfg.vision_weight * units
     stream = np.flatnonzero(fits)
     packs = _buffer_packs(stream, qw, qu, value, cap_w, cap_u, cfg.buffer_size, cfg.max_samples_per_pack, anchor)

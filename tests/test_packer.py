@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 
 from packtool.config import PackConfig
 from packtool.errors import OversizeSampleError
-from packtool.packer import assemble_packs, plan_packs, unit_granularity
+from packtool.knapsack import KnapsackSolver
+from packtool.packer import MAX_UNIT_CELLS, assemble_packs, plan_packs, unit_axis, unit_granularity
 from packtool.schema import SUBSEGMENT_STRIDE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.naive import pack_capacity_ok  # noqa: E402
+from tests.naive import brute_force_knapsack, pack_capacity_ok  # noqa: E402
 
 JIT = os.environ.get("NUMBA_DISABLE_JIT", "0") != "1"
 # small capacities keep the table tiny when the kernels run as plain Python
@@ -114,6 +115,71 @@ def test_unit_granularity_keeps_packs_within_large_capacities():
     tokens = rng.integers(50, 1000, 200)
     plan = plan_packs(tokens, units, units > 0, _cfg(), 16384)
     assert pack_capacity_ok(tokens, units, _packs(plan), MAX_TOKENS, 16384)
+
+
+def _qwen_like(rng, n, g, cap_w):
+    """Token weights and patch counts with ``units <= ratio * g * qw`` (Qwen: 4 patches per
+    placeholder token), the capacity ``ratio * g * cap_w`` (the default: 4 x max_tokens)."""
+    tokens = rng.integers(1, g * cap_w // 2 + 1, n)
+    vt = (tokens * rng.random(n)).astype(np.int64) * (rng.random(n) < 0.85)
+    return tokens, 4 * vt
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_redundant_unit_axis_matches_the_two_dimensional_twin(seed):
+    """Dropping a unit capacity that cannot bind gives the brute-force 2-D optimum and the
+    very subset its tie rule picks (the feasible subsets are the same)."""
+    rng = np.random.default_rng(seed)
+    g, cap_w = 4, int(rng.integers(8, 40))
+    n = int(rng.integers(1, 13))
+    tokens, units = _qwen_like(rng, n, g, cap_w)
+    qw = np.minimum(-(-tokens // g), cap_w)
+    max_units = 4 * g * cap_w + int(rng.integers(0, 3)) * MAX_UNIT_CELLS
+    if max_units <= MAX_UNIT_CELLS:
+        max_units += MAX_UNIT_CELLS
+    assert unit_axis(qw, units, cap_w, max_units)[1:] == (0, "redundant")
+    v = tokens + int(rng.integers(0, 3)) * units
+    want = brute_force_knapsack(qw, units, v, cap_w, max_units)
+    got = KnapsackSolver(cap_w, 0).solve(qw, np.zeros(n, dtype=np.int64), v)
+    assert got[0] == want[0] and (got[1] == want[1]).all()
+
+
+def test_unit_axis_cases():
+    qw = np.array([10, 4, 7])
+    assert unit_axis(qw, np.array([1, 2, 3]), 100, 128) == (1, 128, "exact")
+    assert unit_axis(qw, np.array([640, 256, 448]), 100, 6400) == (1, 0, "redundant")
+    # one sample over the ratio: the capacity may bind; the units' divisor keeps it exact
+    assert unit_axis(qw, np.array([648, 256, 448]), 100, 6400) == (8, 800, "exact")
+    assert unit_axis(qw, np.array([649, 256, 448]), 100, 6400) == (unit_granularity(6400), 6400 // 7, "quantized")
+    assert unit_axis(qw, np.zeros(3, dtype=np.int64), 100, 6400)[2] == "redundant"
+
+
+@pytest.mark.skipif(not JIT, reason="a 65,536-patch capacity needs the compiled kernels")
+def test_patch_capacity_plans_are_exact_and_fit():
+    """Qwen-like samples at the default patch capacity: the unit axis is dropped (no
+    quantization), every pack fits both true capacities, and each pack is the exact
+    optimum of its buffer (replayed against the 2-D brute force on small buffers)."""
+    rng = np.random.default_rng(5)
+    tokens, units = _qwen_like(rng, 300, GRAN, MAX_TOKENS // GRAN)
+    cfg = _cfg(buffer_size=10)
+    plan = plan_packs(tokens, units, units > 0, cfg, 4 * MAX_TOKENS)
+    assert plan.unit_axis == "redundant"
+    packs = _packs(plan)
+    assert pack_capacity_ok(tokens, units, packs, MAX_TOKENS, 4 * MAX_TOKENS)
+    assert sorted(i for p in packs for i in p) == list(range(300))
+    # replay the buffer policy with the brute force over the exact patch counts
+    qw = -(-tokens // GRAN)
+    buf, pos, k = [], 0, 0
+    while k < len(packs) - 8 - 1:  # the tail is re-optimized; compare the regular packs
+        while len(buf) < 10 and pos < 300:
+            buf.append(pos)
+            pos += 1
+        b = np.array(buf)
+        value = tokens[b] + cfg.vision_weight * units[b]
+        _, chosen = brute_force_knapsack(qw[b], units[b], value, MAX_TOKENS // GRAN, 4 * MAX_TOKENS)
+        assert b[chosen].tolist() == packs[k]
+        buf = b[~chosen].tolist()
+        k += 1
 
 
 def _tokenized_table(lengths, kinds):
