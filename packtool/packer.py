@@ -17,19 +17,23 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from numba import njit
 
 from .config import PackConfig
 from .errors import ConfigError, OversizeSampleError
 from .knapsack import KnapsackSolver
 from .schema import PACKED, SUBSEGMENT_STRIDE
 
-__all__ = ["PackPlan", "plan_packs", "assemble_packs", "unit_granularity", "unit_axis", "MAX_UNIT_CELLS",
-           "TAIL_PACKS"]
+__all__ = ["PackPlan", "plan_packs", "assemble_packs", "gather_runs", "unit_granularity", "unit_axis",
+           "MAX_UNIT_CELLS", "TAIL_PACKS", "ASSEMBLY_COLUMNS"]
 
 #: The unit axis of the DP table has at most this many cells. A larger capacity is exact when
 #: it cannot bind (see :func:`unit_axis`) or when the units' common divisor brings it within
 #: this many cells; only otherwise are units quantized.
 MAX_UNIT_CELLS = 1024
+#: The tokenized columns :func:`assemble_packs` reads (a reader need not decode the others).
+ASSEMBLY_COLUMNS = ["sample_id", "n_tokens", "n_vision_units", "media", "input_ids", "target_ids", "position_ids",
+                    "subsegment_ids"]
 #: Regular packs re-optimized together with the flush packs at the end of a stream.
 TAIL_PACKS = 8
 
@@ -295,6 +299,48 @@ def _largest_then_fill(items, qw, qu, value, cap_w, cap_u, max_k) -> list:
     return out
 
 
+@njit(cache=True)
+def _gather_runs(src, starts, lengths, dst_starts, add, dst):  # pragma: no cover - compiled
+    """``dst[dst_starts[k]:+lengths[k]] = src[starts[k]:+lengths[k]] + add[k]`` for every ``k``."""
+    for k in range(starts.shape[0]):
+        a = starts[k]
+        d = dst_starts[k]
+        n = lengths[k]
+        x = add[k]
+        # explicit loops: numba's slice assignment is a generic strided copy, several times slower
+        if x == 0:
+            for j in range(n):
+                dst[d + j] = src[a + j]
+        else:
+            for j in range(n):
+                dst[d + j] = src[a + j] + x
+
+
+def gather_runs(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray, dst_starts: np.ndarray, add: np.ndarray,
+                dst: np.ndarray) -> None:
+    """Copy run ``k`` of ``src`` (``lengths[k]`` values from ``starts[k]``) to ``dst`` at
+    ``dst_starts[k]``, adding ``add[k]`` to each value (wrapping in ``dst``'s type), in one
+    compiled pass: the assembly's gather of sample slices into packs, without a Python slice
+    per sample.
+
+    Example:
+        >>> out = np.zeros(5, dtype=np.int32)
+        >>> gather_runs(np.arange(10, dtype=np.int32), np.array([7, 1]), np.array([2, 3]), np.array([0, 2]),
+        ...             np.array([0, 100], dtype=np.int32), out)
+        >>> out.tolist()
+        [7, 8, 101, 102, 103]
+    """
+    starts, lengths, dst_starts = (np.ascontiguousarray(x, dtype=np.int64) for x in (starts, lengths, dst_starts))
+    add = np.ascontiguousarray(add, dtype=dst.dtype)
+    k = len(starts)
+    if not (len(lengths) == len(dst_starts) == len(add) == k):
+        raise ValueError("starts, lengths, dst_starts and add must have the same length")
+    if k and (lengths.min() < 0 or starts.min() < 0 or dst_starts.min() < 0
+              or (starts + lengths).max() > len(src) or (dst_starts + lengths).max() > len(dst)):
+        raise ValueError("a run lies outside src or dst")
+    _gather_runs(src, starts, lengths, dst_starts, add, dst)
+
+
 def _token_columns(tables: list[pa.Table], name: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Flat values and list offsets of one token column per table, without copying."""
     values, offsets = [], []
@@ -357,28 +403,23 @@ def assemble_packs(
     # each sample's table and row within it; one slice per sample is copied into place
     src = np.searchsorted(row_start, order, side="right") - 1
     local = order - row_start[src]
-    src_list = src.tolist()
-    len_list = lengths.tolist()
     n_total = int(sample_end[-1]) if n_samples else 0
+    in_table = [np.flatnonzero(src == s) for s in range(len(tables))]
+    no_add = np.zeros(n_samples, dtype=np.int32)
 
-    def values(name: str) -> np.ndarray:
+    def values(name: str, add: np.ndarray = no_add) -> np.ndarray:
         vals, offs = _token_columns(tables, name)
-        starts = np.empty(n_samples, dtype=np.int64)
-        for s in range(len(tables)):
-            here = src == s
-            starts[here] = offs[s][local[here]]
         out = np.empty(n_total, dtype=np.int32)
-        if n_samples:
-            np.concatenate([vals[s][a:a + n] for s, a, n in zip(src_list, starts.tolist(), len_list, strict=True)],
-                           out=out)
+        for s, here in enumerate(in_table):
+            if len(here):
+                gather_runs(vals[s], offs[s][local[here]], lengths[here], sample_start[here], add[here], out)
         return out
 
     def token_list(values: np.ndarray) -> pa.Array:
         return pa.ListArray.from_arrays(pa.array(tok_pack_off.astype(np.int32)), pa.array(values))
 
-    sub = values("subsegment_ids")
     # int32 wraps as the old int64 sum cast to int32 did; ids stay far below 2**31 in practice
-    sub += np.repeat((k_in_pack * SUBSEGMENT_STRIDE).astype(np.int32), lengths)
+    sub = values("subsegment_ids", (k_in_pack * SUBSEGMENT_STRIDE).astype(np.int32))
     # cu_seqlens: per pack [0, end_0, end_1, ...] relative to the pack start
     cu_off = pack_off + np.arange(n_packs + 1)
     cu_vals = np.zeros(n_samples + n_packs, dtype=np.int64)

@@ -666,7 +666,10 @@ class _RowStore:
             lo, hi = int(self.starts[g]), int(self.starts[g + 1])
             used = self.never[lo:hi].copy()
             if not used.all():
-                self.held[g] = [self.pf.read_row_group(g, use_threads=False), np.arange(lo, hi, dtype=np.int64), used]
+                from .packer import ASSEMBLY_COLUMNS
+
+                table = self.pf.read_row_group(g, columns=ASSEMBLY_COLUMNS, use_threads=False)
+                self.held[g] = [table, np.arange(lo, hi, dtype=np.int64), used]
             self.loaded += 1
         group_of = np.searchsorted(self.starts, rows, side="right") - 1
         where = np.empty(len(rows), dtype=np.int64)

@@ -15,11 +15,19 @@ from hypothesis import strategies as st
 from packtool.config import PackConfig
 from packtool.errors import OversizeSampleError
 from packtool.knapsack import KnapsackSolver
-from packtool.packer import MAX_UNIT_CELLS, assemble_packs, plan_packs, unit_axis, unit_granularity
+from packtool.packer import (
+    MAX_UNIT_CELLS,
+    assemble_packs,
+    gather_runs,
+    plan_packs,
+    unit_axis,
+    unit_granularity,
+)
 from packtool.schema import SUBSEGMENT_STRIDE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.naive import brute_force_knapsack, pack_capacity_ok  # noqa: E402
+from tests.naive import gather_runs as naive_gather_runs  # noqa: E402
 
 JIT = os.environ.get("NUMBA_DISABLE_JIT", "0") != "1"
 # small capacities keep the table tiny when the kernels run as plain Python
@@ -180,6 +188,30 @@ def test_patch_capacity_plans_are_exact_and_fit():
         assert b[chosen].tolist() == packs[k]
         buf = b[~chosen].tolist()
         k += 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 9), st.integers(-3, 2**31 - 1)), max_size=12),
+       st.integers(0, 2**32 - 1))
+def test_gather_runs_matches_its_twin(runs, seed):
+    """Runs copied into place (in a shuffled order, with additions that may wrap int32),
+    as the slow twin does it."""
+    rng = np.random.default_rng(seed)
+    src = rng.integers(-2**31, 2**31, 60).astype(np.int32)
+    starts = np.array([min(a, 60 - n) for a, n, _ in runs], dtype=np.int64)
+    lengths = np.array([n for _, n, _ in runs], dtype=np.int64)
+    add = np.array([x for _, _, x in runs], dtype=np.int64).astype(np.int32)
+    perm = rng.permutation(len(runs))
+    dst_starts = np.zeros(len(runs), dtype=np.int64)
+    dst_starts[perm] = np.concatenate([[0], np.cumsum(lengths[perm])[:-1]]) if len(runs) else []
+    total = int(lengths.sum())
+    got, want = np.full(total, 7, np.int32), np.full(total, 7, np.int32)
+    with np.errstate(over="ignore"):
+        gather_runs(src, starts, lengths, dst_starts, add, got)
+    naive_gather_runs(src, starts, lengths, dst_starts, add, want)
+    assert (got == want).all()
+    with pytest.raises(ValueError):
+        gather_runs(src, np.array([55]), np.array([6]), np.array([0]), np.array([0], np.int32), got)
 
 
 def _tokenized_table(lengths, kinds):
