@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import PackConfig, TokenizeConfig, digest_of
-from .errors import ConfigError, InputError, TooManyErrorsError
+from .errors import ConfigError, InputError, SampleError, TooManyErrorsError
 from .executors import ExecutorConfig, run_tasks, set_total
 from .formats import Rejected, expand_inputs, parse_json_line, parse_record
 from .shards import (
@@ -598,13 +598,18 @@ def lower_bound(total_tokens: int, total_units: int, max_tokens: int, max_units:
 
 
 def _media_loader(media_root: Path, frame_quality: int = 90) -> Callable[[dict], list[bytes] | None]:
-    from .media import read_media_bytes
-    from .records import MediaRef
+    from .media import MediaPathResolver
+
+    resolve = MediaPathResolver(media_root)
 
     def load(m: dict) -> list[bytes] | None:
         if m.get("kind") == "image":
-            ref = MediaRef("image", m.get("path"), m.get("data"))
-            return [read_media_bytes(ref, media_root)]
+            if m.get("data") is not None:
+                return [m["data"]]
+            if m.get("path") is None:
+                raise SampleError("missing_media", "media item has neither a path nor inline bytes")
+            with open(resolve(m["path"]), "rb") as fh:
+                return [fh.read()]
         from .media import extract_frames
 
         return extract_frames(media_root, m, quality=frame_quality)
