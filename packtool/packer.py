@@ -24,7 +24,7 @@ from .errors import ConfigError, OversizeSampleError
 from .knapsack import KnapsackSolver
 from .schema import PACKED, SUBSEGMENT_STRIDE
 
-__all__ = ["PackPlan", "plan_packs", "assemble_packs", "gather_runs", "unit_granularity", "unit_axis",
+__all__ = ["PackPlan", "plan_packs", "assemble_packs", "gather_runs", "unit_granularity", "unit_axis", "RelaxedUnitSolver",
            "MAX_UNIT_CELLS", "TAIL_PACKS", "ASSEMBLY_COLUMNS"]
 
 #: The unit axis of the DP table has at most this many cells. A larger capacity is exact when
@@ -50,7 +50,8 @@ class PackPlan:
         truncated: indices of text-only samples cut to ``max_tokens``.
         tail_packs_saved: packs the tail re-optimization saved over the plain flush.
         unit_axis: how the DP held the unit capacity (:func:`unit_axis`): ``exact``,
-            ``redundant`` (it could not bind; exact) or ``quantized``.
+            ``redundant`` (it could not bind; exact), ``relaxed`` (exact, relaxation first) or
+            ``quantized`` (an exact table would not fit in memory; units were rounded up).
     """
 
     order: np.ndarray
@@ -69,8 +70,8 @@ class PackPlan:
 def unit_granularity(max_units: int) -> int:
     """Quantum for vision units so the DP's unit axis has at most ``MAX_UNIT_CELLS`` cells.
 
-    Capacities up to ``MAX_UNIT_CELLS`` (every crop-count family) are exact; larger ones
-    (patch-count families) round unit sizes up and the capacity down, so packs still fit.
+    The relaxation quantum of :class:`RelaxedUnitSolver` (capacities up to
+    ``MAX_UNIT_CELLS``, every crop-count family, need none).
 
     Example:
         >>> unit_granularity(128), unit_granularity(16384)
@@ -94,8 +95,11 @@ def unit_axis(qw: np.ndarray, units: np.ndarray, cap_w: int, max_units: int) -> 
       and the default capacity is ``4 * max_tokens`` patches.
     * ``"exact"``: units divided by their greatest common divisor ``quantum`` (exact: every
       sum is a multiple of it) leave at most ``MAX_UNIT_CELLS`` cells.
-    * ``"quantized"``: otherwise units are rounded up by :func:`unit_granularity` and the
-      capacity down, so packs still fit (a binding patch capacity far below the default).
+    * ``"relaxed"``: otherwise (a binding capacity too fine for a dense table, as a patch
+      capacity far below the default) ``quantum`` is still the divisor and ``cells`` the exact
+      capacity in its multiples; the planner solves a relaxation first (see
+      :class:`RelaxedUnitSolver`) and the exact table only when the relaxation's subset does
+      not fit.
 
     Example:
         >>> unit_axis(np.array([10, 4]), np.array([600, 256]), 1024, 65536)   # units <= 64 qw
@@ -103,7 +107,7 @@ def unit_axis(qw: np.ndarray, units: np.ndarray, cap_w: int, max_units: int) -> 
         >>> unit_axis(np.array([10, 4]), np.array([600, 256]), 1024, 4096)
         (8, 512, 'exact')
         >>> unit_axis(np.array([10, 4]), np.array([601, 256]), 1024, 4096)
-        (4, 1024, 'quantized')
+        (1, 4096, 'relaxed')
     """
     qw = np.asarray(qw, dtype=np.int64)
     units = np.asarray(units, dtype=np.int64)
@@ -112,10 +116,62 @@ def unit_axis(qw: np.ndarray, units: np.ndarray, cap_w: int, max_units: int) -> 
     if bool(np.all(units * cap_w <= max_units * qw)):
         return 1, 0, "redundant"
     g = int(np.gcd.reduce(units[units > 0])) if bool((units > 0).any()) else max_units
-    if max_units // g <= MAX_UNIT_CELLS:
-        return g, max_units // g, "exact"
-    ug = unit_granularity(max_units)
-    return ug, max_units // ug, "quantized"
+    return g, max_units // g, "exact" if max_units // g <= MAX_UNIT_CELLS else "relaxed"
+
+
+class RelaxedUnitSolver:
+    """Exact solves over a unit capacity too fine for a dense table (``cells`` over
+    ``MAX_UNIT_CELLS``), with :class:`~packtool.knapsack.KnapsackSolver`'s answer and tie rule.
+
+    Each solve first runs the *relaxation* with units ``floor(u / q)`` and capacity
+    ``floor(max_u / q)`` (``q = unit_granularity(max_u)``, at most ``MAX_UNIT_CELLS`` cells).
+    Every subset that fits the exact capacity fits the relaxed one (a sum of floors is at most
+    the floor of the sum), so when the relaxation's subset also fits the exact capacity it is
+    the exact optimum, and the very subset the tie rule picks: it is optimal among the exact
+    subsets, and any exact optimum with a smaller encoding would be a relaxed optimum too.
+    Otherwise the exact dense table over ``max_u`` cells decides (slower, rare). Only when that
+    table would pass ``knapsack.MAX_TABLE_BYTES`` are units rounded up instead (feasible, not
+    necessarily optimal), counted in ``quantized``.
+
+    Example:
+        >>> s = RelaxedUnitSolver(8, 3000, q=1000)
+        >>> s.solve(np.array([3, 4, 5]), np.array([1000, 1000, 1999]), np.array([3, 4, 5]))
+        (8, array([ True, False,  True]))
+        >>> s.solve(np.array([3, 4, 5]), np.array([1000, 1000, 2001]), np.array([3, 4, 5]))
+        (7, array([ True,  True, False]))
+        >>> s.relaxed_ok, s.exact_solves, s.quantized
+        (1, 1, 0)
+    """
+
+    def __init__(self, max_w: int, max_u: int, max_items: int | None = None, q: int | None = None) -> None:
+        self.max_w, self.max_u, self.max_items = int(max_w), int(max_u), max_items
+        self.q = unit_granularity(self.max_u) if q is None else int(q)
+        self.relaxed = KnapsackSolver(self.max_w, self.max_u // self.q, max_items)
+        self._exact: KnapsackSolver | None = None
+        self._rounded: KnapsackSolver | None = None
+        self.relaxed_ok = self.exact_solves = self.quantized = 0
+
+    def solve(self, w: np.ndarray, u: np.ndarray, v: np.ndarray, max_w: int | None = None,
+              max_u: int | None = None) -> tuple[int, np.ndarray]:
+        u = np.asarray(u, dtype=np.int64)
+        cap_w = self.max_w if max_w is None else int(max_w)
+        cap_u = self.max_u if max_u is None else int(max_u)
+        value, chosen = self.relaxed.solve(w, u // self.q, v, cap_w, cap_u // self.q)
+        if int(u[chosen].sum()) <= cap_u:
+            self.relaxed_ok += 1
+            return value, chosen
+        if self._rounded is None:
+            try:
+                if self._exact is None:
+                    self._exact = KnapsackSolver(self.max_w, self.max_u, self.max_items)
+                value, chosen = self._exact.solve(w, u, v, cap_w, cap_u)
+                self.exact_solves += 1
+                return value, chosen
+            except ValueError:  # the exact table would pass MAX_TABLE_BYTES
+                self._exact = None
+                self._rounded = KnapsackSolver(self.max_w, self.max_u // self.q, self.max_items)
+        self.quantized += 1
+        return self._rounded.solve(w, -(-u // self.q), v, cap_w, cap_u // self.q)
 
 
 def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg: PackConfig, max_units: int,
@@ -130,10 +186,11 @@ def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg
     Each pack is the exact optimum over the current buffer of
     ``text_weight * tokens + vision_weight * units`` (exact counts) subject to
     ``sum(ceil(tokens / g)) <= floor(max_tokens / g)`` (``g = token_granularity``),
-    ``sum(units) <= max_units`` (exact unless :func:`unit_axis` says ``"quantized"``, a
-    binding capacity over ``MAX_UNIT_CELLS`` cells: then units are rounded up) and, if set,
+    ``sum(units) <= max_units`` (exact counts: see :func:`unit_axis` and
+    :class:`RelaxedUnitSolver` for capacities over ``MAX_UNIT_CELLS``) and, if set,
     ``count <= max_samples_per_pack``. Ties go to older samples. Every pack fits the true
-    capacities. ``plan.unit_axis`` records how the unit capacity was represented.
+    capacities. ``plan.unit_axis`` records how the unit capacity was represented
+    (``quantized`` only if some exact table was too large for memory).
 
     ``anchor=True`` (library only) first puts the largest buffered sample in each pack and
     fills the capacity it leaves exactly. Measured in ``bench/bench_pack.py`` it helps a
@@ -178,12 +235,22 @@ def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg
     # a sample that fits the true token capacity always fits the quantized one on its own
     qw = np.minimum(-(-tokens_eff // g), cap_w)
     ug, cap_u, plan.unit_axis = unit_axis(qw[fits], units[fits], cap_w, max_units)
-    qu = -(-units // ug) if cap_u else np.zeros_like(units)
+    qu = -(-units // ug) if cap_u else np.zeros_like(units)  # exact: ug divides every fitting sample's units
     value = cfg.text_weight * tokens_eff + cfg.vision_weight * units
     stream = np.flatnonzero(fits)
-    packs = _buffer_packs(stream, qw, qu, value, cap_w, cap_u, cfg.buffer_size, cfg.max_samples_per_pack, anchor)
+    made: list = []
+
+    def make(max_w: int, max_u: int, max_k: int | None):
+        solver = (RelaxedUnitSolver if plan.unit_axis == "relaxed" else KnapsackSolver)(max_w, max_u, max_k)
+        made.append(solver)
+        return solver
+
+    packs = _buffer_packs(stream, qw, qu, value, cap_w, cap_u, cfg.buffer_size, cfg.max_samples_per_pack, anchor,
+                          make)
     n_flush = packs.pop()
-    packs, saved = _reoptimize_tail(packs, n_flush, qw, qu, value, cap_w, cap_u, cfg.max_samples_per_pack)
+    packs, saved = _reoptimize_tail(packs, n_flush, qw, qu, value, cap_w, cap_u, cfg.max_samples_per_pack, make)
+    if any(getattr(s, "quantized", 0) for s in made):
+        plan.unit_axis = "quantized"
     plan.tail_packs_saved = saved
     packs.extend(np.array([i], dtype=np.int64) for i in plan.alone)
     sizes = np.array([len(p) for p in packs], dtype=np.int64)
@@ -192,7 +259,8 @@ def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg
     return plan
 
 
-def _buffer_packs(stream, qw, qu, value, cap_w, cap_u, buffer_size, max_k, anchor: bool = False) -> list:
+def _buffer_packs(stream, qw, qu, value, cap_w, cap_u, buffer_size, max_k, anchor: bool = False,
+                  make=KnapsackSolver) -> list:
     """The fill-solve-emit-refill loop; the last list element is the number of flush packs.
 
     With ``anchor`` the largest buffered sample (by the larger of its two relative sizes;
@@ -200,7 +268,7 @@ def _buffer_packs(stream, qw, qu, value, cap_w, cap_u, buffer_size, max_k, ancho
     capacity it leaves.
     """
     limit = max_k if max_k is None or not anchor else max_k - 1
-    solver = KnapsackSolver(cap_w, cap_u, limit)
+    solver = make(cap_w, cap_u, limit)
     packs: list = []
     buf = np.zeros(0, dtype=np.int64)
     pos = 0
@@ -228,7 +296,7 @@ def _buffer_packs(stream, qw, qu, value, cap_w, cap_u, buffer_size, max_k, ancho
     return packs
 
 
-def _reoptimize_tail(packs, n_flush, qw, qu, value, cap_w, cap_u, max_k) -> tuple[list, int]:
+def _reoptimize_tail(packs, n_flush, qw, qu, value, cap_w, cap_u, max_k, make=KnapsackSolver) -> tuple[list, int]:
     """Re-pack the flush packs and the ``TAIL_PACKS`` before them, keeping the best plan.
 
     The plain flush fills the first packs best and leaves the hard samples for the last
@@ -243,7 +311,7 @@ def _reoptimize_tail(packs, n_flush, qw, qu, value, cap_w, cap_u, max_k) -> tupl
     items = np.sort(np.concatenate(tail))
     cands = [tail, _fit_decreasing(items, qw, qu, cap_w, cap_u, max_k, best=False),
              _fit_decreasing(items, qw, qu, cap_w, cap_u, max_k, best=True),
-             _largest_then_fill(items, qw, qu, value, cap_w, cap_u, max_k)]
+             _largest_then_fill(items, qw, qu, value, cap_w, cap_u, max_k, make)]
 
     def score(ps):
         fill = min(max(qw[p].sum() / cap_w, qu[p].sum() / cap_u if cap_u else 0.0) for p in ps)
@@ -281,7 +349,7 @@ def _fit_decreasing(items, qw, qu, cap_w, cap_u, max_k, best: bool) -> list:
     return [np.array(sorted(b), dtype=np.int64) for b in bins]
 
 
-def _largest_then_fill(items, qw, qu, value, cap_w, cap_u, max_k) -> list:
+def _largest_then_fill(items, qw, qu, value, cap_w, cap_u, max_k, make=KnapsackSolver) -> list:
     rest = items.copy()
     out = []
     while len(rest):
@@ -291,7 +359,7 @@ def _largest_then_fill(items, qw, qu, value, cap_w, cap_u, max_k) -> list:
         rest = np.delete(rest, j)
         pack = [int(seed)]
         if len(rest) and (max_k is None or max_k > 1):
-            solver = KnapsackSolver(cap_w - int(qw[seed]), cap_u - int(qu[seed]), None if max_k is None else max_k - 1)
+            solver = make(cap_w - int(qw[seed]), cap_u - int(qu[seed]), None if max_k is None else max_k - 1)
             _, chosen = solver.solve(qw[rest], qu[rest], value[rest])
             pack += rest[chosen].tolist()
             rest = rest[~chosen]

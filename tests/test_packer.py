@@ -17,6 +17,7 @@ from packtool.errors import OversizeSampleError
 from packtool.knapsack import KnapsackSolver
 from packtool.packer import (
     MAX_UNIT_CELLS,
+    RelaxedUnitSolver,
     assemble_packs,
     gather_runs,
     plan_packs,
@@ -158,8 +159,65 @@ def test_unit_axis_cases():
     assert unit_axis(qw, np.array([640, 256, 448]), 100, 6400) == (1, 0, "redundant")
     # one sample over the ratio: the capacity may bind; the units' divisor keeps it exact
     assert unit_axis(qw, np.array([648, 256, 448]), 100, 6400) == (8, 800, "exact")
-    assert unit_axis(qw, np.array([649, 256, 448]), 100, 6400) == (unit_granularity(6400), 6400 // 7, "quantized")
+    assert unit_axis(qw, np.array([649, 256, 448]), 100, 6400) == (1, 6400, "relaxed")
     assert unit_axis(qw, np.zeros(3, dtype=np.int64), 100, 6400)[2] == "redundant"
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_relaxed_unit_solver_matches_the_brute_force_twin(seed):
+    """Relaxation first, exact table when its subset does not fit: the brute-force optimum
+    and tie-rule subset every time, with and without an item limit and per-call capacities."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 12))
+    cap_w, cap_u, q = int(rng.integers(5, 40)), int(rng.integers(40, 200)), int(rng.integers(2, 9))
+    w = rng.integers(0, cap_w // 2 + 2, n)
+    u = rng.integers(0, cap_u // 2 + 2, n)
+    v = rng.integers(0, 50, n)
+    max_k = None if seed % 3 else int(rng.integers(1, 4))
+    solver = RelaxedUnitSolver(cap_w, cap_u, max_k, q=q)
+    for cw, cu in ((cap_w, cap_u), (cap_w - 1, cap_u - int(rng.integers(0, 30)))):
+        want = brute_force_knapsack(w, u, v, cw, cu, max_k)
+        got = solver.solve(w, u, v, cw, cu)
+        assert got[0] == want[0] and (got[1] == want[1]).all()
+    assert solver.quantized == 0 and solver.relaxed_ok + solver.exact_solves == 2
+
+
+def test_relaxed_unit_solver_rounds_up_only_when_the_exact_table_is_too_large(monkeypatch):
+    import packtool.knapsack as knapsack
+
+    solver = RelaxedUnitSolver(8, 3000, q=1000)
+    monkeypatch.setattr(knapsack, "MAX_TABLE_BYTES", 200_000)  # the 8 x 3000 table no longer fits
+    value, chosen = solver.solve(np.array([3, 4, 5]), np.array([1000, 1000, 2001]), np.array([3, 4, 5]))
+    assert solver.quantized == 1 and int(np.array([1000, 1000, 2001])[chosen].sum()) <= 3000
+
+
+@pytest.mark.skipif(not JIT, reason="a 65,536-patch capacity needs the compiled kernels")
+def test_binding_patch_capacity_plans_are_exact():
+    """A patch capacity that binds and has no common divisor to shrink it: relaxed solves,
+    every regular pack the brute-force optimum of its buffer, every pack within both capacities."""
+    rng = np.random.default_rng(8)
+    tokens, units = _qwen_like(rng, 200, GRAN, MAX_TOKENS // GRAN)
+    units = units + (units > 0)  # no common divisor
+    max_units = 3001
+    cfg = _cfg(buffer_size=10)
+    plan = plan_packs(tokens, units, units > 0, cfg, max_units)
+    assert plan.unit_axis == "relaxed"
+    packs = _packs(plan)
+    assert pack_capacity_ok(tokens, units, packs, MAX_TOKENS, max_units)
+    qw = -(-tokens // GRAN)
+    fits = np.flatnonzero(units <= max_units)
+    buf, pos, k = [], 0, 0
+    assert len(packs) > 40
+    while k < len(packs) - 8 - 10:  # the tail (last 8 + flush packs) is re-optimized
+        while len(buf) < 10 and pos < len(fits):
+            buf.append(int(fits[pos]))
+            pos += 1
+        b = np.array(buf)
+        _, chosen = brute_force_knapsack(qw[b], units[b], tokens[b] + cfg.vision_weight * units[b], MAX_TOKENS // GRAN,
+                                         max_units)
+        assert b[chosen].tolist() == packs[k]
+        buf = b[~chosen].tolist()
+        k += 1
 
 
 @pytest.mark.skipif(not JIT, reason="a 65,536-patch capacity needs the compiled kernels")
@@ -178,7 +236,7 @@ def test_patch_capacity_plans_are_exact_and_fit():
     # replay the buffer policy with the brute force over the exact patch counts
     qw = -(-tokens // GRAN)
     buf, pos, k = [], 0, 0
-    while k < len(packs) - 8 - 1:  # the tail is re-optimized; compare the regular packs
+    while k < len(packs) - 8 - 10:  # the tail (last 8 + flush packs) is re-optimized; compare the regular packs
         while len(buf) < 10 and pos < 300:
             buf.append(pos)
             pos += 1
