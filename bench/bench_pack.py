@@ -8,7 +8,13 @@ All measured side by side in one run against the baselines in ``bench/baselines.
 * fill: each generated mix packed by the numpy DP at buffer 48, by packtool at buffer 48
   and at its default buffer, and by 1-D best-fit-decreasing (which ignores crops);
 * throughput: ``pipeline.pack_dataset`` (read tokenized shards, plan, assemble, write;
-  media by reference) on one core over a generated LLaVA-like corpus.
+  media by reference) on one core over a generated LLaVA-like corpus;
+* the default family with images (issue 16): a generated image-heavy corpus with Qwen2.5-VL
+  accounting (``bench.corpus`` mix ``qwen-images``: 82% one image, 6% two, 12% text-only,
+  images 300x250 to 2600x1800; units are patches, capacity 65,536), packed with the defaults
+  by reference and embedded, beside the planner as it was before (the unit axis quantized to
+  1,024 cells), in the same run; per-solve kernel times beside the Molmo2 solve; shard bytes
+  per token and per sample of both stages.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.baselines import MOLMO2, bfd_pack, numpy_dp_pack, numpy_dp_solve
-from bench.corpus import sample_lengths, write_tokenized
+from bench.corpus import MIX_MAX_UNITS, sample_lengths, write_tokenized
 
 MAX_TOKENS = MOLMO2["max_tokens"]
 GRAN = MOLMO2["token_granularity"]
@@ -140,6 +146,118 @@ def throughput_bench(n: int) -> dict:
             "samples_per_s": c["samples_in"] / dt, "buffer": cfg.buffer_size}
 
 
+def _load() -> str:
+    return Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else f"{os.getloadavg()[0]:.2f}"
+
+
+def _quantized_unit_axis(qw, units, cap_w, max_units):
+    """The planner's unit axis before issue 16: units rounded up to 1,024 cells whenever the
+    capacity is larger (for the side-by-side rows only)."""
+    from packtool.packer import MAX_UNIT_CELLS, unit_granularity
+
+    if max_units <= MAX_UNIT_CELLS:
+        return 1, max_units, "exact"
+    ug = unit_granularity(max_units)
+    return ug, max_units // ug, "quantized"
+
+
+def qwen_kernel_bench(n_buffers: int, seed: int = 9) -> dict:
+    """Per-solve times over buffers of ``qwen-images`` samples at the defaults (64 samples,
+    16,384 / 16 tokens, 65,536 patches): the exact solve the planner runs now (unit axis
+    dropped, :func:`packtool.packer.unit_axis`) against the solve it ran before (patches
+    quantized to 1,024 cells), interleaved; the exact value is never below the quantized one."""
+    from packtool.config import PackConfig
+    from packtool.knapsack import KnapsackSolver
+    from packtool.packer import unit_axis
+
+    d = PackConfig()
+    max_units = MIX_MAX_UNITS["qwen-images"]
+    tokens, units, _, _ = sample_lengths("qwen-images", 100_000, seed)
+    ok = (tokens <= d.max_tokens) & (units <= max_units)
+    tokens, units = tokens[ok], units[ok]
+    cap_w = d.max_tokens // d.token_granularity
+    qw_all = -(-tokens // d.token_granularity)
+    axis = unit_axis(qw_all, units, cap_w, max_units)
+    ug, cap_q, _ = _quantized_unit_axis(qw_all, units, cap_w, max_units)
+    exact = KnapsackSolver(cap_w, axis[1])
+    quant = KnapsackSolver(cap_w, cap_q)
+    rng = np.random.default_rng(seed)
+    t_ex, t_q, better, equal = [], [], 0, 0
+    for k in range(n_buffers + 1):
+        idx = rng.choice(len(tokens), d.buffer_size, replace=False)
+        w, u, v = qw_all[idx], units[idx], tokens[idx]
+        exact.reset()
+        quant.reset()
+        t0 = time.perf_counter()
+        ve, _ = exact.solve(w, u if axis[1] else np.zeros_like(u), v)
+        t1 = time.perf_counter()
+        vq, _ = quant.solve(w, -(-u // ug), v)
+        t2 = time.perf_counter()
+        if k == 0:
+            continue  # compile / load
+        if ve < vq:
+            raise RuntimeError("internal error: the exact solve found less than the quantized one")
+        better += ve > vq
+        equal += ve == vq
+        t_ex.append(t1 - t0)
+        t_q.append(t2 - t1)
+    return {"buffers": n_buffers, "axis": axis[2], "exact_ms": float(np.median(t_ex)) * 1e3,
+            "quantized_ms": float(np.median(t_q)) * 1e3, "better": int(better), "equal": int(equal), "load": _load()}
+
+
+def _shard_bytes(path: Path) -> int:
+    import json
+
+    return sum(s["bytes"] for s in json.loads((path / "manifest.json").read_text())["shards"])
+
+
+def qwen_throughput_bench(n: int) -> dict:
+    """``pack`` on one worker over the ``qwen-images`` corpus with the defaults (family default
+    capacity 65,536 patches): by reference and embedded, and by reference with the unit axis
+    quantized as before, in the same run. Rates are overall and marginal: each run is repeated
+    on a corpus of ``n // 4`` samples and the marginal rate is ``(n - n // 4) / (T(n) - T(n // 4))``
+    (startup, compilation and the first shard's reads excluded)."""
+    import packtool.packer as packer
+    from packtool.config import PackConfig
+    from packtool.pipeline import pack_dataset
+
+    src = CACHE / f"tokenized-qwen-images-{n}"
+    small = CACHE / f"tokenized-qwen-images-{n // 4}"
+    tok = write_tokenized(src, "qwen-images", n, seed=5)
+    write_tokenized(small, "qwen-images", n // 4, seed=5)
+    pack_dataset(src, CACHE / "warmup", PackConfig(media="reference"), overwrite=True, workers=1, dry_run=True)
+
+    def timed(corpus: Path, media: str, quantized: bool, out: Path) -> tuple[dict, float]:
+        shutil.rmtree(out, ignore_errors=True)
+        saved = packer.unit_axis
+        if quantized:
+            packer.unit_axis = _quantized_unit_axis
+        try:
+            t0 = time.perf_counter()
+            manifest = pack_dataset(corpus, out, PackConfig(media=media), workers=1)
+            return manifest, time.perf_counter() - t0
+        finally:
+            packer.unit_axis = saved
+
+    rows = []
+    for label, media, quantized in (("before: patches quantized to 1,024 cells, `--media reference`", "reference", True),
+                                    ("packtool `--media reference`", "reference", False),
+                                    ("packtool `--media embed` (the default)", "embed", False)):
+        out = CACHE / f"packed-qwen-images-{n}-{media}{'-q' if quantized else ''}"
+        _, dt_small = timed(small, media, quantized, CACHE / "packed-qwen-images-small")
+        manifest, dt = timed(src, media, quantized, out)
+        c = manifest["counts"]
+        size = _shard_bytes(out)
+        rows.append({"label": label, "samples": c["samples_in"], "packs": c["packs"], "lower_bound": c["lower_bound"],
+                     "seconds": dt, "rate": c["samples_in"] / dt, "marginal": (n - n // 4) / (dt - dt_small),
+                     "bytes_per_token": size / c["tokens"], "bytes_per_sample": size / c["samples_packed"],
+                     "load": _load()})
+    tc = tok["counts"]
+    tsize = sum(s["bytes"] for s in tok["shards"])
+    return {"rows": rows, "tok_bytes_per_token": tsize / tc["tokens"], "tok_bytes_per_sample": tsize / tc["samples"],
+            "tokens_per_sample": tc["tokens"] / tc["samples"]}
+
+
 def run(quick: bool = False) -> str:
     n_buffers = 100 if quick else 1000
     n_fill = 6_000 if quick else 40_000
@@ -162,8 +280,34 @@ def run(quick: bool = False) -> str:
         for label, f, dt in fill_bench(mix, n_fill):
             out.append(f"| {mix} | {label} | {f['packs']:,} | {f['lower_bound']:,} | {f['ratio']:.4f} | "
                        f"{f['token_fill']:.1%} | {f['vision_fill']:.1%} | {f['over_vision']:,} | {dt:.1f} s |")
+    n_q = 20_000 if quick else 60_000
+    qk = qwen_kernel_bench(100 if quick else 500)
+    q = qwen_throughput_bench(n_q)
+    out += ["", f"### Default family with images: Qwen2.5-VL patches, `qwen-images` corpus ({n_q:,} samples), one worker",
+            "", "Kernel, per solve over buffers of 64 samples at the defaults (16,384 / 16 tokens, 65,536 patches); "
+            "the Molmo2 solve above is the yardstick:", "",
+            "| solve | median per solve | value |", "| --- | ---: | --- |",
+            f"| before: patches quantized to 1,024 cells (inexact) | {qk['quantized_ms']:.3f} ms | - |",
+            f"| packtool: exact (unit axis {qk['axis']}) | {qk['exact_ms']:.3f} ms | higher in {qk['better']}, equal in "
+            f"{qk['equal']} of {qk['buffers']} |",
+            f"| packtool at Molmo2 settings (from scratch, interleaved with numpy) | {k['packtool_ms']:.3f} ms | - |",
+            "", f"Exact Qwen solve / Molmo2 solve: {qk['exact_ms'] / k['packtool_ms']:.2f} (load {qk['load']}).", "",
+            f"`pack`, defaults (buffer 64, granularity 16, capacity 65,536 patches); marginal = "
+            f"({n_q:,} - {n_q // 4:,}) / (T({n_q:,}) - T({n_q // 4:,})), startup excluded:", "",
+            "| run | samples | packs | lower bound | packs / bound | seconds | samples/s | marginal samples/s | "
+            "packed bytes / token | packed bytes / sample | load |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in q["rows"]:
+        out.append(f"| {r['label']} | {r['samples']:,} | {r['packs']:,} | {r['lower_bound']:,} | "
+                   f"{r['packs'] / r['lower_bound']:.4f} | {r['seconds']:.1f} | {r['rate']:,.0f} | {r['marginal']:,.0f} | "
+                   f"{r['bytes_per_token']:.3f} | {r['bytes_per_sample']:,.0f} | {r['load']} |")
+    ref = q["rows"][1]
+    out += ["", f"Tokenized shards: {q['tok_bytes_per_token']:.3f} bytes per token, {q['tok_bytes_per_sample']:,.0f} per "
+            f"sample ({q['tokens_per_sample']:,.0f} tokens per sample). Packed by reference / before: "
+            f"{ref['rate'] / q['rows'][0]['rate']:.2f}x; embed / reference: {q['rows'][2]['rate'] / ref['rate']:.0%}."]
     t = throughput_bench(n_tp)
     out += ["", f"### `pack` stage throughput (LLaVA-like, one worker, media by reference, buffer {t['buffer']})", "",
             "| samples | packs | lower bound | seconds | samples/s |", "| ---: | ---: | ---: | ---: | ---: |",
-            f"| {t['samples']:,} | {t['packs']:,} | {t['lower_bound']:,} | {t['seconds']:.1f} | {t['samples_per_s']:,.0f} |"]
+            f"| {t['samples']:,} | {t['packs']:,} | {t['lower_bound']:,} | {t['seconds']:.1f} | {t['samples_per_s']:,.0f} |",
+            "", f"Load average at the end: {_load()}."]
     return "\n".join(out)

@@ -80,7 +80,12 @@ MIXES = {
     "llava": "LLaVA-665K-like: 94% one image (3-13 crops), 6% text-only; short multi-turn text",
     "molmo2": "Molmo2-SFT-like: 75% images (multi-crop, some multi-image), 15% video, 10% text-only",
     "longvideo": "long-video heavy: 55% videos of 32-128 frames with subtitles, 25% images, 20% text",
+    "qwen-images": "image-heavy, Qwen2.5-VL accounting (units: patches): 82% one image, 6% two, 12% text-only; "
+                   "images 300x250 to 2600x1800",
 }
+
+#: Vision-unit capacity per pack of each mix (the family default it stands for).
+MIX_MAX_UNITS = {"llava": 128, "molmo2": 128, "longvideo": 128, "qwen-images": 65536}
 
 TOKENS_PER_CROP = 144
 TOKENS_PER_FRAME = 81 + 6
@@ -95,6 +100,35 @@ def _text_tokens(rng: np.random.Generator, n: int, median: float, sigma: float, 
 def _crops(rng: np.random.Generator, n: int) -> np.ndarray:
     # global crop + tiles of a COCO-like size mix
     return rng.choice([3, 5, 7, 9, 10, 13], size=n, p=[0.10, 0.40, 0.22, 0.13, 0.10, 0.05]).astype(np.int64)
+
+
+def _qwen_images(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The ``qwen-images`` mix: ``(tokens, units, vision_tokens, n_images, first_image_tokens)``
+    with Qwen2.5-VL's own resize rule (units are patches, 4 per placeholder token; 2 special
+    tokens per image)."""
+    from packtool.vision.qwen import Qwen25VL
+
+    fam = Qwen25VL()
+    r = rng.random(n)
+    n_img = np.where(r < 0.82, 1, np.where(r < 0.88, 2, 0))
+    units = np.zeros(n, dtype=np.int64)
+    vt = np.zeros(n, dtype=np.int64)
+    first = np.zeros(n, dtype=np.int64)
+    for k in range(2):
+        w = rng.integers(300, 2601, n)
+        h = rng.integers(250, 1801, n)
+        has = n_img > k
+        # a grid of sizes, so the resize rule runs once per distinct size, not once per image
+        wq, hq = (w // 20) * 20, (h // 10) * 10
+        for (hh, ww) in set(zip(hq[has].tolist(), wq[has].tolist(), strict=True)):
+            lay = fam.image(hh, ww)
+            sel = has & (hq == hh) & (wq == ww)
+            units[sel] += lay.units
+            vt[sel] += lay.n_tokens
+        if k == 0:
+            first = vt.copy()
+    text = np.where(n_img == 0, _text_tokens(rng, n, 600, 1.0, 20, 20000), _text_tokens(rng, n, 160, 1.0, 12, 6000))
+    return text + vt + 2 * n_img, units, vt, n_img, first
 
 
 def sample_lengths(mix: str, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -112,6 +146,9 @@ def sample_lengths(mix: str, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndar
     if mix not in MIXES:
         raise ValueError(f"unknown mix {mix!r}; choose one of {sorted(MIXES)}")
     rng = np.random.default_rng(seed)
+    if mix == "qwen-images":
+        tokens, units, vt, n_img, _ = _qwen_images(rng, n)
+        return tokens, units, vt, np.minimum(n_img, 1)
     r = rng.random(n)
     kind = np.zeros(n, dtype=np.int64)
     units = np.zeros(n, dtype=np.int64)
@@ -151,8 +188,11 @@ def _list_array(lengths: np.ndarray, values: np.ndarray):
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.astype(np.int32, copy=False)))
 
 
-def _batch_table(tokens, units, vt, kind, first: int, rng: np.random.Generator, mix: str):
-    """One batch of tokenized rows, built column-wise (no per-token Python)."""
+def _batch_table(tokens, units, vt, kind, first: int, rng: np.random.Generator, mix: str, split=None, pool=None):
+    """One batch of tokenized rows, built column-wise (no per-token Python).
+
+    ``split`` (``qwen-images``): ``(n_images, first_image_tokens)`` per row, so a two-image row
+    gets two media entries; ``pool``: image paths the media entries cycle through."""
     import pyarrow as pa
 
     from packtool.schema import PREFIX_SUBSEGMENT, TOKENIZED
@@ -181,6 +221,15 @@ def _batch_table(tokens, units, vt, kind, first: int, rng: np.random.Generator, 
             continue
         is_video = kind[k] == 2
         frames = int(units[k]) if is_video else 1
+        if split is not None:
+            n_img, t0 = int(split[0][k]), int(split[1][k])
+            spans = [(int(vis_off[k]), t0), (int(vis_off[k]) + t0, int(vt[k]) - t0)][:n_img]
+            media.append([{
+                "kind": "image", "path": pool[(first + k + j) % len(pool)], "token_offset": off, "n_tokens": nt,
+                "width": 640, "height": 480, "resized_width": 644, "resized_height": 476, "grid_t": 1,
+                "grid_h": 34, "grid_w": 46, "vision_units": 4 * nt, "timestamps": None, "data": None,
+            } for j, (off, nt) in enumerate(spans)])
+            continue
         media.append([{
             "kind": "video" if is_video else "image",
             "path": f"{'videos' if is_video else 'images'}/{mix}_{first + k:08d}.{'mp4' if is_video else 'jpg'}",
@@ -215,23 +264,37 @@ def write_tokenized(out_dir: str | Path, mix: str, n: int, seed: int = 0, rows_p
     from packtool.shards import ShardWriter, is_output_dir, read_manifest, write_manifest
 
     out = Path(out_dir)
-    config = {"generated": mix, "n": n, "seed": seed, "rows_per_shard": rows_per_shard, "media_root": "."}
+    # the qwen-images mix references a small pool of real images, so `--media embed` has bytes to read
+    root = str(out.resolve()) if mix == "qwen-images" else "."
+    config = {"generated": mix, "n": n, "seed": seed, "rows_per_shard": rows_per_shard, "media_root": root}
     digest = digest_of(config)
     if is_output_dir(out):
         old = read_manifest(out, "tokenized")
         if old.get("config_digest") == digest:
             return old
     out.mkdir(parents=True, exist_ok=True)
-    tokens, units, vt, kind = sample_lengths(mix, n, seed)
+    split = pool = None
+    if mix == "qwen-images":
+        tokens, units, vt, n_img, first_vt = _qwen_images(np.random.default_rng(seed), n)
+        kind = np.minimum(n_img, 1)
+        split = (n_img, first_vt)
+        pool = make_images(out)
+        max_vision_units = MIX_MAX_UNITS[mix]
+    else:
+        tokens, units, vt, kind = sample_lengths(mix, n, seed)
     rng = np.random.default_rng(seed + 1)
     from packtool.schema import TOKENIZED
 
     with ShardWriter(out, TOKENIZED, rows_per_shard=rows_per_shard) as writer:
         for a in range(0, n, 4096):
             b = min(n, a + 4096)
-            writer.write_table(_batch_table(tokens[a:b], units[a:b], vt[a:b], kind[a:b], a, rng, mix))
+            part = None if split is None else (split[0][a:b], split[1][a:b])
+            writer.write_table(_batch_table(tokens[a:b], units[a:b], vt[a:b], kind[a:b], a, rng, mix, part, pool))
     counts = {"rows_in": n, "samples": n, "rejected": 0, "rejected_by_reason": {}, "tokens": int(tokens.sum()),
               "vision_units": int(units.sum())}
-    vision = {"family": "molmo2-generated", "unit": "crop", "default_max_vision_units": max_vision_units}
+    if mix == "qwen-images":
+        vision = {"family": "qwen2.5-vl", "unit": "patches", "default_max_vision_units": max_vision_units}
+    else:
+        vision = {"family": "molmo2-generated", "unit": "crop", "default_max_vision_units": max_vision_units}
     return write_manifest(out, "tokenized", config, digest, writer.shards, vision=vision, counts=counts,
                           tokenizer={"name": "generated"}, template={"name": "generated"})

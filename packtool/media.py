@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import stat
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ __all__ = [
     "video_demuxer",
     "ImageInfo",
     "resolve_media_path",
+    "MediaPathResolver",
     "probe_image",
     "verify_complete",
     "probe_video",
@@ -171,6 +173,53 @@ def resolve_media_path(path: str, media_root: Path) -> Path:
         raise SampleError("missing_media", f"media file {shown!r} cannot be looked up under --media-root "
                                            f"{str(root)!r}: {getattr(exc, 'strerror', None) or exc}") from None
     return resolved
+
+
+class MediaPathResolver:
+    """:func:`resolve_media_path` for many paths under one root, with the root and each
+    directory's real path resolved once (packing embeds millions of files from a few
+    directories; resolving every path component of every file cost more than reading it).
+
+    A path whose last component is a regular file (not a link, not ``.``/``..``) resolves to
+    its directory's real path joined with its name, which is what ``realpath`` returns for it;
+    anything else (a link, a missing file, a path outside the root) goes through
+    :func:`resolve_media_path` itself, so results and errors are the same.
+
+    Example:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> _ = (root / "a.jpg").write_bytes(b"x")
+        >>> MediaPathResolver(root)("a.jpg") == resolve_media_path("a.jpg", root)
+        True
+    """
+
+    #: Directories remembered at once (the memo is cleared when full).
+    MAX_DIRS = 65536
+
+    def __init__(self, media_root: Path) -> None:
+        self.root = Path(media_root).resolve()
+        self._root_s = str(self.root)
+        self._prefix = self._root_s.rstrip(os.sep) + os.sep
+        self._dirs: dict[str, str] = {}
+
+    def __call__(self, path: str) -> Path:
+        head, name = os.path.split(os.path.join(self._root_s, path))
+        if name in ("", ".", ".."):
+            return resolve_media_path(path, self.root)
+        real = self._dirs.get(head)
+        if real is None:
+            if len(self._dirs) >= self.MAX_DIRS:
+                self._dirs.clear()
+            real = self._dirs[head] = os.path.realpath(head)
+        full = os.path.join(real, name)
+        if not (real == self._root_s or real.startswith(self._prefix)):
+            return resolve_media_path(path, self.root)
+        try:
+            if stat.S_ISREG(os.lstat(full).st_mode):
+                return Path(full)
+        except OSError:
+            pass
+        return resolve_media_path(path, self.root)
 
 
 def _tail(source: Path | bytes, n: int = _TAIL) -> tuple[bytes, int]:

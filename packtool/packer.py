@@ -17,16 +17,23 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from numba import njit
 
 from .config import PackConfig
 from .errors import ConfigError, OversizeSampleError
 from .knapsack import KnapsackSolver
 from .schema import PACKED, SUBSEGMENT_STRIDE
 
-__all__ = ["PackPlan", "plan_packs", "assemble_packs", "unit_granularity", "MAX_UNIT_CELLS", "TAIL_PACKS"]
+__all__ = ["PackPlan", "plan_packs", "assemble_packs", "gather_runs", "unit_granularity", "unit_axis", "RelaxedUnitSolver",
+           "MAX_UNIT_CELLS", "TAIL_PACKS", "ASSEMBLY_COLUMNS"]
 
-#: The unit axis of the DP table has at most this many cells; larger capacities are quantized.
+#: The unit axis of the DP table has at most this many cells. A larger capacity is exact when
+#: it cannot bind (see :func:`unit_axis`) or when the units' common divisor brings it within
+#: this many cells; only otherwise are units quantized.
 MAX_UNIT_CELLS = 1024
+#: The tokenized columns :func:`assemble_packs` reads (a reader need not decode the others).
+ASSEMBLY_COLUMNS = ["sample_id", "n_tokens", "n_vision_units", "media", "input_ids", "target_ids", "position_ids",
+                    "subsegment_ids"]
 #: Regular packs re-optimized together with the flush packs at the end of a stream.
 TAIL_PACKS = 8
 
@@ -42,6 +49,9 @@ class PackPlan:
         alone: indices of oversize samples given a pack of their own (the last packs).
         truncated: indices of text-only samples cut to ``max_tokens``.
         tail_packs_saved: packs the tail re-optimization saved over the plain flush.
+        unit_axis: how the DP held the unit capacity (:func:`unit_axis`): ``exact``,
+            ``redundant`` (it could not bind; exact), ``relaxed`` (exact, relaxation first) or
+            ``quantized`` (an exact table would not fit in memory; units were rounded up).
     """
 
     order: np.ndarray
@@ -50,6 +60,7 @@ class PackPlan:
     alone: list[int] = field(default_factory=list)
     truncated: list[int] = field(default_factory=list)
     tail_packs_saved: int = 0
+    unit_axis: str = "exact"
 
     @property
     def n_packs(self) -> int:
@@ -59,14 +70,108 @@ class PackPlan:
 def unit_granularity(max_units: int) -> int:
     """Quantum for vision units so the DP's unit axis has at most ``MAX_UNIT_CELLS`` cells.
 
-    Capacities up to ``MAX_UNIT_CELLS`` (every crop-count family) are exact; larger ones
-    (patch-count families) round unit sizes up and the capacity down, so packs still fit.
+    The relaxation quantum of :class:`RelaxedUnitSolver` (capacities up to
+    ``MAX_UNIT_CELLS``, every crop-count family, need none).
 
     Example:
         >>> unit_granularity(128), unit_granularity(16384)
         (1, 16)
     """
     return max(1, -(-max_units // MAX_UNIT_CELLS))
+
+
+def unit_axis(qw: np.ndarray, units: np.ndarray, cap_w: int, max_units: int) -> tuple[int, int, str]:
+    """How the DP represents the unit capacity for these samples: ``(quantum, cells, how)``.
+
+    ``qw`` are the DP token weights (``ceil(tokens / g)``) and ``units`` the exact unit counts
+    of the samples that fit on their own; ``cap_w`` is the DP token capacity.
+
+    * ``"redundant"`` (``cells == 0``): no subset within the token capacity can pass the unit
+      capacity, because every sample has ``units * cap_w <= max_units * qw`` (so any subset
+      with ``sum(qw) <= cap_w`` has ``sum(units) <= max_units``). The unit axis is dropped:
+      the same subsets are feasible, so the optimum *and* the tie-rule subset are those of
+      the two-dimensional problem, from a one-row table. Patch-count families meet this at
+      their defaults: a Qwen2.5-VL sample has ``units = 4 * placeholder tokens <= 4 * tokens``
+      and the default capacity is ``4 * max_tokens`` patches.
+    * ``"exact"``: units divided by their greatest common divisor ``quantum`` (exact: every
+      sum is a multiple of it) leave at most ``MAX_UNIT_CELLS`` cells.
+    * ``"relaxed"``: otherwise (a binding capacity too fine for a dense table, as a patch
+      capacity far below the default) ``quantum`` is still the divisor and ``cells`` the exact
+      capacity in its multiples; the planner solves a relaxation first (see
+      :class:`RelaxedUnitSolver`) and the exact table only when the relaxation's subset does
+      not fit.
+
+    Example:
+        >>> unit_axis(np.array([10, 4]), np.array([600, 256]), 1024, 65536)   # units <= 64 qw
+        (1, 0, 'redundant')
+        >>> unit_axis(np.array([10, 4]), np.array([600, 256]), 1024, 4096)
+        (8, 512, 'exact')
+        >>> unit_axis(np.array([10, 4]), np.array([601, 256]), 1024, 4096)
+        (1, 4096, 'relaxed')
+    """
+    qw = np.asarray(qw, dtype=np.int64)
+    units = np.asarray(units, dtype=np.int64)
+    if max_units <= MAX_UNIT_CELLS:
+        return 1, max_units, "exact"
+    if bool(np.all(units * cap_w <= max_units * qw)):
+        return 1, 0, "redundant"
+    g = int(np.gcd.reduce(units[units > 0])) if bool((units > 0).any()) else max_units
+    return g, max_units // g, "exact" if max_units // g <= MAX_UNIT_CELLS else "relaxed"
+
+
+class RelaxedUnitSolver:
+    """Exact solves over a unit capacity too fine for a dense table (``cells`` over
+    ``MAX_UNIT_CELLS``), with :class:`~packtool.knapsack.KnapsackSolver`'s answer and tie rule.
+
+    Each solve first runs the *relaxation* with units ``floor(u / q)`` and capacity
+    ``floor(max_u / q)`` (``q = unit_granularity(max_u)``, at most ``MAX_UNIT_CELLS`` cells).
+    Every subset that fits the exact capacity fits the relaxed one (a sum of floors is at most
+    the floor of the sum), so when the relaxation's subset also fits the exact capacity it is
+    the exact optimum, and the very subset the tie rule picks: it is optimal among the exact
+    subsets, and any exact optimum with a smaller encoding would be a relaxed optimum too.
+    Otherwise the exact dense table over ``max_u`` cells decides (slower, rare). Only when that
+    table would pass ``knapsack.MAX_TABLE_BYTES`` are units rounded up instead (feasible, not
+    necessarily optimal), counted in ``quantized``.
+
+    Example:
+        >>> s = RelaxedUnitSolver(8, 3000, q=1000)
+        >>> s.solve(np.array([3, 4, 5]), np.array([1000, 1000, 1999]), np.array([3, 4, 5]))
+        (8, array([ True, False,  True]))
+        >>> s.solve(np.array([3, 4, 5]), np.array([1000, 1000, 2001]), np.array([3, 4, 5]))
+        (7, array([ True,  True, False]))
+        >>> s.relaxed_ok, s.exact_solves, s.quantized
+        (1, 1, 0)
+    """
+
+    def __init__(self, max_w: int, max_u: int, max_items: int | None = None, q: int | None = None) -> None:
+        self.max_w, self.max_u, self.max_items = int(max_w), int(max_u), max_items
+        self.q = unit_granularity(self.max_u) if q is None else int(q)
+        self.relaxed = KnapsackSolver(self.max_w, self.max_u // self.q, max_items)
+        self._exact: KnapsackSolver | None = None
+        self._rounded: KnapsackSolver | None = None
+        self.relaxed_ok = self.exact_solves = self.quantized = 0
+
+    def solve(self, w: np.ndarray, u: np.ndarray, v: np.ndarray, max_w: int | None = None,
+              max_u: int | None = None) -> tuple[int, np.ndarray]:
+        u = np.asarray(u, dtype=np.int64)
+        cap_w = self.max_w if max_w is None else int(max_w)
+        cap_u = self.max_u if max_u is None else int(max_u)
+        value, chosen = self.relaxed.solve(w, u // self.q, v, cap_w, cap_u // self.q)
+        if int(u[chosen].sum()) <= cap_u:
+            self.relaxed_ok += 1
+            return value, chosen
+        if self._rounded is None:
+            try:
+                if self._exact is None:
+                    self._exact = KnapsackSolver(self.max_w, self.max_u, self.max_items)
+                value, chosen = self._exact.solve(w, u, v, cap_w, cap_u)
+                self.exact_solves += 1
+                return value, chosen
+            except ValueError:  # the exact table would pass MAX_TABLE_BYTES
+                self._exact = None
+                self._rounded = KnapsackSolver(self.max_w, self.max_u // self.q, self.max_items)
+        self.quantized += 1
+        return self._rounded.solve(w, -(-u // self.q), v, cap_w, cap_u // self.q)
 
 
 def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg: PackConfig, max_units: int,
@@ -81,9 +186,11 @@ def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg
     Each pack is the exact optimum over the current buffer of
     ``text_weight * tokens + vision_weight * units`` (exact counts) subject to
     ``sum(ceil(tokens / g)) <= floor(max_tokens / g)`` (``g = token_granularity``),
-    ``sum(units) <= max_units`` (units rounded up by :func:`unit_granularity` only when
-    ``max_units > MAX_UNIT_CELLS``) and, if set, ``count <= max_samples_per_pack``. Ties go
-    to older samples. Every pack fits the true capacities.
+    ``sum(units) <= max_units`` (exact counts: see :func:`unit_axis` and
+    :class:`RelaxedUnitSolver` for capacities over ``MAX_UNIT_CELLS``) and, if set,
+    ``count <= max_samples_per_pack``. Ties go to older samples. Every pack fits the true
+    capacities. ``plan.unit_axis`` records how the unit capacity was represented
+    (``quantized`` only if some exact table was too large for memory).
 
     ``anchor=True`` (library only) first puts the largest buffered sample in each pack and
     fills the capacity it leaves exactly. Measured in ``bench/bench_pack.py`` it helps a
@@ -106,8 +213,6 @@ def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg
     if cap_w < 1:
         raise ConfigError(f"--token-granularity {g} exceeds --max-tokens {cfg.max_tokens}; lower the granularity")
     max_units = int(max_units)
-    ug = unit_granularity(max_units)
-    cap_u = max_units // ug
     tokens_eff = tokens.copy()
     plan = PackPlan(np.zeros(0, np.int64), np.zeros(1, np.int64))
     too_many_tokens = tokens > cfg.max_tokens
@@ -129,12 +234,23 @@ def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg
             plan.dropped.append(i)
     # a sample that fits the true token capacity always fits the quantized one on its own
     qw = np.minimum(-(-tokens_eff // g), cap_w)
-    qu = -(-units // ug)
+    ug, cap_u, plan.unit_axis = unit_axis(qw[fits], units[fits], cap_w, max_units)
+    qu = -(-units // ug) if cap_u else np.zeros_like(units)  # exact: ug divides every fitting sample's units
     value = cfg.text_weight * tokens_eff + cfg.vision_weight * units
     stream = np.flatnonzero(fits)
-    packs = _buffer_packs(stream, qw, qu, value, cap_w, cap_u, cfg.buffer_size, cfg.max_samples_per_pack, anchor)
+    made: list = []
+
+    def make(max_w: int, max_u: int, max_k: int | None):
+        solver = (RelaxedUnitSolver if plan.unit_axis == "relaxed" else KnapsackSolver)(max_w, max_u, max_k)
+        made.append(solver)
+        return solver
+
+    packs = _buffer_packs(stream, qw, qu, value, cap_w, cap_u, cfg.buffer_size, cfg.max_samples_per_pack, anchor,
+                          make)
     n_flush = packs.pop()
-    packs, saved = _reoptimize_tail(packs, n_flush, qw, qu, value, cap_w, cap_u, cfg.max_samples_per_pack)
+    packs, saved = _reoptimize_tail(packs, n_flush, qw, qu, value, cap_w, cap_u, cfg.max_samples_per_pack, make)
+    if any(getattr(s, "quantized", 0) for s in made):
+        plan.unit_axis = "quantized"
     plan.tail_packs_saved = saved
     packs.extend(np.array([i], dtype=np.int64) for i in plan.alone)
     sizes = np.array([len(p) for p in packs], dtype=np.int64)
@@ -143,7 +259,8 @@ def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg
     return plan
 
 
-def _buffer_packs(stream, qw, qu, value, cap_w, cap_u, buffer_size, max_k, anchor: bool = False) -> list:
+def _buffer_packs(stream, qw, qu, value, cap_w, cap_u, buffer_size, max_k, anchor: bool = False,
+                  make=KnapsackSolver) -> list:
     """The fill-solve-emit-refill loop; the last list element is the number of flush packs.
 
     With ``anchor`` the largest buffered sample (by the larger of its two relative sizes;
@@ -151,7 +268,7 @@ def _buffer_packs(stream, qw, qu, value, cap_w, cap_u, buffer_size, max_k, ancho
     capacity it leaves.
     """
     limit = max_k if max_k is None or not anchor else max_k - 1
-    solver = KnapsackSolver(cap_w, cap_u, limit)
+    solver = make(cap_w, cap_u, limit)
     packs: list = []
     buf = np.zeros(0, dtype=np.int64)
     pos = 0
@@ -179,7 +296,7 @@ def _buffer_packs(stream, qw, qu, value, cap_w, cap_u, buffer_size, max_k, ancho
     return packs
 
 
-def _reoptimize_tail(packs, n_flush, qw, qu, value, cap_w, cap_u, max_k) -> tuple[list, int]:
+def _reoptimize_tail(packs, n_flush, qw, qu, value, cap_w, cap_u, max_k, make=KnapsackSolver) -> tuple[list, int]:
     """Re-pack the flush packs and the ``TAIL_PACKS`` before them, keeping the best plan.
 
     The plain flush fills the first packs best and leaves the hard samples for the last
@@ -194,7 +311,7 @@ def _reoptimize_tail(packs, n_flush, qw, qu, value, cap_w, cap_u, max_k) -> tupl
     items = np.sort(np.concatenate(tail))
     cands = [tail, _fit_decreasing(items, qw, qu, cap_w, cap_u, max_k, best=False),
              _fit_decreasing(items, qw, qu, cap_w, cap_u, max_k, best=True),
-             _largest_then_fill(items, qw, qu, value, cap_w, cap_u, max_k)]
+             _largest_then_fill(items, qw, qu, value, cap_w, cap_u, max_k, make)]
 
     def score(ps):
         fill = min(max(qw[p].sum() / cap_w, qu[p].sum() / cap_u if cap_u else 0.0) for p in ps)
@@ -232,7 +349,7 @@ def _fit_decreasing(items, qw, qu, cap_w, cap_u, max_k, best: bool) -> list:
     return [np.array(sorted(b), dtype=np.int64) for b in bins]
 
 
-def _largest_then_fill(items, qw, qu, value, cap_w, cap_u, max_k) -> list:
+def _largest_then_fill(items, qw, qu, value, cap_w, cap_u, max_k, make=KnapsackSolver) -> list:
     rest = items.copy()
     out = []
     while len(rest):
@@ -242,12 +359,54 @@ def _largest_then_fill(items, qw, qu, value, cap_w, cap_u, max_k) -> list:
         rest = np.delete(rest, j)
         pack = [int(seed)]
         if len(rest) and (max_k is None or max_k > 1):
-            solver = KnapsackSolver(cap_w - int(qw[seed]), cap_u - int(qu[seed]), None if max_k is None else max_k - 1)
+            solver = make(cap_w - int(qw[seed]), cap_u - int(qu[seed]), None if max_k is None else max_k - 1)
             _, chosen = solver.solve(qw[rest], qu[rest], value[rest])
             pack += rest[chosen].tolist()
             rest = rest[~chosen]
         out.append(np.array(sorted(pack), dtype=np.int64))
     return out
+
+
+@njit(cache=True)
+def _gather_runs(src, starts, lengths, dst_starts, add, dst):  # pragma: no cover - compiled
+    """``dst[dst_starts[k]:+lengths[k]] = src[starts[k]:+lengths[k]] + add[k]`` for every ``k``."""
+    for k in range(starts.shape[0]):
+        a = starts[k]
+        d = dst_starts[k]
+        n = lengths[k]
+        x = add[k]
+        # explicit loops: numba's slice assignment is a generic strided copy, several times slower
+        if x == 0:
+            for j in range(n):
+                dst[d + j] = src[a + j]
+        else:
+            for j in range(n):
+                dst[d + j] = src[a + j] + x
+
+
+def gather_runs(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray, dst_starts: np.ndarray, add: np.ndarray,
+                dst: np.ndarray) -> None:
+    """Copy run ``k`` of ``src`` (``lengths[k]`` values from ``starts[k]``) to ``dst`` at
+    ``dst_starts[k]``, adding ``add[k]`` to each value (wrapping in ``dst``'s type), in one
+    compiled pass: the assembly's gather of sample slices into packs, without a Python slice
+    per sample.
+
+    Example:
+        >>> out = np.zeros(5, dtype=np.int32)
+        >>> gather_runs(np.arange(10, dtype=np.int32), np.array([7, 1]), np.array([2, 3]), np.array([0, 2]),
+        ...             np.array([0, 100], dtype=np.int32), out)
+        >>> out.tolist()
+        [7, 8, 101, 102, 103]
+    """
+    starts, lengths, dst_starts = (np.ascontiguousarray(x, dtype=np.int64) for x in (starts, lengths, dst_starts))
+    add = np.ascontiguousarray(add, dtype=dst.dtype)
+    k = len(starts)
+    if not (len(lengths) == len(dst_starts) == len(add) == k):
+        raise ValueError("starts, lengths, dst_starts and add must have the same length")
+    if k and (lengths.min() < 0 or starts.min() < 0 or dst_starts.min() < 0
+              or (starts + lengths).max() > len(src) or (dst_starts + lengths).max() > len(dst)):
+        raise ValueError("a run lies outside src or dst")
+    _gather_runs(src, starts, lengths, dst_starts, add, dst)
 
 
 def _token_columns(tables: list[pa.Table], name: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -312,28 +471,23 @@ def assemble_packs(
     # each sample's table and row within it; one slice per sample is copied into place
     src = np.searchsorted(row_start, order, side="right") - 1
     local = order - row_start[src]
-    src_list = src.tolist()
-    len_list = lengths.tolist()
     n_total = int(sample_end[-1]) if n_samples else 0
+    in_table = [np.flatnonzero(src == s) for s in range(len(tables))]
+    no_add = np.zeros(n_samples, dtype=np.int32)
 
-    def values(name: str) -> np.ndarray:
+    def values(name: str, add: np.ndarray = no_add) -> np.ndarray:
         vals, offs = _token_columns(tables, name)
-        starts = np.empty(n_samples, dtype=np.int64)
-        for s in range(len(tables)):
-            here = src == s
-            starts[here] = offs[s][local[here]]
         out = np.empty(n_total, dtype=np.int32)
-        if n_samples:
-            np.concatenate([vals[s][a:a + n] for s, a, n in zip(src_list, starts.tolist(), len_list, strict=True)],
-                           out=out)
+        for s, here in enumerate(in_table):
+            if len(here):
+                gather_runs(vals[s], offs[s][local[here]], lengths[here], sample_start[here], add[here], out)
         return out
 
     def token_list(values: np.ndarray) -> pa.Array:
         return pa.ListArray.from_arrays(pa.array(tok_pack_off.astype(np.int32)), pa.array(values))
 
-    sub = values("subsegment_ids")
     # int32 wraps as the old int64 sum cast to int32 did; ids stay far below 2**31 in practice
-    sub += np.repeat((k_in_pack * SUBSEGMENT_STRIDE).astype(np.int32), lengths)
+    sub = values("subsegment_ids", (k_in_pack * SUBSEGMENT_STRIDE).astype(np.int32))
     # cu_seqlens: per pack [0, end_0, end_1, ...] relative to the pack start
     cu_off = pack_off + np.arange(n_packs + 1)
     cu_vals = np.zeros(n_samples + n_packs, dtype=np.int64)

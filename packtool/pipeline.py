@@ -32,7 +32,14 @@ from pathlib import Path
 import numpy as np
 
 from .config import PackConfig, TokenizeConfig, digest_of
-from .errors import ConfigError, InputError, OutputError, PacktoolError, TooManyErrorsError
+from .errors import (
+    ConfigError,
+    InputError,
+    OutputError,
+    PacktoolError,
+    SampleError,
+    TooManyErrorsError,
+)
 from .executors import ExecutorConfig, run_tasks, set_total
 from .formats import Rejected, expand_inputs, parse_json_line, parse_record
 from .shards import (
@@ -674,14 +681,19 @@ def lower_bound(total_tokens: int, total_units: int, max_tokens: int, max_units:
 
 
 def _media_loader(media_root: Path, frame_quality: int = 90) -> Callable[[dict], list[bytes] | None]:
-    from .media import read_media_bytes
-    from .records import MediaRef
+    from .media import MediaPathResolver
+
+    resolve = MediaPathResolver(media_root)
 
     def load(m: dict) -> list[bytes] | None:
         if m.get("kind") == "image":
-            ref = MediaRef("image", m.get("path"), m.get("data"))
-            data = read_media_bytes(ref, media_root)
-            if ref.data is None and m.get("size_bytes") is not None and len(data) != m["size_bytes"]:
+            if m.get("data") is not None:
+                return [m["data"]]
+            if m.get("path") is None:
+                raise SampleError("missing_media", "media item has neither a path nor inline bytes")
+            with open(resolve(m["path"]), "rb") as fh:
+                data = fh.read()
+            if m.get("size_bytes") is not None and len(data) != m["size_bytes"]:
                 # checked before planning; a file rewritten while this task ran is caught here
                 raise InputError(f"media file {m.get('path')!r} changed while pack was running ({len(data):,} bytes, "
                                  f"{m['size_bytes']:,} when counted); re-run the same command")
@@ -800,8 +812,10 @@ class _RowStore:
             lo, hi = int(self.starts[g]), int(self.starts[g + 1])
             used = self.never[lo:hi].copy()
             if not used.all():
+                from .packer import ASSEMBLY_COLUMNS
+
                 try:
-                    table = self.pf.read_row_group(g, use_threads=False)
+                    table = self.pf.read_row_group(g, columns=ASSEMBLY_COLUMNS, use_threads=False)
                 except self._arrow_errors as exc:  # a page whose checksum fails
                     raise shard_error(self.file, exc) from None
                 self.held[g] = [table, np.arange(lo, hi, dtype=np.int64), used]

@@ -29,3 +29,10 @@ def pack_capacity_ok(tokens, units, packs, max_tokens: int, max_units: int) -> b
     """Every pack within both capacities (plain Python sums)."""
     return all(sum(int(tokens[i]) for i in p) <= max_tokens and sum(int(units[i]) for i in p) <= max_units
                for p in packs)
+
+
+def gather_runs(src, starts, lengths, dst_starts, add, dst) -> None:
+    """One run at a time, value by value (twin of ``packer.gather_runs``)."""
+    for a, n, d, x in zip(starts, lengths, dst_starts, add, strict=True):
+        for j in range(int(n)):
+            dst[int(d) + j] = (int(src[int(a) + j]) + int(x) + 2**31) % 2**32 - 2**31

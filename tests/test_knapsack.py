@@ -147,7 +147,7 @@ def test_solver_chains_match_fresh_solves():
         u = rng.integers(0, 5, 10)
         v = rng.integers(0, 40, 10)
         reused = 0
-        for step in range(40 if JIT else 12):
+        for step in range(40 if JIT else 24):
             big = step % 7 == 5  # values beyond int16: the solver switches table type and back
             vv = v * (1500 if big else 1)
             lw = cw if step % 5 else int(rng.integers(0, cw + 1))
@@ -215,3 +215,28 @@ def test_vector_step_matches_its_python_twin(dtype):
         assert int(bits_a) == bits_b and a.tolist() == b.tolist()
         c = t[s0: s0 + VEC].astype(np.int64) + vi
         assert (a[d0: d0 + VEC] == np.maximum(t[d0: d0 + VEC], c)).all()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_column_cut_and_prefix_reuse_when_ratios_fall(seed):
+    """Rows skip cells right of ``max_w - r * (max_u - b)`` (``r``: the smallest w / u of the
+    later items). A reused solver whose new items have a smaller ratio than the old ones
+    needs cells the old call skipped: it must restart earlier, and still answer exactly."""
+    rng = np.random.default_rng(seed)
+    cw, cu = (80, 30) if JIT else (30, 10)
+    solver = KnapsackSolver(cw, cu, checkpoint_every=2)
+    w = rng.integers(4, 16, 10)
+    u = rng.integers(0, 3, 10)
+    v = rng.integers(1, 40, 10)
+    for step in range(12):
+        value, chosen = solver.solve(w, u, v)
+        want = brute_force_knapsack(w, u, v, cw, cu)
+        assert value == want[0] and chosen.tolist() == want[1].tolist()
+        keep = ~chosen
+        k = int(chosen.sum())
+        # new items with more units per token as the chain goes on: the ratio bound falls
+        nw = rng.integers(1, 6, k)
+        nu = rng.integers(1, 2 + step // 2, k)
+        w = np.concatenate([w[keep], nw])[:12]
+        u = np.concatenate([u[keep], nu])[:12]
+        v = np.concatenate([v[keep], rng.integers(1, 40, k)])[:12]

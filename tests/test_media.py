@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from packtool.errors import SampleError
-from packtool.media import probe_image, read_media_bytes, resolve_media_path
+from packtool.media import MediaPathResolver, probe_image, read_media_bytes, resolve_media_path
 from packtool.records import MediaRef
 
 
@@ -108,6 +108,22 @@ def test_dotdot_absolute_and_symlink_escapes_are_refused(tmp_path):
     with pytest.raises(SampleError) as err:
         resolve_media_path("missing.png", root)
     assert err.value.reason == "missing_media"
+    # the memoizing resolver the pack stage uses: the same path or the same refusal, twice over
+    (root / "sub" / "plain.png").write_bytes(_png(4, 4))
+    (root / "d").mkdir()
+    os.symlink(tmp_path, root / "sub" / "up")  # a directory link that leaves the root
+    resolver = MediaPathResolver(root)
+    for path in ("../secret.png", "sub/../../secret.png", str(outside), "sub/link.png", "sub/inside.png", "ok.png",
+                 str(root / "ok.png"), "missing.png", "sub/plain.png", "./sub/plain.png", "sub//plain.png",
+                 "sub/../ok.png", "d", "", ".", "sub/up/secret.png", "sub/up/root/ok.png") * 2:
+        try:
+            want = resolve_media_path(path, root)
+        except SampleError as e:
+            with pytest.raises(SampleError) as err:
+                resolver(path)
+            assert err.value.reason == e.reason, path
+        else:
+            assert resolver(path) == want, path
 
 
 def test_escape_becomes_an_errors_jsonl_line(tmp_path):

@@ -14,11 +14,21 @@ from hypothesis import strategies as st
 
 from packtool.config import PackConfig
 from packtool.errors import OversizeSampleError
-from packtool.packer import assemble_packs, plan_packs, unit_granularity
+from packtool.knapsack import KnapsackSolver
+from packtool.packer import (
+    MAX_UNIT_CELLS,
+    RelaxedUnitSolver,
+    assemble_packs,
+    gather_runs,
+    plan_packs,
+    unit_axis,
+    unit_granularity,
+)
 from packtool.schema import SUBSEGMENT_STRIDE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.naive import pack_capacity_ok  # noqa: E402
+from tests.naive import brute_force_knapsack, pack_capacity_ok  # noqa: E402
+from tests.naive import gather_runs as naive_gather_runs  # noqa: E402
 
 JIT = os.environ.get("NUMBA_DISABLE_JIT", "0") != "1"
 # small capacities keep the table tiny when the kernels run as plain Python
@@ -114,6 +124,152 @@ def test_unit_granularity_keeps_packs_within_large_capacities():
     tokens = rng.integers(50, 1000, 200)
     plan = plan_packs(tokens, units, units > 0, _cfg(), 16384)
     assert pack_capacity_ok(tokens, units, _packs(plan), MAX_TOKENS, 16384)
+
+
+def _qwen_like(rng, n, g, cap_w):
+    """Token weights and patch counts with ``units <= ratio * g * qw`` (Qwen: 4 patches per
+    placeholder token), the capacity ``ratio * g * cap_w`` (the default: 4 x max_tokens)."""
+    tokens = rng.integers(1, g * cap_w // 2 + 1, n)
+    vt = (tokens * rng.random(n)).astype(np.int64) * (rng.random(n) < 0.85)
+    return tokens, 4 * vt
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_redundant_unit_axis_matches_the_two_dimensional_twin(seed):
+    """Dropping a unit capacity that cannot bind gives the brute-force 2-D optimum and the
+    very subset its tie rule picks (the feasible subsets are the same)."""
+    rng = np.random.default_rng(seed)
+    g, cap_w = 4, int(rng.integers(8, 40))
+    n = int(rng.integers(1, 13))
+    tokens, units = _qwen_like(rng, n, g, cap_w)
+    qw = np.minimum(-(-tokens // g), cap_w)
+    max_units = 4 * g * cap_w + int(rng.integers(0, 3)) * MAX_UNIT_CELLS
+    if max_units <= MAX_UNIT_CELLS:
+        max_units += MAX_UNIT_CELLS
+    assert unit_axis(qw, units, cap_w, max_units)[1:] == (0, "redundant")
+    v = tokens + int(rng.integers(0, 3)) * units
+    want = brute_force_knapsack(qw, units, v, cap_w, max_units)
+    got = KnapsackSolver(cap_w, 0).solve(qw, np.zeros(n, dtype=np.int64), v)
+    assert got[0] == want[0] and (got[1] == want[1]).all()
+
+
+def test_unit_axis_cases():
+    qw = np.array([10, 4, 7])
+    assert unit_axis(qw, np.array([1, 2, 3]), 100, 128) == (1, 128, "exact")
+    assert unit_axis(qw, np.array([640, 256, 448]), 100, 6400) == (1, 0, "redundant")
+    # one sample over the ratio: the capacity may bind; the units' divisor keeps it exact
+    assert unit_axis(qw, np.array([648, 256, 448]), 100, 6400) == (8, 800, "exact")
+    assert unit_axis(qw, np.array([649, 256, 448]), 100, 6400) == (1, 6400, "relaxed")
+    assert unit_axis(qw, np.zeros(3, dtype=np.int64), 100, 6400)[2] == "redundant"
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_relaxed_unit_solver_matches_the_brute_force_twin(seed):
+    """Relaxation first, exact table when its subset does not fit: the brute-force optimum
+    and tie-rule subset every time, with and without an item limit and per-call capacities."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 12))
+    cap_w, cap_u, q = int(rng.integers(5, 40)), int(rng.integers(40, 200)), int(rng.integers(2, 9))
+    w = rng.integers(0, cap_w // 2 + 2, n)
+    u = rng.integers(0, cap_u // 2 + 2, n)
+    v = rng.integers(0, 50, n)
+    max_k = None if seed % 3 else int(rng.integers(1, 4))
+    solver = RelaxedUnitSolver(cap_w, cap_u, max_k, q=q)
+    for cw, cu in ((cap_w, cap_u), (cap_w - 1, cap_u - int(rng.integers(0, 30)))):
+        want = brute_force_knapsack(w, u, v, cw, cu, max_k)
+        got = solver.solve(w, u, v, cw, cu)
+        assert got[0] == want[0] and (got[1] == want[1]).all()
+    assert solver.quantized == 0 and solver.relaxed_ok + solver.exact_solves == 2
+
+
+def test_relaxed_unit_solver_rounds_up_only_when_the_exact_table_is_too_large(monkeypatch):
+    import packtool.knapsack as knapsack
+
+    solver = RelaxedUnitSolver(8, 3000, q=1000)
+    monkeypatch.setattr(knapsack, "MAX_TABLE_BYTES", 200_000)  # the 8 x 3000 table no longer fits
+    value, chosen = solver.solve(np.array([3, 4, 5]), np.array([1000, 1000, 2001]), np.array([3, 4, 5]))
+    assert solver.quantized == 1 and int(np.array([1000, 1000, 2001])[chosen].sum()) <= 3000
+
+
+@pytest.mark.skipif(not JIT, reason="a 65,536-patch capacity needs the compiled kernels")
+def test_binding_patch_capacity_plans_are_exact():
+    """A patch capacity that binds and has no common divisor to shrink it: relaxed solves,
+    every regular pack the brute-force optimum of its buffer, every pack within both capacities."""
+    rng = np.random.default_rng(8)
+    tokens, units = _qwen_like(rng, 200, GRAN, MAX_TOKENS // GRAN)
+    units = units + (units > 0)  # no common divisor
+    max_units = 3001
+    cfg = _cfg(buffer_size=10)
+    plan = plan_packs(tokens, units, units > 0, cfg, max_units)
+    assert plan.unit_axis == "relaxed"
+    packs = _packs(plan)
+    assert pack_capacity_ok(tokens, units, packs, MAX_TOKENS, max_units)
+    qw = -(-tokens // GRAN)
+    fits = np.flatnonzero(units <= max_units)
+    buf, pos, k = [], 0, 0
+    assert len(packs) > 40
+    while k < len(packs) - 8 - 10:  # the tail (last 8 + flush packs) is re-optimized
+        while len(buf) < 10 and pos < len(fits):
+            buf.append(int(fits[pos]))
+            pos += 1
+        b = np.array(buf)
+        _, chosen = brute_force_knapsack(qw[b], units[b], tokens[b] + cfg.vision_weight * units[b], MAX_TOKENS // GRAN,
+                                         max_units)
+        assert b[chosen].tolist() == packs[k]
+        buf = b[~chosen].tolist()
+        k += 1
+
+
+@pytest.mark.skipif(not JIT, reason="a 65,536-patch capacity needs the compiled kernels")
+def test_patch_capacity_plans_are_exact_and_fit():
+    """Qwen-like samples at the default patch capacity: the unit axis is dropped (no
+    quantization), every pack fits both true capacities, and each pack is the exact
+    optimum of its buffer (replayed against the 2-D brute force on small buffers)."""
+    rng = np.random.default_rng(5)
+    tokens, units = _qwen_like(rng, 300, GRAN, MAX_TOKENS // GRAN)
+    cfg = _cfg(buffer_size=10)
+    plan = plan_packs(tokens, units, units > 0, cfg, 4 * MAX_TOKENS)
+    assert plan.unit_axis == "redundant"
+    packs = _packs(plan)
+    assert pack_capacity_ok(tokens, units, packs, MAX_TOKENS, 4 * MAX_TOKENS)
+    assert sorted(i for p in packs for i in p) == list(range(300))
+    # replay the buffer policy with the brute force over the exact patch counts
+    qw = -(-tokens // GRAN)
+    buf, pos, k = [], 0, 0
+    while k < len(packs) - 8 - 10:  # the tail (last 8 + flush packs) is re-optimized; compare the regular packs
+        while len(buf) < 10 and pos < 300:
+            buf.append(pos)
+            pos += 1
+        b = np.array(buf)
+        value = tokens[b] + cfg.vision_weight * units[b]
+        _, chosen = brute_force_knapsack(qw[b], units[b], value, MAX_TOKENS // GRAN, 4 * MAX_TOKENS)
+        assert b[chosen].tolist() == packs[k]
+        buf = b[~chosen].tolist()
+        k += 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 9), st.integers(-3, 2**31 - 1)), max_size=12),
+       st.integers(0, 2**32 - 1))
+def test_gather_runs_matches_its_twin(runs, seed):
+    """Runs copied into place (in a shuffled order, with additions that may wrap int32),
+    as the slow twin does it."""
+    rng = np.random.default_rng(seed)
+    src = rng.integers(-2**31, 2**31, 60).astype(np.int32)
+    starts = np.array([min(a, 60 - n) for a, n, _ in runs], dtype=np.int64)
+    lengths = np.array([n for _, n, _ in runs], dtype=np.int64)
+    add = np.array([x for _, _, x in runs], dtype=np.int64).astype(np.int32)
+    perm = rng.permutation(len(runs))
+    dst_starts = np.zeros(len(runs), dtype=np.int64)
+    dst_starts[perm] = np.concatenate([[0], np.cumsum(lengths[perm])[:-1]]) if len(runs) else []
+    total = int(lengths.sum())
+    got, want = np.full(total, 7, np.int32), np.full(total, 7, np.int32)
+    with np.errstate(over="ignore"):
+        gather_runs(src, starts, lengths, dst_starts, add, got)
+    naive_gather_runs(src, starts, lengths, dst_starts, add, want)
+    assert (got == want).all()
+    with pytest.raises(ValueError):
+        gather_runs(src, np.array([55]), np.array([6]), np.array([0]), np.array([0], np.int32), got)
 
 
 def _tokenized_table(lengths, kinds):
