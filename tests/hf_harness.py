@@ -81,6 +81,46 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
     return path
 
 
+def noise_image(path: Path, size: tuple[int, int], seed: int) -> str:
+    """A seeded random-noise image of ``size`` (width, height) at ``path``; returns its file name."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
+    return path.name
+
+
+def standard_corpus(root: Path) -> dict:
+    """The corpus the family tests share: text-only, one image over two turns, a large image (640x480,
+    capped by the family's resize settings), two images in one sample, a 2 s video and a 3-branch tree.
+
+    Returns ``{"root": root, "inputs": [data.jsonl, tree.jsonl]}``.
+    """
+    from video_fixtures import write_video
+
+    small = noise_image(root / "small.png", (84, 56), 1)
+    wide = noise_image(root / "wide.png", (150, 90), 2)
+    big = noise_image(root / "big.jpg", (640, 480), 3)
+    write_video(root / "clip.mp4", n_frames=20, fps=10, size=(64, 48))
+    records = [
+        {"id": "text", "conversations": [{"from": "human", "value": "Say hi."}, {"from": "gpt", "value": "Hi there."}]},
+        {"id": "one", "image": small, "conversations": [
+            {"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": "Noise."},
+            {"from": "human", "value": "Sure?"}, {"from": "gpt", "value": "Quite."}]},
+        {"id": "big", "image": big, "conversations": [
+            {"from": "human", "value": "Describe <image> briefly."}, {"from": "gpt", "value": "Static."}]},
+        {"id": "two", "image": [small, wide], "conversations": [
+            {"from": "human", "value": "<image> and <image>: same?"}, {"from": "gpt", "value": "No."}]},
+        {"id": "clip", "video": "clip.mp4", "conversations": [
+            {"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "It brightens."}]},
+    ]
+    tree = [{"id": "tree", "image": wide, "message_list": [
+        {"question": "Colour?", "answer": "Many.", "style": "user_qa"},
+        {"question": "Shape?", "answer": "A wide box.", "style": "user_qa"},
+        {"messages": ["Size?", "Small.", "Exactly?", "150 by 90."]}]}]
+    return {"root": root, "inputs": [write_jsonl(root / "data.jsonl", records), write_jsonl(root / "tree.jsonl", tree)]}
+
+
 def build(tmp: Path, inputs: list[Path], media_root: Path, *, max_tokens: int, tokenize: dict, pack: dict | None = None,
           name: str = "packed") -> Path:
     """Tokenize ``inputs`` and pack them with the library; returns the packed directory."""

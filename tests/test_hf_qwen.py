@@ -17,9 +17,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("torchvision")
 
-from hf_harness import RTOL, build, byte_tokenizer, compare, token_id, vocab_size, write_jsonl  # noqa: E402
-from PIL import Image  # noqa: E402
-from video_fixtures import write_video  # noqa: E402
+from hf_harness import RTOL, build, byte_tokenizer, compare, standard_corpus, token_id, vocab_size  # noqa: E402
 
 from packtool.errors import ConfigError, InputError  # noqa: E402
 from packtool.reader import PackedDataset  # noqa: E402
@@ -33,36 +31,11 @@ MAX_PIXELS = 28 * 28 * 24
 MAX_TOKENS = 400
 
 
-def _image(path: Path, size: tuple[int, int], seed: int) -> str:
-    rng = np.random.default_rng(seed)
-    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
-    return path.name
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("qwen-corpus")
-    small = _image(root / "small.png", (84, 56), 1)
-    wide = _image(root / "wide.png", (150, 90), 2)
-    big = _image(root / "big.jpg", (640, 480), 3)  # capped by --max-pixels
-    write_video(root / "clip.mp4", n_frames=20, fps=10, size=(64, 48))
-    records = [
-        {"id": "text", "conversations": [{"from": "human", "value": "Say hi."}, {"from": "gpt", "value": "Hi there."}]},
-        {"id": "one", "image": small, "conversations": [
-            {"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": "Noise."},
-            {"from": "human", "value": "Sure?"}, {"from": "gpt", "value": "Quite."}]},
-        {"id": "big", "image": big, "conversations": [
-            {"from": "human", "value": "Describe <image> briefly."}, {"from": "gpt", "value": "Static."}]},
-        {"id": "two", "image": [small, wide], "conversations": [
-            {"from": "human", "value": "<image> and <image>: same?"}, {"from": "gpt", "value": "No."}]},
-        {"id": "clip", "video": "clip.mp4", "conversations": [
-            {"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "It brightens."}]},
-    ]
-    tree = [{"id": "tree", "image": wide, "message_list": [
-        {"question": "Colour?", "answer": "Many.", "style": "user_qa"},
-        {"question": "Shape?", "answer": "A wide box.", "style": "user_qa"},
-        {"messages": ["Size?", "Small.", "Exactly?", "150 by 90."]}]}]
-    return {"root": root, "inputs": [write_jsonl(root / "data.jsonl", records), write_jsonl(root / "tree.jsonl", tree)]}
+    # video at 0.0 and 2.0 s under --max-frames 2 (molmo2); the 640x480 image is capped by --max-pixels
+    # (qwen) or cut into 1x2 tiles under --max-crops 2 (molmo2)
+    return standard_corpus(tmp_path_factory.mktemp("qwen-corpus"))
 
 
 @pytest.fixture(scope="module")
