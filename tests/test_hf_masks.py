@@ -103,3 +103,16 @@ def test_docstring_examples():
     for mod in (hf, qwen):
         failed, _ = doctest.testmod(mod)
         assert failed == 0, mod.__name__
+
+
+def test_block_mask_pickles_for_dataloader_workers():
+    """A BlockMask made in a DataLoader worker travels to the trainer by pickle."""
+    import pickle
+
+    sub = np.repeat(np.arange(3) * 100000 + 10000, 100)[None]
+    bm = block_mask(sub, block_size=32)
+    back = pickle.loads(pickle.dumps(bm))
+    q, k = torch.arange(300)[:, None], torch.arange(300)[None, :]
+    zero = torch.tensor(0)
+    assert torch.equal(back.mask_mod(zero, zero, q, k), bm.mask_mod(zero, zero, q, k))
+    assert torch.equal(back.kv_num_blocks, bm.kv_num_blocks)

@@ -293,18 +293,30 @@ def block_mask(subsegment_ids: np.ndarray, *, media: Sequence[Sequence[dict]] | 
     sample = torch.as_tensor(sample_np, device=device)
     groups = torch.as_tensor(groups_np, device=device) if vision != "causal" or blocks is not None else None
 
-    def mask_mod(bi, h, q, k):
-        same = sample[bi, q] == sample[bi, k]
-        allowed = (k <= q) & (sub[bi, q] <= sub[bi, k]) & same
-        if groups is not None:
-            allowed = allowed | (same & (groups[bi, q] >= 0) & (groups[bi, q] == groups[bi, k]))
-        return allowed
-
     def t(a):
         return torch.as_tensor(a, device=device)
 
     return BlockMask.from_kv_blocks(t(kv_num), t(kv_idx), t(full_num), t(full_idx), BLOCK_SIZE=block_size,
-                                    mask_mod=mask_mod, seq_lengths=(length, length))
+                                    mask_mod=SubsegmentMaskMod(sub, sample, groups), seq_lengths=(length, length))
+
+
+class SubsegmentMaskMod:
+    """The ``mask_mod`` of :func:`block_mask`: the attention rule over ``(B, L)`` id tensors.
+
+    A module-level callable rather than a closure, so a ``BlockMask`` made in a DataLoader
+    worker pickles to the training process.
+    """
+
+    def __init__(self, sub, sample, groups=None) -> None:
+        self.sub, self.sample, self.groups = sub, sample, groups
+
+    def __call__(self, bi, h, q, k):
+        same = self.sample[bi, q] == self.sample[bi, k]
+        allowed = (k <= q) & (self.sub[bi, q] <= self.sub[bi, k]) & same
+        if self.groups is not None:
+            g = self.groups
+            allowed = allowed | (same & (g[bi, q] >= 0) & (g[bi, q] == g[bi, k]))
+        return allowed
 
 
 def _classify_blocks(sample: np.ndarray, sub: np.ndarray, groups: np.ndarray, bs: int) -> np.ndarray:
