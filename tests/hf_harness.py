@@ -160,6 +160,12 @@ def _rel(a, b) -> float:
     return float(torch.max(torch.abs(a - b))) / max(scale, 1e-12) if a.numel() else 0.0
 
 
+def boolean_mask(inputs: dict) -> dict:
+    """A deliberately wrong input: eager attention's additive mask swapped for the boolean form sdpa reads
+    (eager adds the mask to the scores, so this is silently wrong)."""
+    return {**inputs, "attention_mask": inputs["attention_mask"] == 0}
+
+
 def alone_rows(row: dict) -> list[tuple[np.ndarray, dict]]:
     """Each sample of a packed row, and each branch with its prefix, as ``(row positions, alone row)``.
 

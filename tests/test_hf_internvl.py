@@ -25,6 +25,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("torchvision")
 
 from hf_harness import (  # noqa: E402
+    boolean_mask,
     build,
     byte_tokenizer,
     compare,
@@ -200,10 +201,7 @@ def test_varlen_inputs_equal_alone_without_trees(packs):
 
 def test_boolean_mask_with_eager_fails_the_comparison(packs):
     """Eager attention adds its mask to the scores: a boolean mask there is silently wrong."""
-    def boolean(inputs):
-        return {**inputs, "attention_mask": inputs["attention_mask"] == 0}
-
-    rep = compare(tiny_model(packs["tokenizer"], "eager"), packs["small"], "eager", mutate=boolean)
+    rep = compare(tiny_model(packs["tokenizer"], "eager"), packs["small"], "eager", mutate=boolean_mask)
     assert not rep.ok() and rep.logits > 1e-3, rep
 
 

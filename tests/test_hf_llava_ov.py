@@ -24,9 +24,8 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("torchvision")
 
 from hf_harness import (  # noqa: E402
-    RTOL,
-    _rel,
     alone_rows,
+    boolean_mask,
     build,
     byte_tokenizer,
     compare,
@@ -39,7 +38,7 @@ from video_fixtures import write_video  # noqa: E402
 
 from packtool.errors import ConfigError, InputError  # noqa: E402
 from packtool.reader import PackedDataset, decode_image, decode_video  # noqa: E402
-from packtool.reader.hf import get_family_inputs, llava_ov, loss_tokens, model_inputs  # noqa: E402
+from packtool.reader.hf import get_family_inputs, llava_ov, model_inputs  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>"]
 MAX_TOKENS = 3072
@@ -113,25 +112,6 @@ def tiny_model(tok: Path, attn: str = "sdpa", seed: int = 0, **overrides):
     return model
 
 
-def forward_compare(model, packed: Path) -> tuple[float, float]:
-    """The harness's comparison without gradients: ``(loss, logits)`` largest relative differences."""
-    attn = model.config.text_config._attn_implementation
-    rows = list(PackedDataset(packed, shuffle=False))
-    n_items = loss_tokens(rows)
-    family = get_family_inputs(rows[0]["vision"], model.config)
-    with torch.no_grad():
-        out = model(**model_inputs(rows, attn_implementation=attn, config=model.config))
-        packed_loss, alone_loss, worst = float(out.loss) * n_items, 0.0, 0.0
-        for i, row in enumerate(rows):
-            for idx, alone in alone_rows(row):
-                ids, tgt = torch.from_numpy(alone["input_ids"])[None], torch.from_numpy(alone["target_ids"])[None]
-                o = model(input_ids=ids, labels=tgt, shift_labels=tgt, num_items_in_batch=torch.tensor(n_items),
-                          use_cache=False, **family.pixels([alone], None))
-                alone_loss += float(o.loss) * n_items
-                worst = max(worst, _rel(out.logits[i, torch.from_numpy(idx)], o.logits[0]))
-    return abs(packed_loss - alone_loss) / abs(alone_loss), worst
-
-
 # ---------------------------------------------------------------------------- packed == alone
 
 
@@ -162,8 +142,8 @@ def test_packed_equals_alone_flex_forward(packs):
     """flex attention (text model; the SigLIP tower keeps sdpa, it sees no packing): same loss and logits."""
     model = tiny_model(packs["tokenizer"], "sdpa")
     model.set_attn_implementation({"text_config": "flex_attention", "vision_config": "sdpa"})
-    loss, logits = forward_compare(model, packs["packed"])
-    assert loss <= RTOL and logits <= RTOL, (loss, logits)
+    rep = compare(model, packs["packed"], "flex_attention", grads=False)
+    assert rep.ok(), f"flex_attention: {rep}"
 
 
 def test_flex_block_mask_is_the_sdpa_mask(packs):
@@ -192,10 +172,7 @@ def test_varlen_inputs_equal_alone_without_trees(packs, corpus, tmp_path):
 
 def test_boolean_mask_with_eager_fails_the_comparison(packs):
     """Eager attention adds its mask to the scores: a boolean mask there is silently wrong."""
-    def boolean(inputs):
-        return {**inputs, "attention_mask": inputs["attention_mask"] == 0}
-
-    rep = compare(tiny_model(packs["tokenizer"], "eager"), packs["mini"], "eager", mutate=boolean)
+    rep = compare(tiny_model(packs["tokenizer"], "eager"), packs["mini"], "eager", mutate=boolean_mask)
     assert not rep.ok() and rep.logits > 1e-3, rep
 
 

@@ -17,7 +17,16 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("torchvision")
 
-from hf_harness import RTOL, build, byte_tokenizer, compare, standard_corpus, token_id, vocab_size  # noqa: E402
+from hf_harness import (  # noqa: E402
+    RTOL,
+    boolean_mask,
+    build,
+    byte_tokenizer,
+    compare,
+    standard_corpus,
+    token_id,
+    vocab_size,
+)
 
 from packtool.errors import ConfigError, InputError  # noqa: E402
 from packtool.reader import PackedDataset  # noqa: E402
@@ -126,10 +135,7 @@ def test_boolean_mask_with_eager_fails_the_comparison(packs):
     """Eager attention adds its mask to the scores: a boolean mask there is silently wrong."""
     model = tiny_model("qwen2.5-vl", packs["tokenizer"], "eager")
 
-    def boolean(inputs):
-        return {**inputs, "attention_mask": inputs["attention_mask"] == 0}
-
-    rep = compare(model, packs["qwen2.5-vl"], "eager", mutate=boolean)
+    rep = compare(model, packs["qwen2.5-vl"], "eager", mutate=boolean_mask)
     assert not rep.ok() and rep.logits > 1e-3, rep
 
 
