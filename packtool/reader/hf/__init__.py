@@ -48,7 +48,7 @@ import numpy as np
 
 from ...errors import ConfigError, InputError
 from ...schema import PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
-from .. import IGNORE_INDEX, attention_mask, collate, decode_image
+from .. import IGNORE_INDEX, _has_trees, attention_mask, collate, decode_image
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
@@ -85,7 +85,6 @@ class FamilyInputs:
         model_class: the ``transformers`` class these inputs are for.
         vision_attention: how the model lets vision tokens attend, as
             :func:`packtool.reader.attention_mask` ``vision=`` (``"causal"``: like text).
-        mrope: positions are ``(3 or 4, B, L)`` rather than ``(B, L)``.
         attn_implementations: the forms the model class accepts (``transformers``
             refuses flex attention for some classes).
         placeholder_ids: media spans start with the config's image / video token id.
@@ -94,7 +93,6 @@ class FamilyInputs:
     name = ""
     model_class = ""
     vision_attention = "causal"
-    mrope = False
     attn_implementations: tuple[str, ...] = ATTN_IMPLEMENTATIONS
     #: media spans start with the config's ``image_token_id`` / ``video_token_id`` (checked by
     #: :meth:`check_token_ids` when a config is given)
@@ -367,14 +365,6 @@ def _block_overlay(blocks: np.ndarray, subsegment_ids: np.ndarray) -> np.ndarray
     return same & (sample[:, :, None] == sample[:, None, :])
 
 
-def _has_trees(rows: Sequence[dict]) -> bool:
-    for r in rows:
-        sub = np.asarray(r["subsegment_ids"], dtype=np.int64)
-        if np.any((sub >= 0) & (sub % SUBSEGMENT_STRIDE != PREFIX_SUBSEGMENT)):
-            return True
-    return False
-
-
 def _concat_rows(rows: Sequence[dict]) -> dict:
     """Rows laid end to end as one row (the padding-free batch varlen kernels read)."""
     out: dict[str, Any] = {"pack_index": rows[0].get("pack_index"), "vision": rows[0].get("vision"), "media": [],
@@ -462,7 +452,7 @@ def model_inputs(rows: Sequence[dict], *, attn_implementation: str = "sdpa", med
         )
     family.check_token_ids(rows)
     if attn_implementation in _VARLEN:
-        if _has_trees(rows):
+        if any(_has_trees(np.asarray(r["subsegment_ids"], dtype=np.int64)) for r in rows):
             raise InputError(
                 f"packs {[r.get('pack_index') for r in rows]} hold message trees, which {attn_implementation} "
                 "cannot express (varlen kernels would let branches see each other); use sdpa, eager or flex_attention, "

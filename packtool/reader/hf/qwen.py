@@ -116,7 +116,6 @@ class Qwen2VLInputs(FamilyInputs):
 
     name = "qwen2-vl"
     model_class = "Qwen2VLForConditionalGeneration"
-    mrope = True
     placeholder_ids = True
     # transformers' Qwen-VL classes refuse flex attention (no _supports_flex_attn)
     attn_implementations = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
