@@ -29,11 +29,11 @@ from hf_harness import (  # noqa: E402
     build,
     byte_tokenizer,
     compare,
+    noise_image,
     token_id,
     vocab_size,
     write_jsonl,
 )
-from PIL import Image  # noqa: E402
 from video_fixtures import write_video  # noqa: E402
 
 from packtool.errors import ConfigError, InputError  # noqa: E402
@@ -47,18 +47,12 @@ MAX_FRAMES = 2
 MAX_TOKENS = 1024
 
 
-def _image(path: Path, size: tuple[int, int], seed: int) -> str:
-    rng = np.random.default_rng(seed)
-    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
-    return path.name
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("internvl-corpus")
-    small = _image(root / "small.png", (120, 90), 1)
-    wide = _image(root / "wide.png", (240, 80), 2)  # 3:1 -> 2x1 grid + thumbnail with max_num 2
-    square = _image(root / "square.jpg", (64, 64), 3)
+    small = noise_image(root / "small.png", (120, 90), 1)
+    wide = noise_image(root / "wide.png", (240, 80), 2)  # 3:1 -> 2x1 grid + thumbnail with max_num 2
+    square = noise_image(root / "square.jpg", (64, 64), 3)
     write_video(root / "clip.mp4", n_frames=20, fps=10, size=(64, 48), step=12)
     records = [
         {"id": "text", "conversations": [{"from": "human", "value": "Say hi."}, {"from": "gpt", "value": "Hi there."}]},

@@ -29,11 +29,11 @@ from hf_harness import (  # noqa: E402
     build,
     byte_tokenizer,
     compare,
+    noise_image,
     token_id,
     vocab_size,
     write_jsonl,
 )
-from PIL import Image  # noqa: E402
 from video_fixtures import write_video  # noqa: E402
 
 from packtool.errors import ConfigError, InputError  # noqa: E402
@@ -46,18 +46,12 @@ MAX_FRAMES = 4
 MINI_MAX_TOKENS = 1600
 
 
-def _image(path: Path, size: tuple[int, int], seed: int) -> str:
-    rng = np.random.default_rng(seed)
-    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
-    return path.name
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("llava-ov-corpus")
-    small = _image(root / "small.png", (60, 40), 1)  # one 384 tile: 1261 tokens
-    wide = _image(root / "wide.png", (500, 100), 2)  # tiles to 1x2 crops (3 with the base view): 1334 tokens
-    square = _image(root / "square.jpg", (50, 50), 3)
+    small = noise_image(root / "small.png", (60, 40), 1)  # one 384 tile: 1261 tokens
+    wide = noise_image(root / "wide.png", (500, 100), 2)  # tiles to 1x2 crops (3 with the base view): 1334 tokens
+    square = noise_image(root / "square.jpg", (50, 50), 3)
     write_video(root / "clip.mp4", n_frames=6, fps=10, size=(64, 48), step=40)  # 4 of 6 frames counted
     records = [
         {"id": "text", "conversations": [{"from": "human", "value": "Say hi."}, {"from": "gpt", "value": "Hi there."}]},

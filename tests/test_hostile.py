@@ -98,21 +98,24 @@ def _corpus(tmp_path: Path, media: Path, n: int) -> Path:
     return jsonl(tmp_path / "in.jsonl", [rec(f"r{i}", conversations=conv(answer="word " * 40)) for i in range(n)])
 
 
+def _long_stage(tmp_path: Path, media: Path, stage: str) -> tuple[list, Path]:
+    """A ``tokenize`` or ``pack`` command (and its output directory) that runs long enough to be
+    interrupted or raced: 3,000 rows, small shards, one worker. For ``pack`` the corpus is tokenized first."""
+    src = _corpus(tmp_path, media, 3000)
+    tok = tmp_path / "tok"
+    if stage == "pack":
+        assert run("tokenize", src, "--media-root", media, "-o", tok, "-q", "--workers", "1").returncode == 0
+        return (["pack", tok, "-o", tmp_path / "packed", "--max-tokens", "512", "--buffer-size", "512", "-q",
+                 "--workers", "1", "--packs-per-shard", "50"], tmp_path / "packed")
+    return ["tokenize", src, "--media-root", media, "-o", tok, "-q", "--workers", "1", "--rows-per-shard", "100"], tok
+
+
 @pytest.mark.parametrize("stage", ["tokenize", pytest.param("pack", marks=pytest.mark.jit)])
 def test_ctrl_c_exits_130_with_a_message_and_the_same_command_resumes(tmp_path, media, stage):
     """SIGINT to the process group (what a terminal's Ctrl-C sends), once the run has started
     (its run.json is written): exit 130, one ``Error:`` line, no traceback; re-running the
     same command finishes with exit 0."""
-    src = _corpus(tmp_path, media, 3000)
-    tok = tmp_path / "tok"
-    if stage == "pack":
-        assert run("tokenize", src, "--media-root", media, "-o", tok, "-q", "--workers", "1").returncode == 0
-        cmd = ["pack", tok, "-o", tmp_path / "packed", "--max-tokens", "512", "--buffer-size", "512", "-q",
-               "--workers", "1", "--packs-per-shard", "50"]
-        out = tmp_path / "packed"
-    else:
-        cmd = ["tokenize", src, "--media-root", media, "-o", tok, "-q", "--workers", "1", "--rows-per-shard", "100"]
-        out = tok
+    cmd, out = _long_stage(tmp_path, media, stage)
     proc = subprocess.Popen([sys.executable, "-m", "packtool", *map(str, cmd)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 60
@@ -802,16 +805,7 @@ def test_a_link_loop_inside_an_input_directory_is_listed_once(tmp_path, media, c
 def test_a_second_run_into_the_same_directory_is_refused_naming_the_first(tmp_path, media, capfd, stage):
     import socket
 
-    src = _corpus(tmp_path, media, 3000)
-    tok = tmp_path / "tok"
-    if stage == "pack":
-        assert run("tokenize", src, "--media-root", media, "-o", tok, "-q", "--workers", "1").returncode == 0
-        cmd = ["pack", tok, "-o", tmp_path / "packed", "--max-tokens", "512", "--buffer-size", "512", "-q",
-               "--workers", "1", "--packs-per-shard", "50"]
-        out = tmp_path / "packed"
-    else:
-        cmd = ["tokenize", src, "--media-root", media, "-o", tok, "-q", "--workers", "1", "--rows-per-shard", "100"]
-        out = tok
+    cmd, out = _long_stage(tmp_path, media, stage)
     first = subprocess.Popen([sys.executable, "-m", "packtool", *map(str, cmd)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
