@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from bench.corpus import make_corpus  # noqa: E402
 from packtool.shards import sha256_file  # noqa: E402
 
 KILLS = 5
+#: Draws of a kill point per kill before the test gives up (a draw past the end of the run is redrawn).
+DRAWS = 20
 #: Kill points come from this seed: a fresh one per session unless PACKTOOL_CRASH_SEED replays one.
 SEED = int(os.environ.get("PACKTOOL_CRASH_SEED") or random.SystemRandom().randrange(2**32))
 
@@ -87,25 +90,32 @@ def test_sigkill_at_random_points_then_resume_gives_identical_shards(setup, stag
     for k in range(KILLS):
         out = base / f"{stage}-{k}"
         cmd = command(stage, src, out, corpus)
-        # a random point of the work itself (start-up is most of a small run's time):
-        # after a random number of finished tasks, plus a random fraction of a task
-        after, extra = rng.randrange(0, n_tasks), rng.uniform(0.0, 0.1)
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        t0 = time.monotonic()
-        while proc.poll() is None and len(list((out / ".packtool").glob("task-*.json"))) < after:
-            time.sleep(0.005)
-        time.sleep(extra)
-        at = time.monotonic() - t0
-        if proc.poll() is None:
-            interrupted += 1
-            # even kills: the whole process group (a job killed); odd: only the driver (its
-            # workers notice and stop on their own)
-            if k % 2 == 0:
-                os.killpg(proc.pid, signal.SIGKILL)
-            else:
-                os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        _wait_for_group_exit(proc.pid)
+        # a random point of the work itself (start-up is most of a small run's time): after a
+        # random number of finished tasks, plus a random fraction of a task. Tasks of a fast stage
+        # can all finish inside that fraction; a draw that lands after the run ended tests
+        # nothing, so it is drawn again (from the same seeded generator) on a fresh directory.
+        for _ in range(DRAWS):
+            after, extra = rng.randrange(0, n_tasks), rng.uniform(0.0, 0.1)
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            t0 = time.monotonic()
+            while proc.poll() is None and len(list((out / ".packtool").glob("task-*.json"))) < after:
+                time.sleep(0.005)
+            time.sleep(extra)
+            at = time.monotonic() - t0
+            landed = proc.poll() is None
+            if landed:
+                # even kills: the whole process group (a job killed); odd: only the driver (its
+                # workers notice and stop on their own)
+                if k % 2 == 0:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                else:
+                    os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            _wait_for_group_exit(proc.pid)
+            if landed:
+                interrupted += 1
+                break
+            shutil.rmtree(out)
         done = len(list((out / ".packtool").glob("task-*.json"))) if (out / ".packtool").is_dir() else 0
         tmp = len(list(out.glob(".*.tmp"))) if out.is_dir() else 0
         print(f"{stage} kill {k} at {at:.2f}s of {times[stage]:.2f}s: {done} tasks marked, {len(visible(out))} shards, "
