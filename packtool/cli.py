@@ -39,7 +39,8 @@ OnErrorChoice = Literal[ON_ERROR]  # type: ignore[valid-type]
 ExifChoice = Literal[EXIF_MODES]  # type: ignore[valid-type]
 ExecutorChoice = Literal["local", "ray"]
 #: What --tokenizer accepts, said once for every command that takes it.
-TOKENIZER_FORMS = ("default: the embedded Qwen2/Qwen2.5 vocabulary; or a tokenizer.json file, a model directory "
+TOKENIZER_FORMS = ("default: the embedded Qwen2/Qwen2.5 vocabulary; qwen3: it with Qwen3's tool and think tokens; "
+                   "or a tokenizer.json file, a model directory "
                    "(its tokenizer.json and tokenizer_config.json), or hf:ORG/NAME from the local Hugging Face "
                    "cache (never downloaded)")
 
@@ -145,6 +146,7 @@ def tokenize(
     max_branches: Annotated[int | None, typer.Option(min=1, help="Branches per message tree; more go to another tree on the same media.")] = None,
     max_tokens: Annotated[int | None, typer.Option(min=1, help="Tokens per message tree; branches beyond go to another tree on the same media.")] = None,
     group_by_media: Annotated[bool, typer.Option("--group-by-media", help="Merge records that use the same media file into one message tree.")] = False,
+    reasoning_loss: Annotated[bool, typer.Option("--reasoning-loss/--no-reasoning-loss", help="Whether kept reasoning (qwen3-vl <think>...</think>) carries loss; the answer always does.")] = True,
     on_error: OnError = "skip",
     workers: Workers = None,
     executor: Executor = "local",
@@ -167,7 +169,8 @@ def tokenize(
                          media_root=str(media_root), system_prompt=system_prompt, min_pixels=min_pixels,
                          max_pixels=max_pixels, max_frames=max_frames, fps=fps, max_crops=max_crops, max_num=max_num,
                          exif=exif, rows_per_shard=rows_per_shard, max_errors=max_errors,
-                         max_branches=max_branches, max_tokens=max_tokens, group_by_media=group_by_media)
+                         max_branches=max_branches, max_tokens=max_tokens, group_by_media=group_by_media,
+                         reasoning_loss=reasoning_loss)
     with _progress("tokenize", quiet) as bar:
         manifest = tokenize_dataset(inputs, output, cfg, progress=bar, overwrite=overwrite, on_error=on_error,
                                     workers=workers, executor=executor, ray_address=ray_address, rank=rank,

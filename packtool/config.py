@@ -63,6 +63,8 @@ class TokenizeConfig(_Digestible):
             tree on the same media (``None``: no cap). Usually the pack's ``--max-tokens``.
         group_by_media: merge separate records that reference the same media file (same
             resolved path or same bytes) into one message tree.
+        reasoning_loss: whether reasoning the template keeps (``qwen3-vl``'s
+            ``<think>…</think>``) carries loss; the answer always does.
     """
 
     model: str = "qwen2.5-vl"
@@ -83,6 +85,7 @@ class TokenizeConfig(_Digestible):
     max_branches: int | None = None
     max_tokens: int | None = None
     group_by_media: bool = False
+    reasoning_loss: bool = True
     _not_digested = ("max_errors",)
 
     def __post_init__(self) -> None:

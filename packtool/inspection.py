@@ -92,8 +92,8 @@ def _resolve_tokenizer(manifest: dict, tok_manifest: dict | None, override: str 
         spec = override
     elif tok_manifest is not None:
         spec = (tok_manifest.get("config") or {}).get("tokenizer")
-    elif recorded.get("name") in (None, "qwen2"):
-        spec = None
+    elif recorded.get("name") in (None, "qwen2", "qwen3"):
+        spec = recorded.get("name")
     else:
         raise ConfigError(f"this directory was tokenized with {recorded.get('name')!r} and the tokenized directory "
                           "is not where the manifest says; pass --tokenizer PATH")

@@ -540,7 +540,8 @@ def _encode_context(cfg: TokenizeConfig):
         family = get_family(cfg.model, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels, max_frames=cfg.max_frames,
                         fps=cfg.fps, max_crops=cfg.max_crops, max_num=cfg.max_num, exif=cfg.exif)
         ctx = EncodeContext(load_tokenizer(cfg.tokenizer), get_template(cfg.template), family, Path(cfg.media_root),
-                            cfg.system_prompt, max_branches=cfg.max_branches, max_tokens=cfg.max_tokens)
+                            cfg.system_prompt, max_branches=cfg.max_branches, max_tokens=cfg.max_tokens,
+                            reasoning_loss=cfg.reasoning_loss)
         _CONTEXTS.clear()
         _CONTEXTS[key] = ctx
     return ctx

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["MediaRef", "Part", "Message", "Sample", "ROLES"]
+__all__ = ["MediaRef", "Part", "Message", "Sample", "ToolCall", "ROLES"]
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +54,41 @@ class Part:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One function call made by the assistant.
+
+    Attributes:
+        name: the function's name.
+        arguments: the decoded JSON object of arguments (inputs that store them as a JSON
+            string are decoded by the reader, so every input shape renders alike).
+        call_id: the call's id where the input gives one (OpenAI ``tool_calls[].id``); used
+            only to check that a tool result answers a call, never rendered.
+    """
+
+    name: str
+    arguments: dict
+    call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
+    """One turn.
+
+    Attributes:
+        role: ``system``, ``user``, ``assistant`` or ``tool`` (a tool result).
+        parts: text and media placeholders.
+        tool_calls: the assistant's function calls, after its text.
+        reasoning: the assistant's reasoning given apart from its text (a
+            ``reasoning_content`` field), or None; reasoning written inline as
+            ``<think>…</think>`` stays in the text and the template splits it off.
+        tool_call_id: for a tool result, the id of the call it answers, where given.
+    """
+
     role: str
     parts: tuple[Part, ...]
+    tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str | None = None
+    tool_call_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +101,8 @@ class Sample:
         source_row: line (JSONL), index (JSON array) or row (Parquet), 0-based.
         media: the media set, in the order placeholders refer to them.
         branches: each branch is a tuple of messages.
+        tools: the function schemas offered to the model (JSON objects, in input order),
+            shared by every branch; empty for none.
     """
 
     sample_id: str
@@ -77,3 +111,4 @@ class Sample:
     media: tuple[MediaRef, ...]
     branches: tuple[tuple[Message, ...], ...]
     meta: dict = field(default_factory=dict, compare=False)
+    tools: tuple[dict, ...] = ()

@@ -31,6 +31,7 @@ The extra trees are counted (``counts["split_extra_trees"]``) and named
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -64,6 +65,7 @@ class EncodeContext:
             to another tree on the same media.
         probe_cache: media probes by path (or inline bytes), shared across batches;
             media files are assumed not to change during a run.
+        reasoning_loss: whether reasoning the template keeps (``<think>…</think>``) carries loss.
     """
 
     tokenizer: Tokenizer
@@ -73,6 +75,7 @@ class EncodeContext:
     system_prompt: str | None = None
     max_branches: int | None = None
     max_tokens: int | None = None
+    reasoning_loss: bool = True
     probe_cache: dict = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -213,7 +216,8 @@ def encode_samples(
             n_images = sum(ref.kind == "image" for ref in s.media)
             probed = [_probe(ref, ctx, n_images) for ref in s.media]
             used: set[int] = set()
-            branches = [_stage(render(messages, system), probed, specials, texts, used) for messages in s.branches]
+            branches = [_stage(render(messages, system, s.tools, ctx.reasoning_loss), probed, specials, texts, used)
+                        for messages in s.branches]
             if len(used) != len(probed):
                 raise SampleError("placeholder_mismatch", f"{len(probed)} media but only {len(used)} placed in the conversation")
             staged.append((s, probed, branches))
@@ -440,7 +444,9 @@ def group_by_media(items: Iterable[Sample | Rejected], media_root: Path,
         if isinstance(item, Rejected) or not item.media:
             order.append(item)
             continue
-        key = tuple(_media_key(ref, media_root) for ref in item.media)
+        # samples offering different tools render different system turns: never one tree
+        key = (tuple(_media_key(ref, media_root) for ref in item.media),
+               json.dumps(item.tools, sort_keys=True, ensure_ascii=False) if item.tools else "")
         at = groups.get(key)
         if at is None:
             groups[key] = len(order)

@@ -40,18 +40,74 @@ ChatML (Qwen2-VL / Qwen2.5-VL), one image, one turn::
 tokenizer's BOS (its generation config sets ``bos_token_id`` to ``<|im_end|>``'s id) and
 moves every media item to the start of the first user turn, where the Molmo2 processor
 puts the image tokens.
+
+**Tool use** (``chatml`` and ``qwen3-vl``: the Qwen function-calling format; every other
+template rejects a sample with tools as ``tools_unsupported``, since its model has no
+published format for them). The function schemas go in the system turn, after the system
+text, as Qwen's chat templates write them (Qwen2.5's for ``chatml``, whose default system
+text with tools is "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+Qwen3's for ``qwen3-vl``, which has none)::
+
+    <|im_start|>system\\nYou are Qwen, ...\\n\\n# Tools\\n\\nYou may call one or more functions ...
+    <tools>\\n{"name": "get_weather", ...}\\n</tools>\\n\\nFor each function call, return a json object
+    with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n
+    {"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n
+    <|im_start|>user\\nWeather in Paris?<|im_end|>\\n
+    <|im_start|>assistant\\n<tool_call>\\n{"name": "get_weather", "arguments": {"city": "Paris"}}\\n</tool_call><|im_end|>\\n
+                          ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^ loss
+    <|im_start|>user\\n<tool_response>\\n{"temp_c": 18}\\n</tool_response><|im_end|>\\n
+    <|im_start|>assistant\\n18 °C.<|im_end|>\\n
+                          ^^^^^^^^^^^^^^^^ loss
+
+Consecutive tool results share one user turn, one ``<tool_response>`` block each. JSON is
+written as the templates' ``tojson`` writes it (``json.dumps``: ``", "`` and ``": "``
+separators, non-ASCII kept). ``<tool_call>`` / ``</tool_call>`` (and for ``qwen3-vl``
+``<tool_response>`` / ``</tool_response>``) are single tokens of the model's vocabulary
+(:attr:`Template.markers`), looked up like every special token.
+
+**Reasoning** (``qwen3-vl`` only). When any assistant turn of a conversation has reasoning
+(a ``reasoning_content`` field, or ``<think>…</think>`` in its text) the conversation is
+rendered as Qwen3's thinking template does: after the last real user query, an assistant
+turn keeps its reasoning as ``<think>\\n{reasoning}\\n</think>\\n\\n{answer}`` when it is the
+last turn or has reasoning; every earlier turn's reasoning is dropped. Whether the
+``<think>…</think>\\n\\n`` span carries loss is ``reasoning_loss`` (``--reasoning-loss``, the
+default, or ``--no-reasoning-loss``). A conversation with no reasoning renders as before.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from .errors import ConfigError, SampleError
-from .records import Message
+from .records import Message, ToolCall
 
-__all__ = ["Template", "get_template", "TEMPLATES", "Segment"]
+__all__ = ["Template", "get_template", "TEMPLATES", "Segment", "tojson"]
 
 Segment = tuple[str, str, int, bool]
+
+#: The Qwen2.5 / Qwen3 chat templates' function-calling instructions, word for word;
+#: ``{tools}`` is one JSON schema per line.
+QWEN_TOOLS_BLOCK = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>{tools}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}}\n</tool_call>"
+)
+#: Qwen2.5's system text when tools are offered and the conversation has no system turn.
+QWEN25_TOOLS_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+
+def tojson(value) -> str:
+    """JSON as the chat templates' ``tojson`` filter writes it (transformers: ``json.dumps``,
+    non-ASCII kept, default separators, keys in their order).
+
+    Example:
+        >>> tojson({"city": "Zürich", "days": [1, 2]})
+        '{"city": "Zürich", "days": [1, 2]}'
+    """
+    return json.dumps(value, ensure_ascii=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +127,13 @@ class Template:
             assistant's (``bad_turn_order``).
         hoist_media: move all media to the start of the first user turn.
         newline_roles: roles whose turns end with ``turn_newline``.
+        tool_format: ``"qwen2.5"`` or ``"qwen3"`` (the Qwen function-calling format, with
+            that version's system rule), or ``""``: the model has none (``tools_unsupported``).
+        markers: the tool and reasoning tags that are single tokens of the model's
+            vocabulary (rendered as special tokens; any other tag is ordinary text).
+        reasoning: render reasoning as Qwen3's thinking template does (else a
+            ``reasoning_content`` field is ``reasoning_unsupported``).
+        model: the model family the template is for, named in messages.
     """
 
     name: str
@@ -83,56 +146,174 @@ class Template:
     require_user_first: bool = True
     hoist_media: bool = False
     newline_roles: tuple[str, ...] = ("system", "user", "assistant")
+    tool_format: str = ""
+    markers: tuple[str, ...] = ()
+    reasoning: bool = False
+    model: str = ""
 
-    def render(self, messages: tuple[Message, ...], system_prompt: str | None = None) -> list[Segment]:
+    def render(self, messages: tuple[Message, ...], system_prompt: str | None = None, tools: tuple[dict, ...] = (),
+               reasoning_loss: bool = True) -> list[Segment]:
         """Segments of one conversation branch.
 
         Args:
             messages: the branch's turns.
             system_prompt: overrides :attr:`default_system` (``""`` for none); a
                 conversation's own system turn always wins.
+            tools: the function schemas offered to the model (the sample's).
+            reasoning_loss: whether kept reasoning (``<think>…</think>``) carries loss.
 
         Raises:
-            SampleError: ``empty_conversation``, ``unknown_role``, ``bad_turn_order``, ``no_loss``.
+            SampleError: ``empty_conversation``, ``unknown_role``, ``bad_turn_order``, ``no_loss``,
+                ``tools_unsupported``, ``reasoning_unsupported``, ``orphan_tool_result``.
         """
         if not messages:
             raise SampleError("empty_conversation", "the conversation has no turns")
+        msgs = list(messages)
+        self._check_tools(msgs, tools)
         segs: list[Segment] = []
         if self.bos:
             segs.append(("special", self.bos, 1, False))
-        msgs = list(messages)
         if self.hoist_media:
             msgs = _hoist_media(msgs)
-        system = self.default_system if system_prompt is None else system_prompt
-        if msgs[0].role != "system" and system:
-            self._turn(segs, "system", [("text", system, 1, False)])
+        has_system = msgs[0].role == "system"
+        if tools:
+            self._tools_system(segs, msgs[0] if has_system else None, system_prompt, tools)
+        elif not has_system:
+            system = self.default_system if system_prompt is None else system_prompt
+            if system:
+                self._turn(segs, "system", [("text", system, 1, False)])
+        think = self.reasoning and any(m.role == "assistant" and (m.reasoning is not None or "</think>" in _text(m))
+                                       for m in msgs)
+        last_query = _last_query(msgs) if think else len(msgs)
         seen_user = False
         has_loss = False
-        for i, msg in enumerate(msgs):
+        i = 0
+        while i < len(msgs):
+            msg = msgs[i]
             role = msg.role
             if role == "system":
                 if i != 0:
                     raise SampleError("bad_turn_order", f"system turn at position {i}; only the first turn may be system")
+                if not tools:
+                    self._turn(segs, "system", _body(msg, False))
             elif role == "user":
                 seen_user = True
+                self._turn(segs, "user", _body(msg, False))
             elif role == "assistant":
                 if self.require_user_first and not seen_user:
                     raise SampleError("bad_turn_order", f"an assistant turn comes before any user turn, which template {self.name!r} forbids")
                 has_loss = True
+                keep = think and i > last_query and (i == len(msgs) - 1 or bool(_split_reasoning(msg)[0]))
+                self._turn(segs, "assistant", self._assistant_body(msg, think, keep, reasoning_loss))
+            elif role == "tool":
+                # consecutive results share one user turn, one <tool_response> block each
+                j = i
+                body: list[Segment] = []
+                while j < len(msgs) and msgs[j].role == "tool":
+                    if j > i:
+                        body.append(("text", "\n", 1, False))
+                    body.append(self._marker("<tool_response>", False))
+                    body.append(("text", "\n", 1, False))
+                    body.extend(_body(msgs[j], False))
+                    body.append(("text", "\n", 1, False))
+                    body.append(self._marker("</tool_response>", False))
+                    j += 1
+                self._turn(segs, "user", body)
+                i = j
+                continue
             else:
                 raise SampleError("unknown_role", f"turn {i} has role {role!r}")
-            loss = role == "assistant"
-            body = []
-            for part in msg.parts:
-                if part.kind == "text":
-                    if part.text:
-                        body.append(("text", part.text, 1, loss))
-                else:
-                    body.append(("media", part.kind, part.index, False))
-            self._turn(segs, role, body)
+            i += 1
         if not has_loss:
             raise SampleError("no_loss", "the conversation has no assistant turn, so nothing to learn from")
         return segs
+
+    def _check_tools(self, msgs: list[Message], tools: tuple[dict, ...]) -> None:
+        """Refuse what this template cannot render; every tool result must answer a call."""
+        uses_tools = bool(tools) or any(m.role == "tool" or m.tool_calls for m in msgs)
+        if uses_tools and not self.tool_format:
+            raise SampleError("tools_unsupported", f"the sample uses tools, but template {self.name!r} ({self.model}) has no "
+                                                   "tool-call format; use --template chatml or qwen3-vl, or drop the tool turns")
+        if not self.reasoning and any(m.reasoning is not None for m in msgs):
+            raise SampleError("reasoning_unsupported", f"an assistant turn has reasoning_content, which template "
+                                                       f"{self.name!r} ({self.model}) has no format for; use --template "
+                                                       "qwen3-vl, or put the reasoning in the text")
+        calls: tuple[ToolCall, ...] = ()
+        answered = 0
+        for i, m in enumerate(msgs):
+            if m.role == "tool":
+                if not calls:
+                    raise SampleError("orphan_tool_result", f"turn {i} is a tool result with no tool call before it")
+                answered += 1
+                if answered > len(calls):
+                    raise SampleError("orphan_tool_result", f"turn {i} is tool result {answered} after an assistant "
+                                                            f"turn that made {len(calls)} call(s)")
+                ids = {c.call_id for c in calls if c.call_id is not None}
+                if m.tool_call_id is not None and ids and m.tool_call_id not in ids:
+                    raise SampleError("orphan_tool_result", f"turn {i} answers tool call {m.tool_call_id!r}, which the "
+                                                            f"assistant turn before it did not make ({', '.join(sorted(ids))})")
+            else:
+                calls, answered = (m.tool_calls if m.role == "assistant" else ()), 0
+
+    def _marker(self, tag: str, loss: bool) -> Segment:
+        return ("special" if tag in self.markers else "text", tag, 1, loss)
+
+    def _marked(self, text: str, loss: bool) -> list[Segment]:
+        """Template-written ``text`` with its vocabulary tags (:attr:`markers`) as tokens."""
+        out: list[Segment] = []
+        pos = 0
+        while True:
+            hits = [(text.find(tag, pos), tag) for tag in self.markers if text.find(tag, pos) >= 0]
+            if not hits:
+                break
+            at, tag = min(hits)
+            if at > pos:
+                out.append(("text", text[pos:at], 1, loss))
+            out.append(("special", tag, 1, loss))
+            pos = at + len(tag)
+        if pos < len(text):
+            out.append(("text", text[pos:], 1, loss))
+        return out
+
+    def _tools_system(self, segs: list[Segment], system: Message | None, system_prompt: str | None,
+                      tools: tuple[dict, ...]) -> None:
+        """The system turn with the tools block, as the template's model writes it."""
+        block = QWEN_TOOLS_BLOCK.format(tools="".join("\n" + tojson(t) for t in tools))
+        if system is not None:
+            body = _body(system, False)
+            body.append(("text", "\n\n", 1, False))
+        else:
+            text = system_prompt if system_prompt is not None else (
+                QWEN25_TOOLS_SYSTEM if self.tool_format == "qwen2.5" else self.default_system)
+            # Qwen2.5 always writes a system text before the block; Qwen3 only a given one
+            body = [("text", text + "\n\n", 1, False)] if text or self.tool_format == "qwen2.5" else []
+        body.extend(self._marked(block, False))
+        self._turn(segs, "system", body)
+
+    def _assistant_body(self, msg: Message, think: bool, keep: bool, reasoning_loss: bool) -> list[Segment]:
+        """Reasoning (kept or dropped), the answer, then the calls, all with loss but dropped reasoning."""
+        body: list[Segment] = []
+        if think and all(p.kind == "text" for p in msg.parts):
+            reasoning, content = _split_reasoning(msg)
+            if keep:
+                body.append(self._marker("<think>", reasoning_loss))
+                body.append(("text", "\n" + reasoning.strip("\n") + "\n", 1, reasoning_loss))
+                body.append(self._marker("</think>", reasoning_loss))
+                body.append(("text", "\n\n", 1, reasoning_loss))
+                if content.lstrip("\n"):
+                    body.append(("text", content.lstrip("\n"), 1, True))
+            elif content:
+                body.append(("text", content, 1, True))
+        else:
+            content = _text(msg)
+            body = _body(msg, True)
+        for k, call in enumerate(msg.tool_calls):
+            if k or content:
+                body.append(("text", "\n", 1, True))
+            body.append(self._marker("<tool_call>", True))
+            body.append(("text", f'\n{{"name": "{call.name}", "arguments": {tojson(call.arguments)}}}\n', 1, True))
+            body.append(self._marker("</tool_call>", True))
+        return body
 
     def _turn(self, segs: list[Segment], role: str, body: list[Segment]) -> None:
         loss = role == "assistant"
@@ -149,6 +330,46 @@ class Template:
                 "loss_on_turn_newline": self.loss_on_turn_newline}
 
 
+def _text(msg: Message) -> str:
+    return "".join(p.text for p in msg.parts if p.kind == "text")
+
+
+def _body(msg: Message, loss: bool) -> list[Segment]:
+    body: list[Segment] = []
+    for part in msg.parts:
+        if part.kind == "text":
+            if part.text:
+                body.append(("text", part.text, 1, loss))
+        else:
+            body.append(("media", part.kind, part.index, False))
+    return body
+
+
+def _split_reasoning(msg: Message) -> tuple[str, str]:
+    """``(reasoning, answer)`` of an assistant turn, split as Qwen3's template splits it.
+
+    Example: ``"<think>\nAdd.\n</think>\n\n4"`` → ``("Add.", "4")``.
+    """
+    text = _text(msg)
+    if msg.reasoning is not None:
+        return msg.reasoning, text
+    if "</think>" in text:
+        head, _, _ = text.partition("</think>")
+        return head.rstrip("\n").split("<think>")[-1].lstrip("\n"), text.split("</think>")[-1].lstrip("\n")
+    return "", text
+
+
+def _last_query(msgs: list[Message]) -> int:
+    """Index of the last user turn that is a real query (not a ``<tool_response>`` wrapper), as
+    Qwen3's template finds it; reasoning is kept only after it."""
+    for i in range(len(msgs) - 1, -1, -1):
+        if msgs[i].role == "user":
+            text = _text(msgs[i])
+            if not (text.startswith("<tool_response>") and text.endswith("</tool_response>")):
+                return i
+    return len(msgs) - 1
+
+
 def _hoist_media(msgs: list[Message]) -> list[Message]:
     media = [p for m in msgs for p in m.parts if p.kind != "text"]
     if not media:
@@ -157,7 +378,8 @@ def _hoist_media(msgs: list[Message]) -> list[Message]:
     first_user = next((i for i, m in enumerate(msgs) if m.role == "user"), None)
     if first_user is None:
         raise SampleError("placeholder_mismatch", "the conversation has media but no user turn to hold them")
-    out = [Message(m.role, tuple(p for p in m.parts if p.kind == "text")) for m in msgs]
+    out = [Message(m.role, tuple(p for p in m.parts if p.kind == "text"), m.tool_calls, m.reasoning, m.tool_call_id)
+           for m in msgs]
     out[first_user] = Message("user", tuple(media) + out[first_user].parts)
     return out
 
@@ -171,6 +393,9 @@ TEMPLATES: dict[str, Template] = {
         header=_CHATML_HEADER,
         turn_end="<|im_end|>",
         turn_newline="\n",
+        tool_format="qwen2.5",
+        markers=("<tool_call>", "</tool_call>"),
+        model="Qwen2-VL / Qwen2.5-VL",
     ),
     "qwen3-vl": Template(
         name="qwen3-vl",
@@ -178,6 +403,10 @@ TEMPLATES: dict[str, Template] = {
         header=_CHATML_HEADER,
         turn_end="<|im_end|>",
         turn_newline="\n",
+        tool_format="qwen3",
+        markers=("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"),
+        reasoning=True,
+        model="Qwen3-VL",
     ),
     "llama3": Template(
         name="llama3",
@@ -186,6 +415,7 @@ TEMPLATES: dict[str, Template] = {
         turn_end="<|eot_id|>",
         turn_newline="",
         bos="<|begin_of_text|>",
+        model="Llama 3",
     ),
     "molmo2": Template(
         name="molmo2",
@@ -195,6 +425,7 @@ TEMPLATES: dict[str, Template] = {
         turn_newline="\n",
         bos="<|im_end|>",
         hoist_media=True,
+        model="Molmo2",
     ),
     "plain": Template(
         name="plain",
@@ -205,6 +436,7 @@ TEMPLATES: dict[str, Template] = {
         loss_on_turn_newline=True,
         require_user_first=False,
         newline_roles=("assistant",),
+        model="LLaVA pretraining",
     ),
 }
 

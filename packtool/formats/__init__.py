@@ -297,8 +297,8 @@ def detect_format(record: dict) -> str:
 
     ``message_list`` → ``molmo``; ``messages`` → ``swift`` (ms-swift and LLaMA-Factory
     role/content records read the same), or ``sharegpt`` when its turns use
-    ``from``/``value``; ``conversations`` with ``images``, ``videos`` or ``system`` →
-    ``sharegpt`` (LLaMA-Factory); other ``conversations`` → ``llava``.
+    ``from``/``value``; ``conversations`` with ``images``, ``videos``, ``system`` or
+    ``tools`` → ``sharegpt`` (LLaMA-Factory); other ``conversations`` → ``llava``.
 
     Example:
         >>> detect_format({"image": "a.jpg", "conversations": []})
@@ -312,7 +312,7 @@ def detect_format(record: dict) -> str:
             return "sharegpt"
         return "swift"
     if "conversations" in record:
-        if "images" in record or "videos" in record or "system" in record:
+        if "images" in record or "videos" in record or "system" in record or "tools" in record:
             return "sharegpt"
         return "llava"
     raise SampleError("bad_record", f"cannot tell the format from keys {sorted(record)[:8]}; "

@@ -14,14 +14,29 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SampleError
-from ..records import MediaRef, Message, Part, Sample
+from ..records import MediaRef, Message, Part, Sample, ToolCall
+from .tools import CALL_ROLES, RESULT_ROLES, parse_call_text, parse_tool_call
 
 __all__ = ["media_ref", "media_refs", "as_list", "check_text", "check_sample", "printable", "sample_id_of",
-           "split_placeholders", "build_sample"]
+           "split_placeholders", "build_sample", "Turn", "read_turns"]
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One turn as a reader found it, before ``<image>``/``<video>`` tags are split out."""
+
+    role: str
+    text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str | None = None
+    tool_call_id: str | None = None
 
 
 def as_list(value) -> list:
@@ -137,7 +152,71 @@ def check_sample(sample: Sample) -> Sample:
             for part in message.parts:
                 if part.kind == "text" and not part.text.isascii():
                     check_text(part.text, f"a {message.role} message")
+            for call in message.tool_calls:
+                check_text(call.name, "a tool call's name")
+                check_text(json.dumps(call.arguments, ensure_ascii=False), f"the arguments of tool call {call.name!r}")
+            if message.reasoning is not None:
+                check_text(message.reasoning, "an assistant's reasoning_content")
+    for i, tool in enumerate(sample.tools):
+        check_text(json.dumps(tool, ensure_ascii=False), f"tools[{i}]")
     return sample
+
+
+def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[str, str],
+               text_of: Callable[[dict, int], str]) -> list[Turn]:
+    """A list of message objects as turns, tool calls and results included (see :mod:`.tools`).
+
+    ``role_map`` maps lower-cased role / ``from`` values of ordinary turns to
+    ``system``/``user``/``assistant``; call and result roles (:data:`.tools.CALL_ROLES`,
+    :data:`.tools.RESULT_ROLES`) are known to every reader. ``text_of(message, i)``
+    returns a message's text with ``<image>``/``<video>`` tags.
+
+    Raises:
+        SampleError: ``bad_record``, ``empty_conversation``, ``unknown_role``,
+            ``bad_tool_call``, ``bad_tool_arguments``, ``bad_encoding``.
+    """
+    if not isinstance(msgs, list):
+        raise SampleError("bad_record", f"record has no {field!r} list")
+    if not msgs:
+        raise SampleError("empty_conversation", f"{field!r} is empty")
+    turns: list[Turn] = []
+    for i, msg in enumerate(msgs):
+        if not isinstance(msg, dict):
+            raise SampleError("bad_record", f"turn {i} is a {type(msg).__name__}, not an object")
+        raw = msg.get(role_key)
+        key = str(raw).lower() if raw is not None else ""
+        if key in CALL_ROLES:
+            lead, calls = parse_call_text(check_text(msg.get(text_key), f"turn {i} {text_key!r}"), f"turn {i} ({raw})")
+            prev = turns[-1] if turns else None
+            if prev is not None and prev.role == "assistant":  # several calls of one assistant turn
+                turns[-1] = Turn("assistant", prev.text + lead, prev.tool_calls + calls, prev.reasoning)
+            else:
+                turns.append(Turn("assistant", lead, calls))
+            continue
+        if key in RESULT_ROLES:
+            call_id = msg.get("tool_call_id")
+            turns.append(Turn("tool", text_of(msg, i), tool_call_id=str(call_id) if call_id is not None else None))
+            continue
+        role = role_map.get(key)
+        if role is None:
+            raise SampleError("unknown_role", f"turn {i} has role {raw!r}")
+        if role != "assistant":
+            turns.append(Turn(role, text_of(msg, i)))
+            continue
+        calls: tuple[ToolCall, ...] = ()
+        listed = msg.get("tool_calls")
+        if listed is not None:
+            if not isinstance(listed, list):
+                raise SampleError("bad_tool_call", f"turn {i} 'tool_calls' must be a list of calls")
+            calls = tuple(parse_tool_call(c, f"turn {i} tool_calls[{k}]") for k, c in enumerate(listed))
+        if msg.get("function_call") is not None:  # OpenAI's legacy single call
+            calls += (parse_tool_call(msg["function_call"], f"turn {i} function_call"),)
+        text = "" if calls and msg.get(text_key) is None else text_of(msg, i)
+        reasoning = msg.get("reasoning_content")
+        if reasoning is not None:
+            reasoning = check_text(reasoning, f"turn {i} 'reasoning_content'")
+        turns.append(Turn("assistant", text, calls, reasoning))
+    return turns
 
 
 def sample_id_of(record: dict, source: str, row: int) -> str:
@@ -185,7 +264,7 @@ def split_placeholders(text: str, counters: dict[str, int], offsets: dict[str, i
 
 
 def build_sample(
-    turns: list[tuple[str, str]],
+    turns: list[tuple[str, str] | Turn],
     images: list[MediaRef],
     videos: list[MediaRef],
     sample_id: str,
@@ -193,8 +272,9 @@ def build_sample(
     row: int,
     strict: bool = False,
     system: str | None = None,
+    tools: tuple[dict, ...] = (),
 ) -> Sample:
-    """One single-branch sample from ``(role, text)`` turns with ``<image>``/``<video>`` tags.
+    """One single-branch sample from ``(role, text)`` turns (or :class:`Turn` s) with ``<image>``/``<video>`` tags.
 
     With ``strict`` the tag count must equal the media count (Qwen-VL finetune,
     ms-swift, LLaMA-Factory); otherwise media without any tag go to the start of the
@@ -210,8 +290,10 @@ def build_sample(
     messages: list[Message] = []
     if system:
         messages.append(Message("system", (Part.of_text(system),)))
-    for role, text in turns:
-        messages.append(Message(role, tuple(split_placeholders(text, counters, offsets))))
+    for turn in turns:
+        t = turn if isinstance(turn, Turn) else Turn(*turn)
+        messages.append(Message(t.role, tuple(split_placeholders(t.text, counters, offsets)), t.tool_calls,
+                                t.reasoning, t.tool_call_id))
     media = tuple(images + videos)
     if not strict and counters["image"] + counters["video"] == 0 and media:
         first_user = next((i for i, m in enumerate(messages) if m.role == "user"), None)
@@ -219,11 +301,11 @@ def build_sample(
             raise SampleError("placeholder_mismatch", "record has media but no user turn to put them in")
         lead = tuple(Part.media(m.kind, i) for i, m in enumerate(media))
         msg = messages[first_user]
-        messages[first_user] = Message(msg.role, lead + msg.parts)
+        messages[first_user] = Message(msg.role, lead + msg.parts, msg.tool_calls, msg.reasoning, msg.tool_call_id)
     elif counters["image"] != len(images) or counters["video"] != len(videos):
         raise SampleError(
             "placeholder_mismatch",
             f"{counters['image']} <image> and {counters['video']} <video> tags for "
             f"{len(images)} images and {len(videos)} videos",
         )
-    return Sample(sample_id, source, row, media, (tuple(messages),))
+    return Sample(sample_id, source, row, media, (tuple(messages),), tools=tools)

@@ -11,27 +11,40 @@ prompt. ``images`` and ``videos`` list media; every one needs an ``<image>`` /
                   {"role": "assistant", "content": "Two football players."}],
      "images": ["mllm_demo_data/1.jpg"]}
 
-Tool turns (``function_call``, ``observation``, ``tool``) are rejected as ``unknown_role``.
+Tool use as LLaMA-Factory stores it: ``function_call`` turns (a JSON call, or a list of
+them) and ``observation`` turns (the results), with the function schemas in a ``tools``
+column (a JSON string of the list); see :mod:`.tools` for every accepted shape.
+``reasoning_content`` on an assistant turn is its reasoning.
+
+    {"conversations": [{"from": "human", "value": "Weather in Paris?"},
+                       {"from": "function_call", "value": "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}"},
+                       {"from": "observation", "value": "{\"temp_c\": 18}"},
+                       {"from": "gpt", "value": "18 °C."}],
+     "tools": "[{\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\"}}]"}
 """
 
 from __future__ import annotations
 
 from ..errors import SampleError
 from ..records import Sample
-from .common import build_sample, check_text, media_refs, sample_id_of
-from .llava import parse_turns
+from .common import Turn, build_sample, check_text, media_refs, read_turns, sample_id_of
+from .llava import ROLE_MAP
+from .tools import parse_tools
 
 __all__ = ["parse", "conversation_turns"]
 
 
-def conversation_turns(record: dict) -> tuple[list[tuple[str, str]], str]:
+def conversation_turns(record: dict) -> tuple[list[Turn], str]:
     """``(turns, field)`` from ``conversations`` or ``messages``, either tag style."""
     field = "conversations" if "conversations" in record else "messages"
     convs = record.get(field)
     first = convs[0] if isinstance(convs, list) and convs and isinstance(convs[0], dict) else {}
-    if "from" in first or "value" in first:
-        return parse_turns(convs, "from", "value", field), field
-    return parse_turns(convs, "role", "content", field), field
+    role_key, text_key = ("from", "value") if "from" in first or "value" in first else ("role", "content")
+
+    def text_of(msg: dict, i: int) -> str:
+        return check_text(msg.get(text_key), f"turn {i} {text_key!r}")
+
+    return read_turns(convs, role_key, text_key, field, ROLE_MAP, text_of), field
 
 
 def parse(record: dict, source: str, row: int) -> Sample:
@@ -43,4 +56,4 @@ def parse(record: dict, source: str, row: int) -> Sample:
         system = check_text(system, "'system'") or None
     images, videos = media_refs(record, ("images", "image"), ("videos", "video"))
     return build_sample(turns, images, videos, sample_id_of(record, source, row), source, row,
-                        strict=True, system=system)
+                        strict=True, system=system, tools=parse_tools(record.get("tools")))

@@ -14,15 +14,20 @@ the start of the first user turn; a record with some tags must tag every item.
 Content may also be a list of typed parts (``{"type": "text", "text"}``,
 ``{"type": "image"}``, ``{"type": "video"}``), the OpenAI / transformers chat style;
 each image or video part stands for the next item of ``images`` / ``videos``.
-``tools``, ``objects``, ``rejected_response`` and ``label`` are ignored.
+
+Tool use: ms-swift's ``tool_call`` / ``tool_response`` roles and OpenAI's assistant
+``tool_calls`` with ``role: "tool"`` results, the function schemas in ``tools`` (a list
+or a JSON string of one); an assistant's ``reasoning_content`` is its reasoning (see
+:mod:`.tools`). ``objects``, ``rejected_response`` and ``label`` are ignored.
 """
 
 from __future__ import annotations
 
 from ..errors import SampleError
 from ..records import Sample
-from .common import build_sample, check_text, media_ref, media_refs, sample_id_of
+from .common import build_sample, check_text, media_ref, media_refs, read_turns, sample_id_of
 from .llava import ROLE_MAP
+from .tools import parse_tools
 
 __all__ = ["parse"]
 
@@ -55,12 +60,10 @@ def parse(record: dict, source: str, row: int) -> Sample:
     if not msgs:
         raise SampleError("empty_conversation", "'messages' is empty")
     images, videos = media_refs(record, ("images", "image"), ("videos", "video"))
-    turns = []
-    for i, msg in enumerate(msgs):
-        if not isinstance(msg, dict):
-            raise SampleError("bad_record", f"message {i} is a {type(msg).__name__}, not an object")
-        role = ROLE_MAP.get(str(msg.get("role", "")).lower())
-        if role is None:
-            raise SampleError("unknown_role", f"message {i} has role {msg.get('role')!r}")
-        turns.append((role, _content_text(msg.get("content"), i, images, videos)))
-    return build_sample(turns, images, videos, sample_id_of(record, source, row), source, row)
+
+    def text_of(msg: dict, i: int) -> str:
+        return _content_text(msg.get("content"), i, images, videos)
+
+    turns = read_turns(msgs, "role", "content", "messages", ROLE_MAP, text_of)
+    return build_sample(turns, images, videos, sample_id_of(record, source, row), source, row,
+                        tools=parse_tools(record.get("tools")))
