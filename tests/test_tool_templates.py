@@ -1,0 +1,327 @@
+"""Tool use and reasoning: golden ids per template, from every input shape, with exact loss.
+
+Worked examples, derived by hand from the published chat templates (Qwen2.5's tool
+template for ``chatml``, Qwen3's for ``qwen3-vl``; both are embedded and run through
+transformers in ``test_tool_templates_crosscheck.py``). Each golden below is the rendered
+string spelled out, then its ids in the real Qwen2 vocabulary (``qwen3`` adds
+``<tool_response>`` 151665, ``</tool_response>`` 151666, ``<think>`` 151667, ``</think>``
+151668). The image is 56x56 px: 4 ``<|image_pad|>`` under the ``qwen2.5-vl`` family, used
+for both templates (the template is what is under test).
+
+Tool conversation (``get_weather`` schema ``{"name": "get_weather", "parameters": {"type":
+"object"}}``)::
+
+    chatml:   <|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\\n\\n
+    qwen3-vl: <|im_start|>system\\n
+              # Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are
+              provided with function signatures within <tools></tools> XML tags:\\n<tools>\\n{"name":
+              "get_weather", "parameters": {"type": "object"}}\\n</tools>\\n\\nFor each function call, return
+              a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n
+              <tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n
+              <|im_start|>user\\n<|vision_start|><|image_pad|>x4<|vision_end|>Weather here?<|im_end|>\\n
+              <|im_start|>assistant\\n<tool_call>\\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\\n
+              </tool_call><|im_end|>\\n
+              <|im_start|>user\\n<tool_response>\\n-3\\n</tool_response><|im_end|>\\n
+              <|im_start|>assistant\\nCold.<|im_end|>\\n
+
+Loss: the call (``<tool_call>`` .. ``</tool_call>``), the answer, and each assistant
+``<|im_end|>``; never the system turn, the tool result or any newline after ``<|im_end|>``.
+
+Reasoning conversation (``qwen3-vl``)::
+
+    <|im_start|>user\\n2+2?<|im_end|>\\n<|im_start|>assistant\\n4<|im_end|>\\n
+    <|im_start|>user\\nTimes 3?<|im_end|>\\n<|im_start|>assistant\\n<think>\\nMultiply.\\n</think>\\n\\n12<|im_end|>\\n
+
+The first turn's reasoning ("Add.") is dropped, as Qwen3's template drops reasoning before
+the last user query. Loss: ``4<|im_end|>`` and ``<think>\\nMultiply.\\n</think>\\n\\n12<|im_end|>``;
+with ``reasoning_loss=False`` the ``<think>…</think>\\n\\n`` span carries none.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from packtool.formats import Rejected, iter_samples, parse_record
+from packtool.rows import EncodeContext, encode_samples
+from packtool.templates import get_template
+from packtool.tokenization import load_tokenizer
+from packtool.vision import get_family
+
+IM_START, IM_END, NL, V_START, V_END, PAD = 151644, 151645, 198, 151652, 151653, 151655
+TOOL_CALL, END_TOOL_CALL = 151657, 151658  # <tool_call>, </tool_call>: in Qwen2.5's vocabulary too
+TOOL_RESPONSE, END_TOOL_RESPONSE, THINK, END_THINK = 151665, 151666, 151667, 151668  # Qwen3's additions
+SYSTEM, USER, ASSISTANT = [8948, 198], [872, 198], [77091, 198]  # "system\n", "user\n", "assistant\n"
+IMAGE = [V_START, PAD, PAD, PAD, PAD, V_END]
+
+# "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n"
+QWEN25_TOOLS_SYSTEM = [2610, 525, 1207, 16948, 11, 3465, 553, 54364, 14817, 13, 1446, 525, 264, 10950, 17847, 382]
+# "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function
+# signatures within <tools></tools> XML tags:\n<tools>\n{"name": "get_weather", "parameters": {"type": "object"}}
+# \n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+TOOLS_1 = [2, 13852, 271, 2610, 1231, 1618, 825, 476, 803, 5746, 311, 7789, 448, 279, 1196, 3239, 382, 2610, 525,
+           3897, 448, 729, 32628, 2878, 366, 15918, 1472, 15918, 29, 11874, 9492, 510, 27, 15918, 397, 4913, 606, 788,
+           330, 455, 69364, 497, 330, 13786, 788, 5212, 1313, 788, 330, 1700, 95642, 522, 15918, 1339, 2461, 1817, 729,
+           1618, 11, 470, 264, 2951, 1633, 448, 729, 829, 323, 5977, 2878, 220]
+TOOLS_2 = [11874, 9492, 510]  # " XML tags:\n"
+# '\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+TOOLS_3 = [198, 4913, 606, 788, 366, 1688, 11494, 8066, 330, 16370, 788, 366, 2116, 56080, 40432, 31296]
+TOOLS_BLOCK = [*TOOLS_1, TOOL_CALL, END_TOOL_CALL, *TOOLS_2, TOOL_CALL, *TOOLS_3, END_TOOL_CALL]
+WEATHER_HERE = [28981, 1588, 30]  # "Weather here?"
+CALL_OSLO = [198, 4913, 606, 788, 330, 455, 69364, 497, 330, 16370, 788, 5212, 8926, 788, 330, 28867, 385, 95642]
+# '\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n'
+COLD = [76418, 13]  # "Cold."
+
+TOOL_TAIL_CHATML = [
+    IM_START, *USER, *IMAGE, *WEATHER_HERE, IM_END, NL,
+    IM_START, *ASSISTANT, TOOL_CALL, *CALL_OSLO, END_TOOL_CALL, IM_END, NL,
+    # "user\n<tool_response>\n-3\n</tool_response>": plain text in Qwen2.5's vocabulary
+    IM_START, 872, 198, 27, 14172, 9655, 397, 12, 18, 198, 522, 14172, 9655, 29, IM_END, NL,
+    IM_START, *ASSISTANT, *COLD, IM_END, NL,
+]
+TOOL_TAIL_QWEN3 = [
+    IM_START, *USER, *IMAGE, *WEATHER_HERE, IM_END, NL,
+    IM_START, *ASSISTANT, TOOL_CALL, *CALL_OSLO, END_TOOL_CALL, IM_END, NL,
+    IM_START, *USER, TOOL_RESPONSE, NL, 12, 18, NL, END_TOOL_RESPONSE, IM_END, NL,  # "-3" is [12, 18]
+    IM_START, *ASSISTANT, *COLD, IM_END, NL,
+]
+GOLDEN_TOOLS = {
+    "chatml": [IM_START, *SYSTEM, *QWEN25_TOOLS_SYSTEM, *TOOLS_BLOCK, IM_END, NL, *TOOL_TAIL_CHATML],
+    "qwen3-vl": [IM_START, *SYSTEM, *TOOLS_BLOCK, IM_END, NL, *TOOL_TAIL_QWEN3],
+}
+RENDERED_TOOL_TAIL = (
+    "<|im_start|>user\n<|vision_start|><|image_pad|><|image_pad|><|image_pad|><|image_pad|><|vision_end|>"
+    "Weather here?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+    "{\"city\": \"Oslo\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n-3\n</tool_response><|im_end|>\n"
+    "<|im_start|>assistant\nCold.<|im_end|>\n"
+)
+TOOLS_TEXT = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function "
+    "signatures within <tools></tools> XML tags:\n<tools>\n{\"name\": \"get_weather\", \"parameters\": {\"type\": "
+    "\"object\"}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+    "</tool_call><|im_end|>\n"
+)
+RENDERED_TOOLS = {
+    "chatml": "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n"
+              + TOOLS_TEXT + RENDERED_TOOL_TAIL,
+    "qwen3-vl": "<|im_start|>system\n" + TOOLS_TEXT + RENDERED_TOOL_TAIL,
+}
+TOOL_LOSS = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>Cold.<|im_end|>'
+
+GOLDEN_REASONING = [
+    IM_START, *USER, 17, 10, 17, 30, IM_END, NL,  # "2+2?"
+    IM_START, *ASSISTANT, 19, IM_END, NL,  # "4"
+    IM_START, *USER, 18889, 220, 18, 30, IM_END, NL,  # "Times 3?"
+    IM_START, *ASSISTANT, THINK, 198, 95155, 624, END_THINK, 271, 16, 17, IM_END, NL,  # <think>"\nMultiply.\n"</think>"\n\n""12"
+]
+RENDERED_REASONING = ("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n<|im_start|>user\n"
+                      "Times 3?<|im_end|>\n<|im_start|>assistant\n<think>\nMultiply.\n</think>\n\n12<|im_end|>\n")
+REASONING_LOSS = {True: "4<|im_end|><think>\nMultiply.\n</think>\n\n12<|im_end|>", False: "4<|im_end|>12<|im_end|>"}
+
+SCHEMA = {"name": "get_weather", "parameters": {"type": "object"}}
+
+
+def tool_records() -> dict[str, dict]:
+    """The tool conversation in every input shape packtool reads."""
+    openai_calls = [{"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]
+    return {
+        # OpenAI chat format: arguments a JSON string, results by tool_call_id, tools a list
+        "openai": {"messages": [{"role": "user", "content": "<image>Weather here?"},
+                                {"role": "assistant", "content": None, "tool_calls": openai_calls},
+                                {"role": "tool", "tool_call_id": "call_1", "content": "-3"},
+                                {"role": "assistant", "content": "Cold."}],
+                   "images": ["img.png"], "tools": [SCHEMA]},
+        # the same with typed content parts, arguments as an object and tools as a JSON string
+        "openai-parts": {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Weather here?"}]},
+                                      {"role": "assistant", "content": "", "tool_calls": [
+                                          {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+                                      {"role": "tool", "name": "get_weather", "content": "-3"},
+                                      {"role": "assistant", "content": [{"type": "text", "text": "Cold."}]}],
+                         "images": ["img.png"], "tools": json.dumps([SCHEMA])},
+        # LLaMA-Factory ShareGPT: function_call / observation, tools a JSON string column
+        "sharegpt": {"conversations": [{"from": "human", "value": "<image>Weather here?"},
+                                       {"from": "function_call", "value": "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"},
+                                       {"from": "observation", "value": "-3"},
+                                       {"from": "gpt", "value": "Cold."}],
+                     "images": ["img.png"], "tools": json.dumps([SCHEMA])},
+        # ms-swift agent format: tool_call / tool_response roles
+        "swift": {"messages": [{"role": "user", "content": "<image>Weather here?"},
+                               {"role": "tool_call", "content": "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"},
+                               {"role": "tool_response", "content": "-3"},
+                               {"role": "assistant", "content": "Cold."}],
+                  "images": ["img.png"], "tools": json.dumps([SCHEMA])},
+    }
+
+
+def reasoning_records() -> dict[str, dict]:
+    return {
+        "openai-reasoning_content": {"messages": [
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4", "reasoning_content": "Add."},
+            {"role": "user", "content": "Times 3?"},
+            {"role": "assistant", "content": "12", "reasoning_content": "Multiply."}]},
+        "swift-inline-think": {"messages": [
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "<think>\nAdd.\n</think>\n\n4"},
+            {"role": "user", "content": "Times 3?"},
+            {"role": "assistant", "content": "<think>\nMultiply.\n</think>\n\n12"}]},
+        "sharegpt-inline-think": {"conversations": [
+            {"from": "human", "value": "2+2?"}, {"from": "gpt", "value": "<think>Add.</think>4"},
+            {"from": "human", "value": "Times 3?"}, {"from": "gpt", "value": "<think>\nMultiply.\n</think>\n\n12"}],
+            "system": None, "tools": None},
+        "sharegpt-reasoning_content": {"conversations": [
+            {"from": "human", "value": "2+2?"}, {"from": "gpt", "value": "4", "reasoning_content": "Add."},
+            {"from": "human", "value": "Times 3?"}, {"from": "gpt", "value": "12", "reasoning_content": "Multiply."}],
+            "tools": "[]"},
+    }
+
+
+@pytest.fixture(scope="module")
+def media_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("media")
+    Image.new("RGB", (56, 56), (10, 20, 30)).save(root / "img.png")
+    return root
+
+
+def encode(template: str, media_root: Path, record: dict, tokenizer: str | None = None, reasoning_loss: bool = True,
+           fmt: str = "auto"):
+    tok = load_tokenizer(tokenizer or ("qwen3" if template == "qwen3-vl" else None))
+    ctx = EncodeContext(tok, get_template(template), get_family("qwen2.5-vl"), media_root, reasoning_loss=reasoning_loss)
+    sample = parse_record(record, "data.jsonl", 0, fmt)
+    if isinstance(sample, Rejected):
+        return tok, [], [sample]
+    rows, rejected = encode_samples([sample], ctx)
+    return tok, rows, rejected
+
+
+def lossy_text(tok, row) -> str:
+    ids, tgt = row["input_ids"].tolist(), row["target_ids"].tolist()
+    return tok.decode([ids[t + 1] for t in range(len(ids) - 1) if tgt[t] != -100])
+
+
+def test_goldens_decode_to_the_rendered_strings():
+    """The hand-derived ids spell exactly the rendered chat (the derivation above)."""
+    assert load_tokenizer("qwen2").decode(GOLDEN_TOOLS["chatml"]) == RENDERED_TOOLS["chatml"]
+    assert load_tokenizer("qwen3").decode(GOLDEN_TOOLS["qwen3-vl"]) == RENDERED_TOOLS["qwen3-vl"]
+    assert load_tokenizer("qwen3").decode(GOLDEN_REASONING) == RENDERED_REASONING
+
+
+@pytest.mark.parametrize("shape", sorted(tool_records()))
+@pytest.mark.parametrize("template", sorted(GOLDEN_TOOLS))
+def test_every_tool_shape_gives_the_golden_ids_and_loss(template, shape, media_root):
+    tok, [row], rejected = encode(template, media_root, tool_records()[shape])
+    assert rejected == []
+    assert row["input_ids"].tolist() == GOLDEN_TOOLS[template]
+    assert lossy_text(tok, row) == TOOL_LOSS
+    [m] = row["media"]
+    assert row["input_ids"][m["token_offset"]: m["token_offset"] + m["n_tokens"]].tolist() == [PAD] * 4
+
+
+def test_parquet_sharegpt_tools_give_the_golden_ids(media_root, tmp_path):
+    """A Hugging Face Parquet file (tools a string column, images as structs) reads like its JSON twin."""
+    rec = tool_records()["sharegpt"]
+    buf = io.BytesIO()
+    Image.new("RGB", (56, 56), (10, 20, 30)).save(buf, format="PNG")
+    table = pa.Table.from_pylist([{**rec, "images": [{"bytes": buf.getvalue(), "path": "img.png"}]}])
+    pq.write_table(table, tmp_path / "train-00000-of-00001.parquet")
+    [sample] = list(iter_samples([tmp_path / "train-00000-of-00001.parquet"]))
+    ctx = EncodeContext(load_tokenizer(None), get_template("chatml"), get_family("qwen2.5-vl"), media_root)
+    [row], [] = encode_samples([sample], ctx)
+    assert row["input_ids"].tolist() == GOLDEN_TOOLS["chatml"]
+
+
+@pytest.mark.parametrize("shape", sorted(reasoning_records()))
+@pytest.mark.parametrize("reasoning_loss", [True, False])
+def test_every_reasoning_shape_gives_the_golden_ids_and_loss(shape, reasoning_loss, media_root):
+    tok, [row], rejected = encode("qwen3-vl", media_root, reasoning_records()[shape], reasoning_loss=reasoning_loss)
+    assert rejected == []
+    assert row["input_ids"].tolist() == GOLDEN_REASONING
+    assert lossy_text(tok, row) == REASONING_LOSS[reasoning_loss]
+
+
+def test_conversations_without_reasoning_keep_the_instruct_rendering(media_root):
+    """No reasoning anywhere: no think block (Qwen3-VL-Instruct), exactly as before this feature."""
+    rec = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
+    tok, [row], _ = encode("qwen3-vl", media_root, rec)
+    assert row["input_ids"].tolist() == [IM_START, *USER, 17, 10, 17, 30, IM_END, NL, IM_START, *ASSISTANT, 19, IM_END, NL]
+
+
+def test_qwen3_vl_needs_the_qwen3_vocabulary_for_its_tags(media_root):
+    from packtool.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--tokenizer qwen3"):
+        encode("qwen3-vl", media_root, tool_records()["openai"], tokenizer="qwen2")
+
+
+def test_chatml_keeps_inline_think_as_text_and_refuses_a_reasoning_field(media_root):
+    """Qwen2.5's template has no reasoning rule: <think> text is ordinary answer text there."""
+    inline = reasoning_records()["swift-inline-think"]
+    tok, [row], _ = encode("chatml", media_root, inline)
+    assert lossy_text(tok, row) == "<think>\nAdd.\n</think>\n\n4<|im_end|><think>\nMultiply.\n</think>\n\n12<|im_end|>"
+    _, [], [rej] = encode("chatml", media_root, reasoning_records()["openai-reasoning_content"])
+    assert rej.reason == "reasoning_unsupported"
+
+
+@pytest.mark.parametrize("template", ["llama3", "molmo2", "plain"])
+def test_templates_without_a_tool_format_reject_tool_samples(template, media_root):
+    for shape, rec in tool_records().items():
+        _, rows, [rej] = encode(template, media_root, rec)
+        assert rows == [] and rej.reason == "tools_unsupported", shape
+        assert template in rej.message
+    _, [], [rej] = encode(template, media_root, reasoning_records()["openai-reasoning_content"])
+    assert rej.reason == "reasoning_unsupported"
+
+
+def with_messages(**changes) -> dict:
+    rec = tool_records()["openai"]
+    return {**rec, **changes}
+
+
+MALFORMED = {
+    "arguments not JSON": ("bad_tool_arguments", with_messages(messages=[
+        {"role": "user", "content": "<image>Weather here?"},
+        {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": "{city: Oslo}"}}]},
+        {"role": "tool", "content": "-3"}, {"role": "assistant", "content": "Cold."}])),
+    "arguments a JSON list": ("bad_tool_arguments", with_messages(messages=[
+        {"role": "user", "content": "<image>Weather here?"},
+        {"role": "assistant", "tool_calls": [{"function": {"name": "get_weather", "arguments": "[1, 2]"}}]},
+        {"role": "tool", "content": "-3"}, {"role": "assistant", "content": "Cold."}])),
+    "call without a name": ("bad_tool_call", with_messages(messages=[
+        {"role": "user", "content": "<image>Weather here?"},
+        {"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]},
+        {"role": "tool", "content": "-3"}, {"role": "assistant", "content": "Cold."}])),
+    "sharegpt function_call not JSON": ("bad_tool_call", {
+        "conversations": [{"from": "human", "value": "Weather?"}, {"from": "function_call", "value": "get_weather(Oslo)"},
+                          {"from": "observation", "value": "-3"}, {"from": "gpt", "value": "Cold."}],
+        "tools": json.dumps([SCHEMA])}),
+    "result with no call": ("orphan_tool_result", {"messages": [
+        {"role": "user", "content": "Weather?"}, {"role": "tool", "content": "-3"}, {"role": "assistant", "content": "Cold."}]}),
+    "more results than calls": ("orphan_tool_result", {"messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "tool_call", "content": "{\"name\": \"get_weather\", \"arguments\": {}}"},
+        {"role": "tool_response", "content": "-3"}, {"role": "tool_response", "content": "-4"},
+        {"role": "assistant", "content": "Cold."}]}),
+    "result answers another call id": ("orphan_tool_result", {"messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "tool_calls": [{"id": "a", "function": {"name": "get_weather", "arguments": {}}}]},
+        {"role": "tool", "tool_call_id": "b", "content": "-3"}, {"role": "assistant", "content": "Cold."}]}),
+    "tools not JSON": ("bad_tools", with_messages(tools="get_weather(city)")),
+    "tools an object": ("bad_tools", with_messages(tools=SCHEMA)),
+    "tool schema without a name": ("bad_tools", with_messages(tools=[{"description": "weather"}])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_tool_use_is_a_row_error_with_its_reason(case, media_root):
+    reason, rec = MALFORMED[case]
+    for template in ("chatml", "qwen3-vl"):
+        _, rows, [rej] = encode(template, media_root, rec)
+        assert rows == [] and rej.reason == reason, (template, rej.message)
