@@ -325,3 +325,45 @@ def test_malformed_tool_use_is_a_row_error_with_its_reason(case, media_root):
     for template in ("chatml", "qwen3-vl"):
         _, rows, [rej] = encode(template, media_root, rec)
         assert rows == [] and rej.reason == reason, (template, rej.message)
+
+
+def test_tokenize_cli_records_the_flag_and_writes_golden_rows_and_reasons(media_root, tmp_path):
+    """End to end: a mixed JSONL through ``packtool tokenize``; good rows match the goldens with the
+    loss the flag asks for, bad rows land in errors.jsonl with their reasons, the manifest records
+    ``reasoning_loss``, and ``inspect`` reads the rows back with the qwen3 vocabulary."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    rows = [{"id": "tools", **tool_records()["openai"]},
+            {"id": "think", **reasoning_records()["openai-reasoning_content"]},
+            {"id": "bad-args", **MALFORMED["arguments not JSON"][1]},
+            {"id": "orphan", **MALFORMED["result with no call"][1]}]
+    src = tmp_path / "agent.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "tok"
+    cmd = [sys.executable, "-m", "packtool", "tokenize", str(src), "--media-root", str(media_root), "-o", str(out),
+           "--template", "qwen3-vl", "--tokenizer", "qwen3", "--no-reasoning-loss", "--quiet", "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert (summary["samples"], summary["rejected"]) == (2, 2)
+    assert summary["rejected_by_reason"] == {"bad_tool_arguments": 1, "orphan_tool_result": 1}
+    manifest = json.loads((out / ".packtool" / "manifest.json").read_text())
+    assert manifest["config"]["reasoning_loss"] is False and manifest["tokenizer"]["name"] == "qwen3"
+    errors = [json.loads(line) for line in (out / ".packtool" / "errors.jsonl").read_text().splitlines()]
+    assert {(e["sample_id"], e["reason"]) for e in errors} == {("bad-args", "bad_tool_arguments"),
+                                                                ("orphan", "orphan_tool_result")}
+    table = pq.read_table(sorted(out.glob("part-*.parquet"))).to_pylist()
+    got = {row["sample_id"]: row for row in table}
+    assert got["tools"]["input_ids"] == GOLDEN_TOOLS["qwen3-vl"]
+    assert got["think"]["input_ids"] == GOLDEN_REASONING
+    tok = load_tokenizer("qwen3")
+    for sid, want in (("tools", TOOL_LOSS), ("think", REASONING_LOSS[False])):
+        row = {k: np.asarray(got[sid][k]) for k in ("input_ids", "target_ids")}
+        assert lossy_text(tok, row) == want
+    r = subprocess.run([sys.executable, "-m", "packtool", "inspect", str(out), "--sample", "think", "--json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "Multiply." in r.stdout
