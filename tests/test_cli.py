@@ -40,10 +40,11 @@ def _help(*command: str, capsys) -> str:
     ("tokenize", ["--template <chatml|qwen3-vl|llama3|molmo2|plain>", "--exif <apply|ignore>",
                   "--on-error <skip|fail>", "--executor <local|ray>",
                   "--format <auto|llava|qwen-vl|sharegpt|swift|molmo>",
-                  "--tokenizer <path|hf:ORG/NAME> Tokenizer (default: the embedded Qwen2/Qwen2.5 vocabulary; or a "
-                  "tokenizer.json file, a model directory (its tokenizer.json and tokenizer_config.json), or "
+                  "--tokenizer <path|hf:ORG/NAME> Tokenizer (default: the embedded Qwen2/Qwen2.5 vocabulary; qwen3: "
+                  "it with Qwen3's tool and think tokens; or a tokenizer.json file, a model directory (its tokenizer.json and tokenizer_config.json), or "
                   "hf:ORG/NAME from the local Hugging Face cache (never downloaded)).",
-                  "qwen2-vl, qwen2.5-vl, qwen3-vl, molmo2, llava-ov, internvl, or fixed:N"]),
+                  "qwen2-vl, qwen2.5-vl, qwen3-vl, molmo2, llava-ov, internvl, or fixed:N",
+                  "--reasoning-loss / --no-reasoning-loss"]),
     ("pack", ["--oversize <drop|truncate|alone|fail>", "--media <embed|reference>", "--on-error <skip|fail>",
               "--executor <local|ray>"]),
     ("sweep", ["--oversize <drop|truncate|alone>"]),
