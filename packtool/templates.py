@@ -42,8 +42,8 @@ moves every media item to the start of the first user turn, where the Molmo2 pro
 puts the image tokens.
 
 **Tool use** (``chatml`` and ``qwen3-vl``: the Qwen function-calling format; every other
-template rejects a sample with tools as ``tools_unsupported``, since its model has no
-published format for them). The function schemas go in the system turn, after the system
+template rejects a sample with tools as ``tools_unsupported`` rather than invent a format:
+Llama 3's template has none, and none is published for Molmo2 or LLaVA pretraining). The function schemas go in the system turn, after the system
 text, as Qwen's chat templates write them (Qwen2.5's for ``chatml``, whose default system
 text with tools is "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 Qwen3's for ``qwen3-vl``, which has none)::

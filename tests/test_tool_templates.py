@@ -367,3 +367,38 @@ def test_tokenize_cli_records_the_flag_and_writes_golden_rows_and_reasons(media_
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "Multiply." in r.stdout
+
+
+def test_llamafactory_thought_before_a_function_call_is_that_turns_reasoning(media_root):
+    """LLaMA-Factory writes a thinking model's thought before the call JSON ("thought words");
+    under qwen3-vl it renders exactly as the OpenAI shape with reasoning_content."""
+    thought = {"conversations": [
+        {"from": "human", "value": "Weather in Oslo?"},
+        {"from": "function_call", "value": "<think>\nNeed the tool.\n</think>\n\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"},
+        {"from": "observation", "value": "-3"},
+        {"from": "gpt", "value": "<think>\nReport.\n</think>\n\nCold."}], "tools": json.dumps([SCHEMA])}
+    openai = {"messages": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Need the tool.",
+         "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+        {"role": "tool", "content": "-3"},
+        {"role": "assistant", "content": "Cold.", "reasoning_content": "Report."}], "tools": [SCHEMA]}
+    tok, [a], _ = encode("qwen3-vl", media_root, thought)
+    _, [b], _ = encode("qwen3-vl", media_root, openai)
+    assert a["input_ids"].tolist() == b["input_ids"].tolist()
+    assert a["target_ids"].tolist() == b["target_ids"].tolist()
+    assert tok.decode(a["input_ids"].tolist()).endswith(
+        "<|im_start|>assistant\n<think>\nNeed the tool.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", "
+        "\"arguments\": {\"city\": \"Oslo\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n-3\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\nReport.\n</think>\n\nCold.<|im_end|>\n")
+
+
+def test_group_by_media_keeps_samples_with_different_tools_apart(media_root):
+    """Two records on one image but offering different tools render different system turns: two trees."""
+    from packtool.rows import group_by_media
+
+    other = {**tool_records()["openai"], "tools": [{"name": "get_time", "parameters": {}}]}
+    samples = [parse_record(tool_records()["openai"], "a.jsonl", 0), parse_record(other, "a.jsonl", 1),
+               parse_record(tool_records()["swift"], "a.jsonl", 2)]
+    merged = list(group_by_media(samples, media_root))
+    assert [len(s.branches) for s in merged] == [2, 1]  # the swift twin offers the same tools as row 0
