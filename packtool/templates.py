@@ -206,20 +206,7 @@ class Template:
                 keep = think and i > last_query and (i == len(msgs) - 1 or bool(_split_reasoning(msg)[0]))
                 self._turn(segs, "assistant", self._assistant_body(msg, think, keep, reasoning_loss))
             elif role == "tool":
-                # consecutive results share one user turn, one <tool_response> block each
-                j = i
-                body: list[Segment] = []
-                while j < len(msgs) and msgs[j].role == "tool":
-                    if j > i:
-                        body.append(("text", "\n", 1, False))
-                    body.append(self._marker("<tool_response>", False))
-                    body.append(("text", "\n", 1, False))
-                    body.extend(_body(msgs[j], False))
-                    body.append(("text", "\n", 1, False))
-                    body.append(self._marker("</tool_response>", False))
-                    j += 1
-                self._turn(segs, "user", body)
-                i = j
+                i = self._tool_results(segs, msgs, i)
                 continue
             else:
                 raise SampleError("unknown_role", f"turn {i} has role {role!r}")
@@ -230,14 +217,20 @@ class Template:
 
     def _check_tools(self, msgs: list[Message], tools: tuple[dict, ...]) -> None:
         """Refuse what this template cannot render; every tool result must answer a call."""
-        uses_tools = bool(tools) or any(m.role == "tool" or m.tool_calls for m in msgs)
-        if uses_tools and not self.tool_format:
+        has_result = has_call = has_reasoning = False
+        for m in msgs:  # one pass: most conversations have none of these
+            has_result = has_result or m.role == "tool"
+            has_call = has_call or bool(m.tool_calls)
+            has_reasoning = has_reasoning or m.reasoning is not None
+        if (tools or has_result or has_call) and not self.tool_format:
             raise SampleError("tools_unsupported", f"the sample uses tools, but template {self.name!r} ({self.model}) has no "
                                                    "tool-call format; use --template chatml or qwen3-vl, or drop the tool turns")
-        if not self.reasoning and any(m.reasoning is not None for m in msgs):
+        if has_reasoning and not self.reasoning:
             raise SampleError("reasoning_unsupported", f"an assistant turn has reasoning_content, which template "
                                                        f"{self.name!r} ({self.model}) has no format for; use --template "
                                                        "qwen3-vl, or put the reasoning in the text")
+        if not has_result:
+            return
         calls: tuple[ToolCall, ...] = ()
         answered = 0
         for i, m in enumerate(msgs):
@@ -254,6 +247,22 @@ class Template:
                                                             f"assistant turn before it did not make ({', '.join(sorted(ids))})")
             else:
                 calls, answered = (m.tool_calls if m.role == "assistant" else ()), 0
+
+    def _tool_results(self, segs: list[Segment], msgs: list[Message], i: int) -> int:
+        """The tool results from ``msgs[i]`` on as one user turn of ``<tool_response>`` blocks; the next index."""
+        body: list[Segment] = []
+        j = i
+        while j < len(msgs) and msgs[j].role == "tool":
+            if j > i:
+                body.append(("text", "\n", 1, False))
+            body.append(self._marker("<tool_response>", False))
+            body.append(("text", "\n", 1, False))
+            body.extend(_body(msgs[j], False))
+            body.append(("text", "\n", 1, False))
+            body.append(self._marker("</tool_response>", False))
+            j += 1
+        self._turn(segs, "user", body)
+        return j
 
     def _marker(self, tag: str, loss: bool) -> Segment:
         return ("special" if tag in self.markers else "text", tag, 1, loss)
@@ -305,8 +314,10 @@ class Template:
             elif content:
                 body.append(("text", content, 1, True))
         else:
-            content = _text(msg)
             body = _body(msg, True)
+            if not msg.tool_calls:
+                return body
+            content = _text(msg)
         for k, call in enumerate(msg.tool_calls):
             if k or content:
                 body.append(("text", "\n", 1, True))

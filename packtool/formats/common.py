@@ -152,13 +152,15 @@ def check_sample(sample: Sample) -> Sample:
             for part in message.parts:
                 if part.kind == "text" and not part.text.isascii():
                     check_text(part.text, f"a {message.role} message")
-            for call in message.tool_calls:
-                check_text(call.name, "a tool call's name")
-                check_text(json.dumps(call.arguments, ensure_ascii=False), f"the arguments of tool call {call.name!r}")
+            if message.tool_calls:
+                for call in message.tool_calls:
+                    check_text(call.name, "a tool call's name")
+                    check_text(json.dumps(call.arguments, ensure_ascii=False), f"the arguments of tool call {call.name!r}")
             if message.reasoning is not None:
                 check_text(message.reasoning, "an assistant's reasoning_content")
-    for i, tool in enumerate(sample.tools):
-        check_text(json.dumps(tool, ensure_ascii=False), f"tools[{i}]")
+    if sample.tools:
+        for i, tool in enumerate(sample.tools):
+            check_text(json.dumps(tool, ensure_ascii=False), f"tools[{i}]")
     return sample
 
 
@@ -290,10 +292,12 @@ def build_sample(
     messages: list[Message] = []
     if system:
         messages.append(Message("system", (Part.of_text(system),)))
-    for turn in turns:
-        t = turn if isinstance(turn, Turn) else Turn(*turn)
-        messages.append(Message(t.role, tuple(split_placeholders(t.text, counters, offsets)), t.tool_calls,
-                                t.reasoning, t.tool_call_id))
+    for t in turns:
+        if isinstance(t, Turn):
+            messages.append(Message(t.role, tuple(split_placeholders(t.text, counters, offsets)), t.tool_calls,
+                                    t.reasoning, t.tool_call_id))
+        else:  # a plain (role, text) pair: the common case, kept cheap
+            messages.append(Message(t[0], tuple(split_placeholders(t[1], counters, offsets))))
     media = tuple(images + videos)
     if not strict and counters["image"] + counters["video"] == 0 and media:
         first_user = next((i for i, m in enumerate(messages) if m.role == "user"), None)
