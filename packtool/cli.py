@@ -39,7 +39,8 @@ OnErrorChoice = Literal[ON_ERROR]  # type: ignore[valid-type]
 ExifChoice = Literal[EXIF_MODES]  # type: ignore[valid-type]
 ExecutorChoice = Literal["local", "ray"]
 #: What --tokenizer accepts, said once for every command that takes it.
-TOKENIZER_FORMS = ("default: the embedded Qwen2/Qwen2.5 vocabulary; qwen3: it with Qwen3's tool and think tokens; "
+TOKENIZER_FORMS = ("default: the embedded Qwen2/Qwen2.5 vocabulary; qwen3: it with Qwen3's tool and think tokens "
+                   "(the default for --template qwen3-vl); "
                    "or a tokenizer.json file, a model directory "
                    "(its tokenizer.json and tokenizer_config.json), or hf:ORG/NAME from the local Hugging Face "
                    "cache (never downloaded)")

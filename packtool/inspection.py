@@ -88,11 +88,14 @@ def _examples(path: Path, manifest: dict, column: str, is_list: bool, n: int = 3
 
 def _resolve_tokenizer(manifest: dict, tok_manifest: dict | None, override: str | None) -> Tokenizer:
     recorded = manifest.get("tokenizer") or {}
+    embedded = recorded.get("name") in (None, "qwen2", "qwen3")  # no --tokenizer: the vocabulary recorded
     if override is not None:
         spec = override
     elif tok_manifest is not None:
         spec = (tok_manifest.get("config") or {}).get("tokenizer")
-    elif recorded.get("name") in (None, "qwen2", "qwen3"):
+        if spec is None and embedded:
+            spec = recorded.get("name")
+    elif embedded:
         spec = recorded.get("name")
     else:
         raise ConfigError(f"this directory was tokenized with {recorded.get('name')!r} and the tokenized directory "

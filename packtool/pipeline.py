@@ -539,7 +539,9 @@ def _encode_context(cfg: TokenizeConfig):
 
         family = get_family(cfg.model, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels, max_frames=cfg.max_frames,
                         fps=cfg.fps, max_crops=cfg.max_crops, max_num=cfg.max_num, exif=cfg.exif)
-        ctx = EncodeContext(load_tokenizer(cfg.tokenizer), get_template(cfg.template), family, Path(cfg.media_root),
+        template = get_template(cfg.template)
+        tokenizer = load_tokenizer(cfg.tokenizer if cfg.tokenizer is not None else template.default_tokenizer)
+        ctx = EncodeContext(tokenizer, template, family, Path(cfg.media_root),
                             cfg.system_prompt, max_branches=cfg.max_branches, max_tokens=cfg.max_tokens,
                             reasoning_loss=cfg.reasoning_loss)
         _CONTEXTS.clear()

@@ -134,6 +134,8 @@ class Template:
         reasoning: render reasoning as Qwen3's thinking template does (else a
             ``reasoning_content`` field is ``reasoning_unsupported``).
         model: the model family the template is for, named in messages.
+        default_tokenizer: the embedded vocabulary used when ``--tokenizer`` is not given
+            (``qwen3-vl``: ``qwen3``, whose tool and think tags are single tokens).
     """
 
     name: str
@@ -150,6 +152,7 @@ class Template:
     markers: tuple[str, ...] = ()
     reasoning: bool = False
     model: str = ""
+    default_tokenizer: str | None = None
 
     def render(self, messages: tuple[Message, ...], system_prompt: str | None = None, tools: tuple[dict, ...] = (),
                reasoning_loss: bool = True) -> list[Segment]:
@@ -418,6 +421,7 @@ TEMPLATES: dict[str, Template] = {
         markers=("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"),
         reasoning=True,
         model="Qwen3-VL",
+        default_tokenizer="qwen3",
     ),
     "llama3": Template(
         name="llama3",

