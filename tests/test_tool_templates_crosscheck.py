@@ -5,20 +5,23 @@ The Jinja templates below are the ``chat_template`` strings Qwen publishes, word
 * ``QWEN25_TEMPLATE``: Qwen2.5-Instruct's (``tokenizer_config.json``), which is also the
   template in Qwen2.5-VL-7B-Instruct's ``tokenizer_config.json``, the one with tool calls
   (the processor's ``chat_template.json`` has no tool part);
-* ``QWEN3_TEMPLATE``: Qwen3's (``tokenizer_config.json`` of Qwen3-8B), whose tool and
-  reasoning rules the ``qwen3-vl`` template follows.
+* ``QWEN3_TEMPLATE``: Qwen3's (``tokenizer_config.json`` of Qwen3-8B), whose reasoning
+  rules the ``qwen3-vl`` template follows for conversations with reasoning;
+* ``QWEN3_VL_TEMPLATE``: Qwen3-VL-8B-Instruct's (5,292 bytes, sha256 ``3636d0f0…``, pinned
+  below), for conversations without reasoning: images, tools and images inside tool results.
 
 Each conversation is rendered by transformers' own template compiler (its sandbox and
 ``tojson``), the string is tokenized whole with the embedded vocabulary (special and
 added tokens included, as a Hugging Face tokenizer would), and packtool's ids, made from
-the same conversation read as an input record, must be identical. The vision parts of the
-VL templates are not exercised here (the published text templates have none); the goldens
-in ``test_tool_templates.py`` cover images next to tools.
+the same conversation read as an input record, must be identical. Where the template writes
+one ``<|image_pad|>`` per image, the processor's expansion to the image's token count is
+applied to the string first (the count itself is pinned by the vision tests).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from pathlib import Path
 
@@ -116,6 +119,128 @@ QWEN3_TEMPLATE = (
     "    {%- if enable_thinking is defined and enable_thinking is false %}\n"
     "        {{- '<think>\\n\\n</think>\\n\\n' }}\n    {%- endif %}\n{%- endif %}"
 )
+
+QWEN3_VL_TEMPLATE = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {%- if messages[0].content is string %}
+            {{- messages[0].content }}
+        {%- else %}
+            {%- for content in messages[0].content %}
+                {%- if 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' }}
+        {%- if messages[0].content is string %}
+            {{- messages[0].content }}
+        {%- else %}
+            {%- for content in messages[0].content %}
+                {%- if 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set image_count = namespace(value=0) %}
+{%- set video_count = namespace(value=0) %}
+{%- for message in messages %}
+    {%- if message.role == "user" %}
+        {{- '<|im_start|>' + message.role + '\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content in message.content %}
+                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
+                    <|vision_start|><|image_pad|><|vision_end|>
+                {%- elif content.type == 'video' or 'video' in content %}
+                    {%- set video_count.value = video_count.value + 1 %}
+                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
+                    <|vision_start|><|video_pad|><|vision_end|>
+                {%- elif 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role + '\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content_item in message.content %}
+                {%- if 'text' in content_item %}
+                    {{- content_item.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and message.content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content in message.content %}
+                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
+                    <|vision_start|><|image_pad|><|vision_end|>
+                {%- elif content.type == 'video' or 'video' in content %}
+                    {%- set video_count.value = video_count.value + 1 %}
+                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
+                    <|vision_start|><|video_pad|><|vision_end|>
+                {%- elif 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city.",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -229,3 +354,55 @@ def test_the_crosscheck_can_fail():
     wrong = QWEN25_TEMPLATE.replace("tool_call.arguments | tojson", "tool_call.arguments | tojson(separators=(',', ':'))")
     text = render(wrong, messages, tools)
     assert packtool_ids("chatml", "qwen2", as_record(messages, tools)) != whole_string_ids("qwen2", text)
+
+
+SCREENSHOT = {"type": "function", "function": {"name": "screenshot", "description": "Capture the screen.",
+                                               "parameters": {"type": "object", "properties": {}}}}
+IMAGE_PART = {"type": "image"}
+
+VISION = [
+    ("image question, tool call, answer", [WEATHER], [
+        {"role": "user", "content": [IMAGE_PART, {"type": "text", "text": "Weather where this photo was taken?"}]},
+        {"role": "assistant", "content": "It looks like Oslo.",
+         "tool_calls": [call("get_weather", {"city": "Oslo"})]},
+        {"role": "tool", "content": "{\"temp_c\": -3}"},
+        {"role": "assistant", "content": "-3 °C in Oslo."}]),
+    ("a tool result holding an image", [SCREENSHOT], [
+        {"role": "system", "content": "You operate a phone."},
+        {"role": "user", "content": "Open settings."},
+        {"role": "assistant", "content": "", "tool_calls": [call("screenshot", {})]},
+        {"role": "tool", "content": [IMAGE_PART, {"type": "text", "text": "home screen"}]},
+        {"role": "assistant", "content": "Tap the gear icon."}]),
+    ("no tools, system turn", [], [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": [{"type": "text", "text": "What is it?"}, IMAGE_PART]},
+        {"role": "assistant", "content": "A square."}]),
+]
+
+
+@pytest.fixture(scope="module")
+def image_root(tmp_path_factory) -> Path:
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("images")
+    Image.new("RGB", (96, 64), (200, 40, 40)).save(root / "img.png")
+    return root
+
+
+def test_the_embedded_qwen3_vl_template_is_the_published_one():
+    data = QWEN3_VL_TEMPLATE.encode()
+    assert len(data) == 5292
+    assert hashlib.sha256(data).hexdigest() == "3636d0f0bd6bef02654cdffdc447b79cb2cef8ab02cc75267345946291a489e4"
+
+
+@pytest.mark.parametrize("label,tools,messages", CONVERSATIONS + VISION, ids=[c[0] for c in CONVERSATIONS + VISION])
+def test_qwen3_vl_equals_qwen3_vl_instruct_published_template(label, tools, messages, image_root):
+    n_images = sum(1 for m in messages if isinstance(m["content"], list) for p in m["content"] if p is IMAGE_PART)
+    record = {**as_record(messages, tools), "images": ["img.png"] * n_images}
+    ctx = EncodeContext(load_tokenizer("qwen3"), get_template("qwen3-vl"), get_family("qwen3-vl"), image_root)
+    [row], [] = encode_samples([parse_record(record, "conv.jsonl", 0)], ctx)
+    n_pad = {m["n_tokens"] for m in row["media"]}
+    assert len(row["media"]) == n_images and len(n_pad) <= 1
+    text = render(QWEN3_VL_TEMPLATE, messages, tools)
+    text = text.replace("<|image_pad|>", "<|image_pad|>" * (n_pad.pop() if n_pad else 1))
+    assert row["input_ids"].tolist() == whole_string_ids("qwen3", text)
