@@ -402,3 +402,13 @@ def test_group_by_media_keeps_samples_with_different_tools_apart(media_root):
                parse_record(tool_records()["swift"], "a.jsonl", 2)]
     merged = list(group_by_media(samples, media_root))
     assert [len(s.branches) for s in merged] == [2, 1]  # the swift twin offers the same tools as row 0
+
+
+def test_a_sharegpt_tool_record_with_no_other_sharegpt_key_reads_the_same(media_root):
+    """``--format auto`` reads bare ``conversations`` as LLaVA; its tool turns still parse (no tools block)."""
+    rec = {k: v for k, v in tool_records()["sharegpt"].items() if k not in ("tools", "images")}
+    rec["conversations"] = [{**t, "value": t["value"].replace("<image>", "")} for t in rec["conversations"]]
+    tok, [row], [] = encode("chatml", media_root, rec)
+    text = tok.decode(row["input_ids"].tolist())
+    assert text.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")  # no tools: the VL default
+    assert lossy_text(tok, row) == TOOL_LOSS

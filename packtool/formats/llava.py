@@ -10,36 +10,37 @@ no tags gets its media at the start of the first user turn, as LLaVA does.
 
 from __future__ import annotations
 
-from ..errors import SampleError
 from ..records import Sample
-from .common import build_sample, check_text, media_refs, sample_id_of, split_placeholders
+from .common import (
+    Turn,
+    build_sample,
+    check_text,
+    media_refs,
+    read_turns,
+    sample_id_of,
+    split_placeholders,
+)
 
 __all__ = ["parse", "parse_turns", "ROLE_MAP", "split_placeholders"]
 
 ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 
 
-def parse_turns(convs, role_key: str = "from", text_key: str = "value", field: str = "conversations") -> list[tuple[str, str]]:
-    """``[{"from": "human", "value": ...}, ...]`` → ``[("user", text), ...]``.
+def parse_turns(convs, role_key: str = "from", text_key: str = "value", field: str = "conversations") -> list[Turn]:
+    """``[{"from": "human", "value": ...}, ...]`` → turns (``("user", text)`` ...), tool turns included.
+
+    A ShareGPT record with ``function_call`` / ``observation`` turns and no other ShareGPT
+    key reads as LLaVA under ``--format auto``; its tool turns read the same either way.
 
     Raises:
         SampleError: ``bad_record`` (not a list / no text), ``empty_conversation``,
-            ``unknown_role``, ``bad_encoding``.
+            ``unknown_role``, ``bad_encoding``, ``bad_tool_call``, ``bad_tool_arguments``.
     """
-    if not isinstance(convs, list):
-        raise SampleError("bad_record", f"record has no {field!r} list")
-    if not convs:
-        raise SampleError("empty_conversation", f"{field!r} is empty")
-    turns = []
-    for i, turn in enumerate(convs):
-        if not isinstance(turn, dict):
-            raise SampleError("bad_record", f"turn {i} is a {type(turn).__name__}, not an object")
-        raw_role = turn.get(role_key)
-        role = ROLE_MAP.get(str(raw_role).lower()) if raw_role is not None else None
-        if role is None:
-            raise SampleError("unknown_role", f"turn {i} has role {raw_role!r}")
-        turns.append((role, check_text(turn.get(text_key), f"turn {i} {text_key!r}")))
-    return turns
+
+    def text_of(turn: dict, i: int) -> str:
+        return check_text(turn.get(text_key), f"turn {i} {text_key!r}")
+
+    return read_turns(convs, role_key, text_key, field, ROLE_MAP, text_of)
 
 
 def parse(record: dict, source: str, row: int, strict: bool = False) -> Sample:

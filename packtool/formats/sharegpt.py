@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from ..errors import SampleError
 from ..records import Sample
-from .common import Turn, build_sample, check_text, media_refs, read_turns, sample_id_of
-from .llava import ROLE_MAP
+from .common import Turn, build_sample, check_text, media_refs, sample_id_of
+from .llava import parse_turns
 from .tools import parse_tools
 
 __all__ = ["parse", "conversation_turns"]
@@ -39,12 +39,9 @@ def conversation_turns(record: dict) -> tuple[list[Turn], str]:
     field = "conversations" if "conversations" in record else "messages"
     convs = record.get(field)
     first = convs[0] if isinstance(convs, list) and convs and isinstance(convs[0], dict) else {}
-    role_key, text_key = ("from", "value") if "from" in first or "value" in first else ("role", "content")
-
-    def text_of(msg: dict, i: int) -> str:
-        return check_text(msg.get(text_key), f"turn {i} {text_key!r}")
-
-    return read_turns(convs, role_key, text_key, field, ROLE_MAP, text_of), field
+    if "from" in first or "value" in first:
+        return parse_turns(convs, "from", "value", field), field
+    return parse_turns(convs, "role", "content", field), field
 
 
 def parse(record: dict, source: str, row: int) -> Sample:
