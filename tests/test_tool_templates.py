@@ -152,7 +152,7 @@ def tool_records() -> dict[str, dict]:
                                        {"from": "observation", "value": "-3"},
                                        {"from": "gpt", "value": "Cold."}],
                      "images": ["img.png"], "tools": json.dumps([SCHEMA])},
-        # ms-swift agent format: tool_call / tool_response roles
+        # ms-swift: tool_call / tool_response roles
         "swift": {"messages": [{"role": "user", "content": "<image>Weather here?"},
                                {"role": "tool_call", "content": "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"},
                                {"role": "tool_response", "content": "-3"},
@@ -340,7 +340,7 @@ def test_tokenize_cli_records_the_flag_and_writes_golden_rows_and_reasons(media_
             {"id": "think", **reasoning_records()["openai-reasoning_content"]},
             {"id": "bad-args", **MALFORMED["arguments not JSON"][1]},
             {"id": "orphan", **MALFORMED["result with no call"][1]}]
-    src = tmp_path / "agent.jsonl"
+    src = tmp_path / "tool_use.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     out = tmp_path / "tok"
     cmd = [sys.executable, "-m", "packtool", "tokenize", str(src), "--media-root", str(media_root), "-o", str(out),
