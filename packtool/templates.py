@@ -43,10 +43,11 @@ puts the image tokens.
 
 **Tool use** (``chatml`` and ``qwen3-vl``: the Qwen function-calling format; every other
 template rejects a sample with tools as ``tools_unsupported`` rather than invent a format:
-Llama 3's template has none, and none is published for Molmo2 or LLaVA pretraining). The function schemas go in the system turn, after the system
-text, as Qwen's chat templates write them (Qwen2.5's for ``chatml``, whose default system
-text with tools is "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
-Qwen3's for ``qwen3-vl``, which has none)::
+Llama 3's template has none, and none is published for Molmo2 or LLaVA pretraining). The
+function schemas go in the system turn, after the system text, as Qwen's chat templates
+write them (Qwen2.5's for ``chatml``, whose default system text with tools is "You are Qwen,
+created by Alibaba Cloud. You are a helpful assistant."; Qwen3-VL's for ``qwen3-vl``, which
+has none)::
 
     <|im_start|>system\\nYou are Qwen, ...\\n\\n# Tools\\n\\nYou may call one or more functions ...
     <tools>\\n{"name": "get_weather", ...}\\n</tools>\\n\\nFor each function call, return a json object
@@ -362,7 +363,7 @@ def _body(msg: Message, loss: bool) -> list[Segment]:
 def _split_reasoning(msg: Message) -> tuple[str, str]:
     """``(reasoning, answer)`` of an assistant turn, split as Qwen3's template splits it.
 
-    Example: ``"<think>\nAdd.\n</think>\n\n4"`` → ``("Add.", "4")``.
+    Example: ``"<think>\\nAdd.\\n</think>\\n\\n4"`` → ``("Add.", "4")``.
     """
     text = _text(msg)
     if msg.reasoning is not None:
