@@ -370,8 +370,9 @@ def test_tokenize_cli_records_the_flag_and_writes_golden_rows_and_reasons(media_
 
 
 def test_llamafactory_thought_before_a_function_call_is_that_turns_reasoning(media_root):
-    """LLaMA-Factory writes a thinking model's thought before the call JSON ("thought words");
-    under qwen3-vl it renders exactly as the OpenAI shape with reasoning_content."""
+    """LLaMA-Factory writes a thinking model's thought before the call JSON ("thought words"), ms-swift
+    as an assistant turn before its tool_call turns; under qwen3-vl both render exactly as the
+    OpenAI shape with reasoning_content."""
     thought = {"conversations": [
         {"from": "human", "value": "Weather in Oslo?"},
         {"from": "function_call", "value": "<think>\nNeed the tool.\n</think>\n\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"},
@@ -383,10 +384,19 @@ def test_llamafactory_thought_before_a_function_call_is_that_turns_reasoning(med
          "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
         {"role": "tool", "content": "-3"},
         {"role": "assistant", "content": "Cold.", "reasoning_content": "Report."}], "tools": [SCHEMA]}
+    # ms-swift's multimodal tool-use example: an assistant turn holding only the thought, then tool_call
+    swift = {"messages": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "<think>\nNeed the tool.\n</think>\n"},
+        {"role": "tool_call", "content": "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"},
+        {"role": "tool_response", "content": "-3"},
+        {"role": "assistant", "content": "<think>\nReport.\n</think>\n\nCold."}], "tools": json.dumps([SCHEMA])}
     tok, [a], _ = encode("qwen3-vl", media_root, thought)
     _, [b], _ = encode("qwen3-vl", media_root, openai)
-    assert a["input_ids"].tolist() == b["input_ids"].tolist()
-    assert a["target_ids"].tolist() == b["target_ids"].tolist()
+    _, [c], _ = encode("qwen3-vl", media_root, swift)
+    for row in (a, c):
+        assert row["input_ids"].tolist() == b["input_ids"].tolist()
+        assert row["target_ids"].tolist() == b["target_ids"].tolist()
     assert tok.decode(a["input_ids"].tolist()).endswith(
         "<|im_start|>assistant\n<think>\nNeed the tool.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", "
         "\"arguments\": {\"city\": \"Oslo\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n-3\n"
