@@ -669,7 +669,7 @@ def tokenize_dataset(
         with stored_plan(out, "tokenized", key, lambda plan: _tokenize_plan_ok(plan, identity)) as slot:
             if slot.plan is None:
                 slices, total = plan_tokenize_tasks(files, cfg.rows_per_shard)
-                log.info("planned %d tokenize tasks from %d input files", len(slices), len(files))
+                log.info("planned %d tokenize tasks from %d inputs", len(slices), len(files))
             else:
                 slices = [tuple(Slice(p, a, b, o, tuple(g) if g else None) for p, a, b, o, g in t)
                           for t in slot.plan["tasks"]]
