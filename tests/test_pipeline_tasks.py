@@ -283,7 +283,7 @@ def test_a_second_pack_rank_checks_only_its_own_shards(corpus, tmp_path, monkeyp
     tok = tmp_path / "tok"
     tokenize_dataset([corpus / "data.jsonl"], tok, TokenizeConfig(media_root=str(corpus), rows_per_shard=100), workers=1)
     cfg = PackConfig(max_tokens=4096, media="reference")
-    whole = pack_dataset(tok, tmp_path / "whole", cfg, workers=1)
+    pack_dataset(tok, tmp_path / "whole", cfg, workers=1)
     seen: list[str] = []
     real = pipeline.open_shard
 
