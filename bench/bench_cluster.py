@@ -26,16 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import best_s
 from bench.corpus import make_corpus
-
-
-def _best_s(fn, repeat: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def _planning(base: Path, n: int) -> list[str]:
@@ -49,7 +41,7 @@ def _planning(base: Path, n: int) -> list[str]:
     with open(files[0], "rb") as fh:  # both sides read from the page cache: the scan is CPU, not the disk
         while fh.read(1 << 24):
             pass
-    plan_s = _best_s(lambda: pipeline.plan_tokenize_tasks(files, 50_000))
+    plan_s = best_s(lambda: pipeline.plan_tokenize_tasks(files, 50_000))
     # the plan as a run stores it in .packtool/plan.json, and read back as a second rank reads it
     slices, total = pipeline.plan_tokenize_tasks(files, 50_000)
     stored = {"kind": "tokenized", "key": "0" * 16, "n_tasks": len(slices), "total": total,
@@ -62,7 +54,7 @@ def _planning(base: Path, n: int) -> list[str]:
         plan = json.loads(plan_file.read_text())
         assert pipeline._tokenize_plan_ok(plan, inputs)
 
-    read_s = _best_s(read_stored)
+    read_s = best_s(read_stored)
     per_task = plan_file.stat().st_size / len(slices)
     return [f"| plan a tokenize run: scan {n:,} records ({size / 1e6:,.0f} MB JSONL, {len(slices)} tasks) "
             f"| {plan_s:.2f} s ({size / plan_s / 1e6:,.0f} MB/s, {n / plan_s / 1e6:.1f}M lines/s) "
