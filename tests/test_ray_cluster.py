@@ -241,15 +241,20 @@ def test_two_node_cluster_spreads_tasks_and_survives_a_lost_node(cluster, tmp_pa
         proc = subprocess.Popen([sys.executable, "-m", "packtool", "pack", "tok", "-o", out, *pack_args, *on_ray],
                                 cwd=tmp_path, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         killed: list[int] = []
-        while proc.poll() is None and not killed:
-            busy = cluster.busy_workers("node2")
-            if busy:
-                killed = [cluster.raylet("node2"), *busy]
-                for pid in killed:
-                    os.kill(pid, signal.SIGKILL)
-            else:
-                time.sleep(0.005)
-        _, err = proc.communicate(timeout=600)
+        try:
+            while proc.poll() is None and not killed:
+                busy = cluster.busy_workers("node2")
+                if busy:
+                    killed = [cluster.raylet("node2"), *busy]
+                    for pid in killed:
+                        os.kill(pid, signal.SIGKILL)
+                else:
+                    time.sleep(0.005)
+            _, err = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:  # the test failed while the run went on: stop it
+                proc.kill()
+                proc.wait()
         assert proc.returncode == 0, err + cluster.logs()
         if killed:
             break
