@@ -565,10 +565,13 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
     """One tokenize task: its slices → ``part-TTTTT-*.parquet`` + errors + completion marker."""
     from .rows import encode_samples
     from .schema import TOKENIZED
+    from .tokenization import tokenizer_path
 
     out = Path(_at(task.out_dir, task.cwd))
     clear_task(out, task.index)
-    ctx = _encode_context(task.cfg)
+    own = tokenizer_path(task.cfg.tokenizer)  # a tokenizer file given relative to the driver's directory
+    ctx = _encode_context(task.cfg if own is None or _at(own, task.cwd) == own
+                          else replace(task.cfg, tokenizer=_at(own, task.cwd)))
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     n_rows = n_samples = n_tokens = n_units = 0
     tree_counts: Counter[str] = Counter()

@@ -299,3 +299,35 @@ def test_a_second_pack_rank_checks_only_its_own_shards(corpus, tmp_path, monkeyp
     pack_dataset(tok, tmp_path / "ranks", cfg, workers=1, rank=1, world_size=2)
     assert seen == ["part-00001-00000.parquet", "part-00003-00000.parquet"]  # its tasks' shards, each read once
     assert hashes(tmp_path / "ranks") == hashes(tmp_path / "whole")
+
+
+def test_a_task_opens_the_drivers_relative_paths_from_any_directory(corpus, tmp_path, monkeypatch):
+    """A Ray worker on another node runs in its own directory, not the driver's: a task still
+    opens the inputs, the output and a tokenizer file named relative to the driver's directory,
+    and writes what a task run there writes."""
+    import shutil
+
+    from tests.test_templates import LLAMA3_SPECIALS, byte_level_tokenizer
+
+    driver, elsewhere = tmp_path / "driver", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    byte_level_tokenizer(driver / "tok", LLAMA3_SPECIALS)
+    shutil.copy(corpus / "data.jsonl", driver / "in.jsonl")
+    monkeypatch.chdir(driver)
+    cfg = TokenizeConfig(media_root=str(corpus), rows_per_shard=200, tokenizer="tok", template="llama3", model="fixed:3")
+    here = tokenize_dataset(["in.jsonl"], "here", cfg, workers=1)
+    real = pipeline.run_tasks
+
+    def in_another_directory(fn, tasks, ex, *args, **kwargs):
+        os.chdir(elsewhere)  # as a worker on another node: the tasks were made in the driver's
+        pipeline._CONTEXTS.clear()  # and a fresh worker has loaded no tokenizer yet
+        try:
+            return real(fn, tasks, ex, *args, **kwargs)
+        finally:
+            os.chdir(driver)
+
+    monkeypatch.setattr(pipeline, "run_tasks", in_another_directory)
+    there = tokenize_dataset(["in.jsonl"], "there", cfg, workers=1)
+    assert here["counts"]["tasks"] == 3 and here["counts"]["samples"] > 400
+    assert there["counts"] == here["counts"] and hashes(driver / "there") == hashes(driver / "here")
+    assert list(elsewhere.iterdir()) == []
