@@ -20,9 +20,9 @@ the first error is re-raised in the driver.
 On a Ray cluster (``ray_address``) tasks are spread over the nodes, one CPU each, and a task
 whose worker or node dies is run again elsewhere (:data:`RAY_TASK_RETRIES`): a task clears
 what an earlier attempt left and publishes through its completion marker, so the retry
-writes the same bytes. Tasks get absolute paths from the driver (a worker's working
-directory is its node's), so every node must see inputs, media and output at the same
-paths: shared storage.
+writes the same bytes. A worker's working directory is its node's, so tasks open relative
+paths against the driver's (``pipeline._at``); every node must see inputs, media and output
+at the same paths: shared storage.
 """
 
 from __future__ import annotations
