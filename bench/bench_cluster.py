@@ -13,7 +13,7 @@ Two measures, each against its baseline in the same call:
   round trip (a task that returns at once) is measured on the same runtime for scale.
 
 ``python -m bench cluster`` generates 1,000,000 records for the planning pass and tokenizes
-4,000 records as 400 tasks and as 4 (a few minutes on 2 cores); ``--quick`` uses 200,000 and
+4,000 records as 400 tasks and as 4 (about 90 s on 2 cores); ``--quick`` uses 200,000 and
 1,000 records (100 and 2 tasks).
 """
 
