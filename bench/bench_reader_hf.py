@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from bench import best_s
+
 _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT / "tests") not in sys.path:
     sys.path.insert(0, str(_ROOT / "tests"))
@@ -49,12 +51,7 @@ def _corpus(root: Path, n: int) -> list[Path]:
 
 
 def _ms(fn, repeat: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
+    return best_s(fn, repeat) * 1e3
 
 
 # family -> (test module with SPECIALS and tiny_model, extra tokenize settings, tiny_model takes the family name)

@@ -16,6 +16,13 @@ function, so the output never depends on which one ran it, or with how many work
 Results come back to ``on_result`` in completion order; callers that need a fixed order
 (manifests) sort by task index. When a task raises, the remaining ones are cancelled and
 the first error is re-raised in the driver.
+
+On a Ray cluster (``ray_address``) tasks are spread over the nodes, one CPU each, and a task
+whose worker or node dies is run again elsewhere (:data:`RAY_TASK_RETRIES`): a task clears
+what an earlier attempt left and publishes through its completion marker, so the retry
+writes the same bytes. A worker's working directory is its node's, so tasks open relative
+paths against the driver's (``pipeline._at``); every node must see inputs, media and output
+at the same paths: shared storage.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -32,7 +40,8 @@ from typing import Any
 
 from .errors import ConfigError, PacktoolError
 
-__all__ = ["ExecutorConfig", "run_tasks", "default_workers", "Reporter", "set_total"]
+__all__ = ["ExecutorConfig", "run_tasks", "default_workers", "Reporter", "set_total", "worker_place",
+           "RAY_TASK_RETRIES"]
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +293,32 @@ def _run_pool(fn, tasks, workers, progress, collect) -> None:
 # ---------------------------------------------------------------- Ray
 
 
+#: Attempts Ray makes again at a task whose worker or node died (``max_retries``). A task is
+#: idempotent: it clears what an earlier attempt left and publishes through its completion
+#: marker, so a retry on another node writes the same bytes. A task's own error is not retried.
+RAY_TASK_RETRIES = 3
+
+#: Where the current process runs tasks, for the completion markers (:func:`worker_place`).
+_RAY_NODE: str | None = None
+
+
+def worker_place() -> dict:
+    """Where this task runs: ``{"host", "pid"}``, plus ``"ray_node"`` (the node id) in a Ray task.
+
+    Recorded in each completion marker, so a run spread over a cluster says which node wrote
+    which task; nothing else reads it and it never reaches a shard or the manifest.
+    """
+    place = {"host": socket.gethostname(), "pid": os.getpid()}
+    if _RAY_NODE is not None:
+        place["ray_node"] = _RAY_NODE
+    return place
+
+
 def _ray_entry(fn, task, q) -> dict:
+    global _RAY_NODE
+    import ray
+
+    _RAY_NODE = ray.get_runtime_context().get_node_id()
     rep = Reporter(q.put if q is not None else None)
     res = fn(task, rep)
     rep.flush()
@@ -302,12 +336,23 @@ def _run_ray(fn, tasks, ex: ExecutorConfig, progress, collect) -> None:
         from ray.util.queue import Queue
     except ImportError:
         raise ConfigError("--executor ray needs Ray; run `pip install packtool[ray]`") from None
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     started = False
     if not ray.is_initialized():
-        ray.init(address=ex.ray_address, log_to_driver=False, include_dashboard=False)
+        # a local runtime is started without its dashboard; a cluster's own settings are its own
+        extra = {} if ex.ray_address else {"include_dashboard": False}
+        ray.init(address=ex.ray_address, log_to_driver=False, **extra)
         started = True
-    q = Queue(actor_options={"num_cpus": 0})
-    remote = ray.remote(num_cpus=1)(_ray_entry)
+    # The progress queue lives on the driver's node: on any other node, losing that node
+    # would fail every task that reports to it.
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    q = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
+    # SPREAD: tasks go round the nodes that have a free CPU; Ray's default keeps tasks on the
+    # driver's node until half its CPUs are busy, which on a cluster of small nodes leaves
+    # the others idle at the start of every stage.
+    remote = ray.remote(num_cpus=1, scheduling_strategy="SPREAD", max_retries=RAY_TASK_RETRIES,
+                        retry_exceptions=False)(_ray_entry)
     fn_ref = ray.put(fn)
     refs = {remote.remote(fn_ref, task, q): i for i, task in enumerate(tasks)}
     try:

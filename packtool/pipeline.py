@@ -40,7 +40,7 @@ from .errors import (
     SampleError,
     TooManyErrorsError,
 )
-from .executors import ExecutorConfig, run_tasks, set_total
+from .executors import ExecutorConfig, run_tasks, set_total, worker_place
 from .formats import Rejected, expand_inputs, parse_json_line, parse_record
 from .shards import (
     ERRORS,
@@ -56,6 +56,7 @@ from .shards import (
     read_run,
     run_lock,
     shard_error,
+    stored_plan,
     sweep_stale_tmps,
     task_errors_path,
     task_prefix,
@@ -372,6 +373,19 @@ class _TokenizeTask:
     config_digest: str
     max_errors: int | None
     on_error: str
+    cwd: str = "."  # the driver's working directory, which relative paths are relative to
+
+
+def _at(path: str, cwd: str) -> str:
+    """``path`` as a task opens it: relative to the driver's working directory ``cwd``.
+
+    A Ray worker on another node runs in its own node's directory; a task in the driver's
+    directory (in-process, the local pool) opens the path unchanged, so messages that quote
+    it read the same as before.
+    """
+    if os.path.isabs(path) or os.path.abspath(cwd) == os.getcwd():
+        return path
+    return os.path.join(cwd, path)
 
 
 def _splittable(path: Path) -> bool:
@@ -520,7 +534,8 @@ def _slice_records(sl: Slice) -> Iterator[tuple[int, object]]:
 
 def _task_samples(task: _TokenizeTask) -> Iterator:
     for sl in task.slices:
-        for row, rec in _slice_records(sl):
+        at = _at(sl.path, task.cwd)  # rows keep the input's name as given for their source
+        for row, rec in _slice_records(sl if at == sl.path else replace(sl, path=at)):
             yield parse_record(rec, sl.path, row, task.cfg.format)
 
 
@@ -553,10 +568,13 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
     """One tokenize task: its slices → ``part-TTTTT-*.parquet`` + errors + completion marker."""
     from .rows import encode_samples
     from .schema import TOKENIZED
+    from .tokenization import tokenizer_path
 
-    out = Path(task.out_dir)
+    out = Path(_at(task.out_dir, task.cwd))
     clear_task(out, task.index)
-    ctx = _encode_context(task.cfg)
+    own = tokenizer_path(task.cfg.tokenizer)  # a tokenizer file given relative to the driver's directory
+    ctx = _encode_context(task.cfg if own is None or _at(own, task.cwd) == own
+                          else replace(task.cfg, tokenizer=_at(own, task.cwd)))
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     n_rows = n_samples = n_tokens = n_units = 0
     tree_counts: Counter[str] = Counter()
@@ -592,7 +610,8 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
               "rejected_by_reason": dict(sorted(errors.by_reason.items())), "tokens": n_tokens, "vision_units": n_units,
               "branches": tree_counts["branches"], "split_extra_trees": tree_counts["split_extra_trees"],
               "merged_records": tree_counts["merged_records"]}
-    record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts}
+    record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts,
+              "ran_on": worker_place()}
     write_marker(out, task.index, record)
     return record
 
@@ -639,7 +658,6 @@ def tokenize_dataset(
     # the manifest records the root as resolved here, so pack (run from anywhere) opens the same files
     cfg = replace(cfg, media_root=str(Path(cfg.media_root).resolve()))
     ctx = _encode_context(cfg)  # fails fast on a bad --model/--template/--tokenizer
-    slices, total = plan_tokenize_tasks(files, cfg.rows_per_shard)
     config = cfg.to_dict()
     config["inputs"] = [str(f) for f in files]
     digest = digest_of(config, exclude=("max_errors",))
@@ -650,22 +668,67 @@ def tokenize_dataset(
                    "default_max_vision_units": family.default_max_vision_units},
         "template": ctx.template.settings(),
     }
-    run = {"kind": "tokenized", "config": config, "config_digest": digest, "world_size": ex.world_size,
-           "n_tasks": len(slices), "tasks_digest": _tasks_digest(slices),
-           "inputs": {str(f): [f.stat().st_size, f.stat().st_mtime_ns] for f in files}, "manifest": manifest_extra,
-           "max_errors": cfg.max_errors}
+    # what the plan depends on, known from a stat of each input: nothing is read yet
+    identity = {str(f): [st.st_size, st.st_mtime_ns] for f in files for st in (f.stat(),)}
+    key = digest_of({"plan_version": PLAN_VERSION, "config_digest": digest, "inputs": identity})
     with run_lock(out, ex.rank):  # a second run of this rank into `out` is refused, naming this one
-        done = prepare_run(out, run, overwrite)
-        if done is not None:
-            log.info("%s already holds this run; nothing to do", out)
-            return done
+        with stored_plan(out, "tokenized", key, lambda plan: _tokenize_plan_ok(plan, identity)) as slot:
+            if slot.plan is None:
+                slices, total = plan_tokenize_tasks(files, cfg.rows_per_shard)
+                log.info("planned %d tokenize tasks from %d inputs", len(slices), len(files))
+            else:
+                slices = [tuple(Slice(p, a, b, o, tuple(g) if g else None) for p, a, b, o, g in t)
+                          for t in slot.plan["tasks"]]
+                total = slot.plan["total"]
+                log.info("read the stored plan of %d tokenize tasks; the inputs are not scanned again", len(slices))
+            run = {"kind": "tokenized", "config": config, "config_digest": digest, "world_size": ex.world_size,
+                   "n_tasks": len(slices), "tasks_digest": _tasks_digest(slices), "inputs": identity,
+                   "manifest": manifest_extra, "max_errors": cfg.max_errors}
+            done = prepare_run(out, run, overwrite)
+            if done is not None:
+                log.info("%s already holds this run; nothing to do", out)
+                return done
+            slot.store({"kind": "tokenized", "key": key, "n_tasks": len(slices), "total": total,
+                        "tasks": [[[sl.path, sl.start, sl.stop, sl.offset, list(sl.groups) if sl.groups else None]
+                                   for sl in t] for t in slices]})
         driver = _Driver(out, digest, len(slices), ex, cfg.max_errors)
         todo, _ = driver.pending()
-        tasks = [_TokenizeTask(t, slices[t], str(out), cfg, digest, cfg.max_errors, on_error) for t in todo]
+        tasks = [_TokenizeTask(t, slices[t], str(out), cfg, digest, cfg.max_errors, on_error, os.getcwd()) for t in todo]
         if total is not None:
             set_total(progress, sum(sum(s.stop - s.start for s in slices[t]) for t in todo))
         driver.run(_tokenize_task, tasks, todo, progress)
         return _finish_or_partial(out, run, ex)
+
+
+#: Layout of the stored task plan (``.packtool/plan.json``); part of its key.
+PLAN_VERSION = 1
+
+
+def _tokenize_plan_ok(plan: dict, inputs: dict) -> bool:
+    """Whether a stored tokenize plan is well formed and reads only this run's ``inputs``.
+
+    The plan file sits in the output directory like any state; a task must never be sent to a
+    file the user did not name, however the file was changed.
+    """
+    def is_count(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    tasks = plan.get("tasks")
+    if not isinstance(tasks, list) or plan.get("n_tasks") != len(tasks) or not (
+            plan.get("total") is None or is_count(plan.get("total"))):
+        return False
+    for task in tasks:
+        if not isinstance(task, list) or not task:
+            return False
+        for sl in task:
+            if not (isinstance(sl, list) and len(sl) == 5 and sl[0] in inputs and is_count(sl[1])):
+                return False
+            _, start, stop, offset, groups = sl
+            if not ((stop is None or is_count(stop) and stop >= start) and (offset is None or is_count(offset))
+                    and (groups is None or isinstance(groups, list) and len(groups) == 2
+                         and all(is_count(g) for g in groups) and groups[0] <= groups[1])):
+                return False
+    return True
 
 
 # ============================================================================ pack
@@ -721,6 +784,7 @@ class _PackTask:
     on_error: str
     check_mtime: bool = True  # False when pack reads media from another root than tokenize counted (copies)
     entry: dict | None = None  # the tokenized manifest's entry for src_file: size, rows, sha256 to check
+    cwd: str = "."  # the driver's working directory, which relative paths are relative to
 
 
 def _media_problems(pf, media_root: Path, check_mtime: bool) -> dict[int, tuple[str, str]]:
@@ -866,7 +930,7 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
     from .packer import PackPlan, assemble_packs, plan_packs
 
     cfg = task.cfg
-    src = Path(task.src_file)
+    src = Path(_at(task.src_file, task.cwd))
     if task.entry is not None:
         # the whole file against the manifest's sha256 (a pass over bytes the task reads anyway):
         # a cut, flipped, emptied or swapped shard stops here, before anything is planned
@@ -906,7 +970,7 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
     if task.out_dir is None:
         report(len(tokens))
         return {"task": task.index, "counts": counts, "plan": plan}
-    out = Path(task.out_dir)
+    out = Path(_at(task.out_dir, task.cwd))
     clear_task(out, task.index)
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     try:
@@ -942,7 +1006,8 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
     except BaseException:
         errors.abort()
         raise
-    record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts}
+    record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts,
+              "ran_on": worker_place()}
     write_marker(out, task.index, record)
     return record
 
@@ -1004,15 +1069,18 @@ def pack_dataset(
     config = {**cfg.to_dict(), "max_vision_units": max_units, "source_digest": tok_manifest["config_digest"]}
     digest = digest_of(config)
     entries = tok_manifest["shards"]
-    for entry in entries:  # the cheap checks of every shard before any task starts (sha256 is per task)
-        open_shard(src, entry)
     capacities = {"max_tokens": cfg.max_tokens, "max_vision_units": max_units}
 
     def make(t: int, out_dir: str | None) -> _PackTask:
         return _PackTask(t, str(src / entries[t]["file"]), out_dir, cfg, max_units, str(root), digest, max_errors, on_error,
-                         check_mtime, entries[t])
+                         check_mtime, entries[t], os.getcwd())
+
+    def check_shards() -> None:  # the cheap checks of every shard before any task starts (sha256 is per task)
+        for entry in entries:
+            open_shard(src, entry)
 
     if dry_run:
+        check_shards()
         dry = ExecutorConfig(executor=ex.executor, workers=ex.workers, ray_address=ex.ray_address)
         set_total(progress, sum(e["rows"] for e in entries))
         results = run_tasks(_pack_task, [make(t, None) for t in range(len(entries))], dry, progress)
@@ -1029,10 +1097,17 @@ def pack_dataset(
     run = {"kind": "packed", "config": config, "config_digest": digest, "world_size": ex.world_size,
            "n_tasks": len(entries), "tasks_digest": digest_of({"shards": [e["file"] for e in entries]}),
            "inputs": {e["file"]: e["sha256"] for e in entries}, "manifest": manifest_extra, "max_errors": max_errors}
+    files = [e["file"] for e in entries]
+    key = digest_of({"plan_version": PLAN_VERSION, "config_digest": digest, "inputs": run["inputs"], "tasks": files})
     with run_lock(out, ex.rank):
-        done = prepare_run(out, run, overwrite)
-        if done is not None:
-            return done
+        # one task per tokenized shard: the plan is the list of shards, checked once per run
+        with stored_plan(out, "packed", key, lambda plan: plan.get("tasks") == files) as slot:
+            if slot.plan is None:
+                check_shards()
+            done = prepare_run(out, run, overwrite)
+            if done is not None:
+                return done
+            slot.store({"kind": "packed", "key": key, "n_tasks": len(files), "tasks": files})
         driver = _Driver(out, digest, len(entries), ex, max_errors)
         todo, _ = driver.pending()
         set_total(progress, sum(entries[t]["rows"] for t in todo))

@@ -20,7 +20,7 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +80,8 @@ ERRORS = f"{STATE_DIR}/errors.jsonl"
 LEGACY_MANIFEST = "manifest.json"
 LEGACY_ERRORS = "errors.jsonl"
 RUN_STATE = "run.json"
+#: The task plan of the run, in the state folder (:func:`stored_plan`).
+PLAN = "plan.json"
 
 # Fixed writer options: the same rows always give the same bytes.
 # Page checksums (CRC32 per data page) let every read notice a damaged page for the cost of a CRC.
@@ -592,12 +594,63 @@ def run_lock(out_dir: Path, rank: int = 0) -> Iterator[None]:
             if made_state:
                 with contextlib.suppress(OSError):
                     path.unlink()
+                    (out_dir / STATE_DIR / "plan.lock").unlink(missing_ok=True)
                     (out_dir / STATE_DIR).rmdir()
                     if made_out:
                         out_dir.rmdir()
             raise
     finally:
         os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def stored_plan(out_dir: Path, kind: str, key: str, check: Callable[[dict], bool]) -> Iterator[PlanSlot]:
+    """The task plan of the run in ``out_dir``, made by one process however many ranks start.
+
+    Planning a tokenize run reads every input (line counts and byte offsets), which a run of
+    many ranks must not repeat once per rank. The first process to take an exclusive ``flock``
+    on ``.packtool/plan.lock`` plans and stores ``.packtool/plan.json`` (written whole or not at
+    all); every other rank waits for that lock, then reads the stored plan. ``key`` is a digest
+    of what the plan depends on (the configuration and the inputs' sizes and modification
+    times), so a stored plan of other settings or changed inputs is not used; ``check`` vets a
+    plan read back (its tasks name only this run's inputs), and a plan it rejects is made again.
+
+    Usage: ``slot.plan`` is the stored plan or ``None``; the caller plans when it is ``None``,
+    prepares the run (:func:`prepare_run`, which may clear the folder) and calls
+    ``slot.store(plan)`` inside the block, so the plan is on disk before the lock is let go.
+
+    Example:
+        >>> with stored_plan(out, "tokenized", key, check) as slot:   # doctest: +SKIP
+        ...     plan = slot.plan or make_plan()
+        ...     prepare_run(out, run, overwrite)
+        ...     slot.store(plan)
+    """
+    import fcntl
+
+    state = Path(out_dir) / STATE_DIR
+    fd = os.open(state / "plan.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # blocks while another rank plans: seconds to minutes, once per run
+        plan = _read_state(state / PLAN)
+        found = plan.get("kind") == kind and plan.get("key") == key and check(plan)
+        if plan and not found:
+            log.info("%s: the stored task plan is of other settings or inputs; planning again", out_dir)
+        yield PlanSlot(state / PLAN, plan if found else None)
+    finally:
+        os.close(fd)
+
+
+class PlanSlot:
+    """What :func:`stored_plan` hands out: the plan found (or ``None``) and how to store one."""
+
+    def __init__(self, path: Path, plan: dict | None) -> None:
+        self.path = path
+        self.plan = plan
+
+    def store(self, plan: dict) -> None:
+        """Write ``plan`` unless the same plan is there already (another rank's, or ours)."""
+        if _read_state(self.path) != plan:
+            atomic_write_text(self.path, json.dumps(plan, separators=(",", ":")) + "\n")
 
 
 def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:

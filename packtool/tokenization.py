@@ -32,8 +32,8 @@ from pathlib import Path
 
 from .errors import ConfigError
 
-__all__ = ["Tokenizer", "QwenTiktoken", "HFTokenizer", "load_tokenizer", "resolve_hf_cache", "QWEN2_SPECIAL_TOKENS",
-           "QWEN3_ADDED_TOKENS"]
+__all__ = ["Tokenizer", "QwenTiktoken", "HFTokenizer", "load_tokenizer", "tokenizer_path", "resolve_hf_cache",
+           "QWEN2_SPECIAL_TOKENS", "QWEN3_ADDED_TOKENS"]
 
 #: Qwen2 / Qwen2.5 (and Qwen2-VL) special tokens, by id, as in the released tokenizer_config.json.
 QWEN2_SPECIAL_TOKENS: dict[str, int] = {
@@ -295,6 +295,18 @@ def resolve_hf_cache(name: str) -> Path:
 
 
 @lru_cache(maxsize=4)
+def tokenizer_path(spec: str | None) -> str | None:
+    """The local path a ``--tokenizer`` value names, or ``None`` for the embedded vocabulary or an ``hf:`` name.
+
+    Example:
+        >>> tokenizer_path("tok/tokenizer.json"), tokenizer_path("hf:Qwen/Qwen2-VL-7B-Instruct"), tokenizer_path(None)
+        ('tok/tokenizer.json', None, None)
+    """
+    if spec in (None, "", "qwen2", "default") or spec.startswith("hf:"):
+        return None
+    return spec
+
+
 def load_tokenizer(spec: str | None = None) -> Tokenizer:
     """The tokenizer named by ``--tokenizer``.
 
@@ -312,4 +324,4 @@ def load_tokenizer(spec: str | None = None) -> Tokenizer:
         if not name:
             raise ConfigError("--tokenizer hf: needs a model name, e.g. hf:Qwen/Qwen2-VL-7B-Instruct")
         return HFTokenizer(resolve_hf_cache(name), name=spec)
-    return HFTokenizer(Path(spec))
+    return HFTokenizer(Path(tokenizer_path(spec)))

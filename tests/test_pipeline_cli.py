@@ -141,3 +141,26 @@ def test_overwrite_removes_only_the_files_the_run_wrote(demo_dirs, tmp_path):
     manifest = json.loads((out / ".packtool" / "manifest.json").read_text())
     assert manifest["capacities"]["max_tokens"] == 4096
     assert sorted(s["file"] for s in manifest["shards"]) == own  # the same names, rewritten
+
+
+@pytest.mark.slow  # two CLI processes at once
+def test_ranks_started_together_plan_once(corpus, tmp_path):
+    """Two ranks started at the same moment: one plans (under the plan lock) and the other
+    reads the plan it stored; together they write what one rank writes."""
+    src, sample = corpus
+    out = tmp_path / "tok"
+    base = [sys.executable, "-m", "packtool", "-v", "tokenize", str(src), "--media-root", str(sample), "-o", str(out),
+            "--rows-per-shard", "8", "--quiet", "--world-size", "2"]
+    procs = [subprocess.Popen([*base, "--rank", str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    logs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    planned = ["planned 4 tokenize tasks from 1 inputs" in log for log in logs]
+    stored = ["read the stored plan of 4 tokenize tasks" in log for log in logs]
+    assert sorted(planned) == [False, True] and stored == [not p for p in planned], logs
+    one = tmp_path / "one"
+    r = run("tokenize", str(src), "--media-root", str(sample), "-o", str(one), "--rows-per-shard", "8", "--quiet")
+    assert r.returncode == 0, r.stderr
+    run("merge", str(out))  # whichever rank finished last wrote the manifest already; merging again changes nothing
+    for name in ("manifest.json", "errors.jsonl"):
+        assert (out / ".packtool" / name).read_bytes() == (one / ".packtool" / name).read_bytes()

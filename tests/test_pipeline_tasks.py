@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -206,3 +207,127 @@ def test_a_corpus_with_no_good_row_still_gives_whole_empty_outputs(tmp_path):
     assert validate_dir(tmp_path / "tok")["ok"] and validate_dir(tmp_path / "packed")["ok"]
     dry = pack_dataset(tmp_path / "tok", tmp_path / "unused", PackConfig(), dry_run=True)
     assert dry["counts"]["packs"] == 0 and dry["plans"] == []
+
+
+# ---------------------------------------------------------------- the plan, made once per run
+
+_OPENED: list[str] | None = None  # paths opened while a test listens (None: not listening)
+
+
+def _listen(event: str, args: tuple) -> None:
+    if _OPENED is not None and event == "open" and isinstance(args[0], (str, Path)):
+        _OPENED.append(os.path.abspath(args[0]))
+
+
+sys.addaudithook(_listen)  # audit hooks stay for the life of the process; this one only listens
+
+
+def opened_during(fn, *args, **kwargs) -> tuple[object, list[str]]:
+    """``fn(...)``'s result and every file it opened through Python (``open``, ``os.open``)."""
+    global _OPENED
+    _OPENED = []
+    try:
+        return fn(*args, **kwargs), _OPENED
+    finally:
+        _OPENED = None
+
+
+@pytest.fixture(scope="module")
+def three_inputs(corpus, tmp_path_factory) -> list[Path]:
+    """Three JSONL files of 100 rows: with 100 rows per task, task t reads file t alone."""
+    d = tmp_path_factory.mktemp("three")
+    lines = (corpus / "data.jsonl").read_text().splitlines()
+    return [write(d / f"{name}.jsonl", lines[100 * k:100 * (k + 1)]) for k, name in enumerate("abc")]
+
+
+def test_a_second_rank_reads_the_stored_plan_not_every_input(three_inputs, corpus, tmp_path):
+    """Rank 0 plans (reading every input) and stores the plan; rank 1 then opens only the
+    input of its own task, once, and the merged run is byte-identical to a one-rank run."""
+    a, b, c = (str(p) for p in three_inputs)
+    cfg = TokenizeConfig(media_root=str(corpus), rows_per_shard=100)
+    whole = tokenize_dataset(three_inputs, tmp_path / "whole", cfg, workers=1)
+    assert whole["counts"]["tasks"] == 3
+    out = tmp_path / "ranks"
+    _, first = opened_during(tokenize_dataset, three_inputs, out, cfg, workers=1, rank=0, world_size=2)
+    assert {a, b, c} <= set(first)  # the planner read them all (b only to count its lines)
+    plan = json.loads((out / ".packtool" / "plan.json").read_text())
+    assert plan["n_tasks"] == 3 and [[s[0] for s in t] for t in plan["tasks"]] == [[a], [b], [c]]
+    partial, second = opened_during(tokenize_dataset, three_inputs, out, cfg, workers=1, rank=1, world_size=2)
+    assert [p for p in second if p in (a, b, c)] == [b]  # its own slice, read once; a and c untouched
+    assert partial["kind"] == "tokenized" and "partial" not in partial  # the last rank wrote the manifest
+    pipeline.merge_output(out)  # idempotent: the same bytes again
+    for name in ("manifest.json", "errors.jsonl"):
+        assert (out / ".packtool" / name).read_bytes() == (tmp_path / "whole" / ".packtool" / name).read_bytes()
+    # the same rank 1 without a stored plan (a fresh directory) reads every input: what is saved above
+    _, alone = opened_during(tokenize_dataset, three_inputs, tmp_path / "alone", cfg, workers=1, rank=1, world_size=2)
+    assert {a, c} <= set(alone)
+
+
+def test_a_stored_plan_of_other_inputs_or_a_tampered_one_is_not_used(three_inputs, corpus, tmp_path):
+    cfg = TokenizeConfig(media_root=str(corpus), rows_per_shard=100)
+    out = tmp_path / "tok"
+    tokenize_dataset(three_inputs, out, cfg, workers=1, rank=0, world_size=2)
+    state = out / ".packtool" / "plan.json"
+    plan = json.loads(state.read_text())
+    outside = tmp_path / "secret.jsonl"
+    outside.write_text('{"id": "not an input"}\n')
+    plan["tasks"][1] = [[str(outside), 0, 1, 0, None]]
+    state.write_text(json.dumps(plan))
+    _, opened = opened_during(tokenize_dataset, three_inputs, out, cfg, workers=1, rank=1, world_size=2)
+    assert str(outside) not in opened and str(three_inputs[0]) in opened  # planned again from the inputs
+    assert json.loads(state.read_text())["tasks"][1] == [[str(three_inputs[1]), 0, 100, 0, None]]
+    assert (out / ".packtool" / "manifest.json").is_file()
+
+
+def test_a_second_pack_rank_checks_only_its_own_shards(corpus, tmp_path, monkeypatch):
+    tok = tmp_path / "tok"
+    tokenize_dataset([corpus / "data.jsonl"], tok, TokenizeConfig(media_root=str(corpus), rows_per_shard=100), workers=1)
+    cfg = PackConfig(max_tokens=4096, media="reference")
+    pack_dataset(tok, tmp_path / "whole", cfg, workers=1)
+    seen: list[str] = []
+    real = pipeline.open_shard
+
+    def spy(directory, entry, **kw):
+        seen.append(entry["file"])
+        return real(directory, entry, **kw)
+
+    monkeypatch.setattr(pipeline, "open_shard", spy)
+    pack_dataset(tok, tmp_path / "ranks", cfg, workers=1, rank=0, world_size=2)
+    # the planner checks every shard's footer, then reads its own tasks' shards (0, 2, 4) whole
+    assert sorted(seen) == sorted([f"part-{t:05d}-00000.parquet" for t in (0, 1, 2, 3, 4, 0, 2, 4)])
+    seen.clear()
+    pack_dataset(tok, tmp_path / "ranks", cfg, workers=1, rank=1, world_size=2)
+    assert seen == ["part-00001-00000.parquet", "part-00003-00000.parquet"]  # its tasks' shards, each read once
+    assert hashes(tmp_path / "ranks") == hashes(tmp_path / "whole")
+
+
+def test_a_task_opens_the_drivers_relative_paths_from_any_directory(corpus, tmp_path, monkeypatch):
+    """A Ray worker on another node runs in its own directory, not the driver's: a task still
+    opens the inputs, the output and a tokenizer file named relative to the driver's directory,
+    and writes what a task run there writes."""
+    import shutil
+
+    from tests.test_templates import LLAMA3_SPECIALS, byte_level_tokenizer
+
+    driver, elsewhere = tmp_path / "driver", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    byte_level_tokenizer(driver / "tok", LLAMA3_SPECIALS)
+    shutil.copy(corpus / "data.jsonl", driver / "in.jsonl")
+    monkeypatch.chdir(driver)
+    cfg = TokenizeConfig(media_root=str(corpus), rows_per_shard=200, tokenizer="tok", template="llama3", model="fixed:3")
+    here = tokenize_dataset(["in.jsonl"], "here", cfg, workers=1)
+    real = pipeline.run_tasks
+
+    def in_another_directory(fn, tasks, ex, *args, **kwargs):
+        os.chdir(elsewhere)  # as a worker on another node: the tasks were made in the driver's
+        pipeline._CONTEXTS.clear()  # and a fresh worker has loaded no tokenizer yet
+        try:
+            return real(fn, tasks, ex, *args, **kwargs)
+        finally:
+            os.chdir(driver)
+
+    monkeypatch.setattr(pipeline, "run_tasks", in_another_directory)
+    there = tokenize_dataset(["in.jsonl"], "there", cfg, workers=1)
+    assert here["counts"]["tasks"] == 3 and here["counts"]["samples"] > 400
+    assert there["counts"] == here["counts"] and hashes(driver / "there") == hashes(driver / "here")
+    assert list(elsewhere.iterdir()) == []
