@@ -240,3 +240,42 @@ def test_column_cut_and_prefix_reuse_when_ratios_fall(seed):
         w = np.concatenate([w[keep], nw])[:12]
         u = np.concatenate([u[keep], nu])[:12]
         v = np.concatenate([v[keep], rng.integers(1, 40, k)])[:12]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_reach_ranges_are_the_subset_bounds(seed):
+    """``_reach`` (exact): in row ``b`` after item ``i`` the columns from ``max_w - W_max`` to
+    ``max_w - W_min`` over the subsets of the later fitting items with ``max_u - b`` units,
+    an empty range where there is none; the cone contains every such column. Checked against
+    every subset."""
+    from itertools import combinations
+
+    from packtool.knapsack import _FIT, _LO_B, _NCOL, _reach
+
+    rng = np.random.default_rng(300 + seed)
+    for _ in range(20):
+        n = int(rng.integers(1, 9))
+        w, u = rng.integers(0, 9, n), rng.integers(0, 4, n)
+        max_w, max_u = int(rng.integers(1, 30)), int(rng.integers(0, 10))
+        fit = (w <= max_w) & (u <= max_u)
+        ints = np.zeros((n + 2, _NCOL), dtype=np.int64)
+        ints[:n, _FIT] = fit
+        for i in range(n):
+            ints[i, _LO_B] = max(max_u - int(u[i + 1:][fit[i + 1:]].sum()), 0)
+        for exact in (True, False):
+            reach = np.full((n, max_u + 1, 2), -7, dtype=np.int32)
+            _reach(w, u, max_w, max_u, ints, reach, np.zeros((2, max_u + 1), dtype=np.int64), exact)
+            for i in range(n):
+                later = [j for j in range(i + 1, n) if fit[j]]
+                sums: dict[int, list[int]] = {}
+                for r in range(len(later) + 1):
+                    for sub in combinations(later, r):
+                        sums.setdefault(int(u[list(sub)].sum()), []).append(int(w[list(sub)].sum()))
+                for b in range(int(ints[i, _LO_B]), max_u + 1):
+                    lo, hi = (int(x) for x in reach[i, b])
+                    ws = sums.get(max_u - b, [])
+                    if exact:  # clamped to -1 .. max_w + 1
+                        want = (max(max_w - max(ws), -1), max(max_w - min(ws), -1)) if ws else None
+                        assert (lo, hi) == want if want else lo > hi, (seed, i, b, lo, hi, ws)
+                    else:
+                        assert all(lo <= max_w - x <= hi for x in ws if max_w - x >= 0), (seed, i, b, lo, hi, ws)
