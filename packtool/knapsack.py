@@ -267,7 +267,8 @@ def _prepare(w, u, v, cap_w, cap_u, ints, chosen):  # pragma: no cover - compile
 
 @njit(cache=True)
 def _reach(w, u, max_w, max_u, ints, reach, span, exact):  # pragma: no cover - compiled
-    """The columns the backtrack can reach, per item and row: ``reach[i, b] = (lo, hi)``.
+    """The columns the backtrack can reach, per item and row ``b = max_u - k``: from
+    ``reach[i, 0, k]`` to ``reach[i, 1, k]``.
 
     The backtrack visits, after item ``i``, only cells ``(max_w - w(S), max_u - u(S))`` with
     ``S`` a subset of the later (fitting) items. In row ``b`` (``k = max_u - b`` units) that
@@ -275,7 +276,7 @@ def _reach(w, u, max_w, max_u, ints, reach, span, exact):  # pragma: no cover - 
     the least and greatest weight of a later subset of exactly ``k`` units.
 
     * ``exact``: those bounds, from two one-dimensional DPs over the unit count, item by item
-      from the last (in ``span[0]`` / ``span[1]``); a row no such subset has is empty
+      from the last (in ``span``); a row no such subset has is empty
       (``lo > hi``). About 40% fewer vector steps at the Molmo2 settings than the cone below.
     * otherwise a cone that stays valid while the later items change (prefix reuse compares
       the ranges of two calls, see :func:`_reusable`): ``W_min(k) >= r * k`` with ``r`` the
@@ -284,49 +285,60 @@ def _reach(w, u, max_w, max_u, ints, reach, span, exact):  # pragma: no cover - 
     Both are closed under the DP's reads: a cell in item ``i``'s ranges reads cells in item
     ``i - 1``'s (the same subset plus item ``i``, or the subset alone), so every cell in them
     is exact although the cells outside are never updated. Rows below ``ints[i, _LO_B]`` (no
-    later subset has that many units) are not written.
+    later subset has that many units) and the item's top row and those above it (updated
+    whole) are not written.
     """
     n = w.shape[0]
-    lo_w = span[0]
-    hi_w = span[1]
+    # span[p] / span[2 + p]: least / greatest weight per unit count, p the current pair
     for k in range(max_u + 1):
-        lo_w[k] = _FAR
-        hi_w[k] = -_FAR
-    lo_w[0] = 0
-    hi_w[0] = 0
+        span[0, k] = _FAR
+        span[1, k] = _FAR
+        span[2, k] = -_FAR
+        span[3, k] = -_FAR
+    span[0, 0] = 0
+    span[2, 0] = 0
+    p = 0
     top = 0
     rn = 0  # the cone's ratio rn / rd; 0 / 1 (no cut) while no later item has units
     rd = 1
     seen = False
     for i in range(n - 1, -1, -1):
+        fit = ints[i, _FIT] != 0
+        # the rows the item updates below its top row: k from max_u - hi + 1 on. (Indexing
+        # the 2-D arrays, not row views: a view costs two atomic reference counts.)
+        k0 = max_u - (min(max_u, ints[i, _PU] + u[i]) if fit else ints[i, _PU]) + 1
         if exact:
-            for k in range(top + 1):
-                b = max_u - k
-                reach[i, b, 0] = min(max(max_w - hi_w[k], -1), max_w + 1)
-                reach[i, b, 1] = min(max(max_w - lo_w[k], -1), max_w + 1)
-        else:
+            for k in range(k0, top + 1):
+                reach[i, 0, k] = min(max(max_w - span[2 + p, k], -1), max_w + 1)
+                reach[i, 1, k] = max(max_w - span[p, k], -1)
+        elif k0 <= top:
             # max_w - ceil(rn * k / rd), quotient and remainder carried from row to row
             qn = rn // rd
             rr = rn % rd
-            q = 0
-            r = rd - 1
-            for k in range(top + 1):
-                b = max_u - k
-                reach[i, b, 0] = -1
-                reach[i, b, 1] = max(max_w - q, -1)
+            q = (rn * k0 + rd - 1) // rd
+            r = (rn * k0 + rd - 1) % rd
+            for k in range(k0, top + 1):
+                reach[i, 0, k] = -1
+                reach[i, 1, k] = max(max_w - q, -1)
                 q += qn
                 r += rr
                 if r >= rd:
                     r -= rd
                     q += 1
-        if ints[i, _FIT]:
+        if fit:
             wi = w[i]
             ui = u[i]
             new_top = min(max_u, top + ui)
             if exact:
-                for k in range(new_top, ui - 1, -1):
-                    lo_w[k] = min(lo_w[k], lo_w[k - ui] + wi)
-                    hi_w[k] = max(hi_w[k], hi_w[k - ui] + wi)
+                # into the other pair (no overlap: the loops vectorize); beyond ``new_top``
+                # both pairs hold their initial values
+                for k in range(min(ui, new_top + 1)):
+                    span[1 - p, k] = span[p, k]
+                    span[3 - p, k] = span[2 + p, k]
+                for k in range(ui, new_top + 1):
+                    span[1 - p, k] = min(span[p, k], span[p, k - ui] + wi)
+                    span[3 - p, k] = max(span[2 + p, k], span[2 + p, k - ui] + wi)
+                p = 1 - p
             elif ui > 0 and (not seen or wi * rd < rn * ui):
                 rn = wi
                 rd = ui
@@ -363,24 +375,46 @@ def _item(w, u, v, max_w, max_u, i, pu, off, ints, bits, table, width, reach):  
         for b in range(pu + 1, hi + 1):
             _copy(table[b * width: (b + 1) * width], table[pu * width: (pu + 1) * width],
                   width)
-        for b in range(hi, blo - 1, -1):
+        # the top row whole: rows above it stand for copies of it
+        d0 = hi * width + a0
+        s0 = d0 - ui * width - wi
+        for c in range(nch - 1, -1, -1):
+            # an unsigned index: no negative-index wraparound check in the loop
+            bits[np.uint64(off + c)] = _relax_chunk(table, d0 + c * VEC, s0 + c * VEC, vi)
+        # below it only the steps over the columns the backtrack can reach (see _reach), two
+        # rows per loop (half the loop exits, which mispredict: the step counts vary by row).
+        # Row b goes first at each step: its source may be row b - 1, and a step of row b
+        # reads only columns of row b - 1 that row b - 1's later steps have not written
+        b = hi - 1
+        while b >= blo:
+            lo = max(reach[i, 0, max_u - b], a0)
+            top = (reach[i, 1, max_u - b] - a0) // VEC
+            bottom = (lo - a0) // VEC
+            if reach[i, 1, max_u - b] < lo:
+                top = -1
+                bottom = 0
+            top2 = -1
+            bottom2 = 0
+            if b > blo:
+                lo2 = max(reach[i, 0, max_u - b + 1], a0)
+                if reach[i, 1, max_u - b + 1] >= lo2:
+                    top2 = (reach[i, 1, max_u - b + 1] - a0) // VEC
+                    bottom2 = (lo2 - a0) // VEC
             d0 = b * width + a0
             s0 = d0 - ui * width - wi
             row = off + (hi - b) * nch
-            top = nch - 1
-            bottom = 0
-            if b < hi:
-                # only the steps over the cells the backtrack can reach (see _reach); the top
-                # row stays whole: rows above it stand for copies of it
-                lo = max(reach[i, b, 0], a0)
-                last = reach[i, b, 1]
-                if last < lo:
-                    continue
-                top = (last - a0) // VEC
-                bottom = (lo - a0) // VEC
-            for c in range(top, bottom - 1, -1):
-                # an unsigned index: no negative-index wraparound check in the loop
-                bits[np.uint64(row + c)] = _relax_chunk(table, d0 + c * VEC, s0 + c * VEC, vi)
+            if top < bottom:
+                for c in range(top2, bottom2 - 1, -1):
+                    bits[np.uint64(row + nch + c)] = _relax_chunk(table, d0 - width + c * VEC, s0 - width + c * VEC, vi)
+            elif top2 < bottom2:
+                for c in range(top, bottom - 1, -1):
+                    bits[np.uint64(row + c)] = _relax_chunk(table, d0 + c * VEC, s0 + c * VEC, vi)
+            else:
+                # steps outside a row's range only touch cells nothing reads
+                for c in range(max(top, top2), min(bottom, bottom2) - 1, -1):
+                    bits[np.uint64(row + c)] = _relax_chunk(table, d0 + c * VEC, s0 + c * VEC, vi)
+                    bits[np.uint64(row + nch + c)] = _relax_chunk(table, d0 - width + c * VEC, s0 - width + c * VEC, vi)
+            b -= 2
         off += (hi - blo + 1) * nch
     ints[i + 1, _OFF] = off
     return off, hi
@@ -462,8 +496,10 @@ def _reusable(w, u, v, max_w, max_u, code, ints, reach, old):  # pragma: no cove
     for i in range(start):
         if ints[i, _PLA] > ints[i, _LO_A] or ints[i, _PLB] > ints[i, _LO_B]:
             return (i // every) * every
-        for b in range(ints[i, _LO_B], max_u + 1):
-            if reach[i, b, 0] <= reach[i, b, 1] and (old[i, b, 0] > reach[i, b, 0] or old[i, b, 1] < reach[i, b, 1]):
+        fit = ints[i, _FIT] != 0
+        k0 = max_u - (min(max_u, ints[i, _PU] + u[i]) if fit else ints[i, _PU]) + 1
+        for k in range(k0, max_u - ints[i, _LO_B] + 1):
+            if reach[i, 0, k] <= reach[i, 1, k] and (old[i, 0, k] > reach[i, 0, k] or old[i, 1, k] < reach[i, 1, k]):
                 return (i // every) * every
     return start
 
@@ -638,8 +674,8 @@ class KnapsackSolver:
             self._ints[-1, _M_WIDTH] = self._width
             self._ints[-1, _M_PREV_N] = -1
             self._bits = np.zeros(cap * self._rows * (self._width // VEC), dtype=np.uint32)
-            self._reach = np.zeros((2, cap, self._rows, 2), dtype=np.int32)
-            self._span = np.zeros((2, self._rows), dtype=np.int64)
+            self._reach = np.zeros((2, cap, 2, self._rows), dtype=np.int32)
+            self._span = np.zeros((4, self._rows), dtype=np.int64)
         for t in types_:
             if t not in self._tables or self._tables[t].shape[0] != n_tabs:
                 self._tables[t] = np.zeros((n_tabs, cells), dtype=t)
