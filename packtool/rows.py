@@ -188,49 +188,40 @@ def _stage(segments, probed: list[_Probed], specials: _Specials, out: _Pieces, u
     kinds, values, counts, losses, medias, texts = out.kind, out.value, out.count, out.loss, out.media, out.texts
     first = len(kinds)
     last_text = -1  # index of a text piece that the next text may extend
-    for kind, value, count, loss in segments:
-        if kind == "text":
+
+    def piece(kind: int, value, count: int, loss: bool, media: int) -> None:
+        nonlocal last_text
+        if kind == _TEXT:
             if last_text >= 0 and losses[last_text] == loss:
                 texts[values[last_text]] += value
-            else:
-                last_text = len(kinds)
-                kinds.append(_TEXT)
-                values.append(len(texts))
-                counts.append(0)
-                losses.append(loss)
-                medias.append(-1)
-                texts.append(value)
-        elif kind == "special":
-            kinds.append(_TOKEN)
-            values.append(specials[value])
-            counts.append(count)
-            losses.append(loss)
-            medias.append(-1)
+                return
+            last_text = len(kinds)
+            texts.append(value)
+            value = len(texts) - 1
+        else:
             last_text = -1
+        kinds.append(kind)
+        values.append(value)
+        counts.append(count)
+        losses.append(loss)
+        medias.append(media)
+
+    for kind, value, count, loss in segments:
+        if kind == "text":
+            piece(_TEXT, value, 0, loss, -1)
+        elif kind == "special":
+            piece(_TOKEN, specials[value], count, loss, -1)
         elif kind == "media":
             if count >= len(probed) or probed[count].ref.kind != value:
                 raise SampleError("placeholder_mismatch", f"placeholder for {value} {count} has no matching media")
             used.add(count)
             for skind, svalue, scount in probed[count].layout.segments:
                 if skind == "text":
-                    if last_text >= 0 and not losses[last_text]:
-                        texts[values[last_text]] += svalue
-                    else:
-                        last_text = len(kinds)
-                        kinds.append(_TEXT)
-                        values.append(len(texts))
-                        counts.append(0)
-                        losses.append(False)
-                        medias.append(-1)
-                        texts.append(svalue)
+                    piece(_TEXT, svalue, 0, False, -1)
+                elif skind == "pad":
+                    piece(_PAD, specials[svalue], scount, False, count)
                 else:
-                    pad = skind == "pad"
-                    kinds.append(_PAD if pad else _TOKEN)
-                    values.append(specials[svalue])
-                    counts.append(scount)
-                    losses.append(False)
-                    medias.append(count if pad else -1)
-                    last_text = -1
+                    piece(_TOKEN, specials[svalue], scount, False, -1)
         else:
             raise RuntimeError(f"internal error: unknown segment kind {kind!r}")
     return first, len(kinds)
@@ -352,17 +343,23 @@ def _spans(pieces: _Pieces, starts: np.ndarray, p0: int, p1: int) -> list[tuple[
 def _single_row(s: Sample, probed: list[_Probed], seq) -> dict:
     """A one-branch sample's row, its targets and positions still to come (:func:`_fill_single`)."""
     ids, _, spans = seq
+    return _row(s, probed, spans, ids, None, None, None, 1)
+
+
+def _row(s: Sample, probed: list[_Probed], spans, input_ids, target_ids, position_ids, subsegment_ids,
+         n_branches: int) -> dict:
+    """The row dict of ``schema.TOKENIZED``."""
     return {
         "sample_id": s.sample_id,
         "source": s.source,
         "source_row": s.source_row,
-        "n_tokens": int(len(ids)),
+        "n_tokens": int(len(input_ids)),
         "n_vision_units": int(sum(pr.layout.units for pr in probed)),
-        "n_branches": 1,
-        "input_ids": ids,
-        "target_ids": None,
-        "position_ids": None,
-        "subsegment_ids": None,
+        "n_branches": n_branches,
+        "input_ids": input_ids,
+        "target_ids": target_ids,
+        "position_ids": position_ids,
+        "subsegment_ids": subsegment_ids,
         "media": [_media_entry(probed[mi], start, n) for mi, start, n in sorted(spans, key=lambda x: x[1])],
     }
 
@@ -488,20 +485,7 @@ def _tree_row(s: Sample, probed: list[_Probed], seqs) -> dict:
         target_ids = np.concatenate(parts_tgt)
         position_ids = np.concatenate(parts_pos)
         subsegment_ids = np.concatenate(parts_sub)
-    media = [_media_entry(probed[mi], start, n) for mi, start, n in sorted(spans, key=lambda x: x[1])]
-    return {
-        "sample_id": s.sample_id,
-        "source": s.source,
-        "source_row": s.source_row,
-        "n_tokens": int(len(input_ids)),
-        "n_vision_units": int(sum(pr.layout.units for pr in probed)),
-        "n_branches": max(1, n_branches),
-        "input_ids": input_ids,
-        "target_ids": target_ids,
-        "position_ids": position_ids,
-        "subsegment_ids": subsegment_ids,
-        "media": media,
-    }
+    return _row(s, probed, spans, input_ids, target_ids, position_ids, subsegment_ids, max(1, n_branches))
 
 
 def _media_entry(pr: _Probed, start: int, n: int) -> dict:
