@@ -206,9 +206,9 @@ def qwen_kernel_bench(n_buffers: int, seed: int = 9) -> dict:
 
 
 def _shard_bytes(path: Path) -> int:
-    import json
+    from packtool.shards import read_manifest
 
-    return sum(s["bytes"] for s in json.loads((path / "manifest.json").read_text())["shards"])
+    return sum(s["bytes"] for s in read_manifest(path)["shards"])
 
 
 def qwen_throughput_bench(n: int) -> dict:
