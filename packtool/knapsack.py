@@ -27,7 +27,7 @@ A dense dynamic program over the table ``best[b, a]`` = best value within capaci
 ``(a, b)`` (rows: the second dimension, contiguous along the first), one item at a time,
 in place, and a backtrack from ``(max_w, max_u)``. What makes it fast compared with the
 textbook ``(items x tokens x units)`` numpy table (at the Molmo2 settings, 48 items and a
-512 x 128 capacity: about 0.06 ms a solve with warm caches, 0.1 ms cold, against 3-3.5 ms;
+512 x 128 capacity: about 0.06 ms a solve with warm caches, 0.09 ms cold, against 5-7 ms;
 ``make bench BENCH=pack``):
 
 * values are held in the narrowest integer type that cannot overflow (``int16`` for the
