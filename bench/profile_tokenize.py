@@ -14,8 +14,6 @@ anything).
 from __future__ import annotations
 
 import cProfile
-import io
-import pstats
 import shutil
 import sys
 import tempfile
@@ -58,6 +56,7 @@ def _steps(path: Path, root: Path, n: int, out: Path) -> Counter:
 def main(argv: list[str]) -> int:
     from bench.bench_pack import _load
     from bench.bench_tokenize import make_corpus
+    from bench.profile_pack import top_functions
 
     nums = [a for a in argv if a.isdigit()]
     n = int(nums[0]) if nums else 20_000
@@ -78,11 +77,7 @@ def main(argv: list[str]) -> int:
           + (" (under cProfile)" if prof else ""))
     print(" | ".join(f"{k} {v:.2f} s ({v / n * 1e6:.0f} us a sample)" for k, v in split.items()))
     if prof:
-        buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(12)
-        lines = buf.getvalue().splitlines()
-        start = next(i for i, ln in enumerate(lines) if ln.strip().startswith("ncalls"))
-        print("\n".join(ln.replace(sys.prefix, "<venv>") for ln in lines[start:] if ln.strip()))
+        print(top_functions(prof))
     return 0
 
 
