@@ -63,12 +63,17 @@ def main(argv: list[str]) -> int:
                 break
     rest = stats.total_tt - sum(split.values())
     print(" | ".join(f"{k} {v:.2f} s" for k, v in split.items()) + f" | the rest {rest:.2f} s")
+    print(top_functions(prof))
+    return 0
+
+
+def top_functions(prof: cProfile.Profile, n: int = 12) -> str:
+    """The profile's ``n`` top functions by own time, as pstats prints them (header on)."""
     buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(12)
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(n)
     lines = buf.getvalue().splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.strip().startswith("ncalls"))
-    print("\n".join(ln.replace(sys.prefix, "<venv>") for ln in lines[start:] if ln.strip()))
-    return 0
+    return "\n".join(ln.replace(sys.prefix, "<venv>") for ln in lines[start:] if ln.strip())
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -137,62 +138,96 @@ def _probe(ref: MediaRef, ctx: EncodeContext, n_images: int = 1) -> _Probed:
     return _Probed(ref, hit[0], hit[1], hit[2], hit[3])
 
 
-class _Specials:
-    def __init__(self, tok: Tokenizer) -> None:
-        self._tok = tok
-        self._ids: dict[str, int] = {}
+class _Specials(dict):
+    """Special-token ids by name, looked up in the tokenizer once (a plain dict lookup after)."""
 
-    def __getitem__(self, name: str) -> int:
-        tid = self._ids.get(name)
-        if tid is None:
-            tid = self._ids[name] = self._tok.special_id(name)
+    def __init__(self, tok: Tokenizer) -> None:
+        super().__init__()
+        self._tok = tok
+
+    def __missing__(self, name: str) -> int:
+        tid = self[name] = self._tok.special_id(name)
         return tid
 
 
-# piece kinds in a staged branch
+# piece kinds in a staged batch
 _TEXT, _TOKEN, _PAD = 0, 1, 2
 
 
-def _stage(segments, probed: list[_Probed], specials: _Specials, texts: list[str], used: set[int]):
-    """Turn rendered segments into token-level pieces, queueing texts for one batch encode.
+class _Pieces:
+    """The token-level pieces of a whole batch, as flat lists (one entry a piece).
 
-    Each piece is ``(kind, value, count, loss, media_index)``: ``_TEXT`` pieces hold the
-    index of their string in ``texts``; ``_TOKEN`` and ``_PAD`` pieces hold a token id
-    repeated ``count`` times. Media segments are replaced by their family layout.
-    Adjacent text with equal loss is merged so it is encoded as one string, as a
-    tokenizer applied to the rendered chat would see it.
+    ``kind``: ``_TEXT`` (``value``: the index of its string in ``texts``; its length is
+    known once the batch is encoded), ``_TOKEN`` or ``_PAD`` (``value`` a token id repeated
+    ``count`` times); ``loss``; ``media``: the media index of a pad run, else -1.
     """
-    pieces: list[tuple] = []
-    last_text = -1  # index in pieces of a text piece that the next text may extend
+
+    __slots__ = ("kind", "value", "count", "loss", "media", "texts")
+
+    def __init__(self) -> None:
+        self.kind: list[int] = []
+        self.value: list[int] = []
+        self.count: list[int] = []
+        self.loss: list[bool] = []
+        self.media: list[int] = []
+        self.texts: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def rollback(self, n: int) -> None:
+        """Drop the pieces from ``n`` on (a rejected sample's)."""
+        del self.kind[n:], self.value[n:], self.count[n:], self.loss[n:], self.media[n:]
+
+
+def _stage(segments, probed: list[_Probed], specials: _Specials, out: _Pieces, used: set[int]) -> tuple[int, int]:
+    """Append one branch's rendered segments to ``out`` as token-level pieces; returns the
+    branch's piece range.
+
+    Media segments are replaced by their family layout. Adjacent text with equal loss is
+    merged so it is encoded as one string, as a tokenizer applied to the rendered chat
+    would see it.
+    """
+    kinds, values, counts, losses, medias, texts = out.kind, out.value, out.count, out.loss, out.media, out.texts
+    first = len(kinds)
+    last_text = -1  # index of a text piece that the next text may extend
+
+    def piece(kind: int, value, count: int, loss: bool, media: int) -> None:
+        nonlocal last_text
+        if kind == _TEXT:
+            if last_text >= 0 and losses[last_text] == loss:
+                texts[values[last_text]] += value
+                return
+            last_text = len(kinds)
+            texts.append(value)
+            value = len(texts) - 1
+        else:
+            last_text = -1
+        kinds.append(kind)
+        values.append(value)
+        counts.append(count)
+        losses.append(loss)
+        medias.append(media)
+
     for kind, value, count, loss in segments:
         if kind == "text":
-            if last_text >= 0 and pieces[last_text][3] == loss:
-                texts[pieces[last_text][1]] += value
-            else:
-                last_text = len(pieces)
-                pieces.append((_TEXT, len(texts), 1, loss, -1))
-                texts.append(value)
+            piece(_TEXT, value, 0, loss, -1)
         elif kind == "special":
-            pieces.append((_TOKEN, specials[value], count, loss, -1))
-            last_text = -1
+            piece(_TOKEN, specials[value], count, loss, -1)
         elif kind == "media":
             if count >= len(probed) or probed[count].ref.kind != value:
                 raise SampleError("placeholder_mismatch", f"placeholder for {value} {count} has no matching media")
             used.add(count)
             for skind, svalue, scount in probed[count].layout.segments:
                 if skind == "text":
-                    if last_text >= 0 and not pieces[last_text][3]:
-                        texts[pieces[last_text][1]] += svalue
-                    else:
-                        last_text = len(pieces)
-                        pieces.append((_TEXT, len(texts), 1, False, -1))
-                        texts.append(svalue)
+                    piece(_TEXT, svalue, 0, False, -1)
+                elif skind == "pad":
+                    piece(_PAD, specials[svalue], scount, False, count)
                 else:
-                    pieces.append((_PAD if skind == "pad" else _TOKEN, specials[svalue], scount, False, count))
-                    last_text = -1
+                    piece(_TOKEN, specials[svalue], scount, False, -1)
         else:
             raise RuntimeError(f"internal error: unknown segment kind {kind!r}")
-    return pieces
+    return first, len(kinds)
 
 
 def encode_samples(
@@ -200,7 +235,9 @@ def encode_samples(
 ) -> tuple[list[dict], list[Rejected]]:
     """Encode a batch of samples into tokenized rows (dicts matching ``schema.TOKENIZED``).
 
-    Texts of the whole batch go to the tokenizer in one batch call. A sample may give
+    Texts of the whole batch go to the tokenizer in one batch call, and the batch's token
+    ids, loss mask, targets and positions are built as whole arrays (one numpy pass each,
+    not a few small ones per sample); a row's arrays are views into them. A sample may give
     several rows (see the module docstring); ``counts``, when given, gains ``trees``
     (rows), ``branches`` (branches over all rows) and ``split_extra_trees`` (rows beyond
     one per sample).
@@ -210,26 +247,35 @@ def encode_samples(
     system = ctx.system_prompt
     staged = []
     rejected: list[Rejected] = []
-    texts: list[str] = []
+    pieces = _Pieces()
     for s in samples:
+        mark, n_texts = len(pieces), len(pieces.texts)
         try:
             n_images = sum(ref.kind == "image" for ref in s.media)
             probed = [_probe(ref, ctx, n_images) for ref in s.media]
             used: set[int] = set()
-            branches = [_stage(render(messages, system, s.tools, ctx.reasoning_loss), probed, specials, texts, used)
+            branches = [_stage(render(messages, system, s.tools, ctx.reasoning_loss), probed, specials, pieces, used)
                         for messages in s.branches]
             if len(used) != len(probed):
                 raise SampleError("placeholder_mismatch", f"{len(probed)} media but only {len(used)} placed in the conversation")
             staged.append((s, probed, branches))
         except SampleError as err:
+            pieces.rollback(mark)
+            del pieces.texts[n_texts:]
             rejected.append(Rejected(s.source, s.source_row, s.sample_id, err.reason, err.message))
-    encoded = ctx.tokenizer.encode_batch(texts) if texts else []
+    ids, loss, starts = _assemble_batch(pieces, ctx.tokenizer.encode_batch(pieces.texts) if pieces.texts else [])
     rows = []
+    single = []  # (row, token range) of one-branch rows: their targets and positions come in bulk
     for s, probed, branches in staged:
-        seqs = [_assemble(b, encoded) for b in branches]
+        seqs = [(ids[starts[p0]:starts[p1]], loss[starts[p0]:starts[p1]], _spans(pieces, starts, p0, p1))
+                for p0, p1 in branches]
         trees = _split_trees(seqs, ctx.max_branches, ctx.max_tokens)
         for k, tree in enumerate(trees):
-            row = _tree_row(s, probed, tree)
+            if len(tree) == 1 and len(branches) == 1:
+                row = _single_row(s, probed, tree[0])
+                single.append((row, starts[branches[0][0]], starts[branches[0][1]]))
+            else:
+                row = _tree_row(s, probed, tree)
             if k:
                 row["sample_id"] = f"{s.sample_id}#{k}"
             rows.append(row)
@@ -237,41 +283,108 @@ def encode_samples(
             counts["trees"] += len(trees)
             counts["branches"] += len(seqs)
             counts["split_extra_trees"] += len(trees) - 1
+    if single:
+        _fill_single(single, ids, loss)
     return rows, rejected
 
 
-def _assemble(pieces, encoded):
-    """Token ids, loss mask and media spans ``(media_index, start, n)`` of one branch.
+def _assemble_batch(pieces: _Pieces, encoded: list[list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Token ids and loss mask of every piece of the batch, end to end, and where each piece
+    starts (``starts[k]``; one entry more than pieces).
 
-    Arrays are preallocated and filled slice by slice: a media item is often thousands
-    of identical pad tokens, which must not pass through Python lists.
+    Pad runs are often thousands of identical tokens; texts are short and repeated. Both
+    are written by one gather from a pool (the batch's text tokens, then each repeated
+    token once): output position ``t`` of piece ``k`` reads ``pool[base[k] + step[k] *
+    (t - starts[k])]``, ``step`` 1 for text and 0 for a repeated token.
     """
-    total = 0
-    for kind, value, count, _, _ in pieces:
-        total += len(encoded[value]) if kind == _TEXT else count
-    ids = np.empty(total, dtype=np.int32)
-    loss = np.zeros(total, dtype=bool)
+    n = len(pieces)
+    kind = np.array(pieces.kind, dtype=np.int8)
+    value = np.array(pieces.value, dtype=np.int64)
+    count = np.array(pieces.count, dtype=np.int64)
+    is_text = kind == _TEXT
+    text_len = np.fromiter((len(t) for t in encoded), dtype=np.int64, count=len(encoded))
+    text_off = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum(text_len, out=text_off[1:])
+    pool_text = np.fromiter(chain.from_iterable(encoded), dtype=np.int32, count=int(text_off[-1]))
+    tv = value[is_text]
+    count[is_text] = text_len[tv]
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(count, out=starts[1:])
+    rep = np.flatnonzero(~is_text)
+    pool = np.concatenate([pool_text, value[rep].astype(np.int32)])
+    base = np.empty(n, dtype=np.int64)
+    base[is_text] = text_off[tv]
+    base[rep] = len(pool_text) + np.arange(len(rep))
+    step = is_text.astype(np.int64)
+    total = int(starts[-1])
+    # base[k] + step[k] * (t - starts[k]) = (base[k] - step[k] * starts[k]) + step[k] * t
+    idx = np.repeat(base - step * starts[:-1], count)
+    idx += np.repeat(step, count) * np.arange(total, dtype=np.int64)
+    ids = pool[idx] if total else np.zeros(0, dtype=np.int32)
+    loss = np.repeat(np.array(pieces.loss, dtype=bool), count)
+    return ids, loss, starts
+
+
+def _spans(pieces: _Pieces, starts: np.ndarray, p0: int, p1: int) -> list[tuple[int, int, int]]:
+    """Media spans ``(media_index, start, n)`` of the branch of pieces ``p0..p1``, from its
+    start: one span per item, from its first pad to its last (layouts may put row or frame
+    markers between pad runs)."""
     spans: list[tuple[int, int, int]] = []
-    pos = 0
-    for kind, value, count, lossy, media_index in pieces:
-        if kind == _TEXT:
-            toks = encoded[value]
-            count = len(toks)
-            if count:
-                ids[pos : pos + count] = toks
-        else:
-            ids[pos : pos + count] = value
-            if kind == _PAD:
-                # one span per item, from its first pad to its last (layouts may put row
-                # or frame markers between pad runs)
-                if spans and spans[-1][0] == media_index:
-                    spans[-1] = (media_index, spans[-1][1], pos + count - spans[-1][1])
-                else:
-                    spans.append((media_index, pos, count))
-        if lossy:
-            loss[pos : pos + count] = True
-        pos += count
-    return ids, loss, spans
+    kinds = pieces.kind
+    base = int(starts[p0])
+    for k in range(p0, p1):
+        if kinds[k] == _PAD:
+            mi = pieces.media[k]
+            pos = int(starts[k]) - base
+            end = int(starts[k + 1]) - base
+            if spans and spans[-1][0] == mi:
+                spans[-1] = (mi, spans[-1][1], end - spans[-1][1])
+            else:
+                spans.append((mi, pos, end - pos))
+    return spans
+
+
+def _single_row(s: Sample, probed: list[_Probed], seq) -> dict:
+    """A one-branch sample's row, its targets and positions still to come (:func:`_fill_single`)."""
+    ids, _, spans = seq
+    return _row(s, probed, spans, ids, None, None, None, 1)
+
+
+def _row(s: Sample, probed: list[_Probed], spans, input_ids, target_ids, position_ids, subsegment_ids,
+         n_branches: int) -> dict:
+    """The row dict of ``schema.TOKENIZED``."""
+    return {
+        "sample_id": s.sample_id,
+        "source": s.source,
+        "source_row": s.source_row,
+        "n_tokens": int(len(input_ids)),
+        "n_vision_units": int(sum(pr.layout.units for pr in probed)),
+        "n_branches": n_branches,
+        "input_ids": input_ids,
+        "target_ids": target_ids,
+        "position_ids": position_ids,
+        "subsegment_ids": subsegment_ids,
+        "media": [_media_entry(probed[mi], start, n) for mi, start, n in sorted(spans, key=lambda x: x[1])],
+    }
+
+
+def _fill_single(single: list, ids: np.ndarray, loss: np.ndarray) -> None:
+    """Targets, positions and subsegments of one-branch rows (all prefix), for the batch at
+    once: :func:`shifted_targets` within each row, positions from 0 in each row."""
+    lo = np.fromiter((a for _, a, _ in single), dtype=np.int64, count=len(single))
+    hi = np.fromiter((b for _, _, b in single), dtype=np.int64, count=len(single))
+    tgt = np.full(len(ids), IGNORE, dtype=np.int32)
+    if len(ids) > 1:
+        tgt[:-1] = np.where(loss[1:], ids[1:], IGNORE)
+    last = hi[hi > lo] - 1
+    tgt[last] = IGNORE  # the last token of a row predicts nothing
+    pos = np.arange(len(ids), dtype=np.int32)
+    pos -= np.repeat(np.concatenate([[0], lo]).astype(np.int32), np.diff(np.concatenate([[0], lo, [len(ids)]])))
+    sub = np.full(len(ids), PREFIX_SUBSEGMENT, dtype=np.int32)
+    for (row, a, b) in single:
+        row["target_ids"] = tgt[a:b]
+        row["position_ids"] = pos[a:b]
+        row["subsegment_ids"] = sub[a:b]
 
 
 def shifted_targets(ids: np.ndarray, loss: np.ndarray) -> np.ndarray:
@@ -376,20 +489,7 @@ def _tree_row(s: Sample, probed: list[_Probed], seqs) -> dict:
         target_ids = np.concatenate(parts_tgt)
         position_ids = np.concatenate(parts_pos)
         subsegment_ids = np.concatenate(parts_sub)
-    media = [_media_entry(probed[mi], start, n) for mi, start, n in sorted(spans, key=lambda x: x[1])]
-    return {
-        "sample_id": s.sample_id,
-        "source": s.source,
-        "source_row": s.source_row,
-        "n_tokens": int(len(input_ids)),
-        "n_vision_units": int(sum(pr.layout.units for pr in probed)),
-        "n_branches": max(1, n_branches),
-        "input_ids": input_ids,
-        "target_ids": target_ids,
-        "position_ids": position_ids,
-        "subsegment_ids": subsegment_ids,
-        "media": media,
-    }
+    return _row(s, probed, spans, input_ids, target_ids, position_ids, subsegment_ids, max(1, n_branches))
 
 
 def _media_entry(pr: _Probed, start: int, n: int) -> dict:

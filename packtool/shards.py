@@ -34,6 +34,7 @@ from .schema import READABLE_VERSIONS, SCHEMA_VERSION
 
 __all__ = [
     "ShardWriter",
+    "rows_table",
     "shard_name",
     "write_manifest",
     "read_manifest",
@@ -224,6 +225,31 @@ def _array_bytes(arr: pa.Array) -> np.ndarray:
     return np.full(len(arr), max(1, width // 8), dtype=np.int64)
 
 
+def rows_table(rows: list[dict], schema: pa.Schema) -> pa.Table:
+    """``pa.Table.from_pylist(rows, schema=schema)``, column by column: a ``list<int32>`` column
+    whose values are all numpy arrays is built from their concatenation and offsets (one
+    copy) instead of value by value; every other column goes through ``pa.array``.
+
+    Example:
+        >>> t = rows_table([{"a": np.arange(3, dtype=np.int32)}, {"a": np.zeros(1, np.int32)}],
+        ...                pa.schema([("a", pa.list_(pa.int32()))]))
+        >>> t.column("a").to_pylist()
+        [[0, 1, 2], [0]]
+    """
+    cols = []
+    for f in schema:
+        vals = [r[f.name] for r in rows]
+        if (pa.types.is_list(f.type) and f.type.value_type == pa.int32()
+                and all(isinstance(v, np.ndarray) and v.dtype == np.int32 for v in vals)):
+            offsets = np.zeros(len(vals) + 1, dtype=np.int64)
+            np.cumsum([len(v) for v in vals], out=offsets[1:])
+            if offsets[-1] < 2**31:
+                cols.append(pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(np.concatenate(vals))))
+                continue
+        cols.append(pa.array(vals, type=f.type))
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
 class ShardWriter:
     """Writes rows to numbered Parquet shards of at most ``rows_per_shard`` rows each.
 
@@ -275,8 +301,9 @@ class ShardWriter:
                 self._close_shard()
 
     def write_rows(self, rows: list[dict]) -> None:
+        """Append rows given as dicts of the schema's fields (see :func:`rows_table`)."""
         if rows:
-            self.write_table(pa.Table.from_pylist(rows, schema=self.schema))
+            self.write_table(rows_table(rows, self.schema))
 
     def _group_cut(self) -> int:
         """Rows of the next row group: up to ``row_group_rows``, within ``max_group_bytes`` (at least 1)."""

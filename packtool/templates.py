@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .errors import ConfigError, SampleError
 from .records import Message, ToolCall
@@ -331,14 +332,10 @@ class Template:
         return body
 
     def _turn(self, segs: list[Segment], role: str, body: list[Segment]) -> None:
-        loss = role == "assistant"
-        for kind, value in self.header:
-            segs.append((kind, value.replace("{role}", role) if "{" in value else value, 1, False))
+        head, tail = _turn_ends(self, role)
+        segs.extend(head)
         segs.extend(body)
-        if self.turn_end:
-            segs.append(("special", self.turn_end, 1, loss))
-        if self.turn_newline and role in self.newline_roles:
-            segs.append(("text", self.turn_newline, 1, loss and self.loss_on_turn_newline))
+        segs.extend(tail)
 
     def settings(self) -> dict:
         return {"name": self.name, "default_system": self.default_system,
@@ -383,6 +380,21 @@ def _last_query(msgs: list[Message]) -> int:
             if not (text.startswith("<tool_response>") and text.endswith("</tool_response>")):
                 return i
     return len(msgs) - 1
+
+
+@lru_cache(maxsize=64)
+def _turn_ends(template: Template, role: str) -> tuple[tuple[Segment, ...], tuple[Segment, ...]]:
+    """The segments before and after a turn's body, per template and role (built once: every
+    turn of every sample needs them)."""
+    loss = role == "assistant"
+    head = tuple((kind, value.replace("{role}", role) if "{" in value else value, 1, False)
+                 for kind, value in template.header)
+    tail: list[Segment] = []
+    if template.turn_end:
+        tail.append(("special", template.turn_end, 1, loss))
+    if template.turn_newline and role in template.newline_roles:
+        tail.append(("text", template.turn_newline, 1, loss and template.loss_on_turn_newline))
+    return head, tuple(tail)
 
 
 def _hoist_media(msgs: list[Message]) -> list[Message]:

@@ -240,3 +240,44 @@ def test_column_cut_and_prefix_reuse_when_ratios_fall(seed):
         w = np.concatenate([w[keep], nw])[:12]
         u = np.concatenate([u[keep], nu])[:12]
         v = np.concatenate([v[keep], rng.integers(1, 40, k)])[:12]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_reach_ranges_are_the_subset_bounds(seed):
+    """``_reach`` (exact): in row ``b = max_u - k`` below item ``i``'s top row the columns from
+    ``max_w - W_max(k)`` to ``max_w - W_min(k)`` over the subsets of the later fitting items
+    with ``k`` units, an empty range where there is none; the cone contains every such
+    column. Checked against every subset."""
+    from itertools import combinations
+
+    from packtool.knapsack import _FIT, _LO_B, _NCOL, _PU, _reach
+
+    rng = np.random.default_rng(300 + seed)
+    for _ in range(20):
+        n = int(rng.integers(1, 9))
+        w, u = rng.integers(0, 9, n), rng.integers(0, 4, n)
+        max_w, max_u = int(rng.integers(1, 30)), int(rng.integers(0, 10))
+        fit = (w <= max_w) & (u <= max_u)
+        ints = np.zeros((n + 2, _NCOL), dtype=np.int64)
+        ints[:n, _FIT] = fit
+        for i in range(n):
+            ints[i, _LO_B] = max(max_u - int(u[i + 1:][fit[i + 1:]].sum()), 0)
+            ints[i, _PU] = min(int(u[:i][fit[:i]].sum()), max_u)
+        for exact in (True, False):
+            reach = np.full((n, 2, max_u + 1), -7, dtype=np.int32)
+            _reach(w, u, max_w, max_u, ints, reach, np.zeros((4, max_u + 1), dtype=np.int64), exact)
+            for i in range(n):
+                later = [j for j in range(i + 1, n) if fit[j]]
+                sums: dict[int, list[int]] = {}
+                for r in range(len(later) + 1):
+                    for sub in combinations(later, r):
+                        sums.setdefault(int(u[list(sub)].sum()), []).append(int(w[list(sub)].sum()))
+                hi = min(max_u, int(ints[i, _PU] + u[i])) if fit[i] else int(ints[i, _PU])
+                for k in range(max_u - hi + 1, max_u - int(ints[i, _LO_B]) + 1):  # rows below the top row
+                    lo, last = int(reach[i, 0, k]), int(reach[i, 1, k])
+                    ws = sums.get(k, [])
+                    if exact:  # clamped to -1 .. max_w + 1
+                        want = (max(max_w - max(ws), -1), max(max_w - min(ws), -1)) if ws else None
+                        assert (lo, last) == want if want else lo > last, (seed, i, k, lo, last, ws)
+                    else:
+                        assert all(lo <= max_w - x <= last for x in ws if max_w - x >= 0), (seed, i, k, lo, last, ws)

@@ -188,3 +188,48 @@ def test_merged_records_with_different_media_placement_become_separate_trees(roo
     for r in rows:
         [m] = r["media"]
         assert r["input_ids"][m["token_offset"]] == 151655
+
+
+def test_a_batch_encodes_each_sample_as_it_would_alone(root):
+    """``encode_samples`` builds a batch's ids, targets and positions as whole arrays: every
+    row equals the row of its sample encoded alone, across one-branch samples, a message tree,
+    a text-only sample, a sample split by --max-branches and rejected samples in between
+    (their pieces are rolled back)."""
+    ctx = ctx_for(root, max_branches=2)
+    llava = [
+        {"id": "a", "image": "img.png", "conversations": [{"from": "human", "value": "<image>\nWhat is it?"},
+                                                         {"from": "gpt", "value": "A red block."}]},
+        {"id": "bad", "image": "img.png", "conversations": [{"from": "human", "value": "<image><image> two tags"},
+                                                           {"from": "gpt", "value": "No."}]},
+        {"id": "t", "conversations": [{"from": "human", "value": "Say hi."}, {"from": "gpt", "value": "hi"},
+                                      {"from": "human", "value": "Again, twice."}, {"from": "gpt", "value": "hi hi"}]},
+        {"id": "missing", "image": "nope.png", "conversations": [{"from": "human", "value": "<image>?"},
+                                                                {"from": "gpt", "value": "?"}]},
+        {"id": "b", "image": "other.png", "conversations": [{"from": "human", "value": "Colour? <image>"},
+                                                           {"from": "gpt", "value": "Blue."}]},
+    ]
+    samples = [parse_llava({**rec, "image": ["img.png", "img.png"]} if rec["id"] == "bad" else rec, "x.jsonl", i)
+               for i, rec in enumerate(llava)]
+    # "bad": two placeholders but one image, which encoding rejects (placeholder_mismatch)
+    samples[1] = Sample("bad", "x.jsonl", 1, samples[1].media[:1], samples[1].branches)
+    tree = molmo.parse(TREE, "m.jsonl", 0)
+    samples.insert(3, tree)
+    rows, rejected = encode_samples(samples, ctx)
+    assert sorted(r.sample_id for r in rejected) == ["bad", "missing"]
+    alone = []
+    for s in samples:
+        one, _ = encode_samples([s], ctx)
+        alone.extend(one)
+    assert [r["sample_id"] for r in rows] == [r["sample_id"] for r in alone] == ["a", "t", "pixmo-17", "pixmo-17#1",
+                                                                                  "b"]
+    for got, want in zip(rows, alone, strict=True):
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            if isinstance(value, np.ndarray):
+                assert got[key].dtype == value.dtype and got[key].tolist() == value.tolist(), (want["sample_id"], key)
+            else:
+                assert got[key] == value, (want["sample_id"], key)
+    # one-branch rows: all prefix, positions from 0, the last token predicts nothing
+    a = rows[0]
+    assert a["subsegment_ids"].tolist() == [PREFIX_SUBSEGMENT] * a["n_tokens"]
+    assert a["position_ids"].tolist() == list(range(a["n_tokens"])) and a["target_ids"][-1] == -100

@@ -1,0 +1,85 @@
+"""Where ``tokenize`` spends its time, per stage, on the LLaVA-like bench corpus.
+
+``python -m bench.profile_tokenize [N] [--cprofile]`` generates the corpus of
+``bench/bench_tokenize.py`` (N samples, default 20,000) and runs the steps of one tokenize
+task in process, timing each in CPU seconds (the rate one free core gives; wall time on a
+shared machine depends on the neighbours): reading and parsing the records, encoding them
+into rows (``rows.encode_samples``: probes, template, tokenizer, token arrays), building
+the Arrow table, writing Parquet. Each step runs once to warm the memos (probes,
+tokenizer strings), then is measured. ``--cprofile`` also prints the top functions by own
+time (cProfile slows Python-heavy code several times over, so only the ranking means
+anything).
+"""
+
+from __future__ import annotations
+
+import cProfile
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+
+def _steps(path: Path, root: Path, n: int, out: Path) -> Counter:
+    import pyarrow.parquet as pq
+
+    from packtool import TokenizeConfig
+    from packtool.formats import iter_records, parse_record
+    from packtool.pipeline import BATCH, _batched, _encode_context
+    from packtool.rows import encode_samples
+    from packtool.schema import TOKENIZED
+    from packtool.shards import _WRITE_OPTS, rows_table
+
+    cfg = TokenizeConfig(media_root=str(root.resolve()))
+    ctx = _encode_context(cfg)
+    cpu = time.process_time
+    split: Counter = Counter()
+    t = cpu()
+    samples = [parse_record(rec, str(path), row, cfg.format) for row, rec in iter_records(path)][:n]
+    split["read + parse"] += cpu() - t
+    with pq.ParquetWriter(out, TOKENIZED, **_WRITE_OPTS) as writer:
+        for batch in _batched(samples, BATCH):
+            t = cpu()
+            rows, _ = encode_samples(batch, ctx, Counter())
+            split["encode"] += cpu() - t
+            t = cpu()
+            table = rows_table(rows, TOKENIZED)
+            split["Arrow table"] += cpu() - t
+            t = cpu()
+            writer.write_table(table, row_group_size=len(rows))
+            split["Parquet write"] += cpu() - t
+    return split
+
+
+def main(argv: list[str]) -> int:
+    from bench.bench_pack import _load
+    from bench.bench_tokenize import make_corpus
+    from bench.profile_pack import top_functions
+
+    nums = [a for a in argv if a.isdigit()]
+    n = int(nums[0]) if nums else 20_000
+    tmp = Path(tempfile.mkdtemp(prefix="profile-tokenize-"))
+    try:
+        path = make_corpus(tmp, n)
+        _steps(path, tmp, n, tmp / "warm.parquet")
+        prof = cProfile.Profile() if "--cprofile" in argv else None
+        if prof:
+            prof.enable()
+        split = _steps(path, tmp, n, tmp / "out.parquet")
+        if prof:
+            prof.disable()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    total = sum(split.values())
+    print(f"{n:,} samples in {total:.2f} CPU s: {n / total:,.0f} samples per CPU second, one process, load {_load()}"
+          + (" (under cProfile)" if prof else ""))
+    print(" | ".join(f"{k} {v:.2f} s ({v / n * 1e6:.0f} us a sample)" for k, v in split.items()))
+    if prof:
+        print(top_functions(prof))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
