@@ -426,6 +426,7 @@ def assemble_packs(
     first_pack_index: int,
     media_data: Callable[[dict], list[bytes] | None] | None = None,
     max_tokens: int | None = None,
+    media_loaders: tuple[list[Callable[[dict], list[bytes] | None]], np.ndarray] | None = None,
 ) -> pa.Table:
     """Build packed rows (``schema.PACKED``) from tokenized rows and a plan.
 
@@ -441,6 +442,10 @@ def assemble_packs(
     Rows listed in ``plan.truncated`` (indices into ``table``; text-only by construction)
     are cut to their first ``max_tokens`` tokens, and the last kept token's target
     becomes ``-100``.
+
+    ``media_loaders = (loaders, which)`` replaces ``media_data`` when samples come from sources
+    with different media roots: sample ``k`` of ``plan.order`` loads its media with
+    ``loaders[which[k]]``.
     """
     tables = [table] if isinstance(table, pa.Table) else list(table)
     order = np.asarray(plan.order, dtype=np.int64)
@@ -509,7 +514,12 @@ def assemble_packs(
             off = media_flat.field("token_offset").to_numpy(zero_copy_only=False).astype(np.int64)
             children[name] = pa.array((off + start_in_pack[m_sample]).astype(np.int32))
         elif name == "data":
-            children["data"], children["frames"] = _media_payload(media_flat, media_data)
+            if media_loaders is not None:
+                loaders, which = media_loaders
+                children["data"], children["frames"] = _media_payload(
+                    media_flat, lambda m, j=iter(np.asarray(which)[m_sample].tolist()): loaders[next(j)](m))
+            else:
+                children["data"], children["frames"] = _media_payload(media_flat, media_data)
         elif name == "frames":
             continue
         else:
