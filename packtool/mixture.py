@@ -89,15 +89,23 @@ def rate_text(rate: Fraction) -> str:
 def _rate(value: object, where: str) -> Fraction:
     """An exact positive rate from ``"2.5"``, ``2.5`` (as written in JSON) or ``"1/3"``."""
     if isinstance(value, bool) or not isinstance(value, (int, str, Fraction)):
-        raise ConfigError(f"{where}: rate {value!r} is not a number; give a positive number such as 0.5 or 2.5")
+        raise ConfigError(f"{where}: rate {_shown(value)} is not a number; give a positive number such as 0.5 or 2.5")
     try:
         rate = Fraction(value.strip()) if isinstance(value, str) else Fraction(value)
     except (ValueError, ZeroDivisionError):
-        raise ConfigError(f"{where}: rate {value!r} is not a number; give a positive number such as 0.5 or 2.5") from None
+        raise ConfigError(f"{where}: rate {_shown(value)} is not a number; give a positive number such as 0.5 or "
+                          "2.5") from None
     if rate <= 0:
-        raise ConfigError(f"{where}: rate {rate_text(rate) if rate else value!r} must be above 0; leave the source "
-                          "out instead of giving it rate 0")
+        raise ConfigError(f"{where}: rate {_shown(value)} must be above 0; leave the source out instead of giving it "
+                          "rate 0")
     return rate
+
+
+def _shown(value: object) -> str:
+    """A value as the user wrote it: ``'lots'`` for text, ``2.5`` for a JSON number read exactly."""
+    if isinstance(value, Fraction):
+        return rate_text(value) if value >= 0 else "-" + rate_text(-value)
+    return repr(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +241,7 @@ def load_mixture(file: str | Path, **kw) -> Mixture:
         if "samples" in s:
             n = s["samples"]
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ConfigError(f"{where} ({s['path']!r}): \"samples\" {n!r} must be a whole number of at least 1")
+                raise ConfigError(f"{where} ({s['path']!r}): \"samples\" {_shown(n)} must be a whole number of at least 1")
             sources.append(MixtureSource(str(path), samples=n, name=name))
         else:
             sources.append(MixtureSource(str(path), rate=_rate(s["rate"], where), name=name))

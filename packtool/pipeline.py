@@ -1313,8 +1313,10 @@ def _compatible(first: tuple[str, dict], other: tuple[str, dict]) -> None:
     for key, what in (("tokenizer", "tokenizer"), ("template", "chat template"), ("vision", "model / vision settings")):
         va, vb = ma.get(key) or {}, mb.get(key) or {}
         if va != vb:
-            diff = "; ".join(f"{k}: {va.get(k)!r} vs {vb.get(k)!r}" for k in sorted(set(va) | set(vb))
-                             if va.get(k) != vb.get(k))
+            # the name first: the model or tokenizer itself, then the settings that differ
+            keys = sorted((k for k in set(va) | set(vb) if va.get(k) != vb.get(k)), key=lambda k: (k != "name", k))
+            diff = "; ".join(f"{k}: {va.get(k)!r} vs {vb.get(k)!r}" for k in keys[:3])
+            diff += f" and {len(keys) - 3} more" if len(keys) > 3 else ''
             raise ConfigError(f"mixture sources {a!r} and {b!r} were tokenized with a different {what} ({diff}); "
                               f"one pack holds one model's tokens, so re-tokenize {b!r} with the settings of {a!r} "
                               "(or pack them separately)")
