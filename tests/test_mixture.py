@@ -215,10 +215,26 @@ def test_stats_shows_requested_and_realised_share_per_source_from_the_rows(mixed
         assert s["requested"] == {k: want[k] for k in ("samples", "tokens", "vision_units")}
         assert s["requested_share"] == {k: s["realised_share"][k] for k in ("samples", "tokens", "vision_units")}
     assert got["loss"].min() > 0
+    from test_stats import validate
+
+    validate(json.loads(r.stdout))
     text = run("stats", str(mixed)).stdout
     assert "mixture: 3 sources, seed 0, group by none (requested -> realised)" in text
     line = next(x for x in text.splitlines() if "tok_b " in x)
     assert line.split()[1:5] == ["2.5", "15", "->", "15"]
+
+
+@pytest.mark.jit
+def test_validate_and_the_reader_know_the_source_column(mixed):
+    from packtool.reader import PackedDataset, collate
+    from packtool.validate import validate_dir
+
+    report = validate_dir(mixed)
+    assert report["ok"], report["problems"]
+    rows = list(PackedDataset(mixed, shuffle=False))
+    got = packed_rows(mixed)
+    assert [s for r in rows for s in r["sample_sources"]] == got["sources"].tolist()
+    assert collate(rows[:2])["sample_sources"] == [rows[0]["sample_sources"], rows[1]["sample_sources"]]
 
 
 @pytest.mark.jit
