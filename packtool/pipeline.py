@@ -1322,8 +1322,9 @@ def _compatible(first: tuple[str, dict], other: tuple[str, dict]) -> None:
                               "(or pack them separately)")
 
 
-def _mixture_record(mix: dict, counts: dict) -> dict:
-    """The manifest's ``mixture``, each source with ``realised`` counts moved out of ``counts``."""
+def _mixture_record(mix: dict, counts: dict, loss: bool = True) -> dict:
+    """The manifest's ``mixture``, each source with ``realised`` counts moved out of ``counts``
+    (without ``loss_tokens`` for a dry run, which assembles nothing to count them on)."""
     per = {k: counts.pop(f"source_{k}", {}) for k in _SOURCE_COUNTS}
     sources = []
     for i, s in enumerate(mix["sources"]):
@@ -1331,7 +1332,8 @@ def _mixture_record(mix: dict, counts: dict) -> dict:
         sources.append({**s, "selected": {"samples": got["samples_in"], "tokens": got["tokens_in"],
                                           "vision_units": got["vision_units_in"]},
                         "realised": {"samples": got["samples"], "tokens": got["tokens"],
-                                     "vision_units": got["vision_units"], "loss_tokens": got["loss_tokens"],
+                                     "vision_units": got["vision_units"],
+                                     **({"loss_tokens": got["loss_tokens"]} if loss else {}),
                                      "rejected": got["rejected"]}})
     return {**mix, "sources": sources}
 
@@ -1387,7 +1389,7 @@ def _pack_mixture(mixture, out: Path, cfg: PackConfig, progress: Progress, overw
         counts = _zero_counts("packed")
         for r in results:
             _add_counts(counts, r["counts"])
-        record = _mixture_record(mix, counts)
+        record = _mixture_record(mix, counts, loss=False)
         counts["lower_bound"] = lower_bound(counts.get("tokens", 0), counts.get("vision_units", 0), cfg.max_tokens, max_units)
         counts["tasks"] = n_tasks
         return {"kind": "packed", "dry_run": True, "config": config, "capacities": capacities, "counts": counts,

@@ -596,17 +596,19 @@ def mixture_summary(mix: dict) -> dict:
     sources = mix["sources"]
     keys = ("samples", "tokens", "vision_units")
     sel_total = {k: sum(int(s["selected"][k]) for s in sources) for k in keys}
-    real_total = {k: sum(int(s["realised"][k]) for s in sources) for k in (*keys, "loss_tokens")}
+    # a dry run assembles nothing, so it has no loss tokens to count
+    real_keys = (*keys, "loss_tokens") if all("loss_tokens" in s["realised"] for s in sources) else keys
+    real_total = {k: sum(int(s["realised"][k]) for s in sources) for k in real_keys}
     rows, warnings = [], []
     for i, s in enumerate(sources):
         name = s.get("name") or s["path"]
         label = f"source {name!r}" + (f" ({i + 1})" if sum((x.get("name") or x["path"]) == name for x in sources) > 1
                                        else "")
         req_share = {k: _share(int(s["selected"][k]), sel_total[k]) for k in keys}
-        real_share = {k: _share(int(s["realised"][k]), real_total[k]) for k in (*keys, "loss_tokens")}
+        real_share = {k: _share(int(s["realised"][k]), real_total[k]) for k in real_keys}
         rows.append({"source": name, "path": s["path"], "rate": s.get("rate"), "target_samples": s.get("samples"),
                      "available": int(s["available"]), "requested": {k: int(s["selected"][k]) for k in keys},
-                     "realised": {k: int(s["realised"][k]) for k in (*keys, "loss_tokens")},
+                     "realised": {k: int(s["realised"][k]) for k in real_keys},
                      "requested_share": req_share, "realised_share": real_share})
         n, want, sel, got = int(s["available"]), int(s["requested"]), int(s["selected"]["samples"]), \
             int(s["realised"]["samples"])
@@ -618,9 +620,10 @@ def mixture_summary(mix: dict) -> dict:
                             f"(every sample {want // n} time{'s' if want // n > 1 else ''}"
                             + (f", {want % n:,} of them once more" if want % n else "") + ")")
         if got < sel:
-            warnings.append(f"{label}: {got:,} of {sel:,} requested samples packed ({sel - got:,} rejected at pack "
-                            f"time; see .packtool/errors.jsonl); its share of samples is {real_share['samples']:.1%}, "
-                            f"requested {req_share['samples']:.1%}")
+            why = ("rejected at pack time; see .packtool/errors.jsonl" if "loss_tokens" in real_keys
+                   else "would be rejected at pack time")
+            warnings.append(f"{label}: {got:,} of {sel:,} requested samples packed ({sel - got:,} {why}); its share "
+                            f"of samples is {real_share['samples']:.1%}, requested {req_share['samples']:.1%}")
     return {"seed": mix.get("seed"), "group_by": mix.get("group_by"), "sources": rows, "warnings": warnings}
 
 
@@ -636,7 +639,7 @@ def render_mixture(m: dict) -> str:
         rate = r["rate"] if r["rate"] is not None else f"{r['target_samples']:,} samples"
         table.append((_short(r["source"], 24), rate, f"{r['requested']['samples']:,} -> {r['realised']['samples']:,}",
                       pair(r, "samples"), pair(r, "tokens"), pair(r, "vision_units"),
-                      f"{r['realised_share']['loss_tokens']:.1%}"))
+                      f"{r['realised_share']['loss_tokens']:.1%}" if "loss_tokens" in r["realised_share"] else "-"))
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     lines = [f"mixture: {len(m['sources'])} sources, seed {m['seed']}, group by {m['group_by']} "
              "(requested -> realised)"]

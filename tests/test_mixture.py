@@ -403,3 +403,20 @@ def test_mixture_config_errors_from_the_library():
     with pytest.raises(ConfigError, match="give either a rate or a samples count"):
         from packtool.mixture import MixtureSource
         MixtureSource("a")
+
+
+@pytest.mark.jit
+def test_a_dry_run_plans_the_same_mixture_and_writes_nothing(sources, mixed, tmp_path):
+    mix = Mixture.from_rates([str(sources / f"tok_{n}") for n in SIZES], "1.0,2.5,0.2", samples_per_task=6)
+    plan = pack_dataset(mix, tmp_path / "dry", PackConfig(max_tokens=8192), dry_run=True, workers=1)
+    real = json.loads((mixed / ".packtool" / "manifest.json").read_text())
+    assert not (tmp_path / "dry").exists()
+    assert plan["counts"] == real["counts"]
+    for a, b in zip(plan["mixture"]["sources"], real["mixture"]["sources"], strict=True):
+        assert "loss_tokens" not in a["realised"]
+        assert a["realised"] == {k: v for k, v in b["realised"].items() if k != "loss_tokens"}
+    r = run("pack", *(str(sources / f"tok_{n}") for n in SIZES), "--rates", "1.0,2.5,0.2", "--dry-run",
+            "--max-tokens", "8192")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("28 samples in ")
+    assert "loss share" in r.stdout and r.stdout.splitlines()[-1].endswith("-")
