@@ -516,8 +516,8 @@ def assemble_packs(
         elif name == "data":
             if media_loaders is not None:
                 loaders, which = media_loaders
-                children["data"], children["frames"] = _media_payload(
-                    media_flat, lambda m, j=iter(np.asarray(which)[m_sample].tolist()): loaders[next(j)](m))
+                children["data"], children["frames"] = _media_payload(media_flat, loaders,
+                                                                      np.asarray(which)[m_sample].tolist())
             else:
                 children["data"], children["frames"] = _media_payload(media_flat, media_data)
         elif name == "frames":
@@ -548,15 +548,19 @@ def assemble_packs(
     return pa.Table.from_arrays(list(cols.values()), schema=PACKED)
 
 
-def _media_payload(media_flat: pa.StructArray, media_data) -> tuple[pa.Array, pa.Array]:
-    """The ``data`` (an image file's bytes) and ``frames`` (a video's JPEG per timestamp) columns."""
+def _media_payload(media_flat: pa.StructArray, media_data, which: list[int] | None = None) -> tuple[pa.Array, pa.Array]:
+    """The ``data`` (an image file's bytes) and ``frames`` (a video's JPEG per timestamp) columns.
+
+    ``media_data`` loads one item; with ``which`` it is a list of loaders and item ``j`` uses
+    ``media_data[which[j]]`` (a mixture's sources, each with its own media root).
+    """
     n = len(media_flat)
     if media_data is None or n == 0:
         return pa.nulls(n, type=pa.binary()), pa.nulls(n, type=pa.list_(pa.binary()))
     data: list[bytes | None] = []
     frames: list[list[bytes] | None] = []
-    for m in media_flat.to_pylist():
-        payload = media_data(m)
+    for j, m in enumerate(media_flat.to_pylist()):
+        payload = media_data(m) if which is None else media_data[which[j]](m)
         if m["kind"] == "image":
             data.append(payload[0] if payload else None)
             frames.append(None)

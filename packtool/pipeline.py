@@ -1093,14 +1093,16 @@ _SOURCE_COUNTS = ("samples_in", "tokens_in", "vision_units_in", "samples", "toke
 
 class _MixShards:
     """The shards a mixture task reads: each opened once (sha256 checked when writing), its
-    length columns and media checks read once, its row groups read as packs need them."""
+    length columns and media checks read once, each row group read when a chunk of packs first
+    needs it and let go after the last chunk that needs it, so memory follows the groups with
+    samples still to be packed, not the shards."""
 
     def __init__(self, task: _MixTask, verify: bool) -> None:
         self.task = task
         self.verify = verify
         self.open: dict[tuple[int, int], object] = {}
         self.group_starts: dict[tuple[int, int], np.ndarray] = {}
-        self.cache: dict[tuple[int, int, int], object] = {}
+        self.cache: dict[int, object] = {}
 
     def file(self, s: int, k: int) -> Path:
         return Path(self.task.sources[s].path) / self.task.sources[s].entries[k]["file"]
@@ -1115,37 +1117,42 @@ class _MixShards:
             self.open[(s, k)] = pf
         return pf
 
-    def take(self, keys: np.ndarray, shard_key: np.ndarray, local: np.ndarray):
-        """Tables holding the rows ``local`` of shards ``shard_key`` (``s * 2**32 + k``), and each
-        entry's position across them; row groups not needed by this call are let go."""
-        import pyarrow as pa
-
-        from .packer import ASSEMBLY_COLUMNS
-
-        groups = np.empty(len(keys), np.int64)
+    def groups(self, shard_key: np.ndarray, local: np.ndarray) -> np.ndarray:
+        """The row group of each entry (``shard_key`` is ``source << 32 | shard``)."""
+        groups = np.empty(len(local), np.int64)
         for sk in np.unique(shard_key).tolist():
             at = shard_key == sk
             self.get(sk >> 32, sk & 0xFFFFFFFF)
             groups[at] = np.searchsorted(self.group_starts[(sk >> 32, sk & 0xFFFFFFFF)], local[at], side="right") - 1
-        wanted, inverse = np.unique(np.stack([shard_key, groups]), axis=1, return_inverse=True)
-        inverse = inverse.reshape(-1)
+        return groups
+
+    def take(self, gid: np.ndarray, pairs: np.ndarray, local: np.ndarray, release: np.ndarray):
+        """Tables holding the entries of row groups ``gid`` (``pairs[:, gid]`` is ``(shard_key,
+        group)``) at shard rows ``local``, and each entry's position across them; then the
+        groups ``release`` marks are let go."""
+        import pyarrow as pa
+
+        from .packer import ASSEMBLY_COLUMNS
+
+        wanted, inverse = np.unique(gid, return_inverse=True)
         tables, bases, starts = [], [], []
-        keep = {}
         base = 0
-        for sk, g in zip(wanted[0].tolist(), wanted[1].tolist(), strict=True):
+        for u in wanted.tolist():
+            sk, g = int(pairs[0, u]), int(pairs[1, u])
             s, k = sk >> 32, sk & 0xFFFFFFFF
-            table = self.cache.get((s, k, g))
+            table = self.cache.get(u)
             if table is None:
                 try:
                     table = self.get(s, k).read_row_group(g, columns=ASSEMBLY_COLUMNS, use_threads=False)
                 except (pa.ArrowException, OSError) as exc:
                     raise shard_error(self.file(s, k), exc) from None
-            keep[(s, k, g)] = table
+                self.cache[u] = table
             tables.append(table)
             bases.append(base)
             starts.append(int(self.group_starts[(s, k)][g]))
             base += table.num_rows
-        self.cache = keep
+        for u in wanted[release[wanted]].tolist():
+            del self.cache[u]
         where = np.asarray(bases, np.int64)[inverse] + local - np.asarray(starts, np.int64)[inverse]
         return tables, where
 
@@ -1257,13 +1264,22 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
         loaders = ([_media_loader(Path(ms.media_root), cfg.frame_quality) for ms in task.sources]
                    if cfg.media == "embed" else None)
         truncated = set(plan.truncated)
+        bounds = [s + k for s in range(0, plan.n_packs, cfg.packs_per_shard)
+                  for k in range(0, min(cfg.packs_per_shard, plan.n_packs - s), PACK_CHUNK)]
+        # each row group the packs draw from, and the last chunk that draws from it
+        order = plan.order
+        pairs, gid = np.unique(np.stack([shard_key[order], shards.groups(shard_key[order], local[order])]), axis=1,
+                               return_inverse=True)
+        gid = gid.reshape(-1)
+        chunk = np.searchsorted(plan.offsets[bounds], np.arange(len(order)), side="right") - 1
+        last = np.full(pairs.shape[1], -1, np.int64)
+        np.maximum.at(last, gid, chunk)
         with ShardWriter(out, PACKED_MIXTURE, rows_per_shard=cfg.packs_per_shard, row_group_rows=PACKED_GROUP_ROWS,
                          prefix=task_prefix(task.index)) as writer:
-            bounds = [s + k for s in range(0, plan.n_packs, cfg.packs_per_shard)
-                      for k in range(0, min(cfg.packs_per_shard, plan.n_packs - s), PACK_CHUNK)]
-            for p0, p1 in zip(bounds, [*bounds[1:], plan.n_packs][:len(bounds)], strict=True):
-                rows = plan.order[plan.offsets[p0]:plan.offsets[p1]]
-                tables, where = shards.take(rows, shard_key[rows], local[rows])
+            for c, (p0, p1) in enumerate(zip(bounds, [*bounds[1:], plan.n_packs][:len(bounds)], strict=True)):
+                a, b = plan.offsets[p0], plan.offsets[p1]
+                rows = order[a:b]
+                tables, where = shards.take(gid[a:b], pairs, local[rows], release=last == c)
                 sub = PackPlan(where, plan.offsets[p0:p1 + 1] - plan.offsets[p0],
                                truncated=[int(where[k]) for k, r in enumerate(rows.tolist()) if r in truncated])
                 table = assemble_packs(tables, sub, task.index * PACK_INDEX_STRIDE + p0, None, cfg.max_tokens,

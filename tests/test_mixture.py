@@ -17,7 +17,6 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -420,3 +419,35 @@ def test_a_dry_run_plans_the_same_mixture_and_writes_nothing(sources, mixed, tmp
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("28 samples in ")
     assert "loss share" in r.stdout and r.stdout.splitlines()[-1].endswith("-")
+
+
+@pytest.mark.jit
+def test_sources_with_their_own_media_roots_embed_their_own_files(sources, tmp_path):
+    import shutil
+
+    from PIL import Image
+
+    # the second source's media live under another root, where every image is a different picture
+    other = tmp_path / "root"
+    shutil.copytree(SAMPLE, other)
+    for f in (other / "images").iterdir():
+        if f.suffix in (".png", ".jpg"):
+            with Image.open(f) as im:
+                im = im.convert("RGB")
+            im.putpixel((0, 0), (1, 2, 3))
+            im.save(f)
+            assert f.read_bytes() != (SAMPLE / "images" / f.name).read_bytes()
+    tokenize_dataset([sources / "b.jsonl"], tmp_path / "tok_b2", TokenizeConfig(media_root=str(other)))
+    roots = [SAMPLE, other]
+    out = tmp_path / "p"
+    pack_dataset([sources / "tok_a", tmp_path / "tok_b2"], out, PackConfig(max_tokens=8192))
+    manifest = json.loads((out / ".packtool" / "manifest.json").read_text())
+    seen = Counter()
+    for entry in manifest["shards"]:
+        for row in pq.read_table(out / entry["file"], columns=["sample_sources", "media"]).to_pylist():
+            for m in row["media"]:
+                if m["kind"] == "image":
+                    src = row["sample_sources"][m["sample_index"]]
+                    assert m["data"] == (roots[src] / m["path"]).read_bytes()
+                    seen[src] += 1
+    assert seen[0] > 0 and seen[1] > 0
