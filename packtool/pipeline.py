@@ -1200,9 +1200,10 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
             problems = _media_problems(pf, Path(task.sources[s].media_root), task.sources[s].check_mtime)
         except (pa.ArrowException, KeyError) as exc:
             raise shard_error(shards.file(s, k), exc) from None
-        for i, r in zip(at.tolist(), local[at].tolist(), strict=True):
-            if r in problems:
-                bad[i] = problems[r]
+        if problems:
+            for i, r in zip(at.tolist(), local[at].tolist(), strict=True):
+                if r in problems:
+                    bad[i] = problems[r]
     if bad:
         keep = np.ones(n, dtype=bool)
         keep[list(bad)] = False
@@ -1412,7 +1413,8 @@ def _pack_mixture(mixture, out: Path, cfg: PackConfig, progress: Progress, overw
                 "vision": first.get("vision"), "mixture": record, "shards": []}
     manifest_extra = {"capacities": capacities, "tokenizer": first.get("tokenizer"), "vision": first.get("vision"),
                       "template": first.get("template"), "mixture": mix}
-    inputs = {f"{i}:{e['file']}": e["sha256"] for i, m in enumerate(manifests) for e in m["shards"]}
+    inputs = {str(Path(s.path) / e["file"]): e["sha256"] for s, m in zip(mixture.sources, manifests, strict=True)
+              for e in m["shards"]}
     run = {"kind": "packed", "config": config, "config_digest": digest, "world_size": ex.world_size,
            "n_tasks": n_tasks, "tasks_digest": plan.digest(), "inputs": inputs, "manifest": manifest_extra,
            "max_errors": max_errors}

@@ -327,6 +327,20 @@ def test_ranks_then_merge_give_the_same_bytes_and_a_resume_keeps_the_mixture(sou
     r = run("pack", *(str(sources / f"tok_{n}") for n in SIZES), "-o", str(out), "--rates", "1,1,1", "--quiet")
     assert r.returncode == 1
     assert "already holds a finished run with a different configuration" in r.stderr and "mixture" in r.stderr
+    # a source tokenized again from changed text (same file, rows and settings): the finished run is not reused
+    text = (sources / "b.jsonl").read_text()
+    (tmp_path / "b.jsonl").write_text(text)
+    changed = tmp_path / "tok_b"
+    cfg = TokenizeConfig(media_root=str(SAMPLE))
+    tokenize_dataset([tmp_path / "b.jsonl"], changed, cfg)
+    again = ["pack", str(sources / "tok_a"), str(changed), "-o", str(tmp_path / "again"), "--rates", "1,2", "--quiet"]
+    assert run(*again).returncode == 0
+    (tmp_path / "b.jsonl").write_text(text.replace("canvas", "sheet"))
+    tokenize_dataset([tmp_path / "b.jsonl"], changed, cfg, overwrite=True)
+    r = run(*again)
+    assert r.returncode == 1
+    assert "holds a finished run of these settings, but input files changed since" in r.stderr
+    assert str(changed / "part-00000-00000.parquet") in r.stderr
 
 
 # ---------------------------------------------------------------------------------------------
