@@ -853,6 +853,24 @@ class _RowStore:
         return tables, where
 
 
+def _plan_kept(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, bad: dict, cfg: PackConfig,
+               max_units: int):
+    """``plan_packs`` over the samples not in ``bad`` (media no longer the ones counted); the
+    plan's indices are those of the full arrays."""
+    from .packer import plan_packs
+
+    if not bad:
+        return plan_packs(tokens, units, has_media, cfg, max_units)
+    keep = np.ones(len(tokens), dtype=bool)
+    keep[list(bad)] = False
+    idx = np.flatnonzero(keep)
+    plan = plan_packs(tokens[idx], units[idx], has_media[idx], cfg, max_units)
+    plan.order = idx[plan.order]
+    plan.dropped, plan.alone, plan.truncated = ([int(idx[i]) for i in part]
+                                                for part in (plan.dropped, plan.alone, plan.truncated))
+    return plan
+
+
 def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
     """One pack task: one tokenized shard → planned packs → ``part-TTTTT-*.parquet`` + marker.
 
@@ -863,7 +881,7 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .packer import PackPlan, assemble_packs, plan_packs
+    from .packer import PackPlan, assemble_packs
 
     cfg = task.cfg
     src = Path(task.src_file)
@@ -881,16 +899,7 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
         bad = _media_problems(pf, Path(task.media_root), task.check_mtime)
     except (pa.ArrowException, KeyError) as exc:
         raise shard_error(src, exc) from None
-    if bad:  # plan only the rows whose media are still the ones counted
-        keep = np.ones(len(tokens), dtype=bool)
-        keep[list(bad)] = False
-        idx = np.flatnonzero(keep)
-        plan = plan_packs(tokens[idx], units[idx], has_media[idx], cfg, task.max_units)
-        plan.order = idx[plan.order]
-        plan.dropped, plan.alone, plan.truncated = ([int(idx[i]) for i in part]
-                                                    for part in (plan.dropped, plan.alone, plan.truncated))
-    else:
-        plan = plan_packs(tokens, units, has_media, cfg, task.max_units)
+    plan = _plan_kept(tokens, units, has_media, bad, cfg, task.max_units)
     if plan.n_packs >= PACK_INDEX_STRIDE:
         raise ConfigError(f"{task.src_file}: {plan.n_packs:,} packs from one tokenized shard; re-run tokenize with a "
                           "smaller --rows-per-shard")
@@ -1168,7 +1177,7 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
     import pyarrow.compute as pc
 
     from .mixture import copy_suffixes
-    from .packer import PackPlan, assemble_packs, plan_packs
+    from .packer import PackPlan, assemble_packs
     from .schema import PACKED_MIXTURE
 
     cfg = task.cfg
@@ -1204,18 +1213,9 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
             for i, r in zip(at.tolist(), local[at].tolist(), strict=True):
                 if r in problems:
                     bad[i] = problems[r]
-    if bad:
-        keep = np.ones(n, dtype=bool)
-        keep[list(bad)] = False
-        idx = np.flatnonzero(keep)
-        plan = plan_packs(tokens[idx], units[idx], has_media[idx], cfg, task.max_units)
-        plan.order = idx[plan.order]
-        plan.dropped, plan.alone, plan.truncated = ([int(idx[i]) for i in part]
-                                                    for part in (plan.dropped, plan.alone, plan.truncated))
-    else:
-        plan = plan_packs(tokens, units, has_media, cfg, task.max_units)
+    plan = _plan_kept(tokens, units, has_media, bad, cfg, task.max_units)
     if plan.n_packs >= PACK_INDEX_STRIDE:
-        raise RuntimeError(f"internal error: {plan.n_packs:,} packs from one mixture task")
+        raise ConfigError(f"{plan.n_packs:,} packs from one mixture task; lower --samples-per-task")
     eff = tokens.copy()
     if plan.truncated:
         eff[plan.truncated] = np.minimum(eff[plan.truncated], cfg.max_tokens)
