@@ -224,7 +224,7 @@ def test_stats_shows_requested_and_realised_share_per_source_from_the_rows(mixed
 
 
 @pytest.mark.jit
-def test_validate_and_the_reader_know_the_source_column(mixed):
+def test_validate_inspect_and_the_reader_know_the_source_column(sources, mixed):
     from packtool.reader import PackedDataset, collate
     from packtool.validate import validate_dir
 
@@ -234,6 +234,13 @@ def test_validate_and_the_reader_know_the_source_column(mixed):
     got = packed_rows(mixed)
     assert [s for r in rows for s in r["sample_sources"]] == got["sources"].tolist()
     assert collate(rows[:2])["sample_sources"] == [rows[0]["sample_sources"], rows[1]["sample_sources"]]
+    copy = next(i for i in got["ids"] if i.endswith("#2"))
+    r = run("inspect", str(mixed), "--sample", copy, "--json")
+    assert r.returncode == 0, r.stderr
+    view = json.loads(r.stdout)["samples"]
+    assert [(v["sample_id"], v["mixture_source"]) for v in view] == [(copy, str(sources / "tok_b"))]
+    assert f"{copy}  tokens" in run("inspect", str(mixed), "--sample", copy).stdout
+    assert f"from {sources / 'tok_b'}" in run("inspect", str(mixed), "--sample", copy).stdout
 
 
 @pytest.mark.jit
@@ -465,3 +472,35 @@ def test_sources_with_their_own_media_roots_embed_their_own_files(sources, tmp_p
                     assert m["data"] == (roots[src] / m["path"]).read_bytes()
                     seen[src] += 1
     assert seen[0] > 0 and seen[1] > 0
+
+
+def test_warnings_name_every_source_whose_request_was_not_met():
+    from packtool.stats import mixture_summary, render_mixture
+
+    def source(path, available, requested, got, **kw):
+        selected = requested if available else 0
+        counts = {"samples": selected, "tokens": 10 * selected, "vision_units": 0}
+        return {"path": path, **kw, "available": available, "requested": requested, "selected": counts,
+                "realised": {"samples": got, "tokens": 10 * got, "vision_units": 0, "loss_tokens": got,
+                             "rejected": counts["samples"] - got}}
+
+    m = mixture_summary({"seed": 3, "group_by": "source", "sources": [
+        source("full", 4, 4, 4, rate="1"),
+        source("empty", 0, 0, 0, rate="2"),
+        source("short", 0, 50, 0, samples=50, name="wanted"),
+        source("big", 3, 7, 6, samples=7),
+    ]})
+    assert m["warnings"] == [
+        "source 'empty' holds no samples; it contributes nothing",
+        "source 'wanted' holds no samples; it contributes nothing (target 50)",
+        "source 'big': target of 7 samples is more than its 3; met by up-sampling (every sample 2 times, 1 of them "
+        "once more)",
+        "source 'big': 6 of 7 requested samples packed (1 rejected at pack time; see .packtool/errors.jsonl); its "
+        "share of samples is 60.0%, requested 63.6%",
+    ]
+    assert [r["realised_share"]["samples"] for r in m["sources"]] == [0.4, 0.0, 0.0, 0.6]
+    text = render_mixture(m)
+    assert text.splitlines()[0] == "mixture: 4 sources, seed 3, group by source (requested -> realised)"
+    line = next(x for x in text.splitlines() if x.startswith("wanted"))
+    assert line.split() == ["wanted", "50", "samples", "0", "->", "0", "0.0%", "->", "0.0%", "0.0%", "->", "0.0%",
+                            "0.0%", "->", "0.0%", "0.0%"]
