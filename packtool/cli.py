@@ -190,7 +190,7 @@ def tokenize(
 @app.command()
 def pack(
     inputs: Annotated[list[Path] | None, typer.Argument(
-        metavar="TOKENIZED...", help="Tokenized directory; several make a mixture (see --rates).")] = None,
+        metavar="TOKENIZED", help="Tokenized directory; several make a mixture (see --rates).")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Output directory.")] = None,
     rates: Annotated[str | None, typer.Option(help="Epoch multiplier per input, in order, e.g. 1.0,2.5,0.2 (2.5: every sample twice plus a seeded half).")] = None,
     mixture: Annotated[Path | None, typer.Option(help="Mixture JSON file: sources with a rate or a target sample count (instead of inputs and --rates).")] = None,

@@ -193,7 +193,7 @@ def test_three_sources_at_rates_give_exact_counts_unique_ids_and_the_same_bytes_
 
 
 @pytest.mark.jit
-def test_stats_shows_requested_and_realised_share_per_source_from_the_rows(mixed):
+def test_stats_shows_requested_and_realised_share_per_source_from_the_rows(sources, mixed):
     got = packed_rows(mixed)
     r = run("stats", str(mixed), "--json")
     assert r.returncode == 0, r.stderr
@@ -219,6 +219,9 @@ def test_stats_shows_requested_and_realised_share_per_source_from_the_rows(mixed
     validate(json.loads(r.stdout))
     text = run("stats", str(mixed)).stdout
     assert "mixture: 3 sources, seed 0, group by none (requested -> realised)" in text
+    r = run("stats", str(sources / "tok_a"), str(mixed))
+    assert (r.returncode, r.stderr) == (1, f"Error: {str(mixed)!r} is a mixture of 3 tokenized directories; run "
+                                           f"`packtool stats {mixed}` for its per-source shares\n")
     line = next(x for x in text.splitlines() if "tok_b " in x)
     assert line.split()[1:5] == ["2.5", "15", "->", "15"]
 
