@@ -1103,8 +1103,8 @@ _SOURCE_COUNTS = ("samples_in", "tokens_in", "vision_units_in", "samples", "toke
 class _MixShards:
     """The shards a mixture task reads: each opened once (sha256 checked when writing), its
     length columns and media checks read once, each row group read when a chunk of packs first
-    needs it and let go after the last chunk that needs it, so memory follows the groups with
-    samples still to be packed, not the shards."""
+    needs it and let go after the last chunk that needs it (holding only its waiting rows once
+    most are packed), so memory follows the samples still to be packed, not the shards."""
 
     def __init__(self, task: _MixTask, verify: bool) -> None:
         self.task = task
@@ -1135,34 +1135,47 @@ class _MixShards:
             groups[at] = np.searchsorted(self.group_starts[(sk >> 32, sk & 0xFFFFFFFF)], local[at], side="right") - 1
         return groups
 
-    def take(self, gid: np.ndarray, pairs: np.ndarray, local: np.ndarray, release: np.ndarray):
+    def take(self, gid: np.ndarray, pairs: np.ndarray, local: np.ndarray, future: dict[int, np.ndarray]):
         """Tables holding the entries of row groups ``gid`` (``pairs[:, gid]`` is ``(shard_key,
-        group)``) at shard rows ``local``, and each entry's position across them; then the
-        groups ``release`` marks are let go."""
+        group)``) at shard rows ``local``, and each entry's position across them.
+
+        ``future[u]`` lists the shard rows later chunks still take from group ``u`` (empty: let it
+        go). A group most of whose rows are packed keeps only those rows (a small copy), so a
+        sample that waits long in the packing buffer does not hold its whole row group.
+        """
         import pyarrow as pa
 
         from .packer import ASSEMBLY_COLUMNS
 
         wanted, inverse = np.unique(gid, return_inverse=True)
-        tables, bases, starts = [], [], []
+        tables, bases, held = [], [], []
         base = 0
         for u in wanted.tolist():
             sk, g = int(pairs[0, u]), int(pairs[1, u])
             s, k = sk >> 32, sk & 0xFFFFFFFF
-            table = self.cache.get(u)
-            if table is None:
+            entry = self.cache.get(u)
+            if entry is None:
                 try:
                     table = self.get(s, k).read_row_group(g, columns=ASSEMBLY_COLUMNS, use_threads=False)
                 except (pa.ArrowException, OSError) as exc:
                     raise shard_error(self.file(s, k), exc) from None
-                self.cache[u] = table
-            tables.append(table)
+                lo = int(self.group_starts[(s, k)][g])
+                entry = self.cache[u] = (table, np.arange(lo, lo + table.num_rows, dtype=np.int64))
+            tables.append(entry[0])
+            held.append(entry[1])
             bases.append(base)
-            starts.append(int(self.group_starts[(s, k)][g]))
-            base += table.num_rows
-        for u in wanted[release[wanted]].tolist():
-            del self.cache[u]
-        where = np.asarray(bases, np.int64)[inverse] + local - np.asarray(starts, np.int64)[inverse]
+            base += entry[0].num_rows
+        where = np.empty(len(gid), np.int64)
+        for j, rows in enumerate(held):
+            at = inverse.reshape(-1) == j
+            where[at] = bases[j] + np.searchsorted(rows, local[at])
+        for u in wanted.tolist():
+            later = future.get(u)
+            table, rows = self.cache[u]
+            if later is None or not len(later):
+                del self.cache[u]
+            elif len(later) * 4 <= len(rows):
+                self.cache[u] = (table.take(np.searchsorted(rows, later)), later)
         return tables, where
 
 
@@ -1267,20 +1280,24 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
         truncated = set(plan.truncated)
         bounds = [s + k for s in range(0, plan.n_packs, cfg.packs_per_shard)
                   for k in range(0, min(cfg.packs_per_shard, plan.n_packs - s), PACK_CHUNK)]
-        # each row group the packs draw from, and the last chunk that draws from it
+        # each row group the packs draw from, and per chunk the rows later chunks still take from it
         order = plan.order
         pairs, gid = np.unique(np.stack([shard_key[order], shards.groups(shard_key[order], local[order])]), axis=1,
                                return_inverse=True)
         gid = gid.reshape(-1)
-        chunk = np.searchsorted(plan.offsets[bounds], np.arange(len(order)), side="right") - 1
-        last = np.full(pairs.shape[1], -1, np.int64)
-        np.maximum.at(last, gid, chunk)
+        # positions of each group's entries, ascending: group u's are by_group[first[u]:first[u + 1]]
+        by_group = np.argsort(gid, kind="stable")
+        first = np.searchsorted(gid[by_group], np.arange(pairs.shape[1] + 1))
         with ShardWriter(out, PACKED_MIXTURE, rows_per_shard=cfg.packs_per_shard, row_group_rows=PACKED_GROUP_ROWS,
                          prefix=task_prefix(task.index)) as writer:
-            for c, (p0, p1) in enumerate(zip(bounds, [*bounds[1:], plan.n_packs][:len(bounds)], strict=True)):
+            for p0, p1 in zip(bounds, [*bounds[1:], plan.n_packs][:len(bounds)], strict=True):
                 a, b = plan.offsets[p0], plan.offsets[p1]
                 rows = order[a:b]
-                tables, where = shards.take(gid[a:b], pairs, local[rows], release=last == c)
+                future = {}
+                for u in np.unique(gid[a:b]).tolist():
+                    pos = by_group[first[u]:first[u + 1]]
+                    future[u] = np.unique(local[order[pos[np.searchsorted(pos, b):]]])
+                tables, where = shards.take(gid[a:b], pairs, local[rows], future)
                 sub = PackPlan(where, plan.offsets[p0:p1 + 1] - plan.offsets[p0],
                                truncated=[int(where[k]) for k, r in enumerate(rows.tolist()) if r in truncated])
                 table = assemble_packs(tables, sub, task.index * PACK_INDEX_STRIDE + p0, None, cfg.max_tokens,
