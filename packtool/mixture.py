@@ -217,8 +217,11 @@ def load_mixture(file: str | Path, **kw) -> Mixture:
     except ValueError as exc:
         raise ConfigError(f"--mixture {str(file)!r} is not valid JSON ({exc}); see README, Training mixtures") from None
     example = '{"sources": [{"path": "tok_a", "rate": 1.0}, {"path": "tok_b", "samples": 20000}]}'
-    if not isinstance(data, dict) or set(data) != {"sources"} or not isinstance(data["sources"], list) \
-            or not data["sources"]:
+    if isinstance(data, dict) and set(data) - {"sources"}:
+        unknown = ", ".join(map(repr, sorted(set(data) - {"sources"})))
+        raise ConfigError(f"--mixture {str(file)!r}: unknown top-level key {unknown}; the file holds \"sources\" only "
+                          "(give --seed and --group-by on the command line)")
+    if not isinstance(data, dict) or not isinstance(data.get("sources"), list) or not data["sources"]:
         raise ConfigError(f"--mixture {str(file)!r} must hold one object with a non-empty \"sources\" list, e.g. "
                           f"{example}")
     sources = []

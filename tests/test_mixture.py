@@ -394,7 +394,10 @@ def test_rates_and_mixture_together_and_a_missing_source_are_refused(sources, tm
                                                              "path, rate, samples"),
     ('{"sources": [{"path": "a", "samples": 2.5}]}', "source 1 ('a'): \"samples\" 2.5 must be a whole number"),
     ('{"sources": [{"path": "a", "rate": true}]}', "source 1: rate True is not a number"),
-], ids=["json", "shape", "path", "both", "neither", "unknown", "samples", "rate"])
+    ('{"sources": [], "seed": 3}', "unknown top-level key 'seed'; the file holds \"sources\" only (give --seed and "
+                                   "--group-by on the command line)"),
+    ('{"sources": []}', 'must hold one object with a non-empty "sources" list'),
+], ids=["json", "shape", "path", "both", "neither", "unknown", "samples", "rate", "top", "empty"])
 def test_malformed_mixture_files_are_refused(tmp_path, body, message):
     spec = tmp_path / "mix.json"
     spec.write_text(body)
