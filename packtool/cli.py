@@ -21,6 +21,7 @@ from . import __version__
 from .config import MEDIA_MODES, OVERSIZE_POLICIES, PackConfig, TokenizeConfig
 from .errors import PacktoolError
 from .formats import FORMATS
+from .mixture import GROUP_BY, SAMPLES_PER_TASK
 from .pipeline import ON_ERROR
 from .shards import ERRORS, MANIFEST
 from .templates import TEMPLATES
@@ -38,6 +39,7 @@ MediaChoice = Literal[MEDIA_MODES]  # type: ignore[valid-type]
 OnErrorChoice = Literal[ON_ERROR]  # type: ignore[valid-type]
 ExifChoice = Literal[EXIF_MODES]  # type: ignore[valid-type]
 ExecutorChoice = Literal["local", "ray"]
+GroupByChoice = Literal[GROUP_BY]  # type: ignore[valid-type]
 #: What --tokenizer accepts, said once for every command that takes it.
 TOKENIZER_FORMS = ("default: the embedded Qwen2/Qwen2.5 vocabulary; qwen3: it with Qwen3's tool and think tokens "
                    "(the default for --template qwen3-vl); "
@@ -191,8 +193,14 @@ def tokenize(
 
 @app.command()
 def pack(
-    src: Annotated[Path, typer.Argument(help="Tokenized directory.")],
+    inputs: Annotated[list[Path] | None, typer.Argument(
+        metavar="TOKENIZED", help="Tokenized directory; several make a mixture (see --rates).")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Output directory.")] = None,
+    rates: Annotated[str | None, typer.Option(help="Epoch multiplier per input, in order, e.g. 1.0,2.5,0.2 (2.5: every sample twice plus a seeded half).")] = None,
+    mixture: Annotated[Path | None, typer.Option(help="Mixture JSON file: sources with a rate or a target sample count (instead of inputs and --rates).")] = None,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of a mixture's down-sampled subsets (recorded in the manifest).")] = 0,
+    group_by: Annotated[GroupByChoice, typer.Option(help="none: packs mix sources; source: a pack never holds two sources.")] = "none",
+    samples_per_task: Annotated[int, typer.Option(min=1, help="Samples of a mixture's stream per pack task (each task packs with its own buffer).")] = SAMPLES_PER_TASK,
     max_tokens: MaxTokens = _PACK_DEFAULTS.max_tokens,
     max_vision_units: MaxVisionUnits = None,
     buffer_size: Annotated[int, typer.Option(min=1, help="Samples the knapsack chooses from per pack.")] = _PACK_DEFAULTS.buffer_size,
@@ -222,9 +230,12 @@ def pack(
     Example:
 
       packtool pack tok -o packed --max-tokens 8192 --max-vision-units 128
+
+      packtool pack tok_a tok_b tok_c --rates 1.0,2.5,0.2 -o packed
     """
     from .pipeline import pack_dataset
 
+    src = _pack_source(inputs or [], rates, mixture, seed=seed, group_by=group_by, samples_per_task=samples_per_task)
     if output is None and not dry_run:
         raise PacktoolError("pack needs -o/--output (or --dry-run to only plan)")
     cfg = PackConfig(max_tokens=max_tokens, max_vision_units=max_vision_units, buffer_size=buffer_size,
@@ -240,13 +251,18 @@ def pack(
         return
     c = result["counts"]
     plan = None
-    if dry_run:  # the same statistics `packtool stats` shows, from the plan alone
+    mix = None
+    if "mixture" in result:
+        from .stats import mixture_summary
+
+        mix = mixture_summary(result["mixture"])
+    elif dry_run:  # the same statistics `packtool stats` shows, from the plan alone
         from .stats import plan_stats
 
         plan = plan_stats(src, result)
     if as_json:
         _emit_json({"output": None if dry_run else str(output), "dry_run": dry_run, **result["capacities"], **c,
-                    **({"stats": plan} if plan is not None else {})})
+                    **({"stats": plan} if plan is not None else {}), **({"mixture": mix} if mix is not None else {})})
         return
     lb = c["lower_bound"]
     ratio = f" ({c['packs'] / lb:.3f}x)" if lb else ""
@@ -258,6 +274,27 @@ def pack(
         from .stats import render_stats
 
         typer.echo(render_stats(plan))
+    if mix is not None:
+        from .stats import render_mixture
+
+        typer.echo(render_mixture(mix))
+
+
+def _pack_source(inputs: list[Path], rates: str | None, mixture: Path | None, **kw):
+    """What ``pack`` packs: one tokenized directory as it is, or a :class:`~packtool.mixture.Mixture`."""
+    from .errors import ConfigError
+    from .mixture import Mixture, load_mixture
+
+    if mixture is not None:
+        if rates is not None or inputs:
+            raise ConfigError("--mixture names the sources and their rates itself; drop the TOKENIZED inputs and "
+                              "--rates, or drop --mixture")
+        return load_mixture(mixture, **kw)
+    if not inputs:
+        raise ConfigError("pack needs a tokenized directory (several for a mixture) or --mixture FILE")
+    if len(inputs) == 1 and rates is None and kw["group_by"] == "none":
+        return inputs[0]
+    return Mixture.from_rates(inputs, rates, **kw)
 
 
 @app.command()

@@ -395,7 +395,9 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
         if where is None:
             total = sum(e["rows"] for e in manifest["shards"])
             raise InputError(f"--pack {want}: {str(path)!r} holds packs 0..{total - 1}")
-    cols = ["pack_index", "n_tokens", "n_vision_units", "sample_ids", "cu_seqlens"] + _TOKEN_COLUMNS + media_cols
+    mixture = manifest.get("mixture")
+    cols = (["pack_index", "n_tokens", "n_vision_units", "sample_ids", "cu_seqlens"] + _TOKEN_COLUMNS + media_cols
+            + (["sample_sources"] if mixture else []))
     row = _read_row(path, manifest, where[0], where[1], cols)
     cu = row["cu_seqlens"]
     views = []
@@ -405,6 +407,9 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
         media = [m for m in row["media"] if m["sample_index"] == k]
         v = _sample_view(row, cu[k], cu[k + 1], k, media, dec)
         v["sample_id"] = sid
+        if mixture:  # which source of the mixture the sample came from
+            src = mixture["sources"][row["sample_sources"][k]]
+            v["mixture_source"] = src.get("name") or src["path"]
         views.append(v)
     caps = manifest.get("capacities") or {}
     return {"kind": "pack", "dir": str(path), "file": where[0], "row": where[1], "pack_index": row["pack_index"],
@@ -460,7 +465,8 @@ def render_inspection(view: dict) -> str:
         branches = f"  {s['n_branches']} branches" if s["n_branches"] > 1 else ""
         idx = f"[{s['index']}] " if s.get("index") is not None else ""
         where = f"tokens {s['start']:,}..{s['end'] - 1:,}" if view["kind"] == "pack" else f"{s['n_tokens']:,} tokens"
-        out.append(f"{idx}{s['sample_id']}  {where}  {s['n_loss_tokens']:,} carry loss{branches}")
+        origin = f"  from {s['mixture_source']}" if s.get("mixture_source") else ""
+        out.append(f"{idx}{s['sample_id']}  {where}  {s['n_loss_tokens']:,} carry loss{branches}{origin}")
         for part in s["parts"]:
             pad = "  "
             if part["part"] != "sample":

@@ -426,6 +426,7 @@ def assemble_packs(
     first_pack_index: int,
     media_data: Callable[[dict], list[bytes] | None] | None = None,
     max_tokens: int | None = None,
+    media_loaders: tuple[list[Callable[[dict], list[bytes] | None]], np.ndarray] | None = None,
 ) -> pa.Table:
     """Build packed rows (``schema.PACKED``) from tokenized rows and a plan.
 
@@ -441,6 +442,10 @@ def assemble_packs(
     Rows listed in ``plan.truncated`` (indices into ``table``; text-only by construction)
     are cut to their first ``max_tokens`` tokens, and the last kept token's target
     becomes ``-100``.
+
+    ``media_loaders = (loaders, which)`` replaces ``media_data`` when samples come from sources
+    with different media roots: sample ``k`` of ``plan.order`` loads its media with
+    ``loaders[which[k]]``.
     """
     tables = [table] if isinstance(table, pa.Table) else list(table)
     order = np.asarray(plan.order, dtype=np.int64)
@@ -509,7 +514,12 @@ def assemble_packs(
             off = media_flat.field("token_offset").to_numpy(zero_copy_only=False).astype(np.int64)
             children[name] = pa.array((off + start_in_pack[m_sample]).astype(np.int32))
         elif name == "data":
-            children["data"], children["frames"] = _media_payload(media_flat, media_data)
+            if media_loaders is not None:
+                loaders, which = media_loaders
+                children["data"], children["frames"] = _media_payload(media_flat, loaders,
+                                                                      np.asarray(which)[m_sample].tolist())
+            else:
+                children["data"], children["frames"] = _media_payload(media_flat, media_data)
         elif name == "frames":
             continue
         else:
@@ -538,15 +548,19 @@ def assemble_packs(
     return pa.Table.from_arrays(list(cols.values()), schema=PACKED)
 
 
-def _media_payload(media_flat: pa.StructArray, media_data) -> tuple[pa.Array, pa.Array]:
-    """The ``data`` (an image file's bytes) and ``frames`` (a video's JPEG per timestamp) columns."""
+def _media_payload(media_flat: pa.StructArray, media_data, which: list[int] | None = None) -> tuple[pa.Array, pa.Array]:
+    """The ``data`` (an image file's bytes) and ``frames`` (a video's JPEG per timestamp) columns.
+
+    ``media_data`` loads one item; with ``which`` it is a list of loaders and item ``j`` uses
+    ``media_data[which[j]]`` (a mixture's sources, each with its own media root).
+    """
     n = len(media_flat)
     if media_data is None or n == 0:
         return pa.nulls(n, type=pa.binary()), pa.nulls(n, type=pa.list_(pa.binary()))
     data: list[bytes | None] = []
     frames: list[list[bytes] | None] = []
-    for m in media_flat.to_pylist():
-        payload = media_data(m)
+    for j, m in enumerate(media_flat.to_pylist()):
+        payload = media_data(m) if which is None else media_data[which[j]](m)
         if m["kind"] == "image":
             data.append(payload[0] if payload else None)
             frames.append(None)

@@ -42,6 +42,7 @@ from .errors import (
 )
 from .executors import ExecutorConfig, run_tasks, set_total, worker_place
 from .formats import Rejected, expand_inputs, parse_json_line, parse_record
+from .mixture import Mixture
 from .shards import (
     ERRORS,
     LEGACY_ERRORS,
@@ -334,6 +335,8 @@ def merge_output(out_dir: str | Path) -> dict:
     if "rejected_by_reason" in counts:
         counts["rejected_by_reason"] = dict(sorted(counts["rejected_by_reason"].items()))
     extra = dict(run.get("manifest", {}))
+    if "mixture" in extra:
+        extra["mixture"] = _mixture_record(extra["mixture"], counts)
     if run["kind"] == "packed":
         caps = extra["capacities"]
         counts["lower_bound"] = lower_bound(counts.get("tokens", 0), counts.get("vision_units", 0),
@@ -917,6 +920,24 @@ class _RowStore:
         return tables, where
 
 
+def _plan_kept(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, bad: dict, cfg: PackConfig,
+               max_units: int):
+    """``plan_packs`` over the samples not in ``bad`` (media no longer the ones counted); the
+    plan's indices are those of the full arrays."""
+    from .packer import plan_packs
+
+    if not bad:
+        return plan_packs(tokens, units, has_media, cfg, max_units)
+    keep = np.ones(len(tokens), dtype=bool)
+    keep[list(bad)] = False
+    idx = np.flatnonzero(keep)
+    plan = plan_packs(tokens[idx], units[idx], has_media[idx], cfg, max_units)
+    plan.order = idx[plan.order]
+    plan.dropped, plan.alone, plan.truncated = ([int(idx[i]) for i in part]
+                                                for part in (plan.dropped, plan.alone, plan.truncated))
+    return plan
+
+
 def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
     """One pack task: one tokenized shard → planned packs → ``part-TTTTT-*.parquet`` + marker.
 
@@ -927,7 +948,7 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .packer import PackPlan, assemble_packs, plan_packs
+    from .packer import PackPlan, assemble_packs
 
     cfg = task.cfg
     src = Path(_at(task.src_file, task.cwd))
@@ -945,16 +966,7 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
         bad = _media_problems(pf, Path(task.media_root), task.check_mtime)
     except (pa.ArrowException, KeyError) as exc:
         raise shard_error(src, exc) from None
-    if bad:  # plan only the rows whose media are still the ones counted
-        keep = np.ones(len(tokens), dtype=bool)
-        keep[list(bad)] = False
-        idx = np.flatnonzero(keep)
-        plan = plan_packs(tokens[idx], units[idx], has_media[idx], cfg, task.max_units)
-        plan.order = idx[plan.order]
-        plan.dropped, plan.alone, plan.truncated = ([int(idx[i]) for i in part]
-                                                    for part in (plan.dropped, plan.alone, plan.truncated))
-    else:
-        plan = plan_packs(tokens, units, has_media, cfg, task.max_units)
+    plan = _plan_kept(tokens, units, has_media, bad, cfg, task.max_units)
     if plan.n_packs >= PACK_INDEX_STRIDE:
         raise ConfigError(f"{task.src_file}: {plan.n_packs:,} packs from one tokenized shard; re-run tokenize with a "
                           "smaller --rows-per-shard")
@@ -1020,7 +1032,7 @@ def _packed_schema():
 
 @_environment_errors
 def pack_dataset(
-    src: str | Path,
+    src: str | Path | list[str | Path] | Mixture,
     out_dir: str | Path,
     cfg: PackConfig,
     progress: Progress = None,
@@ -1051,9 +1063,23 @@ def pack_dataset(
     Returns the manifest; ``counts`` holds ``samples_in``, ``samples_packed``, ``packs``,
     ``dropped``, ``alone``, ``truncated``, ``tokens``, ``vision_units``, ``rejected``,
     ``rejected_by_reason``, ``lower_bound`` and ``tasks``.
+
+    **Mixtures.** ``src`` may be a :class:`~packtool.mixture.Mixture` (or a list of tokenized
+    directories: all at rate 1). The mixture step (:func:`~packtool.mixture.plan_mixture`)
+    turns rates or target counts into one stream of sample references, which is cut into tasks
+    of ``samples_per_task`` entries; each task packs its slice with its own buffer, so the
+    bytes depend only on the mixture and its seed, never on workers or ranks. Copies get ids
+    ``id#c``; packed rows hold ``sample_sources`` (schema ``PACKED_MIXTURE``); the manifest's
+    ``mixture`` records each source's rate or target, ``available``, ``requested``,
+    ``selected`` and ``realised`` counts (samples, tokens, vision units; loss tokens realised)
+    and the seed. A single directory given as such is packed exactly as before.
     """
     _check_on_error(on_error)
     ex = _executor(ex, workers, executor, ray_address, rank, world_size)
+    if isinstance(src, (list, tuple)):
+        src = Mixture.from_rates(list(src)) if len(src) != 1 else src[0]
+    if isinstance(src, Mixture):
+        return _pack_mixture(src, Path(out_dir), cfg, progress, overwrite, dry_run, media_root, ex, max_errors, on_error)
     src = Path(src)
     out = Path(out_dir)
     tok_manifest = read_manifest(src, "tokenized")
@@ -1112,4 +1138,387 @@ def pack_dataset(
         todo, _ = driver.pending()
         set_total(progress, sum(entries[t]["rows"] for t in todo))
         driver.run(_pack_task, [make(t, str(out)) for t in todo], todo, progress)
+        return _finish_or_partial(out, run, ex)
+
+
+# ============================================================================ pack: mixtures
+
+
+@dataclass(frozen=True, slots=True)
+class _MixSource:
+    """One source as a mixture task sees it: its directory, its manifest's shards, its media."""
+
+    path: str
+    entries: tuple[dict, ...]
+    media_root: str
+    check_mtime: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _MixTask:
+    """A slice of the mixture stream: entry ``i`` is row ``row[i]`` (counted across the shards of
+    source ``src[i]``), copy ``copy[i]``."""
+
+    index: int
+    sources: tuple[_MixSource, ...]
+    src: np.ndarray
+    row: np.ndarray
+    copy: np.ndarray
+    out_dir: str | None
+    cfg: PackConfig
+    max_units: int
+    config_digest: str
+    max_errors: int | None
+    on_error: str
+
+
+#: Per-source counts a mixture task adds up (``{source position: n}`` each), moved into the
+#: manifest's ``mixture.sources[i]`` by :func:`merge_output`.
+_SOURCE_COUNTS = ("samples_in", "tokens_in", "vision_units_in", "samples", "tokens", "vision_units", "loss_tokens",
+                  "rejected")
+
+
+class _MixShards:
+    """The shards a mixture task reads: each opened once (sha256 checked when writing), its
+    length columns and media checks read once, each row group read when a chunk of packs first
+    needs it and let go after the last chunk that needs it (holding only its waiting rows once
+    most are packed), so memory follows the samples still to be packed, not the shards."""
+
+    def __init__(self, task: _MixTask, verify: bool) -> None:
+        self.task = task
+        self.verify = verify
+        self.open: dict[tuple[int, int], object] = {}
+        self.group_starts: dict[tuple[int, int], np.ndarray] = {}
+        self.cache: dict[int, object] = {}
+
+    def file(self, s: int, k: int) -> Path:
+        return Path(self.task.sources[s].path) / self.task.sources[s].entries[k]["file"]
+
+    def get(self, s: int, k: int):
+        pf = self.open.get((s, k))
+        if pf is None:
+            pf = open_shard(Path(self.task.sources[s].path), self.task.sources[s].entries[k], sha256=self.verify)
+            meta = pf.metadata
+            self.group_starts[(s, k)] = np.concatenate(
+                [[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])]).astype(np.int64)
+            self.open[(s, k)] = pf
+        return pf
+
+    def groups(self, shard_key: np.ndarray, local: np.ndarray) -> np.ndarray:
+        """The row group of each entry (``shard_key`` is ``source << 32 | shard``)."""
+        groups = np.empty(len(local), np.int64)
+        for sk in np.unique(shard_key).tolist():
+            at = shard_key == sk
+            self.get(sk >> 32, sk & 0xFFFFFFFF)
+            groups[at] = np.searchsorted(self.group_starts[(sk >> 32, sk & 0xFFFFFFFF)], local[at], side="right") - 1
+        return groups
+
+    def take(self, gid: np.ndarray, pairs: np.ndarray, local: np.ndarray, future: dict[int, np.ndarray]):
+        """Tables holding the entries of row groups ``gid`` (``pairs[:, gid]`` is ``(shard_key,
+        group)``) at shard rows ``local``, and each entry's position across them.
+
+        ``future[u]`` lists the shard rows later chunks still take from group ``u`` (empty: let it
+        go). A group most of whose rows are packed keeps only those rows (a small copy), so a
+        sample that waits long in the packing buffer does not hold its whole row group.
+        """
+        import pyarrow as pa
+
+        from .packer import ASSEMBLY_COLUMNS
+
+        wanted, inverse = np.unique(gid, return_inverse=True)
+        tables, bases, held = [], [], []
+        base = 0
+        for u in wanted.tolist():
+            sk, g = int(pairs[0, u]), int(pairs[1, u])
+            s, k = sk >> 32, sk & 0xFFFFFFFF
+            entry = self.cache.get(u)
+            if entry is None:
+                try:
+                    table = self.get(s, k).read_row_group(g, columns=ASSEMBLY_COLUMNS, use_threads=False)
+                except (pa.ArrowException, OSError) as exc:
+                    raise shard_error(self.file(s, k), exc) from None
+                lo = int(self.group_starts[(s, k)][g])
+                entry = self.cache[u] = (table, np.arange(lo, lo + table.num_rows, dtype=np.int64))
+            tables.append(entry[0])
+            held.append(entry[1])
+            bases.append(base)
+            base += entry[0].num_rows
+        where = np.empty(len(gid), np.int64)
+        for j, rows in enumerate(held):
+            at = inverse.reshape(-1) == j
+            where[at] = bases[j] + np.searchsorted(rows, local[at])
+        for u in wanted.tolist():
+            later = future.get(u)
+            table, rows = self.cache[u]
+            if later is None or not len(later):
+                del self.cache[u]
+            elif len(later) * 4 <= len(rows):
+                self.cache[u] = (table.take(np.searchsorted(rows, later)), later)
+        return tables, where
+
+
+def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
+    """One mixture pack task: its stream slice → planned packs → ``part-TTTTT-*.parquet`` + marker.
+
+    Like :func:`_pack_task`, but the samples come from several shards of several sources, a
+    sample may appear more than once (its copies get ids ``id#c``), and each packed row carries
+    ``sample_sources``. Counts are kept per source for the manifest's ``mixture`` record.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from .mixture import copy_suffixes
+    from .packer import PackPlan, assemble_packs
+    from .schema import PACKED_MIXTURE
+
+    cfg = task.cfg
+    n = len(task.src)
+    n_src = len(task.sources)
+    shards = _MixShards(task, verify=task.out_dir is not None)
+    shard = np.empty(n, np.int64)
+    local = np.empty(n, np.int64)
+    for s, ms in enumerate(task.sources):
+        at = task.src == s
+        if at.any():
+            starts = np.concatenate([[0], np.cumsum([e["rows"] for e in ms.entries])]).astype(np.int64)
+            shard[at] = np.searchsorted(starts, task.row[at], side="right") - 1
+            local[at] = task.row[at] - starts[shard[at]]
+    shard_key = task.src.astype(np.int64) << 32 | shard
+    tokens = np.zeros(n, np.int64)
+    units = np.zeros(n, np.int64)
+    has_media = np.zeros(n, bool)
+    bad: dict[int, tuple[str, str]] = {}
+    for sk in np.unique(shard_key).tolist():
+        s, k = sk >> 32, sk & 0xFFFFFFFF
+        at = np.flatnonzero(shard_key == sk)
+        pf = shards.get(s, k)
+        try:
+            lengths = pf.read(columns=["n_tokens", "n_vision_units"], use_threads=False)
+            tokens[at] = lengths["n_tokens"].to_numpy()[local[at]]
+            units[at] = lengths["n_vision_units"].to_numpy()[local[at]]
+            has_media[at] = _has_media(pf)[local[at]]
+            problems = _media_problems(pf, Path(task.sources[s].media_root), task.sources[s].check_mtime)
+        except (pa.ArrowException, KeyError) as exc:
+            raise shard_error(shards.file(s, k), exc) from None
+        if problems:
+            for i, r in zip(at.tolist(), local[at].tolist(), strict=True):
+                if r in problems:
+                    bad[i] = problems[r]
+    plan = _plan_kept(tokens, units, has_media, bad, cfg, task.max_units)
+    if plan.n_packs >= PACK_INDEX_STRIDE:
+        raise ConfigError(f"{plan.n_packs:,} packs from one mixture task; lower --samples-per-task")
+    eff = tokens.copy()
+    if plan.truncated:
+        eff[plan.truncated] = np.minimum(eff[plan.truncated], cfg.max_tokens)
+    rejected = sorted(set(plan.dropped) | set(bad))
+    by_reason = Counter({"oversize": len(plan.dropped)} if plan.dropped else {})
+    by_reason.update(reason for reason, _ in bad.values())
+
+    def per_source(idx, weights=None) -> dict:
+        idx = np.asarray(idx, np.int64)
+        w = None if weights is None else np.asarray(weights, np.float64)
+        got = np.bincount(task.src[idx], weights=w, minlength=n_src) if len(idx) else np.zeros(n_src)
+        return {str(i): int(v) for i, v in enumerate(got.tolist())}
+
+    every = np.arange(n)
+    counts = {"samples_in": n, "samples_packed": len(plan.order), "packs": plan.n_packs,
+              "dropped": len(plan.dropped), "alone": len(plan.alone), "truncated": len(plan.truncated),
+              "tokens": int(eff[plan.order].sum()), "vision_units": int(units[plan.order].sum()),
+              "rejected": len(rejected), "rejected_by_reason": dict(sorted(by_reason.items())),
+              "source_samples_in": per_source(every), "source_tokens_in": per_source(every, tokens),
+              "source_vision_units_in": per_source(every, units), "source_samples": per_source(plan.order),
+              "source_tokens": per_source(plan.order, eff[plan.order]),
+              "source_vision_units": per_source(plan.order, units[plan.order]),
+              "source_rejected": per_source(rejected)}
+    if task.out_dir is None:
+        report(n)
+        return {"task": task.index, "counts": counts, "plan": plan}
+    out = Path(task.out_dir)
+    clear_task(out, task.index)
+    errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
+    loss = np.zeros(n_src, np.int64)
+    try:
+        if rejected:
+            ids: dict[int, object] = {}
+            for i in rejected:
+                s, k = int(task.src[i]), int(shard[i])
+                sk = int(shard_key[i])
+                if sk not in ids:
+                    ids[sk] = shards.get(s, k).read(columns=["sample_id", "source", "source_row"])
+                t, r = ids[sk], int(local[i])
+                reason, message = bad[i] if i in bad else (
+                    "oversize", f"needs {int(tokens[i]):,} tokens and {int(units[i]):,} vision units; "
+                                f"a pack holds {cfg.max_tokens:,} and {task.max_units:,}")
+                sid = t["sample_id"][r].as_py() + copy_suffixes(task.copy[i:i + 1])[0]
+                errors.add(Rejected(t["source"][r].as_py(), t["source_row"][r].as_py(), sid, reason,
+                                    f"mixture source {_source_name(task, s)}: {message}"))
+            report(len(rejected))
+        loaders = ([_media_loader(Path(ms.media_root), cfg.frame_quality) for ms in task.sources]
+                   if cfg.media == "embed" else None)
+        truncated = set(plan.truncated)
+        bounds = [s + k for s in range(0, plan.n_packs, cfg.packs_per_shard)
+                  for k in range(0, min(cfg.packs_per_shard, plan.n_packs - s), PACK_CHUNK)]
+        # each row group the packs draw from, and per chunk the rows later chunks still take from it
+        order = plan.order
+        pairs, gid = np.unique(np.stack([shard_key[order], shards.groups(shard_key[order], local[order])]), axis=1,
+                               return_inverse=True)
+        gid = gid.reshape(-1)
+        # positions of each group's entries, ascending: group u's are by_group[first[u]:first[u + 1]]
+        by_group = np.argsort(gid, kind="stable")
+        first = np.searchsorted(gid[by_group], np.arange(pairs.shape[1] + 1))
+        with ShardWriter(out, PACKED_MIXTURE, rows_per_shard=cfg.packs_per_shard, row_group_rows=PACKED_GROUP_ROWS,
+                         prefix=task_prefix(task.index)) as writer:
+            for p0, p1 in zip(bounds, [*bounds[1:], plan.n_packs][:len(bounds)], strict=True):
+                a, b = plan.offsets[p0], plan.offsets[p1]
+                rows = order[a:b]
+                future = {}
+                for u in np.unique(gid[a:b]).tolist():
+                    pos = by_group[first[u]:first[u + 1]]
+                    future[u] = np.unique(local[order[pos[np.searchsorted(pos, b):]]])
+                tables, where = shards.take(gid[a:b], pairs, local[rows], future)
+                sub = PackPlan(where, plan.offsets[p0:p1 + 1] - plan.offsets[p0],
+                               truncated=[int(where[k]) for k, r in enumerate(rows.tolist()) if r in truncated])
+                table = assemble_packs(tables, sub, task.index * PACK_INDEX_STRIDE + p0, None, cfg.max_tokens,
+                                       media_loaders=None if loaders is None else (loaders, task.src[rows]))
+                writer.write_table(_mixture_columns(table, task.src[rows], task.copy[rows], PACKED_MIXTURE))
+                # loss tokens per sample: target_ids != -100 over each sample's span, samples back to back
+                hit = (pc.list_flatten(table.column("target_ids").combine_chunks())
+                       .to_numpy(zero_copy_only=False) != -100).astype(np.int64)
+                per_sample = np.add.reduceat(hit, np.cumsum(eff[rows]) - eff[rows]) if len(rows) else hit
+                loss += np.bincount(task.src[rows], weights=per_sample, minlength=n_src).astype(np.int64)
+                report(len(rows))
+        errors.commit()
+    except BaseException:
+        errors.abort()
+        raise
+    counts["source_loss_tokens"] = {str(i): int(v) for i, v in enumerate(loss.tolist())}
+    record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts}
+    write_marker(out, task.index, record)
+    return record
+
+
+def _source_name(task: _MixTask, s: int) -> str:
+    return f"{s} ({task.sources[s].path!r})"
+
+
+def _mixture_columns(table, src: np.ndarray, copy: np.ndarray, schema):
+    """``table`` (``PACKED``) with copies' ids suffixed ``#c`` and a ``sample_sources`` column."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from .mixture import copy_suffixes
+
+    ids = table.column("sample_ids").combine_chunks()
+    offsets = ids.offsets
+    flat = pc.list_flatten(ids)
+    if bool((copy != 0).any()):
+        flat = pc.binary_join_element_wise(flat, pa.array(copy_suffixes(copy), pa.string()), "")
+    cols = {name: table.column(name) for name in table.column_names}
+    cols["sample_ids"] = pa.ListArray.from_arrays(offsets, flat)
+    cols["sample_sources"] = pa.ListArray.from_arrays(offsets, pa.array(np.asarray(src, np.int32)))
+    return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
+
+
+def _compatible(first: tuple[str, dict], other: tuple[str, dict]) -> None:
+    """Refuse sources tokenized with another tokenizer, template or vision settings, naming both."""
+    (a, ma), (b, mb) = first, other
+    for key, what in (("tokenizer", "tokenizer"), ("template", "chat template"), ("vision", "model / vision settings")):
+        va, vb = ma.get(key) or {}, mb.get(key) or {}
+        if va != vb:
+            # the name first: the model or tokenizer itself, then the settings that differ
+            keys = sorted((k for k in set(va) | set(vb) if va.get(k) != vb.get(k)), key=lambda k: (k != "name", k))
+            diff = "; ".join(f"{k}: {va.get(k)!r} vs {vb.get(k)!r}" for k in keys[:3])
+            diff += f" and {len(keys) - 3} more" if len(keys) > 3 else ''
+            raise ConfigError(f"mixture sources {a!r} and {b!r} were tokenized with a different {what} ({diff}); "
+                              f"one pack holds one model's tokens, so re-tokenize {b!r} with the settings of {a!r} "
+                              "(or pack them separately)")
+
+
+def _mixture_record(mix: dict, counts: dict, loss: bool = True) -> dict:
+    """The manifest's ``mixture``, each source with ``realised`` counts moved out of ``counts``
+    (without ``loss_tokens`` for a dry run, which assembles nothing to count them on)."""
+    per = {k: counts.pop(f"source_{k}", {}) for k in _SOURCE_COUNTS}
+    sources = []
+    for i, s in enumerate(mix["sources"]):
+        got = {k: int(per[k].get(str(i), 0)) for k in _SOURCE_COUNTS}
+        sources.append({**s, "selected": {"samples": got["samples_in"], "tokens": got["tokens_in"],
+                                          "vision_units": got["vision_units_in"]},
+                        "realised": {"samples": got["samples"], "tokens": got["tokens"],
+                                     "vision_units": got["vision_units"],
+                                     **({"loss_tokens": got["loss_tokens"]} if loss else {}),
+                                     "rejected": got["rejected"]}})
+    return {**mix, "sources": sources}
+
+
+def _pack_mixture(mixture, out: Path, cfg: PackConfig, progress: Progress, overwrite: bool, dry_run: bool,
+                  media_root: str | Path | None, ex: ExecutorConfig, max_errors: int | None, on_error: str) -> dict:
+    """``pack_dataset`` for a :class:`~packtool.mixture.Mixture` (see there)."""
+    from .mixture import plan_mixture
+
+    if media_root is not None and len(mixture.sources) > 1:
+        raise ConfigError("--media-root applies to one tokenized directory; a mixture reads each source's media "
+                          "from the root its tokenize run used (re-tokenize a source whose media moved)")
+    manifests = []
+    for s in mixture.sources:
+        path = Path(s.path)
+        if not path.is_dir():
+            raise InputError(f"mixture source {s.path!r} is not a directory; give the output directory of "
+                             "packtool tokenize (mixture-file paths are relative to the file)")
+        manifests.append(read_manifest(path, "tokenized"))
+    for s, m in zip(mixture.sources[1:], manifests[1:], strict=True):
+        _compatible((mixture.sources[0].path, manifests[0]), (s.path, m))
+    first = manifests[0]
+    max_units = cfg.max_vision_units
+    if max_units is None:
+        max_units = int(first.get("vision", {}).get("default_max_vision_units") or 0)
+    if cfg.text_weight < 1:
+        raise ConfigError("--text-weight must be at least 1 so every sample has value to the packer")
+    refs = []
+    for s, m in zip(mixture.sources, manifests, strict=True):
+        counted = Path(str(m["config"].get("media_root", "."))).resolve()
+        root = Path(media_root).resolve() if media_root is not None else counted
+        for entry in m["shards"]:
+            open_shard(Path(s.path), entry)
+        refs.append(_MixSource(s.path, tuple(m["shards"]), str(root), root == counted))
+    available = [sum(e["rows"] for e in m["shards"]) for m in manifests]
+    plan = plan_mixture(mixture, available)
+    mix = mixture.to_dict()
+    for d, m, n, want in zip(mix["sources"], manifests, available, plan.requested, strict=True):
+        d.update(config_digest=m["config_digest"], available=n, requested=want)
+    config = {**cfg.to_dict(), "max_vision_units": max_units, "mixture": mix}
+    digest = digest_of(config)
+    capacities = {"max_tokens": cfg.max_tokens, "max_vision_units": max_units}
+
+    def make(t: int, out_dir: str | None) -> _MixTask:
+        src, row, copy = plan.tasks[t]
+        return _MixTask(t, tuple(refs), src, row, copy, out_dir, cfg, max_units, digest, max_errors, on_error)
+
+    n_tasks = len(plan.tasks)
+    if dry_run:
+        dry = ExecutorConfig(executor=ex.executor, workers=ex.workers, ray_address=ex.ray_address)
+        set_total(progress, sum(len(t[0]) for t in plan.tasks))
+        results = run_tasks(_mix_task, [make(t, None) for t in range(n_tasks)], dry, progress)
+        counts = _zero_counts("packed")
+        for r in results:
+            _add_counts(counts, r["counts"])
+        record = _mixture_record(mix, counts, loss=False)
+        counts["lower_bound"] = lower_bound(counts.get("tokens", 0), counts.get("vision_units", 0), cfg.max_tokens, max_units)
+        counts["tasks"] = n_tasks
+        return {"kind": "packed", "dry_run": True, "config": config, "capacities": capacities, "counts": counts,
+                "vision": first.get("vision"), "mixture": record, "shards": []}
+    manifest_extra = {"capacities": capacities, "tokenizer": first.get("tokenizer"), "vision": first.get("vision"),
+                      "template": first.get("template"), "mixture": mix}
+    inputs = {str(Path(s.path) / e["file"]): e["sha256"] for s, m in zip(mixture.sources, manifests, strict=True)
+              for e in m["shards"]}
+    run = {"kind": "packed", "config": config, "config_digest": digest, "world_size": ex.world_size,
+           "n_tasks": n_tasks, "tasks_digest": plan.digest(), "inputs": inputs, "manifest": manifest_extra,
+           "max_errors": max_errors}
+    with run_lock(out, ex.rank):
+        done = prepare_run(out, run, overwrite)
+        if done is not None:
+            return done
+        driver = _Driver(out, digest, n_tasks, ex, max_errors)
+        todo, _ = driver.pending()
+        set_total(progress, sum(len(plan.tasks[t][0]) for t in todo))
+        driver.run(_mix_task, [make(t, str(out)) for t in todo], todo, progress)
         return _finish_or_partial(out, run, ex)

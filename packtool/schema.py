@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-__all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "MEDIA_FIELDS", "media_type", "TOKENIZED", "PACKED", "schema_json", "SUBSEGMENT_STRIDE", "PREFIX_SUBSEGMENT"]
+__all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "MEDIA_FIELDS", "media_type", "TOKENIZED", "PACKED", "PACKED_MIXTURE", "schema_json", "SUBSEGMENT_STRIDE", "PREFIX_SUBSEGMENT"]
 
 SCHEMA_VERSION = 2
 #: Versions of each kind this packtool reads: version 2 changed only packed shards (media
@@ -92,6 +92,15 @@ PACKED = pa.schema(
 )
 
 
+#: Packed shards of a mixture (``pack A B ... --rates``): ``PACKED`` plus ``sample_sources``, the
+#: position in the manifest's ``mixture.sources`` of each sample (parallel to ``sample_ids``).
+#: One source, no rates: ``PACKED`` itself, so those shards are what they always were.
+PACKED_MIXTURE = pa.schema(
+    [*PACKED, pa.field("sample_sources", _i32_list, nullable=False)],
+    metadata={"packtool.kind": "packed", "packtool.schema_version": str(SCHEMA_VERSION), "packtool.mixture": "1"},
+)
+
+
 def _type_json(t: pa.DataType):
     if pa.types.is_list(t):
         return {"list": _type_json(t.value_type)}
@@ -113,7 +122,7 @@ def schema_json(schema: pa.Schema) -> dict:
 def write_schemas(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, schema in (("tokenized", TOKENIZED), ("packed", PACKED)):
+    for name, schema in (("tokenized", TOKENIZED), ("packed", PACKED), ("packed-mixture", PACKED_MIXTURE)):
         path = out / f"{name}.v{SCHEMA_VERSION}.json"
         path.write_text(json.dumps(schema_json(schema), indent=2) + "\n")
         written.append(path)

@@ -52,6 +52,8 @@ __all__ = [
     "pack_padding",
     "sweep",
     "render_sweep",
+    "mixture_summary",
+    "render_mixture",
 ]
 
 log = logging.getLogger(__name__)
@@ -287,6 +289,9 @@ def load_stats_data(path: str | Path, packed: str | Path | None = None) -> Stats
         tok_path, tok_manifest = path, first
         packed_path = Path(packed)
         packed_manifest = read_manifest(packed_path, "packed")
+        if "mixture" in packed_manifest:
+            raise InputError(f"{str(packed_path)!r} is a mixture of {len(packed_manifest['mixture']['sources'])} "
+                             f"tokenized directories; run `packtool stats {packed_path}` for its per-source shares")
         want = (packed_manifest.get("source") or {}).get("config_digest") or packed_manifest["config"].get("source_digest")
         if want and want != tok_manifest.get("config_digest"):
             raise InputError(
@@ -308,6 +313,11 @@ def load_stats_data(path: str | Path, packed: str | Path | None = None) -> Stats
         return data
     data = StatsData("packed")
     _load_packed(data, packed_path, packed_manifest)
+    if "mixture" in packed_manifest:
+        data.notes.append(f"a mixture of {len(packed_manifest['mixture']['sources'])} tokenized directories: "
+                          "requested and realised shares per source are in the mixture table; input order, branches and reconciliation "
+                          "are per directory: packtool stats TOKENIZED")
+        return data
     if tok_path is None:
         data.notes.append("tokenized directory not found: no input order, sources, branches or reconciliation; "
                           "pass it first: packtool stats TOKENIZED PACKED")
@@ -535,6 +545,8 @@ def summarize(data: StatsData) -> dict:
         "rejected": {"total": sum(tok_rej.values()) + sum(data.pack_rejected.values()),
                      "tokenize": dict(sorted(tok_rej.items())), "pack": dict(sorted(data.pack_rejected.items()))},
         "reconcile": _reconcile(data),
+        "mixture": mixture_summary(data.packed_manifest["mixture"])
+        if data.packed_manifest is not None and "mixture" in data.packed_manifest else None,
         "thresholds": [],
         "notes": list(data.notes),
     }
@@ -551,6 +563,91 @@ def compute_stats(path: str | Path, packed: str | Path | None = None) -> dict:
 def plan_stats(tokenized: str | Path, result: dict) -> dict:
     """Statistics of a dry-run plan, in the same shape as :func:`compute_stats` (``kind`` ``"plan"``)."""
     return summarize(plan_stats_data(tokenized, result))
+
+
+# ---------------------------------------------------------------------------------------------
+# mixtures
+
+
+def _share(part: int, total: int) -> float:
+    return round(part / total, 4) if total else 0.0
+
+
+def mixture_summary(mix: dict) -> dict:
+    """Requested against realised share of each source of a mixture (the manifest's ``mixture``).
+
+    *Requested* is what the rates asked for: the samples the rounding rule selected and their
+    tokens and vision units. *Realised* is what the packs hold. Loss tokens are known only for
+    packed samples (tokenized rows do not count them), so they have a realised share only.
+    A warning names every source whose request could not be met as asked: samples rejected at
+    pack time (oversize, changed media), a target count above the source's size (met only by
+    up-sampling), a source without samples.
+
+    Example:
+        >>> src = lambda n, got: {"path": "a", "rate": "1", "available": n, "requested": n,
+        ...     "selected": {"samples": n, "tokens": 10 * n, "vision_units": n},
+        ...     "realised": {"samples": got, "tokens": 10 * got, "vision_units": got, "loss_tokens": got, "rejected": n - got}}
+        >>> m = mixture_summary({"seed": 0, "group_by": "none", "sources": [src(3, 3), src(1, 0)]})
+        >>> m["sources"][0]["requested_share"]["samples"], m["sources"][0]["realised_share"]["samples"]
+        (0.75, 1.0)
+        >>> m["warnings"]
+        ["source 'a' (2): 0 of 1 requested samples packed (1 rejected at pack time; see .packtool/errors.jsonl); its share of samples is 0.0%, requested 25.0%"]
+    """
+    sources = mix["sources"]
+    keys = ("samples", "tokens", "vision_units")
+    sel_total = {k: sum(int(s["selected"][k]) for s in sources) for k in keys}
+    # a dry run assembles nothing, so it has no loss tokens to count
+    real_keys = (*keys, "loss_tokens") if all("loss_tokens" in s["realised"] for s in sources) else keys
+    real_total = {k: sum(int(s["realised"][k]) for s in sources) for k in real_keys}
+    rows, warnings = [], []
+    for i, s in enumerate(sources):
+        name = s.get("name") or s["path"]
+        label = f"source {name!r}" + (f" ({i + 1})" if sum((x.get("name") or x["path"]) == name for x in sources) > 1
+                                       else "")
+        req_share = {k: _share(int(s["selected"][k]), sel_total[k]) for k in keys}
+        real_share = {k: _share(int(s["realised"][k]), real_total[k]) for k in real_keys}
+        rows.append({"source": name, "path": s["path"], "rate": s.get("rate"), "target_samples": s.get("samples"),
+                     "available": int(s["available"]), "requested": {k: int(s["selected"][k]) for k in keys},
+                     "realised": {k: int(s["realised"][k]) for k in real_keys},
+                     "requested_share": req_share, "realised_share": real_share})
+        n, want, sel, got = int(s["available"]), int(s["requested"]), int(s["selected"]["samples"]), \
+            int(s["realised"]["samples"])
+        if n == 0:
+            warnings.append(f"{label} holds no samples; it contributes nothing" +
+                            (f" (target {want:,})" if s.get("samples") is not None else ""))
+        elif s.get("samples") is not None and want > n:
+            warnings.append(f"{label}: target of {want:,} samples is more than its {n:,}; met by up-sampling "
+                            f"(every sample {want // n} time{'s' if want // n > 1 else ''}"
+                            + (f", {want % n:,} of them once more" if want % n else "") + ")")
+        if got < sel:
+            why = ("rejected at pack time; see .packtool/errors.jsonl" if "loss_tokens" in real_keys
+                   else "would be rejected at pack time")
+            warnings.append(f"{label}: {got:,} of {sel:,} requested samples packed ({sel - got:,} {why}); its share "
+                            f"of samples is {real_share['samples']:.1%}, requested {req_share['samples']:.1%}")
+    return {"seed": mix.get("seed"), "group_by": mix.get("group_by"), "sources": rows, "warnings": warnings}
+
+
+def render_mixture(m: dict) -> str:
+    """The per-source table of :func:`mixture_summary` (shares as requested -> realised)."""
+    head = ("source", "rate", "samples", "samples share", "tokens share", "vision share", "loss share")
+
+    def pair(r: dict, k: str) -> str:
+        return f"{r['requested_share'][k]:.1%} -> {r['realised_share'][k]:.1%}"
+
+    table = [head]
+    for r in m["sources"]:
+        rate = r["rate"] if r["rate"] is not None else f"{r['target_samples']:,} samples"
+        table.append((_short(r["source"], 24), rate, f"{r['requested']['samples']:,} -> {r['realised']['samples']:,}",
+                      pair(r, "samples"), pair(r, "tokens"), pair(r, "vision_units"),
+                      f"{r['realised_share']['loss_tokens']:.1%}" if "loss_tokens" in r["realised_share"] else "-"))
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    lines = [f"mixture: {len(m['sources'])} sources, seed {m['seed']}, group by {m['group_by']} "
+             "(requested -> realised)"]
+    for row in table:
+        lines.append("  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)])
+                     .rstrip())
+    lines += [f"warning: {w}" for w in m["warnings"]]
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -706,6 +803,8 @@ def render_stats(s: dict) -> str:
         widths = [max(len(r[i]) for r in table) for i in range(len(head))]
         for r in table:
             lines.append("  ".join([r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]).rstrip())
+    if s.get("mixture"):
+        lines += ["", render_mixture(s["mixture"])]
     for note in s.get("notes", []):
         lines.append(f"note: {note}")
     return "\n".join(lines)

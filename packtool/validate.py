@@ -33,6 +33,7 @@ import numpy as np
 from .errors import REASON_CODES, InputError
 from .schema import (
     PACKED,
+    PACKED_MIXTURE,
     PREFIX_SUBSEGMENT,
     READABLE_VERSIONS,
     SCHEMA_VERSION,
@@ -210,8 +211,21 @@ def _schema_problem(schema, expected) -> str | None:
     if got == want:
         return None
     missing = sorted(set(want) - set(got))
+    extra = sorted(set(got) - set(want))
     differ = sorted(k for k in set(want) & set(got) if want[k] != got[k])
-    return f"schema differs from version's (missing {missing}, different types {differ})"
+    return f"schema differs from version's (missing {missing}, unexpected {extra}, different types {differ})"
+
+
+def _mixture_problem(pf, n_sources: int) -> str | None:
+    """Whether every packed row of a mixture names one source in range per sample."""
+    t = pf.read(columns=["sample_ids", "sample_sources"])
+    ids, srcs = t["sample_ids"].combine_chunks(), t["sample_sources"].combine_chunks()
+    if not np.array_equal(ids.offsets.to_numpy(), srcs.offsets.to_numpy()):
+        return "sample_sources does not hold one source per sample id"
+    values = srcs.values.to_numpy(zero_copy_only=False)
+    if len(values) and (values.min() < 0 or values.max() >= n_sources):
+        return f"sample_sources holds {int(values.min())}..{int(values.max())}; the mixture has {n_sources} sources"
+    return None
 
 
 def _check_rows(pf, file: str, kind: str, caps: dict | None, problems: _Problems, check_media: bool,
@@ -265,7 +279,8 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
     if kind not in ("tokenized", "packed"):
         problems.add(MANIFEST, f"unknown kind {kind!r}")
         return report
-    expected = PACKED if kind == "packed" else TOKENIZED
+    mixture = manifest.get("mixture") if kind == "packed" else None
+    expected = (PACKED_MIXTURE if mixture is not None else PACKED) if kind == "packed" else TOKENIZED
     caps = None
     if kind == "packed":
         caps = dict(manifest.get("capacities") or {})
@@ -306,6 +321,10 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
         if pf.metadata.num_rows != entry.get("rows"):
             problems.add(file, f"{pf.metadata.num_rows:,} rows, the manifest says {entry.get('rows'):,}")
         report["shards"] += 1
+        if mixture is not None and check_rows:
+            msg = _mixture_problem(pf, len(mixture.get("sources", [])))
+            if msg:
+                problems.add(file, msg)
         if check_rows and not problems.full:
             rows, samples = _check_rows(pf, file, kind, caps, problems, check_media, pad_ids)
             total_rows += rows

@@ -80,7 +80,7 @@ def test_reporter_batches_and_flushes():
 def test_ray_output_is_identical_to_the_local_executor(tmp_path):
     ray = pytest.importorskip("ray")
     from bench.corpus import make_corpus
-    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+    from packtool import Mixture, PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
 
     corpus = tmp_path / "corpus"
     make_corpus(corpus, 600, seed=11)
@@ -94,10 +94,13 @@ def test_ray_output_is_identical_to_the_local_executor(tmp_path):
             tokenize_dataset([corpus / "data.jsonl"], tmp_path / name / "tok", tcfg, progress=seen.append, **kw)
             assert sum(seen) == 600  # progress streams back from every task
             pack_dataset(tmp_path / name / "tok", tmp_path / name / "packed", pcfg, **kw)
+            # a mixture (the corpus twice, the second at half rate) in tasks of 250 samples
+            mixture = Mixture.from_rates([tmp_path / name / "tok"] * 2, "1.0,0.5", samples_per_task=250)
+            pack_dataset(mixture, tmp_path / name / "mixed", pcfg, **kw)
             hashes[name] = {stage: {s["file"]: s["sha256"] for s in
                                     json.loads((tmp_path / name / stage / ".packtool" / "manifest.json").read_text())["shards"]}
-                            for stage in ("tok", "packed")}
-        assert len(hashes["local"]["tok"]) == 3
+                            for stage in ("tok", "packed", "mixed")}
+        assert len(hashes["local"]["tok"]) == 3 and len({f[:10] for f in hashes["local"]["mixed"]}) == 4  # tasks
         assert hashes["ray"] == hashes["local"]
         # a task's own PacktoolError reaches the caller unwrapped (the CLI prints its message)
         with open(corpus / "data.jsonl", "a") as fh:

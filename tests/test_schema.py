@@ -3,13 +3,13 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from packtool.schema import PACKED, SCHEMA_VERSION, TOKENIZED, schema_json
+from packtool.schema import PACKED, PACKED_MIXTURE, SCHEMA_VERSION, TOKENIZED, schema_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_committed_schema_files_match_the_module():
-    for name, schema in (("tokenized", TOKENIZED), ("packed", PACKED)):
+    for name, schema in (("tokenized", TOKENIZED), ("packed", PACKED), ("packed-mixture", PACKED_MIXTURE)):
         committed = json.loads((ROOT / "schemas" / f"{name}.v{SCHEMA_VERSION}.json").read_text())
         assert committed == schema_json(schema), f"schemas/{name}.v{SCHEMA_VERSION}.json drifted; run `make schemas`"
 

@@ -99,7 +99,9 @@ class PackedDataset:
     Each row is a dict: ``pack_index``, ``n_tokens``, ``n_vision_units``, ``sample_ids``
     (list of str), ``input_ids``, ``target_ids``, ``position_ids``, ``subsegment_ids``,
     ``cu_seqlens`` (``np.int32`` arrays) and ``media`` (list of dicts, see
-    ``schema.PACKED``). See the module docstring for how the stream is split.
+    ``schema.PACKED``); a mixture's rows also hold ``sample_sources`` (list of int: each
+    sample's position in the manifest's ``mixture.sources``, for per-source loss). See the
+    module docstring for how the stream is split.
 
     Args:
         path: a ``packtool pack`` output directory (holding ``.packtool/manifest.json``).
@@ -401,6 +403,8 @@ class _Group:
         for name, (off, values) in self.cols.items():
             out[name] = values[off[i]:off[i + 1]].astype(np.int32, copy=True)  # a copy: the group can be freed
         out["media"] = self.table.column("media")[i].as_py()
+        if "sample_sources" in self.table.column_names:  # a mixture: each sample's source position
+            out["sample_sources"] = self.table.column("sample_sources")[i].as_py()
         return out
 
 
@@ -650,7 +654,8 @@ def collate(rows: Sequence[dict], pad_to: int | None = None, *, pad_token_id: in
         ``lengths`` ``(B,)``; ``cu_seqlens``: per row an ``int32`` array whose padding,
         if any, is one more segment; ``pixel``: per row the decoded media in row order
         (``PIL.Image`` or :class:`VideoFrames`; empty lists when ``pixels=False``);
-        ``media``: per row the media metadata (no bytes); ``sample_ids``, ``pack_index``.
+        ``media``: per row the media metadata (no bytes); ``sample_ids``, ``pack_index``;
+        ``sample_sources`` when the rows carry it (a mixture).
 
     Raises:
         ConfigError: a row is longer than ``pad_to``.
@@ -686,5 +691,7 @@ def collate(rows: Sequence[dict], pad_to: int | None = None, *, pad_token_id: in
     out["pixel"] = [decode_media(r, media_root) if pixels else [] for r in rows]
     out["media"] = [[{k: v for k, v in m.items() if k not in ("data", "frames")} for m in r["media"]] for r in rows]
     out["sample_ids"] = [list(r.get("sample_ids", [])) for r in rows]
+    if rows and all("sample_sources" in r for r in rows):
+        out["sample_sources"] = [list(r["sample_sources"]) for r in rows]
     out["pack_index"] = [r.get("pack_index") for r in rows]
     return out

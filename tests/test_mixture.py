@@ -1,0 +1,512 @@
+"""Training mixtures: several tokenized sources packed at rates or target counts (issue 17).
+
+The demo corpus is cut into three sources of 10, 6 and 14 samples. Every count below follows
+the rule written in ``packtool/mixture.py`` and the README: a source of ``n`` samples at rate
+``r`` gives ``floor(r * n + 1/2)`` samples, ``count // n`` full copies of every sample, then
+the ``count % n`` rows with the smallest ``splitmix64`` key. The packed Parquet rows are read
+back and every per-source number ``stats`` prints is recomputed from them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+from packtool.errors import ConfigError
+from packtool.mixture import Mixture, interleave, plan_mixture, requested_count, select_rows
+from packtool.schema import PACKED, PACKED_MIXTURE
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "examples" / "sample"
+SIZES = {"a": 10, "b": 6, "c": 14}
+MASK64 = (1 << 64) - 1
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "packtool", *args], capture_output=True, text=True, cwd=cwd)
+
+
+# ---------------------------------------------------------------------------------------------
+# a slow twin of the seeded subset, written from the documented rule with Python integers
+
+
+def splitmix64(x: int) -> int:
+    z = x & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def naive_subset(n: int, m: int, seed: int, position: int) -> list[int]:
+    base = splitmix64(splitmix64(seed) ^ position)
+    keys = sorted((splitmix64((row * 0x9E3779B97F4A7C15 + base) & MASK64), row) for row in range(n))
+    return sorted(row for _, row in keys[:m])
+
+
+@pytest.mark.parametrize(("n", "rate", "want"), [
+    (6, "2.5", 15), (14, "0.2", 3), (10, "1.0", 10),  # the done-when mixture
+    (3, "2.5", 8), (10, "0.25", 3), (7, "0.2", 1), (5, "0.1", 1), (5, "0.3", 2),  # halves round up
+    (10, "0.1", 1), (30, "0.1", 3), (3, "1/3", 1), (4, "0.05", 0), (1, "0.5", 1), (0, "3", 0),
+])
+def test_the_rounding_rule_is_floor_of_rate_times_n_plus_a_half_exactly(n, rate, want):
+    assert requested_count(n, rate=Fraction(rate)) == want
+    # 0.1 as a float is not a tenth; the rule reads the rate as written
+    assert want == int((Fraction(rate) * n + Fraction(1, 2)) // 1)
+
+
+@pytest.mark.parametrize(("n", "count", "seed", "position"), [(6, 15, 0, 1), (14, 3, 0, 2), (14, 3, 7, 2),
+                                                              (100, 37, 12345, 0), (5, 5, 0, 0), (9, 2, 2**63, 4)])
+def test_select_rows_matches_the_slow_twin(n, count, seed, position):
+    rows, copies = select_rows(n, count, seed, position)
+    k, m = divmod(count, n)
+    want = list(range(n)) * k + naive_subset(n, m, seed, position)
+    assert rows.tolist() == want, f"seed {seed}"
+    assert copies.tolist() == [c for c in range(k) for _ in range(n)] + [k] * m
+
+
+def test_the_subset_depends_on_seed_and_position():
+    a = select_rows(1000, 100, 0, 0)[0].tolist()
+    assert a == select_rows(1000, 100, 0, 0)[0].tolist()
+    assert a != select_rows(1000, 100, 1, 0)[0].tolist()
+    assert a != select_rows(1000, 100, 0, 1)[0].tolist()
+
+
+def test_interleave_spreads_each_source_evenly():
+    src = interleave([10, 15, 3])
+    assert Counter(src.tolist()) == {0: 10, 1: 15, 2: 3}
+    # entry j of a source of c entries sits at (j + 1/2) / c: every window of the stream holds
+    # each source within one entry of its share
+    for i, c in enumerate((10, 15, 3)):
+        seen = np.cumsum(src == i)
+        ideal = np.arange(1, 29) * c / 28
+        assert np.abs(seen - ideal).max() <= 1.0
+
+
+def test_plan_cuts_tasks_and_group_by_source_never_mixes():
+    mix = Mixture.from_rates(["a", "b", "c"], "1.0,2.5,0.2", samples_per_task=6)
+    plan = plan_mixture(mix, [10, 6, 14])
+    assert plan.requested == [10, 15, 3]
+    assert [len(t[0]) for t in plan.tasks] == [6, 6, 6, 6, 4]
+    assert any(len(set(t[0].tolist())) > 1 for t in plan.tasks)
+    grouped = plan_mixture(Mixture.from_rates(["a", "b", "c"], "1.0,2.5,0.2", samples_per_task=6, group_by="source"),
+                           [10, 6, 14])
+    assert [(set(t[0].tolist()), len(t[0])) for t in grouped.tasks] == [({0}, 6), ({0}, 4), ({1}, 6), ({1}, 6),
+                                                                       ({1}, 3), ({2}, 3)]
+
+
+# ---------------------------------------------------------------------------------------------
+# the corpus: three tokenized sources cut from the demo corpus
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("mix")
+    lines = (SAMPLE / "data.jsonl").read_text().splitlines(keepends=True)
+    start = 0
+    for name, n in SIZES.items():
+        (base / f"{name}.jsonl").write_text("".join(lines[start:start + n]))
+        start += n
+        tokenize_dataset([base / f"{name}.jsonl"], base / f"tok_{name}",
+                         TokenizeConfig(media_root=str(SAMPLE), rows_per_shard=4))
+    return base
+
+
+def packed_rows(d: Path) -> dict:
+    """Per packed sample, in output order: id, source, tokens, vision units, loss tokens."""
+    manifest = json.loads((d / ".packtool" / "manifest.json").read_text())
+    ids, srcs, tokens, units, loss = [], [], [], [], []
+    for entry in manifest["shards"]:
+        t = pq.read_table(d / entry["file"])
+        for row in t.select(["sample_ids", "sample_sources", "cu_seqlens", "target_ids", "media"]).to_pylist():
+            ids += row["sample_ids"]
+            srcs += row["sample_sources"]
+            cu = row["cu_seqlens"]
+            per_units = Counter()
+            for m in row["media"]:
+                per_units[m["sample_index"]] += m["vision_units"]
+            for k in range(len(row["sample_ids"])):
+                tokens.append(cu[k + 1] - cu[k])
+                units.append(per_units[k])
+                loss.append(sum(x != -100 for x in row["target_ids"][cu[k]:cu[k + 1]]))
+    return {"ids": ids, "sources": np.array(srcs), "tokens": np.array(tokens), "units": np.array(units),
+            "loss": np.array(loss), "manifest": manifest}
+
+
+def tok_ids(sources: Path, name: str) -> list[str]:
+    manifest = json.loads((sources / f"tok_{name}" / ".packtool" / "manifest.json").read_text())
+    return [i for e in manifest["shards"] for i in pq.read_table(sources / f"tok_{name}" / e["file"],
+                                                                    columns=["sample_id"])["sample_id"].to_pylist()]
+
+
+def pack_cli(sources: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    r = run("pack", *(str(sources / f"tok_{n}") for n in SIZES), "-o", str(out), "--max-tokens", "8192", "--quiet",
+            *extra)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+@pytest.fixture(scope="module")
+def mixed(sources, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("packed") / "mixed"
+    pack_cli(sources, out, "--rates", "1.0,2.5,0.2", "--samples-per-task", "6", "--workers", "1")
+    return out
+
+
+@pytest.mark.jit
+def test_three_sources_at_rates_give_exact_counts_unique_ids_and_the_same_bytes_at_any_workers(sources, mixed, tmp_path):
+    got = packed_rows(mixed)
+    # the rule: floor(1.0*10 + 1/2) = 10, floor(2.5*6 + 1/2) = 15, floor(0.2*14 + 1/2) = 3; nothing is oversize
+    assert Counter(got["sources"].tolist()) == {0: 10, 1: 15, 2: 3}
+    assert len(got["ids"]) == len(set(got["ids"])) == 28
+    a, b, c = (tok_ids(sources, n) for n in SIZES)
+    by_source = {s: sorted(i for i, x in zip(got["ids"], got["sources"].tolist(), strict=True) if x == s) for s in range(3)}
+    assert by_source[0] == sorted(a)
+    # two full copies (x, x#1) and the seeded half as x#2, every derived id starting with its original
+    half = [b[r] + "#2" for r in naive_subset(6, 3, seed=0, position=1)]
+    assert by_source[1] == sorted(b + [x + "#1" for x in b] + half)
+    assert by_source[2] == sorted(c[r] for r in naive_subset(14, 3, seed=0, position=2))
+    # packs mix sources by default
+    assert (got["manifest"]["counts"]["tasks"], got["manifest"]["counts"]["samples_packed"]) == (5, 28)
+    assert pq.read_schema(mixed / got["manifest"]["shards"][0]["file"]).remove_metadata().equals(
+        PACKED_MIXTURE.remove_metadata())
+    # the same mixture and seed with two workers: the same bytes
+    pack_cli(sources, tmp_path / "w2", "--rates", "1.0,2.5,0.2", "--samples-per-task", "6", "--workers", "2")
+    for entry in got["manifest"]["shards"]:
+        assert (tmp_path / "w2" / entry["file"]).read_bytes() == (mixed / entry["file"]).read_bytes()
+    assert json.loads((tmp_path / "w2" / ".packtool" / "manifest.json").read_text()) == got["manifest"]
+    # another seed picks other halves, same counts
+    pack_cli(sources, tmp_path / "s1", "--rates", "1.0,2.5,0.2", "--samples-per-task", "6", "--seed", "1")
+    other = packed_rows(tmp_path / "s1")
+    assert Counter(other["sources"].tolist()) == {0: 10, 1: 15, 2: 3}
+    assert sorted(i for i in other["ids"] if i.endswith("#2")) == sorted(
+        b[r] + "#2" for r in naive_subset(6, 3, seed=1, position=1))
+    assert other["manifest"]["mixture"]["seed"] == 1
+
+
+@pytest.mark.jit
+def test_stats_shows_requested_and_realised_share_per_source_from_the_rows(sources, mixed):
+    got = packed_rows(mixed)
+    r = run("stats", str(mixed), "--json")
+    assert r.returncode == 0, r.stderr
+    mix = json.loads(r.stdout)["mixture"]
+    assert (mix["seed"], mix["group_by"], mix["warnings"]) == (0, "none", [])
+    rows = {k: np.bincount(got["sources"], weights=got[k], minlength=3).astype(int) for k in ("tokens", "units", "loss")}
+    totals = {k: int(v.sum()) for k, v in rows.items()}
+    for i, (s, rate) in enumerate(zip(mix["sources"], ("1", "2.5", "0.2"), strict=True)):
+        assert (s["rate"], s["target_samples"], s["available"]) == (rate, None, list(SIZES.values())[i])
+        want = {"samples": [10, 15, 3][i], "tokens": int(rows["tokens"][i]), "vision_units": int(rows["units"][i]),
+                "loss_tokens": int(rows["loss"][i])}
+        assert s["realised"] == want
+        assert s["realised_share"] == {"samples": round(want["samples"] / 28, 4),
+                                       "tokens": round(want["tokens"] / totals["tokens"], 4),
+                                       "vision_units": round(want["vision_units"] / totals["units"], 4),
+                                       "loss_tokens": round(want["loss_tokens"] / totals["loss"], 4)}
+        # nothing was dropped: what was requested is what was packed
+        assert s["requested"] == {k: want[k] for k in ("samples", "tokens", "vision_units")}
+        assert s["requested_share"] == {k: s["realised_share"][k] for k in ("samples", "tokens", "vision_units")}
+    assert got["loss"].min() > 0
+    from test_stats import validate
+
+    validate(json.loads(r.stdout))
+    text = run("stats", str(mixed)).stdout
+    assert "mixture: 3 sources, seed 0, group by none (requested -> realised)" in text
+    r = run("stats", str(sources / "tok_a"), str(mixed))
+    assert (r.returncode, r.stderr) == (1, f"Error: {str(mixed)!r} is a mixture of 3 tokenized directories; run "
+                                           f"`packtool stats {mixed}` for its per-source shares\n")
+    line = next(x for x in text.splitlines() if "tok_b " in x)
+    assert line.split()[1:5] == ["2.5", "15", "->", "15"]
+
+
+@pytest.mark.jit
+def test_validate_inspect_and_the_reader_know_the_source_column(sources, mixed):
+    from packtool.reader import PackedDataset, collate
+    from packtool.validate import validate_dir
+
+    report = validate_dir(mixed)
+    assert report["ok"], report["problems"]
+    rows = list(PackedDataset(mixed, shuffle=False))
+    got = packed_rows(mixed)
+    assert [s for r in rows for s in r["sample_sources"]] == got["sources"].tolist()
+    assert collate(rows[:2])["sample_sources"] == [rows[0]["sample_sources"], rows[1]["sample_sources"]]
+    copy = next(i for i in got["ids"] if i.endswith("#2"))
+    r = run("inspect", str(mixed), "--sample", copy, "--json")
+    assert r.returncode == 0, r.stderr
+    view = json.loads(r.stdout)["samples"]
+    assert [(v["sample_id"], v["mixture_source"]) for v in view] == [(copy, str(sources / "tok_b"))]
+    assert f"{copy}  tokens" in run("inspect", str(mixed), "--sample", copy).stdout
+    assert f"from {sources / 'tok_b'}" in run("inspect", str(mixed), "--sample", copy).stdout
+
+
+@pytest.mark.jit
+def test_group_by_source_keeps_every_pack_to_one_source(sources, tmp_path):
+    pack_cli(sources, tmp_path / "g", "--rates", "1.0,2.5,0.2", "--group-by", "source")
+    manifest = json.loads((tmp_path / "g" / ".packtool" / "manifest.json").read_text())
+    per_pack = [set(r) for e in manifest["shards"]
+                for r in pq.read_table(tmp_path / "g" / e["file"], columns=["sample_sources"])["sample_sources"].to_pylist()]
+    assert all(len(s) == 1 for s in per_pack)
+    assert {next(iter(s)) for s in per_pack} == {0, 1, 2}
+    assert Counter(packed_rows(tmp_path / "g")["sources"].tolist()) == {0: 10, 1: 15, 2: 3}
+    assert manifest["mixture"]["group_by"] == "source"
+
+
+@pytest.mark.jit
+def test_mixture_file_with_rates_and_targets_resolves_paths_against_itself(sources, tmp_path):
+    spec = tmp_path / "specs" / "mix.json"
+    spec.parent.mkdir()
+    rel = lambda n: str(Path("..") / Path(*[".."] * len(tmp_path.parts)) / sources.relative_to("/") / f"tok_{n}")  # noqa: E731
+    spec.write_text(json.dumps({"sources": [
+        {"path": rel("a"), "rate": 0.5, "name": "alpha"},
+        {"path": str(sources / "tok_c"), "samples": 20, "name": "gamma"},
+    ]}))
+    out = tmp_path / "out"
+    r = run("pack", "--mixture", str(spec.relative_to(tmp_path)), "-o", "out", "--max-tokens", "8192", "--quiet",
+            "--seed", "5", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = packed_rows(out)
+    # 0.5 * 10 = 5 (seeded); a target of 20 from 14: every sample once, 6 seeded twice
+    assert Counter(got["sources"].tolist()) == {0: 5, 1: 20}
+    c = tok_ids(sources, "c")
+    assert sorted(i for i, s in zip(got["ids"], got["sources"].tolist(), strict=True) if s == 1) == sorted(
+        c + [c[r] + "#1" for r in naive_subset(14, 6, seed=5, position=1)])
+    s = json.loads(run("stats", str(out), "--json").stdout)["mixture"]
+    assert [(x["source"], x["rate"], x["target_samples"]) for x in s["sources"]] == [("alpha", "0.5", None),
+                                                                                     ("gamma", None, 20)]
+    assert s["warnings"] == ["source 'gamma': target of 20 samples is more than its 14; met by up-sampling "
+                             "(every sample 1 time, 6 of them once more)"]
+    assert "warning: source 'gamma': target of 20 samples" in r.stdout
+
+
+@pytest.mark.jit
+def test_stats_warns_when_oversize_drops_cut_a_sources_share(sources, tmp_path):
+    r = run("pack", *(str(sources / f"tok_{n}") for n in SIZES), "-o", str(tmp_path / "p"), "--max-tokens", "2048",
+            "--rates", "1.0,2.5,0.2", "--quiet", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    got = packed_rows(tmp_path / "p")
+    realised = Counter(got["sources"].tolist())
+    dropped = {i: [10, 15, 3][i] - realised[i] for i in range(3)}
+    assert sum(dropped.values()) == out["dropped"] > 0
+    errors = [json.loads(x) for x in (tmp_path / "p" / ".packtool" / "errors.jsonl").read_text().splitlines()]
+    assert len(errors) == out["dropped"] and {e["reason"] for e in errors} == {"oversize"}
+    s = json.loads(run("stats", str(tmp_path / "p"), "--json").stdout)["mixture"]
+    warned = [w for w in s["warnings"] if "rejected at pack time" in w]
+    assert len(warned) == sum(1 for v in dropped.values() if v)
+    for i, name in enumerate(SIZES):
+        if dropped[i]:
+            assert any(w.startswith(f"source '{sources / f'tok_{name}'}': {realised[i]} of {[10, 15, 3][i]} requested")
+                       for w in warned)
+    assert out["mixture"]["warnings"] == s["warnings"]
+
+
+def test_a_single_input_without_rates_packs_exactly_as_before(demo_dirs, tmp_path):
+    tok = demo_dirs["tokenized"]
+    pack_dataset([tok], tmp_path / "list", PackConfig(max_tokens=8192))
+    r = run("pack", str(tok), "-o", str(tmp_path / "cli"), "--max-tokens", "8192", "--quiet")
+    assert r.returncode == 0, r.stderr
+    ref = json.loads((demo_dirs["packed"] / ".packtool" / "manifest.json").read_text())
+    assert "mixture" not in ref and "source_samples" not in ref["counts"]
+    for out in (tmp_path / "list", tmp_path / "cli"):
+        m = json.loads((out / ".packtool" / "manifest.json").read_text())
+        assert m["config"] == ref["config"] and m["config_digest"] == ref["config_digest"]
+        for a, b in zip(ref["shards"], m["shards"], strict=True):
+            assert (out / b["file"]).read_bytes() == (demo_dirs["packed"] / a["file"]).read_bytes()
+            assert pq.read_schema(out / b["file"]).remove_metadata().equals(PACKED.remove_metadata())
+
+
+@pytest.mark.jit
+def test_ranks_then_merge_give_the_same_bytes_and_a_resume_keeps_the_mixture(sources, mixed, tmp_path):
+    out = tmp_path / "ranks"
+    args = ["--rates", "1.0,2.5,0.2", "--samples-per-task", "6", "--world-size", "2"]
+    assert "rank 0 of 2: 3 tasks done" in pack_cli(sources, out, *args, "--rank", "0").stdout
+    pack_cli(sources, out, *args, "--rank", "1")
+    a = json.loads((mixed / ".packtool" / "manifest.json").read_text())
+    b = json.loads((out / ".packtool" / "manifest.json").read_text())
+    assert [s["sha256"] for s in a["shards"]] == [s["sha256"] for s in b["shards"]]
+    assert a["mixture"] == b["mixture"]
+    # the same command again is a no-op; other rates into the same directory are refused
+    assert pack_cli(sources, out, *args, "--rank", "1").returncode == 0
+    r = run("pack", *(str(sources / f"tok_{n}") for n in SIZES), "-o", str(out), "--rates", "1,1,1", "--quiet")
+    assert r.returncode == 1
+    assert "already holds a finished run with a different configuration" in r.stderr and "mixture" in r.stderr
+    # a source tokenized again from changed text (same file, rows and settings): the finished run is not reused
+    text = (sources / "b.jsonl").read_text()
+    (tmp_path / "b.jsonl").write_text(text)
+    changed = tmp_path / "tok_b"
+    cfg = TokenizeConfig(media_root=str(SAMPLE))
+    tokenize_dataset([tmp_path / "b.jsonl"], changed, cfg)
+    again = ["pack", str(sources / "tok_a"), str(changed), "-o", str(tmp_path / "again"), "--rates", "1,2", "--quiet"]
+    assert run(*again).returncode == 0
+    (tmp_path / "b.jsonl").write_text(text.replace("canvas", "sheet"))
+    tokenize_dataset([tmp_path / "b.jsonl"], changed, cfg, overwrite=True)
+    r = run(*again)
+    assert r.returncode == 1
+    assert "holds a finished run of these settings, but input files changed since" in r.stderr
+    assert str(changed / "part-00000-00000.parquet") in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# errors a user can cause: exit 1, "Error: ..." naming the fix, nothing written
+
+
+@pytest.mark.parametrize(("rates", "message"), [
+    ("1.0,2.5", "--rates '1.0,2.5' gives 2 rates for 3 inputs; give one rate per input, in order (e.g. --rates "
+                "1.0,1.0,1.0)"),
+    ("1.0,-2,0.2", "--rates, input 2: rate '-2' must be above 0; leave the source out instead of giving it rate 0"),
+    ("1.0,0,0.2", "--rates, input 2: rate '0' must be above 0; leave the source out instead of giving it rate 0"),
+    ("1.0,lots,0.2", "--rates, input 2: rate 'lots' is not a number; give a positive number such as 0.5 or 2.5"),
+    ("1.0,nan,0.2", "--rates, input 2: rate 'nan' is not a number; give a positive number such as 0.5 or 2.5"),
+])
+def test_bad_rates_are_refused(sources, tmp_path, rates, message):
+    r = run("pack", *(str(sources / f"tok_{n}") for n in SIZES), "-o", str(tmp_path / "x"), "--rates", rates)
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Error: {message}\n")
+    assert not (tmp_path / "x").exists()
+
+
+def test_rates_and_mixture_together_and_a_missing_source_are_refused(sources, tmp_path):
+    spec = tmp_path / "mix.json"
+    spec.write_text(json.dumps({"sources": [{"path": "nowhere", "rate": 1}]}))
+    r = run("pack", str(sources / "tok_a"), "--mixture", str(spec), "--rates", "1", "-o", str(tmp_path / "x"))
+    assert (r.returncode, r.stderr) == (1, "Error: --mixture names the sources and their rates itself; drop the "
+                                           "TOKENIZED inputs and --rates, or drop --mixture\n")
+    r = run("pack", "--mixture", str(spec), "-o", str(tmp_path / "x"))
+    assert (r.returncode, r.stderr) == (1, f"Error: mixture source {str(tmp_path / 'nowhere')!r} is not a directory; "
+                                           "give the output directory of packtool tokenize (mixture-file paths are "
+                                           "relative to the file)\n")
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("{not json", "is not valid JSON"),
+    ("[]", 'must hold one object with a non-empty "sources" list'),
+    ('{"sources": [{"rate": 1}]}', 'source 1: give an object with a "path"'),
+    ('{"sources": [{"path": "a", "rate": 1, "samples": 3}]}', "source 1 ('a'): give exactly one of \"rate\""),
+    ('{"sources": [{"path": "a"}]}', "source 1 ('a'): give exactly one of \"rate\""),
+    ('{"sources": [{"path": "a", "weight": 1, "rate": 1}]}', "source 1: unknown key 'weight'; a source takes name, "
+                                                             "path, rate, samples"),
+    ('{"sources": [{"path": "a", "samples": 2.5}]}', "source 1 ('a'): \"samples\" 2.5 must be a whole number"),
+    ('{"sources": [{"path": "a", "rate": true}]}', "source 1: rate True is not a number"),
+    ('{"sources": [], "seed": 3}', "unknown top-level key 'seed'; the file holds \"sources\" only (give --seed and "
+                                   "--group-by on the command line)"),
+    ('{"sources": []}', 'must hold one object with a non-empty "sources" list'),
+], ids=["json", "shape", "path", "both", "neither", "unknown", "samples", "rate", "top", "empty"])
+def test_malformed_mixture_files_are_refused(tmp_path, body, message):
+    spec = tmp_path / "mix.json"
+    spec.write_text(body)
+    r = run("pack", "--mixture", str(spec), "-o", str(tmp_path / "x"))
+    assert r.returncode == 1 and r.stderr.startswith(f"Error: --mixture {str(spec)!r}")
+    assert message in r.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_sources_tokenized_differently_are_refused_naming_both(sources, tmp_path):
+    other = tmp_path / "tok_fixed"
+    tokenize_dataset([sources / "a.jsonl"], other, TokenizeConfig(media_root=str(SAMPLE), model="fixed:64"))
+    r = run("pack", str(sources / "tok_a"), str(other), "-o", str(tmp_path / "x"))
+    assert r.returncode == 1
+    assert r.stderr.startswith(f"Error: mixture sources {str(sources / 'tok_a')!r} and {str(other)!r} were tokenized "
+                               "with a different model / vision settings (")
+    assert "name: 'qwen2.5-vl' vs 'fixed:64'" in r.stderr
+    assert r.stderr.endswith(f"re-tokenize {str(other)!r} with the settings of {str(sources / 'tok_a')!r} (or pack "
+                             "them separately)\n")
+    templ = tmp_path / "tok_templ"
+    tokenize_dataset([sources / "a.jsonl"], templ, TokenizeConfig(media_root=str(SAMPLE), template="qwen3-vl"))
+    with pytest.raises(ConfigError, match=r"different chat template \(name: 'chatml' vs 'qwen3-vl'; default_system"):
+        pack_dataset([sources / "tok_a", templ], tmp_path / "y", PackConfig())
+
+
+def test_mixture_config_errors_from_the_library():
+    with pytest.raises(ConfigError, match="--group-by 'media': choose none or source"):
+        Mixture.from_rates(["a"], None, group_by="media")
+    with pytest.raises(ConfigError, match="give either a rate or a samples count"):
+        from packtool.mixture import MixtureSource
+        MixtureSource("a")
+
+
+@pytest.mark.jit
+def test_a_dry_run_plans_the_same_mixture_and_writes_nothing(sources, mixed, tmp_path):
+    mix = Mixture.from_rates([str(sources / f"tok_{n}") for n in SIZES], "1.0,2.5,0.2", samples_per_task=6)
+    plan = pack_dataset(mix, tmp_path / "dry", PackConfig(max_tokens=8192), dry_run=True, workers=1)
+    real = json.loads((mixed / ".packtool" / "manifest.json").read_text())
+    assert not (tmp_path / "dry").exists()
+    assert plan["counts"] == real["counts"]
+    for a, b in zip(plan["mixture"]["sources"], real["mixture"]["sources"], strict=True):
+        assert "loss_tokens" not in a["realised"]
+        assert a["realised"] == {k: v for k, v in b["realised"].items() if k != "loss_tokens"}
+    r = run("pack", *(str(sources / f"tok_{n}") for n in SIZES), "--rates", "1.0,2.5,0.2", "--dry-run",
+            "--max-tokens", "8192")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("28 samples in ")
+    assert "loss share" in r.stdout and r.stdout.splitlines()[-1].endswith("-")
+
+
+@pytest.mark.jit
+def test_sources_with_their_own_media_roots_embed_their_own_files(sources, tmp_path):
+    import shutil
+
+    from PIL import Image
+
+    # the second source's media live under another root, where every image is a different picture
+    other = tmp_path / "root"
+    shutil.copytree(SAMPLE, other)
+    for f in (other / "images").iterdir():
+        if f.suffix in (".png", ".jpg"):
+            with Image.open(f) as im:
+                im = im.convert("RGB")
+            im.putpixel((0, 0), (1, 2, 3))
+            im.save(f)
+            assert f.read_bytes() != (SAMPLE / "images" / f.name).read_bytes()
+    tokenize_dataset([sources / "b.jsonl"], tmp_path / "tok_b2", TokenizeConfig(media_root=str(other)))
+    roots = [SAMPLE, other]
+    out = tmp_path / "p"
+    pack_dataset([sources / "tok_a", tmp_path / "tok_b2"], out, PackConfig(max_tokens=8192))
+    manifest = json.loads((out / ".packtool" / "manifest.json").read_text())
+    seen = Counter()
+    for entry in manifest["shards"]:
+        for row in pq.read_table(out / entry["file"], columns=["sample_sources", "media"]).to_pylist():
+            for m in row["media"]:
+                if m["kind"] == "image":
+                    src = row["sample_sources"][m["sample_index"]]
+                    assert m["data"] == (roots[src] / m["path"]).read_bytes()
+                    seen[src] += 1
+    assert seen[0] > 0 and seen[1] > 0
+
+
+def test_warnings_name_every_source_whose_request_was_not_met():
+    from packtool.stats import mixture_summary, render_mixture
+
+    def source(path, available, requested, got, **kw):
+        selected = requested if available else 0
+        counts = {"samples": selected, "tokens": 10 * selected, "vision_units": 0}
+        return {"path": path, **kw, "available": available, "requested": requested, "selected": counts,
+                "realised": {"samples": got, "tokens": 10 * got, "vision_units": 0, "loss_tokens": got,
+                             "rejected": counts["samples"] - got}}
+
+    m = mixture_summary({"seed": 3, "group_by": "source", "sources": [
+        source("full", 4, 4, 4, rate="1"),
+        source("empty", 0, 0, 0, rate="2"),
+        source("short", 0, 50, 0, samples=50, name="wanted"),
+        source("big", 3, 7, 6, samples=7),
+    ]})
+    assert m["warnings"] == [
+        "source 'empty' holds no samples; it contributes nothing",
+        "source 'wanted' holds no samples; it contributes nothing (target 50)",
+        "source 'big': target of 7 samples is more than its 3; met by up-sampling (every sample 2 times, 1 of them "
+        "once more)",
+        "source 'big': 6 of 7 requested samples packed (1 rejected at pack time; see .packtool/errors.jsonl); its "
+        "share of samples is 60.0%, requested 63.6%",
+    ]
+    assert [r["realised_share"]["samples"] for r in m["sources"]] == [0.4, 0.0, 0.0, 0.6]
+    text = render_mixture(m)
+    assert text.splitlines()[0] == "mixture: 4 sources, seed 3, group by source (requested -> realised)"
+    line = next(x for x in text.splitlines() if x.startswith("wanted"))
+    assert line.split() == ["wanted", "50", "samples", "0", "->", "0", "0.0%", "->", "0.0%", "0.0%", "->", "0.0%",
+                            "0.0%", "->", "0.0%", "0.0%"]
