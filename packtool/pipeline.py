@@ -54,14 +54,25 @@ from .shards import (
     read_manifest,
     read_marker,
     read_run,
-    run_lock,
     shard_error,
     sweep_stale_tmps,
     task_errors_path,
     task_prefix,
     tmp_path,
     write_manifest,
-    write_marker,
+)
+from .storage import (
+    as_root,
+    fetch_inputs,
+    fetch_output,
+    is_url,
+    output_dir,
+    publish_task,
+    source_name,
+    state_prepared,
+    task_dir,
+    task_target,
+    tasks_ran,
 )
 
 __all__ = ["tokenize_dataset", "pack_dataset", "merge_output", "lower_bound", "plan_tokenize_tasks", "Slice",
@@ -295,6 +306,9 @@ def merge_output(out_dir: str | Path) -> dict:
     Raises:
         InputError: when a task has no completion marker (names the ranks to re-run).
     """
+    if is_url(str(out_dir)):
+        with output_dir(str(out_dir), None) as mirror:
+            return merge_output(mirror)
     out = Path(out_dir)
     run = read_run(out)
     digest = run["config_digest"]
@@ -521,7 +535,7 @@ def _slice_records(sl: Slice) -> Iterator[tuple[int, object]]:
 def _task_samples(task: _TokenizeTask) -> Iterator:
     for sl in task.slices:
         for row, rec in _slice_records(sl):
-            yield parse_record(rec, sl.path, row, task.cfg.format)
+            yield parse_record(rec, source_name(sl.path), row, task.cfg.format)
 
 
 _CONTEXTS: dict = {}
@@ -539,7 +553,7 @@ def _encode_context(cfg: TokenizeConfig):
 
         family = get_family(cfg.model, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels, max_frames=cfg.max_frames,
                         fps=cfg.fps, max_crops=cfg.max_crops, max_num=cfg.max_num, exif=cfg.exif)
-        ctx = EncodeContext(load_tokenizer(cfg.tokenizer), get_template(cfg.template), family, Path(cfg.media_root),
+        ctx = EncodeContext(load_tokenizer(cfg.tokenizer), get_template(cfg.template), family, as_root(cfg.media_root),
                             cfg.system_prompt, max_branches=cfg.max_branches, max_tokens=cfg.max_tokens)
         _CONTEXTS.clear()
         _CONTEXTS[key] = ctx
@@ -551,7 +565,7 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
     from .rows import encode_samples
     from .schema import TOKENIZED
 
-    out = Path(task.out_dir)
+    out = task_dir(task.out_dir)
     clear_task(out, task.index)
     ctx = _encode_context(task.cfg)
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
@@ -562,7 +576,7 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
         from .rows import group_by_media
 
         # merges records within this task (one input slice), never across tasks
-        stream = group_by_media(stream, Path(task.cfg.media_root), tree_counts)
+        stream = group_by_media(stream, as_root(task.cfg.media_root), tree_counts)
     try:
         with ShardWriter(out, TOKENIZED, rows_per_shard=task.cfg.rows_per_shard, prefix=task_prefix(task.index)) as writer:
             for batch in _batched(stream, BATCH):
@@ -590,7 +604,7 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
               "branches": tree_counts["branches"], "split_extra_trees": tree_counts["split_extra_trees"],
               "merged_records": tree_counts["merged_records"]}
     record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts}
-    write_marker(out, task.index, record)
+    publish_task(task.out_dir, out, task.index, record)
     return record
 
 
@@ -629,16 +643,15 @@ def tokenize_dataset(
     """
     _check_on_error(on_error)
     ex = _executor(ex, workers, executor, ray_address, rank, world_size)
-    out = Path(out_dir)
-    files = expand_inputs([Path(p) for p in inputs])
-    if not Path(cfg.media_root).is_dir():
+    files = expand_inputs([Path(p) for p in fetch_inputs(inputs)])
+    if not as_root(cfg.media_root).is_dir():
         raise ConfigError(f"--media-root {cfg.media_root!r} is not a directory")
     # the manifest records the root as resolved here, so pack (run from anywhere) opens the same files
-    cfg = replace(cfg, media_root=str(Path(cfg.media_root).resolve()))
+    cfg = replace(cfg, media_root=str(as_root(cfg.media_root).resolve()))
     ctx = _encode_context(cfg)  # fails fast on a bad --model/--template/--tokenizer
     slices, total = plan_tokenize_tasks(files, cfg.rows_per_shard)
     config = cfg.to_dict()
-    config["inputs"] = [str(f) for f in files]
+    config["inputs"] = [source_name(f) for f in files]
     digest = digest_of(config, exclude=("max_errors",))
     family = ctx.family
     manifest_extra = {
@@ -649,19 +662,22 @@ def tokenize_dataset(
     }
     run = {"kind": "tokenized", "config": config, "config_digest": digest, "world_size": ex.world_size,
            "n_tasks": len(slices), "tasks_digest": _tasks_digest(slices),
-           "inputs": {str(f): [f.stat().st_size, f.stat().st_mtime_ns] for f in files}, "manifest": manifest_extra,
+           "inputs": {source_name(f): [f.stat().st_size, f.stat().st_mtime_ns] for f in files}, "manifest": manifest_extra,
            "max_errors": cfg.max_errors}
-    with run_lock(out, ex.rank):  # a second run of this rank into `out` is refused, naming this one
+    # a second run of this rank into the output is refused, naming this one
+    with output_dir(out_dir, ex.rank, overwrite) as out:
         done = prepare_run(out, run, overwrite)
         if done is not None:
-            log.info("%s already holds this run; nothing to do", out)
+            log.info("%s already holds this run; nothing to do", out_dir)
             return done
+        state_prepared(out)
         driver = _Driver(out, digest, len(slices), ex, cfg.max_errors)
         todo, _ = driver.pending()
-        tasks = [_TokenizeTask(t, slices[t], str(out), cfg, digest, cfg.max_errors, on_error) for t in todo]
+        tasks = [_TokenizeTask(t, slices[t], task_target(out), cfg, digest, cfg.max_errors, on_error) for t in todo]
         if total is not None:
             set_total(progress, sum(sum(s.stop - s.start for s in slices[t]) for t in todo))
         driver.run(_tokenize_task, tasks, todo, progress)
+        tasks_ran(out)
         return _finish_or_partial(out, run, ex)
 
 
@@ -683,7 +699,7 @@ def lower_bound(total_tokens: int, total_units: int, max_tokens: int, max_units:
 def _media_loader(media_root: Path, frame_quality: int = 90) -> Callable[[dict], list[bytes] | None]:
     from .media import MediaPathResolver
 
-    resolve = MediaPathResolver(media_root)
+    resolve = MediaPathResolver(media_root) if isinstance(media_root, Path) else media_root.file
 
     def load(m: dict) -> list[bytes] | None:
         if m.get("kind") == "image":
@@ -691,8 +707,7 @@ def _media_loader(media_root: Path, frame_quality: int = 90) -> Callable[[dict],
                 return [m["data"]]
             if m.get("path") is None:
                 raise SampleError("missing_media", "media item has neither a path nor inline bytes")
-            with open(resolve(m["path"]), "rb") as fh:
-                data = fh.read()
+            data = resolve(m["path"]).read_bytes()
             if m.get("size_bytes") is not None and len(data) != m["size_bytes"]:
                 # checked before planning; a file rewritten while this task ran is caught here
                 raise InputError(f"media file {m.get('path')!r} changed while pack was running ({len(data):,} bytes, "
@@ -875,7 +890,7 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
         tokens = lengths["n_tokens"].to_numpy()
         units = lengths["n_vision_units"].to_numpy()
         has_media = _has_media(pf)
-        bad = _media_problems(pf, Path(task.media_root), task.check_mtime)
+        bad = _media_problems(pf, as_root(task.media_root), task.check_mtime)
     except (pa.ArrowException, KeyError) as exc:
         raise shard_error(src, exc) from None
     if bad:  # plan only the rows whose media are still the ones counted
@@ -903,7 +918,7 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
     if task.out_dir is None:
         report(len(tokens))
         return {"task": task.index, "counts": counts, "plan": plan}
-    out = Path(task.out_dir)
+    out = task_dir(task.out_dir)
     clear_task(out, task.index)
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     try:
@@ -917,7 +932,7 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
                 errors.add(Rejected(ids["source"][i].as_py(), ids["source_row"][i].as_py(), ids["sample_id"][i].as_py(),
                                     reason, message))
             report(len(plan.dropped) + len(bad))
-        loader = _media_loader(Path(task.media_root), cfg.frame_quality) if cfg.media == "embed" else None
+        loader = _media_loader(as_root(task.media_root), cfg.frame_quality) if cfg.media == "embed" else None
         store = _RowStore(pf, never=sorted(set(plan.dropped) | set(bad)), file=src)
         truncated = set(plan.truncated)
         with ShardWriter(out, _packed_schema(), rows_per_shard=cfg.packs_per_shard, row_group_rows=PACKED_GROUP_ROWS,
@@ -940,7 +955,7 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
         errors.abort()
         raise
     record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts}
-    write_marker(out, task.index, record)
+    publish_task(task.out_dir, out, task.index, record)
     return record
 
 
@@ -986,16 +1001,16 @@ def pack_dataset(
     """
     _check_on_error(on_error)
     ex = _executor(ex, workers, executor, ray_address, rank, world_size)
-    src = Path(src)
-    out = Path(out_dir)
+    src_name = str(src)
+    src = fetch_output(src, "tokenized")  # a bucket's shards are fetched once, checked by their sha256
     tok_manifest = read_manifest(src, "tokenized")
     max_units = cfg.max_vision_units
     if max_units is None:
         max_units = int(tok_manifest.get("vision", {}).get("default_max_vision_units") or 0)
     if cfg.text_weight < 1:
         raise ConfigError("--text-weight must be at least 1 so every sample has value to the packer")
-    counted_root = Path(str(tok_manifest["config"].get("media_root", "."))).resolve()
-    root = Path(media_root).resolve() if media_root is not None else counted_root
+    counted_root = as_root(str(tok_manifest["config"].get("media_root", "."))).resolve()
+    root = as_root(str(media_root)).resolve() if media_root is not None else counted_root
     # media read from another root are copies: their sizes must match, their times cannot
     check_mtime = root == counted_root
     config = {**cfg.to_dict(), "max_vision_units": max_units, "source_digest": tok_manifest["config_digest"]}
@@ -1022,16 +1037,18 @@ def pack_dataset(
                 "vision": tok_manifest.get("vision"), "shards": [], "plans": [r["plan"] for r in results]}
     manifest_extra = {"capacities": capacities, "tokenizer": tok_manifest.get("tokenizer"),
                       "vision": tok_manifest.get("vision"), "template": tok_manifest.get("template"),
-                      "source": {"path": str(src), "config_digest": tok_manifest["config_digest"]}}
+                      "source": {"path": src_name, "config_digest": tok_manifest["config_digest"]}}
     run = {"kind": "packed", "config": config, "config_digest": digest, "world_size": ex.world_size,
            "n_tasks": len(entries), "tasks_digest": digest_of({"shards": [e["file"] for e in entries]}),
            "inputs": {e["file"]: e["sha256"] for e in entries}, "manifest": manifest_extra, "max_errors": max_errors}
-    with run_lock(out, ex.rank):
+    with output_dir(out_dir, ex.rank, overwrite) as out:
         done = prepare_run(out, run, overwrite)
         if done is not None:
             return done
+        state_prepared(out)
         driver = _Driver(out, digest, len(entries), ex, max_errors)
         todo, _ = driver.pending()
         set_total(progress, sum(entries[t]["rows"] for t in todo))
-        driver.run(_pack_task, [make(t, str(out)) for t in todo], todo, progress)
+        driver.run(_pack_task, [make(t, task_target(out)) for t in todo], todo, progress)
+        tasks_ran(out)
         return _finish_or_partial(out, run, ex)
