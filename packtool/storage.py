@@ -67,11 +67,13 @@ __all__ = [
     "fetch_inputs",
     "source_name",
     "fetch_output",
+    "fetch_manifest",
     "remote_output",
     "task_dir",
     "publish_task",
     "listed_sizes",
     "GroupCache",
+    "Prefetcher",
 ]
 
 log = logging.getLogger(__name__)
@@ -692,6 +694,25 @@ def fetch_output(url: str | Path, kind: str | None = None) -> Path:
     return local
 
 
+def fetch_manifest(url: str, kind: str | None = None) -> dict:
+    """The manifest of a finished output under ``url`` (fetched alone, checked as a local one is)."""
+    from .shards import MANIFEST, read_manifest
+
+    url = str(url).rstrip("/")
+    fs, root = filesystem(url)
+    local = cache_dir() / "manifests" / _url_key(url)
+    (local / ".packtool").mkdir(parents=True, exist_ok=True)
+    with storage_errors(url):
+        try:
+            data = fs.cat_file(f"{root}/{MANIFEST}")
+        except FileNotFoundError:
+            raise InputError(f"{url!r} has no {MANIFEST}; is it the output of packtool pack, and did that run "
+                             "finish?") from None
+    RequestCounter.add(len(data))
+    (local / MANIFEST).write_bytes(data)
+    return read_manifest(local, kind)
+
+
 # --------------------------------------------------------------------------- outputs
 
 
@@ -998,14 +1019,15 @@ class GroupCache:
 
     ``ParquetFile`` reads a remote shard through :meth:`open`: the footer is fetched once per shard,
     and every row group's byte range is fetched whole (one GET) into the cache the first time any
-    of it is read, by the reader or by :meth:`prefetch` running ahead of it on a small thread pool.
+    of it is read, by the reader or by a :class:`Prefetcher` running ahead of it. Files are named by
+    the shard's sha256, so a cache is shared by every URL holding the same shard and survives restarts.
 
     Example:
         >>> cache = GroupCache(max_bytes=2 << 30)                    # doctest: +SKIP
-        >>> pf = pq.ParquetFile(cache.open("s3://b/packed/part-00000-00000.parquet", size, sha256))
+        >>> pf = pq.ParquetFile(cache.open("s3://b/packed/part-00000-00000.parquet", size, sha256, group=0))
     """
 
-    def __init__(self, max_bytes: int = 4 << 30, directory: Path | None = None, threads: int = 4) -> None:
+    def __init__(self, max_bytes: int = 4 << 30, directory: Path | None = None) -> None:
         self.max_bytes = max_bytes
         self.dir = directory or cache_dir() / "reader"
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -1014,8 +1036,6 @@ class GroupCache:
             self._lru[f.stem] = f.stat().st_size
         self._lock = threading.Lock()
         self._inflight: dict[str, threading.Event] = {}
-        self._pool = None
-        self._threads = threads
         self._footers: dict[str, tuple[bytes, int, list[tuple[int, int]]]] = {}
         self._evict()
 
@@ -1035,6 +1055,14 @@ class GroupCache:
             fs, path = filesystem(url)
             n = min(size, 64 << 10)
             with storage_errors(url):
+                try:
+                    actual = int(fs.info(path)["size"])
+                except FileNotFoundError:
+                    raise InputError(f"shard {url!r} is listed in the manifest but missing; re-run packtool pack") from None
+                RequestCounter.add(0)
+                if actual != size:
+                    raise InputError(f"shard {url!r} is {actual:,} bytes but the manifest says {size:,}; it was "
+                                     "replaced or modified: re-run packtool pack")
                 tail = fs.cat_file(path, start=size - n, end=size)
                 RequestCounter.add(len(tail))
                 meta_len = int.from_bytes(tail[-8:-4], "little")
@@ -1106,25 +1134,62 @@ class GroupCache:
         lo, _ = spans[group]
         return _Segments(size, [(start, tail), (lo, self.group_bytes(url, size, sha256, group))])
 
-    def prefetch(self, items: Iterator[tuple[str, int, str, int]], ahead: int = 4) -> threading.Thread:
-        """Fetch the row groups ``items`` names (``(url, size, sha256, group)``, in reading order),
-        at most ``ahead`` beyond what has been fetched, on a background thread."""
-        from concurrent.futures import ThreadPoolExecutor
+    def metadata(self, url: str, size: int, sha256: str):
+        """The Parquet footer of a shard (row group sizes), from one or two ranged GETs."""
+        import pyarrow.parquet as pq
 
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="packtool-prefetch")
-        pool = self._pool
+        tail, start, _ = self.footer(url, size, sha256)
+        return pq.ParquetFile(_Segments(size, [(start, tail)])).metadata
 
-        def run() -> None:
-            pending: list = []
-            for item in items:
-                pending.append(pool.submit(self.group_bytes, *item))
-                while len(pending) >= ahead:
-                    with contextlib.suppress(Exception):  # the reader raises the same error itself
-                        pending.pop(0).result()
-        thread = threading.Thread(target=run, name="packtool-prefetch-plan", daemon=True)
-        thread.start()
-        return thread
+
+class Prefetcher:
+    """Fetches row groups into a :class:`GroupCache` ahead of the reader, never more than
+    ``ahead`` groups beyond the one it reads (:meth:`advance` moves that on), on ``threads``
+    threads; :meth:`close` stops it (the reader stopped early, or finished).
+
+    ``items`` are ``(url, size, sha256, group)`` in reading order. A failed fetch is left for
+    the reader, which fetches the group itself and raises the error where it can be seen.
+    """
+
+    def __init__(self, cache: GroupCache, items: Iterator[tuple[str, int, str, int]], ahead: int = 4,
+                 threads: int = 4) -> None:
+        self.cache = cache
+        self.ahead = max(1, ahead)
+        self._items = enumerate(items)
+        self._cond = threading.Condition()
+        self._used = 0
+        self._stop = False
+        self._threads = [threading.Thread(target=self._run, name="packtool-prefetch", daemon=True)
+                         for _ in range(max(1, min(threads, self.ahead)))]
+        for t in self._threads:
+            t.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._stop:
+                    return
+                try:
+                    k, item = next(self._items)
+                except StopIteration:
+                    return
+                except Exception:  # noqa: BLE001 - planning failed (a damaged footer): the reader reports it
+                    return
+                self._cond.wait_for(lambda k=k: self._stop or k < self._used + self.ahead)
+                if self._stop:
+                    return
+            with contextlib.suppress(Exception):
+                self.cache.group_bytes(*item)
+
+    def advance(self) -> None:
+        with self._cond:
+            self._used += 1
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
 
 
 class _Segments(io.RawIOBase):
