@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from .errors import ConfigError, InputError
 from .pipeline import lower_bound
 from .shards import errors_path, is_output_dir, read_manifest, read_shard
-from .storage import fetch_output, is_url
+from .storage import fetch_output, is_url, source_name
 
 __all__ = [
     "STATS_VERSION",
@@ -519,8 +519,8 @@ def summarize(data: StatsData) -> dict:
     return {
         "stats_version": STATS_VERSION,
         "kind": data.kind,
-        "tokenized": str(data.tokenized_path) if data.tokenized_path is not None else None,
-        "packed": str(data.packed_path) if data.packed_path is not None else None,
+        "tokenized": source_name(data.tokenized_path) if data.tokenized_path is not None else None,
+        "packed": source_name(data.packed_path) if data.packed_path is not None else None,
         "capacities": caps,
         "vision_unit": vision.get("unit"),
         "rows_in": int(tc["rows_in"]) if "rows_in" in tc else None,

@@ -262,6 +262,12 @@ def storage_error(exc: BaseException, url: str, writing: bool = False) -> Packto
                         "command again (finished tasks are kept)")
 
 
+def _missing_bucket(url: str) -> None:
+    """Raise the missing-bucket error when ``url``'s bucket does not exist (a not-found key there is that)."""
+    if not _bucket_exists(url):
+        raise StorageError(f"bucket {split_url(url)[1]!r} does not exist ({url!r}); create it or fix the path")
+
+
 def _bucket_exists(url: str) -> bool:
     try:
         fs, path = filesystem(url)
@@ -522,7 +528,7 @@ class RemoteRoot:
             fs, _ = filesystem(self.url)
             try:
                 with storage_errors(self.url):
-                    listed = fs.ls(directory, detail=True)
+                    listed = fs.ls(directory, detail=True, refresh=True)  # this cache is ours, not fsspec's
                 RequestCounter.add(0)
             except (FileNotFoundError, InputError):
                 listed = []
@@ -574,13 +580,20 @@ def _cached_name(url: str) -> Path:
     return _inputs_cache() / scheme / bucket / key
 
 
+#: Local copies of finished outputs fetched by this process -> their URLs.
+_FETCHED: dict[str, str] = {}
+
+
 def source_name(path: str | Path) -> str:
-    """The name a row records as its ``source``: the URL of a fetched input, else the path as given.
+    """The name a path is recorded and shown by: the URL of a fetched input (a row's ``source``)
+    or of a fetched output (what ``stats`` reports), else the path as given.
 
     Example:
         ``~/.cache/packtool/inputs/s3/data/corpus/a.jsonl`` -> ``s3://data/corpus/a.jsonl``
     """
     text = str(path)
+    if text in _FETCHED:
+        return _FETCHED[text]
     base = str(_inputs_cache()) + os.sep
     if text.startswith(base):
         scheme, _, rest = text[len(base):].partition(os.sep)
@@ -666,6 +679,7 @@ def fetch_output(url: str | Path, kind: str | None = None) -> Path:
             (local / name).write_bytes(data)
             got = got or name != ERRORS
         if not got:
+            _missing_bucket(url)
             raise InputError(f"{url!r} has no {MANIFEST}; is it the output of packtool tokenize/pack, and did that "
                              "run finish?")
         manifest = read_manifest(local, kind)
@@ -691,6 +705,7 @@ def fetch_output(url: str | Path, kind: str | None = None) -> Path:
     for f in local.glob("part-*.parquet"):
         if f.name not in keep:
             f.unlink()
+    _FETCHED[str(local)] = url
     return local
 
 
@@ -706,6 +721,7 @@ def fetch_manifest(url: str, kind: str | None = None) -> dict:
         try:
             data = fs.cat_file(f"{root}/{MANIFEST}")
         except FileNotFoundError:
+            _missing_bucket(url)
             raise InputError(f"{url!r} has no {MANIFEST}; is it the output of packtool pack, and did that run "
                              "finish?") from None
     RequestCounter.add(len(data))
