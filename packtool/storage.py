@@ -770,13 +770,14 @@ def publish_task(out_dir: str, local: Path, task: int, record: dict) -> None:
     with storage_errors(out_dir, writing=True):
         for s in record["shards"]:
             fs.put_file(str(local / s["file"]), f"{root}/{s['file']}")
-            RequestCounter.add(0)
+            RequestCounter.add(int(s["bytes"]))
         errors = task_errors_path(local, task)
         if errors.is_file() and errors.stat().st_size:
             fs.put_file(str(errors), f"{root}/{STATE_DIR}/{errors.name}")
-            RequestCounter.add(0)
-        fs.pipe_file(f"{root}/{STATE_DIR}/{marker_path(local, task).name}", (json.dumps(record, indent=1) + "\n").encode())
-        RequestCounter.add(0)
+            RequestCounter.add(errors.stat().st_size)
+        marker = (json.dumps(record, indent=1) + "\n").encode()
+        fs.pipe_file(f"{root}/{STATE_DIR}/{marker_path(local, task).name}", marker)
+        RequestCounter.add(len(marker))
     for s in record["shards"]:
         (local / s["file"]).unlink(missing_ok=True)
     task_errors_path(local, task).unlink(missing_ok=True)
@@ -975,9 +976,9 @@ class RemoteOutput:
         errors = self.mirror / ERRORS
         if errors.is_file():
             self.fs.put_file(str(errors), f"{self.root}/{ERRORS}")
-            RequestCounter.add(0)
+            RequestCounter.add(errors.stat().st_size)
         self.fs.put_file(str(manifest), f"{self.root}/{MANIFEST}")
-        RequestCounter.add(0)
+        RequestCounter.add(manifest.stat().st_size)
         self._pulled["manifest.json"] = manifest.read_bytes()
 
     def drop_unmarked(self, tasks: list[int]) -> None:
