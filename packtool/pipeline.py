@@ -586,6 +586,9 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
                         errors.add(item)
                     else:
                         samples.append(item)
+                if not isinstance(ctx.media_root, Path):  # a bucket: the batch's image headers fetched in parallel
+                    ctx.media_root.prefetch([r.path for s in samples for r in s.media
+                                             if r.kind == "image" and r.data is None and r.path])
                 rows, rejected = encode_samples(samples, ctx, tree_counts)
                 for rej in rejected:
                     errors.add(rej)
@@ -694,6 +697,19 @@ def lower_bound(total_tokens: int, total_units: int, max_tokens: int, max_units:
     a = math.ceil(total_tokens / max_tokens) if max_tokens else 0
     b = math.ceil(total_units / max_units) if max_units else 0
     return max(a, b)
+
+
+def _prefetch_media(media_root, tables, where: np.ndarray) -> None:
+    """Fetch, in parallel, the image files a chunk of packs embeds from a bucket (rows ``where``
+    of ``tables``, as ``assemble_packs`` takes them), so embedding costs no round trip per image."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    media = pa.chunked_array([t.column("media") for t in tables]).combine_chunks().take(pa.array(where))
+    flat = pc.list_flatten(media)
+    paths = [p for k, p in zip(flat.field("kind").to_pylist(), flat.field("path").to_pylist(), strict=True)
+             if k == "image" and p]
+    media_root.prefetch(paths, whole=True)
 
 
 def _media_loader(media_root: Path, frame_quality: int = 90) -> Callable[[dict], list[bytes] | None]:
@@ -932,7 +948,8 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
                 errors.add(Rejected(ids["source"][i].as_py(), ids["source_row"][i].as_py(), ids["sample_id"][i].as_py(),
                                     reason, message))
             report(len(plan.dropped) + len(bad))
-        loader = _media_loader(as_root(task.media_root), cfg.frame_quality) if cfg.media == "embed" else None
+        root = as_root(task.media_root)
+        loader = _media_loader(root, cfg.frame_quality) if cfg.media == "embed" else None
         store = _RowStore(pf, never=sorted(set(plan.dropped) | set(bad)), file=src)
         truncated = set(plan.truncated)
         with ShardWriter(out, _packed_schema(), rows_per_shard=cfg.packs_per_shard, row_group_rows=PACKED_GROUP_ROWS,
@@ -948,6 +965,8 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
                 sub = PackPlan(where, plan.offsets[p0:p1 + 1] - plan.offsets[p0],
                                truncated=[int(where[k]) for k, r in enumerate(rows.tolist()) if r in truncated])
                 first = task.index * PACK_INDEX_STRIDE + p0
+                if loader is not None and not isinstance(root, Path):
+                    _prefetch_media(root, tables, where)
                 writer.write_table(assemble_packs(tables, sub, first, loader, cfg.max_tokens))
                 report(len(rows))
         errors.commit()

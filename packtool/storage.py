@@ -347,6 +347,12 @@ class RequestCounter:
         return out
 
 
+#: The first read of a remote media file: enough for the headers of nearly every JPEG, PNG and WebP.
+HEAD_BYTES = 16 << 10
+#: The tail a truncation check reads (``media._TAIL``).
+TAIL_BYTES = 4 << 10
+
+
 class RangedReader(io.RawIOBase):
     """A seekable, read-only file object over one object, read by ranged GETs.
 
@@ -361,13 +367,15 @@ class RangedReader(io.RawIOBase):
         from the start, 4 KiB from the end.
     """
 
-    def __init__(self, fs, path: str, size: int, first_block: int = 16 << 10, max_block: int = 8 << 20) -> None:
+    def __init__(self, fs, path: str, size: int, first_block: int = HEAD_BYTES, max_block: int = 8 << 20,
+                 ranges: list[tuple[int, bytes]] | None = None) -> None:
         super().__init__()
         self.fs, self.path, self.size = fs, path, size
         self.pos = 0
         self.block = first_block
         self.max_block = max_block
-        self._ranges: list[tuple[int, bytes]] = []  # (start, data), few per file
+        # (start, data), few per file; shared with the RemoteFile, so what a prefetch read is used
+        self._ranges: list[tuple[int, bytes]] = ranges if ranges is not None else []
 
     def readable(self) -> bool:
         return True
@@ -432,6 +440,7 @@ class RemoteFile:
     def __init__(self, url: str, info: dict | None = None) -> None:
         self.url = url
         self._info = info
+        self.ranges: list[tuple[int, bytes]] = []  # bytes already fetched: (start, data)
 
     def __str__(self) -> str:
         return self.url
@@ -465,14 +474,30 @@ class RemoteFile:
         if mode != "rb":
             raise RuntimeError(f"internal error: remote media opened with mode {mode!r}")
         fs, path = filesystem(self.url)
-        return RangedReader(fs, path, self.stat().st_size)
+        return RangedReader(fs, path, self.stat().st_size, ranges=self.ranges)
 
     def read_bytes(self) -> bytes:
+        size = self.stat().st_size
+        for start, data in self.ranges:
+            if start == 0 and len(data) == size:
+                return data
         fs, path = filesystem(self.url)
         with storage_errors(self.url):
             data = fs.cat_file(path)
         RequestCounter.add(len(data))
         return data
+
+    def fetch(self, whole: bool) -> RemoteFile:
+        """Read ahead what a probe will read (the head block and the tail) or, ``whole``, every byte."""
+        fs, path = filesystem(self.url)
+        size = self.stat().st_size
+        spans = [(0, size)] if whole or size <= HEAD_BYTES + TAIL_BYTES else \
+            [(0, HEAD_BYTES), (size - TAIL_BYTES, size)]
+        for lo, hi in spans:
+            data = fs.cat_file(path, start=lo, end=hi)
+            RequestCounter.add(len(data))
+            self.ranges.append((lo, data))
+        return self
 
 
 def _mtime_ns(info: dict) -> int:
@@ -501,6 +526,10 @@ class RemoteRoot:
         self.url = url.rstrip("/")
         self.scheme, self.bucket, self.key = split_url(self.url)
         self._dirs: OrderedDict[str, dict[str, dict]] = OrderedDict()
+        self._ready: dict[str, RemoteFile] = {}  # prefetched heads and tails, handed out once
+        self._chunk: dict[str, RemoteFile] = {}  # whole files of the chunk being embedded
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
 
     def __str__(self) -> str:
         return self.url
@@ -523,7 +552,8 @@ class RemoteRoot:
             return bool(fs.isdir(path))
 
     def _listing(self, directory: str) -> dict[str, dict]:
-        entries = self._dirs.get(directory)
+        with self._lock:
+            entries = self._dirs.get(directory)
         if entries is None:
             fs, _ = filesystem(self.url)
             try:
@@ -533,13 +563,67 @@ class RemoteRoot:
             except (FileNotFoundError, InputError):
                 listed = []
             entries = {posixpath.basename(e["name"].rstrip("/")): e for e in listed if e.get("type") == "file"}
-            if len(self._dirs) >= 4096:
-                self._dirs.popitem(last=False)
-            self._dirs[directory] = entries
+            with self._lock:
+                if len(self._dirs) >= 4096:
+                    self._dirs.popitem(last=False)
+                self._dirs[directory] = entries
         return entries
+
+    def prefetch(self, paths: list[str], whole: bool = False, threads: int = 16, max_bytes: int = 256 << 20) -> None:
+        """Fetch ahead, ``threads`` at a time, what the next probes (head and tail) or, ``whole``,
+        the next embeds will read of ``paths``, so a batch costs one round trip per thread
+        instead of one per file. Paths probed before, or that do not resolve, are skipped (the
+        sequential path reports them); :meth:`file` hands each prefetched head out once. Whole
+        files are kept until the next whole prefetch (a chunk of packs may embed one file many
+        times) and stop at ``max_bytes`` in all (the rest are read when used).
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        todo = []
+        with self._lock:
+            if whole:
+                self._chunk = {}
+            for p in dict.fromkeys(paths):
+                if not whole:
+                    if p in self._ready or p in self._seen:
+                        continue
+                    self._seen[p] = None
+                    if len(self._seen) > 1 << 20:
+                        self._seen.popitem(last=False)
+                todo.append(p)
+        files = {}
+        budget = max_bytes
+        for p in todo:  # one listing per directory answers these; the requests below go in parallel
+            with contextlib.suppress(SampleError):
+                f = self._resolve(p)
+                budget -= f.stat().st_size if whole else HEAD_BYTES + TAIL_BYTES
+                if budget < 0:
+                    break
+                files[p] = f
+        if not files:
+            return
+        with self._lock:
+            if len(self._ready) > 1 << 16:  # handed out to nobody (rows rejected before use): let go
+                self._ready.clear()
+
+        def one(path: str) -> None:
+            try:
+                f = files[path].fetch(whole)
+            except Exception:  # noqa: BLE001 - the probe or embed that needs it raises the real error
+                return
+            with self._lock:
+                (self._chunk if whole else self._ready)[path] = f
+
+        with ThreadPoolExecutor(min(threads, len(files)), thread_name_prefix="packtool-media") as pool:
+            list(pool.map(one, files))
 
     def file(self, path: str) -> RemoteFile:
         """The media object ``path`` names (relative to the root, or a URL under it)."""
+        with self._lock:
+            ready = self._ready.pop(path, None) or self._chunk.get(path)
+        return ready if ready is not None else self._resolve(path)
+
+    def _resolve(self, path: str) -> RemoteFile:
         shown = path if len(path) <= 200 else f"{path[:200]}..."
         if "\x00" in path:
             raise SampleError("bad_record", f"media path {shown!r} holds a NUL byte, which no file name can")
@@ -1034,129 +1118,214 @@ def _sweep_dead(url: str) -> None:
 class GroupCache:
     """Row groups of remote shards on local disk, within ``max_bytes``, least recently used out first.
 
-    ``ParquetFile`` reads a remote shard through :meth:`open`: the footer is fetched once per shard,
-    and every row group's byte range is fetched whole (one GET) into the cache the first time any
-    of it is read, by the reader or by a :class:`Prefetcher` running ahead of it. Files are named by
-    the shard's sha256, so a cache is shared by every URL holding the same shard and survives restarts.
+    Each shard is cached as a sparse local file of its full size: the footer and every row group
+    fetched so far are written at their own offsets (one ranged GET per group, by the reader or by
+    a :class:`Prefetcher` running ahead of it), the rest is holes that take no disk. pyarrow then
+    reads a cached group natively, as fast as from a local shard. ``NAME.have`` lists the groups
+    present; files are named by the shard's sha256, so a cache is shared by every URL holding the
+    same shard and survives restarts. An evicted group's bytes are given back to the file system
+    (a punched hole, or the whole file where holes cannot be punched).
 
     Example:
-        >>> cache = GroupCache(max_bytes=2 << 30)                    # doctest: +SKIP
-        >>> pf = pq.ParquetFile(cache.open("s3://b/packed/part-00000-00000.parquet", size, sha256, group=0))
+        >>> cache = GroupCache(max_bytes=2 << 30)                                  # doctest: +SKIP
+        >>> pq.ParquetFile(cache.path(url, size, sha256, group=0)).read_row_group(0)
     """
 
-    def __init__(self, max_bytes: int = 4 << 30, directory: Path | None = None) -> None:
+    def __init__(self, max_bytes: int = 4 << 30, directory: Path | None = None, keep: int = 6) -> None:
         self.max_bytes = max_bytes
+        #: the newest groups are never evicted: the one being read and those prefetched after it
+        #: (so the cap may be passed by up to ``keep`` groups)
+        self.keep = max(1, keep)
         self.dir = directory or cache_dir() / "reader"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._lru: OrderedDict[str, int] = OrderedDict()
-        for f in sorted(self.dir.glob("*.bin"), key=lambda f: f.stat().st_mtime):  # a warm cache survives restarts
-            self._lru[f.stem] = f.stat().st_size
         self._lock = threading.Lock()
-        self._inflight: dict[str, threading.Event] = {}
-        self._footers: dict[str, tuple[bytes, int, list[tuple[int, int]]]] = {}
+        self._lru: OrderedDict[tuple[str, int], int] = OrderedDict()  # (name, group or -1 = footer) -> bytes
+        self._inflight: dict[tuple[str, int], threading.Event] = {}
+        self._footers: dict[str, tuple[int, list[tuple[int, int]]]] = {}  # name -> (footer start, group spans)
+        for have in sorted(self.dir.glob("*.have"), key=lambda f: f.stat().st_mtime):  # a warm cache
+            for key, n in self._read_have(have.stem).items():
+                self._lru[(have.stem, key)] = n
         self._evict()
 
     @property
     def used_bytes(self) -> int:
         return sum(self._lru.values())
 
-    def _name(self, url: str, sha256: str, group: int) -> str:
-        return f"{sha256[:24]}-{group:05d}"
+    @staticmethod
+    def _name(sha256: str) -> str:
+        return sha256[:32]
 
-    def footer(self, url: str, size: int, sha256: str) -> tuple[bytes, int, list[tuple[int, int]]]:
-        """``(footer bytes, footer start, [(start, end) of each row group])`` of a shard, fetched once."""
-        got = self._footers.get(sha256)
-        if got is None:
-            import pyarrow.parquet as pq
+    def _read_have(self, name: str) -> dict[int, int]:
+        """Groups present in the cached file ``name`` (``-1``: the footer) and their sizes."""
+        try:
+            lines = (self.dir / f"{name}.have").read_text().split()
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for line in lines:
+            g, _, n = line.partition(":")
+            if g.lstrip("-").isdigit() and n.isdigit():
+                out[int(g)] = int(n)
+        return out
 
-            fs, path = filesystem(url)
-            n = min(size, 64 << 10)
-            with storage_errors(url):
-                try:
-                    actual = int(fs.info(path)["size"])
-                except FileNotFoundError:
-                    raise InputError(f"shard {url!r} is listed in the manifest but missing; re-run packtool pack") from None
-                RequestCounter.add(0)
-                if actual != size:
-                    raise InputError(f"shard {url!r} is {actual:,} bytes but the manifest says {size:,}; it was "
-                                     "replaced or modified: re-run packtool pack")
-                tail = fs.cat_file(path, start=size - n, end=size)
-                RequestCounter.add(len(tail))
-                meta_len = int.from_bytes(tail[-8:-4], "little")
-                if tail[-4:] != b"PAR1" or meta_len + 8 > size:
-                    raise InputError(f"shard {url!r} is not a Parquet file (its footer is damaged); re-run packtool pack")
-                if meta_len + 8 > n:
-                    tail = fs.cat_file(path, start=size - meta_len - 8, end=size)
-                    RequestCounter.add(len(tail))
-            start = size - len(tail)
-            meta = pq.ParquetFile(_Segments(size, [(start, tail)])).metadata
-            spans = []
-            for g in range(meta.num_row_groups):
-                rg = meta.row_group(g)
-                chunks = [rg.column(i) for i in range(rg.num_columns)]
-                starts = [c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in chunks]
-                spans.append((int(min(starts)), int(max(s + c.total_compressed_size for s, c in zip(starts, chunks, strict=True)))))
-            got = (tail, start, spans)
-            self._footers[sha256] = got
-        return got
+    def _write(self, name: str, size: int, offset: int, data: bytes, key: int) -> None:
+        """Write ``data`` at ``offset`` of the sparse file, then record it present (in that order,
+        so a crash between the two only costs a second fetch)."""
+        fd = os.open(self.dir / f"{name}.parquet", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size != size:
+                os.ftruncate(fd, size)
+            os.pwrite(fd, data, offset)
+        finally:
+            os.close(fd)
+        with open(self.dir / f"{name}.have", "a") as fh:  # one short line: appends do not interleave
+            fh.write(f"{key}:{len(data)}\n")
+        with self._lock:
+            self._lru[(name, key)] = len(data)
+            self._lru.move_to_end((name, key))
+        self._evict()
 
-    def group_bytes(self, url: str, size: int, sha256: str, group: int) -> bytes:
-        """The byte range of one row group, from the cache or fetched (and cached)."""
-        name = self._name(url, sha256, group)
+    def _ensure(self, name: str, key: int, fetch) -> None:
+        """Make part ``key`` of ``name`` present, fetching it once however many threads ask."""
         while True:
             with self._lock:
-                if name in self._lru:
-                    self._lru.move_to_end(name)
-                    wait = None
-                else:
-                    wait = self._inflight.get(name)
-                    if wait is None:
-                        self._inflight[name] = threading.Event()
-                        break
-            if wait is None:
-                try:
-                    return (self.dir / f"{name}.bin").read_bytes()
-                except FileNotFoundError:  # evicted meanwhile
-                    with self._lock:
-                        self._lru.pop(name, None)
-                    continue
+                if (name, key) in self._lru:
+                    self._lru.move_to_end((name, key))
+                    return
+                wait = self._inflight.get((name, key))
+                if wait is None:
+                    self._inflight[(name, key)] = threading.Event()
+                    break
             wait.wait()
         try:
-            _, _, spans = self.footer(url, size, sha256)
-            lo, hi = spans[group]
+            if key not in self._read_have(name):  # another process may have fetched it
+                fetch()
+            else:
+                with self._lock:
+                    self._lru[(name, key)] = self._read_have(name)[key]
+        finally:
+            with self._lock:
+                self._inflight.pop((name, key)).set()
+
+    def footer(self, url: str, size: int, sha256: str) -> tuple[int, list[tuple[int, int]]]:
+        """``(footer start, [(start, end) of each row group])`` of a shard, its footer made present."""
+        name = self._name(sha256)
+        got = self._footers.get(name)
+        if got is not None and (name, -1) in self._lru:
+            return got
+
+        def fetch() -> None:
+            tail = self._fetch_footer(url, size)
+            self._write(name, size, size - len(tail), tail, -1)
+
+        self._ensure(name, -1, fetch)
+        import pyarrow.parquet as pq
+
+        meta = pq.ParquetFile(self.dir / f"{name}.parquet").metadata
+        spans = []
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            chunks = [rg.column(i) for i in range(rg.num_columns)]
+            starts = [c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in chunks]
+            spans.append((int(min(starts)), int(max(s + c.total_compressed_size for s, c in zip(starts, chunks, strict=True)))))
+        got = (size - self._read_have(name).get(-1, 0), spans)
+        self._footers[name] = got
+        return got
+
+    def _fetch_footer(self, url: str, size: int) -> bytes:
+        fs, path = filesystem(url)
+        n = min(size, 64 << 10)
+        with storage_errors(url):
+            try:
+                actual = int(fs.info(path)["size"])
+            except FileNotFoundError:
+                raise InputError(f"shard {url!r} is listed in the manifest but missing; re-run packtool pack") from None
+            RequestCounter.add(0)
+            if actual != size:
+                raise InputError(f"shard {url!r} is {actual:,} bytes but the manifest says {size:,}; it was "
+                                 "replaced or modified: re-run packtool pack")
+            tail = fs.cat_file(path, start=size - n, end=size)
+            RequestCounter.add(len(tail))
+            meta_len = int.from_bytes(tail[-8:-4], "little")
+            if tail[-4:] != b"PAR1" or meta_len + 8 > size:
+                raise InputError(f"shard {url!r} is not a Parquet file (its footer is damaged); re-run packtool pack")
+            if meta_len + 8 > n:
+                tail = fs.cat_file(path, start=size - meta_len - 8, end=size)
+                RequestCounter.add(len(tail))
+        return tail
+
+    def metadata(self, url: str, size: int, sha256: str):
+        """The Parquet footer of a shard (row group sizes), from the cache or one or two ranged GETs."""
+        import pyarrow.parquet as pq
+
+        self.footer(url, size, sha256)
+        return pq.ParquetFile(self.dir / f"{self._name(sha256)}.parquet").metadata
+
+    def fetch_group(self, url: str, size: int, sha256: str, group: int) -> None:
+        """Make row group ``group`` of the shard present (one ranged GET when it is not)."""
+        name = self._name(sha256)
+        _, spans = self.footer(url, size, sha256)
+        lo, hi = spans[group]
+
+        def fetch() -> None:
             fs, path = filesystem(url)
             with storage_errors(url):
                 data = fs.cat_file(path, start=lo, end=hi)
             RequestCounter.add(len(data))
-            tmp = self.dir / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
-            tmp.write_bytes(data)
-            os.replace(tmp, self.dir / f"{name}.bin")
-            with self._lock:
-                self._lru[name] = len(data)
-            self._evict()
-            return data
-        finally:
-            with self._lock:
-                self._inflight.pop(name).set()
+            self._write(name, size, lo, data, group)
+
+        self._ensure(name, group, fetch)
+
+    def path(self, url: str, size: int, sha256: str, group: int) -> Path:
+        """The local sparse file of the shard, with its footer and row group ``group`` present."""
+        self.fetch_group(url, size, sha256, group)
+        return self.dir / f"{self._name(sha256)}.parquet"
 
     def _evict(self) -> None:
-        with self._lock:
-            while self._lru and sum(self._lru.values()) > self.max_bytes and len(self._lru) > 1:
-                name, _ = self._lru.popitem(last=False)
-                (self.dir / f"{name}.bin").unlink(missing_ok=True)
+        while True:
+            with self._lock:
+                groups = [k for k in self._lru if k[1] >= 0]
+                if sum(self._lru.values()) <= self.max_bytes or len(groups) <= self.keep:
+                    return
+                name, g = groups[0]  # the least recently used group (footers go with their file)
+                n = self._lru.pop((name, g))
+                _, spans = self._footers.get(name, (0, []))
+                last = not any(k[0] == name and k[1] >= 0 for k in self._lru)
+                if last:
+                    self._lru.pop((name, -1), None)
+                    self._footers.pop(name, None)
+            if last or not spans or not _punch_hole(self.dir / f"{name}.parquet", spans[g][0], n):
+                with self._lock:  # no hole to punch: the whole file goes
+                    for k in [k for k in self._lru if k[0] == name]:
+                        self._lru.pop(k)
+                    self._footers.pop(name, None)
+                (self.dir / f"{name}.have").unlink(missing_ok=True)
+                (self.dir / f"{name}.parquet").unlink(missing_ok=True)
+                continue
+            have = self._read_have(name)
+            have.pop(g, None)
+            tmp = self.dir / f".{name}.have.{os.getpid()}.{threading.get_ident()}.tmp"
+            tmp.write_text("".join(f"{k}:{v}\n" for k, v in have.items()))
+            os.replace(tmp, self.dir / f"{name}.have")
 
-    def open(self, url: str, size: int, sha256: str, group: int) -> io.RawIOBase:
-        """A file object over the shard that serves its footer and row group ``group`` from the cache."""
-        tail, start, spans = self.footer(url, size, sha256)
-        lo, _ = spans[group]
-        return _Segments(size, [(start, tail), (lo, self.group_bytes(url, size, sha256, group))])
 
-    def metadata(self, url: str, size: int, sha256: str):
-        """The Parquet footer of a shard (row group sizes), from one or two ranged GETs."""
-        import pyarrow.parquet as pq
+def _punch_hole(file: Path, offset: int, length: int) -> bool:
+    """Give ``length`` bytes at ``offset`` of ``file`` back to the file system, keeping its size
+    (``fallocate(PUNCH_HOLE | KEEP_SIZE)``); ``False`` where that is not available."""
+    import ctypes
+    import ctypes.util
 
-        tail, start, _ = self.footer(url, size, sha256)
-        return pq.ParquetFile(_Segments(size, [(start, tail)])).metadata
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        fd = os.open(file, os.O_RDWR)
+    except (OSError, AttributeError):
+        return False
+    try:
+        return libc.fallocate(fd, 0x03, ctypes.c_long(offset), ctypes.c_long(length)) == 0
+    except AttributeError:  # no fallocate in this C library (not Linux)
+        return False
+    finally:
+        os.close(fd)
 
 
 class Prefetcher:
@@ -1173,6 +1342,7 @@ class Prefetcher:
         self.cache = cache
         self.ahead = max(1, ahead)
         self._items = enumerate(items)
+        self._next = threading.Lock()  # planning may fetch footers: never under the condition's lock
         self._cond = threading.Condition()
         self._used = 0
         self._stop = False
@@ -1182,21 +1352,20 @@ class Prefetcher:
             t.start()
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                if self._stop:
-                    return
+        while not self._stop:
+            with self._next:
                 try:
                     k, item = next(self._items)
                 except StopIteration:
                     return
                 except Exception:  # noqa: BLE001 - planning failed (a damaged footer): the reader reports it
                     return
+            with self._cond:
                 self._cond.wait_for(lambda k=k: self._stop or k < self._used + self.ahead)
                 if self._stop:
                     return
             with contextlib.suppress(Exception):
-                self.cache.group_bytes(*item)
+                self.cache.fetch_group(*item)
 
     def advance(self) -> None:
         with self._cond:
@@ -1207,47 +1376,6 @@ class Prefetcher:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-
-
-class _Segments(io.RawIOBase):
-    """A read-only file of ``size`` bytes of which only some ranges are held; reading elsewhere is a bug."""
-
-    def __init__(self, size: int, segments: list[tuple[int, bytes]]) -> None:
-        super().__init__()
-        self.size = size
-        self.segments = segments
-        self.pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
-        self.pos = base + offset
-        return self.pos
-
-    def read(self, n: int = -1) -> bytes:
-        if n is None or n < 0:
-            n = self.size - self.pos
-        for start, data in self.segments:
-            if start <= self.pos and self.pos + n <= start + len(data):
-                out = data[self.pos - start:self.pos - start + n]
-                self.pos += len(out)
-                return out
-        if self.pos >= self.size:
-            return b""
-        raise RuntimeError(f"internal error: read of {n} bytes at {self.pos} outside the fetched ranges")
-
-    def readinto(self, b) -> int:
-        data = self.read(len(b))
-        b[:len(data)] = data
-        return len(data)
 
 
 # --------------------------------------------------------------------------- what the stages call

@@ -116,8 +116,10 @@ class PackedDataset:
             groups kept in the local cache (``PACKTOOL_CACHE``, default ``~/.cache/packtool``),
             least recently used out first. Row groups are streamed: each is fetched whole with
             one ranged GET, up to ``prefetch`` groups ahead of the one being read. Order, the
-            rank/worker split and resume are those of a local directory; ``verify`` checks
-            each shard's size in the bucket (every page's CRC32 is checked as it is read).
+            rank/worker split and resume are those of a local directory; each shard's size in the
+            bucket is checked against the manifest when first opened and every page's CRC32 as it
+            is read (``verify``'s whole-file sha256 applies to local shards). The cap may be passed
+            by the ``prefetch + 2`` newest groups, which are never evicted.
         prefetch: row groups fetched ahead of the reader (bucket URLs).
 
     Raises:
@@ -361,7 +363,7 @@ class PackedDataset:
         from ..storage import GroupCache
 
         if self._cache is None or self._cache[0] != os.getpid():
-            self._cache = (os.getpid(), GroupCache(self.cache_bytes))
+            self._cache = (os.getpid(), GroupCache(self.cache_bytes, keep=self.prefetch + 2))
         return self._cache[1]
 
     def _remote(self, shard: int) -> tuple[str, int, str]:
@@ -371,7 +373,7 @@ class PackedDataset:
     def _read_group(self, shard: int, group: int):
         if self.url is None:
             return self._open(shard).read_row_group(group)
-        pf = pq.ParquetFile(self._group_cache().open(*self._remote(shard), group), page_checksum_verification=True)
+        pf = pq.ParquetFile(self._group_cache().path(*self._remote(shard), group), page_checksum_verification=True)
         if pf.metadata.num_rows != int(self._shards[shard]["rows"]):
             raise InputError(f"shard {self._file(shard)!r} holds {pf.metadata.num_rows} rows but {MANIFEST} says "
                              f"{self._shards[shard]['rows']}; re-run packtool pack")
