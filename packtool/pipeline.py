@@ -63,9 +63,13 @@ from .shards import (
 )
 from .storage import (
     as_root,
+    check_listed,
     fetch_inputs,
-    fetch_output,
+    fetch_manifest,
+    fetch_shard,
+    input_copy,
     is_url,
+    join,
     output_dir,
     publish_task,
     source_name,
@@ -534,6 +538,7 @@ def _slice_records(sl: Slice) -> Iterator[tuple[int, object]]:
 
 def _task_samples(task: _TokenizeTask) -> Iterator:
     for sl in task.slices:
+        sl = replace(sl, path=input_copy(sl.path))  # an input fetched from a bucket, on another machine
         for row, rec in _slice_records(sl):
             yield parse_record(rec, source_name(sl.path), row, task.cfg.format)
 
@@ -888,12 +893,15 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
     time from a :class:`_RowStore`, so memory follows the chunk and the packing buffer,
     not the shard.
     """
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .packer import PackPlan, assemble_packs, plan_packs
-
-    cfg = task.cfg
+    if is_url(task.src_file):
+        # a shard in a bucket: this task fetches it (checked against the manifest's sha256) and drops it after
+        src = fetch_shard(task.src_file, task.entry)
+        try:
+            return _pack_shard(task, report, src, pq.ParquetFile(src, page_checksum_verification=True))
+        finally:
+            src.unlink(missing_ok=True)
     src = Path(task.src_file)
     if task.entry is not None:
         # the whole file against the manifest's sha256 (a pass over bytes the task reads anyway):
@@ -901,6 +909,16 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
         pf = open_shard(src.parent, task.entry, sha256=True)
     else:
         pf = pq.ParquetFile(src, page_checksum_verification=True)
+    return _pack_shard(task, report, src, pf)
+
+
+def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -> dict:
+    """The pack task on its opened tokenized shard ``pf`` (read from ``src``)."""
+    import pyarrow as pa
+
+    from .packer import PackPlan, assemble_packs, plan_packs
+
+    cfg = task.cfg
     try:
         lengths = pf.read(columns=["n_tokens", "n_vision_units"], use_threads=False)
         tokens = lengths["n_tokens"].to_numpy()
@@ -1021,8 +1039,10 @@ def pack_dataset(
     _check_on_error(on_error)
     ex = _executor(ex, workers, executor, ray_address, rank, world_size)
     src_name = str(src)
-    src = fetch_output(src, "tokenized")  # a bucket's shards are fetched once, checked by their sha256
-    tok_manifest = read_manifest(src, "tokenized")
+    remote_src = is_url(src_name)
+    # a bucket's tokenized shards are fetched by the tasks that read them, each checked by its sha256
+    src = src_name.rstrip("/") if remote_src else Path(src)
+    tok_manifest = fetch_manifest(src, "tokenized") if remote_src else read_manifest(src, "tokenized")
     max_units = cfg.max_vision_units
     if max_units is None:
         max_units = int(tok_manifest.get("vision", {}).get("default_max_vision_units") or 0)
@@ -1035,12 +1055,15 @@ def pack_dataset(
     config = {**cfg.to_dict(), "max_vision_units": max_units, "source_digest": tok_manifest["config_digest"]}
     digest = digest_of(config)
     entries = tok_manifest["shards"]
-    for entry in entries:  # the cheap checks of every shard before any task starts (sha256 is per task)
-        open_shard(src, entry)
+    if remote_src:  # one listing: every shard there, of its size (sha256 is per task)
+        check_listed(src, entries)
+    else:
+        for entry in entries:  # the cheap checks of every shard before any task starts (sha256 is per task)
+            open_shard(src, entry)
     capacities = {"max_tokens": cfg.max_tokens, "max_vision_units": max_units}
 
     def make(t: int, out_dir: str | None) -> _PackTask:
-        return _PackTask(t, str(src / entries[t]["file"]), out_dir, cfg, max_units, str(root), digest, max_errors, on_error,
+        return _PackTask(t, str(join(src, entries[t]["file"])), out_dir, cfg, max_units, str(root), digest, max_errors, on_error,
                          check_mtime, entries[t])
 
     if dry_run:

@@ -65,9 +65,12 @@ __all__ = [
     "state_prepared",
     "tasks_ran",
     "fetch_inputs",
+    "input_copy",
     "source_name",
     "fetch_output",
     "fetch_manifest",
+    "fetch_shard",
+    "check_listed",
     "remote_output",
     "task_dir",
     "publish_task",
@@ -714,19 +717,33 @@ def fetch_inputs(inputs: list[str | Path]) -> list[str | Path]:
                 entries = [fs.info(path)]
             else:
                 raise InputError(f"input {text!r} does not exist")
-            for e in entries:
-                url = f"{scheme}://{e['name']}"
-                local = _cached_name(url)
-                mtime = _mtime_ns(e)
-                if not (local.is_file() and local.stat().st_size == e["size"] and local.stat().st_mtime_ns == mtime):
-                    local.parent.mkdir(parents=True, exist_ok=True)
-                    tmp = local.with_name(f".{local.name}.{os.getpid()}.tmp")
-                    fs.get_file(e["name"], str(tmp))
-                    RequestCounter.add(int(e["size"]))
-                    os.utime(tmp, ns=(mtime, mtime))
-                    os.replace(tmp, local)
-                out.append(local)
+            out.extend(_get_input(fs, f"{scheme}://{e['name']}", e) for e in entries)
     return out
+
+
+def _get_input(fs, url: str, info: dict) -> Path:
+    """The cached copy of input ``url``, fetched unless it is there with the object's size and time."""
+    local = _cached_name(url)
+    mtime = _mtime_ns(info)
+    if not (local.is_file() and local.stat().st_size == info["size"] and local.stat().st_mtime_ns == mtime):
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f".{local.name}.{os.getpid()}.tmp")
+        fs.get_file(info["name"], str(tmp))
+        RequestCounter.add(int(info["size"]))
+        os.utime(tmp, ns=(mtime, mtime))
+        os.replace(tmp, local)
+    return local
+
+
+def input_copy(path: str) -> str:
+    """``path`` itself, or for a fetched input's copy that this machine lacks (a task running on
+    another node than the one that planned it), the copy fetched here first."""
+    url = source_name(path)
+    if url == path or os.path.isfile(path):
+        return path
+    fs, key = filesystem(url)
+    with storage_errors(url):
+        return str(_get_input(fs, url, fs.info(key)))
 
 
 def fetch_output(url: str | Path, kind: str | None = None) -> Path:
@@ -738,14 +755,7 @@ def fetch_output(url: str | Path, kind: str | None = None) -> Path:
     """
     if not is_url(str(url)):
         return Path(url)
-    from .shards import (
-        ERRORS,
-        LEGACY_MANIFEST,
-        MANIFEST,
-        read_manifest,
-        sha256_file,
-        shard_name_problem,
-    )
+    from .shards import ERRORS, LEGACY_MANIFEST, MANIFEST, read_manifest, sha256_file
 
     url = str(url).rstrip("/")
     fs, root = filesystem(url)
@@ -768,29 +778,66 @@ def fetch_output(url: str | Path, kind: str | None = None) -> Path:
                              "run finish?")
         manifest = read_manifest(local, kind)
         for entry in manifest["shards"]:
-            if shard_name_problem(entry["file"]):
-                continue  # read_manifest refused it already
             target = local / entry["file"]
             if target.is_file() and target.stat().st_size == entry["bytes"] and sha256_file(target) == entry["sha256"]:
                 continue
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-            try:
-                fs.get_file(f"{root}/{entry['file']}", str(tmp))
-            except FileNotFoundError:
-                raise InputError(f"shard {url}/{entry['file']} listed in {MANIFEST} is missing; re-run the stage "
-                                 "that wrote it") from None
-            RequestCounter.add(tmp.stat().st_size)
-            if sha256_file(tmp) != entry["sha256"]:
-                tmp.unlink()
-                raise InputError(f"shard {url}/{entry['file']} does not match the sha256 in {MANIFEST}; it was "
-                                 "replaced or modified: re-run the stage that wrote it")
-            os.replace(tmp, target)
+            _get_shard(fs, f"{root}/{entry['file']}", f"{url}/{entry['file']}", entry, target)
     keep = {e["file"] for e in manifest["shards"]}
     for f in local.glob("part-*.parquet"):
         if f.name not in keep:
             f.unlink()
     _FETCHED[str(local)] = url
     return local
+
+
+def _get_shard(fs, path: str, url: str, entry: dict, target: Path) -> None:
+    """Download one listed shard to ``target`` (atomically), refusing it unless its sha256 is the manifest's."""
+    from .shards import MANIFEST, sha256_file
+
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        fs.get_file(path, str(tmp))
+    except FileNotFoundError:
+        raise InputError(f"shard {url} listed in {MANIFEST} is missing; re-run the stage that wrote it") from None
+    RequestCounter.add(tmp.stat().st_size)
+    if sha256_file(tmp) != entry["sha256"]:
+        tmp.unlink()
+        raise InputError(f"shard {url} does not match the sha256 in {MANIFEST}; it was replaced or modified: re-run "
+                         "the stage that wrote it")
+    os.replace(tmp, target)
+
+
+def fetch_shard(url: str, entry: dict) -> Path:
+    """A local copy of the one shard at ``url`` (what a pack task reads), checked against its
+    manifest ``entry``'s sha256; named by that hash, so a copy is fetched once per machine.
+    The caller removes it when done (:func:`drop_shard`), so disk holds one shard per worker."""
+    target = cache_dir() / "shards" / f"{entry['sha256'][:32]}.parquet"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not (target.is_file() and target.stat().st_size == entry["bytes"]):
+        fs, path = filesystem(url)
+        with storage_errors(url):
+            _get_shard(fs, path, url, entry, target)
+    return target
+
+
+def check_listed(url: str, entries: list[dict]) -> None:
+    """The cheap check of every shard before a run over ``url``'s shards: one listing, each listed
+    shard present with the manifest's size (the sha256 is checked by the task that reads it)."""
+    from .shards import MANIFEST
+
+    fs, root = filesystem(url)
+    with storage_errors(url):
+        sizes = {posixpath.basename(e["name"]): int(e["size"]) for e in fs.ls(root, detail=True, refresh=True)
+                 if e.get("type") == "file"}
+    RequestCounter.add(0)
+    for entry in entries:
+        got = sizes.get(entry["file"])
+        if got is None:
+            raise InputError(f"shard {url}/{entry['file']} listed in {MANIFEST} is missing; re-run the stage that "
+                             "wrote it")
+        if got != entry["bytes"]:
+            raise InputError(f"shard {url}/{entry['file']} is {got:,} bytes but {MANIFEST} says {entry['bytes']:,}; it "
+                             "was cut short, replaced or modified: re-run the stage that wrote it, or copy it again")
 
 
 def fetch_manifest(url: str, kind: str | None = None) -> dict:
@@ -806,8 +853,8 @@ def fetch_manifest(url: str, kind: str | None = None) -> dict:
             data = fs.cat_file(f"{root}/{MANIFEST}")
         except FileNotFoundError:
             _missing_bucket(url)
-            raise InputError(f"{url!r} has no {MANIFEST}; is it the output of packtool pack, and did that run "
-                             "finish?") from None
+            raise InputError(f"{url!r} has no {MANIFEST}; is it the output of packtool tokenize/pack, and did that "
+                             "run finish?") from None
     RequestCounter.add(len(data))
     (local / MANIFEST).write_bytes(data)
     return read_manifest(local, kind)
