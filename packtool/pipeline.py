@@ -42,6 +42,7 @@ from .errors import (
 )
 from .executors import ExecutorConfig, run_tasks, set_total
 from .formats import Rejected, expand_inputs, parse_json_line, parse_record
+from .publication import output_dir, publish_task, state_prepared, task_dir, task_target, tasks_ran
 from .shards import (
     ERRORS,
     LEGACY_ERRORS,
@@ -70,13 +71,7 @@ from .storage import (
     input_copy,
     is_url,
     join,
-    output_dir,
-    publish_task,
     source_name,
-    state_prepared,
-    task_dir,
-    task_target,
-    tasks_ran,
 )
 
 __all__ = ["tokenize_dataset", "pack_dataset", "merge_output", "lower_bound", "plan_tokenize_tasks", "Slice",

@@ -743,7 +743,7 @@ def read_marker(out_dir: Path, task: int, config_digest: str) -> dict | None:
     shards = record.get("shards")
     if not isinstance(shards, list) or not isinstance(record.get("counts"), dict):
         return None
-    from .storage import listed_sizes
+    from .publication import listed_sizes
 
     listed = listed_sizes(out_dir)  # the shards' sizes in the bucket when out_dir mirrors one
     for s in shards:

@@ -360,7 +360,7 @@ class PackedDataset:
     # ---- shards in a bucket
 
     def _group_cache(self):
-        from ..storage import GroupCache
+        from .cache import GroupCache
 
         if self._cache is None or self._cache[0] != os.getpid():
             self._cache = (os.getpid(), GroupCache(self.cache_bytes, keep=self.prefetch + 2))
@@ -380,7 +380,7 @@ class PackedDataset:
         return pf.read_row_group(group)
 
     def _prefetcher(self, epoch: int, local: np.ndarray):
-        from ..storage import Prefetcher
+        from .cache import Prefetcher
 
         def groups() -> Iterator[tuple[str, int, str, int]]:
             last = None
