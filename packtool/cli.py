@@ -65,8 +65,21 @@ app = typer.Typer(
 # Flag defaults come from the configs, so the CLI, sweep and the library never disagree.
 _PACK_DEFAULTS = PackConfig()
 
+def _location(value):
+    """A path argument as the library takes it: a bucket URL stays a string (``Path`` would fold its
+    ``//``), a local path becomes a ``Path`` exactly as before."""
+    from .storage import is_url
+
+    if value is None:
+        return None
+    if isinstance(value, list | tuple):
+        return [_location(v) for v in value]
+    return value if is_url(value) else Path(value)
+
+
 # Options declared once; flags are the kebab-case names of library parameters.
-Output = Annotated[str, typer.Option("--output", "-o", help="Output directory or bucket prefix (s3://BUCKET/PREFIX, gs://...).")]
+Output = Annotated[str, typer.Option("--output", "-o", callback=_location,
+                                     help="Output directory or bucket prefix (s3://BUCKET/PREFIX, gs://...).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 Overwrite = Annotated[bool, typer.Option(
@@ -125,10 +138,10 @@ def _emit_json(obj: dict) -> None:
 @app.command()
 def tokenize(
     inputs: Annotated[list[str], typer.Argument(
-        metavar="INPUT", help="Input files or directories (JSON, JSONL, .gz, .zst, Parquet); directories are searched "
+        metavar="INPUT", callback=_location, help="Input files or directories (JSON, JSONL, .gz, .zst, Parquet); directories are searched "
         "recursively, skipping hidden entries and packtool outputs.")],
     output: Output,
-    media_root: Annotated[str, typer.Option(help="Directory (or bucket prefix) media paths resolve under.")] = ".",
+    media_root: Annotated[str, typer.Option(callback=_location, help="Directory (or bucket prefix) media paths resolve under.")] = ".",
     model: Annotated[str, typer.Option(help=f"Vision family: {', '.join(FAMILIES)}, or fixed:N (N tokens per image).")] = "qwen2.5-vl",
     template: Annotated[TemplateChoice, typer.Option(help="Chat template.")] = "chatml",
     tokenizer: Annotated[str | None, typer.Option(metavar="<path|hf:ORG/NAME>", help=f"Tokenizer ({TOKENIZER_FORMS}).")] = None,
@@ -188,8 +201,9 @@ def tokenize(
 
 @app.command()
 def pack(
-    src: Annotated[str, typer.Argument(help="Tokenized directory (or bucket prefix).")],
-    output: Annotated[str | None, typer.Option("--output", "-o", help="Output directory or bucket prefix.")] = None,
+    src: Annotated[str, typer.Argument(callback=_location, help="Tokenized directory (or bucket prefix).")],
+    output: Annotated[str | None, typer.Option("--output", "-o", callback=_location,
+                                               help="Output directory or bucket prefix.")] = None,
     max_tokens: MaxTokens = _PACK_DEFAULTS.max_tokens,
     max_vision_units: MaxVisionUnits = None,
     buffer_size: Annotated[int, typer.Option(min=1, help="Samples the knapsack chooses from per pack.")] = _PACK_DEFAULTS.buffer_size,
@@ -199,7 +213,7 @@ def pack(
     oversize: Annotated[OversizeChoice, typer.Option(help="Samples that never fit: drop (listed in .packtool/errors.jsonl), truncate (text-only), alone (a pack of their own), fail.")] = "drop",
     max_samples_per_pack: Annotated[int | None, typer.Option(min=1, help="Cap on samples in one pack.")] = None,
     media: Annotated[MediaChoice, typer.Option(help="embed: media bytes (images) and JPEG frames (videos) in the packs; reference: paths only.")] = "embed",
-    media_root: Annotated[str | None, typer.Option(help="Media root (default: the one tokenize used).")] = None,
+    media_root: Annotated[str | None, typer.Option(callback=_location, help="Media root (default: the one tokenize used).")] = None,
     packs_per_shard: Annotated[int, typer.Option(min=1, help="Packs per output shard.")] = _PACK_DEFAULTS.packs_per_shard,
     frame_quality: Annotated[int, typer.Option(min=1, max=100, help="JPEG quality of embedded video frames.")] = 90,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan only; print stats, write nothing.")] = False,
@@ -229,7 +243,7 @@ def pack(
                      oversize=oversize, max_samples_per_pack=max_samples_per_pack, media=media,
                      packs_per_shard=packs_per_shard, frame_quality=frame_quality)
     with _progress("pack", quiet) as bar:
-        result = pack_dataset(src, output or ".", cfg, progress=bar, overwrite=overwrite, dry_run=dry_run,
+        result = pack_dataset(src, output or Path("."), cfg, progress=bar, overwrite=overwrite, dry_run=dry_run,
                               media_root=media_root, max_errors=max_errors, on_error=on_error, workers=workers,
                               executor=executor, ray_address=ray_address, rank=rank, world_size=world_size)
     if result.get("partial"):
@@ -259,8 +273,8 @@ def pack(
 
 @app.command()
 def stats(
-    path: Annotated[str, typer.Argument(help="Tokenized or packed directory (with PACKED: the tokenized one).")],
-    packed: Annotated[str | None, typer.Argument(help="Packed directory made from PATH; the pair is reconciled.")] = None,
+    path: Annotated[str, typer.Argument(callback=_location, help="Tokenized or packed directory (with PACKED: the tokenized one).")],
+    packed: Annotated[str | None, typer.Argument(callback=_location, help="Packed directory made from PATH; the pair is reconciled.")] = None,
     as_json: AsJson = False,
     plot: Annotated[Path | None, typer.Option(help="Also write a figure (PNG) of fill, samples per pack, lengths.")] = None,
     fail_below_fill: Annotated[float | None, typer.Option(min=0, help="Exit 1 when mean token fill is below this (0..1).")] = None,
@@ -292,7 +306,7 @@ def stats(
 
 @app.command()
 def inspect(
-    path: Annotated[str, typer.Argument(help="Packed or tokenized directory.")],
+    path: Annotated[str, typer.Argument(callback=_location, help="Packed or tokenized directory.")],
     pack: Annotated[int | None, typer.Option("--pack", min=0, help="Pack index to show (packed directories).")] = None,
     sample: Annotated[str | None, typer.Option("--sample", help="Sample id to show.")] = None,
     tokenizer: Annotated[str | None, typer.Option(metavar="<path|hf:ORG/NAME>", help="Tokenizer: a tokenizer.json file, a model directory or hf:ORG/NAME (default: the one the manifest names).")] = None,
@@ -326,7 +340,7 @@ def _int_list(flag: str, text: str | None) -> list[int] | None:
 
 @app.command()
 def sweep(
-    src: Annotated[str, typer.Argument(help="Tokenized directory.")],
+    src: Annotated[str, typer.Argument(callback=_location, help="Tokenized directory.")],
     max_tokens: Annotated[str, typer.Option(help="Comma-separated --max-tokens values.")] = str(_PACK_DEFAULTS.max_tokens),
     max_vision_units: Annotated[str | None, typer.Option(help="Comma-separated --max-vision-units values.")] = None,
     buffer_size: Annotated[str, typer.Option(help="Comma-separated --buffer-size values.")] = str(_PACK_DEFAULTS.buffer_size),
@@ -358,7 +372,7 @@ def sweep(
 
 @app.command()
 def validate(
-    path: Annotated[str, typer.Argument(help="Tokenized or packed directory.")],
+    path: Annotated[str, typer.Argument(callback=_location, help="Tokenized or packed directory.")],
     max_problems: Annotated[int, typer.Option(min=1, help="Stop after this many problems.")] = 20,
     check_media: Annotated[bool, typer.Option(help="Decode embedded media (images, video frames).")] = True,
     as_json: AsJson = False,
@@ -381,7 +395,7 @@ def validate(
 
 @app.command()
 def merge(
-    path: Annotated[str, typer.Argument(help="Output directory written by several ranks.")],
+    path: Annotated[str, typer.Argument(callback=_location, help="Output directory written by several ranks.")],
     as_json: AsJson = False,
 ) -> None:
     """Write the manifest of a run split across ranks (--rank/--world-size), once every rank is done.
