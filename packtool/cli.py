@@ -24,6 +24,7 @@ from .formats import FORMATS
 from .mixture import GROUP_BY, SAMPLES_PER_TASK
 from .pipeline import ON_ERROR
 from .shards import ERRORS, MANIFEST
+from .storage import join
 from .templates import TEMPLATES
 from .vision import EXIF_MODES, FAMILIES
 
@@ -68,8 +69,21 @@ app = typer.Typer(
 # Flag defaults come from the configs, so the CLI, sweep and the library never disagree.
 _PACK_DEFAULTS = PackConfig()
 
+def _location(value):
+    """A path argument as the library takes it: a bucket URL stays a string (``Path`` would fold its
+    ``//``), a local path becomes a ``Path`` exactly as before."""
+    from .storage import is_url
+
+    if value is None:
+        return None
+    if isinstance(value, list | tuple):
+        return [_location(v) for v in value]
+    return value if is_url(value) else Path(value)
+
+
 # Options declared once; flags are the kebab-case names of library parameters.
-Output = Annotated[Path, typer.Option("--output", "-o", help="Output directory.")]
+Output = Annotated[str, typer.Option("--output", "-o", callback=_location,
+                                     help="Output directory or bucket prefix (s3://BUCKET/PREFIX, gs://...).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 Overwrite = Annotated[bool, typer.Option(
@@ -127,11 +141,11 @@ def _emit_json(obj: dict) -> None:
 
 @app.command()
 def tokenize(
-    inputs: Annotated[list[Path], typer.Argument(
-        metavar="INPUT", help="Input files or directories (JSON, JSONL, .gz, .zst, Parquet); directories are searched "
+    inputs: Annotated[list[str], typer.Argument(
+        metavar="INPUT", callback=_location, help="Input files or directories (JSON, JSONL, .gz, .zst, Parquet); directories are searched "
         "recursively, skipping hidden entries and packtool outputs.")],
     output: Output,
-    media_root: Annotated[Path, typer.Option(help="Directory media paths resolve under.")] = Path("."),
+    media_root: Annotated[str, typer.Option(callback=_location, help="Directory (or bucket prefix) media paths resolve under.")] = ".",
     model: Annotated[str, typer.Option(help=f"Vision family: {', '.join(FAMILIES)}, or fixed:N (N tokens per image).")] = "qwen2.5-vl",
     template: Annotated[TemplateChoice, typer.Option(help="Chat template.")] = "chatml",
     tokenizer: Annotated[str | None, typer.Option(metavar="<path|hf:ORG/NAME>", help=f"Tokenizer ({TOKENIZER_FORMS}).")] = None,
@@ -188,14 +202,16 @@ def tokenize(
     typer.echo(f"{c['samples']:,} samples from {c['rows_in']:,} rows in {len(manifest['shards'])} shards -> {output}")
     if c["rejected"]:
         reasons = ", ".join(f"{k} {v}" for k, v in c["rejected_by_reason"].items())
-        typer.echo(f"{c['rejected']:,} rows rejected ({reasons}); see {output / ERRORS}")
+        typer.echo(f"{c['rejected']:,} rows rejected ({reasons}); see {join(output, ERRORS)}")
 
 
 @app.command()
 def pack(
-    inputs: Annotated[list[Path] | None, typer.Argument(
-        metavar="TOKENIZED", help="Tokenized directory; several make a mixture (see --rates).")] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Output directory.")] = None,
+    inputs: Annotated[list[str] | None, typer.Argument(
+        metavar="TOKENIZED", callback=_location,
+        help="Tokenized directory or bucket prefix; several make a mixture (see --rates).")] = None,
+    output: Annotated[str | None, typer.Option("--output", "-o", callback=_location,
+                                               help="Output directory or bucket prefix.")] = None,
     rates: Annotated[str | None, typer.Option(help="Epoch multiplier per input, in order, e.g. 1.0,2.5,0.2 (2.5: every sample twice plus a seeded half).")] = None,
     mixture: Annotated[Path | None, typer.Option(help="Mixture JSON file: sources with a rate or a target sample count (instead of inputs and --rates).")] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed of a mixture's down-sampled subsets (recorded in the manifest).")] = 0,
@@ -210,7 +226,7 @@ def pack(
     oversize: Annotated[OversizeChoice, typer.Option(help="Samples that never fit: drop (listed in .packtool/errors.jsonl), truncate (text-only), alone (a pack of their own), fail.")] = "drop",
     max_samples_per_pack: Annotated[int | None, typer.Option(min=1, help="Cap on samples in one pack.")] = None,
     media: Annotated[MediaChoice, typer.Option(help="embed: media bytes (images) and JPEG frames (videos) in the packs; reference: paths only.")] = "embed",
-    media_root: Annotated[Path | None, typer.Option(help="Media root (default: the one tokenize used).")] = None,
+    media_root: Annotated[str | None, typer.Option(callback=_location, help="Media root (default: the one tokenize used).")] = None,
     packs_per_shard: Annotated[int, typer.Option(min=1, help="Packs per output shard.")] = _PACK_DEFAULTS.packs_per_shard,
     frame_quality: Annotated[int, typer.Option(min=1, max=100, help="JPEG quality of embedded video frames.")] = 90,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan only; print stats, write nothing.")] = False,
@@ -299,8 +315,8 @@ def _pack_source(inputs: list[Path], rates: str | None, mixture: Path | None, **
 
 @app.command()
 def stats(
-    path: Annotated[Path, typer.Argument(help="Tokenized or packed directory (with PACKED: the tokenized one).")],
-    packed: Annotated[Path | None, typer.Argument(help="Packed directory made from PATH; the pair is reconciled.")] = None,
+    path: Annotated[str, typer.Argument(callback=_location, help="Tokenized or packed directory (with PACKED: the tokenized one).")],
+    packed: Annotated[str | None, typer.Argument(callback=_location, help="Packed directory made from PATH; the pair is reconciled.")] = None,
     as_json: AsJson = False,
     plot: Annotated[Path | None, typer.Option(help="Also write a figure (PNG) of fill, samples per pack, lengths.")] = None,
     fail_below_fill: Annotated[float | None, typer.Option(min=0, help="Exit 1 when mean token fill is below this (0..1).")] = None,
@@ -332,7 +348,7 @@ def stats(
 
 @app.command()
 def inspect(
-    path: Annotated[Path, typer.Argument(help="Packed or tokenized directory.")],
+    path: Annotated[str, typer.Argument(callback=_location, help="Packed or tokenized directory.")],
     pack: Annotated[int | None, typer.Option("--pack", min=0, help="Pack index to show (packed directories).")] = None,
     sample: Annotated[str | None, typer.Option("--sample", help="Sample id to show.")] = None,
     tokenizer: Annotated[str | None, typer.Option(metavar="<path|hf:ORG/NAME>", help="Tokenizer: a tokenizer.json file, a model directory or hf:ORG/NAME (default: the one the manifest names).")] = None,
@@ -366,7 +382,7 @@ def _int_list(flag: str, text: str | None) -> list[int] | None:
 
 @app.command()
 def sweep(
-    src: Annotated[Path, typer.Argument(help="Tokenized directory.")],
+    src: Annotated[str, typer.Argument(callback=_location, help="Tokenized directory.")],
     max_tokens: Annotated[str, typer.Option(help="Comma-separated --max-tokens values.")] = str(_PACK_DEFAULTS.max_tokens),
     max_vision_units: Annotated[str | None, typer.Option(help="Comma-separated --max-vision-units values.")] = None,
     buffer_size: Annotated[str, typer.Option(help="Comma-separated --buffer-size values.")] = str(_PACK_DEFAULTS.buffer_size),
@@ -398,7 +414,7 @@ def sweep(
 
 @app.command()
 def validate(
-    path: Annotated[Path, typer.Argument(help="Tokenized or packed directory.")],
+    path: Annotated[str, typer.Argument(callback=_location, help="Tokenized or packed directory.")],
     max_problems: Annotated[int, typer.Option(min=1, help="Stop after this many problems.")] = 20,
     check_media: Annotated[bool, typer.Option(help="Decode embedded media (images, video frames).")] = True,
     as_json: AsJson = False,
@@ -421,7 +437,7 @@ def validate(
 
 @app.command()
 def merge(
-    path: Annotated[Path, typer.Argument(help="Output directory written by several ranks.")],
+    path: Annotated[str, typer.Argument(callback=_location, help="Output directory written by several ranks.")],
     as_json: AsJson = False,
 ) -> None:
     """Write the manifest of a run split across ranks (--rank/--world-size), once every rank is done.
@@ -437,7 +453,7 @@ def merge(
     if as_json:
         _emit_json({"output": str(path), "kind": manifest["kind"], **c, "shards": len(manifest["shards"])})
         return
-    typer.echo(f"{manifest['kind']}: {c['tasks']} tasks, {len(manifest['shards'])} shards -> {path / MANIFEST}")
+    typer.echo(f"{manifest['kind']}: {c['tasks']} tasks, {len(manifest['shards'])} shards -> {join(path, MANIFEST)}")
 
 
 def _version_callback(value: bool) -> None:
@@ -450,7 +466,16 @@ def _version_callback(value: bool) -> None:
 def _root(
     version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Show the version.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what the library does.")] = False,
+    storage_option: Annotated[list[str] | None, typer.Option(
+        "--storage-option", metavar="KEY=VALUE",
+        help="An option of the object-store file system (s3fs, gcsfs), e.g. endpoint_url=http://127.0.0.1:9000; "
+             "repeatable, before the command. Credentials and endpoint also come from the usual environment "
+             "(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...).")] = None,
 ) -> None:
+    if storage_option:
+        from .storage import set_options
+
+        set_options(storage_option)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
 

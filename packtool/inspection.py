@@ -351,7 +351,9 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
         InputError: no such pack or sample.
         ConfigError: ``--pack`` on a tokenized directory, or a tokenizer that does not match.
     """
-    path = Path(path)
+    from .storage import fetch_output, is_url
+
+    path = fetch_output(path)  # a bucket's output is read from a checked local copy
     manifest = read_manifest(path)
     kind = manifest.get("kind")
     if pack is not None and sample is not None:
@@ -359,7 +361,9 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
     tok_manifest = manifest if kind == "tokenized" else None
     if kind == "packed":
         src = (manifest.get("source") or {}).get("path")
-        if src and is_output_dir(src) and tokenizer is None:
+        if src and is_url(src) and tokenizer is None:
+            tok_manifest = read_manifest(fetch_output(src))
+        elif src and is_output_dir(src) and tokenizer is None:
             tok_manifest = read_manifest(Path(src))
     dec = _Decoder(_resolve_tokenizer(manifest, tok_manifest, tokenizer), _template(manifest))
     media_cols = _MEDIA_LEAVES + (["media.list.element.sample_index"] if kind == "packed" else [])

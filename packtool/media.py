@@ -74,7 +74,8 @@ def open_image(source: Path | bytes | io.IOBase) -> Image.Image:
         SampleError: ``unsupported_media`` when the file is a format outside the allow-list
             (named when Pillow knows it), e.g. EPS; other failures propagate as Pillow raises them.
     """
-    fp = io.BytesIO(source) if isinstance(source, bytes) else source
+    # a remote file (a bucket --media-root) is read through ranged GETs, only as far as Pillow asks
+    fp = io.BytesIO(source) if isinstance(source, bytes) else source.open("rb") if _is_remote(source) else source
     try:
         return Image.open(fp, formats=IMAGE_FORMATS)
     except Image.UnidentifiedImageError:
@@ -93,13 +94,14 @@ def _other_format(source: Path | bytes | io.IOBase) -> str | None:
         head = source.read(64)
         source.seek(0)
     else:
-        with open(source, "rb") as fh:
+        with _open_rb(source) as fh:
             head = fh.read(64)
     if head.lstrip().startswith(_DOCUMENTS):
         return "a document (PDF, PostScript or SVG)"
     try:
         # header parsing only: no pixel is decoded and no plugin's external program runs
-        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as im:
+        with Image.open(io.BytesIO(source) if isinstance(source, bytes)
+                        else source.open("rb") if _is_remote(source) else source) as im:
             return f"{im.format} ({im.format_description})" if im.format else None
     except Exception:  # noqa: BLE001 - not an image Pillow knows either: a corrupt file
         return None
@@ -156,6 +158,8 @@ def resolve_media_path(path: str, media_root: Path) -> Path:
     ``..`` components, absolute paths elsewhere and symlinks that point outside the
     root all raise ``path_outside_root``; a path that does not exist raises ``missing_media``.
     """
+    if not isinstance(media_root, Path):  # a bucket: storage.RemoteRoot resolves keys the same way
+        return media_root.file(path)
     shown = path if len(path) <= 200 else f"{path[:200]}..."
     if "\x00" in path:
         raise SampleError("bad_record", f"media path {shown!r} holds a NUL byte, which no file name can")
@@ -222,11 +226,21 @@ class MediaPathResolver:
         return resolve_media_path(path, self.root)
 
 
+def _is_remote(source: object) -> bool:
+    """Whether ``source`` is a media object in a bucket (``storage.RemoteFile``)."""
+    return type(source).__name__ == "RemoteFile"
+
+
+def _open_rb(source):
+    """``source`` opened for reading: a local path with ``open``, a remote file with ranged reads."""
+    return source.open("rb") if _is_remote(source) else open(source, "rb")
+
+
 def _tail(source: Path | bytes, n: int = _TAIL) -> tuple[bytes, int]:
     if isinstance(source, bytes):
         return source[-n:], len(source)
     size = source.stat().st_size
-    with open(source, "rb") as fh:
+    with _open_rb(source) as fh:
         fh.seek(max(0, size - n))
         return fh.read(), size
 
@@ -252,7 +266,11 @@ def verify_complete(source: Path | bytes, fmt: str) -> None:
     if fmt == "GIF" and not tail.rstrip(b"\x00").endswith(b";"):
         raise SampleError("corrupt_image", f"truncated GIF: no trailer at the end of {size:,} bytes")
     if fmt == "WEBP":
-        head = source[:12] if isinstance(source, bytes) else open(source, "rb").read(12)
+        if isinstance(source, bytes):
+            head = source[:12]
+        else:
+            with _open_rb(source) as fh:
+                head = fh.read(12)
         riff = int.from_bytes(head[4:8], "little") + 8
         if riff > size:
             raise SampleError("corrupt_image", f"truncated WebP: RIFF header says {riff:,} bytes, file has {size:,}")
@@ -314,7 +332,7 @@ def _open_video(source: Path | bytes | str):
         head = source[:189]
     else:
         try:
-            with open(source, "rb") as fh:
+            with _open_rb(source) as fh:
                 head = fh.read(189)
         except OSError as exc:
             raise SampleError("corrupt_video", f"cannot open video: {exc.strerror}") from None
@@ -323,7 +341,10 @@ def _open_video(source: Path | bytes | str):
         raise SampleError("unsupported_media", f"not a video container packtool reads ({VIDEO_CONTAINERS}); "
                                                "convert the file, e.g. to MP4")
     try:
-        return av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source), format=demuxer)
+        if isinstance(source, bytes):
+            return av.open(io.BytesIO(source), format=demuxer)
+        # a remote file: PyAV reads it as a file object, each read one ranged GET of what it asks for
+        return av.open(source.open("rb") if _is_remote(source) else str(source), format=demuxer)
     except (av.error.FFmpegError, OSError, ValueError) as exc:
         raise SampleError("corrupt_video", f"cannot open video: {exc}") from None
 

@@ -43,6 +43,7 @@ from .errors import (
 from .executors import ExecutorConfig, run_tasks, set_total, worker_place
 from .formats import Rejected, expand_inputs, parse_json_line, parse_record
 from .mixture import Mixture
+from .publication import output_dir, publish_task, state_prepared, task_dir, task_target, tasks_ran
 from .shards import (
     ERRORS,
     LEGACY_ERRORS,
@@ -64,6 +65,17 @@ from .shards import (
     tmp_path,
     write_manifest,
     write_marker,
+)
+from .storage import (
+    as_root,
+    check_listed,
+    fetch_inputs,
+    fetch_manifest,
+    fetch_shard,
+    input_copy,
+    is_url,
+    join,
+    source_name,
 )
 
 __all__ = ["tokenize_dataset", "pack_dataset", "merge_output", "lower_bound", "plan_tokenize_tasks", "Slice",
@@ -297,6 +309,9 @@ def merge_output(out_dir: str | Path) -> dict:
     Raises:
         InputError: when a task has no completion marker (names the ranks to re-run).
     """
+    if is_url(str(out_dir)):
+        with output_dir(str(out_dir), None) as mirror:
+            return merge_output(mirror)
     out = Path(out_dir)
     run = read_run(out)
     digest = run["config_digest"]
@@ -386,7 +401,7 @@ def _at(path: str, cwd: str) -> str:
     directory (in-process, the local pool) opens the path unchanged, so messages that quote
     it read the same as before.
     """
-    if os.path.isabs(path) or os.path.abspath(cwd) == os.getcwd():
+    if is_url(path) or os.path.isabs(path) or os.path.abspath(cwd) == os.getcwd():
         return path
     return os.path.join(cwd, path)
 
@@ -537,9 +552,10 @@ def _slice_records(sl: Slice) -> Iterator[tuple[int, object]]:
 
 def _task_samples(task: _TokenizeTask) -> Iterator:
     for sl in task.slices:
-        at = _at(sl.path, task.cwd)  # rows keep the input's name as given for their source
+        path = input_copy(sl.path)  # an input fetched from a bucket, on another machine
+        at = _at(sl.path, task.cwd) if path == sl.path else path  # rows keep the input's name as given
         for row, rec in _slice_records(sl if at == sl.path else replace(sl, path=at)):
-            yield parse_record(rec, sl.path, row, task.cfg.format)
+            yield parse_record(rec, source_name(sl.path), row, task.cfg.format)
 
 
 _CONTEXTS: dict = {}
@@ -559,7 +575,7 @@ def _encode_context(cfg: TokenizeConfig):
                         fps=cfg.fps, max_crops=cfg.max_crops, max_num=cfg.max_num, exif=cfg.exif)
         template = get_template(cfg.template)
         tokenizer = load_tokenizer(cfg.tokenizer if cfg.tokenizer is not None else template.default_tokenizer)
-        ctx = EncodeContext(tokenizer, template, family, Path(cfg.media_root),
+        ctx = EncodeContext(tokenizer, template, family, as_root(cfg.media_root),
                             cfg.system_prompt, max_branches=cfg.max_branches, max_tokens=cfg.max_tokens,
                             reasoning_loss=cfg.reasoning_loss)
         _CONTEXTS.clear()
@@ -573,7 +589,7 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
     from .schema import TOKENIZED
     from .tokenization import tokenizer_path
 
-    out = Path(_at(task.out_dir, task.cwd))
+    out = task_dir(_at(task.out_dir, task.cwd))
     clear_task(out, task.index)
     own = tokenizer_path(task.cfg.tokenizer)  # a tokenizer file given relative to the driver's directory
     ctx = _encode_context(task.cfg if own is None or _at(own, task.cwd) == own
@@ -586,7 +602,7 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
         from .rows import group_by_media
 
         # merges records within this task (one input slice), never across tasks
-        stream = group_by_media(stream, Path(task.cfg.media_root), tree_counts)
+        stream = group_by_media(stream, as_root(task.cfg.media_root), tree_counts)
     try:
         with ShardWriter(out, TOKENIZED, rows_per_shard=task.cfg.rows_per_shard, prefix=task_prefix(task.index)) as writer:
             for batch in _batched(stream, BATCH):
@@ -596,6 +612,9 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
                         errors.add(item)
                     else:
                         samples.append(item)
+                if not isinstance(ctx.media_root, Path):  # a bucket: the batch's image headers fetched in parallel
+                    ctx.media_root.prefetch([r.path for s in samples for r in s.media
+                                             if r.kind == "image" and r.data is None and r.path])
                 rows, rejected = encode_samples(samples, ctx, tree_counts)
                 for rej in rejected:
                     errors.add(rej)
@@ -615,7 +634,7 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
               "merged_records": tree_counts["merged_records"]}
     record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts,
               "ran_on": worker_place()}
-    write_marker(out, task.index, record)
+    publish_task(task.out_dir, out, task.index, record)
     return record
 
 
@@ -654,15 +673,14 @@ def tokenize_dataset(
     """
     _check_on_error(on_error)
     ex = _executor(ex, workers, executor, ray_address, rank, world_size)
-    out = Path(out_dir)
-    files = expand_inputs([Path(p) for p in inputs])
-    if not Path(cfg.media_root).is_dir():
+    files = expand_inputs([Path(p) for p in fetch_inputs(inputs)])
+    if not as_root(cfg.media_root).is_dir():
         raise ConfigError(f"--media-root {cfg.media_root!r} is not a directory")
     # the manifest records the root as resolved here, so pack (run from anywhere) opens the same files
-    cfg = replace(cfg, media_root=str(Path(cfg.media_root).resolve()))
+    cfg = replace(cfg, media_root=str(as_root(cfg.media_root).resolve()))
     ctx = _encode_context(cfg)  # fails fast on a bad --model/--template/--tokenizer
     config = cfg.to_dict()
-    config["inputs"] = [str(f) for f in files]
+    config["inputs"] = [source_name(f) for f in files]
     digest = digest_of(config, exclude=("max_errors",))
     family = ctx.family
     manifest_extra = {
@@ -672,9 +690,10 @@ def tokenize_dataset(
         "template": ctx.template.settings(),
     }
     # what the plan depends on, known from a stat of each input: nothing is read yet
-    identity = {str(f): [st.st_size, st.st_mtime_ns] for f in files for st in (f.stat(),)}
+    identity = {source_name(f): [st.st_size, st.st_mtime_ns] for f in files for st in (f.stat(),)}
     key = digest_of({"plan_version": PLAN_VERSION, "config_digest": digest, "inputs": identity})
-    with run_lock(out, ex.rank):  # a second run of this rank into `out` is refused, naming this one
+    # a second run of this rank into the output is refused, naming this one
+    with output_dir(out_dir, ex.rank, overwrite) as out:
         with stored_plan(out, "tokenized", key, lambda plan: _tokenize_plan_ok(plan, identity)) as slot:
             if slot.plan is None:
                 slices, total = plan_tokenize_tasks(files, cfg.rows_per_shard)
@@ -689,17 +708,20 @@ def tokenize_dataset(
                    "manifest": manifest_extra, "max_errors": cfg.max_errors}
             done = prepare_run(out, run, overwrite)
             if done is not None:
-                log.info("%s already holds this run; nothing to do", out)
+                log.info("%s already holds this run; nothing to do", out_dir)
                 return done
+            state_prepared(out)
             slot.store({"kind": "tokenized", "key": key, "n_tasks": len(slices), "total": total,
                         "tasks": [[[sl.path, sl.start, sl.stop, sl.offset, list(sl.groups) if sl.groups else None]
                                    for sl in t] for t in slices]})
         driver = _Driver(out, digest, len(slices), ex, cfg.max_errors)
         todo, _ = driver.pending()
-        tasks = [_TokenizeTask(t, slices[t], str(out), cfg, digest, cfg.max_errors, on_error, os.getcwd()) for t in todo]
+        tasks = [_TokenizeTask(t, slices[t], task_target(out), cfg, digest, cfg.max_errors, on_error, os.getcwd())
+                 for t in todo]
         if total is not None:
             set_total(progress, sum(sum(s.stop - s.start for s in slices[t]) for t in todo))
         driver.run(_tokenize_task, tasks, todo, progress)
+        tasks_ran(out)
         return _finish_or_partial(out, run, ex)
 
 
@@ -749,10 +771,23 @@ def lower_bound(total_tokens: int, total_units: int, max_tokens: int, max_units:
     return max(a, b)
 
 
+def _prefetch_media(media_root, tables, where: np.ndarray) -> None:
+    """Fetch, in parallel, the image files a chunk of packs embeds from a bucket (rows ``where``
+    of ``tables``, as ``assemble_packs`` takes them), so embedding costs no round trip per image."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    media = pa.chunked_array([t.column("media") for t in tables]).combine_chunks().take(pa.array(where))
+    flat = pc.list_flatten(media)
+    paths = [p for k, p in zip(flat.field("kind").to_pylist(), flat.field("path").to_pylist(), strict=True)
+             if k == "image" and p]
+    media_root.prefetch(paths, whole=True)
+
+
 def _media_loader(media_root: Path, frame_quality: int = 90) -> Callable[[dict], list[bytes] | None]:
     from .media import MediaPathResolver
 
-    resolve = MediaPathResolver(media_root)
+    resolve = MediaPathResolver(media_root) if isinstance(media_root, Path) else media_root.file
 
     def load(m: dict) -> list[bytes] | None:
         if m.get("kind") == "image":
@@ -760,8 +795,7 @@ def _media_loader(media_root: Path, frame_quality: int = 90) -> Callable[[dict],
                 return [m["data"]]
             if m.get("path") is None:
                 raise SampleError("missing_media", "media item has neither a path nor inline bytes")
-            with open(resolve(m["path"]), "rb") as fh:
-                data = fh.read()
+            data = resolve(m["path"]).read_bytes()
             if m.get("size_bytes") is not None and len(data) != m["size_bytes"]:
                 # checked before planning; a file rewritten while this task ran is caught here
                 raise InputError(f"media file {m.get('path')!r} changed while pack was running ({len(data):,} bytes, "
@@ -945,12 +979,15 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
     time from a :class:`_RowStore`, so memory follows the chunk and the packing buffer,
     not the shard.
     """
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .packer import PackPlan, assemble_packs
-
-    cfg = task.cfg
+    if is_url(task.src_file):
+        # a shard in a bucket: this task fetches it (checked against the manifest's sha256) and drops it after
+        src = fetch_shard(task.src_file, task.entry)
+        try:
+            return _pack_shard(task, report, src, pq.ParquetFile(src, page_checksum_verification=True))
+        finally:
+            src.unlink(missing_ok=True)
     src = Path(_at(task.src_file, task.cwd))
     if task.entry is not None:
         # the whole file against the manifest's sha256 (a pass over bytes the task reads anyway):
@@ -958,12 +995,22 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
         pf = open_shard(src.parent, task.entry, sha256=True)
     else:
         pf = pq.ParquetFile(src, page_checksum_verification=True)
+    return _pack_shard(task, report, src, pf)
+
+
+def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -> dict:
+    """The pack task on its opened tokenized shard ``pf`` (read from ``src``)."""
+    import pyarrow as pa
+
+    from .packer import PackPlan, assemble_packs
+
+    cfg = task.cfg
     try:
         lengths = pf.read(columns=["n_tokens", "n_vision_units"], use_threads=False)
         tokens = lengths["n_tokens"].to_numpy()
         units = lengths["n_vision_units"].to_numpy()
         has_media = _has_media(pf)
-        bad = _media_problems(pf, Path(task.media_root), task.check_mtime)
+        bad = _media_problems(pf, as_root(task.media_root), task.check_mtime)
     except (pa.ArrowException, KeyError) as exc:
         raise shard_error(src, exc) from None
     plan = _plan_kept(tokens, units, has_media, bad, cfg, task.max_units)
@@ -982,7 +1029,7 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
     if task.out_dir is None:
         report(len(tokens))
         return {"task": task.index, "counts": counts, "plan": plan}
-    out = Path(_at(task.out_dir, task.cwd))
+    out = task_dir(_at(task.out_dir, task.cwd))
     clear_task(out, task.index)
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     try:
@@ -996,7 +1043,8 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
                 errors.add(Rejected(ids["source"][i].as_py(), ids["source_row"][i].as_py(), ids["sample_id"][i].as_py(),
                                     reason, message))
             report(len(plan.dropped) + len(bad))
-        loader = _media_loader(Path(task.media_root), cfg.frame_quality) if cfg.media == "embed" else None
+        root = as_root(task.media_root)
+        loader = _media_loader(root, cfg.frame_quality) if cfg.media == "embed" else None
         store = _RowStore(pf, never=sorted(set(plan.dropped) | set(bad)), file=src)
         truncated = set(plan.truncated)
         with ShardWriter(out, _packed_schema(), rows_per_shard=cfg.packs_per_shard, row_group_rows=PACKED_GROUP_ROWS,
@@ -1012,6 +1060,8 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
                 sub = PackPlan(where, plan.offsets[p0:p1 + 1] - plan.offsets[p0],
                                truncated=[int(where[k]) for k, r in enumerate(rows.tolist()) if r in truncated])
                 first = task.index * PACK_INDEX_STRIDE + p0
+                if loader is not None and not isinstance(root, Path):
+                    _prefetch_media(root, tables, where)
                 writer.write_table(assemble_packs(tables, sub, first, loader, cfg.max_tokens))
                 report(len(rows))
         errors.commit()
@@ -1020,7 +1070,7 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
         raise
     record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts,
               "ran_on": worker_place()}
-    write_marker(out, task.index, record)
+    publish_task(task.out_dir, out, task.index, record)
     return record
 
 
@@ -1079,17 +1129,22 @@ def pack_dataset(
     if isinstance(src, (list, tuple)):
         src = Mixture.from_rates(list(src)) if len(src) != 1 else src[0]
     if isinstance(src, Mixture):
+        if is_url(str(out_dir)) or any(is_url(str(s.path)) for s in src.sources):
+            raise ConfigError("a mixture reads and writes local directories only; copy the tokenized sources "
+                              "to a local or shared file system (or pack each bucket source on its own)")
         return _pack_mixture(src, Path(out_dir), cfg, progress, overwrite, dry_run, media_root, ex, max_errors, on_error)
-    src = Path(src)
-    out = Path(out_dir)
-    tok_manifest = read_manifest(src, "tokenized")
+    src_name = str(src)
+    remote_src = is_url(src_name)
+    # a bucket's tokenized shards are fetched by the tasks that read them, each checked by its sha256
+    src = src_name.rstrip("/") if remote_src else Path(src)
+    tok_manifest = fetch_manifest(src, "tokenized") if remote_src else read_manifest(src, "tokenized")
     max_units = cfg.max_vision_units
     if max_units is None:
         max_units = int(tok_manifest.get("vision", {}).get("default_max_vision_units") or 0)
     if cfg.text_weight < 1:
         raise ConfigError("--text-weight must be at least 1 so every sample has value to the packer")
-    counted_root = Path(str(tok_manifest["config"].get("media_root", "."))).resolve()
-    root = Path(media_root).resolve() if media_root is not None else counted_root
+    counted_root = as_root(str(tok_manifest["config"].get("media_root", "."))).resolve()
+    root = as_root(str(media_root)).resolve() if media_root is not None else counted_root
     # media read from another root are copies: their sizes must match, their times cannot
     check_mtime = root == counted_root
     config = {**cfg.to_dict(), "max_vision_units": max_units, "source_digest": tok_manifest["config_digest"]}
@@ -1098,10 +1153,13 @@ def pack_dataset(
     capacities = {"max_tokens": cfg.max_tokens, "max_vision_units": max_units}
 
     def make(t: int, out_dir: str | None) -> _PackTask:
-        return _PackTask(t, str(src / entries[t]["file"]), out_dir, cfg, max_units, str(root), digest, max_errors, on_error,
-                         check_mtime, entries[t], os.getcwd())
+        return _PackTask(t, str(join(src, entries[t]["file"])), out_dir, cfg, max_units, str(root), digest, max_errors,
+                         on_error, check_mtime, entries[t], os.getcwd())
 
     def check_shards() -> None:  # the cheap checks of every shard before any task starts (sha256 is per task)
+        if remote_src:  # one listing: every shard there, of its size
+            check_listed(src, entries)
+            return
         for entry in entries:
             open_shard(src, entry)
 
@@ -1119,13 +1177,13 @@ def pack_dataset(
                 "vision": tok_manifest.get("vision"), "shards": [], "plans": [r["plan"] for r in results]}
     manifest_extra = {"capacities": capacities, "tokenizer": tok_manifest.get("tokenizer"),
                       "vision": tok_manifest.get("vision"), "template": tok_manifest.get("template"),
-                      "source": {"path": str(src), "config_digest": tok_manifest["config_digest"]}}
+                      "source": {"path": src_name, "config_digest": tok_manifest["config_digest"]}}
     run = {"kind": "packed", "config": config, "config_digest": digest, "world_size": ex.world_size,
            "n_tasks": len(entries), "tasks_digest": digest_of({"shards": [e["file"] for e in entries]}),
            "inputs": {e["file"]: e["sha256"] for e in entries}, "manifest": manifest_extra, "max_errors": max_errors}
     files = [e["file"] for e in entries]
     key = digest_of({"plan_version": PLAN_VERSION, "config_digest": digest, "inputs": run["inputs"], "tasks": files})
-    with run_lock(out, ex.rank):
+    with output_dir(out_dir, ex.rank, overwrite) as out:
         # one task per tokenized shard: the plan is the list of shards, checked once per run
         with stored_plan(out, "packed", key, lambda plan: plan.get("tasks") == files) as slot:
             if slot.plan is None:
@@ -1133,11 +1191,13 @@ def pack_dataset(
             done = prepare_run(out, run, overwrite)
             if done is not None:
                 return done
+            state_prepared(out)
             slot.store({"kind": "packed", "key": key, "n_tasks": len(files), "tasks": files})
         driver = _Driver(out, digest, len(entries), ex, max_errors)
         todo, _ = driver.pending()
         set_total(progress, sum(entries[t]["rows"] for t in todo))
-        driver.run(_pack_task, [make(t, str(out)) for t in todo], todo, progress)
+        driver.run(_pack_task, [make(t, task_target(out)) for t in todo], todo, progress)
+        tasks_ran(out)
         return _finish_or_partial(out, run, ex)
 
 

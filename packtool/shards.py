@@ -823,11 +823,18 @@ def read_marker(out_dir: Path, task: int, config_digest: str) -> dict | None:
     shards = record.get("shards")
     if not isinstance(shards, list) or not isinstance(record.get("counts"), dict):
         return None
+    from .publication import listed_sizes
+
+    listed = listed_sizes(out_dir)  # the shards' sizes in the bucket when out_dir mirrors one
     for s in shards:
         # a marker naming anything but its own task's shards marks nothing: the task is redone
         if not isinstance(s, dict) or not isinstance(s.get("file"), str) or shard_name_problem(s["file"]) \
                 or not s["file"].startswith(task_prefix(task) + "-"):
             return None
+        if listed is not None:
+            if listed.get(s["file"]) != s.get("bytes"):
+                return None
+            continue
         f = Path(out_dir) / s["file"]
         if f.is_symlink() or not f.is_file() or f.stat().st_size != s.get("bytes"):
             return None

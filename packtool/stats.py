@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from .errors import ConfigError, InputError
 from .pipeline import lower_bound
 from .shards import errors_path, is_output_dir, read_manifest, read_shard
+from .storage import fetch_output, is_url, source_name
 
 __all__ = [
     "STATS_VERSION",
@@ -263,6 +264,11 @@ def _find_source(packed: Path, manifest: dict) -> Path | None:
     src = (manifest.get("source") or {}).get("path")
     if not src:
         return None
+    if is_url(src):
+        try:
+            return fetch_output(src, "tokenized")
+        except InputError:  # moved or removed since: stats go on without it
+            return None
     for cand in (Path(src), packed / src):
         if is_output_dir(cand):
             return cand
@@ -281,13 +287,13 @@ def load_stats_data(path: str | Path, packed: str | Path | None = None) -> Stats
     Raises:
         InputError: a directory is not a finished packtool output, or the pair does not match.
     """
-    path = Path(path)
+    path = fetch_output(path)  # a bucket's output is read from a checked local copy
     first = read_manifest(path)
     if packed is not None:
         if first.get("kind") != "tokenized":
             raise InputError(f"{str(path)!r} holds {first.get('kind')} shards; `stats TOKENIZED PACKED` takes the tokenized directory first")
         tok_path, tok_manifest = path, first
-        packed_path = Path(packed)
+        packed_path = fetch_output(packed)
         packed_manifest = read_manifest(packed_path, "packed")
         if "mixture" in packed_manifest:
             raise InputError(f"{str(packed_path)!r} is a mixture of {len(packed_manifest['mixture']['sources'])} "
@@ -349,7 +355,7 @@ def plan_stats_data(tokenized: str | Path, result: dict) -> StatsData:
     Pack loads come from each shard's plan over the tokenized length columns; truncated
     samples count ``max_tokens`` tokens, as the packer would cut them.
     """
-    tokenized = Path(tokenized)
+    tokenized = fetch_output(tokenized)
     data = StatsData("plan")
     tok_manifest = read_manifest(tokenized, "tokenized")
     _load_tokenized(data, tokenized, tok_manifest)
@@ -523,8 +529,8 @@ def summarize(data: StatsData) -> dict:
     return {
         "stats_version": STATS_VERSION,
         "kind": data.kind,
-        "tokenized": str(data.tokenized_path) if data.tokenized_path is not None else None,
-        "packed": str(data.packed_path) if data.packed_path is not None else None,
+        "tokenized": source_name(data.tokenized_path) if data.tokenized_path is not None else None,
+        "packed": source_name(data.packed_path) if data.packed_path is not None else None,
         "capacities": caps,
         "vision_unit": vision.get("unit"),
         "rows_in": int(tc["rows_in"]) if "rows_in" in tc else None,

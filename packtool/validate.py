@@ -266,10 +266,13 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
     """
     import pyarrow.parquet as pq
 
-    path = Path(path)
+    from .storage import fetch_output
+
     problems = _Problems(max_problems)
     report = {"ok": False, "path": str(path), "kind": None, "shards": 0, "rows": 0, "problems": problems.items}
     try:
+        # a bucket's output: every shard fetched and checked against the manifest's sha256 first
+        path = fetch_output(path)
         manifest = read_manifest(path)
     except InputError as exc:
         problems.add(MANIFEST, str(exc))

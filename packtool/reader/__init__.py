@@ -114,6 +114,15 @@ class PackedDataset:
             verified, so a damaged page raises instead of decoding to wrong values.
         drop_last: when the pack count does not divide ``world_size``, drop the tail
             (``True``) instead of padding by repeating the epoch's first packs (``False``).
+        cache_bytes: with ``path`` a bucket URL (``s3://...``, ``gs://...``): the most bytes of row
+            groups kept in the local cache (``PACKTOOL_CACHE``, default ``~/.cache/packtool``),
+            least recently used out first. Row groups are streamed: each is fetched whole with
+            one ranged GET, up to ``prefetch`` groups ahead of the one being read. Order, the
+            rank/worker split and resume are those of a local directory; each shard's size in the
+            bucket is checked against the manifest when first opened and every page's CRC32 as it
+            is read (``verify``'s whole-file sha256 applies to local shards). The cap may be passed
+            by the ``prefetch + 2`` newest groups, which are never evicted.
+        prefetch: row groups fetched ahead of the reader (bucket URLs).
 
     Raises:
         InputError: no manifest, wrong kind, a shard missing or of the wrong size.
@@ -130,6 +139,8 @@ class PackedDataset:
         seed: int = 0,
         verify: bool = False,
         drop_last: bool = False,
+        cache_bytes: int = 4 << 30,
+        prefetch: int = 4,
     ) -> None:
         if world_size < 1:
             raise ConfigError(f"world_size must be at least 1, got {world_size}")
@@ -137,8 +148,15 @@ class PackedDataset:
             raise ConfigError(f"rank {rank} is outside 0..{world_size - 1} for world_size {world_size}")
         if seed < 0:
             raise ConfigError(f"seed must be non-negative, got {seed}")
-        self.path = Path(path)
-        self.manifest = read_manifest(self.path, "packed")
+        from ..storage import fetch_manifest, is_url
+
+        # a bucket URL stays a string; its row groups stream through a GroupCache made in each process
+        self.url = str(path).rstrip("/") if is_url(str(path)) else None
+        self.path = self.url if self.url is not None else Path(path)
+        self.manifest = fetch_manifest(self.url, "packed") if self.url is not None else read_manifest(self.path, "packed")
+        self.cache_bytes = cache_bytes
+        self.prefetch = prefetch
+        self._cache = None  # (pid, GroupCache): threads and locks do not cross a fork or a pickle
         self.rank = rank
         self.world_size = world_size
         self.shuffle = shuffle
@@ -307,19 +325,26 @@ class PackedDataset:
         where = self._locate(epoch, self._global(local))
         current: tuple[int, int] | None = None
         group: _Group | None = None
-        for shard, g, row in where:
-            if (shard, g) != current:
-                group = None  # release the previous group before reading the next
-                file = self._file(shard)
-                try:
-                    table = self._open(shard).read_row_group(g)
-                except (OSError, ValueError) as exc:  # pyarrow's errors derive from these
-                    raise _corrupt(file, exc) from None
-                group = _Group(table, file)
-                current = (shard, g)
-            out = group.row(row)
-            out["vision"] = self._vision  # the family settings: what packtool.reader.hf builds model inputs from
-            yield out
+        ahead = self._prefetcher(epoch, local) if self.url is not None else None
+        try:
+            for shard, g, row in where:
+                if (shard, g) != current:
+                    group = None  # release the previous group before reading the next
+                    file = self._file(shard)
+                    try:
+                        table = self._read_group(shard, g)
+                    except (OSError, ValueError) as exc:  # pyarrow's errors derive from these
+                        raise _corrupt(file, exc) from None
+                    group = _Group(table, file)
+                    if current is not None and ahead is not None:
+                        ahead.advance()
+                    current = (shard, g)
+                out = group.row(row)
+                out["vision"] = self._vision  # the family settings: what packtool.reader.hf builds model inputs from
+                yield out
+        finally:
+            if ahead is not None:
+                ahead.close()
 
     # ---- shards
 
@@ -329,8 +354,49 @@ class PackedDataset:
     def _perm(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.permutation(n) if self.shuffle else np.arange(n)
 
-    def _file(self, shard: int) -> Path:
+    def _file(self, shard: int) -> Path | str:
+        if self.url is not None:
+            return f"{self.url}/{self._shards[shard]['file']}"
         return self.path / self._shards[shard]["file"]
+
+    # ---- shards in a bucket
+
+    def _group_cache(self):
+        from .cache import GroupCache
+
+        if self._cache is None or self._cache[0] != os.getpid():
+            self._cache = (os.getpid(), GroupCache(self.cache_bytes, keep=self.prefetch + 2))
+        return self._cache[1]
+
+    def _remote(self, shard: int) -> tuple[str, int, str]:
+        entry = self._shards[shard]
+        return self._file(shard), int(entry["bytes"]), str(entry["sha256"])
+
+    def _read_group(self, shard: int, group: int):
+        if self.url is None:
+            return self._open(shard).read_row_group(group)
+        pf = pq.ParquetFile(self._group_cache().path(*self._remote(shard), group), page_checksum_verification=True)
+        if pf.metadata.num_rows != int(self._shards[shard]["rows"]):
+            raise InputError(f"shard {self._file(shard)!r} holds {pf.metadata.num_rows} rows but {MANIFEST} says "
+                             f"{self._shards[shard]['rows']}; re-run packtool pack")
+        return pf.read_row_group(group)
+
+    def _prefetcher(self, epoch: int, local: np.ndarray):
+        from .cache import Prefetcher
+
+        def groups() -> Iterator[tuple[str, int, str, int]]:
+            last = None
+            for shard, g, _ in self._locate(epoch, self._global(local)):
+                if (shard, g) != last:
+                    last = (shard, g)
+                    yield (*self._remote(shard), g)
+
+        return Prefetcher(self._group_cache(), groups(), ahead=self.prefetch)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_cache"] = None
+        return state
 
     def _open(self, shard: int) -> pq.ParquetFile:
         file = self._file(shard)
@@ -361,7 +427,7 @@ class PackedDataset:
 
     def _group_rows(self, shard: int) -> np.ndarray:
         if shard not in self._groups:
-            md = self._open(shard).metadata
+            md = self._group_cache().metadata(*self._remote(shard)) if self.url is not None else self._open(shard).metadata
             self._groups[shard] = np.array([md.row_group(i).num_rows for i in range(md.num_row_groups)], dtype=np.int64)
         return self._groups[shard]
 

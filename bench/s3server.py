@@ -1,0 +1,99 @@
+"""A real S3-compatible server on localhost for the tests and the storage benchmark.
+
+moto's server mode (``pip install 'moto[server]'``) runs as its own process on a free port,
+the way s3fs's own test suite runs it: the client under test talks HTTP to it exactly as to
+S3 or MinIO (signing, ranged GETs, multipart uploads, conditional puts), nothing is patched
+in the process. :func:`s3_server` waits a bounded time for the port, yields the endpoint and
+the environment a packtool subprocess needs, and always stops the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+#: Fake credentials: moto accepts any; real stores never see these.
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint: str
+    env: dict[str, str]  # os.environ plus the endpoint and credentials, for subprocesses
+
+    def client(self):
+        """A boto3 client of this server (buckets are made with it)."""
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"moto server exited with {proc.returncode} before listening")
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"moto server did not listen on port {port} within {timeout_s:.0f} s")
+
+
+@contextlib.contextmanager
+def s3_server(timeout_s: float = 30.0) -> Iterator[S3Server]:
+    """Run ``python -m moto.server`` on a free localhost port for the duration of the block.
+
+    The variables packtool reads (``AWS_ENDPOINT_URL``, credentials) are set in this process
+    for the block and restored afterwards; ``server.env`` carries them to subprocesses.
+    """
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    saved = {k: os.environ.get(k) for k in (*CREDENTIALS, "AWS_ENDPOINT_URL")}
+    try:
+        _wait_for_port(port, proc, timeout_s)
+        endpoint = f"http://127.0.0.1:{port}"
+        os.environ.update(CREDENTIALS, AWS_ENDPOINT_URL=endpoint)
+        from packtool import storage
+
+        storage._FILESYSTEMS.clear()  # file systems made before the endpoint was set
+        yield S3Server(endpoint, {**os.environ})
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def upload_dir(client, local, bucket: str, prefix: str) -> int:
+    """Copy every file under ``local`` to ``s3://bucket/prefix/...``; returns the file count."""
+    from pathlib import Path
+
+    n = 0
+    for f in sorted(Path(local).rglob("*")):
+        if f.is_file():
+            client.upload_file(str(f), bucket, f"{prefix}/{f.relative_to(local).as_posix()}")
+            n += 1
+    return n

@@ -1,0 +1,281 @@
+"""The reader's local cache of a bucket's shards: row groups fetched whole, kept within a byte cap.
+
+Used by :class:`~packtool.reader.PackedDataset` when its path is an ``s3://`` or ``gs://`` URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import InputError
+from ..storage import RequestCounter, cache_dir, filesystem, storage_errors
+
+__all__ = ["GroupCache", "Prefetcher"]
+
+
+class GroupCache:
+    """Row groups of remote shards on local disk, within ``max_bytes``, least recently used out first.
+
+    Each shard is cached as a sparse local file of its full size: the footer and every row group
+    fetched so far are written at their own offsets (one ranged GET per group, by the reader or by
+    a :class:`Prefetcher` running ahead of it), the rest is holes that take no disk. pyarrow then
+    reads a cached group natively, as fast as from a local shard. ``NAME.have`` lists the groups
+    present; files are named by the shard's sha256, so a cache is shared by every URL holding the
+    same shard and survives restarts. An evicted group's bytes are given back to the file system
+    (a punched hole, or the whole file where holes cannot be punched).
+
+    Example:
+        >>> cache = GroupCache(max_bytes=2 << 30)                                  # doctest: +SKIP
+        >>> pq.ParquetFile(cache.path(url, size, sha256, group=0)).read_row_group(0)
+    """
+
+    def __init__(self, max_bytes: int = 4 << 30, directory: Path | None = None, keep: int = 6) -> None:
+        self.max_bytes = max_bytes
+        #: the newest groups are never evicted: the one being read and those prefetched after it
+        #: (so the cap may be passed by up to ``keep`` groups)
+        self.keep = max(1, keep)
+        self.dir = directory or cache_dir() / "reader"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._lru: OrderedDict[tuple[str, int], int] = OrderedDict()  # (name, group or -1 = footer) -> bytes
+        self._inflight: dict[tuple[str, int], threading.Event] = {}
+        self._footers: dict[str, tuple[int, list[tuple[int, int]]]] = {}  # name -> (footer start, group spans)
+        for have in sorted(self.dir.glob("*.have"), key=lambda f: f.stat().st_mtime):  # a warm cache
+            for key, n in self._read_have(have.stem).items():
+                self._lru[(have.stem, key)] = n
+        self._evict()
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(self._lru.values())
+
+    @staticmethod
+    def _name(sha256: str) -> str:
+        return sha256[:32]
+
+    def _read_have(self, name: str) -> dict[int, int]:
+        """Groups present in the cached file ``name`` (``-1``: the footer) and their sizes."""
+        try:
+            lines = (self.dir / f"{name}.have").read_text().split()
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for line in lines:
+            g, _, n = line.partition(":")
+            if g.lstrip("-").isdigit() and n.isdigit():
+                out[int(g)] = int(n)
+        return out
+
+    def _write(self, name: str, size: int, offset: int, data: bytes, key: int) -> None:
+        """Write ``data`` at ``offset`` of the sparse file, then record it present (in that order,
+        so a crash between the two only costs a second fetch)."""
+        fd = os.open(self.dir / f"{name}.parquet", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size != size:
+                os.ftruncate(fd, size)
+            os.pwrite(fd, data, offset)
+        finally:
+            os.close(fd)
+        with open(self.dir / f"{name}.have", "a") as fh:  # one short line: appends do not interleave
+            fh.write(f"{key}:{len(data)}\n")
+        with self._lock:
+            self._lru[(name, key)] = len(data)
+            self._lru.move_to_end((name, key))
+        self._evict()
+
+    def _ensure(self, name: str, key: int, fetch) -> None:
+        """Make part ``key`` of ``name`` present, fetching it once however many threads ask."""
+        while True:
+            with self._lock:
+                if (name, key) in self._lru:
+                    self._lru.move_to_end((name, key))
+                    return
+                wait = self._inflight.get((name, key))
+                if wait is None:
+                    self._inflight[(name, key)] = threading.Event()
+                    break
+            wait.wait()
+        try:
+            if key not in self._read_have(name):  # another process may have fetched it
+                fetch()
+            else:
+                with self._lock:
+                    self._lru[(name, key)] = self._read_have(name)[key]
+        finally:
+            with self._lock:
+                self._inflight.pop((name, key)).set()
+
+    def footer(self, url: str, size: int, sha256: str) -> tuple[int, list[tuple[int, int]]]:
+        """``(footer start, [(start, end) of each row group])`` of a shard, its footer made present."""
+        name = self._name(sha256)
+        got = self._footers.get(name)
+        if got is not None and (name, -1) in self._lru:
+            return got
+
+        def fetch() -> None:
+            tail = self._fetch_footer(url, size)
+            self._write(name, size, size - len(tail), tail, -1)
+
+        self._ensure(name, -1, fetch)
+        import pyarrow.parquet as pq
+
+        meta = pq.ParquetFile(self.dir / f"{name}.parquet").metadata
+        spans = []
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            chunks = [rg.column(i) for i in range(rg.num_columns)]
+            starts = [c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in chunks]
+            spans.append((int(min(starts)), int(max(s + c.total_compressed_size for s, c in zip(starts, chunks, strict=True)))))
+        got = (size - self._read_have(name).get(-1, 0), spans)
+        self._footers[name] = got
+        return got
+
+    def _fetch_footer(self, url: str, size: int) -> bytes:
+        fs, path = filesystem(url)
+        n = min(size, 64 << 10)
+        with storage_errors(url):
+            try:
+                actual = int(fs.info(path)["size"])
+            except FileNotFoundError:
+                raise InputError(f"shard {url!r} is listed in the manifest but missing; re-run packtool pack") from None
+            RequestCounter.add(0)
+            if actual != size:
+                raise InputError(f"shard {url!r} is {actual:,} bytes but the manifest says {size:,}; it was "
+                                 "replaced or modified: re-run packtool pack")
+            tail = fs.cat_file(path, start=size - n, end=size)
+            RequestCounter.add(len(tail))
+            meta_len = int.from_bytes(tail[-8:-4], "little")
+            if tail[-4:] != b"PAR1" or meta_len + 8 > size:
+                raise InputError(f"shard {url!r} is not a Parquet file (its footer is damaged); re-run packtool pack")
+            if meta_len + 8 > n:
+                tail = fs.cat_file(path, start=size - meta_len - 8, end=size)
+                RequestCounter.add(len(tail))
+        return tail
+
+    def metadata(self, url: str, size: int, sha256: str):
+        """The Parquet footer of a shard (row group sizes), from the cache or one or two ranged GETs."""
+        import pyarrow.parquet as pq
+
+        self.footer(url, size, sha256)
+        return pq.ParquetFile(self.dir / f"{self._name(sha256)}.parquet").metadata
+
+    def fetch_group(self, url: str, size: int, sha256: str, group: int) -> None:
+        """Make row group ``group`` of the shard present (one ranged GET when it is not)."""
+        name = self._name(sha256)
+        _, spans = self.footer(url, size, sha256)
+        lo, hi = spans[group]
+
+        def fetch() -> None:
+            fs, path = filesystem(url)
+            with storage_errors(url):
+                data = fs.cat_file(path, start=lo, end=hi)
+            RequestCounter.add(len(data))
+            self._write(name, size, lo, data, group)
+
+        self._ensure(name, group, fetch)
+
+    def path(self, url: str, size: int, sha256: str, group: int) -> Path:
+        """The local sparse file of the shard, with its footer and row group ``group`` present."""
+        self.fetch_group(url, size, sha256, group)
+        return self.dir / f"{self._name(sha256)}.parquet"
+
+    def _evict(self) -> None:
+        while True:
+            with self._lock:
+                groups = [k for k in self._lru if k[1] >= 0]
+                if sum(self._lru.values()) <= self.max_bytes or len(groups) <= self.keep:
+                    return
+                name, g = groups[0]  # the least recently used group (footers go with their file)
+                n = self._lru.pop((name, g))
+                _, spans = self._footers.get(name, (0, []))
+                last = not any(k[0] == name and k[1] >= 0 for k in self._lru)
+                if last:
+                    self._lru.pop((name, -1), None)
+                    self._footers.pop(name, None)
+            if last or not spans or not _punch_hole(self.dir / f"{name}.parquet", spans[g][0], n):
+                with self._lock:  # no hole to punch: the whole file goes
+                    for k in [k for k in self._lru if k[0] == name]:
+                        self._lru.pop(k)
+                    self._footers.pop(name, None)
+                (self.dir / f"{name}.have").unlink(missing_ok=True)
+                (self.dir / f"{name}.parquet").unlink(missing_ok=True)
+                continue
+            have = self._read_have(name)
+            have.pop(g, None)
+            tmp = self.dir / f".{name}.have.{os.getpid()}.{threading.get_ident()}.tmp"
+            tmp.write_text("".join(f"{k}:{v}\n" for k, v in have.items()))
+            os.replace(tmp, self.dir / f"{name}.have")
+
+
+def _punch_hole(file: Path, offset: int, length: int) -> bool:
+    """Give ``length`` bytes at ``offset`` of ``file`` back to the file system, keeping its size
+    (``fallocate(PUNCH_HOLE | KEEP_SIZE)``); ``False`` where that is not available."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        fd = os.open(file, os.O_RDWR)
+    except (OSError, AttributeError):
+        return False
+    try:
+        return libc.fallocate(fd, 0x03, ctypes.c_long(offset), ctypes.c_long(length)) == 0
+    except AttributeError:  # no fallocate in this C library (not Linux)
+        return False
+    finally:
+        os.close(fd)
+
+
+class Prefetcher:
+    """Fetches row groups into a :class:`GroupCache` ahead of the reader, never more than
+    ``ahead`` groups beyond the one it reads (:meth:`advance` moves that on), on ``threads``
+    threads; :meth:`close` stops it (the reader stopped early, or finished).
+
+    ``items`` are ``(url, size, sha256, group)`` in reading order. A failed fetch is left for
+    the reader, which fetches the group itself and raises the error where it can be seen.
+    """
+
+    def __init__(self, cache: GroupCache, items: Iterator[tuple[str, int, str, int]], ahead: int = 4,
+                 threads: int = 4) -> None:
+        self.cache = cache
+        self.ahead = max(1, ahead)
+        self._items = enumerate(items)
+        self._next = threading.Lock()  # planning may fetch footers: never under the condition's lock
+        self._cond = threading.Condition()
+        self._used = 0
+        self._stop = False
+        self._threads = [threading.Thread(target=self._run, name="packtool-prefetch", daemon=True)
+                         for _ in range(max(1, min(threads, self.ahead)))]
+        for t in self._threads:
+            t.start()
+
+    def _run(self) -> None:
+        while not self._stop:
+            with self._next:
+                try:
+                    k, item = next(self._items)
+                except StopIteration:
+                    return
+                except Exception:  # noqa: BLE001 - planning failed (a damaged footer): the reader reports it
+                    return
+            with self._cond:
+                self._cond.wait_for(lambda k=k: self._stop or k < self._used + self.ahead)
+                if self._stop:
+                    return
+            with contextlib.suppress(Exception):
+                self.cache.fetch_group(*item)
+
+    def advance(self) -> None:
+        with self._cond:
+            self._used += 1
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()

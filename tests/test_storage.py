@@ -1,0 +1,411 @@
+"""Object storage: every path a URL, against a real S3-compatible server process.
+
+The server is moto's server mode started as its own process on a free localhost port
+(``bench/s3server.py``); the CLI runs as subprocesses that reach it over HTTP the way they
+would reach S3 or MinIO. gs:// is covered by URL and option tests only (no fake GCS server).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.corpus import make_corpus  # noqa: E402
+from bench.s3server import s3_server, upload_dir  # noqa: E402
+from packtool import storage  # noqa: E402
+from packtool.errors import ConfigError, SampleError  # noqa: E402
+from packtool.media import probe_image, probe_video  # noqa: E402
+from packtool.reader import PackedDataset  # noqa: E402
+from tests.video_fixtures import write_video  # noqa: E402
+
+BUCKET = "data"
+#: Rows per tokenized shard and packs per packed shard: several tasks and shards from a small corpus.
+TOK_FLAGS = ["--rows-per-shard", "100", "--workers", "2", "--quiet"]
+PACK_FLAGS = ["--max-tokens", "4096", "--packs-per-shard", "20", "--workers", "2", "--quiet"]
+
+
+# --------------------------------------------------------------------------- without a server
+
+
+def test_urls_are_recognised_and_split():
+    assert storage.is_url("s3://b/p") and storage.is_url("gs://b/p")
+    assert not storage.is_url("tok") and not storage.is_url("file:///tmp/x") and not storage.is_url(Path("s3/x"))
+    assert storage.split_url("s3://data/corpus/tok/") == ("s3", "data", "corpus/tok")
+    assert storage.split_url("gs://data") == ("gs", "data", "")
+    assert storage.join("s3://b/tok/", ".packtool/manifest.json") == "s3://b/tok/.packtool/manifest.json"
+    assert storage.join("tok", ".packtool") == Path("tok/.packtool")
+    with pytest.raises(ConfigError, match="s4://b/x.*use one of those"):
+        storage.is_url("s4://b/x")
+    with pytest.raises(ConfigError, match="names no bucket"):
+        storage.split_url("s3:///key")
+
+
+def test_storage_options_parse_nested_and_typed_values(monkeypatch):
+    monkeypatch.setenv(storage.OPTIONS_ENV, "{}")  # restored afterwards: set_options writes the environment
+    got = storage.set_options(["endpoint_url=http://127.0.0.1:9000", "anon=false",
+                               "client_kwargs.region_name=eu-west-1", "config_kwargs.retries.max_attempts=2"])
+    assert got == {"endpoint_url": "http://127.0.0.1:9000", "anon": False, "client_kwargs": {"region_name": "eu-west-1"},
+                   "config_kwargs": {"retries": {"max_attempts": 2}}}
+    assert storage.storage_options() == got  # kept in the environment, so pool workers see them
+    with pytest.raises(ConfigError, match="write KEY=VALUE"):
+        storage.set_options(["endpoint_url"])
+    monkeypatch.setenv(storage.OPTIONS_ENV, "[1]")
+    with pytest.raises(ConfigError, match="not a JSON object"):
+        storage.storage_options()
+
+
+def test_gs_urls_need_gcsfs_or_get_its_file_system(monkeypatch):
+    monkeypatch.setenv(storage.OPTIONS_ENV, "{}")  # restored afterwards: set_options writes the environment
+    try:
+        import gcsfs  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match=r"needs the gcsfs package; pip install 'packtool\[gcs\]'"):
+            storage.filesystem("gs://bucket/tok")
+    else:
+        fs, path = storage.filesystem("gs://bucket/tok")
+        assert "gs" in fs.protocol and path == "bucket/tok"
+
+
+def test_source_names_map_fetched_copies_back_to_their_urls(monkeypatch, tmp_path):
+    monkeypatch.setenv(storage.CACHE_ENV, str(tmp_path))
+    assert storage.source_name(tmp_path / "inputs" / "s3" / "data" / "corpus" / "a.jsonl") == "s3://data/corpus/a.jsonl"
+    assert storage.source_name("corpus/a.jsonl") == "corpus/a.jsonl"
+
+
+# --------------------------------------------------------------------------- the server
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with s3_server() as server:
+        server.client().create_bucket(Bucket=BUCKET)
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(storage.CACHE_ENV, str(tmp_path / "cache"))
+
+
+def cli(s3, *args: str, cache: Path, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    run_env = {**(env or s3.env), storage.CACHE_ENV: str(cache)}
+    r = subprocess.run([sys.executable, "-m", "packtool", *args], env=run_env, capture_output=True, text=True,
+                       timeout=300)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def objects(s3, prefix: str) -> dict[str, bytes]:
+    client = s3.client()
+    out = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix + "/"):
+        for o in page.get("Contents", []):
+            out[o["Key"][len(prefix) + 1:]] = client.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(s3, tmp_path_factory):
+    """A corpus of 600 records (images) plus two video records, local and in s3://data/corpus."""
+    root = tmp_path_factory.mktemp("corpus")
+    make_corpus(root, 600, seed=15)
+    (root / "videos").mkdir()
+    write_video(root / "videos" / "clip.mp4", 45, fps=15, size=(96, 64))
+    with open(root / "data.jsonl", "a", encoding="utf-8") as fh:
+        for i in range(2):
+            fh.write(json.dumps({"id": f"v{i}", "video": "videos/clip.mp4", "conversations": [
+                {"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": f"Grey frames {i}."}]}) + "\n")
+    upload_dir(s3.client(), root, BUCKET, "corpus")
+    return root
+
+
+@pytest.fixture(scope="module")
+def local_run(s3, corpus, tmp_path_factory):
+    """The reference: the same commands on local paths."""
+    base = tmp_path_factory.mktemp("local")
+    cache = base / "cache"
+    cli(s3, "tokenize", str(corpus / "data.jsonl"), "--media-root", str(corpus), "-o", str(base / "tok"), *TOK_FLAGS,
+        cache=cache)
+    cli(s3, "pack", str(base / "tok"), "-o", str(base / "packed"), *PACK_FLAGS, cache=cache)
+    return base
+
+
+@pytest.fixture(scope="module")
+def bucket_run(s3, corpus, local_run, tmp_path_factory):
+    """tokenize -> pack with inputs, media and outputs all in the bucket."""
+    cache = tmp_path_factory.mktemp("bucket") / "cache"
+    tok = cli(s3, "tokenize", f"s3://{BUCKET}/corpus/data.jsonl", "--media-root", f"s3://{BUCKET}/corpus",
+              "-o", f"s3://{BUCKET}/tok", *TOK_FLAGS, "--json", cache=cache)
+    pack = cli(s3, "pack", f"s3://{BUCKET}/tok", "-o", f"s3://{BUCKET}/packed", *PACK_FLAGS, "--json", cache=cache)
+    return json.loads(tok.stdout), json.loads(pack.stdout), cache
+
+
+def _media_but_times(table) -> list:
+    """The media column without ``mtime_ns`` (an object's time is its upload time, not the file's)."""
+    return [[{k: v for k, v in m.items() if k != "mtime_ns"} for m in row] for row in table["media"].to_pylist()]
+
+
+def _manifest_shards(manifest: dict) -> list[tuple]:
+    return [(s["file"], s["rows"], s["bytes"], s["sha256"]) for s in manifest["shards"]]
+
+
+@pytest.mark.slow  # about 30 s: two tokenize and two pack runs of the real CLI, a server process
+def test_bucket_pipeline_writes_the_bytes_of_a_local_run(s3, corpus, local_run, bucket_run):
+    tok_json, pack_json, _ = bucket_run
+    local_tok = json.loads((local_run / "tok" / ".packtool" / "manifest.json").read_text())
+    local_packed = json.loads((local_run / "packed" / ".packtool" / "manifest.json").read_text())
+    assert tok_json["rows_in"] == 602 and tok_json["samples"] == local_tok["counts"]["samples"]
+    assert pack_json["packs"] == local_packed["counts"]["packs"] > 10
+
+    # packed shards: the same bytes, object for object
+    packed = objects(s3, "packed")
+    remote_manifest = json.loads(packed[".packtool/manifest.json"])
+    assert _manifest_shards(remote_manifest) == _manifest_shards(local_packed)
+    shards = sorted(n for n in packed if n.startswith("part-"))
+    assert shards == sorted(s["file"] for s in local_packed["shards"]) and len(shards) > 3
+    for name in shards:
+        assert packed[name] == (local_run / "packed" / name).read_bytes(), name
+    # rejected rows name their input by URL where the local run names its path
+    local_errors = (local_run / "packed" / ".packtool" / "errors.jsonl").read_text()
+    assert local_errors.count('"reason": "oversize"') >= 1
+    assert packed[".packtool/errors.jsonl"].decode() == local_errors.replace(str(corpus / "data.jsonl"),
+                                                                           f"s3://{BUCKET}/corpus/data.jsonl")
+    # nothing but the run's own objects: no lease left, no temporaries
+    assert not [n for n in packed if "lease" in n or n.endswith(".tmp")]
+
+    # tokenized shards: the same rows; only the recorded source (a URL) and media times differ
+    tok = objects(s3, "tok")
+    for s in local_tok["shards"]:
+        a = pq.read_table(local_run / "tok" / s["file"])
+        b = pq.read_table(io.BytesIO(tok[s["file"]]))
+        for col in ("sample_id", "source_row", "input_ids", "target_ids", "position_ids", "subsegment_ids"):
+            assert a[col].equals(b[col]), (s["file"], col)
+        assert set(b["source"].to_pylist()) == {f"s3://{BUCKET}/corpus/data.jsonl"}
+        assert _media_but_times(a) == _media_but_times(b), s["file"]
+    assert any(m["kind"] == "video" for row in pq.read_table(io.BytesIO(tok[local_tok["shards"][-1]["file"]]))
+               ["media"].to_pylist() for m in row)
+
+
+@pytest.mark.slow
+def test_validate_stats_and_inspect_read_the_bucket(s3, corpus, local_run, bucket_run):
+    _, _, cache = bucket_run
+    report = json.loads(cli(s3, "validate", f"s3://{BUCKET}/packed", "--json", cache=cache).stdout)
+    assert report["ok"] and report["shards"] > 3 and report["rows"] > 10
+    remote = json.loads(cli(s3, "stats", f"s3://{BUCKET}/packed", "--json", cache=cache).stdout)
+    local = json.loads(cli(s3, "stats", str(local_run / "packed"), "--json", cache=cache).stdout)
+    # the bucket's packed manifest names its tokenized source by URL: stats found it, and the
+    # figures are the local run's, with URLs where the local run shows paths
+    assert remote["tokenized"] == f"s3://{BUCKET}/tok" and remote["packed"] == f"s3://{BUCKET}/packed"
+    assert remote["sources"][0]["source"] == f"s3://{BUCKET}/corpus/data.jsonl"
+    assert remote == {**local, "tokenized": remote["tokenized"], "packed": remote["packed"],
+                      "sources": [{**local["sources"][0], "source": remote["sources"][0]["source"]}]}
+    shown = cli(s3, "inspect", f"s3://{BUCKET}/packed", "--pack", "0", cache=cache).stdout
+    assert shown == cli(s3, "inspect", str(local_run / "packed"), "--pack", "0", cache=cache).stdout
+
+
+@pytest.mark.slow
+def test_reader_streams_the_bucket_in_the_local_order_with_a_small_cache(s3, local_run, bucket_run, tmp_path):
+    for world_size in (1, 2):
+        for rank in range(world_size):
+            local = PackedDataset(local_run / "packed", rank=rank, world_size=world_size, seed=3)
+            remote = PackedDataset(f"s3://{BUCKET}/packed", rank=rank, world_size=world_size, seed=3,
+                                   cache_bytes=64 << 10, prefetch=2)
+            a, b = list(local), list(remote)
+            assert [r["pack_index"] for r in a] == [r["pack_index"] for r in b] and len(a) > 5
+            assert all(np.array_equal(x["input_ids"], y["input_ids"]) and x["media"] == y["media"] for x, y in zip(a, b, strict=True))
+            cache = remote._group_cache()
+            largest = max(n for (_, g), n in cache._lru.items() if g >= 0)
+            # the cap held, the newest groups (and the footers of their shards, 64 KiB each at most) aside
+            assert cache.used_bytes <= (64 << 10) + cache.keep * (largest + (64 << 10))
+            assert len([k for k in cache._lru if k[1] >= 0]) <= cache.keep + 1 < sum(len(remote._group_rows(s)) for s in range(len(remote._shards)))
+            # evicted groups gave their disk back: the sparse files hold little more than what is listed
+            on_disk = sum(f.stat().st_blocks * 512 for f in cache.dir.glob("*.parquet"))
+            assert on_disk <= cache.used_bytes + 64 * 4096, (on_disk, cache.used_bytes)
+    # exact resume: a state saved mid-epoch continues where the local reader continues
+    remote = PackedDataset(f"s3://{BUCKET}/packed", seed=3)
+    it = iter(remote)
+    for _ in range(7):
+        next(it)
+    state = remote.state_dict()
+    again = PackedDataset(f"s3://{BUCKET}/packed", seed=3)
+    again.load_state_dict(state)
+    # (a local run's state does not load here: its tokenized config named local paths, so its digest differs)
+    local = [r["pack_index"] for r in PackedDataset(local_run / "packed", seed=3)]
+    assert [r["pack_index"] for r in again] == local[7:]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_pack_on_the_bucket_then_resume_gives_the_same_bytes(s3, local_run, bucket_run, tmp_path):
+    seed = random.SystemRandom().randrange(2**32)
+    rng = random.Random(seed)
+    prefix = "killed"
+    cache = tmp_path / "cache"
+    cmd = [sys.executable, "-m", "packtool", "pack", f"s3://{BUCKET}/tok", "-o", f"s3://{BUCKET}/{prefix}", *PACK_FLAGS]
+    n_tasks = json.loads((local_run / "packed" / ".packtool" / "run.json").read_text())["n_tasks"]
+    after = rng.randrange(1, max(2, n_tasks - 1))
+    client = s3.client()
+    proc = subprocess.Popen(cmd, env={**s3.env, storage.CACHE_ENV: str(cache)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def markers() -> int:
+        listed = client.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/.packtool/task-")
+        return listed.get("KeyCount", 0)
+
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and markers() < after and time.monotonic() < deadline:
+        time.sleep(0.02)
+    landed = proc.poll() is None
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert landed, f"the run ended before {after} tasks were marked (seed {seed})"
+    killed = objects(s3, prefix)
+    assert ".packtool/manifest.json" not in killed, f"a killed run published a manifest (seed {seed})"
+    assert any(n.startswith(".packtool/lease-") for n in killed)  # left behind by the dead run
+    ref = {s["file"]: (local_run / "packed" / s["file"]).read_bytes()
+           for s in json.loads((local_run / "packed" / ".packtool" / "manifest.json").read_text())["shards"]}
+    for name, data in killed.items():  # whatever the killed run uploaded is whole
+        if name.startswith("part-"):
+            assert data == ref[name], f"{name} differs after the kill (seed {seed})"
+    # the same command resumes: the dead run's lease (this host, its pid gone) is taken over
+    r = cli(s3, *cmd[3:], cache=cache)
+    assert r.returncode == 0
+    done = objects(s3, prefix)
+    assert {n: d for n, d in done.items() if n.startswith("part-")} == ref, f"resume differs (seed {seed})"
+    assert not [n for n in done if "lease" in n]
+
+
+def _lease(s3, prefix: str, **holder) -> None:
+    s3.client().put_object(Bucket=BUCKET, Key=f"{prefix}/.packtool/lease-00000.json", Body=json.dumps(holder).encode())
+
+
+@pytest.mark.slow
+def test_a_second_run_into_a_held_prefix_is_refused_and_a_dead_ones_lease_is_taken(s3, bucket_run, tmp_path):
+    cache = tmp_path / "cache"
+    args = ("pack", f"s3://{BUCKET}/tok", "-o", f"s3://{BUCKET}/held", *PACK_FLAGS)
+    host = socket.gethostname().replace("/", "_")
+    # a live run on this host (this test's own pid)
+    _lease(s3, "held", pid=os.getpid(), host=host, started="then", expires=time.time() + 3600)
+    r = cli(s3, *args, cache=cache, check=False)
+    assert r.returncode == 1
+    assert r.stderr.strip() == (f"Error: 's3://{BUCKET}/held' is being written by another packtool run (pid {os.getpid()} on "
+                                f"{host}, started then); wait for it to finish, or choose another -o")
+    assert "part-" not in "".join(objects(s3, "held"))  # refused before writing anything
+    # a run on another host that still renews its lease
+    _lease(s3, "held", pid=1, host="elsewhere", started="then", expires=time.time() + 3600)
+    assert "pid 1 on elsewhere" in cli(s3, *args, cache=cache, check=False).stderr
+    # ... and one that stopped renewing (its host died): taken over, the run finishes
+    _lease(s3, "held", pid=1, host="elsewhere", started="then", expires=time.time() - 1)
+    cli(s3, *args, cache=cache)
+    assert ".packtool/manifest.json" in objects(s3, "held")
+
+
+@pytest.mark.slow
+def test_overwrite_on_a_bucket_replaces_the_run_and_foreign_prefixes_are_refused(s3, bucket_run, tmp_path):
+    cache = tmp_path / "cache"
+    base = ("pack", f"s3://{BUCKET}/tok", "-o", f"s3://{BUCKET}/over", "--packs-per-shard", "5", "--quiet")
+    cli(s3, *base, "--max-tokens", "4096", cache=cache)
+    first = objects(s3, "over")
+    r = cli(s3, *base, "--max-tokens", "2048", cache=cache, check=False)
+    assert r.returncode == 1 and "already holds a finished run with a different configuration (max_tokens: 4096 -> 2048" in r.stderr
+    cli(s3, *base, "--max-tokens", "2048", "--overwrite", cache=cache)
+    second = objects(s3, "over")
+    manifest = json.loads(second[".packtool/manifest.json"])
+    assert manifest["config"]["max_tokens"] == 2048
+    # exactly the new run's shards: none of the first run's survive beside them
+    assert sorted(n for n in second if n.startswith("part-")) == sorted(s["file"] for s in manifest["shards"])
+    assert second != first
+    s3.client().put_object(Bucket=BUCKET, Key="foreign/notes.txt", Body=b"mine")
+    r = cli(s3, "pack", f"s3://{BUCKET}/tok", "-o", f"s3://{BUCKET}/foreign", "--quiet", cache=cache, check=False)
+    assert r.returncode == 1 and r.stderr.startswith(f"Error: output 's3://{BUCKET}/foreign' is not empty and holds no packtool run ('notes.txt')")
+
+
+def test_missing_bucket_credentials_and_endpoint_are_one_error_line(s3, tmp_path):
+    cache = tmp_path / "cache"
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    args = ("tokenize", str(sample / "data.jsonl"), "--media-root", str(sample), "--quiet")
+    r = cli(s3, *args, "-o", "s3://no-such-bucket/tok", cache=cache, check=False)
+    assert (r.returncode, r.stderr) == (1, "Error: bucket 'no-such-bucket' does not exist ('s3://no-such-bucket/tok'); "
+                                           "create it or fix -o\n")
+    bare = {k: v for k, v in s3.env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    bare.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
+                AWS_EC2_METADATA_DISABLED="true")
+    r = cli(s3, *args, "-o", f"s3://{BUCKET}/nocred", cache=cache, check=False, env=bare)
+    assert r.returncode == 1 and r.stderr.startswith(f"Error: no credentials for 's3://{BUCKET}/nocred'; set AWS_ACCESS_KEY_ID")
+    r = cli(s3, "--storage-option", "endpoint_url=http://127.0.0.1:9", "--storage-option",
+            "config_kwargs.retries.max_attempts=1", *args, "-o", f"s3://{BUCKET}/x", cache=cache, check=False)
+    assert r.returncode == 1 and r.stderr.startswith(f"Error: cannot reach the object store for 's3://{BUCKET}/x' at "
+                                                     "http://127.0.0.1:9")
+    assert "Traceback" not in r.stderr
+    r = cli(s3, "pack", f"s3://{BUCKET}/nothing-here", "-o", str(tmp_path / "p"), cache=cache, check=False)
+    assert (r.returncode, r.stderr) == (1, f"Error: 's3://{BUCKET}/nothing-here' has no .packtool/manifest.json; is it the "
+                                           "output of packtool tokenize/pack, and did that run finish?\n")
+
+
+# --------------------------------------------------------------------------- media probes
+
+
+def _noise_jpeg(w: int, h: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, format="JPEG", quality=95)
+    return buf.getvalue()
+
+
+def test_remote_image_probes_read_only_the_header_and_tail(s3, tmp_path):
+    client = s3.client()
+    files = {"big.jpg": _noise_jpeg(1600, 1200, 1)}
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(2).integers(0, 256, (700, 900, 3), dtype=np.uint8)).save(buf, format="PNG")
+    files["big.png"] = buf.getvalue()
+    for name, data in files.items():
+        client.put_object(Bucket=BUCKET, Key=f"probe/{name}", Body=data)
+        (tmp_path / name).write_bytes(data)
+    root = storage.RemoteRoot(f"s3://{BUCKET}/probe")
+    for name, data in files.items():
+        storage.RequestCounter.reset()
+        got = probe_image(root.file(name))
+        requests, n_bytes = storage.RequestCounter.reset()
+        assert got == probe_image(tmp_path / name)
+        assert len(data) > 1_000_000
+        # the directory listing (once per directory), the header block, the 4 KiB tail
+        assert requests <= 3 and n_bytes <= 64 << 10, (name, requests, n_bytes)
+
+
+def test_remote_video_probe_matches_the_local_one(s3, tmp_path):
+    path = write_video(tmp_path / "clip.mp4", 60, fps=30, size=(128, 96))
+    s3.client().put_object(Bucket=BUCKET, Key="probe/clip.mp4", Body=path.read_bytes())
+    storage.RequestCounter.reset()
+    remote = probe_video(storage.RemoteRoot(f"s3://{BUCKET}/probe").file("clip.mp4"))
+    requests, _ = storage.RequestCounter.reset()
+    assert remote == probe_video(path) and requests >= 2
+
+
+def test_remote_media_paths_stay_under_the_root(s3):
+    s3.client().put_object(Bucket=BUCKET, Key="probe/a.jpg", Body=_noise_jpeg(8, 8, 3))
+    s3.client().put_object(Bucket=BUCKET, Key="secret/b.jpg", Body=_noise_jpeg(8, 8, 4))
+    root = storage.RemoteRoot(f"s3://{BUCKET}/probe/")
+    assert root.file("a.jpg").url == f"s3://{BUCKET}/probe/a.jpg"
+    assert root.file(f"s3://{BUCKET}/probe/a.jpg").stat().st_size > 0  # an absolute URL under the root
+    for bad in ("../secret/b.jpg", f"s3://{BUCKET}/secret/b.jpg", "s3://other/probe/a.jpg", "/etc/passwd"):
+        with pytest.raises(SampleError) as err:
+            root.file(bad)
+        assert err.value.reason == "path_outside_root", bad
+    with pytest.raises(SampleError) as err:
+        root.file("missing.jpg")
+    assert err.value.reason == "missing_media"
