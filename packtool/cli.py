@@ -307,7 +307,10 @@ def _pack_source(inputs: list[Path], rates: str | None, mixture: Path | None, **
                               "--rates, or drop --mixture")
         return load_mixture(mixture, **kw)
     if not inputs:
-        raise ConfigError("pack needs a tokenized directory (several for a mixture) or --mixture FILE")
+        import click
+
+        raise click.UsageError("Missing argument 'TOKENIZED...': pack needs a tokenized directory (several for a "
+                               "mixture) or --mixture FILE")
     if len(inputs) == 1 and rates is None and kw["group_by"] == "none":
         return inputs[0]
     return Mixture.from_rates(inputs, rates, **kw)
