@@ -418,7 +418,9 @@ def test_sources_tokenized_differently_are_refused_naming_both(sources, tmp_path
     assert r.stderr.endswith(f"re-tokenize {str(other)!r} with the settings of {str(sources / 'tok_a')!r} (or pack "
                              "them separately)\n")
     templ = tmp_path / "tok_templ"
-    tokenize_dataset([sources / "a.jsonl"], templ, TokenizeConfig(media_root=str(SAMPLE), template="qwen3-vl"))
+    # the same vocabulary as tok_a (qwen3-vl's own default adds Qwen3's tokens, which is refused first)
+    tokenize_dataset([sources / "a.jsonl"], templ, TokenizeConfig(media_root=str(SAMPLE), template="qwen3-vl",
+                                                                tokenizer="qwen2"))
     with pytest.raises(ConfigError, match=r"different chat template \(name: 'chatml' vs 'qwen3-vl'; default_system"):
         pack_dataset([sources / "tok_a", templ], tmp_path / "y", PackConfig())
 

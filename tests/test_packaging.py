@@ -62,7 +62,9 @@ def test_make_test_installs_the_pinned_trainer_stack_and_the_readers():
         assert pin in lines
     assert "test" in re.search(r"-e '\.\[([^\]]*)\]'", lines).group(1).split(",")
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert {re.split(r"[<>=]", d)[0] for d in extras["test"]} == {"pandas", "polars", "duckdb", "datasets"}
+    assert {re.split(r"[<>=]", d)[0] for d in extras["test"]} == {"pandas", "polars", "duckdb", "datasets",
+                                                                      # the S3-compatible server and clients of the storage tests
+                                                                      "moto[server]", "boto3", "s3fs"}
 
 
 def test_pip_shows_what_it_does():
