@@ -1,0 +1,298 @@
+"""The run-length layout of token columns: long placeholder spans stored as one token.
+
+A vision span is thousands of identical placeholder tokens: the same ``input_ids``, the
+same ``target_ids`` (-100), positions rising by one, one subsegment. Stored as they are,
+four ``list<int32>`` columns hold ``4 x n`` values that say nothing new, and Parquet
+spends nanoseconds on every one of them, writing and reading. The *runs form* keeps
+only a run's first token and says how long the run is::
+
+    expanded (what a trainer reads)         compact (what a shard stores)
+    input_ids    7 9 9 9 9 9 3                compact_input_ids    7 9 3
+    target_ids   9 . . . . . .  (. = -100)    compact_target_ids   9 . .
+    position_ids 0 1 2 3 4 5 6                compact_position_ids 0 1 6
+    subsegment   s s s s s s s                compact_subsegment   s s s
+                                              run_starts  [1]   (index in the compact row)
+                                              run_lengths [5]   (tokens the run stands for)
+
+A *run* is a maximal stretch of at least :data:`MIN_RUN` tokens of one row in which
+``input_ids``, ``target_ids`` and ``subsegment_ids`` are each constant and
+``position_ids`` rise by exactly 1 per token. :func:`compact` is a pure function of
+the expanded row (maximal stretches, a fixed threshold), so equal rows give equal
+bytes. Runs never cross a change of subsegment, hence never cross samples in a pack:
+a pack's compact row is its samples' compact rows end to end, run starts shifted.
+
+Everything here is numpy only (no numba), so ``packtool.reader`` stays light to import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["MIN_RUN", "TOKEN_COLUMNS", "COMPACT_COLUMNS", "RUN_COLUMNS", "Compact", "compact", "expand",
+           "expanded_lengths", "is_runs_table", "compact_table", "expand_table", "expand_row"]
+
+#: Shortest stretch stored as a run. Every run costs 6 stored values (4 columns + start +
+#: length) and saves ``4 x (L - 1)``; below a few tokens the run table's bookkeeping costs
+#: more time on decode than the values it saves (measured in README "Benchmarks").
+MIN_RUN = 8
+#: The expanded token columns, in schema order.
+TOKEN_COLUMNS = ("input_ids", "target_ids", "position_ids", "subsegment_ids")
+#: Their stored names in the runs form: different names, so a reader that expects the
+#: expanded columns fails loudly instead of reading compact data as if it were a row.
+COMPACT_COLUMNS = tuple(f"compact_{name}" for name in TOKEN_COLUMNS)
+#: The run table: where each run sits in the compact row and how many tokens it stands for.
+RUN_COLUMNS = ("run_starts", "run_lengths")
+
+
+@dataclass(frozen=True, slots=True)
+class Compact:
+    """A batch of rows in runs form: flat values plus offsets, as Arrow lists hold them.
+
+    ``columns[name][offsets[r]:offsets[r + 1]]`` is row ``r``'s compact column;
+    ``run_starts[run_offsets[r]:run_offsets[r + 1]]`` its run starts (indices within the
+    compact row, ascending) and ``run_lengths`` the tokens each run stands for.
+    """
+
+    columns: dict[str, np.ndarray]
+    offsets: np.ndarray
+    run_starts: np.ndarray
+    run_lengths: np.ndarray
+    run_offsets: np.ndarray
+
+
+def _i64(x) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=np.int64)
+
+
+def compact(columns: dict[str, np.ndarray], offsets: np.ndarray, min_run: int = MIN_RUN) -> Compact:
+    """The runs form of a batch of expanded rows (flat ``columns`` of equal length, rows at ``offsets``).
+
+    ``columns`` holds the four :data:`TOKEN_COLUMNS`; the result's ``columns`` use the same
+    names. One vectorised pass over the batch, no loop per row or per run.
+
+    Example:
+        >>> c = compact({"input_ids": np.array([7] + [9] * 9 + [3]), "target_ids": np.full(11, -100),
+        ...              "position_ids": np.arange(11), "subsegment_ids": np.zeros(11)}, np.array([0, 11]))
+        >>> c.columns["input_ids"].tolist(), c.run_starts.tolist(), c.run_lengths.tolist()
+        ([7, 9, 3], [1], [9])
+    """
+    if min_run < 2:
+        raise ValueError(f"min_run must be at least 2, got {min_run}")
+    ids, tgt, pos, sub = (np.asarray(columns[name]) for name in TOKEN_COLUMNS)
+    offsets = _i64(offsets)
+    n = len(ids)
+    if not (len(tgt) == len(pos) == len(sub) == n) or (len(offsets) and (offsets[0] != 0 or offsets[-1] != n)):
+        raise ValueError("token columns must have one length, and offsets must run from 0 to it")
+    # cont[t]: token t continues the stretch of token t - 1 (same row, same values, next position)
+    cont = np.zeros(n, dtype=bool)
+    if n > 1:
+        cont[1:] = (ids[1:] == ids[:-1]) & (tgt[1:] == tgt[:-1]) & (sub[1:] == sub[:-1])
+        cont[1:] &= (pos[1:].astype(np.int64) - pos[:-1]) == 1
+        cont[offsets[1:-1][offsets[1:-1] < n]] = False  # a row's first token starts a stretch
+    first = np.flatnonzero(~cont)  # every stretch's first token
+    glen = np.diff(np.append(first, n))
+    is_run = glen >= min_run
+    keep = ~(np.repeat(is_run, glen) & cont) if n else np.zeros(0, dtype=bool)
+    stored_before = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(keep, out=stored_before[1:])
+    out_off = stored_before[offsets]
+    run_at = first[is_run]  # expanded index of each run's first token
+    run_row = np.searchsorted(offsets, run_at, side="right") - 1
+    run_off = np.searchsorted(run_row, np.arange(len(offsets)), side="left") if len(offsets) else offsets
+    return Compact(
+        columns={name: np.asarray(col)[keep] for name, col in zip(TOKEN_COLUMNS, (ids, tgt, pos, sub), strict=True)},
+        offsets=out_off,
+        run_starts=(stored_before[run_at] - out_off[run_row]).astype(np.int32),
+        run_lengths=glen[is_run].astype(np.int32),
+        run_offsets=_i64(run_off),
+    )
+
+
+def _counts(n_stored: int, offsets: np.ndarray, run_starts: np.ndarray, run_lengths: np.ndarray,
+            run_offsets: np.ndarray) -> np.ndarray:
+    """Tokens each stored value stands for (1, or its run's length), after checking the run table."""
+    offsets, run_starts, run_lengths, run_offsets = (_i64(x) for x in (offsets, run_starts, run_lengths, run_offsets))
+    n_rows = len(offsets) - 1
+    if len(run_offsets) != n_rows + 1 or len(run_starts) != len(run_lengths):
+        raise ValueError("run table: one run_starts/run_lengths list per row, of equal lengths")
+    counts = np.ones(n_stored, dtype=np.int64)
+    if len(run_starts) == 0:
+        return counts
+    run_row = np.repeat(np.arange(n_rows), np.diff(run_offsets - run_offsets[0]))
+    row_len = np.diff(offsets)[run_row]
+    if run_starts.min() < 0 or np.any(run_starts >= row_len) or run_lengths.min() < 1:
+        raise ValueError("run table: a run starts outside its row or has no tokens")
+    ascending = np.diff(run_starts) > 0
+    if not np.all(ascending | (np.diff(run_row) != 0)):
+        raise ValueError("run table: run starts of a row must be strictly ascending")
+    counts[offsets[run_row] - offsets[0] + run_starts] = run_lengths
+    return counts
+
+
+def expanded_lengths(offsets: np.ndarray, run_lengths: np.ndarray, run_offsets: np.ndarray) -> np.ndarray:
+    """Expanded tokens of each row: its compact length plus ``L - 1`` for every run of ``L`` tokens.
+
+    Example:
+        >>> expanded_lengths(np.array([0, 3, 5]), np.array([9]), np.array([0, 1, 1])).tolist()
+        [11, 2]
+    """
+    offsets, run_lengths, run_offsets = _i64(offsets), _i64(run_lengths), _i64(run_offsets)
+    extra = np.zeros(len(run_lengths) + 1, dtype=np.int64)
+    np.cumsum(run_lengths - 1, out=extra[1:])
+    rel = run_offsets - run_offsets[0]
+    return np.diff(offsets) + extra[rel[1:]] - extra[rel[:-1]]
+
+
+def expand(columns: dict[str, np.ndarray], offsets: np.ndarray, run_starts: np.ndarray, run_lengths: np.ndarray,
+           run_offsets: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The expanded rows of a batch in runs form: ``(columns, offsets)``, the inverse of :func:`compact`.
+
+    ``columns`` may hold any of the :data:`TOKEN_COLUMNS` (flat compact values from
+    ``offsets[0]`` to ``offsets[-1]``, as a sliced Arrow list holds them); each comes back
+    expanded: a run's value repeated, ``position_ids`` rising by one along it. The returned
+    offsets start at 0. The run table is checked (starts inside their row and ascending,
+    lengths at least 1); a bad one raises ``ValueError``.
+
+    Example:
+        >>> cols, off = expand({"input_ids": np.array([7, 9, 3]), "position_ids": np.array([0, 1, 6])},
+        ...                    np.array([0, 3]), np.array([1]), np.array([5]), np.array([0, 1]))
+        >>> cols["input_ids"].tolist(), cols["position_ids"].tolist(), off.tolist()
+        ([7, 9, 9, 9, 9, 9, 3], [0, 1, 2, 3, 4, 5, 6], [0, 7])
+    """
+    offsets = _i64(offsets)
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    counts = _counts(hi - lo, offsets, run_starts, run_lengths, run_offsets)
+    out_off = np.zeros(len(offsets), dtype=np.int64)
+    out_off[1:] = np.cumsum(expanded_lengths(offsets, run_lengths, run_offsets))
+    out = {}
+    step = None
+    for name, col in columns.items():
+        if name not in TOKEN_COLUMNS:
+            raise ValueError(f"expand: {name!r} is not a token column ({', '.join(TOKEN_COLUMNS)})")
+        vals = np.repeat(np.asarray(col)[lo:hi], counts)
+        if name == "position_ids" and len(run_starts):
+            if step is None:  # tokens since the start of their run (0 off runs)
+                first = np.cumsum(counts) - counts
+                step = np.arange(len(vals), dtype=np.int64) - np.repeat(first, counts)
+            vals = (vals + step).astype(vals.dtype, copy=False)
+        out[name] = vals
+    return out, out_off
+
+
+def expand_row(row: dict) -> dict:
+    """One row (a dict of lists or arrays, e.g. from ``Table.to_pylist()``) in expanded form.
+
+    A row already expanded (no ``run_starts``) comes back as it is; otherwise the
+    ``compact_*`` entries and the run table are replaced by the four token columns.
+
+    Example:
+        >>> expand_row({"compact_input_ids": [7, 9, 3], "run_starts": [1], "run_lengths": [3]})
+        {'input_ids': [7, 9, 9, 9, 3]}
+    """
+    if "run_starts" not in row:
+        return row
+    cols = {name: np.asarray(row[c]) for name, c in zip(TOKEN_COLUMNS, COMPACT_COLUMNS, strict=True) if c in row}
+    n = len(next(iter(cols.values()))) if cols else 0
+    full, _ = expand(cols, np.array([0, n]), np.asarray(row["run_starts"]), np.asarray(row["run_lengths"]),
+                     np.array([0, len(row["run_starts"])]))
+    out = {}
+    for key, value in row.items():
+        if key in RUN_COLUMNS:
+            continue
+        if key in COMPACT_COLUMNS:
+            name = TOKEN_COLUMNS[COMPACT_COLUMNS.index(key)]
+            out[name] = full[name].tolist() if isinstance(value, list) else full[name]
+        else:
+            out[key] = value
+    return out
+
+
+def is_runs_table(table: pa.Table | pa.Schema) -> bool:
+    """Whether a table (or schema) holds token columns in runs form."""
+    names = table.names if isinstance(table, pa.Schema) else table.column_names
+    return "run_starts" in names
+
+
+def _list_parts(col) -> tuple[np.ndarray, np.ndarray]:
+    """Flat values and absolute offsets of a ``list<int32>`` column (no copy when it is one chunk)."""
+    arr = col.chunk(0) if isinstance(col, pa.ChunkedArray) and col.num_chunks == 1 else (
+        col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
+    if arr.null_count:
+        raise ValueError("token columns may not hold nulls")
+    return arr.values.to_numpy(zero_copy_only=False), arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _list_array(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
+    offsets = _i64(offsets)
+    rel = offsets - offsets[0]
+    if rel[-1] >= 2**31:
+        raise ValueError("a batch of token lists holds 2**31 values or more; write it in smaller batches")
+    return pa.ListArray.from_arrays(pa.array(rel.astype(np.int32)), pa.array(values, type=pa.int32()))
+
+
+def compact_table(table: pa.Table, min_run: int = MIN_RUN) -> pa.Table:
+    """A table with the four expanded token columns in runs form: each ``X`` becomes
+    ``compact_X`` at its place, and ``run_starts``, ``run_lengths`` follow the last of them.
+    A table already in runs form comes back as it is."""
+    if is_runs_table(table):
+        return table
+    parts = [_list_parts(table.column(name)) for name in TOKEN_COLUMNS]
+    offsets = parts[0][1]
+    for _, off in parts[1:]:
+        if not np.array_equal(off - off[0], offsets - offsets[0]):
+            raise ValueError("token columns of a row must have one length")
+    c = compact({name: vals[int(off[0]):int(off[-1])] for name, (vals, off) in zip(TOKEN_COLUMNS, parts, strict=True)},
+                offsets - offsets[0], min_run)
+    names, cols = [], []
+    last = max(table.column_names.index(name) for name in TOKEN_COLUMNS)
+    for i, name in enumerate(table.column_names):
+        if name in TOKEN_COLUMNS:
+            names.append(f"compact_{name}")
+            cols.append(_list_array(c.columns[name], c.offsets))
+        else:
+            names.append(name)
+            cols.append(table.column(i))
+        if i == last:
+            names += list(RUN_COLUMNS)
+            cols += [_list_array(c.run_starts, c.run_offsets), _list_array(c.run_lengths, c.run_offsets)]
+    return pa.Table.from_arrays(cols, names=names)
+
+
+def expand_table(table: pa.Table) -> pa.Table:
+    """A table in runs form with its token columns expanded: each ``compact_X`` present becomes
+    ``X`` at its place and the run table is dropped. A table without a run table (expanded
+    already) comes back as it is."""
+    if not is_runs_table(table):
+        return table
+    present = [c for c in COMPACT_COLUMNS if c in table.column_names]
+    if "run_lengths" not in table.column_names:
+        raise ValueError("a table in runs form needs both run_starts and run_lengths")
+    starts, run_off = _list_parts(table.column("run_starts"))
+    lengths, len_off = _list_parts(table.column("run_lengths"))
+    if not np.array_equal(run_off - run_off[0], len_off - len_off[0]):
+        raise ValueError("run table: run_starts and run_lengths of a row must have one length")
+    if not present:
+        return table.drop_columns(list(RUN_COLUMNS))
+    parts = {TOKEN_COLUMNS[COMPACT_COLUMNS.index(c)]: _list_parts(table.column(c)) for c in present}
+    offsets = next(iter(parts.values()))[1]
+    for _, off in parts.values():
+        if not np.array_equal(off - off[0], offsets - offsets[0]):
+            raise ValueError("compact token columns of a row must have one length")
+    cols_np = {name: vals[int(off[0]):int(off[-1])] for name, (vals, off) in parts.items()}
+    full, out_off = expand(cols_np, offsets - offsets[0], starts[int(run_off[0]):int(run_off[-1])],
+                           lengths[int(len_off[0]):int(len_off[-1])], run_off - run_off[0])
+    names, cols = [], []
+    for i, name in enumerate(table.column_names):
+        if name in RUN_COLUMNS:
+            continue
+        if name in COMPACT_COLUMNS:
+            plain = TOKEN_COLUMNS[COMPACT_COLUMNS.index(name)]
+            names.append(plain)
+            cols.append(_list_array(full[plain], out_off))
+        else:
+            names.append(name)
+            cols.append(table.column(i))
+    return pa.Table.from_arrays(cols, names=names)
