@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from naive import compact_row
+
 from packtool.runs import (
     COMPACT_COLUMNS,
     MIN_RUN,
