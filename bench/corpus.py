@@ -195,7 +195,7 @@ def _batch_table(tokens, units, vt, kind, first: int, rng: np.random.Generator, 
     gets two media entries; ``pool``: image paths the media entries cycle through."""
     import pyarrow as pa
 
-    from packtool.schema import PREFIX_SUBSEGMENT, TOKENIZED
+    from packtool.schema import PREFIX_SUBSEGMENT, TOKENIZED_ROWS
 
     n = len(tokens)
     total = int(tokens.sum())
@@ -249,9 +249,10 @@ def _batch_table(tokens, units, vt, kind, first: int, rng: np.random.Generator, 
         "target_ids": _list_array(tokens, target),
         "position_ids": _list_array(tokens, pos),
         "subsegment_ids": _list_array(tokens, np.full(total, PREFIX_SUBSEGMENT)),
-        "media": pa.array(media, type=TOKENIZED.field("media").type),
+        "media": pa.array(media, type=TOKENIZED_ROWS.field("media").type),
     }
-    return pa.Table.from_arrays(list(cols.values()), schema=TOKENIZED)
+    # expanded rows; a ShardWriter of schema.TOKENIZED stores them in runs form, as tokenize does
+    return pa.Table.from_arrays(list(cols.values()), schema=TOKENIZED_ROWS)
 
 
 def write_tokenized(out_dir: str | Path, mix: str, n: int, seed: int = 0, rows_per_shard: int = 50_000,

@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 __all__ = ["MIN_RUN", "TOKEN_COLUMNS", "COMPACT_COLUMNS", "RUN_COLUMNS", "Compact", "compact", "expand",
-           "expanded_lengths", "is_runs_table", "compact_table", "expand_table", "expand_row"]
+           "expanded_lengths", "loss_tokens", "is_runs_table", "compact_table", "expand_table", "expand_row"]
 
 #: Shortest stretch stored as a run. Every run costs 6 stored values (4 columns + start +
 #: length) and saves ``4 x (L - 1)``; below a few tokens the run table's bookkeeping costs
@@ -208,6 +208,35 @@ def expand_row(row: dict) -> dict:
         else:
             out[key] = value
     return out
+
+
+def loss_tokens(table: pa.Table, sample_tokens: np.ndarray) -> np.ndarray:
+    """Tokens with a target (``target_ids != -100``) of each sample of a packed table, in
+    either layout; ``sample_tokens`` are the samples' expanded lengths, back to back in
+    pack order. Counted on the compact column: a run counts its length, and runs never
+    cross samples.
+
+    Example:
+        >>> t = pa.table({"compact_target_ids": pa.array([[5, -100, 7, 8]], pa.list_(pa.int32())),
+        ...               "run_starts": pa.array([[2]], pa.list_(pa.int32())),
+        ...               "run_lengths": pa.array([[4]], pa.list_(pa.int32()))})
+        >>> loss_tokens(t, np.array([2, 5])).tolist()
+        [1, 5]
+    """
+    sample_tokens = _i64(sample_tokens)
+    if not is_runs_table(table):
+        vals, off = _list_parts(table.column("target_ids"))
+        hit = (vals[off[0]:off[-1]] != -100).astype(np.int64)
+        return np.add.reduceat(hit, np.cumsum(sample_tokens) - sample_tokens) if len(sample_tokens) else hit
+    vals, off = _list_parts(table.column("compact_target_ids"))
+    starts, run_off = _list_parts(table.column("run_starts"))
+    lengths, _ = _list_parts(table.column("run_lengths"))
+    counts = _counts(int(off[-1] - off[0]), off, starts[run_off[0]:run_off[-1]], lengths[run_off[0]:run_off[-1]],
+                     run_off - run_off[0])
+    first = np.cumsum(counts) - counts  # expanded index of each stored value
+    sample = np.searchsorted(np.cumsum(sample_tokens), first, side="right")
+    hit = np.where(vals[off[0]:off[-1]] != -100, counts, 0)
+    return np.bincount(sample, weights=hit, minlength=len(sample_tokens)).astype(np.int64)
 
 
 def is_runs_table(table: pa.Table | pa.Schema) -> bool:

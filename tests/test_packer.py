@@ -24,7 +24,8 @@ from packtool.packer import (
     unit_axis,
     unit_granularity,
 )
-from packtool.schema import SUBSEGMENT_STRIDE
+from packtool.runs import compact_table, expand_table
+from packtool.schema import PACKED, PACKED_FULL, SUBSEGMENT_STRIDE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.naive import brute_force_knapsack, pack_capacity_ok  # noqa: E402
@@ -293,6 +294,9 @@ def test_assemble_concatenates_renumbers_and_truncates_vectorized():
     plan = plan_packs(tokens, units, has_media, cfg, 32)
     assert plan.truncated == [3]
     packed = assemble_packs(table, plan, 7, None, max_tokens)
+    assert packed.schema.equals(PACKED) and [288] in packed.column("run_lengths").to_pylist()  # a span is one run
+    assert assemble_packs(table, plan, 7, None, max_tokens, layout="full").equals(expand_table(packed).cast(PACKED_FULL))
+    packed = expand_table(packed)
     rows = packed.to_pylist()
     src = table.to_pylist()
     assert [r["pack_index"] for r in rows] == list(range(7, 7 + plan.n_packs))
@@ -333,4 +337,9 @@ def test_assemble_from_several_tables_equals_one_table():
     parts = [table.slice(0, 2), pa.concat_tables([table.slice(2, 2), table.slice(4, 1)]), table.slice(5)]
     split = assemble_packs(parts, plan, 0, None, max_tokens)
     assert split.equals(whole)
-    assert split.column("target_ids").to_pylist() != assemble_packs(table, plan, 0).column("target_ids").to_pylist()
+    # tokenized rows in runs form (as tokenize writes them) give the same bytes
+    assert assemble_packs([compact_table(p) for p in parts], plan, 0, None, max_tokens).equals(whole)
+    assert assemble_packs(compact_table(table), plan, 0, None, max_tokens, layout="full").equals(
+        assemble_packs(table, plan, 0, None, max_tokens, layout="full"))
+    untruncated = assemble_packs(table, plan, 0)
+    assert split.column("compact_target_ids").to_pylist() != untruncated.column("compact_target_ids").to_pylist()
