@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 __all__ = ["MIN_RUN", "TOKEN_COLUMNS", "COMPACT_COLUMNS", "RUN_COLUMNS", "Compact", "compact", "expand",
-           "expanded_lengths", "loss_tokens", "is_runs_table", "compact_table", "expand_table", "expand_row"]
+           "expanded_lengths", "loss_tokens", "is_runs_table", "compact_table", "expand_table", "read_expanded", "expand_row"]
 
 #: Shortest stretch stored as a run. Every run costs 6 stored values (4 columns + start +
 #: length) and saves ``4 x (L - 1)``; below a few tokens the run table's bookkeeping costs
@@ -288,6 +288,26 @@ def compact_table(table: pa.Table, min_run: int = MIN_RUN) -> pa.Table:
             names += list(RUN_COLUMNS)
             cols += [_list_array(c.run_starts, c.run_offsets), _list_array(c.run_lengths, c.run_offsets)]
     return pa.Table.from_arrays(cols, names=names)
+
+
+def read_expanded(source, columns: list[str] | None = None, **kwargs) -> pa.Table:
+    """``pyarrow.parquet.read_table`` of a tokenized or packed shard, token columns expanded
+    whatever the layout: the plain way to read a shard as documented.
+
+    ``columns`` name expanded columns (``input_ids``, ...); for a runs-form shard they are
+    read as their ``compact_*`` twins plus the run table, then expanded.
+
+    Example:
+        >>> read_expanded("packed/part-00000-00000.parquet", ["pack_index", "input_ids"])  # doctest: +SKIP
+    """
+    import pyarrow.parquet as pq
+
+    if columns is not None and is_runs_table(pq.read_schema(source)):
+        wanted = [f"compact_{c}" if c in TOKEN_COLUMNS else c for c in columns]
+        if any(c in TOKEN_COLUMNS for c in columns):
+            wanted += list(RUN_COLUMNS)
+        columns = wanted
+    return expand_table(pq.read_table(source, columns=columns, **kwargs))
 
 
 def expand_table(table: pa.Table) -> pa.Table:

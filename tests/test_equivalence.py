@@ -24,6 +24,7 @@ from packtool.packer import PackPlan, assemble_packs
 from packtool.reader import PackedDataset, attention_mask, position_ids
 from packtool.records import MediaRef, Message, Part, Sample
 from packtool.rows import EncodeContext, encode_samples, shifted_targets
+from packtool.runs import read_expanded
 from packtool.schema import PREFIX_SUBSEGMENT, TOKENIZED
 from packtool.shards import ShardWriter, read_manifest, write_manifest
 from packtool.templates import get_template
@@ -194,9 +195,8 @@ def demo(tmp_path_factory) -> dict:
     tok = base / "tok"
     packtool.tokenize_dataset([SAMPLE / "data.jsonl"], tok, TokenizeConfig(media_root=str(SAMPLE)))
     man = read_manifest(tok, "tokenized")
-    import pyarrow.parquet as pq
 
-    demo_rows = pa.concat_tables([pq.read_table(tok / s["file"]) for s in man["shards"]]).to_pylist()
+    demo_rows = pa.concat_tables([read_expanded(tok / s["file"]) for s in man["shards"]]).to_pylist()
     ctx = EncodeContext(load_tokenizer(None), get_template("chatml"), get_family("qwen2.5-vl"), SAMPLE)
     trees = _tree_samples()
     tree_rows, rejected = encode_samples(trees, ctx)

@@ -32,7 +32,13 @@ from packtool.reader import (
     position_ids,
 )
 from packtool.runs import compact_table, expand_row
-from packtool.schema import PACKED, PACKED_FULL, PREFIX_SUBSEGMENT, SCHEMA_VERSION, SUBSEGMENT_STRIDE
+from packtool.schema import (
+    PACKED,
+    PACKED_FULL,
+    PREFIX_SUBSEGMENT,
+    SCHEMA_VERSION,
+    SUBSEGMENT_STRIDE,
+)
 from packtool.shards import sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from packtool.schema import PACKED, SCHEMA_FILES, TOKENIZED, schema_json
+from packtool.schema import PACKED, PACKED_FULL, SCHEMA_FILES, TOKENIZED, schema_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,9 +16,10 @@ def test_committed_schema_files_match_the_module():
 
 
 def test_shards_carry_exactly_the_declared_schema(demo_dirs):
-    for kind, schema in (("tokenized", TOKENIZED), ("packed", PACKED)):
+    for kind, schema in (("tokenized", TOKENIZED), ("packed", PACKED), ("packed-full", PACKED_FULL)):
         manifest = json.loads((demo_dirs[kind] / ".packtool" / "manifest.json").read_text())
         for shard in manifest["shards"]:
             got = pq.read_schema(demo_dirs[kind] / shard["file"])
             assert got.remove_metadata().equals(schema.remove_metadata()), kind
-            assert got.metadata[b"packtool.kind"].decode() == kind
+            assert got.metadata[b"packtool.kind"].decode() == kind.removesuffix("-full")
+            assert got.metadata[b"packtool.schema_version"].decode() == str(manifest["schema_version"])
