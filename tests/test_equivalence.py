@@ -24,8 +24,8 @@ from packtool.packer import PackPlan, assemble_packs
 from packtool.reader import PackedDataset, attention_mask, position_ids
 from packtool.records import MediaRef, Message, Part, Sample
 from packtool.rows import EncodeContext, encode_samples, shifted_targets
-from packtool.runs import read_expanded
-from packtool.schema import PREFIX_SUBSEGMENT, TOKENIZED
+from packtool.runs import expand_table, read_expanded
+from packtool.schema import PREFIX_SUBSEGMENT, TOKENIZED, TOKENIZED_ROWS
 from packtool.shards import ShardWriter, read_manifest, write_manifest
 from packtool.templates import get_template
 from packtool.tokenization import load_tokenizer
@@ -388,9 +388,9 @@ def _tokenized_row(i: int, prefix, prefix_loss, spans, branches) -> tuple[dict, 
 @given(samples=synthetic_samples(), order_seed=st.integers(0, 1000), vision=st.sampled_from(["causal", "media", "sample"]))
 def test_hypothesis_packed_equals_alone(samples, order_seed, vision):
     built = [_tokenized_row(i, *s) for i, s in enumerate(samples)]
-    table = pa.Table.from_pylist([r for r, _ in built], schema=TOKENIZED)
+    table = pa.Table.from_pylist([r for r, _ in built], schema=TOKENIZED_ROWS)
     order = np.random.default_rng(order_seed).permutation(len(built))
-    packed = assemble_packs(table, PackPlan(order, np.array([0, len(order)])), first_pack_index=0)
+    packed = expand_table(assemble_packs(table, PackPlan(order, np.array([0, len(order)])), first_pack_index=0))
     row = packed.to_pylist()[0]
     alones = {r["sample_id"]: a for r, a in built}
     check_row(row, alones, vision=vision)
