@@ -168,17 +168,24 @@ def expand(columns: dict[str, np.ndarray], offsets: np.ndarray, run_starts: np.n
     out_off = np.zeros(len(offsets), dtype=np.int64)
     out_off[1:] = np.cumsum(expanded_lengths(offsets, run_lengths, run_offsets))
     out = {}
-    step = None
     for name, col in columns.items():
         if name not in TOKEN_COLUMNS:
             raise ValueError(f"expand: {name!r} is not a token column ({', '.join(TOKEN_COLUMNS)})")
-        vals = np.repeat(np.asarray(col)[lo:hi], counts)
-        if name == "position_ids" and len(run_starts):
-            if step is None:  # tokens since the start of their run (0 off runs)
-                first = np.cumsum(counts) - counts
-                step = np.arange(len(vals), dtype=np.int64) - np.repeat(first, counts)
-            vals = (vals + step).astype(vals.dtype, copy=False)
-        out[name] = vals
+        vals = np.asarray(col)[lo:hi]
+        if len(run_starts) == 0:
+            out[name] = vals.copy()  # nothing to expand
+        elif name == "position_ids":
+            # along a run the position rises with the expanded index t: pos[t] = (pos_i - first_i) + t,
+            # first_i the expanded index of stored value i; one repeat and one add
+            first = np.cumsum(counts) - counts
+            total = int(out_off[-1])
+            wide = total >= 2**31 or vals.dtype.itemsize > 4
+            base = (vals.astype(np.int64) - first).astype(vals.dtype if not wide else np.int64)
+            expanded = np.repeat(base, counts)
+            expanded += np.arange(total, dtype=expanded.dtype)
+            out[name] = expanded.astype(vals.dtype, copy=False)
+        else:
+            out[name] = np.repeat(vals, counts)
     return out, out_off
 
 
