@@ -72,3 +72,22 @@ def test_runs_and_full_layouts_give_the_reader_the_same_rows(setup, family):
     stored = sum(pc.sum(pc.list_value_length(pq.read_table(f, columns=["compact_input_ids"])["compact_input_ids"])).as_py()
                  for f in sorted(outs["runs"].glob("part-*.parquet")))
     assert stored < sum(r["n_tokens"] for r in runs)
+
+
+@pytest.mark.parametrize("mix", ["qwen-images", "molmo2"])
+def test_expanded_tokenized_shards_pack_to_the_same_bytes(tmp_path, mix):
+    """Tokenized directories written before the runs form (schema v2, every token stored) pack
+    to the same shards as the same rows in runs form, in both packed layouts."""
+    from bench.corpus import write_tokenized
+
+    hashes = {}
+    for expanded in (False, True):
+        tok = tmp_path / f"tok-{expanded}"
+        manifest = write_tokenized(tok, mix, 600, seed=1, rows_per_shard=250, expanded=expanded)
+        assert manifest["schema_version"] == (2 if expanded else 3)
+        for layout in ("runs", "full"):
+            out = tmp_path / f"packed-{expanded}-{layout}"
+            pack_dataset(tok, out, PackConfig(media="reference", layout=layout, max_tokens=8192))
+            hashes[expanded, layout] = [s["sha256"] for s in read_manifest(out)["shards"]]
+    assert hashes[True, "runs"] == hashes[False, "runs"] and hashes[True, "full"] == hashes[False, "full"]
+    assert hashes[False, "runs"] != hashes[False, "full"]
