@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-
 from hf_harness import byte_tokenizer, standard_corpus
+
 from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
 from packtool.reader import PackedDataset
 from packtool.shards import read_manifest
