@@ -332,6 +332,10 @@ def expand_table(table: pa.Table) -> pa.Table:
         raise ValueError("run table: run_starts and run_lengths of a row must have one length")
     if not present:
         return table.drop_columns(list(RUN_COLUMNS))
+    if run_off[-1] == run_off[0]:  # no runs in these rows: the compact columns are the rows, no copy
+        return table.drop_columns(list(RUN_COLUMNS)).rename_columns(
+            [TOKEN_COLUMNS[COMPACT_COLUMNS.index(c)] if c in COMPACT_COLUMNS else c
+             for c in table.drop_columns(list(RUN_COLUMNS)).column_names])
     parts = {TOKEN_COLUMNS[COMPACT_COLUMNS.index(c)]: _list_parts(table.column(c)) for c in present}
     offsets = next(iter(parts.values()))[1]
     for _, off in parts.values():

@@ -147,3 +147,13 @@ def test_bad_run_tables_are_refused(starts, lengths, message):
     with pytest.raises(ValueError, match=message):
         expand({"input_ids": np.array([1, 2, 3])}, np.array([0, 3]), np.array(starts), np.array(lengths),
                np.array([0, len(starts)]))
+
+
+def test_a_table_without_runs_expands_by_renaming():
+    table = pa.table({name: pa.array([[1, 2, 3], [4]], pa.list_(pa.int32())) for name in TOKEN_COLUMNS})
+    runs = compact_table(table)
+    assert runs.column("run_starts").to_pylist() == [[], []]
+    back = expand_table(runs)
+    assert back.equals(table)
+    assert back.column("input_ids").chunk(0).values.buffers()[1].address == \
+        runs.column("compact_input_ids").chunk(0).values.buffers()[1].address  # the same buffer, not a copy
