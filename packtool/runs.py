@@ -86,28 +86,54 @@ def compact(columns: dict[str, np.ndarray], offsets: np.ndarray, min_run: int = 
     n = len(ids)
     if not (len(tgt) == len(pos) == len(sub) == n) or (len(offsets) and (offsets[0] != 0 or offsets[-1] != n)):
         raise ValueError("token columns must have one length, and offsets must run from 0 to it")
-    # cont[t]: token t continues the stretch of token t - 1 (same row, same values, next position)
-    cont = np.zeros(n, dtype=bool)
-    if n > 1:
-        cont[1:] = (ids[1:] == ids[:-1]) & (tgt[1:] == tgt[:-1]) & (sub[1:] == sub[:-1])
-        cont[1:] &= (pos[1:].astype(np.int64) - pos[:-1]) == 1
-        cont[offsets[1:-1][offsets[1:-1] < n]] = False  # a row's first token starts a stretch
-    first = np.flatnonzero(~cont)  # every stretch's first token
-    glen = np.diff(np.append(first, n))
-    is_run = glen >= min_run
-    keep = ~(np.repeat(is_run, glen) & cont) if n else np.zeros(0, dtype=bool)
-    stored_before = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(keep, out=stored_before[1:])
-    out_off = stored_before[offsets]
-    run_at = first[is_run]  # expanded index of each run's first token
+    # a token continues the stretch of the token before it when all four columns agree (same
+    # row, same values, next position); candidates from input_ids alone, so text (where equal
+    # neighbours are rare) costs one comparison pass
+    same = ids[1:] == ids[:-1] if n > 1 else np.zeros(0, dtype=bool)
+    inner = offsets[1:-1]
+    inner = inner[(inner > 0) & (inner < n)]
+    if np.count_nonzero(same) * 8 > n:  # mostly placeholders: whole-array passes beat gathers
+        same &= (tgt[1:] == tgt[:-1]) & (sub[1:] == sub[:-1])
+        same &= (pos[1:].astype(np.int64) - pos[:-1]) == 1
+        same[inner - 1] = False  # a row's first token starts a stretch
+        cont = np.flatnonzero(same) + 1
+    else:
+        cand = np.flatnonzero(same) + 1
+        ok = (tgt[cand] == tgt[cand - 1]) & (sub[cand] == sub[cand - 1])
+        ok &= (pos[cand].astype(np.int64) - pos[cand - 1]) == 1
+        at = np.minimum(np.searchsorted(inner, cand), max(len(inner) - 1, 0))
+        if len(inner):
+            ok &= inner[at] != cand  # a row's first token starts a stretch
+        cont = cand[ok]
+    # maximal stretches: consecutive runs of continuing tokens, plus the token before them
+    brk = np.flatnonzero(np.diff(cont) != 1) + 1
+    g_first = cont[np.concatenate([[0], brk])] - 1 if len(cont) else cont
+    g_last = cont[np.concatenate([brk - 1, [len(cont) - 1]])] if len(cont) else cont
+    g_len = g_last - g_first + 1
+    is_run = g_len >= min_run
+    run_at, run_len = g_first[is_run], g_len[is_run]
+    names = (ids, tgt, pos, sub)
+    if len(run_at) == 0:
+        return Compact(columns={name: np.asarray(col) for name, col in zip(TOKEN_COLUMNS, names, strict=True)},
+                       offsets=offsets, run_starts=np.zeros(0, np.int32), run_lengths=np.zeros(0, np.int32),
+                       run_offsets=np.zeros(len(offsets), dtype=np.int64))
+    # drop every token of a run but its first: +1 after each run's first token, -1 after its last
+    # (runs never touch, so the marks are distinct)
+    mark = np.zeros(n + 1, dtype=np.int32)
+    mark[run_at + 1] = 1
+    mark[run_at + run_len] = -1
+    keep = np.cumsum(mark[:n], dtype=np.int32) == 0
+    dropped = np.zeros(len(run_at) + 1, dtype=np.int64)
+    np.cumsum(run_len - 1, out=dropped[1:])  # tokens dropped before run k (and in all, last)
+    before_row = np.searchsorted(run_at, offsets, side="left")  # runs starting before each row start
+    out_off = offsets - dropped[before_row]
     run_row = np.searchsorted(offsets, run_at, side="right") - 1
-    run_off = np.searchsorted(run_row, np.arange(len(offsets)), side="left") if len(offsets) else offsets
     return Compact(
-        columns={name: np.asarray(col)[keep] for name, col in zip(TOKEN_COLUMNS, (ids, tgt, pos, sub), strict=True)},
+        columns={name: np.asarray(col)[keep] for name, col in zip(TOKEN_COLUMNS, names, strict=True)},
         offsets=out_off,
-        run_starts=(stored_before[run_at] - out_off[run_row]).astype(np.int32),
-        run_lengths=glen[is_run].astype(np.int32),
-        run_offsets=_i64(run_off),
+        run_starts=(run_at - dropped[:-1] - out_off[run_row]).astype(np.int32),
+        run_lengths=run_len.astype(np.int32),
+        run_offsets=before_row.astype(np.int64),
     )
 
 
