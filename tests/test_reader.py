@@ -6,6 +6,7 @@ import copy
 import io
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -555,3 +556,25 @@ def test_readme_numpy_batches_run(demo):
     batch = scope["batch"]
     assert batch["input_ids"].shape[0] == 2 and batch["attention_mask"].shape[:2] == (2, 1)
     assert all(len(p) == len(m) for p, m in zip(batch["pixel"], batch["media"], strict=True))
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda row: row["run_lengths"].__setitem__(0, row["run_lengths"][0] + 1), "has n_tokens"),
+    (lambda row: row["run_starts"].__setitem__(0, len(row["compact_input_ids"])), "cannot be read"),
+])
+def test_a_damaged_run_table_is_an_input_error(demo, tmp_path, edit, says):
+    """A run table that does not expand to the row's n_tokens, or points outside the row, is
+    refused with the shard named, never expanded into a wrong row."""
+    d = tmp_path / "ref"
+    shutil.copytree(demo["ref"], d)
+    manifest = json.loads((d / ".packtool" / "manifest.json").read_text())
+    f = d / manifest["shards"][0]["file"]
+    rows = pq.read_table(f).to_pylist()
+    assert rows[0]["run_lengths"], "the demo's first pack holds image spans"
+    edit(rows[0])
+    pq.write_table(pa.Table.from_pylist(rows, schema=PACKED), f)
+    manifest["shards"][0].update(bytes=f.stat().st_size, sha256=sha256_file(f))
+    (d / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match=says) as err:
+        list(PackedDataset(d, shuffle=False))
+    assert f.name in str(err.value)

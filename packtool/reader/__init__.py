@@ -102,7 +102,10 @@ class PackedDataset:
     ``cu_seqlens`` (``np.int32`` arrays) and ``media`` (list of dicts, see
     ``schema.PACKED``); a mixture's rows also hold ``sample_sources`` (list of int: each
     sample's position in the manifest's ``mixture.sources``, for per-source loss). See the
-    module docstring for how the stream is split.
+    module docstring for how the stream is split. Shards in runs form (packed schema version
+    3, the default) are expanded one row group at a time (``packtool.runs.expand_table``), so
+    rows are the same whichever ``--layout`` wrote them; a run table that does not expand to
+    the row's ``n_tokens`` raises ``InputError``.
 
     Args:
         path: a ``packtool pack`` output directory (holding ``.packtool/manifest.json``).
