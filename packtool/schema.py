@@ -178,7 +178,7 @@ def schema_json(schema: pa.Schema) -> dict:
 
 #: The schemas ``make schemas`` writes, by file name stem.
 SCHEMA_FILES = (("tokenized", TOKENIZED), ("packed", PACKED), ("packed-mixture", PACKED_MIXTURE),
-                ("packed", PACKED_FULL), ("packed-mixture", PACKED_MIXTURE_FULL))
+                ("tokenized", TOKENIZED_ROWS), ("packed", PACKED_FULL), ("packed-mixture", PACKED_MIXTURE_FULL))
 
 
 def write_schemas(out: Path) -> list[Path]:
