@@ -343,3 +343,25 @@ def test_assemble_from_several_tables_equals_one_table():
         assemble_packs(table, plan, 0, None, max_tokens, layout="full"))
     untruncated = assemble_packs(table, plan, 0)
     assert split.column("compact_target_ids").to_pylist() != untruncated.column("compact_target_ids").to_pylist()
+
+
+def test_truncation_inside_a_run_cuts_the_run():
+    """A text row cut by --oversize truncate in the middle of a run of one repeated token: the
+    packed row is the first max_tokens tokens, last target -100, the cut run shortened."""
+    from packtool.packer import PackPlan
+    from packtool.schema import TOKENIZED_ROWS
+
+    ids = np.array([5, 6] + [9] * 40 + [7] * 10, dtype=np.int32)
+    tgt = np.append(ids[1:], -100).astype(np.int32)  # loss on every token: runs of 9 predict 9
+    row = {"sample_id": "long", "source": "t", "source_row": 0, "n_tokens": len(ids), "n_vision_units": 0,
+           "n_branches": 1, "input_ids": ids, "target_ids": tgt, "position_ids": np.arange(len(ids), dtype=np.int32),
+           "subsegment_ids": np.full(len(ids), 10_000, np.int32), "media": []}
+    table = compact_table(pa.Table.from_pylist([row], schema=TOKENIZED_ROWS))
+    assert table.column("run_lengths").to_pylist() == [[39, 9]]  # the 9s' last one predicts 7: its own stretch
+    plan = PackPlan(np.array([0]), np.array([0, 1]), truncated=[0])
+    packed = assemble_packs(table, plan, 0, None, 20)
+    assert packed.column("run_lengths").to_pylist() == [[17]] and packed.column("run_starts").to_pylist() == [[2]]
+    got = expand_table(packed).to_pylist()[0]
+    assert got["input_ids"] == ids[:20].tolist() and got["position_ids"] == list(range(20))
+    assert got["target_ids"] == tgt[:19].tolist() + [-100] and got["n_tokens"] == 20
+    assert expand_table(packed).cast(PACKED_FULL).equals(assemble_packs(table, plan, 0, None, 20, layout="full"))
