@@ -128,15 +128,15 @@ def fill_bench(mix: str, n: int, seed: int = 11) -> list[tuple[str, dict, float]
     return rows
 
 
-def throughput_bench(n: int) -> dict:
+def throughput_bench(n: int, layout: str = "runs") -> dict:
     """Samples per second of the whole ``pack`` stage on one worker, media by reference."""
     from packtool.pipeline import pack_dataset
 
     src = CACHE / f"tokenized-llava-{n}"
     tok = write_tokenized(src, "llava", n, seed=3)
-    cfg = _cfg()
+    cfg = _cfg(layout=layout)
     pack_dataset(src, CACHE / "warmup", cfg, overwrite=True, workers=1, dry_run=True)  # numba load
-    out = CACHE / f"packed-llava-{n}"
+    out = CACHE / f"packed-llava-{n}-{layout}"
     shutil.rmtree(out, ignore_errors=True)  # a finished run with the same config would be reused
     t0 = time.perf_counter()
     manifest = pack_dataset(src, out, cfg, workers=1)
@@ -145,7 +145,7 @@ def throughput_bench(n: int) -> dict:
     size, tsize = _shard_bytes(out), sum(s["bytes"] for s in tok["shards"])
     return {"samples": c["samples_in"], "packs": c["packs"], "lower_bound": c["lower_bound"], "seconds": dt,
             "samples_per_s": c["samples_in"] / dt, "buffer": cfg.buffer_size,
-            "bytes_per_token": size / c["tokens"], "bytes_per_sample": size / c["samples_packed"],
+            "bytes_per_token": size / c["tokens"], "bytes_per_sample": size / c["samples_packed"], "load": _load(),
             "tok_bytes_per_token": tsize / tok["counts"]["tokens"], "tok_bytes_per_sample": tsize / tok["counts"]["samples"]}
 
 
@@ -216,49 +216,154 @@ def _shard_bytes(path: Path) -> int:
 
 def qwen_throughput_bench(n: int) -> dict:
     """``pack`` on one worker over the ``qwen-images`` corpus with the defaults (family default
-    capacity 65,536 patches): by reference and embedded, and by reference with the unit axis
-    quantized as before, in the same run. Rates are overall and marginal: each run is repeated
+    capacity 65,536 patches), by reference and embedded, in both packed layouts, from tokenized
+    shards in runs form, and as before the runs form (tokenized shards expanded, packed
+    ``--layout full``), in the same run. Rates are overall and marginal: each run is repeated
     on a corpus of ``n // 4`` samples and the marginal rate is ``(n - n // 4) / (T(n) - T(n // 4))``
     (startup, compilation and the first shard's reads excluded)."""
-    import packtool.packer as packer
     from packtool.config import PackConfig
     from packtool.pipeline import pack_dataset
 
-    src = CACHE / f"tokenized-qwen-images-{n}"
-    small = CACHE / f"tokenized-qwen-images-{n // 4}"
-    tok = write_tokenized(src, "qwen-images", n, seed=5)
-    write_tokenized(small, "qwen-images", n // 4, seed=5)
-    pack_dataset(src, CACHE / "warmup", PackConfig(media="reference"), overwrite=True, workers=1, dry_run=True)
+    corpora = {}
+    for expanded in (False, True):
+        tag = "-expanded" if expanded else ""
+        corpora[expanded] = (write_tokenized(CACHE / f"tokenized-qwen-images-{n}{tag}", "qwen-images", n, seed=5,
+                                             expanded=expanded),
+                             CACHE / f"tokenized-qwen-images-{n}{tag}", CACHE / f"tokenized-qwen-images-{n // 4}{tag}")
+        write_tokenized(corpora[expanded][2], "qwen-images", n // 4, seed=5, expanded=expanded)
+    pack_dataset(corpora[False][1], CACHE / "warmup", PackConfig(media="reference"), overwrite=True, workers=1,
+                 dry_run=True)
 
-    def timed(corpus: Path, media: str, quantized: bool, out: Path) -> tuple[dict, float]:
+    def timed(corpus: Path, cfg: PackConfig, out: Path) -> tuple[dict, float]:
         shutil.rmtree(out, ignore_errors=True)
-        saved = packer.unit_axis
-        if quantized:
-            packer.unit_axis = _quantized_unit_axis
-        try:
-            t0 = time.perf_counter()
-            manifest = pack_dataset(corpus, out, PackConfig(media=media), workers=1)
-            return manifest, time.perf_counter() - t0
-        finally:
-            packer.unit_axis = saved
+        t0 = time.perf_counter()
+        manifest = pack_dataset(corpus, out, cfg, workers=1)
+        return manifest, time.perf_counter() - t0
 
     rows = []
-    for label, media, quantized in (("before: patches quantized to 1,024 cells, `--media reference`", "reference", True),
-                                    ("packtool `--media reference`", "reference", False),
-                                    ("packtool `--media embed` (the default)", "embed", False)):
-        out = CACHE / f"packed-qwen-images-{n}-{media}{'-q' if quantized else ''}"
-        _, dt_small = timed(small, media, quantized, CACHE / "packed-qwen-images-small")
-        manifest, dt = timed(src, media, quantized, out)
+    for label, media, layout, expanded in (
+            ("before: tokenized expanded, `--media reference --layout full`", "reference", "full", True),
+            ("`--media reference --layout full` (tokenized in runs form)", "reference", "full", False),
+            ("packtool `--media reference`", "reference", "runs", False),
+            ("before: tokenized expanded, `--media embed --layout full`", "embed", "full", True),
+            ("`--media embed --layout full`", "embed", "full", False),
+            ("packtool `--media embed` (the default)", "embed", "runs", False)):
+        cfg = PackConfig(media=media, layout=layout)
+        _, big, small = corpora[expanded]
+        out = CACHE / f"packed-qwen-images-{n}-{media}-{layout}{'-x' if expanded else ''}"
+        _, dt_small = timed(small, cfg, CACHE / "packed-qwen-images-small")
+        manifest, dt = timed(big, cfg, out)
         c = manifest["counts"]
         size = _shard_bytes(out)
         rows.append({"label": label, "samples": c["samples_in"], "packs": c["packs"], "lower_bound": c["lower_bound"],
                      "seconds": dt, "rate": c["samples_in"] / dt, "marginal": (n - n // 4) / (dt - dt_small),
                      "bytes_per_token": size / c["tokens"], "bytes_per_sample": size / c["samples_packed"],
-                     "load": _load()})
-    tc = tok["counts"]
-    tsize = sum(s["bytes"] for s in tok["shards"])
-    return {"rows": rows, "tok_bytes_per_token": tsize / tc["tokens"], "tok_bytes_per_sample": tsize / tc["samples"],
-            "tokens_per_sample": tc["tokens"] / tc["samples"]}
+                     "load": _load(), "out": out, "layout": layout, "media": media})
+    tok = {}
+    for expanded, (manifest, _, _) in corpora.items():
+        tc = manifest["counts"]
+        tsize = sum(s["bytes"] for s in manifest["shards"])
+        tok[expanded] = {"bytes_per_token": tsize / tc["tokens"], "bytes_per_sample": tsize / tc["samples"],
+                         "tokens_per_sample": tc["tokens"] / tc["samples"]}
+    return {"rows": rows, "tok": tok}
+
+
+def reader_bench(rows: list[dict], seconds: float = 3.0) -> list[dict]:
+    """``PackedDataset`` packs/s (no shuffle, one process) over the packed ``qwen-images``
+    outputs by reference in both layouts, alternating, best of three passes of at most
+    ``seconds`` each; the runs form pays for expanding every row group."""
+    from packtool.reader import PackedDataset
+
+    dirs = [(r["layout"], r["out"]) for r in rows if r["media"] == "reference" and "before" not in r["label"]]
+    best = {layout: 0.0 for layout, _ in dirs}
+    tokens = {layout: 0 for layout, _ in dirs}
+    for _ in range(3):
+        for layout, out in dirs:
+            ds = PackedDataset(out, shuffle=False)
+            n = tok = 0
+            t0 = time.perf_counter()
+            for row in ds:
+                n += 1
+                tok += row["n_tokens"]
+                if time.perf_counter() - t0 > seconds:
+                    break
+            dt = time.perf_counter() - t0
+            if n / dt > best[layout]:
+                best[layout], tokens[layout] = n / dt, tok / n
+    return [{"layout": layout, "packs_per_s": best[layout], "tokens_per_pack": tokens[layout], "load": _load()}
+            for layout, _ in dirs]
+
+
+def expand_bench(out: Path) -> dict:
+    """Cost of :func:`packtool.runs.expand_table` per pack over the first shard of a runs-form
+    packed directory (best of five), beside reading its row groups."""
+    import pyarrow.parquet as pq
+
+    from packtool.runs import expand_table
+    from packtool.shards import read_manifest
+
+    entry = read_manifest(out)["shards"][0]
+    pf = pq.ParquetFile(out / entry["file"])
+    groups = [pf.read_row_group(g) for g in range(pf.metadata.num_row_groups)]
+    read_t = expand_t = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for g in range(pf.metadata.num_row_groups):
+            pf.read_row_group(g)
+        t1 = time.perf_counter()
+        for table in groups:
+            expand_table(table)
+        t2 = time.perf_counter()
+        read_t, expand_t = min(read_t, t1 - t0), min(expand_t, t2 - t1)
+    n = pf.metadata.num_rows
+    return {"packs": n, "read_us": read_t / n * 1e6, "expand_us": expand_t / n * 1e6, "load": _load()}
+
+
+def min_run_bench(n_rows: int = 400, seed: int = 0) -> list[dict]:
+    """Write + read + expand time of Molmo2-like rows (60 text tokens, 24 rows of ``w``
+    patches each closed by a column token, 200 text tokens) in runs form at several
+    ``min_run``, as a ratio to the expanded rows' write + read; best of five each."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packtool.runs import TOKEN_COLUMNS, compact_table, expand_table
+    from packtool.shards import _WRITE_OPTS
+
+    rng = np.random.default_rng(seed)
+
+    def table(w: int):
+        cols = {name: [] for name in TOKEN_COLUMNS}
+        for _ in range(n_rows):
+            ids = np.concatenate([rng.integers(200, 5000, 60), np.tile(np.array([7] * w + [8]), 24),
+                                  rng.integers(200, 5000, 200)]).astype(np.int32)
+            cols["input_ids"].append(ids)
+            cols["target_ids"].append(np.full(len(ids), -100, np.int32))
+            cols["position_ids"].append(np.arange(len(ids), dtype=np.int32))
+            cols["subsegment_ids"].append(np.full(len(ids), 10_000, np.int32))
+        return pa.table({k: pa.array(v, pa.list_(pa.int32())) for k, v in cols.items()})
+
+    def cost(t, expand: bool) -> float:
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            buf = io.BytesIO()
+            pq.write_table(t, buf, **_WRITE_OPTS)
+            buf.seek(0)
+            back = pq.read_table(buf)
+            if expand:
+                expand_table(back)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    out = []
+    for w in (4, 8, 12, 16, 32):
+        t = table(w)
+        base = cost(t, False)
+        out.append({"w": w, "full_ms": base * 1e3,
+                    **{m: cost(compact_table(t, m), True) / base for m in (2, 4, 8, 16)}})
+    return out
 
 
 def run(quick: bool = False) -> str:
@@ -304,18 +409,40 @@ def run(quick: bool = False) -> str:
         out.append(f"| {r['label']} | {r['samples']:,} | {r['packs']:,} | {r['lower_bound']:,} | "
                    f"{r['packs'] / r['lower_bound']:.4f} | {r['seconds']:.1f} | {r['rate']:,.0f} | {r['marginal']:,.0f} | "
                    f"{r['bytes_per_token']:.3f} | {r['bytes_per_sample']:,.0f} | {r['load']} |")
-    ref = q["rows"][1]
-    out += ["", f"Tokenized shards: {q['tok_bytes_per_token']:.3f} bytes per token, {q['tok_bytes_per_sample']:,.0f} per "
-            f"sample ({q['tokens_per_sample']:,.0f} tokens per sample). Packed by reference / before: "
-            f"{ref['rate'] / q['rows'][0]['rate']:.2f}x; embed / reference: {q['rows'][2]['rate'] / ref['rate']:.0%}."]
+    rows = {(r["media"], r["layout"], "before" in r["label"]): r for r in q["rows"]}
+    ref, ref_full, ref_old = rows[("reference", "runs", False)], rows[("reference", "full", False)], \
+        rows[("reference", "full", True)]
+    emb, emb_old = rows[("embed", "runs", False)], rows[("embed", "full", True)]
+    tr, tx = q["tok"][False], q["tok"][True]
+    out += ["", f"Tokenized shards ({tr['tokens_per_sample']:,.0f} tokens per sample): runs form {tr['bytes_per_token']:.3f} "
+            f"bytes per token, {tr['bytes_per_sample']:,.0f} per sample; expanded (as before) {tx['bytes_per_token']:.3f} "
+            f"and {tx['bytes_per_sample']:,.0f}. By reference, marginal: runs / before {ref['marginal'] / ref_old['marginal']:.2f}x, "
+            f"of which reading runs-form tokenized shards (`--layout full`) {ref_full['marginal'] / ref_old['marginal']:.2f}x; "
+            f"embed / before {emb['marginal'] / emb_old['marginal']:.2f}x; embed / reference "
+            f"{emb['marginal'] / ref['marginal']:.0%}."]
+    rd = reader_bench(q["rows"])
+    ex = expand_bench(ref["out"])
+    out += ["", "`packtool.reader.PackedDataset` over the packed outputs by reference (one process, no shuffle, best "
+            "of 3 alternating passes):", "",
+            "| layout | packs/s | tokens per pack | load |", "| --- | ---: | ---: | ---: |"]
+    out += [f"| {r['layout']} | {r['packs_per_s']:,.0f} | {r['tokens_per_pack']:,.0f} | {r['load']} |" for r in rd]
+    out += ["", f"`runs.expand_table` on the runs-form shard's row groups: {ex['expand_us']:.0f} us a pack, beside "
+            f"{ex['read_us']:.0f} us a pack to read them ({ex['packs']:,} packs, load {ex['load']})."]
+    mr = min_run_bench()
+    out += ["", "`MIN_RUN`: write + read + expand of Molmo2-like rows in runs form / write + read expanded (400 rows "
+            "of 60 text tokens, 24 patch rows of w tokens each closed by a column token, 200 text tokens):", "",
+            "| w | expanded | min_run 2 | 4 | 8 | 16 |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out += [f"| {r['w']} | {r['full_ms']:.1f} ms | {r[2]:.2f} | {r[4]:.2f} | {r[8]:.2f} | {r[16]:.2f} |" for r in mr]
     t = throughput_bench(n_tp)
+    tf = throughput_bench(n_tp, layout="full")
     out += ["", f"### `pack` stage throughput (LLaVA-like, one worker, media by reference, buffer {t['buffer']})", "",
-            "| samples | packs | lower bound | seconds | samples/s | packed bytes / token | packed bytes / sample |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-            f"| {t['samples']:,} | {t['packs']:,} | {t['lower_bound']:,} | {t['seconds']:.1f} | {t['samples_per_s']:,.0f} | "
-            f"{t['bytes_per_token']:.3f} | {t['bytes_per_sample']:,.0f} |",
-            "", f"Tokenized shards: {t['tok_bytes_per_token']:.3f} bytes per token, {t['tok_bytes_per_sample']:,.0f} per "
-            f"sample. Load average at the end: {_load()}.", "",
+            "| layout | samples | packs | lower bound | seconds | samples/s | packed bytes / token | packed bytes / sample | load |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for label, r in (("runs (default)", t), ("`--layout full`", tf)):
+        out.append(f"| {label} | {r['samples']:,} | {r['packs']:,} | {r['lower_bound']:,} | {r['seconds']:.1f} | "
+                   f"{r['samples_per_s']:,.0f} | {r['bytes_per_token']:.3f} | {r['bytes_per_sample']:,.0f} | {r['load']} |")
+    out += ["", f"Tokenized shards (runs form): {t['tok_bytes_per_token']:.3f} bytes per token, "
+            f"{t['tok_bytes_per_sample']:,.0f} per sample. Load average at the end: {_load()}.", "",
             "How to read it (issue 16's targets): the kernel speedup (interleaved) against 100x; the exact Qwen "
             "solve / Molmo2 solve at most 1; `pack` on the default family with images, the marginal samples/s of "
             "one worker against 40,000, embed within 80% of reference; the LLaVA-like row (text-heavy) against "

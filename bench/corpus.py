@@ -195,7 +195,7 @@ def _batch_table(tokens, units, vt, kind, first: int, rng: np.random.Generator, 
     gets two media entries; ``pool``: image paths the media entries cycle through."""
     import pyarrow as pa
 
-    from packtool.schema import PREFIX_SUBSEGMENT, TOKENIZED
+    from packtool.schema import PREFIX_SUBSEGMENT, TOKENIZED_ROWS
 
     n = len(tokens)
     total = int(tokens.sum())
@@ -249,16 +249,19 @@ def _batch_table(tokens, units, vt, kind, first: int, rng: np.random.Generator, 
         "target_ids": _list_array(tokens, target),
         "position_ids": _list_array(tokens, pos),
         "subsegment_ids": _list_array(tokens, np.full(total, PREFIX_SUBSEGMENT)),
-        "media": pa.array(media, type=TOKENIZED.field("media").type),
+        "media": pa.array(media, type=TOKENIZED_ROWS.field("media").type),
     }
-    return pa.Table.from_arrays(list(cols.values()), schema=TOKENIZED)
+    # expanded rows; a ShardWriter of schema.TOKENIZED stores them in runs form, as tokenize does
+    return pa.Table.from_arrays(list(cols.values()), schema=TOKENIZED_ROWS)
 
 
 def write_tokenized(out_dir: str | Path, mix: str, n: int, seed: int = 0, rows_per_shard: int = 50_000,
-                    max_vision_units: int = 128) -> dict:
+                    max_vision_units: int = 128, expanded: bool = False) -> dict:
     """Write ``n`` samples of ``mix`` as tokenized shards with a manifest; returns the manifest.
 
-    A finished directory with the same ``(mix, n, seed, rows_per_shard)`` is reused.
+    Shards are in runs form (schema version 3, what ``tokenize`` writes), or with
+    ``expanded`` every token stored (version 2, what it wrote before). A finished directory
+    with the same ``(mix, n, seed, rows_per_shard, expanded)`` is reused.
     """
     from packtool.config import digest_of
     from packtool.shards import ShardWriter, is_output_dir, read_manifest, write_manifest
@@ -266,7 +269,8 @@ def write_tokenized(out_dir: str | Path, mix: str, n: int, seed: int = 0, rows_p
     out = Path(out_dir)
     # the qwen-images mix references a small pool of real images, so `--media embed` has bytes to read
     root = str(out.resolve()) if mix == "qwen-images" else "."
-    config = {"generated": mix, "n": n, "seed": seed, "rows_per_shard": rows_per_shard, "media_root": root}
+    config = {"generated": mix, "n": n, "seed": seed, "rows_per_shard": rows_per_shard, "media_root": root,
+              "layout": "full" if expanded else "runs"}
     digest = digest_of(config)
     if is_output_dir(out):
         old = read_manifest(out, "tokenized")
@@ -283,9 +287,9 @@ def write_tokenized(out_dir: str | Path, mix: str, n: int, seed: int = 0, rows_p
     else:
         tokens, units, vt, kind = sample_lengths(mix, n, seed)
     rng = np.random.default_rng(seed + 1)
-    from packtool.schema import TOKENIZED
+    from packtool.schema import FULL_VERSION, SCHEMA_VERSION, TOKENIZED, TOKENIZED_ROWS
 
-    with ShardWriter(out, TOKENIZED, rows_per_shard=rows_per_shard) as writer:
+    with ShardWriter(out, TOKENIZED_ROWS if expanded else TOKENIZED, rows_per_shard=rows_per_shard) as writer:
         for a in range(0, n, 4096):
             b = min(n, a + 4096)
             part = None if split is None else (split[0][a:b], split[1][a:b])
@@ -296,5 +300,6 @@ def write_tokenized(out_dir: str | Path, mix: str, n: int, seed: int = 0, rows_p
         vision = {"family": "qwen2.5-vl", "unit": "patches", "default_max_vision_units": max_vision_units}
     else:
         vision = {"family": "molmo2-generated", "unit": "crop", "default_max_vision_units": max_vision_units}
-    return write_manifest(out, "tokenized", config, digest, writer.shards, vision=vision, counts=counts,
+    return write_manifest(out, "tokenized", config, digest, writer.shards, FULL_VERSION if expanded else SCHEMA_VERSION,
+                          vision=vision, counts=counts,
                           tokenizer={"name": "generated"}, template={"name": "generated"})

@@ -5,7 +5,7 @@
 task in process, timing each in CPU seconds (the rate one free core gives; wall time on a
 shared machine depends on the neighbours): reading and parsing the records, encoding them
 into rows (``rows.encode_samples``: probes, template, tokenizer, token arrays), building
-the Arrow table, writing Parquet. Each step runs once to warm the memos (probes,
+the Arrow table (in runs form, as tokenize stores it), writing Parquet. Each step runs once to warm the memos (probes,
 tokenizer strings), then is measured. ``--cprofile`` also prints the top functions by own
 time (cProfile slows Python-heavy code several times over, so only the ranking means
 anything).
@@ -29,7 +29,8 @@ def _steps(path: Path, root: Path, n: int, out: Path) -> Counter:
     from packtool.formats import iter_records, parse_record
     from packtool.pipeline import BATCH, _batched, _encode_context
     from packtool.rows import encode_samples
-    from packtool.schema import TOKENIZED
+    from packtool.runs import compact_table
+    from packtool.schema import TOKENIZED, TOKENIZED_ROWS
     from packtool.shards import _WRITE_OPTS, rows_table
 
     cfg = TokenizeConfig(media_root=str(root.resolve()))
@@ -45,7 +46,7 @@ def _steps(path: Path, root: Path, n: int, out: Path) -> Counter:
             rows, _ = encode_samples(batch, ctx, Counter())
             split["encode"] += cpu() - t
             t = cpu()
-            table = rows_table(rows, TOKENIZED)
+            table = compact_table(rows_table(rows, TOKENIZED_ROWS)).cast(TOKENIZED)  # as ShardWriter stores it
             split["Arrow table"] += cpu() - t
             t = cpu()
             writer.write_table(table, row_group_size=len(rows))

@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 import typer
 
 from . import __version__
-from .config import MEDIA_MODES, OVERSIZE_POLICIES, PackConfig, TokenizeConfig
+from .config import LAYOUTS, MEDIA_MODES, OVERSIZE_POLICIES, PackConfig, TokenizeConfig
 from .errors import PacktoolError
 from .formats import FORMATS
 from .mixture import GROUP_BY, SAMPLES_PER_TASK
@@ -37,6 +37,7 @@ TemplateChoice = Literal[tuple(TEMPLATES)]  # type: ignore[valid-type]
 OversizeChoice = Literal[OVERSIZE_POLICIES]  # type: ignore[valid-type]
 SweepOversizeChoice = Literal[tuple(p for p in OVERSIZE_POLICIES if p != "fail")]  # type: ignore[valid-type]
 MediaChoice = Literal[MEDIA_MODES]  # type: ignore[valid-type]
+LayoutChoice = Literal[LAYOUTS]  # type: ignore[valid-type]
 OnErrorChoice = Literal[ON_ERROR]  # type: ignore[valid-type]
 ExifChoice = Literal[EXIF_MODES]  # type: ignore[valid-type]
 ExecutorChoice = Literal["local", "ray"]
@@ -229,6 +230,7 @@ def pack(
     media_root: Annotated[str | None, typer.Option(callback=_location, help="Media root (default: the one tokenize used).")] = None,
     packs_per_shard: Annotated[int, typer.Option(min=1, help="Packs per output shard.")] = _PACK_DEFAULTS.packs_per_shard,
     frame_quality: Annotated[int, typer.Option(min=1, max=100, help="JPEG quality of embedded video frames.")] = 90,
+    layout: Annotated[LayoutChoice, typer.Option(help="runs: placeholder runs stored once (schema v3; packtool.reader expands them); full: every token stored (schema v2), for reading the Parquet directly.")] = "runs",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan only; print stats, write nothing.")] = False,
     max_errors: MaxErrors = None,
     on_error: OnError = "skip",
@@ -257,7 +259,7 @@ def pack(
     cfg = PackConfig(max_tokens=max_tokens, max_vision_units=max_vision_units, buffer_size=buffer_size,
                      text_weight=text_weight, vision_weight=vision_weight, token_granularity=token_granularity,
                      oversize=oversize, max_samples_per_pack=max_samples_per_pack, media=media,
-                     packs_per_shard=packs_per_shard, frame_quality=frame_quality)
+                     packs_per_shard=packs_per_shard, frame_quality=frame_quality, layout=layout)
     with _progress("pack", quiet) as bar:
         result = pack_dataset(src, output or Path("."), cfg, progress=bar, overwrite=overwrite, dry_run=dry_run,
                               media_root=media_root, max_errors=max_errors, on_error=on_error, workers=workers,

@@ -38,6 +38,8 @@ class _Digestible:
 OVERSIZE_POLICIES = ("drop", "truncate", "alone", "fail")
 #: ``--media`` choices: embed media bytes in packed rows, or keep references to the files.
 MEDIA_MODES = ("embed", "reference")
+#: ``--layout`` choices of packed shards (``schema.LAYOUTS``).
+LAYOUTS = ("runs", "full")
 
 @dataclass(frozen=True, slots=True)
 class TokenizeConfig(_Digestible):
@@ -114,6 +116,8 @@ class PackConfig(_Digestible):
         media: ``embed`` original bytes into packed rows, or ``reference`` paths only.
         packs_per_shard: packed rows per output shard.
         frame_quality: JPEG quality of embedded video frames (1-100).
+        layout: ``runs`` (placeholder runs stored once, schema version 3) or ``full``
+            (every token stored, schema version 2); see README "Output layout".
     """
 
     max_tokens: int = 16384
@@ -127,8 +131,11 @@ class PackConfig(_Digestible):
     media: str = "embed"
     packs_per_shard: int = 2_000
     frame_quality: int = 90
+    layout: str = "runs"
 
     def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"--layout {self.layout!r}: choose {' or '.join(LAYOUTS)}")
         for name in ("max_tokens", "buffer_size", "token_granularity", "packs_per_shard"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import ConfigError, InputError
+from .runs import RUN_COLUMNS, TOKEN_COLUMNS, expand_row, is_runs_table
 from .schema import MEDIA_FIELDS, PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
 from .shards import ERRORS, is_output_dir, open_shard, read_manifest, read_shard, shard_error
 from .templates import TEMPLATES, Template
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 
 LOSS_OPEN, LOSS_CLOSE = "⟦", "⟧"
 
-_TOKEN_COLUMNS = ["input_ids", "target_ids", "position_ids", "subsegment_ids"]
+_TOKEN_COLUMNS = list(TOKEN_COLUMNS)
 # every media leaf except the bytes, so inspecting a pack never reads embedded images or frames
 _MEDIA_LEAVES = [f"media.list.element.{f.name}" + (".list.element" if f.name == "timestamps" else "")
                  for f in MEDIA_FIELDS]
@@ -58,9 +59,13 @@ def _find_row(path: Path, manifest: dict, column: str, want, is_list: bool) -> t
 
 
 def _read_row(path: Path, manifest: dict, file: str, row: int, columns: list[str]) -> dict:
-    """One row, reading only the row group that holds it."""
+    """One row, reading only the row group that holds it; token columns come back expanded
+    (from a runs-form shard too)."""
     entry = next(e for e in manifest["shards"] if e["file"] == file)
     pf = open_shard(path, entry)
+    if is_runs_table(pf.schema_arrow):
+        columns = [c for name in columns
+                   for c in ([f"compact_{name}"] if name in TOKEN_COLUMNS else [name])] + list(RUN_COLUMNS)
     start = 0
     for rg in range(pf.metadata.num_row_groups):
         n = pf.metadata.row_group(rg).num_rows
@@ -69,7 +74,10 @@ def _read_row(path: Path, manifest: dict, file: str, row: int, columns: list[str
                 table = pf.read_row_group(rg, columns=columns)
             except (pa.ArrowException, OSError) as exc:
                 raise shard_error(path / file, exc) from None
-            return table.slice(row - start, 1).to_pylist()[0]
+            try:
+                return expand_row(table.slice(row - start, 1).to_pylist()[0])
+            except ValueError as exc:
+                raise InputError(f"{path / file}: row {row}: {exc}; run packtool validate on {str(path)!r}") from None
         start += n
     raise RuntimeError(f"internal error: row {row} not in {file}")
 

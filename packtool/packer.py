@@ -22,10 +22,19 @@ from numba import njit
 from .config import PackConfig
 from .errors import ConfigError, OversizeSampleError
 from .knapsack import KnapsackSolver
-from .schema import PACKED, SUBSEGMENT_STRIDE
+from .runs import (
+    COMPACT_COLUMNS,
+    RUN_COLUMNS,
+    TOKEN_COLUMNS,
+    compact_table,
+    expand,
+    expand_table,
+    is_runs_table,
+)
+from .schema import SUBSEGMENT_STRIDE, packed_schema
 
 __all__ = ["PackPlan", "plan_packs", "assemble_packs", "gather_runs", "unit_granularity", "unit_axis", "RelaxedUnitSolver",
-           "MAX_UNIT_CELLS", "TAIL_PACKS", "ASSEMBLY_COLUMNS"]
+           "MAX_UNIT_CELLS", "TAIL_PACKS", "ASSEMBLY_COLUMNS", "ASSEMBLY_COLUMNS_RUNS", "assembly_columns"]
 
 #: The unit axis of the DP table has at most this many cells. A larger capacity is exact when
 #: it cannot bind (see :func:`unit_axis`) or when the units' common divisor brings it within
@@ -34,6 +43,8 @@ MAX_UNIT_CELLS = 1024
 #: The tokenized columns :func:`assemble_packs` reads (a reader need not decode the others).
 ASSEMBLY_COLUMNS = ["sample_id", "n_tokens", "n_vision_units", "media", "input_ids", "target_ids", "position_ids",
                     "subsegment_ids"]
+#: The same from tokenized shards in runs form (schema version 3).
+ASSEMBLY_COLUMNS_RUNS = ["sample_id", "n_tokens", "n_vision_units", "media", *COMPACT_COLUMNS, *RUN_COLUMNS]
 #: Regular packs re-optimized together with the flush packs at the end of a stream.
 TAIL_PACKS = 8
 
@@ -420,6 +431,34 @@ def _token_columns(tables: list[pa.Table], name: str) -> tuple[list[np.ndarray],
     return values, offsets
 
 
+def assembly_columns(schema: pa.Schema) -> list[str]:
+    """The tokenized columns :func:`assemble_packs` reads from shards of ``schema`` (a reader
+    need not decode the others): :data:`ASSEMBLY_COLUMNS`, their runs form in version 3 shards."""
+    return ASSEMBLY_COLUMNS_RUNS if is_runs_table(schema) else ASSEMBLY_COLUMNS
+
+
+def _cut_rows(tables: list[pa.Table], rows: list[tuple[int, int]], max_tokens: int) -> pa.Table:
+    """Rows ``(table, local row)`` cut to their first ``max_tokens`` tokens, in runs form.
+
+    The cut may fall inside a run, so each row is expanded, cut, and compacted again; the
+    last kept token's target becomes -100 (it would predict a token that is gone). Rows
+    cut this way are rare (``--oversize truncate``) and text-only.
+    """
+    parts = [expand_table(tables[s].slice(i, 1).select([*COMPACT_COLUMNS, *RUN_COLUMNS])) for s, i in rows]
+    full = pa.concat_tables(parts).combine_chunks()
+    cols = {}
+    for name in TOKEN_COLUMNS:
+        arr = full.column(name).chunk(0)
+        vals = arr.values.to_numpy(zero_copy_only=False)
+        offs = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+        kept = [vals[a:a + max_tokens].copy() for a in offs[:-1].tolist()]
+        if name == "target_ids":
+            for k in kept:
+                k[-1] = -100
+        cols[name] = kept
+    return compact_table(pa.table({name: pa.array(cols[name], type=pa.list_(pa.int32())) for name in TOKEN_COLUMNS}))
+
+
 def assemble_packs(
     table: pa.Table | list[pa.Table],
     plan: PackPlan,
@@ -427,13 +466,20 @@ def assemble_packs(
     media_data: Callable[[dict], list[bytes] | None] | None = None,
     max_tokens: int | None = None,
     media_loaders: tuple[list[Callable[[dict], list[bytes] | None]], np.ndarray] | None = None,
+    layout: str = "runs",
 ) -> pa.Table:
-    """Build packed rows (``schema.PACKED``) from tokenized rows and a plan.
+    """Build packed rows (``schema.packed_schema(layout)``) from tokenized rows and a plan.
 
-    Token columns are concatenated per pack through list offsets; subsegment ids are
-    renumbered ``k * 100000 + id`` for the pack's ``k``-th sample; media spans are
-    shifted by the sample's start in the pack. ``media_data(media_struct)`` returns the
-    bytes to embed for one media item (``None`` keeps media by reference).
+    Tokenized rows may be in runs form (schema version 3) or expanded (versions 1 and 2,
+    compacted here first: a pure function of the row, so the packs are the same bytes).
+    A pack's compact row is its samples' compact rows end to end: compact columns and
+    run tables are concatenated per pack through list offsets, run starts shifted by the
+    sample's start in the pack's compact row, so the placeholders are never materialised;
+    subsegment ids are renumbered ``k * 100000 + id`` for the pack's ``k``-th sample;
+    media spans, ``n_tokens`` and ``cu_seqlens`` count expanded tokens. ``layout="full"``
+    expands the packs at the end (schema version 2, every token stored).
+    ``media_data(media_struct)`` returns the bytes to embed for one media item (``None``
+    keeps media by reference).
 
     ``table`` may be a list of tables read as one (rows numbered across them in list
     order), so rows can be gathered straight from the row groups that hold them: each
@@ -447,6 +493,7 @@ def assemble_packs(
     with different media roots: sample ``k`` of ``plan.order`` loads its media with
     ``loaders[which[k]]``.
     """
+    schema = packed_schema(layout)
     tables = [table] if isinstance(table, pa.Table) else list(table)
     order = np.asarray(plan.order, dtype=np.int64)
     row_start = np.cumsum([0] + [t.num_rows for t in tables])
@@ -461,38 +508,76 @@ def assemble_packs(
     pack_off = plan.offsets
     full = taken["n_tokens"].to_numpy().astype(np.int64)
     lengths = full
-    cut = None
+    # each sample's table and row within it; one slice per sample is copied into place
+    src = np.searchsorted(row_start, order, side="right") - 1
+    local = order - row_start[src]
+    tables = [compact_table(t.select([c for c in t.column_names if c in ASSEMBLY_COLUMNS])) if not is_runs_table(t)
+              else t for t in tables]
     if plan.truncated and max_tokens is not None:
         cut = np.zeros(int(row_start[-1]), dtype=bool)
         cut[np.asarray(plan.truncated, dtype=np.int64)] = True
         cut = cut[order] & (full > max_tokens)
-        lengths = np.where(cut, max_tokens, full)
+        if cut.any():
+            lengths = np.where(cut, max_tokens, full)
+            which = np.flatnonzero(cut)
+            tables.append(_cut_rows(tables, list(zip(src[which].tolist(), local[which].tolist(), strict=True)),
+                                    max_tokens))
+            src = src.copy()
+            local = local.copy()
+            src[which] = len(tables) - 1
+            local[which] = np.arange(len(which))
     pack_of = np.repeat(np.arange(n_packs), np.diff(pack_off))
     k_in_pack = np.arange(n_samples) - pack_off[pack_of]
     sample_end = np.cumsum(lengths)
     sample_start = sample_end - lengths
     tok_pack_off = np.concatenate([[0], sample_end])[pack_off]
     start_in_pack = sample_start - tok_pack_off[pack_of]
-    # each sample's table and row within it; one slice per sample is copied into place
-    src = np.searchsorted(row_start, order, side="right") - 1
-    local = order - row_start[src]
-    n_total = int(sample_end[-1]) if n_samples else 0
     in_table = [np.flatnonzero(src == s) for s in range(len(tables))]
-    no_add = np.zeros(n_samples, dtype=np.int32)
 
-    def values(name: str, add: np.ndarray = no_add) -> np.ndarray:
-        vals, offs = _token_columns(tables, name)
-        out = np.empty(n_total, dtype=np.int32)
+    def spans(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each sample's list length in column ``name``, its start in the flat output, and each pack's offsets."""
+        n = np.zeros(n_samples, dtype=np.int64)
         for s, here in enumerate(in_table):
             if len(here):
-                gather_runs(vals[s], offs[s][local[here]], lengths[here], sample_start[here], add[here], out)
+                col = tables[s].column(name)
+                arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+                offs = arr.offsets.to_numpy(zero_copy_only=False)
+                n[here] = offs[local[here] + 1] - offs[local[here]]
+        end = np.cumsum(n)
+        return n, end - n, np.concatenate([[0], end])[pack_off]
+
+    c_len, c_start, c_pack_off = spans("compact_input_ids")
+    r_len, r_start, r_pack_off = spans("run_starts")
+    c_start_in_pack = c_start - c_pack_off[pack_of]
+    no_add = np.zeros(n_samples, dtype=np.int32)
+
+    def values(name: str, n: np.ndarray, at: np.ndarray, add: np.ndarray = no_add) -> np.ndarray:
+        vals, offs = _token_columns(tables, name)
+        out = np.empty(int(n.sum()), dtype=np.int32)
+        for s, here in enumerate(in_table):
+            if len(here):
+                gather_runs(vals[s], offs[s][local[here]], n[here], at[here], add[here], out)
         return out
 
-    def token_list(values: np.ndarray) -> pa.Array:
-        return pa.ListArray.from_arrays(pa.array(tok_pack_off.astype(np.int32)), pa.array(values))
+    def compact_values(name: str, add: np.ndarray = no_add) -> np.ndarray:
+        return values(f"compact_{name}", c_len, c_start, add)
 
+    run_starts = values("run_starts", r_len, r_start, c_start_in_pack.astype(np.int32))
+    run_lengths = values("run_lengths", r_len, r_start)
+    if n_samples:
+        got = c_len + np.bincount(np.repeat(np.arange(n_samples), r_len), weights=run_lengths - 1,
+                                  minlength=n_samples).astype(np.int64)
+        if not np.array_equal(got, lengths):
+            k = int(np.flatnonzero(got != lengths)[0])
+            raise ValueError(f"tokenized row {taken['sample_id'][k].as_py()!r}: n_tokens is {int(lengths[k])} but its "
+                             f"token columns hold {int(got[k])} tokens; re-run tokenize")
     # int32 wraps as the old int64 sum cast to int32 did; ids stay far below 2**31 in practice
-    sub = values("subsegment_ids", (k_in_pack * SUBSEGMENT_STRIDE).astype(np.int32))
+    token_cols = {
+        "input_ids": compact_values("input_ids"),
+        "target_ids": compact_values("target_ids"),
+        "position_ids": compact_values("position_ids"),
+        "subsegment_ids": compact_values("subsegment_ids", (k_in_pack * SUBSEGMENT_STRIDE).astype(np.int32)),
+    }
     # cu_seqlens: per pack [0, end_0, end_1, ...] relative to the pack start
     cu_off = pack_off + np.arange(n_packs + 1)
     cu_vals = np.zeros(n_samples + n_packs, dtype=np.int64)
@@ -505,7 +590,8 @@ def assemble_packs(
     media_flat = pc.list_flatten(media_col)
     m_counts = pc.list_value_length(media_col).to_numpy(zero_copy_only=False).astype(np.int64)
     m_sample = np.repeat(np.arange(n_samples), m_counts)
-    names = [f.name for f in PACKED.field("media").type.value_type]
+    media_fields = list(schema.field("media").type.value_type)
+    names = [f.name for f in media_fields]
     children = {}
     for name in names:
         if name == "sample_index":
@@ -524,28 +610,34 @@ def assemble_packs(
             continue
         else:
             children[name] = media_flat.field(name)
-    media_struct = pa.StructArray.from_arrays([children[n] for n in names], fields=list(PACKED.field("media").type.value_type))
+    media_struct = pa.StructArray.from_arrays([children[n] for n in names], fields=media_fields)
     m_pack_off = np.concatenate([[0], np.cumsum(m_counts)])[pack_off]
     media = pa.ListArray.from_arrays(pa.array(m_pack_off.astype(np.int32)), media_struct)
 
-    target = values("target_ids")
-    if cut is not None:
-        # the last kept token of a cut row would predict a token that is gone
-        target[(sample_end - 1)[cut]] = -100
+    def token_list(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
+
     units = taken["n_vision_units"].to_numpy().astype(np.int64)
     cols = {
         "pack_index": pa.array(np.arange(first_pack_index, first_pack_index + n_packs, dtype=np.int64)),
         "n_tokens": pa.array(np.diff(tok_pack_off).astype(np.int32)),
         "n_vision_units": pa.array(np.add.reduceat(units, pack_off[:-1]).astype(np.int32) if n_samples else np.zeros(0, np.int32)),
         "sample_ids": pa.ListArray.from_arrays(pa.array(pack_off.astype(np.int32)), taken["sample_id"].combine_chunks()),
-        "input_ids": token_list(values("input_ids")),
-        "target_ids": token_list(target),
-        "position_ids": token_list(values("position_ids")),
-        "subsegment_ids": token_list(sub),
-        "cu_seqlens": cu,
-        "media": media,
     }
-    return pa.Table.from_arrays(list(cols.values()), schema=PACKED)
+    if layout == "full":
+        expanded, off = expand(token_cols, c_pack_off, run_starts, run_lengths, r_pack_off)
+        if not np.array_equal(off, tok_pack_off):
+            raise RuntimeError("internal error: expanded packs disagree with their n_tokens")
+        for name in TOKEN_COLUMNS:
+            cols[name] = token_list(expanded[name], tok_pack_off)
+    else:
+        for name in TOKEN_COLUMNS:
+            cols[f"compact_{name}"] = token_list(token_cols[name], c_pack_off)
+        cols["run_starts"] = token_list(run_starts, r_pack_off)
+        cols["run_lengths"] = token_list(run_lengths, r_pack_off)
+    cols["cu_seqlens"] = cu
+    cols["media"] = media
+    return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
 
 
 def _media_payload(media_flat: pa.StructArray, media_data, which: list[int] | None = None) -> tuple[pa.Array, pa.Array]:

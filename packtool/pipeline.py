@@ -916,10 +916,10 @@ class _RowStore:
             lo, hi = int(self.starts[g]), int(self.starts[g + 1])
             used = self.never[lo:hi].copy()
             if not used.all():
-                from .packer import ASSEMBLY_COLUMNS
+                from .packer import assembly_columns
 
                 try:
-                    table = self.pf.read_row_group(g, columns=ASSEMBLY_COLUMNS, use_threads=False)
+                    table = self.pf.read_row_group(g, columns=assembly_columns(self.pf.schema_arrow), use_threads=False)
                 except self._arrow_errors as exc:  # a page whose checksum fails
                     raise shard_error(self.file, exc) from None
                 self.held[g] = [table, np.arange(lo, hi, dtype=np.int64), used]
@@ -1003,6 +1003,7 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
     import pyarrow as pa
 
     from .packer import PackPlan, assemble_packs
+    from .schema import packed_schema
 
     cfg = task.cfg
     try:
@@ -1047,7 +1048,7 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
         loader = _media_loader(root, cfg.frame_quality) if cfg.media == "embed" else None
         store = _RowStore(pf, never=sorted(set(plan.dropped) | set(bad)), file=src)
         truncated = set(plan.truncated)
-        with ShardWriter(out, _packed_schema(), rows_per_shard=cfg.packs_per_shard, row_group_rows=PACKED_GROUP_ROWS,
+        with ShardWriter(out, packed_schema(cfg.layout), rows_per_shard=cfg.packs_per_shard, row_group_rows=PACKED_GROUP_ROWS,
                          prefix=task_prefix(task.index)) as writer:
             # chunks restart at each shard's first pack, so with PACK_CHUNK == PACKED_GROUP_ROWS
             # each chunk is one whole row group and the writer need not join chunks (a copy)
@@ -1062,7 +1063,7 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
                 first = task.index * PACK_INDEX_STRIDE + p0
                 if loader is not None and not isinstance(root, Path):
                     _prefetch_media(root, tables, where)
-                writer.write_table(assemble_packs(tables, sub, first, loader, cfg.max_tokens))
+                writer.write_table(assemble_packs(tables, sub, first, loader, cfg.max_tokens, layout=cfg.layout))
                 report(len(rows))
         errors.commit()
     except BaseException:
@@ -1074,10 +1075,11 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
     return record
 
 
-def _packed_schema():
-    from .schema import PACKED
+def _layout_record(cfg: PackConfig) -> dict:
+    """The packed manifest's schema version and layout (``runs``: version 3, ``full``: version 2)."""
+    from .schema import LAYOUTS
 
-    return PACKED
+    return {"schema_version": LAYOUTS[cfg.layout], "layout": cfg.layout}
 
 
 @_environment_errors
@@ -1175,7 +1177,7 @@ def pack_dataset(
         counts["tasks"] = len(entries)
         return {"kind": "packed", "dry_run": True, "config": config, "capacities": capacities, "counts": counts,
                 "vision": tok_manifest.get("vision"), "shards": [], "plans": [r["plan"] for r in results]}
-    manifest_extra = {"capacities": capacities, "tokenizer": tok_manifest.get("tokenizer"),
+    manifest_extra = {**_layout_record(cfg), "capacities": capacities, "tokenizer": tok_manifest.get("tokenizer"),
                       "vision": tok_manifest.get("vision"), "template": tok_manifest.get("template"),
                       "source": {"path": src_name, "config_digest": tok_manifest["config_digest"]}}
     run = {"kind": "packed", "config": config, "config_digest": digest, "world_size": ex.world_size,
@@ -1283,7 +1285,7 @@ class _MixShards:
         """
         import pyarrow as pa
 
-        from .packer import ASSEMBLY_COLUMNS
+        from .packer import assembly_columns
 
         wanted, inverse = np.unique(gid, return_inverse=True)
         tables, bases, held = [], [], []
@@ -1294,7 +1296,8 @@ class _MixShards:
             entry = self.cache.get(u)
             if entry is None:
                 try:
-                    table = self.get(s, k).read_row_group(g, columns=ASSEMBLY_COLUMNS, use_threads=False)
+                    pf = self.get(s, k)
+                    table = pf.read_row_group(g, columns=assembly_columns(pf.schema_arrow), use_threads=False)
                 except (pa.ArrowException, OSError) as exc:
                     raise shard_error(self.file(s, k), exc) from None
                 lo = int(self.group_starts[(s, k)][g])
@@ -1325,11 +1328,13 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
     ``sample_sources``. Counts are kept per source for the manifest's ``mixture`` record.
     """
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     from .mixture import copy_suffixes
     from .packer import PackPlan, assemble_packs
-    from .schema import PACKED_MIXTURE
+    from .runs import loss_tokens
+    from .schema import packed_schema
+
+    schema = packed_schema(task.cfg.layout, mixture=True)
 
     cfg = task.cfg
     n = len(task.src)
@@ -1426,7 +1431,7 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
         # positions of each group's entries, ascending: group u's are by_group[first[u]:first[u + 1]]
         by_group = np.argsort(gid, kind="stable")
         first = np.searchsorted(gid[by_group], np.arange(pairs.shape[1] + 1))
-        with ShardWriter(out, PACKED_MIXTURE, rows_per_shard=cfg.packs_per_shard, row_group_rows=PACKED_GROUP_ROWS,
+        with ShardWriter(out, schema, rows_per_shard=cfg.packs_per_shard, row_group_rows=PACKED_GROUP_ROWS,
                          prefix=task_prefix(task.index)) as writer:
             for p0, p1 in zip(bounds, [*bounds[1:], plan.n_packs][:len(bounds)], strict=True):
                 a, b = plan.offsets[p0], plan.offsets[p1]
@@ -1438,13 +1443,10 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
                 tables, where = shards.take(gid[a:b], pairs, local[rows], future)
                 sub = PackPlan(where, plan.offsets[p0:p1 + 1] - plan.offsets[p0],
                                truncated=[int(where[k]) for k, r in enumerate(rows.tolist()) if r in truncated])
-                table = assemble_packs(tables, sub, task.index * PACK_INDEX_STRIDE + p0, None, cfg.max_tokens,
+                table = assemble_packs(tables, sub, task.index * PACK_INDEX_STRIDE + p0, None, cfg.max_tokens, layout=cfg.layout,
                                        media_loaders=None if loaders is None else (loaders, task.src[rows]))
-                writer.write_table(_mixture_columns(table, task.src[rows], task.copy[rows], PACKED_MIXTURE))
-                # loss tokens per sample: target_ids != -100 over each sample's span, samples back to back
-                hit = (pc.list_flatten(table.column("target_ids").combine_chunks())
-                       .to_numpy(zero_copy_only=False) != -100).astype(np.int64)
-                per_sample = np.add.reduceat(hit, np.cumsum(eff[rows]) - eff[rows]) if len(rows) else hit
+                writer.write_table(_mixture_columns(table, task.src[rows], task.copy[rows], schema))
+                per_sample = loss_tokens(table, eff[rows])
                 loss += np.bincount(task.src[rows], weights=per_sample, minlength=n_src).astype(np.int64)
                 report(len(rows))
         errors.commit()
@@ -1566,7 +1568,8 @@ def _pack_mixture(mixture, out: Path, cfg: PackConfig, progress: Progress, overw
         counts["tasks"] = n_tasks
         return {"kind": "packed", "dry_run": True, "config": config, "capacities": capacities, "counts": counts,
                 "vision": first.get("vision"), "mixture": record, "shards": []}
-    manifest_extra = {"capacities": capacities, "tokenizer": first.get("tokenizer"), "vision": first.get("vision"),
+    manifest_extra = {**_layout_record(cfg), "capacities": capacities, "tokenizer": first.get("tokenizer"),
+                      "vision": first.get("vision"),
                       "template": first.get("template"), "mixture": mix}
     inputs = {str(Path(s.path) / e["file"]): e["sha256"] for s, m in zip(mixture.sources, manifests, strict=True)
               for e in m["shards"]}

@@ -12,13 +12,22 @@ from pathlib import Path
 
 import pyarrow as pa
 
-__all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "MEDIA_FIELDS", "media_type", "TOKENIZED", "PACKED", "PACKED_MIXTURE", "schema_json", "SUBSEGMENT_STRIDE", "PREFIX_SUBSEGMENT"]
+__all__ = ["SCHEMA_VERSION", "FULL_VERSION", "READABLE_VERSIONS", "LAYOUTS", "MEDIA_FIELDS", "media_type", "TOKENIZED",
+           "TOKENIZED_ROWS", "PACKED", "PACKED_FULL", "PACKED_MIXTURE", "PACKED_MIXTURE_FULL", "packed_schema", "expanded_form",
+           "schema_json", "SUBSEGMENT_STRIDE", "PREFIX_SUBSEGMENT"]
 
-SCHEMA_VERSION = 2
+#: What tokenize writes, and pack by default: token columns in runs form (``packtool.runs``).
+SCHEMA_VERSION = 3
+#: The expanded layout (every token stored): what ``pack --layout full`` writes, byte for byte
+#: what packtool wrote before the runs form.
+FULL_VERSION = 2
 #: Versions of each kind this packtool reads: version 2 changed only packed shards (media
 #: ``data`` became the image file's ``binary`` everywhere; video frames moved to ``frames``),
-#: so tokenized directories of version 1 are read (and packed) as they are.
-READABLE_VERSIONS = {"tokenized": (1, 2), "packed": (2,)}
+#: so tokenized directories of version 1 are read (and packed) as they are; version 3 stores
+#: token columns in runs form in both kinds.
+READABLE_VERSIONS = {"tokenized": (1, 2, 3), "packed": (2, 3)}
+#: Packed layouts: ``runs`` (schema version 3, the default) and ``full`` (version 2).
+LAYOUTS = {"runs": SCHEMA_VERSION, "full": FULL_VERSION}
 
 #: Sample ``k`` of a pack uses subsegment ids ``k * SUBSEGMENT_STRIDE + b``.
 SUBSEGMENT_STRIDE = 100_000
@@ -48,7 +57,7 @@ def media_type(extra: list[pa.Field] | None = None) -> pa.DataType:
     return pa.list_(pa.struct(MEDIA_FIELDS + (extra or [])))
 
 
-TOKENIZED = pa.schema(
+TOKENIZED_ROWS = pa.schema(
     [
         pa.field("sample_id", pa.string(), nullable=False),
         pa.field("source", pa.string(), nullable=False),
@@ -65,10 +74,10 @@ TOKENIZED = pa.schema(
         pa.field("media", media_type([pa.field("data", pa.binary()), pa.field("size_bytes", pa.int64()),
                                       pa.field("mtime_ns", pa.int64())]), nullable=False),
     ],
-    metadata={"packtool.kind": "tokenized", "packtool.schema_version": str(SCHEMA_VERSION)},
+    metadata={"packtool.kind": "tokenized", "packtool.schema_version": str(FULL_VERSION)},
 )
 
-PACKED = pa.schema(
+PACKED_FULL = pa.schema(
     [
         pa.field("pack_index", pa.int64(), nullable=False),
         pa.field("n_tokens", pa.int32(), nullable=False),
@@ -88,17 +97,64 @@ PACKED = pa.schema(
             nullable=False,
         ),
     ],
-    metadata={"packtool.kind": "packed", "packtool.schema_version": str(SCHEMA_VERSION)},
+    metadata={"packtool.kind": "packed", "packtool.schema_version": str(FULL_VERSION)},
 )
-
 
 #: Packed shards of a mixture (``pack A B ... --rates``): ``PACKED`` plus ``sample_sources``, the
 #: position in the manifest's ``mixture.sources`` of each sample (parallel to ``sample_ids``).
 #: One source, no rates: ``PACKED`` itself, so those shards are what they always were.
-PACKED_MIXTURE = pa.schema(
-    [*PACKED, pa.field("sample_sources", _i32_list, nullable=False)],
-    metadata={"packtool.kind": "packed", "packtool.schema_version": str(SCHEMA_VERSION), "packtool.mixture": "1"},
+PACKED_MIXTURE_FULL = pa.schema(
+    [*PACKED_FULL, pa.field("sample_sources", _i32_list, nullable=False)],
+    metadata={"packtool.kind": "packed", "packtool.schema_version": str(FULL_VERSION), "packtool.mixture": "1"},
 )
+
+_TOKEN_COLUMNS = ("input_ids", "target_ids", "position_ids", "subsegment_ids")
+
+
+def _runs_form(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with its four token columns in runs form (see ``packtool.runs``): each
+    ``X`` becomes ``compact_X`` (a row's tokens with every run cut to its first token), and
+    ``run_starts`` (each run's index in the compact row) and ``run_lengths`` (the tokens it
+    stands for) follow them."""
+    fields = []
+    for f in schema:
+        if f.name in _TOKEN_COLUMNS:
+            fields.append(f.with_name(f"compact_{f.name}"))
+            if f.name == _TOKEN_COLUMNS[-1]:
+                fields += [pa.field("run_starts", _i32_list, nullable=False),
+                           pa.field("run_lengths", _i32_list, nullable=False)]
+        else:
+            fields.append(f)
+    meta = dict(schema.metadata)
+    meta[b"packtool.schema_version"] = str(SCHEMA_VERSION).encode()
+    return pa.schema(fields, metadata=meta)
+
+
+def expanded_form(schema: pa.Schema) -> pa.Schema:
+    """The expanded twin of a runs-form schema (the inverse of the runs form), or ``schema`` itself."""
+    if "run_starts" not in schema.names:
+        return schema
+    fields = [f.with_name(f.name.removeprefix("compact_")) for f in schema if f.name not in ("run_starts", "run_lengths")]
+    meta = dict(schema.metadata)
+    meta[b"packtool.schema_version"] = str(FULL_VERSION).encode()
+    return pa.schema(fields, metadata=meta)
+
+
+#: Tokenized shards as written (schema version 3): token columns in runs form.
+TOKENIZED = _runs_form(TOKENIZED_ROWS)
+#: Packed shards as written by default (schema version 3, ``--layout runs``); ``n_tokens``,
+#: ``cu_seqlens`` and media ``token_offset`` / ``n_tokens`` count expanded tokens.
+PACKED = _runs_form(PACKED_FULL)
+PACKED_MIXTURE = _runs_form(PACKED_MIXTURE_FULL)
+
+
+def packed_schema(layout: str = "runs", mixture: bool = False) -> pa.Schema:
+    """The schema of packed shards of a layout (``runs`` or ``full``), plain or of a mixture."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+    if layout == "full":
+        return PACKED_MIXTURE_FULL if mixture else PACKED_FULL
+    return PACKED_MIXTURE if mixture else PACKED
 
 
 def _type_json(t: pa.DataType):
@@ -116,14 +172,21 @@ def _field_json(f: pa.Field) -> dict:
 def schema_json(schema: pa.Schema) -> dict:
     """A readable, stable JSON description of a schema (what ``schemas/*.json`` hold)."""
     meta = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
-    return {"kind": meta.get("packtool.kind"), "schema_version": SCHEMA_VERSION, "fields": [_field_json(f) for f in schema]}
+    return {"kind": meta.get("packtool.kind"), "schema_version": int(meta["packtool.schema_version"]),
+            "fields": [_field_json(f) for f in schema]}
+
+
+#: The schemas ``make schemas`` writes, by file name stem.
+SCHEMA_FILES = (("tokenized", TOKENIZED), ("packed", PACKED), ("packed-mixture", PACKED_MIXTURE),
+                ("tokenized", TOKENIZED_ROWS), ("packed", PACKED_FULL), ("packed-mixture", PACKED_MIXTURE_FULL))
 
 
 def write_schemas(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, schema in (("tokenized", TOKENIZED), ("packed", PACKED), ("packed-mixture", PACKED_MIXTURE)):
-        path = out / f"{name}.v{SCHEMA_VERSION}.json"
+    for name, schema in SCHEMA_FILES:
+        version = schema.metadata[b"packtool.schema_version"].decode()
+        path = out / f"{name}.v{version}.json"
         path.write_text(json.dumps(schema_json(schema), indent=2) + "\n")
         written.append(path)
     return written

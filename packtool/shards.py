@@ -30,7 +30,8 @@ import pyarrow.parquet as pq
 from . import __version__
 from .config import config_diff
 from .errors import InputError, OutputError, ResumeMismatchError
-from .schema import READABLE_VERSIONS, SCHEMA_VERSION
+from .runs import compact_table, is_runs_table
+from .schema import READABLE_VERSIONS, SCHEMA_VERSION, expanded_form
 
 __all__ = [
     "ShardWriter",
@@ -286,6 +287,8 @@ class ShardWriter:
 
     def write_table(self, table: pa.Table) -> None:
         """Append rows; shards and row groups are cut at fixed row counts, so output is deterministic."""
+        if is_runs_table(self.schema) and not is_runs_table(table):
+            table = compact_table(table)  # expanded rows given to a runs-form writer
         table = table.cast(self.schema) if table.schema != self.schema else table
         sizes = row_bytes(table)
         offset = 0
@@ -301,9 +304,10 @@ class ShardWriter:
                 self._close_shard()
 
     def write_rows(self, rows: list[dict]) -> None:
-        """Append rows given as dicts of the schema's fields (see :func:`rows_table`)."""
+        """Append rows given as dicts of the schema's fields (see :func:`rows_table`); a runs-form
+        schema takes expanded rows (``input_ids``, ...) and stores them compacted."""
         if rows:
-            self.write_table(rows_table(rows, self.schema))
+            self.write_table(rows_table(rows, expanded_form(self.schema)))
 
     def _group_cut(self) -> int:
         """Rows of the next row group: up to ``row_group_rows``, within ``max_group_bytes`` (at least 1)."""
@@ -355,10 +359,11 @@ class ShardWriter:
             self._tmp().unlink(missing_ok=True)
 
 
-def write_manifest(out_dir: Path, kind: str, config: dict, config_digest: str, shards: list[dict], **extra) -> dict:
+def write_manifest(out_dir: Path, kind: str, config: dict, config_digest: str, shards: list[dict],
+                   schema_version: int = SCHEMA_VERSION, **extra) -> dict:
     manifest = {
         "kind": kind,
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": schema_version,
         "packtool_version": __version__,
         "config": config,
         "config_digest": config_digest,

@@ -31,18 +31,30 @@ from pathlib import Path
 import numpy as np
 
 from .errors import REASON_CODES, InputError
+from .runs import (
+    COMPACT_COLUMNS,
+    MIN_RUN,
+    RUN_COLUMNS,
+    TOKEN_COLUMNS,
+    compact_table,
+    expand_table,
+    is_runs_table,
+)
 from .schema import (
     PACKED,
+    PACKED_FULL,
     PACKED_MIXTURE,
+    PACKED_MIXTURE_FULL,
     PREFIX_SUBSEGMENT,
     READABLE_VERSIONS,
     SCHEMA_VERSION,
     SUBSEGMENT_STRIDE,
     TOKENIZED,
+    TOKENIZED_ROWS,
 )
 from .shards import ERRORS, MANIFEST, errors_path, read_manifest, sha256_file
 
-__all__ = ["validate_dir", "render_report", "check_row"]
+__all__ = ["validate_dir", "render_report", "check_row", "run_problems"]
 
 log = logging.getLogger(__name__)
 
@@ -228,17 +240,87 @@ def _mixture_problem(pf, n_sources: int) -> str | None:
     return None
 
 
+def run_problems(table) -> list[tuple[int, str]]:
+    """Problems of the run tables of a batch in runs form, as ``(row in the batch, what)``.
+
+    A run table must give each row as many lengths as starts; starts lie inside the
+    compact row, strictly ascending; every run stands for at least ``MIN_RUN`` tokens; and
+    the row is in its one canonical form (compacting the expanded row gives the stored
+    row back: runs maximal, nothing a run could hold stored token by token), so the
+    bytes are a function of the row alone.
+
+    Example:
+        >>> import pyarrow as pa
+        >>> t = pa.table({"compact_input_ids": pa.array([[7, 9, 3]], pa.list_(pa.int32())),
+        ...               "run_starts": pa.array([[1]], pa.list_(pa.int32())), "run_lengths": pa.array([[2]], pa.list_(pa.int32()))})
+        >>> run_problems(t)
+        [(0, 'run 0 stands for 2 tokens, fewer than 8')]
+    """
+    _, c_off = _list_rows(table.column("compact_input_ids"))
+    starts, s_off = _list_rows(table.column("run_starts"))
+    lengths, l_off = _list_rows(table.column("run_lengths"))
+    starts, lengths = starts[s_off[0]:s_off[-1]], lengths[l_off[0]:l_off[-1]]
+    out: list[tuple[int, str]] = []
+    s_off, l_off, c_off = s_off - s_off[0], l_off - l_off[0], c_off - c_off[0]
+    for r in np.flatnonzero(np.diff(s_off) != np.diff(l_off)).tolist():
+        out.append((r, f"run_starts has {int(s_off[r + 1] - s_off[r])} entries, run_lengths {int(l_off[r + 1] - l_off[r])}"))
+    if out:
+        return out
+    row = np.repeat(np.arange(len(s_off) - 1), np.diff(s_off))
+    k = np.arange(len(starts)) - s_off[row]
+    outside = (starts < 0) | (starts >= np.diff(c_off)[row])
+    unsorted = np.zeros(len(starts), dtype=bool)
+    unsorted[1:] = (np.diff(starts) <= 0) & (row[1:] == row[:-1])
+    short = lengths < MIN_RUN
+    seen: set[int] = set()
+    for j in np.flatnonzero(outside | unsorted | short).tolist():
+        r = int(row[j])
+        if r in seen:
+            continue
+        seen.add(r)
+        if outside[j]:
+            what = f"run {int(k[j])} starts at {int(starts[j])}, outside the compact row of {int(c_off[r + 1] - c_off[r])}"
+        elif unsorted[j]:
+            what = f"run {int(k[j])} starts at {int(starts[j])}, not after the run before it"
+        else:
+            what = f"run {int(k[j])} stands for {int(lengths[j])} tokens, fewer than {MIN_RUN}"
+        out.append((r, what))
+    if out or not all(c in table.column_names for c in COMPACT_COLUMNS):
+        return out
+    again = compact_table(expand_table(table.select([*COMPACT_COLUMNS, *RUN_COLUMNS])))
+    for name in (*COMPACT_COLUMNS, *RUN_COLUMNS):
+        a, b = table.column(name).to_pylist(), again.column(name).to_pylist()
+        out += [(r, f"{name} is not in canonical runs form (a run is split or not stored as one)")
+                for r in range(len(a)) if a[r] != b[r] and r not in seen]
+        seen.update(r for r, _ in out)
+    return sorted(out)
+
+
 def _check_rows(pf, file: str, kind: str, caps: dict | None, problems: _Problems, check_media: bool,
                 pad_ids: dict) -> tuple[int, int]:
-    """Check every row of one shard; return (rows, samples) seen."""
+    """Check every row of one shard (expanding a runs-form shard after checking its run
+    tables); return (rows, samples) seen."""
+    import pyarrow as pa
+
     n_rows = n_samples = 0
-    cols = ["input_ids", "target_ids", "position_ids", "subsegment_ids"]
+    cols = list(TOKEN_COLUMNS)
     for batch in pf.iter_batches(batch_size=256):
+        batch = pa.Table.from_batches([batch])
+        if is_runs_table(batch):
+            bad = run_problems(batch)
+            for r, what in bad:
+                problems.add(f"{file}: row {n_rows + r}", what)
+            if bad:  # the rows cannot be expanded faithfully; their other checks would only repeat it
+                n_rows += batch.num_rows
+                if problems.full:
+                    return n_rows, n_samples
+                continue
+            batch = expand_table(batch)
         flat = {c: _list_rows(batch.column(c)) for c in cols + (["cu_seqlens"] if kind == "packed" else [])}
         media = batch.column("media").to_pylist()
         n_tok = batch.column("n_tokens").to_numpy()
         n_units = batch.column("n_vision_units").to_numpy()
-        n_in_row = (np.diff(batch.column("sample_ids").offsets.to_numpy()) if kind == "packed"
+        n_in_row = (np.diff(batch.column("sample_ids").combine_chunks().offsets.to_numpy()) if kind == "packed"
                     else np.ones(batch.num_rows, dtype=np.int64))
         for r in range(batch.num_rows):
             row = {c: v[o[r]:o[r + 1]] for c, (v, o) in flat.items()}
@@ -283,7 +365,13 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
         problems.add(MANIFEST, f"unknown kind {kind!r}")
         return report
     mixture = manifest.get("mixture") if kind == "packed" else None
-    expected = (PACKED_MIXTURE if mixture is not None else PACKED) if kind == "packed" else TOKENIZED
+    version = manifest.get("schema_version")
+    if kind == "packed":
+        expected = {(True, True): PACKED_MIXTURE, (True, False): PACKED,
+                    (False, True): PACKED_MIXTURE_FULL, (False, False): PACKED_FULL}[(version == SCHEMA_VERSION,
+                                                                                      mixture is not None)]
+    else:
+        expected = TOKENIZED if version == SCHEMA_VERSION else TOKENIZED_ROWS
     caps = None
     if kind == "packed":
         caps = dict(manifest.get("capacities") or {})
@@ -318,6 +406,8 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
         if not schema_msg and meta.get("packtool.schema_version") not in readable:
             schema_msg = (f"written with schema version {meta.get('packtool.schema_version')!r}, "
                           f"this packtool reads {' or '.join(readable)}")
+        elif not schema_msg and version != SCHEMA_VERSION and meta.get("packtool.schema_version") == str(SCHEMA_VERSION):
+            schema_msg = f"written with schema version {SCHEMA_VERSION}, the manifest says {version}"
         if schema_msg:
             problems.add(file, schema_msg)
             continue

@@ -13,8 +13,9 @@ SAMPLE = ROOT / "examples" / "sample"
 
 @pytest.fixture(scope="session")
 def demo_dirs(tmp_path_factory) -> dict[str, Path]:
-    """``{"tokenized": Path, "packed": Path, "sample": Path}`` built from examples/sample
-    with the library (embedded media, 8192 tokens per pack)."""
+    """``{"tokenized": Path, "packed": Path, "packed-full": Path, "sample": Path}`` built from
+    examples/sample with the library (embedded media, 8192 tokens per pack; ``packed-full``
+    with ``layout="full"``)."""
     from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
 
     base = tmp_path_factory.mktemp("demo")
@@ -22,7 +23,9 @@ def demo_dirs(tmp_path_factory) -> dict[str, Path]:
     packed = base / "packed"
     tokenize_dataset([SAMPLE / "data.jsonl"], tok, TokenizeConfig(media_root=str(SAMPLE)))
     pack_dataset(tok, packed, PackConfig(max_tokens=8192))
-    return {"tokenized": tok, "packed": packed, "sample": SAMPLE}
+    full = base / "packed-full"
+    pack_dataset(tok, full, PackConfig(max_tokens=8192, layout="full"))
+    return {"tokenized": tok, "packed": packed, "packed-full": full, "sample": SAMPLE}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -36,3 +36,28 @@ def gather_runs(src, starts, lengths, dst_starts, add, dst) -> None:
     for a, n, d, x in zip(starts, lengths, dst_starts, add, strict=True):
         for j in range(int(n)):
             dst[int(d) + j] = (int(src[int(a) + j]) + int(x) + 2**31) % 2**32 - 2**31
+
+
+def compact_row(ids, tgt, pos, sub, min_run: int) -> tuple[list[list[int]], list[int], list[int]]:
+    """One row's runs form token by token (twin of ``runs.compact``): the four compact
+    columns, run starts and run lengths."""
+    n = len(ids)
+    stored: list[list[int]] = [[], [], [], []]
+    starts, lengths = [], []
+    t = 0
+    while t < n:
+        e = t + 1
+        while (e < n and ids[e] == ids[t] and tgt[e] == tgt[t] and sub[e] == sub[t]
+               and int(pos[e]) == int(pos[e - 1]) + 1):
+            e += 1
+        if e - t >= min_run:
+            starts.append(len(stored[0]))
+            lengths.append(e - t)
+            take = [t]
+        else:
+            take = list(range(t, e))
+        for j in take:
+            for col, src in zip(stored, (ids, tgt, pos, sub), strict=True):
+                col.append(int(src[j]))
+        t = e
+    return stored, starts, lengths

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from packtool.runs import read_expanded
 from packtool.schema import PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
 from packtool.tokenization import load_tokenizer
 
@@ -19,7 +20,7 @@ def _packed_rows(packed_dir):
     manifest = json.loads((packed_dir / ".packtool" / "manifest.json").read_text())
     rows = []
     for shard in manifest["shards"]:
-        rows.extend(pq.read_table(packed_dir / shard["file"]).to_pylist())
+        rows.extend(read_expanded(packed_dir / shard["file"]).to_pylist())
     return manifest, rows
 
 

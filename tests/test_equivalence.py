@@ -24,7 +24,8 @@ from packtool.packer import PackPlan, assemble_packs
 from packtool.reader import PackedDataset, attention_mask, position_ids
 from packtool.records import MediaRef, Message, Part, Sample
 from packtool.rows import EncodeContext, encode_samples, shifted_targets
-from packtool.schema import PREFIX_SUBSEGMENT, TOKENIZED
+from packtool.runs import expand_table, read_expanded
+from packtool.schema import PREFIX_SUBSEGMENT, TOKENIZED, TOKENIZED_ROWS
 from packtool.shards import ShardWriter, read_manifest, write_manifest
 from packtool.templates import get_template
 from packtool.tokenization import load_tokenizer
@@ -194,9 +195,8 @@ def demo(tmp_path_factory) -> dict:
     tok = base / "tok"
     packtool.tokenize_dataset([SAMPLE / "data.jsonl"], tok, TokenizeConfig(media_root=str(SAMPLE)))
     man = read_manifest(tok, "tokenized")
-    import pyarrow.parquet as pq
 
-    demo_rows = pa.concat_tables([pq.read_table(tok / s["file"]) for s in man["shards"]]).to_pylist()
+    demo_rows = pa.concat_tables([read_expanded(tok / s["file"]) for s in man["shards"]]).to_pylist()
     ctx = EncodeContext(load_tokenizer(None), get_template("chatml"), get_family("qwen2.5-vl"), SAMPLE)
     trees = _tree_samples()
     tree_rows, rejected = encode_samples(trees, ctx)
@@ -388,9 +388,9 @@ def _tokenized_row(i: int, prefix, prefix_loss, spans, branches) -> tuple[dict, 
 @given(samples=synthetic_samples(), order_seed=st.integers(0, 1000), vision=st.sampled_from(["causal", "media", "sample"]))
 def test_hypothesis_packed_equals_alone(samples, order_seed, vision):
     built = [_tokenized_row(i, *s) for i, s in enumerate(samples)]
-    table = pa.Table.from_pylist([r for r, _ in built], schema=TOKENIZED)
+    table = pa.Table.from_pylist([r for r, _ in built], schema=TOKENIZED_ROWS)
     order = np.random.default_rng(order_seed).permutation(len(built))
-    packed = assemble_packs(table, PackPlan(order, np.array([0, len(order)])), first_pack_index=0)
+    packed = expand_table(assemble_packs(table, PackPlan(order, np.array([0, len(order)])), first_pack_index=0))
     row = packed.to_pylist()[0]
     alones = {r["sample_id"]: a for r, a in built}
     check_row(row, alones, vision=vision)

@@ -17,6 +17,7 @@ from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
 from packtool.inspection import LOSS_CLOSE, LOSS_OPEN, inspect_dir, render_inspection
 from packtool.records import MediaRef, Message, Part, Sample
 from packtool.rows import EncodeContext, encode_samples
+from packtool.runs import read_expanded
 from packtool.schema import TOKENIZED
 from packtool.shards import ShardWriter, write_manifest
 from packtool.templates import get_template
@@ -64,7 +65,7 @@ def test_demo_pack_reads_like_the_source_records(demo_dirs):
     manifest = json.loads((demo_dirs["packed"] / ".packtool" / "manifest.json").read_text())
     rows = []
     for shard in manifest["shards"]:
-        rows += pq.read_table(demo_dirs["packed"] / shard["file"], columns=["pack_index", "sample_ids", "cu_seqlens", "target_ids"]).to_pylist()
+        rows += read_expanded(demo_dirs["packed"] / shard["file"], columns=["pack_index", "sample_ids", "cu_seqlens", "target_ids"]).to_pylist()
     row = next(r for r in rows if r["pack_index"] == 1)
     assert view["kind"] == "pack" and view["pack_index"] == 1
     assert [s["sample_id"] for s in view["samples"]] == row["sample_ids"]
@@ -131,7 +132,7 @@ def tree_dir(tmp_path_factory) -> Path:
 def test_tree_shows_prefix_then_each_branch(tree_dir):
     view = inspect_dir(tree_dir, sample="tree-0")
     s = view["samples"][0]
-    row = pq.read_table(next(tree_dir.glob("*.parquet"))).to_pylist()[0]
+    row = read_expanded(next(tree_dir.glob("*.parquet"))).to_pylist()[0]
     sub, pos = np.array(row["subsegment_ids"]), np.array(row["position_ids"])
     p = int((sub == 10000).sum())
     assert [r["part"] for r in s["ruler"]] == ["prefix", "branch 0", "branch 1", "branch 2"]
@@ -208,7 +209,7 @@ def video_pack(tmp_path_factory) -> dict:
 
 def test_pack_with_video_lists_frames_and_collapses_placeholders(video_pack):
     view = inspect_dir(video_pack["packed"], pack=0)
-    (row,) = pq.read_table(next(video_pack["packed"].glob("*.parquet"))).to_pylist()
+    (row,) = read_expanded(next(video_pack["packed"].glob("*.parquet"))).to_pylist()
     assert view["n_samples"] == 2 and [s["sample_id"] for s in view["samples"]] == ["vid-0", "vid-1"]
     video_pad = load_tokenizer().special_id("<|video_pad|>")
     for s, m_row, (_, q, a) in zip(view["samples"], row["media"], video_pack["qa"], strict=True):

@@ -23,6 +23,7 @@ import pytest
 from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
 from packtool.errors import ConfigError
 from packtool.mixture import Mixture, interleave, plan_mixture, requested_count, select_rows
+from packtool.runs import read_expanded
 from packtool.schema import PACKED, PACKED_MIXTURE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,7 +126,7 @@ def packed_rows(d: Path) -> dict:
     manifest = json.loads((d / ".packtool" / "manifest.json").read_text())
     ids, srcs, tokens, units, loss = [], [], [], [], []
     for entry in manifest["shards"]:
-        t = pq.read_table(d / entry["file"])
+        t = read_expanded(d / entry["file"])
         for row in t.select(["sample_ids", "sample_sources", "cu_seqlens", "target_ids", "media"]).to_pylist():
             ids += row["sample_ids"]
             srcs += row["sample_sources"]

@@ -24,7 +24,8 @@ from packtool.packer import (
     unit_axis,
     unit_granularity,
 )
-from packtool.schema import SUBSEGMENT_STRIDE
+from packtool.runs import compact_table, expand_table
+from packtool.schema import PACKED, PACKED_FULL, SUBSEGMENT_STRIDE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.naive import brute_force_knapsack, pack_capacity_ok  # noqa: E402
@@ -293,6 +294,9 @@ def test_assemble_concatenates_renumbers_and_truncates_vectorized():
     plan = plan_packs(tokens, units, has_media, cfg, 32)
     assert plan.truncated == [3]
     packed = assemble_packs(table, plan, 7, None, max_tokens)
+    assert packed.schema.equals(PACKED) and [288] in packed.column("run_lengths").to_pylist()  # a span is one run
+    assert assemble_packs(table, plan, 7, None, max_tokens, layout="full").equals(expand_table(packed).cast(PACKED_FULL))
+    packed = expand_table(packed)
     rows = packed.to_pylist()
     src = table.to_pylist()
     assert [r["pack_index"] for r in rows] == list(range(7, 7 + plan.n_packs))
@@ -333,4 +337,31 @@ def test_assemble_from_several_tables_equals_one_table():
     parts = [table.slice(0, 2), pa.concat_tables([table.slice(2, 2), table.slice(4, 1)]), table.slice(5)]
     split = assemble_packs(parts, plan, 0, None, max_tokens)
     assert split.equals(whole)
-    assert split.column("target_ids").to_pylist() != assemble_packs(table, plan, 0).column("target_ids").to_pylist()
+    # tokenized rows in runs form (as tokenize writes them) give the same bytes
+    assert assemble_packs([compact_table(p) for p in parts], plan, 0, None, max_tokens).equals(whole)
+    assert assemble_packs(compact_table(table), plan, 0, None, max_tokens, layout="full").equals(
+        assemble_packs(table, plan, 0, None, max_tokens, layout="full"))
+    untruncated = assemble_packs(table, plan, 0)
+    assert split.column("compact_target_ids").to_pylist() != untruncated.column("compact_target_ids").to_pylist()
+
+
+def test_truncation_inside_a_run_cuts_the_run():
+    """A text row cut by --oversize truncate in the middle of a run of one repeated token: the
+    packed row is the first max_tokens tokens, last target -100, the cut run shortened."""
+    from packtool.packer import PackPlan
+    from packtool.schema import TOKENIZED_ROWS
+
+    ids = np.array([5, 6] + [9] * 40 + [7] * 10, dtype=np.int32)
+    tgt = np.append(ids[1:], -100).astype(np.int32)  # loss on every token: runs of 9 predict 9
+    row = {"sample_id": "long", "source": "t", "source_row": 0, "n_tokens": len(ids), "n_vision_units": 0,
+           "n_branches": 1, "input_ids": ids, "target_ids": tgt, "position_ids": np.arange(len(ids), dtype=np.int32),
+           "subsegment_ids": np.full(len(ids), 10_000, np.int32), "media": []}
+    table = compact_table(pa.Table.from_pylist([row], schema=TOKENIZED_ROWS))
+    assert table.column("run_lengths").to_pylist() == [[39, 9]]  # the 9s' last one predicts 7: its own stretch
+    plan = PackPlan(np.array([0]), np.array([0, 1]), truncated=[0])
+    packed = assemble_packs(table, plan, 0, None, 20)
+    assert packed.column("run_lengths").to_pylist() == [[17]] and packed.column("run_starts").to_pylist() == [[2]]
+    got = expand_table(packed).to_pylist()[0]
+    assert got["input_ids"] == ids[:20].tolist() and got["position_ids"] == list(range(20))
+    assert got["target_ids"] == tgt[:19].tolist() + [-100] and got["n_tokens"] == 20
+    assert expand_table(packed).cast(PACKED_FULL).equals(assemble_packs(table, plan, 0, None, 20, layout="full"))

@@ -6,6 +6,7 @@ import copy
 import io
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +32,14 @@ from packtool.reader import (
     flash_attn_varlen_kwargs,
     position_ids,
 )
-from packtool.schema import PACKED, PREFIX_SUBSEGMENT, SCHEMA_VERSION, SUBSEGMENT_STRIDE
+from packtool.runs import compact_table, expand_row
+from packtool.schema import (
+    PACKED,
+    PACKED_FULL,
+    PREFIX_SUBSEGMENT,
+    SCHEMA_VERSION,
+    SUBSEGMENT_STRIDE,
+)
 from packtool.shards import sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +70,8 @@ def write_packed(out: Path, shard_rows: list[int], group_rows: int, seed: int = 
             })
             index += 1
         name = f"part-{s:05d}.parquet"
-        pq.write_table(pa.Table.from_pylist(rows, schema=PACKED), out / name, row_group_size=group_rows)
+        pq.write_table(compact_table(pa.Table.from_pylist(rows, schema=PACKED_FULL)).cast(PACKED), out / name,
+                       row_group_size=group_rows)
         shards.append({"file": name, "rows": n_rows, "bytes": (out / name).stat().st_size, "sha256": sha256_file(out / name)})
     manifest = {"kind": "packed", "schema_version": SCHEMA_VERSION, "config": {}, "config_digest": f"synthetic-{seed}", "shards": shards}
     (out / ".packtool").mkdir()
@@ -345,7 +354,14 @@ def test_plain_pyarrow_reads_shards(demo):
     data = pads.dataset([str(demo["embed"] / e["file"]) for e in manifest["shards"]], format="parquet").to_table()
     assert data.num_rows == total == len(PackedDataset(demo["embed"]))
     first = data.slice(0, 1).to_pylist()[0]
-    assert len(first["input_ids"]) == first["n_tokens"] == first["cu_seqlens"][-1]
+    # runs form: a direct reader finds no `input_ids` (never compact data under that name) ...
+    assert "input_ids" not in first and len(first["compact_input_ids"]) < first["n_tokens"]
+    # ... and packtool.runs.expand_row gives the documented row, the one PackedDataset yields
+    row = expand_row(first)
+    assert len(row["input_ids"]) == row["n_tokens"] == row["cu_seqlens"][-1]
+    mine = next(r for r in PackedDataset(demo["embed"], shuffle=False) if r["pack_index"] == first["pack_index"])
+    for name in ("input_ids", "target_ids", "position_ids", "subsegment_ids"):
+        assert row[name] == mine[name].tolist(), name
 
 
 # --------------------------------------------------------------------------- masks and positions
@@ -540,3 +556,25 @@ def test_readme_numpy_batches_run(demo):
     batch = scope["batch"]
     assert batch["input_ids"].shape[0] == 2 and batch["attention_mask"].shape[:2] == (2, 1)
     assert all(len(p) == len(m) for p, m in zip(batch["pixel"], batch["media"], strict=True))
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda row: row["run_lengths"].__setitem__(0, row["run_lengths"][0] + 1), "has n_tokens"),
+    (lambda row: row["run_starts"].__setitem__(0, len(row["compact_input_ids"])), "cannot be read"),
+])
+def test_a_damaged_run_table_is_an_input_error(demo, tmp_path, edit, says):
+    """A run table that does not expand to the row's n_tokens, or points outside the row, is
+    refused with the shard named, never expanded into a wrong row."""
+    d = tmp_path / "ref"
+    shutil.copytree(demo["ref"], d)
+    manifest = json.loads((d / ".packtool" / "manifest.json").read_text())
+    f = d / manifest["shards"][0]["file"]
+    rows = pq.read_table(f).to_pylist()
+    assert rows[0]["run_lengths"], "the demo's first pack holds image spans"
+    edit(rows[0])
+    pq.write_table(pa.Table.from_pylist(rows, schema=PACKED), f)
+    manifest["shards"][0].update(bytes=f.stat().st_size, sha256=sha256_file(f))
+    (d / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match=says) as err:
+        list(PackedDataset(d, shuffle=False))
+    assert f.name in str(err.value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from packtool.schema import TOKENIZED
+from packtool.schema import TOKENIZED_ROWS
 from packtool.shards import rows_table
 
 
@@ -24,10 +24,10 @@ def test_rows_table_equals_from_pylist():
     rows = [_row(i, int(rng.integers(0, 40)), rng) for i in range(50)]  # empty rows included
     rows[3]["input_ids"] = np.zeros(0, dtype=np.int32)
     rows[3]["n_tokens"] = 0
-    want = pa.Table.from_pylist(rows, schema=TOKENIZED)
-    got = rows_table(rows, TOKENIZED)
+    want = pa.Table.from_pylist(rows, schema=TOKENIZED_ROWS)
+    got = rows_table(rows, TOKENIZED_ROWS)
     assert got.schema == want.schema and got.equals(want)
     # a column given as lists (or another dtype) takes the generic path, same table
     rows[5]["position_ids"] = rows[5]["position_ids"].tolist()
     rows[6]["target_ids"] = rows[6]["target_ids"].astype(np.int64)
-    assert rows_table(rows, TOKENIZED).equals(pa.Table.from_pylist(rows, schema=TOKENIZED))
+    assert rows_table(rows, TOKENIZED_ROWS).equals(pa.Table.from_pylist(rows, schema=TOKENIZED_ROWS))

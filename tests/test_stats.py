@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+from packtool.runs import read_expanded
 from packtool.stats import compute_stats, naive_padding, pack_padding, plan_stats, render_stats
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +106,7 @@ def _columns(d: Path, cols: list[str]) -> dict[str, list]:
     manifest = json.loads((d / ".packtool" / "manifest.json").read_text())
     out: dict[str, list] = {c: [] for c in cols}
     for shard in manifest["shards"]:
-        t = pq.read_table(d / shard["file"], columns=cols)
+        t = read_expanded(d / shard["file"], columns=cols)
         for c in cols:
             out[c].extend(t[c].to_pylist())
     return out

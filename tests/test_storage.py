@@ -31,6 +31,7 @@ from packtool import storage  # noqa: E402
 from packtool.errors import ConfigError, SampleError  # noqa: E402
 from packtool.media import probe_image, probe_video  # noqa: E402
 from packtool.reader import PackedDataset  # noqa: E402
+from packtool.runs import read_expanded
 from tests.video_fixtures import write_video  # noqa: E402
 
 BUCKET = "data"
@@ -192,8 +193,8 @@ def test_bucket_pipeline_writes_the_bytes_of_a_local_run(s3, corpus, local_run, 
     # tokenized shards: the same rows; only the recorded source (a URL) and media times differ
     tok = objects(s3, "tok")
     for s in local_tok["shards"]:
-        a = pq.read_table(local_run / "tok" / s["file"])
-        b = pq.read_table(io.BytesIO(tok[s["file"]]))
+        a = read_expanded(local_run / "tok" / s["file"])
+        b = read_expanded(io.BytesIO(tok[s["file"]]))
         for col in ("sample_id", "source_row", "input_ids", "target_ids", "position_ids", "subsegment_ids"):
             assert a[col].equals(b[col]), (s["file"], col)
         assert set(b["source"].to_pylist()) == {f"s3://{BUCKET}/corpus/data.jsonl"}

@@ -50,6 +50,7 @@ from PIL import Image
 
 from packtool.formats import Rejected, iter_samples, parse_record
 from packtool.rows import EncodeContext, encode_samples
+from packtool.runs import read_expanded
 from packtool.templates import get_template
 from packtool.tokenization import load_tokenizer
 from packtool.vision import get_family
@@ -355,7 +356,7 @@ def test_tokenize_cli_records_the_flag_and_writes_golden_rows_and_reasons(media_
     errors = [json.loads(line) for line in (out / ".packtool" / "errors.jsonl").read_text().splitlines()]
     assert {(e["sample_id"], e["reason"]) for e in errors} == {("bad-args", "bad_tool_arguments"),
                                                                 ("orphan", "orphan_tool_result")}
-    table = pq.read_table(sorted(out.glob("part-*.parquet"))).to_pylist()
+    table = pa.concat_tables([read_expanded(f) for f in sorted(out.glob("part-*.parquet"))]).to_pylist()
     got = {row["sample_id"]: row for row in table}
     assert got["tools"]["input_ids"] == GOLDEN_TOOLS["qwen3-vl"]
     assert got["think"]["input_ids"] == GOLDEN_REASONING

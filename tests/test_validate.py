@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packtool.schema import PACKED
+from packtool.runs import MIN_RUN, compact_table, expand_table
+from packtool.schema import PACKED, PACKED_FULL
 from packtool.shards import sha256_file
 from packtool.validate import validate_dir
 
@@ -36,15 +37,28 @@ def rewrite_row(d: Path, edit) -> None:
     """Replace the first shard by one whose row 0 is edited, and re-list it in the manifest
     (size and hash updated), so only the row checks can notice."""
     f = shard(d)
+    rows = expand_table(pq.read_table(f)).to_pylist()
+    edit(rows[0])
+    pq.write_table(compact_table(pa.Table.from_pylist(rows, schema=PACKED_FULL)).cast(PACKED), f)
+    relist(d, f)
+
+
+def rewrite_runs(d: Path, edit) -> None:
+    """Replace the first shard by one whose stored (compact) row 0 is edited, re-listed."""
+    f = shard(d)
     rows = pq.read_table(f).to_pylist()
     edit(rows[0])
     pq.write_table(pa.Table.from_pylist(rows, schema=PACKED), f)
+    relist(d, f)
+
+
+def relist(d: Path, f: Path) -> None:
     manifest = json.loads((d / ".packtool" / "manifest.json").read_text())
     manifest["shards"][0].update(bytes=f.stat().st_size, sha256=sha256_file(f))
     (d / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
 
 
-@pytest.mark.parametrize("kind", ["tokenized", "packed"])
+@pytest.mark.parametrize("kind", ["tokenized", "packed", "packed-full"])
 def test_whole_directories_pass(demo_dirs, kind):
     r = run("validate", str(demo_dirs[kind]))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -150,7 +164,52 @@ def test_schema_version_of_the_shards_is_checked(packed):
     manifest["shards"][0].update(bytes=f.stat().st_size, sha256=sha256_file(f))
     (packed / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     report = validate_dir(packed)
-    assert [p["what"] for p in report["problems"]] == ["written with schema version '0', this packtool reads 2"]
+    assert [p["what"] for p in report["problems"]] == ["written with schema version '0', this packtool reads 2 or 3"]
     manifest["schema_version"] = 0
     (packed / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     assert "schema version 0" in validate_dir(packed)["problems"][0]["what"]
+
+
+def _first_run(row) -> int:
+    lengths = row["run_lengths"]
+    assert lengths, "the demo's first pack holds image spans, stored as runs"
+    return 0
+
+
+@pytest.mark.parametrize("edit, what", [
+    (lambda row: row["run_starts"].__setitem__(0, len(row["compact_input_ids"]) + 3), "outside the compact row"),
+    (lambda row: row["run_starts"].insert(1, row["run_starts"][0]) or row["run_lengths"].insert(1, MIN_RUN),
+     "not after the run before it"),
+    (lambda row: row["run_lengths"].pop(), "run_starts has"),
+    (lambda row: row["run_lengths"].__setitem__(0, MIN_RUN - 1), f"fewer than {MIN_RUN}"),
+])
+def test_bad_run_tables_are_caught(packed, edit, what):
+    def change(row):
+        _first_run(row)
+        edit(row)
+
+    rewrite_runs(packed, change)
+    report = validate_dir(packed)
+    assert not report["ok"]
+    assert report["problems"][0]["where"].endswith(": row 0") and what in report["problems"][0]["what"], report
+
+
+def test_runs_not_in_canonical_form_are_caught(packed):
+    """A run stored as two (same expanded row, other bytes) breaks determinism: reported."""
+    def split(row):
+        k = _first_run(row)
+        start, n = row["run_starts"][k], row["run_lengths"][k]
+        half = n // 2
+        for name in ("compact_input_ids", "compact_target_ids", "compact_subsegment_ids"):
+            row[name].insert(start + 1, row[name][start])
+        row["compact_position_ids"].insert(start + 1, row["compact_position_ids"][start] + half)
+        row["run_starts"][k + 1:] = [s + 1 for s in row["run_starts"][k + 1:]]
+        row["run_starts"].insert(k + 1, start + 1)
+        row["run_lengths"][k:k + 1] = [half, n - half]
+
+    before = expand_table(pq.read_table(shard(packed))).slice(0, 1).to_pylist()
+    rewrite_runs(packed, split)
+    assert expand_table(pq.read_table(shard(packed))).slice(0, 1).to_pylist() == before  # the same tokens
+    report = validate_dir(packed)
+    assert [p["what"] for p in report["problems"]][:1] == [
+        "compact_input_ids is not in canonical runs form (a run is split or not stored as one)"], report

@@ -60,6 +60,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from ..errors import ConfigError, InputError, ResumeMismatchError
+from ..runs import expand_table
 from ..schema import PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
 from ..shards import MANIFEST, read_manifest, sha256_file
 
@@ -101,7 +102,10 @@ class PackedDataset:
     ``cu_seqlens`` (``np.int32`` arrays) and ``media`` (list of dicts, see
     ``schema.PACKED``); a mixture's rows also hold ``sample_sources`` (list of int: each
     sample's position in the manifest's ``mixture.sources``, for per-source loss). See the
-    module docstring for how the stream is split.
+    module docstring for how the stream is split. Shards in runs form (packed schema version
+    3, the default) are expanded one row group at a time (``packtool.runs.expand_table``), so
+    rows are the same whichever ``--layout`` wrote them; a run table that does not expand to
+    the row's ``n_tokens`` raises ``InputError``.
 
     Args:
         path: a ``packtool pack`` output directory (holding ``.packtool/manifest.json``).
@@ -332,7 +336,8 @@ class PackedDataset:
                     group = None  # release the previous group before reading the next
                     file = self._file(shard)
                     try:
-                        table = self._read_group(shard, g)
+                        # a runs-form group (schema v3) is expanded once, whole: rows come out as documented
+                        table = expand_table(self._read_group(shard, g))
                     except (OSError, ValueError) as exc:  # pyarrow's errors derive from these
                         raise _corrupt(file, exc) from None
                     group = _Group(table, file)
@@ -457,6 +462,11 @@ class _Group:
             self.cols[name] = (arr.offsets.to_numpy(), arr.values.to_numpy(zero_copy_only=False))
         self.pack_index = table.column("pack_index").to_numpy()
         self.n_tokens = table.column("n_tokens").to_numpy()
+        lengths = np.diff(self.cols["input_ids"][0])
+        if not np.array_equal(lengths, self.n_tokens):
+            i = int(np.flatnonzero(lengths != self.n_tokens)[0])
+            raise InputError(f"shard {str(file)!r}: pack {int(self.pack_index[i])} has n_tokens {int(self.n_tokens[i])} "
+                             f"but {int(lengths[i])} tokens; the file is corrupt: copy it again or re-run packtool pack")
         self.n_units = table.column("n_vision_units").to_numpy()
 
     def row(self, i: int) -> dict[str, Any]:
