@@ -1230,6 +1230,7 @@ class _MixTask:
     config_digest: str
     max_errors: int | None
     on_error: str
+    cwd: str = "."  # the driver's working directory, which relative paths are relative to
 
 
 #: Per-source counts a mixture task adds up (``{source position: n}`` each), moved into the
@@ -1251,13 +1252,16 @@ class _MixShards:
         self.group_starts: dict[tuple[int, int], np.ndarray] = {}
         self.cache: dict[int, object] = {}
 
+    def dir(self, s: int) -> Path:
+        return Path(_at(self.task.sources[s].path, self.task.cwd))
+
     def file(self, s: int, k: int) -> Path:
-        return Path(self.task.sources[s].path) / self.task.sources[s].entries[k]["file"]
+        return self.dir(s) / self.task.sources[s].entries[k]["file"]
 
     def get(self, s: int, k: int):
         pf = self.open.get((s, k))
         if pf is None:
-            pf = open_shard(Path(self.task.sources[s].path), self.task.sources[s].entries[k], sha256=self.verify)
+            pf = open_shard(self.dir(s), self.task.sources[s].entries[k], sha256=self.verify)
             meta = pf.metadata
             self.group_starts[(s, k)] = np.concatenate(
                 [[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])]).astype(np.int64)
@@ -1393,7 +1397,7 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
     if task.out_dir is None:
         report(n)
         return {"task": task.index, "counts": counts, "plan": plan}
-    out = Path(task.out_dir)
+    out = Path(_at(task.out_dir, task.cwd))
     clear_task(out, task.index)
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     loss = np.zeros(n_src, np.int64)
@@ -1551,7 +1555,8 @@ def _pack_mixture(mixture, out: Path, cfg: PackConfig, progress: Progress, overw
 
     def make(t: int, out_dir: str | None) -> _MixTask:
         src, row, copy = plan.tasks[t]
-        return _MixTask(t, tuple(refs), src, row, copy, out_dir, cfg, max_units, digest, max_errors, on_error)
+        return _MixTask(t, tuple(refs), src, row, copy, out_dir, cfg, max_units, digest, max_errors, on_error,
+                        os.getcwd())
 
     n_tasks = len(plan.tasks)
     if dry_run:
