@@ -48,6 +48,8 @@ __all__ = [
     "join",
     "set_options",
     "storage_options",
+    "forwarded_env",
+    "with_env",
     "filesystem",
     "StorageError",
     "storage_errors",
@@ -181,6 +183,48 @@ def storage_options() -> dict:
     if not isinstance(options, dict):
         raise ConfigError(f"{OPTIONS_ENV} is not a JSON object; unset it or use --storage-option KEY=VALUE")
     return options
+
+
+#: What a task on another machine needs of the driver's environment to reach the same store:
+#: ``--storage-option`` values and the endpoint, credentials and region variables. Variables
+#: naming a file on the driver's machine (``AWS_PROFILE``, ``AWS_SHARED_CREDENTIALS_FILE``,
+#: ``GOOGLE_APPLICATION_CREDENTIALS``) are not carried: that file is not on the other machine.
+FORWARDED_ENV = (OPTIONS_ENV, "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                 "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION")
+
+
+def forwarded_env() -> dict[str, str]:
+    """The driver's :data:`FORWARDED_ENV` variables that are set, for tasks on other machines.
+
+    A Ray worker on another node starts from its own node's environment, not the driver's;
+    :func:`with_env` applies these there. They travel inside the task's arguments, never in a
+    Ray ``runtime_env`` (which the cluster's dashboard and job listing show in clear).
+    """
+    return {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
+
+
+@contextlib.contextmanager
+def with_env(env: dict[str, str]) -> Iterator[None]:
+    """Run the block with ``env`` set (a task from another machine's driver), then restore.
+
+    The file systems made in this process are dropped whenever the variables change, so no
+    task reaches a store with another run's endpoint or credentials.
+    """
+    saved = {k: os.environ.get(k) for k in env}
+    changed = any(saved[k] != v for k, v in env.items())
+    if changed:
+        os.environ.update(env)
+        _FILESYSTEMS.clear()
+    try:
+        yield
+    finally:
+        if changed:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            _FILESYSTEMS.clear()
 
 
 _FILESYSTEMS: dict = {}
