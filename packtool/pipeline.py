@@ -43,7 +43,7 @@ from .errors import (
 from .executors import ExecutorConfig, run_tasks, set_total, worker_place
 from .formats import Rejected, expand_inputs, parse_json_line, parse_record
 from .mixture import Mixture
-from .publication import output_dir, publish_task, state_prepared, task_dir, task_target, tasks_ran
+from .publication import output_dir, publish_task, state_prepared, stored_plan, task_dir, task_target, tasks_ran
 from .shards import (
     ERRORS,
     LEGACY_ERRORS,
@@ -58,7 +58,6 @@ from .shards import (
     read_run,
     run_lock,
     shard_error,
-    stored_plan,
     sweep_stale_tmps,
     task_errors_path,
     task_prefix,
@@ -691,6 +690,7 @@ def tokenize_dataset(
     }
     # what the plan depends on, known from a stat of each input: nothing is read yet
     identity = {source_name(f): [st.st_size, st.st_mtime_ns] for f in files for st in (f.stat(),)}
+    local = {source_name(f): str(f) for f in files}  # a stored plan's input names -> the files here
     key = digest_of({"plan_version": PLAN_VERSION, "config_digest": digest, "inputs": identity})
     # a second run of this rank into the output is refused, naming this one
     with output_dir(out_dir, ex.rank, overwrite) as out:
@@ -699,7 +699,7 @@ def tokenize_dataset(
                 slices, total = plan_tokenize_tasks(files, cfg.rows_per_shard)
                 log.info("planned %d tokenize tasks from %d inputs", len(slices), len(files))
             else:
-                slices = [tuple(Slice(p, a, b, o, tuple(g) if g else None) for p, a, b, o, g in t)
+                slices = [tuple(Slice(local[p], a, b, o, tuple(g) if g else None) for p, a, b, o, g in t)
                           for t in slot.plan["tasks"]]
                 total = slot.plan["total"]
                 log.info("read the stored plan of %d tokenize tasks; the inputs are not scanned again", len(slices))
@@ -711,9 +711,11 @@ def tokenize_dataset(
                 log.info("%s already holds this run; nothing to do", out_dir)
                 return done
             state_prepared(out)
+            # inputs by their names (a fetched input by its URL): a rank on another machine, with
+            # its copies elsewhere, reads the same plan
             slot.store({"kind": "tokenized", "key": key, "n_tasks": len(slices), "total": total,
-                        "tasks": [[[sl.path, sl.start, sl.stop, sl.offset, list(sl.groups) if sl.groups else None]
-                                   for sl in t] for t in slices]})
+                        "tasks": [[[source_name(sl.path), sl.start, sl.stop, sl.offset,
+                                    list(sl.groups) if sl.groups else None] for sl in t] for t in slices]})
         driver = _Driver(out, digest, len(slices), ex, cfg.max_errors)
         todo, _ = driver.pending()
         tasks = [_TokenizeTask(t, slices[t], task_target(out), cfg, digest, cfg.max_errors, on_error, os.getcwd())

@@ -290,6 +290,31 @@ def test_sigkill_mid_pack_on_the_bucket_then_resume_gives_the_same_bytes(s3, loc
     assert not [n for n in done if "lease" in n]
 
 
+@pytest.mark.slow  # two CLI processes at once against the server
+def test_ranks_on_machines_of_their_own_plan_once_through_the_bucket(s3, bucket_run, tmp_path):
+    """Two ranks into one prefix, each with its own local state (as on two machines): the plan
+    lives in the bucket, so one rank plans and the other reads its plan; together they write
+    what one run writes."""
+    prefix = "ranks"
+    base = [sys.executable, "-m", "packtool", "-v", "tokenize", f"s3://{BUCKET}/corpus/data.jsonl", "--media-root",
+            f"s3://{BUCKET}/corpus", "-o", f"s3://{BUCKET}/{prefix}", *TOK_FLAGS, "--world-size", "2"]
+    procs = [subprocess.Popen([*base, "--rank", str(r)], env={**s3.env, storage.CACHE_ENV: str(tmp_path / f"node{r}")},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    logs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    planned = ["planned 7 tokenize tasks from 1 inputs" in log for log in logs]
+    stored = ["read the stored plan of 7 tokenize tasks" in log for log in logs]
+    assert sorted(planned) == [False, True] and stored == [not p for p in planned], logs
+    # no local state held the plan: neither machine's folders have one
+    assert not list(tmp_path.rglob("plan.json")) and not list(tmp_path.rglob("plan.lock"))
+    done = objects(s3, prefix)
+    plan = json.loads(done[".packtool/plan.json"])
+    assert {sl[0] for task in plan["tasks"] for sl in task} == {f"s3://{BUCKET}/corpus/data.jsonl"}
+    assert ".packtool/plan.lock" not in done
+    one = json.loads(objects(s3, "tok")[".packtool/manifest.json"])
+    assert _manifest_shards(json.loads(done[".packtool/manifest.json"])) == _manifest_shards(one)
+
+
 def _lease(s3, prefix: str, **holder) -> None:
     s3.client().put_object(Bucket=BUCKET, Key=f"{prefix}/.packtool/lease-00000.json", Body=json.dumps(holder).encode())
 
