@@ -43,7 +43,15 @@ from .errors import (
 from .executors import ExecutorConfig, run_tasks, set_total, worker_place
 from .formats import Rejected, expand_inputs, parse_json_line, parse_record
 from .mixture import Mixture
-from .publication import output_dir, publish_task, state_prepared, stored_plan, task_dir, task_target, tasks_ran
+from .publication import (
+    output_dir,
+    publish_task,
+    state_prepared,
+    stored_plan,
+    task_dir,
+    task_target,
+    tasks_ran,
+)
 from .shards import (
     ERRORS,
     LEGACY_ERRORS,
@@ -56,14 +64,12 @@ from .shards import (
     read_manifest,
     read_marker,
     read_run,
-    run_lock,
     shard_error,
     sweep_stale_tmps,
     task_errors_path,
     task_prefix,
     tmp_path,
     write_manifest,
-    write_marker,
 )
 from .storage import (
     as_root,
@@ -1131,10 +1137,7 @@ def pack_dataset(
     if isinstance(src, (list, tuple)):
         src = Mixture.from_rates(list(src)) if len(src) != 1 else src[0]
     if isinstance(src, Mixture):
-        if is_url(str(out_dir)) or any(is_url(str(s.path)) for s in src.sources):
-            raise ConfigError("a mixture reads and writes local directories only; copy the tokenized sources "
-                              "to a local or shared file system (or pack each bucket source on its own)")
-        return _pack_mixture(src, Path(out_dir), cfg, progress, overwrite, dry_run, media_root, ex, max_errors, on_error)
+        return _pack_mixture(src, out_dir, cfg, progress, overwrite, dry_run, media_root, ex, max_errors, on_error)
     src_name = str(src)
     remote_src = is_url(src_name)
     # a bucket's tokenized shards are fetched by the tasks that read them, each checked by its sha256
@@ -1253,17 +1256,33 @@ class _MixShards:
         self.open: dict[tuple[int, int], object] = {}
         self.group_starts: dict[tuple[int, int], np.ndarray] = {}
         self.cache: dict[int, object] = {}
+        self.fetched: list[Path] = []  # this task's copies of shards in a bucket
 
-    def dir(self, s: int) -> Path:
-        return Path(_at(self.task.sources[s].path, self.task.cwd))
+    def file(self, s: int, k: int) -> str:
+        return str(join(_at(self.task.sources[s].path, self.task.cwd), self.task.sources[s].entries[k]["file"]))
 
-    def file(self, s: int, k: int) -> Path:
-        return self.dir(s) / self.task.sources[s].entries[k]["file"]
+    def _open(self, s: int, k: int):
+        source = self.task.sources[s]
+        if not is_url(source.path):
+            return open_shard(Path(_at(source.path, self.task.cwd)), source.entries[k], sha256=self.verify)
+        import pyarrow.parquet as pq
+
+        # a copy of this task's own, checked against the manifest's sha256: other tasks read the same shard
+        local = fetch_shard(self.file(s, k), source.entries[k], private=True)
+        self.fetched.append(local)
+        return pq.ParquetFile(local, page_checksum_verification=True)
+
+    def close(self) -> None:
+        """Let go of every shard; remove the copies fetched from a bucket."""
+        self.open.clear()
+        self.cache.clear()
+        for path in self.fetched:
+            path.unlink(missing_ok=True)
 
     def get(self, s: int, k: int):
         pf = self.open.get((s, k))
         if pf is None:
-            pf = open_shard(self.dir(s), self.task.sources[s].entries[k], sha256=self.verify)
+            pf = self._open(s, k)
             meta = pf.metadata
             self.group_starts[(s, k)] = np.concatenate(
                 [[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])]).astype(np.int64)
@@ -1330,6 +1349,15 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
     sample may appear more than once (its copies get ids ``id#c``), and each packed row carries
     ``sample_sources``. Counts are kept per source for the manifest's ``mixture`` record.
     """
+    shards = _MixShards(task, verify=task.out_dir is not None)
+    try:
+        return _mix_shards(task, report, shards)
+    finally:
+        shards.close()
+
+
+def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShards) -> dict:
+    """:func:`_mix_task` with its shards at hand."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -1340,7 +1368,6 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
     cfg = task.cfg
     n = len(task.src)
     n_src = len(task.sources)
-    shards = _MixShards(task, verify=task.out_dir is not None)
     shard = np.empty(n, np.int64)
     local = np.empty(n, np.int64)
     for s, ms in enumerate(task.sources):
@@ -1363,7 +1390,7 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
             tokens[at] = lengths["n_tokens"].to_numpy()[local[at]]
             units[at] = lengths["n_vision_units"].to_numpy()[local[at]]
             has_media[at] = _has_media(pf)[local[at]]
-            problems = _media_problems(pf, Path(task.sources[s].media_root), task.sources[s].check_mtime)
+            problems = _media_problems(pf, as_root(task.sources[s].media_root), task.sources[s].check_mtime)
         except (pa.ArrowException, KeyError) as exc:
             raise shard_error(shards.file(s, k), exc) from None
         if problems:
@@ -1399,7 +1426,7 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
     if task.out_dir is None:
         report(n)
         return {"task": task.index, "counts": counts, "plan": plan}
-    out = Path(_at(task.out_dir, task.cwd))
+    out = task_dir(_at(task.out_dir, task.cwd))
     clear_task(out, task.index)
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     loss = np.zeros(n_src, np.int64)
@@ -1419,8 +1446,8 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
                 errors.add(Rejected(t["source"][r].as_py(), t["source_row"][r].as_py(), sid, reason,
                                     f"mixture source {_source_name(task, s)}: {message}"))
             report(len(rejected))
-        loaders = ([_media_loader(Path(ms.media_root), cfg.frame_quality) for ms in task.sources]
-                   if cfg.media == "embed" else None)
+        roots = [as_root(ms.media_root) for ms in task.sources]
+        loaders = [_media_loader(r, cfg.frame_quality) for r in roots] if cfg.media == "embed" else None
         truncated = set(plan.truncated)
         bounds = [s + k for s in range(0, plan.n_packs, cfg.packs_per_shard)
                   for k in range(0, min(cfg.packs_per_shard, plan.n_packs - s), PACK_CHUNK)]
@@ -1442,6 +1469,9 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
                     pos = by_group[first[u]:first[u + 1]]
                     future[u] = np.unique(local[order[pos[np.searchsorted(pos, b):]]])
                 tables, where = shards.take(gid[a:b], pairs, local[rows], future)
+                for s, root in enumerate(roots if loaders is not None else []):
+                    if not isinstance(root, Path) and (task.src[rows] == s).any():
+                        _prefetch_media(root, tables, where[task.src[rows] == s])
                 sub = PackPlan(where, plan.offsets[p0:p1 + 1] - plan.offsets[p0],
                                truncated=[int(where[k]) for k, r in enumerate(rows.tolist()) if r in truncated])
                 table = assemble_packs(tables, sub, task.index * PACK_INDEX_STRIDE + p0, None, cfg.max_tokens,
@@ -1458,8 +1488,9 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
         errors.abort()
         raise
     counts["source_loss_tokens"] = {str(i): int(v) for i, v in enumerate(loss.tolist())}
-    record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts}
-    write_marker(out, task.index, record)
+    record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts,
+              "ran_on": worker_place()}
+    publish_task(task.out_dir, out, task.index, record)
     return record
 
 
@@ -1516,7 +1547,7 @@ def _mixture_record(mix: dict, counts: dict, loss: bool = True) -> dict:
     return {**mix, "sources": sources}
 
 
-def _pack_mixture(mixture, out: Path, cfg: PackConfig, progress: Progress, overwrite: bool, dry_run: bool,
+def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progress, overwrite: bool, dry_run: bool,
                   media_root: str | Path | None, ex: ExecutorConfig, max_errors: int | None, on_error: str) -> dict:
     """``pack_dataset`` for a :class:`~packtool.mixture.Mixture` (see there)."""
     from .mixture import plan_mixture
@@ -1526,6 +1557,9 @@ def _pack_mixture(mixture, out: Path, cfg: PackConfig, progress: Progress, overw
                           "from the root its tokenize run used (re-tokenize a source whose media moved)")
     manifests = []
     for s in mixture.sources:
+        if is_url(s.path):  # a tokenized run in a bucket: its manifest now, each task fetches its shards
+            manifests.append(fetch_manifest(s.path.rstrip("/"), "tokenized"))
+            continue
         path = Path(s.path)
         if not path.is_dir():
             raise InputError(f"mixture source {s.path!r} is not a directory; give the output directory of "
@@ -1541,11 +1575,15 @@ def _pack_mixture(mixture, out: Path, cfg: PackConfig, progress: Progress, overw
         raise ConfigError("--text-weight must be at least 1 so every sample has value to the packer")
     refs = []
     for s, m in zip(mixture.sources, manifests, strict=True):
-        counted = Path(str(m["config"].get("media_root", "."))).resolve()
-        root = Path(media_root).resolve() if media_root is not None else counted
-        for entry in m["shards"]:
-            open_shard(Path(s.path), entry)
-        refs.append(_MixSource(s.path, tuple(m["shards"]), str(root), root == counted))
+        counted = as_root(str(m["config"].get("media_root", "."))).resolve()
+        root = as_root(str(media_root)).resolve() if media_root is not None else counted
+        if is_url(s.path):  # one listing: every shard there, of its size (the sha256 is per task)
+            check_listed(s.path.rstrip("/"), m["shards"])
+        else:
+            for entry in m["shards"]:
+                open_shard(Path(s.path), entry)
+        refs.append(_MixSource(s.path.rstrip("/") if is_url(s.path) else s.path, tuple(m["shards"]), str(root),
+                               root == counted))
     available = [sum(e["rows"] for e in m["shards"]) for m in manifests]
     plan = plan_mixture(mixture, available)
     mix = mixture.to_dict()
@@ -1575,17 +1613,19 @@ def _pack_mixture(mixture, out: Path, cfg: PackConfig, progress: Progress, overw
                 "vision": first.get("vision"), "mixture": record, "shards": []}
     manifest_extra = {"capacities": capacities, "tokenizer": first.get("tokenizer"), "vision": first.get("vision"),
                       "template": first.get("template"), "mixture": mix}
-    inputs = {str(Path(s.path) / e["file"]): e["sha256"] for s, m in zip(mixture.sources, manifests, strict=True)
+    inputs = {str(join(s.path, e["file"])): e["sha256"] for s, m in zip(mixture.sources, manifests, strict=True)
               for e in m["shards"]}
     run = {"kind": "packed", "config": config, "config_digest": digest, "world_size": ex.world_size,
            "n_tasks": n_tasks, "tasks_digest": plan.digest(), "inputs": inputs, "manifest": manifest_extra,
            "max_errors": max_errors}
-    with run_lock(out, ex.rank):
+    with output_dir(out_dir, ex.rank, overwrite) as out:
         done = prepare_run(out, run, overwrite)
         if done is not None:
             return done
+        state_prepared(out)
         driver = _Driver(out, digest, n_tasks, ex, max_errors)
         todo, _ = driver.pending()
         set_total(progress, sum(len(plan.tasks[t][0]) for t in todo))
-        driver.run(_mix_task, [make(t, str(out)) for t in todo], todo, progress)
+        driver.run(_mix_task, [make(t, task_target(out)) for t in todo], todo, progress)
+        tasks_ran(out)
         return _finish_or_partial(out, run, ex)

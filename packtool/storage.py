@@ -838,11 +838,14 @@ def _get_shard(fs, path: str, url: str, entry: dict, target: Path) -> None:
     os.replace(tmp, target)
 
 
-def fetch_shard(url: str, entry: dict) -> Path:
+def fetch_shard(url: str, entry: dict, private: bool = False) -> Path:
     """A local copy of the one shard at ``url`` (what a pack task reads), checked against its
     manifest ``entry``'s sha256; named by that hash, so a copy is fetched once per machine.
-    The caller removes it when done (:func:`drop_shard`), so disk holds one shard per worker."""
-    target = cache_dir() / "shards" / f"{entry['sha256'][:32]}.parquet"
+    The caller removes it when done, so disk holds one shard per worker. ``private``: a copy
+    of this process alone (a mixture task reads shards that other tasks read at the same time,
+    and removes its copies when it ends)."""
+    name = f"{entry['sha256'][:32]}-{os.getpid()}" if private else entry["sha256"][:32]
+    target = cache_dir() / "shards" / f"{name}.parquet"
     target.parent.mkdir(parents=True, exist_ok=True)
     if not (target.is_file() and target.stat().st_size == entry["bytes"]):
         fs, path = filesystem(url)

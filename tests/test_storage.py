@@ -315,6 +315,39 @@ def test_ranks_on_machines_of_their_own_plan_once_through_the_bucket(s3, bucket_
     assert _manifest_shards(json.loads(done[".packtool/manifest.json"])) == _manifest_shards(one)
 
 
+@pytest.mark.slow  # two mixture packs of the real CLI
+def test_a_mixture_from_and_into_the_bucket_writes_the_bytes_of_the_local_mixture(s3, local_run, bucket_run, tmp_path):
+    # two sources: the bucket's own tokenized run (media in the bucket) and a copy of the local
+    # run's (media on local disk), against the local run's directory twice
+    upload_dir(s3.client(), local_run / "tok", BUCKET, "tok-l")
+    mix = ["--rates", "1.0,0.5", "--samples-per-task", "250", "--max-tokens", "4096", "--packs-per-shard", "20",
+           "--workers", "2", "--quiet"]
+    local = tmp_path / "mixed"
+    cli(s3, "pack", str(local_run / "tok"), str(local_run / "tok"), "-o", str(local), *mix, cache=tmp_path / "c1")
+    r = cli(s3, "pack", f"s3://{BUCKET}/tok", f"s3://{BUCKET}/tok-l", "-o", f"s3://{BUCKET}/mixed", *mix, "--json",
+            cache=tmp_path / "c2")
+    want = json.loads((local / ".packtool" / "manifest.json").read_text())
+    got = objects(s3, "mixed")
+    manifest = json.loads(got[".packtool/manifest.json"])
+    assert _manifest_shards(manifest) == _manifest_shards(want) and len(want["shards"]) > 3
+    for entry in want["shards"]:
+        assert got[entry["file"]] == (local / entry["file"]).read_bytes(), entry["file"]
+    assert json.loads(r.stdout)["packs"] == want["counts"]["packs"]
+    assert [s["realised"] for s in manifest["mixture"]["sources"]] == [s["realised"] for s in want["mixture"]["sources"]]
+    assert [s["path"] for s in manifest["mixture"]["sources"]] == [f"s3://{BUCKET}/tok", f"s3://{BUCKET}/tok-l"]
+    assert not [n for n in got if "lease" in n or n.endswith(".tmp")]
+    # the tasks removed the copies of the source shards they fetched
+    assert not list((tmp_path / "c2" / "shards").glob("*.parquet"))
+    # stats reads the mixture in the bucket as it reads the local one
+    remote = json.loads(cli(s3, "stats", f"s3://{BUCKET}/mixed", "--json", cache=tmp_path / "c2").stdout)
+    here = json.loads(cli(s3, "stats", str(local), "--json", cache=tmp_path / "c2").stdout)
+    def unnamed(report: dict) -> list[dict]:
+        return [{k: v for k, v in s.items() if k not in ("source", "path")} for s in report["mixture"]["sources"]]
+
+    assert unnamed(remote) == unnamed(here) and remote["packs"] == here["packs"]
+    assert [s["source"] for s in remote["mixture"]["sources"]] == [f"s3://{BUCKET}/tok", f"s3://{BUCKET}/tok-l"]
+
+
 def _lease(s3, prefix: str, **holder) -> None:
     s3.client().put_object(Bucket=BUCKET, Key=f"{prefix}/.packtool/lease-00000.json", Body=json.dumps(holder).encode())
 
