@@ -40,7 +40,7 @@ from .errors import (
     SampleError,
     TooManyErrorsError,
 )
-from .executors import ExecutorConfig, run_tasks, set_total, worker_place
+from .executors import ExecutorConfig, default_workers, run_tasks, set_total, worker_place
 from .formats import Rejected, expand_inputs, parse_json_line, parse_record
 from .mixture import Mixture
 from .publication import (
@@ -436,31 +436,124 @@ def _parquet_groups(path: Path) -> list[int] | None:
     return [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
 
 
+#: Byte ranges of a JSONL input that planning scans in parallel (threads: reading and numpy's
+#: byte comparison release the GIL).
+SCAN_RANGE_BYTES = 64 << 20
+#: The scan keeps the offset of every this-many-th newline of a range, so finding a task's first
+#: line afterwards reads at most this many lines again.
+SCAN_MARK_EVERY = 256
+
+
+@dataclass(frozen=True, slots=True)
+class _Scan:
+    """The newlines of one JSONL file, scanned range by range: each range's first byte, its
+    newline count and the offsets of its newlines number ``m-1, 2m-1, ...`` (``m`` the mark
+    stride, counted from the range's first newline)."""
+
+    path: Path
+    size: int
+    ends_with_newline: bool
+    starts: np.ndarray
+    counts: np.ndarray
+    marks: tuple[np.ndarray, ...]
+    every: int
+
+
+def _scan_range(path: Path, start: int, stop: int, every: int) -> tuple[int, np.ndarray]:
+    """``(newlines, marks)`` of bytes ``[start, stop)`` of ``path`` (see :class:`_Scan`)."""
+    count = 0
+    marks = []
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        pos, left = start, stop - start
+        while left > 0 and (chunk := fh.read(min(1 << 22, left))):
+            nl = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+            # newline i of this chunk is newline count + i of the range: marked when (count + i + 1) % every == 0
+            marks.append(nl[(-count - 1) % every::every] + pos)
+            count += len(nl)
+            pos += len(chunk)
+            left -= len(chunk)
+    return count, (np.concatenate(marks) if marks else np.zeros(0, np.int64))
+
+
+def _scan_files(paths: list[Path], workers: int, range_bytes: int = SCAN_RANGE_BYTES,
+                every: int = SCAN_MARK_EVERY) -> dict[Path, _Scan]:
+    """Scan ``paths`` for newlines, all their byte ranges at once on ``workers`` threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = []
+    sizes = {}
+    for path in paths:
+        sizes[path] = size = path.stat().st_size
+        jobs += [(path, a, min(a + range_bytes, size)) for a in range(0, size, range_bytes)] or [(path, 0, 0)]
+    if workers > 1 and len(jobs) > 1:
+        with ThreadPoolExecutor(min(workers, len(jobs)), thread_name_prefix="packtool-plan") as pool:
+            found = list(pool.map(lambda j: _scan_range(*j, every), jobs))
+    else:
+        found = [_scan_range(*j, every) for j in jobs]
+    scans = {}
+    for path in paths:
+        mine = [(j[1], *f) for j, f in zip(jobs, found, strict=True) if j[0] == path]
+        last = b"\n"
+        if sizes[path]:
+            with open(path, "rb") as fh:
+                fh.seek(sizes[path] - 1)
+                last = fh.read(1)
+        scans[path] = _Scan(path, sizes[path], last == b"\n", np.array([m[0] for m in mine], np.int64),
+                            np.array([m[1] for m in mine], np.int64), tuple(m[2] for m in mine), every)
+    return scans
+
+
+def _nth_newline(fh, pos: int, n: int) -> int:
+    """Offset of the ``n``-th newline (1-based) at or after ``pos``."""
+    fh.seek(pos)
+    while chunk := fh.read(1 << 16):
+        nl = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+        if len(nl) >= n:
+            return pos + int(nl[n - 1])
+        n -= len(nl)
+        pos += len(chunk)
+    raise RuntimeError("internal error: the file lost lines while it was planned")
+
+
+def _cuts(scan: _Scan, first: int, every: int) -> tuple[int, list[tuple[int, int]]]:
+    """Count the lines of a scanned file and find the byte offsets of lines ``first, first+every, ...``."""
+    ends = np.cumsum(scan.counts)
+    n_newlines = int(ends[-1]) if len(ends) else 0
+    n_lines = n_newlines + (1 if scan.size and not scan.ends_with_newline else 0)
+    cuts: list[tuple[int, int]] = []
+    target = first
+    if target < 1 or target >= n_lines:
+        return n_lines, cuts
+    m = scan.every
+    with open(scan.path, "rb") as fh:
+        # line t starts one byte after newline number t-1 (0-based, counted through the file)
+        while target - 1 < n_newlines and target < n_lines:
+            k = target - 1
+            r = int(np.searchsorted(ends, k, side="right"))
+            local = k - (int(ends[r - 1]) if r else 0)
+            j = (local + 1) // m - 1  # the last mark at or before newline `local` of range r
+            if j >= 0 and (j + 1) * m - 1 == local:
+                at = int(scan.marks[r][j])
+            elif j >= 0:
+                at = _nth_newline(fh, int(scan.marks[r][j]) + 1, local - ((j + 1) * m - 1))
+            else:
+                at = _nth_newline(fh, int(scan.starts[r]), local + 1)
+            cuts.append((target, at + 1))
+            target += every
+    return n_lines, cuts
+
+
 def _line_offsets(path: Path, first: int, every: int) -> tuple[int, list[tuple[int, int]]]:
     """Count the lines of ``path`` and find the byte offsets of lines ``first, first+every, ...``.
 
     Example: a file ``b"a\\nb\\nc\\n"`` with ``first=1, every=1`` gives ``(3, [(1, 2), (2, 4)])``.
     """
-    cuts: list[tuple[int, int]] = []
-    target = first
-    count = 0  # newlines seen so far
-    pos = 0
-    last = b"\n"
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            nl = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
-            # line t starts one byte after newline number t-1 (0-based)
-            while target >= 1 and target - 1 < count + len(nl):
-                cuts.append((target, pos + int(nl[target - 1 - count]) + 1))
-                target += every
-            count += len(nl)
-            pos += len(chunk)
-            last = chunk[-1:]
-    n_lines = count + (1 if pos and last != b"\n" else 0)
-    return n_lines, [c for c in cuts if c[0] < n_lines]
+    return _cuts(_scan_files([path], 1)[path], first, every)
 
 
-def plan_tokenize_tasks(files: list[Path], rows_per_task: int) -> tuple[list[tuple[Slice, ...]], int | None]:
+def plan_tokenize_tasks(files: list[Path], rows_per_task: int,
+                        workers: int = 1) -> tuple[list[tuple[Slice, ...]], int | None]:
     """Cut sorted input files into tasks of at most ``rows_per_task`` lines each.
 
     Consecutive JSONL files share a task until it is full and a large JSONL file is cut
@@ -468,17 +561,23 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int) -> tuple[list[tup
     ``rows_per_task`` rows whatever the file sizes. Files that cannot be cut are a task
     of their own. Returns the tasks and the total line count (``None`` when unknown).
 
+    The JSONL files are scanned first, cut into byte ranges of ``SCAN_RANGE_BYTES`` read on
+    ``workers`` threads (one pass over the bytes, whatever the number of workers); finding each
+    task's first line then re-reads at most ``SCAN_MARK_EVERY`` lines per task.
+
     Example:
         files of 3, 5 and 1 lines with ``rows_per_task=4`` give tasks
         ``[(f0 0..3, f1 0..1), (f1 1..5), (f2 0..1)]``.
     """
+    groups_of = {path: _parquet_groups(path) for path in dict.fromkeys(files)}
+    scans = _scan_files([p for p, g in groups_of.items() if g is None and _splittable(p)], workers)
     tasks: list[tuple[Slice, ...]] = []
     current: list[Slice] = []
     fill = whole_bytes = 0
     total: int | None = 0
     for path in files:
-        groups = _parquet_groups(path)
-        if current and _is_whole(current[-1]) and (groups is not None or _splittable(path)):
+        groups = groups_of[path]
+        if current and _is_whole(current[-1]) and (groups is not None or path in scans):
             tasks.append(tuple(current))  # whole files do not share a task with counted rows
             current, fill = [], 0
         if groups is not None:
@@ -501,7 +600,7 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int) -> tuple[list[tup
             if total is not None:
                 total += row
             continue
-        if not _splittable(path):
+        if path not in scans:
             # whole files (JSON arrays, compressed JSONL) of unknown row count share a task
             # while their bytes add up to less than WHOLE_FILES_PER_TASK_BYTES
             size = path.stat().st_size
@@ -514,7 +613,7 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int) -> tuple[list[tup
             whole_bytes += size
             total = None
             continue
-        n_lines, cuts = _line_offsets(path, rows_per_task - fill, rows_per_task)
+        n_lines, cuts = _cuts(scans[path], rows_per_task - fill, rows_per_task)
         if total is not None:
             total += n_lines
         starts = [(0, 0), *cuts]
@@ -702,7 +801,7 @@ def tokenize_dataset(
     with output_dir(out_dir, ex.rank, overwrite) as out:
         with stored_plan(out, "tokenized", key, lambda plan: _tokenize_plan_ok(plan, identity)) as slot:
             if slot.plan is None:
-                slices, total = plan_tokenize_tasks(files, cfg.rows_per_shard)
+                slices, total = plan_tokenize_tasks(files, cfg.rows_per_shard, ex.workers or default_workers())
                 log.info("planned %d tokenize tasks from %d inputs", len(slices), len(files))
             else:
                 slices = [tuple(Slice(local[p], a, b, o, tuple(g) if g else None) for p, a, b, o, g in t)

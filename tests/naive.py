@@ -36,3 +36,12 @@ def gather_runs(src, starts, lengths, dst_starts, add, dst) -> None:
     for a, n, d, x in zip(starts, lengths, dst_starts, add, strict=True):
         for j in range(int(n)):
             dst[int(d) + j] = (int(src[int(a) + j]) + int(x) + 2**31) % 2**32 - 2**31
+
+
+def line_offsets(data: bytes, first: int, every: int) -> tuple[int, list[tuple[int, int]]]:
+    """Lines of ``data`` and the byte offset where each of lines ``first, first+every, ...`` starts,
+    from ``bytes.split`` (``pipeline._line_offsets``'s twin)."""
+    lines = data.split(b"\n")
+    n_lines = len(lines) - (1 if data.endswith(b"\n") or not data else 0)
+    starts = np.cumsum([0] + [len(x) + 1 for x in lines[:-1]])
+    return n_lines, [(t, int(starts[t])) for t in range(first, n_lines, every)]
