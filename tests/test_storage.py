@@ -251,6 +251,60 @@ def test_reader_streams_the_bucket_in_the_local_order_with_a_small_cache(s3, loc
 
 
 @pytest.mark.slow
+def test_a_cold_reader_fetches_each_small_shard_in_one_get_and_refuses_one_of_another_size(s3, local_run, bucket_run,
+                                                                                              tmp_path, monkeypatch):
+    from packtool.errors import InputError
+    from packtool.storage import RequestCounter
+
+    manifest = json.loads(objects(s3, "packed")[".packtool/manifest.json"])
+    n_shards = len(manifest["shards"])
+    assert n_shards > 3 and max(s["bytes"] for s in manifest["shards"]) < (8 << 20)
+    want = [r["pack_index"] for r in PackedDataset(local_run / "packed", seed=3)]
+    RequestCounter.reset()
+    got = [r["pack_index"] for r in PackedDataset(f"s3://{BUCKET}/packed", seed=3, cache_bytes=1 << 30)]
+    # the manifest, then one GET per shard (footer and every row group): no HEAD, no footer apart
+    assert got == want and RequestCounter.reset()[0] == 1 + n_shards
+    # a shard cut short or grown since the manifest was written: both sizes named, not a decode error
+    client = s3.client()
+    for name, body in objects(s3, "packed").items():
+        client.put_object(Bucket=BUCKET, Key=f"resized/{name}", Body=body)
+    first = manifest["shards"][0]
+    data = objects(s3, "packed")[first["file"]]
+    for k, body in enumerate((data[:-10], data + b"\0" * 10, data[:-1], data + b"\0")):
+        monkeypatch.setenv(storage.CACHE_ENV, str(tmp_path / f"resized-{k}"))
+        client.put_object(Bucket=BUCKET, Key=f"resized/{first['file']}", Body=body)
+        with pytest.raises(InputError, match=f"is {len(body):,} bytes but the manifest says {len(data):,}"):
+            list(PackedDataset(f"s3://{BUCKET}/resized", seed=0, shuffle=False))
+
+
+def test_group_cache_coalesces_neighbouring_groups_up_to_its_limit(s3, tmp_path):
+    """A shard of 8 row groups of about 130 kB: fetched whole under the limit, else its footer
+    apart and each GET carrying as many following groups as fit the limit."""
+    import pyarrow as pa
+
+    from packtool.reader.cache import GroupCache
+    from packtool.storage import RequestCounter
+
+    rng = np.random.default_rng(7)
+    table = pa.table({"x": rng.integers(0, 2**62, size=8 * 16_000, dtype=np.int64)})
+    buf = io.BytesIO()
+    pq.write_table(table, buf, row_group_size=16_000, compression="none")
+    data = buf.getvalue()
+    sha = __import__("hashlib").sha256(data).hexdigest()
+    s3.client().put_object(Bucket=BUCKET, Key="groups/part.parquet", Body=data)
+    url = f"s3://{BUCKET}/groups/part.parquet"
+    group = len(data) // 8
+    for limit, want_gets in ((8 << 20, 1), (2 * group + 1000, 1 + 4), (0, 1 + 8)):
+        cache = GroupCache(max_bytes=1 << 30, directory=tmp_path / f"c{limit}", coalesce_bytes=limit)
+        RequestCounter.reset()
+        got = [pq.ParquetFile(cache.path(url, len(data), sha, g)).read_row_group(g) for g in range(8)]
+        assert RequestCounter.reset()[0] == want_gets, limit
+        assert pa.concat_tables(got).equals(table)
+        # every group recorded with its own size, so eviction gives back each one apart
+        assert sorted(g for (_, g) in cache._lru if g >= 0) == list(range(8))
+
+
+@pytest.mark.slow
 def test_sigkill_mid_pack_on_the_bucket_then_resume_gives_the_same_bytes(s3, local_run, bucket_run, tmp_path):
     seed = random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
