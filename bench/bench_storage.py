@@ -213,10 +213,10 @@ def _measure(base: Path, server, n_rows: int, n_probe: int) -> str:
         f"{n_rows / tok_s3_s:,.0f} samples/s | {tok_local_s / tok_s3_s:.2f} |",
         f"| pack (tokenized input and output in the bucket, media embedded from it) | {n_rows / pack_local_s:,.0f} "
         f"samples/s | {n_rows / pack_s3_s:,.0f} samples/s | {pack_local_s / pack_s3_s:.2f} |",
-        *(f"| reader, {what}, {state} cache | {rates[0]:,.0f} packs/s | {rate:,.0f} packs/s | {rate / rates[0]:.2f} |"
+        *(f"| reader, {what}, {state} | {rates[0]:,.0f} packs/s | {rate:,.0f} packs/s | {rate / rates[0]:.2f} |"
           for what, rates, size in (("media embedded", embed, packed_bytes), ("media by reference", reference, ref_bytes))
-          for state, rate in (("cold", rates[1]), ("warm", rates[2]),
-                              ("cold (coalescing off: one GET per row group, the footer apart)", rates[3]))),
+          for state, rate in (("cold cache", rates[1]), ("warm cache", rates[2]),
+                              ("cold cache, coalescing off (one GET per row group, the footer apart)", rates[3]))),
         *(f"| image probe ({probe['n']} JPEG/PNG, mean {probe['file_bytes'] / 1e3:,.0f} kB), {how} | "
           f"{probe['local_per_s']:,.0f} images/s | {probe[key]:,.0f} images/s | {probe[key] / probe['local_per_s']:.3f} |"
           for how, key in (("one at a time", "remote_per_s"), ("a batch prefetched on 16 threads", "batched_per_s"))),
