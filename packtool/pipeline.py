@@ -75,9 +75,12 @@ from .storage import (
     as_root,
     check_listed,
     fetch_inputs,
+    fetch_listed,
     fetch_manifest,
     fetch_shard,
     input_copy,
+    input_stat,
+    is_listed,
     is_url,
     join,
     source_name,
@@ -743,7 +746,9 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
 
 
 def _tasks_digest(tasks) -> str:
-    blob = json.dumps([[[s.path, s.start, s.stop, s.offset, s.groups] for s in t] for t in tasks], separators=(",", ":"))
+    # inputs by their names: a fetched input's copy lies elsewhere on each machine
+    blob = json.dumps([[[source_name(s.path), s.start, s.stop, s.offset, s.groups] for s in t] for t in tasks],
+                      separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -777,7 +782,10 @@ def tokenize_dataset(
     """
     _check_on_error(on_error)
     ex = _executor(ex, workers, executor, ray_address, rank, world_size)
-    files = expand_inputs([Path(p) for p in fetch_inputs(inputs)])
+    # inputs in a bucket are listed, not fetched: a rank that reads a stored plan fetches only
+    # the inputs of its own tasks
+    paths = fetch_inputs(inputs, fetch=False)
+    files = expand_inputs([Path(p) for p in paths], present={str(p) for p in paths if is_listed(p)})
     if not as_root(cfg.media_root).is_dir():
         raise ConfigError(f"--media-root {cfg.media_root!r} is not a directory")
     # the manifest records the root as resolved here, so pack (run from anywhere) opens the same files
@@ -794,13 +802,14 @@ def tokenize_dataset(
         "template": ctx.template.settings(),
     }
     # what the plan depends on, known from a stat of each input: nothing is read yet
-    identity = {source_name(f): [st.st_size, st.st_mtime_ns] for f in files for st in (f.stat(),)}
+    identity = {source_name(f): list(input_stat(f)) for f in files}
     local = {source_name(f): str(f) for f in files}  # a stored plan's input names -> the files here
     key = digest_of({"plan_version": PLAN_VERSION, "config_digest": digest, "inputs": identity})
     # a second run of this rank into the output is refused, naming this one
     with output_dir(out_dir, ex.rank, overwrite) as out:
         with stored_plan(out, "tokenized", key, lambda plan: _tokenize_plan_ok(plan, identity)) as slot:
             if slot.plan is None:
+                fetch_listed(files)  # the planner reads every input
                 slices, total = plan_tokenize_tasks(files, cfg.rows_per_shard, ex.workers or default_workers())
                 log.info("planned %d tokenize tasks from %d inputs", len(slices), len(files))
             else:
@@ -823,6 +832,8 @@ def tokenize_dataset(
                                     list(sl.groups) if sl.groups else None] for sl in t] for t in slices]})
         driver = _Driver(out, digest, len(slices), ex, cfg.max_errors)
         todo, _ = driver.pending()
+        if ex.executor != "ray":  # this machine's tasks read these: fetched once here, not once per worker
+            fetch_listed(sl.path for t in todo for sl in slices[t])
         tasks = [_TokenizeTask(t, slices[t], task_target(out), cfg, digest, cfg.max_errors, on_error, os.getcwd())
                  for t in todo]
         if total is not None:

@@ -60,6 +60,9 @@ __all__ = [
     "RemoteRoot",
     "as_root",
     "fetch_inputs",
+    "fetch_listed",
+    "input_stat",
+    "is_listed",
     "input_copy",
     "source_name",
     "fetch_output",
@@ -719,12 +722,19 @@ def source_name(path: str | Path) -> str:
     return text
 
 
-def fetch_inputs(inputs: list[str | Path]) -> list[str | Path]:
+#: Inputs listed but maybe not fetched: where the local copy goes -> (URL, the listing's entry).
+_LISTED: dict[str, tuple[str, dict]] = {}
+
+
+def fetch_inputs(inputs: list[str | Path], fetch: bool = True) -> list[str | Path]:
     """Local copies of the input files under URLs (a URL naming a prefix brings every file under it).
 
     A copy is fetched once and kept while the object's size and time stay the same; its
     modification time is set to the object's, so a resumed run sees unchanged inputs. Local
     inputs pass through unchanged. Rows keep the URL as their ``source`` (:func:`source_name`).
+    ``fetch=False`` lists the objects and returns where their copies go without fetching them:
+    :func:`input_stat` answers from the listing, :func:`fetch_listed` fetches them when a
+    process needs their bytes (the one that plans the run, or a rank for its own tasks).
     """
     from .formats import SUFFIXES
 
@@ -748,8 +758,35 @@ def fetch_inputs(inputs: list[str | Path]) -> list[str | Path]:
                 entries = [fs.info(path)]
             else:
                 raise InputError(f"input {text!r} does not exist")
-            out.extend(_get_input(fs, f"{scheme}://{e['name']}", e) for e in entries)
+            for e in entries:
+                url = f"{scheme}://{e['name']}"
+                _LISTED[str(_cached_name(url))] = (url, e)
+                out.append(_get_input(fs, url, e) if fetch else _cached_name(url))
     return out
+
+
+def is_listed(path: str | Path) -> bool:
+    """Whether ``path`` is where a listed input's copy goes (see :func:`fetch_inputs`)."""
+    return str(path) in _LISTED
+
+
+def input_stat(path: str | Path) -> tuple[int, int]:
+    """``(size, mtime_ns)`` of an input: a listed object's from its listing, a local file's from ``stat``."""
+    listed = _LISTED.get(str(path))
+    if listed is not None:
+        return int(listed[1]["size"]), _mtime_ns(listed[1])
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+def fetch_listed(paths) -> None:
+    """Fetch the listed inputs among ``paths`` that are not cached yet (each once)."""
+    for path in dict.fromkeys(str(p) for p in paths):
+        listed = _LISTED.get(path)
+        if listed is not None:
+            fs, _ = filesystem(listed[0])
+            with storage_errors(listed[0]):
+                _get_input(fs, *listed)
 
 
 def _get_input(fs, url: str, info: dict) -> Path:

@@ -402,6 +402,26 @@ def test_a_mixture_from_and_into_the_bucket_writes_the_bytes_of_the_local_mixtur
     assert [s["source"] for s in remote["mixture"]["sources"]] == [f"s3://{BUCKET}/tok", f"s3://{BUCKET}/tok-l"]
 
 
+@pytest.mark.slow
+def test_a_rank_that_reads_the_stored_plan_fetches_only_its_own_inputs(s3, corpus, tmp_path):
+    lines = (corpus / "data.jsonl").read_text().splitlines(keepends=True)
+    client = s3.client()
+    client.put_object(Bucket=BUCKET, Key="split/a.jsonl", Body="".join(lines[:200]).encode())
+    client.put_object(Bucket=BUCKET, Key="split/b.jsonl", Body="".join(lines[200:]).encode())
+    # tasks: a 0..200, b 0..200, b 200..400, b 400..402; rank 1 of 2 takes the second and the fourth
+    base = ["-v", "tokenize", f"s3://{BUCKET}/split", "--media-root", f"s3://{BUCKET}/corpus", "-o",
+            f"s3://{BUCKET}/split-tok", "--rows-per-shard", "200", "--workers", "2", "--quiet", "--world-size", "2"]
+    first = cli(s3, *base, "--rank", "0", cache=tmp_path / "node0")
+    assert "planned 4 tokenize tasks from 2 inputs" in first.stderr
+    second = cli(s3, *base, "--rank", "1", cache=tmp_path / "node1")
+    assert "read the stored plan of 4 tokenize tasks" in second.stderr
+    fetched = sorted(p.name for p in (tmp_path / "node1" / "inputs").rglob("*.jsonl"))
+    assert fetched == ["b.jsonl"]  # a.jsonl was listed (its size and time are in the plan's key), never read
+    assert sorted(p.name for p in (tmp_path / "node0" / "inputs").rglob("*.jsonl")) == ["a.jsonl", "b.jsonl"]
+    manifest = json.loads(objects(s3, "split-tok")[".packtool/manifest.json"])
+    assert manifest["counts"]["rows_in"] == 602 and manifest["counts"]["tasks"] == 4
+
+
 def _lease(s3, prefix: str, **holder) -> None:
     s3.client().put_object(Bucket=BUCKET, Key=f"{prefix}/.packtool/lease-00000.json", Body=json.dumps(holder).encode())
 
