@@ -252,7 +252,7 @@ class RemoteOutput:
         lock = BucketLock(self.fs, f"{self.root}/.packtool/plan.lock", self.ttl_s)
         waited = False
         while True:
-            plan = self._plan(plan_key, kind, key, check)
+            plan = self._plan(plan_key, kind, key, check, quiet=True)
             if plan is not None:
                 yield RemotePlanSlot(self.fs, plan_key, plan)
                 return
@@ -270,7 +270,7 @@ class RemoteOutput:
         finally:
             lock.release()
 
-    def _plan(self, plan_key: str, kind: str, key: str, check) -> dict | None:
+    def _plan(self, plan_key: str, kind: str, key: str, check, quiet: bool = False) -> dict | None:
         try:
             data = self.fs.cat_file(plan_key)
             RequestCounter.add(len(data))
@@ -278,7 +278,7 @@ class RemoteOutput:
         except (FileNotFoundError, ValueError):
             return None
         found = isinstance(plan, dict) and plan.get("kind") == kind and plan.get("key") == key and check(plan)
-        if not found:
+        if not found and not quiet:
             log.info("%s: the stored task plan is of other settings or inputs; planning again", self.url)
         return plan if found else None
 
