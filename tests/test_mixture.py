@@ -286,6 +286,14 @@ def test_mixture_file_with_rates_and_targets_resolves_paths_against_itself(sourc
     assert "warning: source 'gamma': target of 20 samples" in r.stdout
 
 
+def test_mixture_file_keeps_bucket_urls_as_written(tmp_path):
+    from packtool.mixture import load_mixture
+
+    spec = tmp_path / "mix.json"
+    spec.write_text(json.dumps({"sources": [{"path": "s3://data/tok", "rate": 1}, {"path": "tok_b", "samples": 5}]}))
+    assert [s.path for s in load_mixture(spec).sources] == ["s3://data/tok", str(tmp_path / "tok_b")]
+
+
 @pytest.mark.jit
 def test_stats_warns_when_oversize_drops_cut_a_sources_share(sources, tmp_path):
     r = run("pack", *(str(sources / f"tok_{n}") for n in SIZES), "-o", str(tmp_path / "p"), "--max-tokens", "2048",
