@@ -202,7 +202,8 @@ def load_mixture(file: str | Path, **kw) -> Mixture:
     """Read a mixture file: ``{"sources": [{"path": ..., "rate": 2.5 | "samples": 20000, "name": ...}, ...]}``.
 
     Relative paths are resolved against the file's folder (bucket URLs are kept as written);
-    rates are read exactly as written (``0.1`` is one tenth, not the nearest float). ``kw`` go to :class:`Mixture` (seed, group_by).
+    rates are read exactly as written (``0.1`` is one tenth, not the nearest float). ``kw`` go
+    to :class:`Mixture` (seed, group_by).
 
     Raises:
         ConfigError: the file is missing, not JSON, or a source is malformed (naming it and the fix).
