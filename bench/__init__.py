@@ -12,3 +12,15 @@ def best_s(fn, repeat: int = 3) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def best_interleaved_s(fns: dict, rounds: int = 5) -> dict:
+    """The fastest timed call of each of ``fns`` (name -> function), called in turn ``rounds``
+    times, so a burst of load from other jobs falls on every side alike."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best

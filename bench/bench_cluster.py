@@ -3,7 +3,8 @@
 Two measures, each against its baseline in the same call:
 
 * **planning**: ``plan_tokenize_tasks`` reading a generated LLaVA-like JSONL (line counts and
-  byte offsets, the one pass over every input a run makes) against a rank reading the stored
+  byte offsets, the one pass over every input a run makes) on one thread against the one-pass
+  scan it replaced, on every core's thread against one, and a rank reading the stored
   ``.packtool/plan.json`` instead; and the plan's size per task;
 * **per-task cost**: the same corpus tokenized as many small tasks and as a few large ones,
   on a local Ray runtime (2 CPUs, 100 MB object store) and on the local process pool
@@ -26,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import best_s
+from bench import best_interleaved_s, best_s
 from bench.corpus import make_corpus
 
 
@@ -41,9 +42,21 @@ def _planning(base: Path, n: int) -> list[str]:
     with open(files[0], "rb") as fh:  # both sides read from the page cache: the scan is CPU, not the disk
         while fh.read(1 << 24):
             pass
-    plan_s = best_s(lambda: pipeline.plan_tokenize_tasks(files, 50_000))
+    from packtool.executors import default_workers
+
+    workers = default_workers()
+    took = best_interleaved_s({"one pass": lambda: _one_pass_cuts(files[0], 50_000),
+                               "one thread": lambda: pipeline.plan_tokenize_tasks(files, 50_000, 1),
+                               "threads": lambda: pipeline.plan_tokenize_tasks(files, 50_000, workers)})
+    one_pass_s, plan_s, plan_n_s = took["one pass"], took["one thread"], took["threads"]
+    load = os.getloadavg()[0]
     # the plan as a run stores it in .packtool/plan.json, and read back as a second rank reads it
-    slices, total = pipeline.plan_tokenize_tasks(files, 50_000)
+    slices, total = pipeline.plan_tokenize_tasks(files, 50_000, workers)
+    if (slices, total) != pipeline.plan_tokenize_tasks(files, 50_000, 1):
+        raise RuntimeError("internal error: the plan depends on the scan's threads")
+    want = _one_pass_cuts(files[0], 50_000)
+    if [t[0].offset for t in slices[1:]] != [o for _, o in want[1]] or total != want[0]:
+        raise RuntimeError("internal error: the range scan disagrees with the one-pass scan")
     stored = {"kind": "tokenized", "key": "0" * 16, "n_tasks": len(slices), "total": total,
               "tasks": [[[s.path, s.start, s.stop, s.offset, None] for s in t] for t in slices]}
     plan_file = base / "plan.json"
@@ -56,10 +69,34 @@ def _planning(base: Path, n: int) -> list[str]:
 
     read_s = best_s(read_stored)
     per_task = plan_file.stat().st_size / len(slices)
-    return [f"| plan a tokenize run: scan {n:,} records ({size / 1e6:,.0f} MB JSONL, {len(slices)} tasks) "
+    return [f"| plan a tokenize run: scan {n:,} records ({size / 1e6:,.0f} MB JSONL, {len(slices)} tasks), one thread "
             f"| {plan_s:.2f} s ({size / plan_s / 1e6:,.0f} MB/s, {n / plan_s / 1e6:.1f}M lines/s) "
-            f"| read the stored plan: {read_s * 1e3:.2f} ms | {plan_s / read_s:,.0f}x |",
+            f"| the one-pass scan it replaced: {one_pass_s:.2f} s | {one_pass_s / plan_s:.2f}x |",
+            f"| the same plan, byte ranges on {workers} threads | {plan_n_s:.2f} s ({size / plan_n_s / 1e6:,.0f} MB/s) "
+            f"| one thread: {plan_s:.2f} s | {plan_s / plan_n_s:.2f}x |",
+            f"| (load average during the scans: {load:.1f} on {os.cpu_count()} CPUs) | | | |",
+            f"| a rank reading the stored plan | {read_s * 1e3:.2f} ms | planning on {workers} threads: "
+            f"{plan_n_s:.2f} s | {plan_n_s / read_s:,.0f}x |",
             f"| stored plan size | {per_task:,.0f} bytes per task (one slice each) | | |"]
+
+
+def _one_pass_cuts(path: Path, every: int) -> tuple[int, list[tuple[int, int]]]:
+    """The baseline: the plan's scan before it was cut into byte ranges, one pass on one thread
+    recording the offset of lines ``every, 2 * every, ...`` as it counts."""
+    import numpy as np
+
+    cuts, target, count, pos, last = [], every, 0, 0, b"\n"
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            nl = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+            while target - 1 < count + len(nl):
+                cuts.append((target, pos + int(nl[target - 1 - count]) + 1))
+                target += every
+            count += len(nl)
+            pos += len(chunk)
+            last = chunk[-1:]
+    n_lines = count + (1 if pos and last != b"\n" else 0)
+    return n_lines, [c for c in cuts if c[0] < n_lines]
 
 
 def _tokenize_wall(corpus: Path, out: Path, rows_per_shard: int, **kw) -> tuple[float, int]:

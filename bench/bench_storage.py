@@ -36,27 +36,45 @@ def _timed(fn):
     return out, time.perf_counter() - t0, RequestCounter.reset()
 
 
-def _read_rate(path, cache: Path | None = None) -> float:
-    """Packs/s of one pass over ``path``; with ``cache``, on a cold cache."""
+def _read_rate(path, cache: Path | None = None, coalesce: bool = True) -> float:
+    """Packs/s of one pass over ``path``; with ``cache``, on a cold cache. ``coalesce=False``: the
+    reader's fetches as before they were coalesced (one GET per row group, the footer apart)."""
     from packtool.reader import PackedDataset
+    from packtool.reader import cache as group_cache
 
     if cache is not None:
         shutil.rmtree(cache, ignore_errors=True)
     ds = PackedDataset(path, seed=0)
-    t0 = time.perf_counter()
-    n = sum(1 for _ in ds)
-    return n / (time.perf_counter() - t0)
+    saved = group_cache.COALESCE_BYTES
+    group_cache.COALESCE_BYTES = saved if coalesce else 0
+    try:
+        t0 = time.perf_counter()
+        n = sum(1 for _ in ds)
+        return n / (time.perf_counter() - t0)
+    finally:
+        group_cache.COALESCE_BYTES = saved
 
 
-def _reader_rates(local: Path, url: str, cache: Path, rounds: int = 5) -> tuple[float, float, float]:
-    """Local disk, the bucket on a cold cache, the bucket on a warm cache (packs/s): the best of
-    ``rounds`` rounds, the three measured in turn in each round, so load on the machine falls on all."""
+def _reader_rates(local: Path, url: str, cache: Path, rounds: int = 5) -> tuple[float, float, float, float]:
+    """Local disk, the bucket on a cold cache, the bucket on a warm cache, the bucket on a cold
+    cache without coalescing (packs/s): the best of ``rounds`` rounds, the four measured in turn
+    in each round, so load on the machine falls on all."""
     _read_rate(local)  # the page cache and imports warmed for the local baseline
-    best = [0.0, 0.0, 0.0]
+    best = [0.0, 0.0, 0.0, 0.0]
     for _ in range(rounds):
-        for i, rate in enumerate((_read_rate(local), _read_rate(url, cache), _read_rate(url))):
+        for i, rate in enumerate((_read_rate(local), _read_rate(url, cache), _read_rate(url),
+                                  _read_rate(url, cache, coalesce=False))):
             best[i] = max(best[i], rate)
-    return best[0], best[1], best[2]
+    return best[0], best[1], best[2], best[3]
+
+
+def _cold_requests(url: str, cache: Path, coalesce: bool = True) -> tuple[int, int]:
+    """Requests and bytes of one pass over ``url`` on a cold cache."""
+    from packtool.storage import RequestCounter
+
+    RequestCounter.reset()
+    _read_rate(url, cache, coalesce)
+    return RequestCounter.reset()
 
 
 def _store_bandwidth(client, base: Path) -> float:
@@ -176,6 +194,9 @@ def _measure(base: Path, server, n_rows: int, n_probe: int) -> str:
     ref = pack_dataset(base / "tok", base / "packed-ref", ref_cfg, workers=1)
     pack_dataset(f"s3://{BUCKET}/tok", f"s3://{BUCKET}/packed-ref", ref_cfg, workers=1)
     reference = _reader_rates(base / "packed-ref", f"s3://{BUCKET}/packed-ref", reader_cache)
+    cold_req = {(what, coalesce): _cold_requests(f"s3://{BUCKET}/{what}", reader_cache, coalesce)
+                for what in ("packed", "packed-ref") for coalesce in (True, False)}
+    load = os.getloadavg()[0]
     ceiling = _store_bandwidth(client, base)
     probe = probe_costs(base, n_probe)
     packed_bytes = sum(s["bytes"] for s in packed["shards"])
@@ -192,9 +213,10 @@ def _measure(base: Path, server, n_rows: int, n_probe: int) -> str:
         f"{n_rows / tok_s3_s:,.0f} samples/s | {tok_local_s / tok_s3_s:.2f} |",
         f"| pack (tokenized input and output in the bucket, media embedded from it) | {n_rows / pack_local_s:,.0f} "
         f"samples/s | {n_rows / pack_s3_s:,.0f} samples/s | {pack_local_s / pack_s3_s:.2f} |",
-        *(f"| reader, {what}, {state} cache | {rates[0]:,.0f} packs/s | {rate:,.0f} packs/s | {rate / rates[0]:.2f} |"
+        *(f"| reader, {what}, {state} | {rates[0]:,.0f} packs/s | {rate:,.0f} packs/s | {rate / rates[0]:.2f} |"
           for what, rates, size in (("media embedded", embed, packed_bytes), ("media by reference", reference, ref_bytes))
-          for state, rate in (("cold", rates[1]), ("warm", rates[2]))),
+          for state, rate in (("cold cache", rates[1]), ("warm cache", rates[2]),
+                              ("cold cache, coalescing off (one GET per row group, the footer apart)", rates[3]))),
         *(f"| image probe ({probe['n']} JPEG/PNG, mean {probe['file_bytes'] / 1e3:,.0f} kB), {how} | "
           f"{probe['local_per_s']:,.0f} images/s | {probe[key]:,.0f} images/s | {probe[key] / probe['local_per_s']:.3f} |"
           for how, key in (("one at a time", "remote_per_s"), ("a batch prefetched on 16 threads", "batched_per_s"))),
@@ -205,5 +227,12 @@ def _measure(base: Path, server, n_rows: int, n_probe: int) -> str:
         f"| pack | {pack_req[0]:,} | {pack_req[1] / 1e6:.1f} | {pack_req[0] / n_rows:.3f} |",
         f"| image probe, per image | {probe['requests']:.2f} | {probe['bytes'] / 1e6:.4f} "
         f"({probe['bytes'] / probe['file_bytes']:.1%} of the file) | |",
+        *(f"| reader, one pass on a cold cache, {what}{'' if coalesce else ', coalescing off'} | {req:,} "
+          f"| {n_bytes / 1e6:.1f} | {req / n_packs:.3f} per pack |"
+          for (prefix, coalesce), (req, n_bytes) in cold_req.items()
+          for what in (("media embedded" if prefix == "packed" else "media by reference"),)),
+        "",
+        f"1-minute load average at the end: {load:.1f} on {os.cpu_count()} CPUs (the server, the client and "
+        "other jobs share them).",
     ]
     return "\n".join(rows)

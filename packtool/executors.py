@@ -22,7 +22,9 @@ whose worker or node dies is run again elsewhere (:data:`RAY_TASK_RETRIES`): a t
 what an earlier attempt left and publishes through its completion marker, so the retry
 writes the same bytes. A worker's working directory is its node's, so tasks open relative
 paths against the driver's (``pipeline._at``); every node must see inputs, media and output
-at the same paths: shared storage.
+at the same paths (shared storage), or use bucket URLs. A worker's environment is also its
+node's: the driver's ``--storage-option`` values and S3 variables travel with each task
+(``storage.forwarded_env``).
 """
 
 from __future__ import annotations
@@ -314,13 +316,16 @@ def worker_place() -> dict:
     return place
 
 
-def _ray_entry(fn, task, q) -> dict:
+def _ray_entry(fn, task, q, env: dict[str, str] | None = None) -> dict:
     global _RAY_NODE
     import ray
 
+    from .storage import with_env
+
     _RAY_NODE = ray.get_runtime_context().get_node_id()
     rep = Reporter(q.put if q is not None else None)
-    res = fn(task, rep)
+    with with_env(env or {}):  # the driver's store settings: this worker may be on another machine
+        res = fn(task, rep)
     rep.flush()
     return res
 
@@ -338,6 +343,8 @@ def _run_ray(fn, tasks, ex: ExecutorConfig, progress, collect) -> None:
         raise ConfigError("--executor ray needs Ray; run `pip install packtool[ray]`") from None
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from .storage import forwarded_env
+
     started = False
     if not ray.is_initialized():
         # a local runtime is started without its dashboard; a cluster's own settings are its own
@@ -354,7 +361,10 @@ def _run_ray(fn, tasks, ex: ExecutorConfig, progress, collect) -> None:
     remote = ray.remote(num_cpus=1, scheduling_strategy="SPREAD", max_retries=RAY_TASK_RETRIES,
                         retry_exceptions=False)(_ray_entry)
     fn_ref = ray.put(fn)
-    refs = {remote.remote(fn_ref, task, q): i for i, task in enumerate(tasks)}
+    # --storage-option values and the S3 variables the driver was given: a worker on another
+    # node has its own environment. In the arguments, not a runtime_env that the dashboard shows.
+    env_ref = ray.put(forwarded_env())
+    refs = {remote.remote(fn_ref, task, q, env_ref): i for i, task in enumerate(tasks)}
     try:
         while refs:
             done, _ = ray.wait(list(refs), num_returns=1, timeout=0.2)

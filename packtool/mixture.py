@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConfigError
+from .storage import is_url
 
 __all__ = ["Mixture", "MixtureSource", "MixturePlan", "requested_count", "select_rows", "interleave", "plan_mixture",
            "parse_rates", "load_mixture", "rate_text", "GROUP_BY", "SAMPLES_PER_TASK", "copy_suffixes"]
@@ -200,8 +201,9 @@ def parse_rates(text: str, n_inputs: int) -> list[str]:
 def load_mixture(file: str | Path, **kw) -> Mixture:
     """Read a mixture file: ``{"sources": [{"path": ..., "rate": 2.5 | "samples": 20000, "name": ...}, ...]}``.
 
-    Relative paths are resolved against the file's folder; rates are read exactly as written
-    (``0.1`` is one tenth, not the nearest float). ``kw`` go to :class:`Mixture` (seed, group_by).
+    Relative paths are resolved against the file's folder (bucket URLs are kept as written);
+    rates are read exactly as written (``0.1`` is one tenth, not the nearest float). ``kw`` go
+    to :class:`Mixture` (seed, group_by).
 
     Raises:
         ConfigError: the file is missing, not JSON, or a source is malformed (naming it and the fix).
@@ -239,8 +241,11 @@ def load_mixture(file: str | Path, **kw) -> Mixture:
         name = s.get("name")
         if name is not None and (not isinstance(name, str) or not name):
             raise ConfigError(f"{where}: \"name\" must be a non-empty string")
-        path = Path(s["path"])
-        path = path if path.is_absolute() else file.parent / path
+        if is_url(s["path"]):  # a bucket prefix is taken as written
+            path = s["path"]
+        else:
+            path = Path(s["path"])
+            path = path if path.is_absolute() else file.parent / path
         if "samples" in s:
             n = s["samples"]
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:

@@ -40,10 +40,18 @@ from .errors import (
     SampleError,
     TooManyErrorsError,
 )
-from .executors import ExecutorConfig, run_tasks, set_total, worker_place
+from .executors import ExecutorConfig, default_workers, run_tasks, set_total, worker_place
 from .formats import Rejected, expand_inputs, parse_json_line, parse_record
 from .mixture import Mixture
-from .publication import output_dir, publish_task, state_prepared, task_dir, task_target, tasks_ran
+from .publication import (
+    output_dir,
+    publish_task,
+    state_prepared,
+    stored_plan,
+    task_dir,
+    task_target,
+    tasks_ran,
+)
 from .shards import (
     ERRORS,
     LEGACY_ERRORS,
@@ -56,23 +64,23 @@ from .shards import (
     read_manifest,
     read_marker,
     read_run,
-    run_lock,
     shard_error,
-    stored_plan,
     sweep_stale_tmps,
     task_errors_path,
     task_prefix,
     tmp_path,
     write_manifest,
-    write_marker,
 )
 from .storage import (
     as_root,
     check_listed,
     fetch_inputs,
+    fetch_listed,
     fetch_manifest,
     fetch_shard,
     input_copy,
+    input_stat,
+    is_listed,
     is_url,
     join,
     source_name,
@@ -431,31 +439,124 @@ def _parquet_groups(path: Path) -> list[int] | None:
     return [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
 
 
+#: Byte ranges of a JSONL input that planning scans in parallel (threads: reading and numpy's
+#: byte comparison release the GIL).
+SCAN_RANGE_BYTES = 64 << 20
+#: The scan keeps the offset of every this-many-th newline of a range, so finding a task's first
+#: line afterwards reads at most this many lines again.
+SCAN_MARK_EVERY = 256
+
+
+@dataclass(frozen=True, slots=True)
+class _Scan:
+    """The newlines of one JSONL file, scanned range by range: each range's first byte, its
+    newline count and the offsets of its newlines number ``m-1, 2m-1, ...`` (``m`` the mark
+    stride, counted from the range's first newline)."""
+
+    path: Path
+    size: int
+    ends_with_newline: bool
+    starts: np.ndarray
+    counts: np.ndarray
+    marks: tuple[np.ndarray, ...]
+    every: int
+
+
+def _scan_range(path: Path, start: int, stop: int, every: int) -> tuple[int, np.ndarray]:
+    """``(newlines, marks)`` of bytes ``[start, stop)`` of ``path`` (see :class:`_Scan`)."""
+    count = 0
+    marks = []
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        pos, left = start, stop - start
+        while left > 0 and (chunk := fh.read(min(1 << 22, left))):
+            nl = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+            # newline i of this chunk is newline count + i of the range: marked when (count + i + 1) % every == 0
+            marks.append(nl[(-count - 1) % every::every] + pos)
+            count += len(nl)
+            pos += len(chunk)
+            left -= len(chunk)
+    return count, (np.concatenate(marks) if marks else np.zeros(0, np.int64))
+
+
+def _scan_files(paths: list[Path], workers: int, range_bytes: int = SCAN_RANGE_BYTES,
+                every: int = SCAN_MARK_EVERY) -> dict[Path, _Scan]:
+    """Scan ``paths`` for newlines, all their byte ranges at once on ``workers`` threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = []
+    sizes = {}
+    for path in paths:
+        sizes[path] = size = path.stat().st_size
+        jobs += [(path, a, min(a + range_bytes, size)) for a in range(0, size, range_bytes)] or [(path, 0, 0)]
+    if workers > 1 and len(jobs) > 1:
+        with ThreadPoolExecutor(min(workers, len(jobs)), thread_name_prefix="packtool-plan") as pool:
+            found = list(pool.map(lambda j: _scan_range(*j, every), jobs))
+    else:
+        found = [_scan_range(*j, every) for j in jobs]
+    scans = {}
+    for path in paths:
+        mine = [(j[1], *f) for j, f in zip(jobs, found, strict=True) if j[0] == path]
+        last = b"\n"
+        if sizes[path]:
+            with open(path, "rb") as fh:
+                fh.seek(sizes[path] - 1)
+                last = fh.read(1)
+        scans[path] = _Scan(path, sizes[path], last == b"\n", np.array([m[0] for m in mine], np.int64),
+                            np.array([m[1] for m in mine], np.int64), tuple(m[2] for m in mine), every)
+    return scans
+
+
+def _nth_newline(fh, pos: int, n: int) -> int:
+    """Offset of the ``n``-th newline (1-based) at or after ``pos``."""
+    fh.seek(pos)
+    while chunk := fh.read(1 << 16):
+        nl = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+        if len(nl) >= n:
+            return pos + int(nl[n - 1])
+        n -= len(nl)
+        pos += len(chunk)
+    raise RuntimeError("internal error: the file lost lines while it was planned")
+
+
+def _cuts(scan: _Scan, first: int, every: int) -> tuple[int, list[tuple[int, int]]]:
+    """Count the lines of a scanned file and find the byte offsets of lines ``first, first+every, ...``."""
+    ends = np.cumsum(scan.counts)
+    n_newlines = int(ends[-1]) if len(ends) else 0
+    n_lines = n_newlines + (1 if scan.size and not scan.ends_with_newline else 0)
+    cuts: list[tuple[int, int]] = []
+    target = first
+    if target < 1 or target >= n_lines:
+        return n_lines, cuts
+    m = scan.every
+    with open(scan.path, "rb") as fh:
+        # line t starts one byte after newline number t-1 (0-based, counted through the file)
+        while target - 1 < n_newlines and target < n_lines:
+            k = target - 1
+            r = int(np.searchsorted(ends, k, side="right"))
+            local = k - (int(ends[r - 1]) if r else 0)
+            j = (local + 1) // m - 1  # the last mark at or before newline `local` of range r
+            if j >= 0 and (j + 1) * m - 1 == local:
+                at = int(scan.marks[r][j])
+            elif j >= 0:
+                at = _nth_newline(fh, int(scan.marks[r][j]) + 1, local - ((j + 1) * m - 1))
+            else:
+                at = _nth_newline(fh, int(scan.starts[r]), local + 1)
+            cuts.append((target, at + 1))
+            target += every
+    return n_lines, cuts
+
+
 def _line_offsets(path: Path, first: int, every: int) -> tuple[int, list[tuple[int, int]]]:
     """Count the lines of ``path`` and find the byte offsets of lines ``first, first+every, ...``.
 
     Example: a file ``b"a\\nb\\nc\\n"`` with ``first=1, every=1`` gives ``(3, [(1, 2), (2, 4)])``.
     """
-    cuts: list[tuple[int, int]] = []
-    target = first
-    count = 0  # newlines seen so far
-    pos = 0
-    last = b"\n"
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            nl = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
-            # line t starts one byte after newline number t-1 (0-based)
-            while target >= 1 and target - 1 < count + len(nl):
-                cuts.append((target, pos + int(nl[target - 1 - count]) + 1))
-                target += every
-            count += len(nl)
-            pos += len(chunk)
-            last = chunk[-1:]
-    n_lines = count + (1 if pos and last != b"\n" else 0)
-    return n_lines, [c for c in cuts if c[0] < n_lines]
+    return _cuts(_scan_files([path], 1)[path], first, every)
 
 
-def plan_tokenize_tasks(files: list[Path], rows_per_task: int) -> tuple[list[tuple[Slice, ...]], int | None]:
+def plan_tokenize_tasks(files: list[Path], rows_per_task: int,
+                        workers: int = 1) -> tuple[list[tuple[Slice, ...]], int | None]:
     """Cut sorted input files into tasks of at most ``rows_per_task`` lines each.
 
     Consecutive JSONL files share a task until it is full and a large JSONL file is cut
@@ -463,17 +564,23 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int) -> tuple[list[tup
     ``rows_per_task`` rows whatever the file sizes. Files that cannot be cut are a task
     of their own. Returns the tasks and the total line count (``None`` when unknown).
 
+    The JSONL files are scanned first, cut into byte ranges of ``SCAN_RANGE_BYTES`` read on
+    ``workers`` threads (one pass over the bytes, whatever the number of workers); finding each
+    task's first line then re-reads at most ``SCAN_MARK_EVERY`` lines per task.
+
     Example:
         files of 3, 5 and 1 lines with ``rows_per_task=4`` give tasks
         ``[(f0 0..3, f1 0..1), (f1 1..5), (f2 0..1)]``.
     """
+    groups_of = {path: _parquet_groups(path) for path in dict.fromkeys(files)}
+    scans = _scan_files([p for p, g in groups_of.items() if g is None and _splittable(p)], workers)
     tasks: list[tuple[Slice, ...]] = []
     current: list[Slice] = []
     fill = whole_bytes = 0
     total: int | None = 0
     for path in files:
-        groups = _parquet_groups(path)
-        if current and _is_whole(current[-1]) and (groups is not None or _splittable(path)):
+        groups = groups_of[path]
+        if current and _is_whole(current[-1]) and (groups is not None or path in scans):
             tasks.append(tuple(current))  # whole files do not share a task with counted rows
             current, fill = [], 0
         if groups is not None:
@@ -496,7 +603,7 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int) -> tuple[list[tup
             if total is not None:
                 total += row
             continue
-        if not _splittable(path):
+        if path not in scans:
             # whole files (JSON arrays, compressed JSONL) of unknown row count share a task
             # while their bytes add up to less than WHOLE_FILES_PER_TASK_BYTES
             size = path.stat().st_size
@@ -509,7 +616,7 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int) -> tuple[list[tup
             whole_bytes += size
             total = None
             continue
-        n_lines, cuts = _line_offsets(path, rows_per_task - fill, rows_per_task)
+        n_lines, cuts = _cuts(scans[path], rows_per_task - fill, rows_per_task)
         if total is not None:
             total += n_lines
         starts = [(0, 0), *cuts]
@@ -639,7 +746,9 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
 
 
 def _tasks_digest(tasks) -> str:
-    blob = json.dumps([[[s.path, s.start, s.stop, s.offset, s.groups] for s in t] for t in tasks], separators=(",", ":"))
+    # inputs by their names: a fetched input's copy lies elsewhere on each machine
+    blob = json.dumps([[[source_name(s.path), s.start, s.stop, s.offset, s.groups] for s in t] for t in tasks],
+                      separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -673,7 +782,10 @@ def tokenize_dataset(
     """
     _check_on_error(on_error)
     ex = _executor(ex, workers, executor, ray_address, rank, world_size)
-    files = expand_inputs([Path(p) for p in fetch_inputs(inputs)])
+    # inputs in a bucket are listed, not fetched: a rank that reads a stored plan fetches only
+    # the inputs of its own tasks
+    paths = fetch_inputs(inputs, fetch=False)
+    files = expand_inputs([Path(p) for p in paths], present={str(p) for p in paths if is_listed(p)})
     if not as_root(cfg.media_root).is_dir():
         raise ConfigError(f"--media-root {cfg.media_root!r} is not a directory")
     # the manifest records the root as resolved here, so pack (run from anywhere) opens the same files
@@ -690,16 +802,18 @@ def tokenize_dataset(
         "template": ctx.template.settings(),
     }
     # what the plan depends on, known from a stat of each input: nothing is read yet
-    identity = {source_name(f): [st.st_size, st.st_mtime_ns] for f in files for st in (f.stat(),)}
+    identity = {source_name(f): list(input_stat(f)) for f in files}
+    local = {source_name(f): str(f) for f in files}  # a stored plan's input names -> the files here
     key = digest_of({"plan_version": PLAN_VERSION, "config_digest": digest, "inputs": identity})
     # a second run of this rank into the output is refused, naming this one
     with output_dir(out_dir, ex.rank, overwrite) as out:
         with stored_plan(out, "tokenized", key, lambda plan: _tokenize_plan_ok(plan, identity)) as slot:
             if slot.plan is None:
-                slices, total = plan_tokenize_tasks(files, cfg.rows_per_shard)
+                fetch_listed(files)  # the planner reads every input
+                slices, total = plan_tokenize_tasks(files, cfg.rows_per_shard, ex.workers or default_workers())
                 log.info("planned %d tokenize tasks from %d inputs", len(slices), len(files))
             else:
-                slices = [tuple(Slice(p, a, b, o, tuple(g) if g else None) for p, a, b, o, g in t)
+                slices = [tuple(Slice(local[p], a, b, o, tuple(g) if g else None) for p, a, b, o, g in t)
                           for t in slot.plan["tasks"]]
                 total = slot.plan["total"]
                 log.info("read the stored plan of %d tokenize tasks; the inputs are not scanned again", len(slices))
@@ -711,11 +825,15 @@ def tokenize_dataset(
                 log.info("%s already holds this run; nothing to do", out_dir)
                 return done
             state_prepared(out)
+            # inputs by their names (a fetched input by its URL): a rank on another machine, with
+            # its copies elsewhere, reads the same plan
             slot.store({"kind": "tokenized", "key": key, "n_tasks": len(slices), "total": total,
-                        "tasks": [[[sl.path, sl.start, sl.stop, sl.offset, list(sl.groups) if sl.groups else None]
-                                   for sl in t] for t in slices]})
+                        "tasks": [[[source_name(sl.path), sl.start, sl.stop, sl.offset,
+                                    list(sl.groups) if sl.groups else None] for sl in t] for t in slices]})
         driver = _Driver(out, digest, len(slices), ex, cfg.max_errors)
         todo, _ = driver.pending()
+        if ex.executor != "ray":  # this machine's tasks read these: fetched once here, not once per worker
+            fetch_listed(sl.path for t in todo for sl in slices[t])
         tasks = [_TokenizeTask(t, slices[t], task_target(out), cfg, digest, cfg.max_errors, on_error, os.getcwd())
                  for t in todo]
         if total is not None:
@@ -1131,10 +1249,7 @@ def pack_dataset(
     if isinstance(src, (list, tuple)):
         src = Mixture.from_rates(list(src)) if len(src) != 1 else src[0]
     if isinstance(src, Mixture):
-        if is_url(str(out_dir)) or any(is_url(str(s.path)) for s in src.sources):
-            raise ConfigError("a mixture reads and writes local directories only; copy the tokenized sources "
-                              "to a local or shared file system (or pack each bucket source on its own)")
-        return _pack_mixture(src, Path(out_dir), cfg, progress, overwrite, dry_run, media_root, ex, max_errors, on_error)
+        return _pack_mixture(src, out_dir, cfg, progress, overwrite, dry_run, media_root, ex, max_errors, on_error)
     src_name = str(src)
     remote_src = is_url(src_name)
     # a bucket's tokenized shards are fetched by the tasks that read them, each checked by its sha256
@@ -1232,6 +1347,7 @@ class _MixTask:
     config_digest: str
     max_errors: int | None
     on_error: str
+    cwd: str = "."  # the driver's working directory, which relative paths are relative to
 
 
 #: Per-source counts a mixture task adds up (``{source position: n}`` each), moved into the
@@ -1252,14 +1368,33 @@ class _MixShards:
         self.open: dict[tuple[int, int], object] = {}
         self.group_starts: dict[tuple[int, int], np.ndarray] = {}
         self.cache: dict[int, object] = {}
+        self.fetched: list[Path] = []  # this task's copies of shards in a bucket
 
-    def file(self, s: int, k: int) -> Path:
-        return Path(self.task.sources[s].path) / self.task.sources[s].entries[k]["file"]
+    def file(self, s: int, k: int) -> str:
+        return str(join(_at(self.task.sources[s].path, self.task.cwd), self.task.sources[s].entries[k]["file"]))
+
+    def _open(self, s: int, k: int):
+        source = self.task.sources[s]
+        if not is_url(source.path):
+            return open_shard(Path(_at(source.path, self.task.cwd)), source.entries[k], sha256=self.verify)
+        import pyarrow.parquet as pq
+
+        # a copy of this task's own, checked against the manifest's sha256: other tasks read the same shard
+        local = fetch_shard(self.file(s, k), source.entries[k], private=True)
+        self.fetched.append(local)
+        return pq.ParquetFile(local, page_checksum_verification=True)
+
+    def close(self) -> None:
+        """Let go of every shard; remove the copies fetched from a bucket."""
+        self.open.clear()
+        self.cache.clear()
+        for path in self.fetched:
+            path.unlink(missing_ok=True)
 
     def get(self, s: int, k: int):
         pf = self.open.get((s, k))
         if pf is None:
-            pf = open_shard(Path(self.task.sources[s].path), self.task.sources[s].entries[k], sha256=self.verify)
+            pf = self._open(s, k)
             meta = pf.metadata
             self.group_starts[(s, k)] = np.concatenate(
                 [[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])]).astype(np.int64)
@@ -1327,6 +1462,15 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
     sample may appear more than once (its copies get ids ``id#c``), and each packed row carries
     ``sample_sources``. Counts are kept per source for the manifest's ``mixture`` record.
     """
+    shards = _MixShards(task, verify=task.out_dir is not None)
+    try:
+        return _mix_shards(task, report, shards)
+    finally:
+        shards.close()
+
+
+def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShards) -> dict:
+    """:func:`_mix_task` with its shards at hand."""
     import pyarrow as pa
 
     from .mixture import copy_suffixes
@@ -1339,7 +1483,6 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
     cfg = task.cfg
     n = len(task.src)
     n_src = len(task.sources)
-    shards = _MixShards(task, verify=task.out_dir is not None)
     shard = np.empty(n, np.int64)
     local = np.empty(n, np.int64)
     for s, ms in enumerate(task.sources):
@@ -1362,7 +1505,7 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
             tokens[at] = lengths["n_tokens"].to_numpy()[local[at]]
             units[at] = lengths["n_vision_units"].to_numpy()[local[at]]
             has_media[at] = _has_media(pf)[local[at]]
-            problems = _media_problems(pf, Path(task.sources[s].media_root), task.sources[s].check_mtime)
+            problems = _media_problems(pf, as_root(task.sources[s].media_root), task.sources[s].check_mtime)
         except (pa.ArrowException, KeyError) as exc:
             raise shard_error(shards.file(s, k), exc) from None
         if problems:
@@ -1398,7 +1541,7 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
     if task.out_dir is None:
         report(n)
         return {"task": task.index, "counts": counts, "plan": plan}
-    out = Path(task.out_dir)
+    out = task_dir(_at(task.out_dir, task.cwd))
     clear_task(out, task.index)
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     loss = np.zeros(n_src, np.int64)
@@ -1418,8 +1561,8 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
                 errors.add(Rejected(t["source"][r].as_py(), t["source_row"][r].as_py(), sid, reason,
                                     f"mixture source {_source_name(task, s)}: {message}"))
             report(len(rejected))
-        loaders = ([_media_loader(Path(ms.media_root), cfg.frame_quality) for ms in task.sources]
-                   if cfg.media == "embed" else None)
+        roots = [as_root(ms.media_root) for ms in task.sources]
+        loaders = [_media_loader(r, cfg.frame_quality) for r in roots] if cfg.media == "embed" else None
         truncated = set(plan.truncated)
         bounds = [s + k for s in range(0, plan.n_packs, cfg.packs_per_shard)
                   for k in range(0, min(cfg.packs_per_shard, plan.n_packs - s), PACK_CHUNK)]
@@ -1441,6 +1584,9 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
                     pos = by_group[first[u]:first[u + 1]]
                     future[u] = np.unique(local[order[pos[np.searchsorted(pos, b):]]])
                 tables, where = shards.take(gid[a:b], pairs, local[rows], future)
+                for s, root in enumerate(roots if loaders is not None else []):
+                    if not isinstance(root, Path) and (task.src[rows] == s).any():
+                        _prefetch_media(root, tables, where[task.src[rows] == s])
                 sub = PackPlan(where, plan.offsets[p0:p1 + 1] - plan.offsets[p0],
                                truncated=[int(where[k]) for k, r in enumerate(rows.tolist()) if r in truncated])
                 table = assemble_packs(tables, sub, task.index * PACK_INDEX_STRIDE + p0, None, cfg.max_tokens, layout=cfg.layout,
@@ -1454,8 +1600,9 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
         errors.abort()
         raise
     counts["source_loss_tokens"] = {str(i): int(v) for i, v in enumerate(loss.tolist())}
-    record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts}
-    write_marker(out, task.index, record)
+    record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts,
+              "ran_on": worker_place()}
+    publish_task(task.out_dir, out, task.index, record)
     return record
 
 
@@ -1512,7 +1659,7 @@ def _mixture_record(mix: dict, counts: dict, loss: bool = True) -> dict:
     return {**mix, "sources": sources}
 
 
-def _pack_mixture(mixture, out: Path, cfg: PackConfig, progress: Progress, overwrite: bool, dry_run: bool,
+def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progress, overwrite: bool, dry_run: bool,
                   media_root: str | Path | None, ex: ExecutorConfig, max_errors: int | None, on_error: str) -> dict:
     """``pack_dataset`` for a :class:`~packtool.mixture.Mixture` (see there)."""
     from .mixture import plan_mixture
@@ -1522,6 +1669,9 @@ def _pack_mixture(mixture, out: Path, cfg: PackConfig, progress: Progress, overw
                           "from the root its tokenize run used (re-tokenize a source whose media moved)")
     manifests = []
     for s in mixture.sources:
+        if is_url(s.path):  # a tokenized run in a bucket: its manifest now, each task fetches its shards
+            manifests.append(fetch_manifest(s.path.rstrip("/"), "tokenized"))
+            continue
         path = Path(s.path)
         if not path.is_dir():
             raise InputError(f"mixture source {s.path!r} is not a directory; give the output directory of "
@@ -1537,11 +1687,15 @@ def _pack_mixture(mixture, out: Path, cfg: PackConfig, progress: Progress, overw
         raise ConfigError("--text-weight must be at least 1 so every sample has value to the packer")
     refs = []
     for s, m in zip(mixture.sources, manifests, strict=True):
-        counted = Path(str(m["config"].get("media_root", "."))).resolve()
-        root = Path(media_root).resolve() if media_root is not None else counted
-        for entry in m["shards"]:
-            open_shard(Path(s.path), entry)
-        refs.append(_MixSource(s.path, tuple(m["shards"]), str(root), root == counted))
+        counted = as_root(str(m["config"].get("media_root", "."))).resolve()
+        root = as_root(str(media_root)).resolve() if media_root is not None else counted
+        if is_url(s.path):  # one listing: every shard there, of its size (the sha256 is per task)
+            check_listed(s.path.rstrip("/"), m["shards"])
+        else:
+            for entry in m["shards"]:
+                open_shard(Path(s.path), entry)
+        refs.append(_MixSource(s.path.rstrip("/") if is_url(s.path) else s.path, tuple(m["shards"]), str(root),
+                               root == counted))
     available = [sum(e["rows"] for e in m["shards"]) for m in manifests]
     plan = plan_mixture(mixture, available)
     mix = mixture.to_dict()
@@ -1553,7 +1707,8 @@ def _pack_mixture(mixture, out: Path, cfg: PackConfig, progress: Progress, overw
 
     def make(t: int, out_dir: str | None) -> _MixTask:
         src, row, copy = plan.tasks[t]
-        return _MixTask(t, tuple(refs), src, row, copy, out_dir, cfg, max_units, digest, max_errors, on_error)
+        return _MixTask(t, tuple(refs), src, row, copy, out_dir, cfg, max_units, digest, max_errors, on_error,
+                        os.getcwd())
 
     n_tasks = len(plan.tasks)
     if dry_run:
@@ -1571,17 +1726,19 @@ def _pack_mixture(mixture, out: Path, cfg: PackConfig, progress: Progress, overw
     manifest_extra = {**_layout_record(cfg), "capacities": capacities, "tokenizer": first.get("tokenizer"),
                       "vision": first.get("vision"),
                       "template": first.get("template"), "mixture": mix}
-    inputs = {str(Path(s.path) / e["file"]): e["sha256"] for s, m in zip(mixture.sources, manifests, strict=True)
+    inputs = {str(join(s.path, e["file"])): e["sha256"] for s, m in zip(mixture.sources, manifests, strict=True)
               for e in m["shards"]}
     run = {"kind": "packed", "config": config, "config_digest": digest, "world_size": ex.world_size,
            "n_tasks": n_tasks, "tasks_digest": plan.digest(), "inputs": inputs, "manifest": manifest_extra,
            "max_errors": max_errors}
-    with run_lock(out, ex.rank):
+    with output_dir(out_dir, ex.rank, overwrite) as out:
         done = prepare_run(out, run, overwrite)
         if done is not None:
             return done
+        state_prepared(out)
         driver = _Driver(out, digest, n_tasks, ex, max_errors)
         todo, _ = driver.pending()
         set_total(progress, sum(len(plan.tasks[t][0]) for t in todo))
-        driver.run(_mix_task, [make(t, str(out)) for t in todo], todo, progress)
+        driver.run(_mix_task, [make(t, task_target(out)) for t in todo], todo, progress)
+        tasks_ran(out)
         return _finish_or_partial(out, run, ex)

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import OutputError
+from .shards import PLAN, PlanSlot
 from .storage import (
     _HOST,
     RequestCounter,
@@ -35,7 +36,7 @@ from .storage import (
     storage_errors,
 )
 
-__all__ = ["output_dir", "task_target", "state_prepared", "tasks_ran", "task_dir", "publish_task", "listed_sizes",
+__all__ = ["output_dir", "stored_plan", "task_target", "state_prepared", "tasks_ran", "task_dir", "publish_task", "listed_sizes",
            "RemoteOutput", "remote_output"]
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,97 @@ def publish_task(out_dir: str, local: Path, task: int, record: dict) -> None:
     task_errors_path(local, task).unlink(missing_ok=True)
 
 
+class BucketLock:
+    """A lock that is an object: created with a conditional put (``If-None-Match: *``), so of
+    several processes on any machines one creates it; renewed by its holder every third of
+    ``ttl_s``; taken over when its holder is a dead process on this host or has not renewed it
+    for ``ttl_s`` (a lost node). Used for each rank's lease and for the plan lock."""
+
+    def __init__(self, fs, key: str, ttl_s: float) -> None:
+        self.fs = fs
+        self.key = key
+        self.ttl_s = ttl_s
+        self.token = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def _body(self) -> bytes:
+        return json.dumps({"pid": os.getpid(), "host": _HOST, "token": self.token,
+                           "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                           "expires": time.time() + self.ttl_s}).encode()
+
+    def try_take(self) -> dict | None:
+        """Take the lock and start renewing it: ``None`` when taken, else its live holder's record."""
+        for _ in range(3):
+            try:
+                self.fs.pipe_file(self.key, self._body(), mode="create")
+                RequestCounter.add(0)
+            except FileExistsError:
+                holder = self.holder()
+                if holder is not None and not self._stale(holder):
+                    return holder
+                log.info("%s: taking over a lock whose holder is gone (%s)", self.key, holder)
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(self.key)
+                continue
+            holder = self.holder()  # two takers of one stale lock: the one whose token is there holds it
+            if holder is None or holder.get("token") != self.token:
+                return holder or {}
+            self._stop.clear()
+            self._renewer = threading.Thread(target=self._renew, name="packtool-lease", daemon=True)
+            self._renewer.start()
+            return None
+        raise OutputError(f"cannot take {self.key!r}: it keeps changing hands; wait and run again")
+
+    def holder(self) -> dict | None:
+        try:
+            data = self.fs.cat_file(self.key)
+            RequestCounter.add(len(data))
+            holder = json.loads(data)
+        except (FileNotFoundError, ValueError):
+            return None
+        return holder if isinstance(holder, dict) else {}
+
+    def _stale(self, holder: dict) -> bool:
+        if holder.get("host") == _HOST and isinstance(holder.get("pid"), int):
+            return not _alive(holder["pid"])
+        expires = holder.get("expires")
+        return not isinstance(expires, int | float) or expires < time.time()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.ttl_s / 3):
+            with contextlib.suppress(Exception):
+                self.fs.pipe_file(self.key, self._body())
+
+    def release(self) -> None:
+        """Stop renewing and remove the lock if it is still ours."""
+        self._stop.set()
+        if self._renewer is None:
+            return
+        self._renewer.join(timeout=5)
+        self._renewer = None
+        holder = self.holder()
+        if holder is not None and holder.get("token") == self.token:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(self.key)
+
+
+class RemotePlanSlot(PlanSlot):
+    """A :class:`~packtool.shards.PlanSlot` whose plan is the object ``.packtool/plan.json``."""
+
+    def __init__(self, fs, key: str, plan: dict | None) -> None:
+        super().__init__(Path(key), plan)
+        self.fs = fs
+        self.key = key
+
+    def store(self, plan: dict) -> None:
+        if plan != self.plan:
+            data = (json.dumps(plan, separators=(",", ":")) + "\n").encode()
+            self.fs.pipe_file(self.key, data)
+            RequestCounter.add(len(data))
+            self.plan = plan
+
+
 class RemoteOutput:
     """A run's hold on an output prefix in a bucket, and the local mirror of its state.
 
@@ -123,74 +215,72 @@ class RemoteOutput:
         self.mirror = cache_dir() / "mirror" / f"{_url_key(self.url)}-{_HOST}-{os.getpid()}"
         self.sizes: dict[str, int] = {}
         self._pulled: dict[str, bytes] = {}
-        self._lease_key = None if rank is None else f"{self.root}/.packtool/lease-{rank:05d}.json"
-        self._token = uuid.uuid4().hex
-        self._stop = threading.Event()
-        self._renewer: threading.Thread | None = None
+        self._lease = None if rank is None else BucketLock(self.fs, f"{self.root}/.packtool/lease-{rank:05d}.json",
+                                                           ttl_s)
 
     # ---- lease
 
-    def _lease_body(self) -> bytes:
-        return json.dumps({"pid": os.getpid(), "host": _HOST, "token": self._token,
-                           "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                           "expires": time.time() + self.ttl_s}).encode()
-
     def _acquire(self) -> None:
-        if self._lease_key is None:
+        if self._lease is None:
             return
-        for _ in range(3):
-            try:
-                self.fs.pipe_file(self._lease_key, self._lease_body(), mode="create")
-                RequestCounter.add(0)
-            except FileExistsError:
-                holder = self._holder()
-                if holder is not None and not self._stale(holder):
-                    raise OutputError(
-                        f"{self.url!r} is being written by another packtool run (pid {holder.get('pid', '?')} on "
-                        f"{holder.get('host', '?')}, started {holder.get('started', '?')}); wait for it to finish, "
-                        f"or choose another -o") from None
-                log.info("%s: taking over the lease of a run that is gone (%s)", self.url, holder)
-                with contextlib.suppress(FileNotFoundError):
-                    self.fs.rm_file(self._lease_key)
-                continue
-            holder = self._holder()  # two takers of one stale lease: the one whose token is there holds it
-            if holder is None or holder.get("token") != self._token:
-                raise OutputError(f"{self.url!r} was just taken by another packtool run; wait for it to finish, or "
-                                  "choose another -o")
-            self._renewer = threading.Thread(target=self._renew, name="packtool-lease", daemon=True)
-            self._renewer.start()
-            return
-        raise OutputError(f"cannot take the lease on {self.url!r}: it keeps changing hands; wait and run again")
-
-    def _holder(self) -> dict | None:
-        try:
-            data = self.fs.cat_file(self._lease_key)
-            RequestCounter.add(len(data))
-            holder = json.loads(data)
-        except (FileNotFoundError, ValueError):
-            return None
-        return holder if isinstance(holder, dict) else {}
-
-    def _stale(self, holder: dict) -> bool:
-        if holder.get("host") == _HOST and isinstance(holder.get("pid"), int):
-            return not _alive(holder["pid"])
-        expires = holder.get("expires")
-        return not isinstance(expires, int | float) or expires < time.time()
-
-    def _renew(self) -> None:
-        while not self._stop.wait(self.ttl_s / 3):
-            with contextlib.suppress(Exception):
-                self.fs.pipe_file(self._lease_key, self._lease_body())
+        holder = self._lease.try_take()
+        if holder is not None:
+            raise OutputError(
+                f"{self.url!r} is being written by another packtool run (pid {holder.get('pid', '?')} on "
+                f"{holder.get('host', '?')}, started {holder.get('started', '?')}); wait for it to finish, "
+                f"or choose another -o")
 
     def _release(self) -> None:
-        self._stop.set()
-        if self._renewer is not None:
-            self._renewer.join(timeout=5)
-        if self._lease_key is not None and self._renewer is not None:
-            holder = self._holder()
-            if holder is not None and holder.get("token") == self._token:
-                with contextlib.suppress(FileNotFoundError):
-                    self.fs.rm_file(self._lease_key)
+        if self._lease is not None:
+            self._lease.release()
+
+    # ---- the task plan
+
+    @contextlib.contextmanager
+    def plan_slot(self, kind: str, key: str, check, wait_s: float = 0.25) -> Iterator[RemotePlanSlot]:
+        """:func:`~packtool.shards.stored_plan` for a bucket: the plan object ``.packtool/plan.json``
+        is made by one rank however many machines start, the others read it.
+
+        Ranks on other machines share no file lock, so the planner is whoever creates
+        ``.packtool/plan.lock`` with a conditional put (as the lease is taken); it plans,
+        prepares the run and uploads the plan (one PUT: whole or absent) before removing the
+        lock. A rank that finds a matching plan uses it at once; one that finds the lock held
+        waits for the plan (the holder renews the lock while it plans; a lock left by a dead
+        process on this host or not renewed for ``ttl_s`` is taken over).
+        """
+        plan_key = f"{self.root}/.packtool/{PLAN}"
+        lock = BucketLock(self.fs, f"{self.root}/.packtool/plan.lock", self.ttl_s)
+        waited = False
+        while True:
+            plan = self._plan(plan_key, kind, key, check, quiet=True)
+            if plan is not None:
+                yield RemotePlanSlot(self.fs, plan_key, plan)
+                return
+            holder = lock.try_take()
+            if holder is None:
+                break
+            if not waited:
+                log.info("%s: another rank (pid %s on %s) is planning; waiting for its plan", self.url,
+                         holder.get("pid", "?"), holder.get("host", "?"))
+                waited = True
+            time.sleep(wait_s)
+        try:
+            # the plan a rank uploaded between our read and our lock
+            yield RemotePlanSlot(self.fs, plan_key, self._plan(plan_key, kind, key, check))
+        finally:
+            lock.release()
+
+    def _plan(self, plan_key: str, kind: str, key: str, check, quiet: bool = False) -> dict | None:
+        try:
+            data = self.fs.cat_file(plan_key)
+            RequestCounter.add(len(data))
+            plan = json.loads(data)
+        except (FileNotFoundError, ValueError):
+            return None
+        found = isinstance(plan, dict) and plan.get("kind") == kind and plan.get("key") == key and check(plan)
+        if not found and not quiet:
+            log.info("%s: the stored task plan is of other settings or inputs; planning again", self.url)
+        return plan if found else None
 
     # ---- state
 
@@ -358,6 +448,22 @@ def output_dir(out: str | Path, rank: int | None, overwrite: bool = False) -> It
         return
     with remote_output(str(out), rank, overwrite) as remote:
         yield remote.mirror
+
+
+@contextlib.contextmanager
+def stored_plan(out: Path, kind: str, key: str, check) -> Iterator[PlanSlot]:
+    """:func:`~packtool.shards.stored_plan` (one process plans, the others read its plan) for
+    the folder :func:`output_dir` yielded: the plan lives in the bucket when ``out`` mirrors a
+    remote output, so ranks on several machines, each with its own mirror, plan once."""
+    mirror = _MIRRORS.get(str(out))
+    if mirror is None:
+        from .shards import stored_plan as local_plan
+
+        with local_plan(out, kind, key, check) as slot:
+            yield slot
+        return
+    with storage_errors(mirror.url, writing=True), mirror.plan_slot(kind, key, check) as slot:
+        yield slot
 
 
 def task_target(out: Path) -> str:

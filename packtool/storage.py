@@ -48,6 +48,8 @@ __all__ = [
     "join",
     "set_options",
     "storage_options",
+    "forwarded_env",
+    "with_env",
     "filesystem",
     "StorageError",
     "storage_errors",
@@ -58,6 +60,9 @@ __all__ = [
     "RemoteRoot",
     "as_root",
     "fetch_inputs",
+    "fetch_listed",
+    "input_stat",
+    "is_listed",
     "input_copy",
     "source_name",
     "fetch_output",
@@ -181,6 +186,48 @@ def storage_options() -> dict:
     if not isinstance(options, dict):
         raise ConfigError(f"{OPTIONS_ENV} is not a JSON object; unset it or use --storage-option KEY=VALUE")
     return options
+
+
+#: What a task on another machine needs of the driver's environment to reach the same store:
+#: ``--storage-option`` values and the endpoint, credentials and region variables. Variables
+#: naming a file on the driver's machine (``AWS_PROFILE``, ``AWS_SHARED_CREDENTIALS_FILE``,
+#: ``GOOGLE_APPLICATION_CREDENTIALS``) are not carried: that file is not on the other machine.
+FORWARDED_ENV = (OPTIONS_ENV, "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                 "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION")
+
+
+def forwarded_env() -> dict[str, str]:
+    """The driver's :data:`FORWARDED_ENV` variables that are set, for tasks on other machines.
+
+    A Ray worker on another node starts from its own node's environment, not the driver's;
+    :func:`with_env` applies these there. They travel inside the task's arguments, never in a
+    Ray ``runtime_env`` (which the cluster's dashboard and job listing show in clear).
+    """
+    return {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
+
+
+@contextlib.contextmanager
+def with_env(env: dict[str, str]) -> Iterator[None]:
+    """Run the block with ``env`` set (a task from another machine's driver), then restore.
+
+    The file systems made in this process are dropped whenever the variables change, so no
+    task reaches a store with another run's endpoint or credentials.
+    """
+    saved = {k: os.environ.get(k) for k in env}
+    changed = any(saved[k] != v for k, v in env.items())
+    if changed:
+        os.environ.update(env)
+        _FILESYSTEMS.clear()
+    try:
+        yield
+    finally:
+        if changed:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            _FILESYSTEMS.clear()
 
 
 _FILESYSTEMS: dict = {}
@@ -675,12 +722,19 @@ def source_name(path: str | Path) -> str:
     return text
 
 
-def fetch_inputs(inputs: list[str | Path]) -> list[str | Path]:
+#: Inputs listed but maybe not fetched: where the local copy goes -> (URL, the listing's entry).
+_LISTED: dict[str, tuple[str, dict]] = {}
+
+
+def fetch_inputs(inputs: list[str | Path], fetch: bool = True) -> list[str | Path]:
     """Local copies of the input files under URLs (a URL naming a prefix brings every file under it).
 
     A copy is fetched once and kept while the object's size and time stay the same; its
     modification time is set to the object's, so a resumed run sees unchanged inputs. Local
     inputs pass through unchanged. Rows keep the URL as their ``source`` (:func:`source_name`).
+    ``fetch=False`` lists the objects and returns where their copies go without fetching them:
+    :func:`input_stat` answers from the listing, :func:`fetch_listed` fetches them when a
+    process needs their bytes (the one that plans the run, or a rank for its own tasks).
     """
     from .formats import SUFFIXES
 
@@ -704,8 +758,35 @@ def fetch_inputs(inputs: list[str | Path]) -> list[str | Path]:
                 entries = [fs.info(path)]
             else:
                 raise InputError(f"input {text!r} does not exist")
-            out.extend(_get_input(fs, f"{scheme}://{e['name']}", e) for e in entries)
+            for e in entries:
+                url = f"{scheme}://{e['name']}"
+                _LISTED[str(_cached_name(url))] = (url, e)
+                out.append(_get_input(fs, url, e) if fetch else _cached_name(url))
     return out
+
+
+def is_listed(path: str | Path) -> bool:
+    """Whether ``path`` is where a listed input's copy goes (see :func:`fetch_inputs`)."""
+    return str(path) in _LISTED
+
+
+def input_stat(path: str | Path) -> tuple[int, int]:
+    """``(size, mtime_ns)`` of an input: a listed object's from its listing, a local file's from ``stat``."""
+    listed = _LISTED.get(str(path))
+    if listed is not None:
+        return int(listed[1]["size"]), _mtime_ns(listed[1])
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+def fetch_listed(paths) -> None:
+    """Fetch the listed inputs among ``paths`` that are not cached yet (each once)."""
+    for path in dict.fromkeys(str(p) for p in paths):
+        listed = _LISTED.get(path)
+        if listed is not None:
+            fs, _ = filesystem(listed[0])
+            with storage_errors(listed[0]):
+                _get_input(fs, *listed)
 
 
 def _get_input(fs, url: str, info: dict) -> Path:
@@ -794,11 +875,14 @@ def _get_shard(fs, path: str, url: str, entry: dict, target: Path) -> None:
     os.replace(tmp, target)
 
 
-def fetch_shard(url: str, entry: dict) -> Path:
+def fetch_shard(url: str, entry: dict, private: bool = False) -> Path:
     """A local copy of the one shard at ``url`` (what a pack task reads), checked against its
     manifest ``entry``'s sha256; named by that hash, so a copy is fetched once per machine.
-    The caller removes it when done (:func:`drop_shard`), so disk holds one shard per worker."""
-    target = cache_dir() / "shards" / f"{entry['sha256'][:32]}.parquet"
+    The caller removes it when done, so disk holds one shard per worker. ``private``: a copy
+    of this process alone (a mixture task reads shards that other tasks read at the same time,
+    and removes its copies when it ends)."""
+    name = f"{entry['sha256'][:32]}-{os.getpid()}" if private else entry["sha256"][:32]
+    target = cache_dir() / "shards" / f"{name}.parquet"
     target.parent.mkdir(parents=True, exist_ok=True)
     if not (target.is_file() and target.stat().st_size == entry["bytes"]):
         fs, path = filesystem(url)

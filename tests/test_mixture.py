@@ -10,6 +10,7 @@ back and every per-source number ``stats`` prints is recomputed from them.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -286,6 +287,14 @@ def test_mixture_file_with_rates_and_targets_resolves_paths_against_itself(sourc
     assert "warning: source 'gamma': target of 20 samples" in r.stdout
 
 
+def test_mixture_file_keeps_bucket_urls_as_written(tmp_path):
+    from packtool.mixture import load_mixture
+
+    spec = tmp_path / "mix.json"
+    spec.write_text(json.dumps({"sources": [{"path": "s3://data/tok", "rate": 1}, {"path": "tok_b", "samples": 5}]}))
+    assert [s.path for s in load_mixture(spec).sources] == ["s3://data/tok", str(tmp_path / "tok_b")]
+
+
 @pytest.mark.jit
 def test_stats_warns_when_oversize_drops_cut_a_sources_share(sources, tmp_path):
     r = run("pack", *(str(sources / f"tok_{n}") for n in SIZES), "-o", str(tmp_path / "p"), "--max-tokens", "2048",
@@ -352,6 +361,39 @@ def test_ranks_then_merge_give_the_same_bytes_and_a_resume_keeps_the_mixture(sou
     assert r.returncode == 1
     assert "holds a finished run of these settings, but input files changed since" in r.stderr
     assert str(changed / "part-00000-00000.parquet") in r.stderr
+
+
+@pytest.mark.jit
+def test_tasks_run_from_another_directory_open_relative_paths_against_the_drivers(sources, mixed, tmp_path,
+                                                                                 monkeypatch):
+    """A Ray worker on another node runs in its own directory: a mixture task given relative
+    source and output paths must open them against the driver's working directory."""
+    import packtool.pipeline as pipeline
+
+    elsewhere = tmp_path / "worker-cwd"
+    elsewhere.mkdir()
+    real = pipeline._mix_task
+    ran = []
+
+    def on_another_node(task, report):
+        here = Path.cwd()
+        monkeypatch.chdir(elsewhere)  # as a worker whose directory is its node's
+        try:
+            ran.append(task.index)
+            return real(task, report)
+        finally:
+            monkeypatch.chdir(here)
+
+    monkeypatch.setattr(pipeline, "_mix_task", on_another_node)
+    monkeypatch.chdir(tmp_path)
+    rel = [os.path.relpath(sources / f"tok_{n}", tmp_path) for n in SIZES]
+    mix = Mixture.from_rates(rel, "1.0,2.5,0.2", samples_per_task=6)
+    pack_dataset(mix, "rel-out", PackConfig(max_tokens=8192), workers=1)
+    assert ran == [0, 1, 2, 3, 4]
+    assert not list(elsewhere.iterdir())  # nothing written where the worker ran
+    want = json.loads((mixed / ".packtool" / "manifest.json").read_text())
+    got = json.loads((tmp_path / "rel-out" / ".packtool" / "manifest.json").read_text())
+    assert [s["sha256"] for s in got["shards"]] == [s["sha256"] for s in want["shards"]]
 
 
 # ---------------------------------------------------------------------------------------------

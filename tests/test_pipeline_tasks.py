@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -38,6 +39,27 @@ def test_line_offsets_point_at_line_starts(tmp_path):
     assert _line_offsets(f, 5, 5) == (5, [])
     f.write_bytes(b"a\nb\n")
     assert _line_offsets(f, 2, 2) == (2, [])  # no task may start past the last line
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4, 5])
+def test_the_parallel_range_scan_finds_the_cuts_of_the_slow_twin(tmp_path, seed):
+    """Byte ranges and mark strides far smaller than the defaults, so cuts fall on range edges,
+    on marks, before the first mark of a range and in files without a final newline."""
+    from packtool.pipeline import _cuts, _scan_files
+    from tests.naive import line_offsets
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 40, size=int(rng.integers(0, 400)))
+    data = b"".join(b"x" * int(n) + b"\n" for n in lengths)
+    if seed % 2:
+        data += b"tail"  # a last line without its newline
+    f = tmp_path / "in.jsonl"
+    f.write_bytes(data)
+    for range_bytes, every_mark, workers in ((1 << 20, 256, 1), (97, 3, 2), (1, 1, 3), (64, 5, 2)):
+        scan = _scan_files([f], workers, range_bytes=range_bytes, every=every_mark)[f]
+        for first, every in ((1, 1), (1, 7), (5, 13), (40, 40), (3, 1000)):
+            assert _cuts(scan, first, every) == line_offsets(data, first, every), (seed, range_bytes, every_mark, first,
+                                                                                   every)
 
 
 def test_small_files_share_a_task_and_a_big_file_is_cut(tmp_path):

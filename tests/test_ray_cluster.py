@@ -265,3 +265,57 @@ def test_two_node_cluster_spreads_tasks_and_survives_a_lost_node(cluster, tmp_pa
     assert len(writers) == 8 and not {w["pid"] for w in writers} & set(killed[1:])
     assert ids["head"] in {w["ray_node"] for w in writers}
     assert cluster.node_ids(1) == {"head": ids["head"]}  # the cluster itself saw node2 go
+
+
+@pytest.fixture()
+def bare_head():
+    """One Ray node whose processes know nothing of any object store: no AWS variables, no
+    ``PACKTOOL_STORAGE_OPTIONS`` (a node on another machine, as far as its environment goes)."""
+    from packtool.storage import FORWARDED_ENV
+
+    c = Cluster()
+    c.env = {k: v for k, v in c.env.items() if k not in FORWARDED_ENV and not k.startswith("AWS_")}
+    try:
+        c.start("head")
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.mark.slow  # a Ray node and an S3 server start: about 30 s on a busy two-core machine
+def test_workers_reach_the_bucket_with_only_the_settings_the_driver_was_given(bare_head, tmp_path):
+    from bench.s3server import s3_server
+
+    make_corpus(tmp_path, 300, seed=15)
+    secret = "s3cr3t-" + secrets.token_hex(8)  # moto takes any key; this one must never be written out
+    with s3_server() as server:
+        server.client().create_bucket(Bucket="data")
+        # the driver has the keys in its environment and the endpoint as a --storage-option only
+        env = {**bare_head.env, "AWS_ACCESS_KEY_ID": "driver-key", "AWS_SECRET_ACCESS_KEY": secret,
+               "AWS_DEFAULT_REGION": "us-east-1", "PACKTOOL_CACHE": str(tmp_path / "cache")}
+        opt = ["--storage-option", f"endpoint_url={server.endpoint}"]
+        on_ray = ["--executor", "ray", "--ray-address", bare_head.address, "--quiet"]
+
+        def run(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "packtool", *opt, *args], cwd=tmp_path, env=env,
+                                  capture_output=True, text=True, timeout=600)
+
+        ids = bare_head.node_ids(1)
+        r = run("tokenize", "data.jsonl", "--media-root", ".", "-o", "s3://data/tok", "--rows-per-shard", "100", *on_ray)
+        assert r.returncode == 0, r.stderr + bare_head.logs()
+        r2 = run("pack", "s3://data/tok", "-o", "s3://data/packed", "--max-tokens", "4096", *on_ray)
+        assert r2.returncode == 0, r2.stderr + bare_head.logs()
+        client = server.client()
+        written = {o["Key"]: client.get_object(Bucket="data", Key=o["Key"])["Body"].read()
+                   for o in client.list_objects_v2(Bucket="data")["Contents"]}
+    markers = [json.loads(v) for k, v in written.items() if "/.packtool/task-" in k]
+    # every task ran in a worker of the bare node and wrote its shards and marker to the bucket
+    assert len(markers) == 3 + 3 and {m["ran_on"]["ray_node"] for m in markers} == {ids["head"]}
+    assert "tok/.packtool/manifest.json" in written and "packed/.packtool/manifest.json" in written
+    # the secret is in no object, no output and no log of the node
+    leaks = [k for k, v in written.items() if secret.encode() in v]
+    leaks += [name for name, text in (("tokenize output", r.stdout + r.stderr), ("pack output", r2.stdout + r2.stderr))
+              if secret in text]
+    leaks += [str(f) for f in Path(bare_head.temp_dir).rglob("*")
+              if f.is_file() and not f.is_symlink() and secret.encode() in f.read_bytes()]
+    assert not leaks

@@ -252,6 +252,60 @@ def test_reader_streams_the_bucket_in_the_local_order_with_a_small_cache(s3, loc
 
 
 @pytest.mark.slow
+def test_a_cold_reader_fetches_each_small_shard_in_one_get_and_refuses_one_of_another_size(s3, local_run, bucket_run,
+                                                                                              tmp_path, monkeypatch):
+    from packtool.errors import InputError
+    from packtool.storage import RequestCounter
+
+    manifest = json.loads(objects(s3, "packed")[".packtool/manifest.json"])
+    n_shards = len(manifest["shards"])
+    assert n_shards > 3 and max(s["bytes"] for s in manifest["shards"]) < (8 << 20)
+    want = [r["pack_index"] for r in PackedDataset(local_run / "packed", seed=3)]
+    RequestCounter.reset()
+    got = [r["pack_index"] for r in PackedDataset(f"s3://{BUCKET}/packed", seed=3, cache_bytes=1 << 30)]
+    # the manifest, then one GET per shard (footer and every row group): no HEAD, no footer apart
+    assert got == want and RequestCounter.reset()[0] == 1 + n_shards
+    # a shard cut short or grown since the manifest was written: both sizes named, not a decode error
+    client = s3.client()
+    for name, body in objects(s3, "packed").items():
+        client.put_object(Bucket=BUCKET, Key=f"resized/{name}", Body=body)
+    first = manifest["shards"][0]
+    data = objects(s3, "packed")[first["file"]]
+    for k, body in enumerate((data[:-10], data + b"\0" * 10, data[:-1], data + b"\0")):
+        monkeypatch.setenv(storage.CACHE_ENV, str(tmp_path / f"resized-{k}"))
+        client.put_object(Bucket=BUCKET, Key=f"resized/{first['file']}", Body=body)
+        with pytest.raises(InputError, match=f"is {len(body):,} bytes but the manifest says {len(data):,}"):
+            list(PackedDataset(f"s3://{BUCKET}/resized", seed=0, shuffle=False))
+
+
+def test_group_cache_coalesces_neighbouring_groups_up_to_its_limit(s3, tmp_path):
+    """A shard of 8 row groups of about 130 kB: fetched whole under the limit, else its footer
+    apart and each GET carrying as many following groups as fit the limit."""
+    import pyarrow as pa
+
+    from packtool.reader.cache import GroupCache
+    from packtool.storage import RequestCounter
+
+    rng = np.random.default_rng(7)
+    table = pa.table({"x": rng.integers(0, 2**62, size=8 * 16_000, dtype=np.int64)})
+    buf = io.BytesIO()
+    pq.write_table(table, buf, row_group_size=16_000, compression="none")
+    data = buf.getvalue()
+    sha = __import__("hashlib").sha256(data).hexdigest()
+    s3.client().put_object(Bucket=BUCKET, Key="groups/part.parquet", Body=data)
+    url = f"s3://{BUCKET}/groups/part.parquet"
+    group = len(data) // 8
+    for limit, want_gets in ((8 << 20, 1), (2 * group + 1000, 1 + 4), (0, 1 + 8)):
+        cache = GroupCache(max_bytes=1 << 30, directory=tmp_path / f"c{limit}", coalesce_bytes=limit)
+        RequestCounter.reset()
+        got = [pq.ParquetFile(cache.path(url, len(data), sha, g)).read_row_group(g) for g in range(8)]
+        assert RequestCounter.reset()[0] == want_gets, limit
+        assert pa.concat_tables(got).equals(table)
+        # every group recorded with its own size, so eviction gives back each one apart
+        assert sorted(g for (_, g) in cache._lru if g >= 0) == list(range(8))
+
+
+@pytest.mark.slow
 def test_sigkill_mid_pack_on_the_bucket_then_resume_gives_the_same_bytes(s3, local_run, bucket_run, tmp_path):
     seed = random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
@@ -289,6 +343,84 @@ def test_sigkill_mid_pack_on_the_bucket_then_resume_gives_the_same_bytes(s3, loc
     done = objects(s3, prefix)
     assert {n: d for n, d in done.items() if n.startswith("part-")} == ref, f"resume differs (seed {seed})"
     assert not [n for n in done if "lease" in n]
+
+
+@pytest.mark.slow  # two CLI processes at once against the server
+def test_ranks_on_machines_of_their_own_plan_once_through_the_bucket(s3, bucket_run, tmp_path):
+    """Two ranks into one prefix, each with its own local state (as on two machines): the plan
+    lives in the bucket, so one rank plans and the other reads its plan; together they write
+    what one run writes."""
+    prefix = "ranks"
+    base = [sys.executable, "-m", "packtool", "-v", "tokenize", f"s3://{BUCKET}/corpus/data.jsonl", "--media-root",
+            f"s3://{BUCKET}/corpus", "-o", f"s3://{BUCKET}/{prefix}", *TOK_FLAGS, "--world-size", "2"]
+    procs = [subprocess.Popen([*base, "--rank", str(r)], env={**s3.env, storage.CACHE_ENV: str(tmp_path / f"node{r}")},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    logs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    planned = ["planned 7 tokenize tasks from 1 inputs" in log for log in logs]
+    stored = ["read the stored plan of 7 tokenize tasks" in log for log in logs]
+    assert sorted(planned) == [False, True] and stored == [not p for p in planned], logs
+    # no local state held the plan: neither machine's folders have one
+    assert not list(tmp_path.rglob("plan.json")) and not list(tmp_path.rglob("plan.lock"))
+    done = objects(s3, prefix)
+    plan = json.loads(done[".packtool/plan.json"])
+    assert {sl[0] for task in plan["tasks"] for sl in task} == {f"s3://{BUCKET}/corpus/data.jsonl"}
+    assert ".packtool/plan.lock" not in done
+    one = json.loads(objects(s3, "tok")[".packtool/manifest.json"])
+    assert _manifest_shards(json.loads(done[".packtool/manifest.json"])) == _manifest_shards(one)
+
+
+@pytest.mark.slow  # two mixture packs of the real CLI
+def test_a_mixture_from_and_into_the_bucket_writes_the_bytes_of_the_local_mixture(s3, local_run, bucket_run, tmp_path):
+    # two sources: the bucket's own tokenized run (media in the bucket) and a copy of the local
+    # run's (media on local disk), against the local run's directory twice
+    upload_dir(s3.client(), local_run / "tok", BUCKET, "tok-l")
+    mix = ["--rates", "1.0,0.5", "--samples-per-task", "250", "--max-tokens", "4096", "--packs-per-shard", "20",
+           "--workers", "2", "--quiet"]
+    local = tmp_path / "mixed"
+    cli(s3, "pack", str(local_run / "tok"), str(local_run / "tok"), "-o", str(local), *mix, cache=tmp_path / "c1")
+    r = cli(s3, "pack", f"s3://{BUCKET}/tok", f"s3://{BUCKET}/tok-l", "-o", f"s3://{BUCKET}/mixed", *mix, "--json",
+            cache=tmp_path / "c2")
+    want = json.loads((local / ".packtool" / "manifest.json").read_text())
+    got = objects(s3, "mixed")
+    manifest = json.loads(got[".packtool/manifest.json"])
+    assert _manifest_shards(manifest) == _manifest_shards(want) and len(want["shards"]) > 3
+    for entry in want["shards"]:
+        assert got[entry["file"]] == (local / entry["file"]).read_bytes(), entry["file"]
+    assert json.loads(r.stdout)["packs"] == want["counts"]["packs"]
+    assert [s["realised"] for s in manifest["mixture"]["sources"]] == [s["realised"] for s in want["mixture"]["sources"]]
+    assert [s["path"] for s in manifest["mixture"]["sources"]] == [f"s3://{BUCKET}/tok", f"s3://{BUCKET}/tok-l"]
+    assert not [n for n in got if "lease" in n or n.endswith(".tmp")]
+    # the tasks removed the copies of the source shards they fetched
+    assert not list((tmp_path / "c2" / "shards").glob("*.parquet"))
+    # stats reads the mixture in the bucket as it reads the local one
+    remote = json.loads(cli(s3, "stats", f"s3://{BUCKET}/mixed", "--json", cache=tmp_path / "c2").stdout)
+    here = json.loads(cli(s3, "stats", str(local), "--json", cache=tmp_path / "c2").stdout)
+    def unnamed(report: dict) -> list[dict]:
+        return [{k: v for k, v in s.items() if k not in ("source", "path")} for s in report["mixture"]["sources"]]
+
+    assert unnamed(remote) == unnamed(here) and remote["packs"] == here["packs"]
+    assert [s["source"] for s in remote["mixture"]["sources"]] == [f"s3://{BUCKET}/tok", f"s3://{BUCKET}/tok-l"]
+
+
+@pytest.mark.slow
+def test_a_rank_that_reads_the_stored_plan_fetches_only_its_own_inputs(s3, corpus, tmp_path):
+    lines = (corpus / "data.jsonl").read_text().splitlines(keepends=True)
+    client = s3.client()
+    client.put_object(Bucket=BUCKET, Key="split/a.jsonl", Body="".join(lines[:200]).encode())
+    client.put_object(Bucket=BUCKET, Key="split/b.jsonl", Body="".join(lines[200:]).encode())
+    # tasks: a 0..200, b 0..200, b 200..400, b 400..402; rank 1 of 2 takes the second and the fourth
+    base = ["-v", "tokenize", f"s3://{BUCKET}/split", "--media-root", f"s3://{BUCKET}/corpus", "-o",
+            f"s3://{BUCKET}/split-tok", "--rows-per-shard", "200", "--workers", "2", "--quiet", "--world-size", "2"]
+    first = cli(s3, *base, "--rank", "0", cache=tmp_path / "node0")
+    assert "planned 4 tokenize tasks from 2 inputs" in first.stderr
+    second = cli(s3, *base, "--rank", "1", cache=tmp_path / "node1")
+    assert "read the stored plan of 4 tokenize tasks" in second.stderr
+    fetched = sorted(p.name for p in (tmp_path / "node1" / "inputs").rglob("*.jsonl"))
+    assert fetched == ["b.jsonl"]  # a.jsonl was listed (its size and time are in the plan's key), never read
+    assert sorted(p.name for p in (tmp_path / "node0" / "inputs").rglob("*.jsonl")) == ["a.jsonl", "b.jsonl"]
+    manifest = json.loads(objects(s3, "split-tok")[".packtool/manifest.json"])
+    assert manifest["counts"]["rows_in"] == 602 and manifest["counts"]["tasks"] == 4
 
 
 def _lease(s3, prefix: str, **holder) -> None:

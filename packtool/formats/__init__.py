@@ -82,11 +82,12 @@ def _scan_dir(root: Path) -> list[Path]:
     return sorted(f for f in _walk(root) if f.name.endswith(SUFFIXES))
 
 
-def expand_inputs(inputs: list[Path]) -> list[Path]:
+def expand_inputs(inputs: list[Path], present: set[str] = frozenset()) -> list[Path]:
     """Files named directly, plus the supported files under named directories, sorted.
 
     Under a directory, hidden entries and packtool output directories are skipped
-    (see :func:`_scan_dir`); a named file is always read.
+    (see :func:`_scan_dir`); a named file is always read. Paths in ``present`` are files
+    known to exist elsewhere (objects listed in a bucket, fetched when read).
 
     Raises:
         InputError: an input does not exist, is itself a packtool output, or holds no input files.
@@ -95,7 +96,9 @@ def expand_inputs(inputs: list[Path]) -> list[Path]:
 
     files: list[Path] = []
     for p in inputs:
-        if p.is_dir():
+        if str(p) in present:
+            files.append(p)
+        elif p.is_dir():
             if is_output_dir(p):
                 raise InputError(f"input {str(p)!r} is a packtool output directory, not raw records; "
                                  "pass the corpus it was made from (pack takes a tokenized directory)")
