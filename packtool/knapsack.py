@@ -91,16 +91,31 @@ MAX_TABLE_BYTES = 1 << 30
 #: Cells per vector step (32 ``int16`` lanes fill an AVX-512 register); rows carry padding
 #: so that whole steps never leave them.
 VEC = 32
+#: The bounded sparse search (:func:`_sparse`): prices are scaled by this before rounding to
+#: integers; each pass that misses lowers its target by at least this much; a pass gives
+#: up past this many states in one stage, the search past this many state visits in all
+#: (then the table decides); this many bisection steps for the prices.
+SPARSE_SCALE = 16
+SPARSE_STEP = 4
+SPARSE_STATES = 4096
+SPARSE_VISITS = 6000
+SPARSE_DUAL_STEPS = 16
 
 # Columns of the integer workspace ``ints`` (a row per item, one more for ``_OFF``, and a
 # last row of settings and state): whether the item fits alone and its bounds
 # (``_prepare``), its table region and bit offset (``_forward``), and the previous call's
 # items and bounds (prefix reuse).
-_FIT, _LO_A, _LO_B, _PU, _A0, _BLO, _HI, _NCH, _OFF, _PW, _PUN, _PV, _PLA, _PLB = range(14)
-_NCOL = 14
+_FIT, _LO_A, _LO_B, _PU, _A0, _BLO, _HI, _NCH, _OFF, _PW, _PUN, _PV, _PLA, _PLB, _ORD, _LOSS = range(16)
+_NCOL = 16
 # Columns of the last row: settings, the previous call (prefix reuse), the last call, and
 # which half of the reach workspace holds the last call's column ranges.
 _M_EVERY, _M_WIDTH, _M_PREV_N, _M_TW, _M_TU, _M_CODE, _M_PROCESSED, _M_REACH = range(8)
+# ... and the bounded sparse search (:func:`_sparse`): whether to try it, how the last call was
+# answered (``_BY_*``), its passes and the states they visited.
+_M_SPARSE, _M_METHOD, _M_PASSES, _M_VISITS = range(8, 12)
+_BY_TRIVIAL, _BY_SPARSE, _BY_TABLE, _BY_COUNT = range(4)
+#: Method names by ``_BY_*`` code (:attr:`KnapsackSolver.last_method`).
+METHODS = ("trivial", "sparse", "table", "count")
 # "No subset": beyond any weight sum a table can have.
 _FAR = 1 << 40
 # Results of ``_solve`` below 0; ``_NEED_TABLE - code``: first allocate the table of that type.
@@ -504,8 +519,302 @@ def _reusable(w, u, v, max_w, max_u, code, ints, reach, old):  # pragma: no cove
     return start
 
 
+# ---------------------------------------------------------------------------------------
+# The bounded sparse search: most buffers are answered without the table (module docstring).
+
+
+def _minplus_chunk_py(h, d0, s0, s1, x):
+    """``h[d0:d0+32] = min(h[s0:s0+32], h[s1:s1+32] + x)``, both ranges read before the write.
+    (Python twin of the compiled version, used when numba's JIT is disabled.)"""
+    c = np.minimum(h[s0: s0 + VEC].astype(np.int64), h[s1: s1 + VEC].astype(np.int64) + x)
+    h[d0: d0 + VEC] = c.astype(h.dtype)  # padding cells may wrap, as compiled
+
+
+@intrinsic
+def _minplus_chunk_ir(typingctx, h, d0, s0, s1, x):
+    """Compiled :func:`_minplus_chunk_py`: one ``VEC``-lane add, compare, select and store in the
+    array's own type (LLVM cannot vectorize the same loop itself: source and destination
+    are rows of one array, which it must assume overlap)."""
+    if not (isinstance(h, types.Array) and isinstance(h.dtype, types.Integer)):
+        return None
+    sig = types.void(h, d0, s0, s1, x)
+
+    def codegen(context, builder, signature, args):
+        arr = context.make_array(signature.args[0])(context, builder, args[0])
+        elt = context.get_data_type(signature.args[0].dtype)
+        vec = ir.VectorType(elt, VEC)
+        size = elt.width // 8
+        ptrs = []
+        for k in (1, 2, 3):
+            idx = context.cast(builder, args[k], signature.args[k], types.intp)
+            ptrs.append(builder.bitcast(builder.gep(arr.data, [idx]), vec.as_pointer()))
+        a = builder.load(ptrs[1], align=size)
+        b = builder.load(ptrs[2], align=size)
+        xv = context.cast(builder, args[4], signature.args[4], signature.args[0].dtype)
+        one = builder.insert_element(ir.Constant(vec, ir.Undefined), xv, ir.Constant(ir.IntType(32), 0))
+        splat = builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
+                                       ir.Constant(ir.VectorType(ir.IntType(32), VEC), [0] * VEC))
+        c = builder.add(b, splat)
+        builder.store(builder.select(builder.icmp_signed("<", c, a), c, a), ptrs[0], align=size)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_minplus_chunk = _minplus_chunk_py if numba.config.DISABLE_JIT else _minplus_chunk_ir
+
+
 @njit(cache=True)
-def _solve(w, u, v, cap_w, cap_u, ints, bits, tabs, reach, span, chosen):  # pragma: no cover - compiled
+def _lambda_step(w, u, v, max_w, mu, ratio, ints, k):  # pragma: no cover - compiled
+    """For values ``v - mu * u``: the fractional knapsack over the first capacity, as
+    ``(lambda, units)``: its critical value per unit of weight (its LP dual) and the units of
+    its fractional solution. The ``k`` candidates (``ints[:k, _ORD]``, all with ``w > 0``) are
+    re-sorted by value per weight in place by insertion: bisection steps change ``mu`` little,
+    so the order is nearly sorted."""
+    for j in range(k):
+        i = ints[j, _ORD]
+        ratio[i] = (v[i] - mu * u[i]) / w[i]
+    for j in range(1, k):
+        i = ints[j, _ORD]
+        r = ratio[i]
+        h = j - 1
+        while h >= 0 and ratio[ints[h, _ORD]] < r:
+            ints[h + 1, _ORD] = ints[h, _ORD]
+            h -= 1
+        ints[h + 1, _ORD] = i
+    acc = 0
+    units = 0.0
+    for j in range(k):
+        i = ints[j, _ORD]
+        if ratio[i] <= 0:
+            break
+        if acc + w[i] > max_w:
+            return ratio[i], units + u[i] * (max_w - acc) / w[i]
+        acc += w[i]
+        units += u[i]
+    return 0.0, units
+
+
+@njit(cache=True)
+def _multipliers(w, u, v, max_w, max_u, ints, ratio):  # pragma: no cover - compiled
+    """Prices ``(lambda, mu)`` of a unit of each capacity, near the optimum of the LP dual
+    ``min lambda max_w + mu max_u + sum(max(0, v - lambda w - mu u))``: bisection on ``mu``
+    over the sign of the dual's slope (capacity minus the units of the fractional solution),
+    ``lambda`` the fractional knapsack's for each ``mu``. Any prices give valid bounds; close
+    ones prune far more (at the Molmo2 settings 16 steps visit a third of the states 10 do)."""
+    n = w.shape[0]
+    k = 0
+    hi = 0.0
+    for i in range(n):
+        if ints[i, _FIT] and v[i] > 0:
+            if w[i] > 0:
+                ints[k, _ORD] = i
+                k += 1
+            if u[i] > 0:
+                hi = max(hi, v[i] / u[i])
+    lo = 0.0
+    mu = 0.0
+    lam, units = _lambda_step(w, u, v, max_w, 0.0, ratio, ints, k)
+    free = 0.0  # weightless items with a positive value are always in
+    for i in range(n):
+        if ints[i, _FIT] and w[i] == 0 and v[i] > 0:
+            free += u[i]
+    if units + free <= max_u:
+        return lam, 0.0
+    for _ in range(SPARSE_DUAL_STEPS):
+        mu = 0.5 * (lo + hi)
+        lam, units = _lambda_step(w, u, v, max_w, mu, ratio, ints, k)
+        for i in range(n):
+            if ints[i, _FIT] and w[i] == 0 and v[i] > mu * u[i]:
+                units += u[i]
+        if units > max_u:
+            lo = mu
+        else:
+            hi = mu
+    return lam, mu
+
+
+@njit(cache=True)
+def _tails(x, price, cap, ints, n, h, base, stride):  # pragma: no cover - compiled
+    """``h[base + r * stride + c]``: the least ``loss(T) + price * (c - x(T))`` over subsets
+    ``T`` of the fitting items ``r..n-1`` with ``x(T) <= c`` (``loss``: ``ints[:, _LOSS]``),
+    for ``r = n`` (no items: ``price * c``) down to 0, one vector step per 32 cells."""
+    c1 = cap + 1
+    top = base + n * stride
+    for c in range(stride):
+        h[top + c] = price * c
+    for r in range(n - 1, -1, -1):
+        dst = base + r * stride
+        src = dst + stride
+        xr = x[r] if ints[r, _FIT] else c1
+        xr = min(xr, c1)
+        for c in range(0, xr, VEC):  # copies (whole steps may overrun: the min steps follow)
+            _minplus_chunk(h, dst + c, src + c, src + c, 0)
+        loss = ints[r, _LOSS]
+        for c in range(xr, c1, VEC):
+            _minplus_chunk(h, dst + c, src + c, src + c - xr, loss)
+
+
+@njit(cache=True)
+def _sparse_pass(w, u, v, max_w, max_u, lam, mu, ints, h, sw, su, states, target, out):  # pragma: no cover - compiled
+    """One search for the best subsets worth at least ``target``; returns ``(best, mask)``
+    of the surviving subsets (``best < 0``: none survived) or ``(-2, 0)`` when a stage holds
+    more than ``SPARSE_STATES`` states. ``out``: the best value of any subset met (a lower
+    bound on the optimum), an upper bound on the optimum (the best bound a pruned subset had),
+    and the states visited.
+
+    States are subsets of the items so far with distinct sums ``(a, b)``, sorted by
+    ``b * (max_w + 1) + a``; item ``i`` merges the list with itself shifted by
+    ``(w[i], u[i])`` (an order-preserving shift), keeping per cell the larger value and, on a
+    tie, the smaller mask (the tie rule: later items' bits are the same on both sides). A
+    state is dropped when ``lam * a + mu * b - SCALE * value`` plus the larger of the two
+    tails of the later items (:func:`_tails`, rows ``i + 1``) exceeds
+    ``lam * max_w + mu * max_u - SCALE * target``: then no completion reaches ``target``.
+    """
+    n = w.shape[0]
+    cap = states.shape[1] // 2
+    w1 = max_w + 1
+    g = lam * max_w + mu * max_u - SPARSE_SCALE * target
+    sa = states[0]
+    sb = states[1]
+    sv = states[2]
+    sm = states[3].view(np.uint64)
+    cur = 0
+    nxt = cap
+    m = 1
+    sa[0] = 0
+    sb[0] = 0
+    sv[0] = 0
+    sm[0] = 0
+    seen = 0
+    least_excess = 1 << 62
+    visits = 0
+    hu = (n + 1) * sw
+    for i in range(n):
+        if not ints[i, _FIT]:
+            continue
+        wi = w[i]
+        ui = u[i]
+        vi = v[i]
+        bit = np.uint64(1) << np.uint64(i)
+        rw = (i + 1) * sw + max_w
+        ru = hu + (i + 1) * su + max_u
+        p = 0
+        q = 0
+        k = 0
+        visits += m
+        while True:
+            # the next candidate (state q plus the item) within the capacities
+            ca = 0
+            cb = 0
+            ckey = _FAR
+            while q < m:
+                ca = sa[cur + q] + wi
+                cb = sb[cur + q] + ui
+                if cb > max_u:  # so are all later ones (sorted by b first)
+                    q = m
+                elif ca <= max_w:
+                    ckey = cb * w1 + ca
+                    break
+                else:
+                    q += 1
+            okey = _FAR
+            if p < m:
+                okey = sb[cur + p] * w1 + sa[cur + p]
+            elif q >= m:
+                break
+            if okey < ckey:
+                a = sa[cur + p]
+                b = sb[cur + p]
+                val = sv[cur + p]
+                mask = sm[cur + p]
+                p += 1
+            else:
+                val = sv[cur + q] + vi
+                seen = max(seen, val)
+                a = ca
+                b = cb
+                mask = sm[cur + q] | bit
+                if okey == ckey:
+                    if val <= sv[cur + p]:  # a tie keeps the old subset: its mask is smaller
+                        val = sv[cur + p]
+                        mask = sm[cur + p]
+                    p += 1
+                q += 1
+            excess = lam * a + mu * b - SPARSE_SCALE * val + max(h[rw - a], h[ru - b]) - g
+            if excess > 0:
+                least_excess = min(least_excess, excess)
+            else:
+                if k >= cap:
+                    return -2, np.uint64(0)
+                sa[nxt + k] = a
+                sb[nxt + k] = b
+                sv[nxt + k] = val
+                sm[nxt + k] = mask
+                k += 1
+        cur, nxt = nxt, cur
+        m = k
+        if m == 0:
+            break
+    best = -1
+    best_mask = np.uint64(0)
+    for j in range(m):
+        if sv[cur + j] > best or (sv[cur + j] == best and sm[cur + j] < best_mask):
+            best = sv[cur + j]
+            best_mask = sm[cur + j]
+    out[0] = max(seen, best)
+    # every subset either survived or was dropped with a bound at most target - excess / SCALE
+    out[1] = max(best, target - 1 - (least_excess - 1) // SPARSE_SCALE)
+    out[2] = visits
+    return best, best_mask
+
+
+@njit(cache=True)
+def _sparse(w, u, v, max_w, max_u, ints, h, states, ratio, chosen):  # pragma: no cover - compiled
+    """The exact optimum and tie-rule subset by bounded search, or -1 when it gives up (too
+    many states; the table decides then). See the module docstring."""
+    n = w.shape[0]
+    m = ints[ints.shape[0] - 1]
+    lam_f, mu_f = _multipliers(w, u, v, max_w, max_u, ints, ratio)
+    lam = np.int64(lam_f * SPARSE_SCALE + 0.5)
+    mu = np.int64(mu_f * SPARSE_SCALE + 0.5)
+    # every tail value lies between -SCALE * sum(v) and the prices of the capacities
+    total = 0
+    for i in range(n):
+        if ints[i, _FIT]:
+            total += v[i]
+            ints[i, _LOSS] = lam * w[i] + mu * u[i] - SPARSE_SCALE * v[i]
+    if lam * max_w + mu * max_u + SPARSE_SCALE * total >= 1 << 30:
+        return -1
+    sw = (max_w + 2 * VEC) // VEC * VEC
+    su = (max_u + 2 * VEC) // VEC * VEC
+    _tails(w, lam, max_w, ints, n, h, 0, sw)
+    _tails(u, mu, max_u, ints, n, h, (n + 1) * sw, su)
+    # the optimum is at most the better of the two bounds before any item
+    target = (lam * max_w + mu * max_u - max(h[max_w], h[(n + 1) * sw + max_u])) // SPARSE_SCALE
+    out = np.zeros(3, dtype=np.int64)
+    lower = 0
+    passes = 0
+    visits = 0
+    while True:
+        passes += 1
+        best, mask = _sparse_pass(w, u, v, max_w, max_u, lam, mu, ints, h, sw, su, states, target, out)
+        visits += out[2]
+        m[_M_PASSES] = passes
+        m[_M_VISITS] = visits
+        if best == -2 or visits > SPARSE_VISITS:
+            return -1
+        if best >= target:
+            for i in range(n):
+                chosen[i] = (mask >> np.uint64(i)) & np.uint64(1)
+            return best
+        # the optimum is below target: search again lower, never below a subset met
+        lower = max(lower, out[0])
+        target = max(lower, min(out[1], target - SPARSE_STEP))
+
+
+@njit(cache=True)
+def _solve(w, u, v, cap_w, cap_u, ints, bits, tabs, reach, span, tails, states, ratio, chosen):  # pragma: no cover - compiled
     """The whole exact solve in one call (each Python round trip costs more than a DP item
     when caches are cold): the optimal value, or ``_NEGATIVE``, or ``_NEED_TABLE - code``
     when ``tabs`` is not of the value type needed (``_DTYPES[code]``). The chosen items go
@@ -514,14 +823,24 @@ def _solve(w, u, v, cap_w, cap_u, ints, bits, tabs, reach, span, chosen):  # pra
     of ``ints``."""
     status, max_w, max_u, bound = _prepare(w, u, v, cap_w, cap_u, ints, chosen)
     m = ints[ints.shape[0] - 1]
+    m[_M_PASSES] = 0
+    m[_M_VISITS] = 0
     if status < 0:
         return _NEGATIVE
+    m[_M_PROCESSED] = 0
     if status == 1:
-        m[_M_PROCESSED] = 0
+        m[_M_METHOD] = _BY_TRIVIAL
         return max_w
     code = 0 if bound <= 32767 else (1 if bound <= 2147483647 else 2)
     if tabs.shape[0] == 0 or tabs.itemsize != 2 << code:
         return _NEED_TABLE - code
+    if m[_M_SPARSE] and w.shape[0] <= 64:
+        # the table's state (its checkpoints and the last call it describes) stays as it was
+        value = _sparse(w, u, v, max_w, max_u, ints, tails, states, ratio, chosen)
+        if value >= 0:
+            m[_M_METHOD] = _BY_SPARSE
+            return value
+    m[_M_METHOD] = _BY_TABLE
     n = w.shape[0]
     # checkpoints only pay when the next call reuses them: a fresh or reset solver (the
     # caller solves independent buffers) writes none; from its second call on it does
@@ -627,7 +946,7 @@ class KnapsackSolver:
     """
 
     def __init__(self, max_w: int, max_u: int, max_items: int | None = None,
-                 checkpoint_every: int = CHECKPOINT_EVERY) -> None:
+                 checkpoint_every: int = CHECKPOINT_EVERY, sparse: bool = True) -> None:
         if int(max_w) < 0 or int(max_u) < 0:
             raise ValueError("capacities must be non-negative")
         if max_items is not None and int(max_items) < 0:
@@ -644,11 +963,33 @@ class KnapsackSolver:
         self._tables: dict = {}
         self._table = np.zeros((0, 0), dtype=np.int16)
         self._allocate(16)
+        # the sparse search's workspace: the tails of up to 64 items over both capacities
+        # (int32 rows padded for whole vector steps), two stages of states, the prices' sort keys
+        stride = (self.max_w + 2 * VEC) // VEC * VEC + (self.max_u + 2 * VEC) // VEC * VEC
+        self.sparse = bool(sparse) and 65 * stride * 4 <= MAX_TABLE_BYTES // 16
+        self._tails = np.zeros(65 * stride if self.sparse else 0, dtype=np.int32)
+        self._states = np.zeros((4, 2 * SPARSE_STATES if self.sparse else 0), dtype=np.int64)
+        self._ratio = np.zeros(64, dtype=np.float64)
+        self._ints[-1, _M_SPARSE] = self.sparse
 
     @property
     def last_items_processed(self) -> int:
-        """Items the DP processed in the last call (for benchmarks and tests)."""
+        """Items the table processed in the last call (for benchmarks and tests): 0 when the
+        call needed no table."""
         return int(self._ints[-1, _M_PROCESSED])
+
+    @property
+    def last_method(self) -> str:
+        """How the last call was answered: ``"trivial"`` (everything that fits alone fits
+        together), ``"sparse"`` (the bounded search), ``"table"`` or ``"count"`` (the table
+        with an item-count axis)."""
+        return METHODS[int(self._ints[-1, _M_METHOD])]
+
+    @property
+    def last_sparse_work(self) -> tuple[int, int]:
+        """``(passes, states visited)`` of the bounded search in the last call (also when it
+        gave up and the table decided)."""
+        return int(self._ints[-1, _M_PASSES]), int(self._ints[-1, _M_VISITS])
 
     def reset(self) -> None:
         """Forget the previous call, so the next one solves from scratch (keeps the workspace)."""
@@ -673,6 +1014,7 @@ class KnapsackSolver:
             self._ints[-1, _M_EVERY] = every
             self._ints[-1, _M_WIDTH] = self._width
             self._ints[-1, _M_PREV_N] = -1
+            self._ints[-1, _M_SPARSE] = getattr(self, "sparse", False)
             self._bits = np.zeros(cap * self._rows * (self._width // VEC), dtype=np.uint32)
             self._reach = np.zeros((2, cap, 2, self._rows), dtype=np.int32)
             self._span = np.zeros((4, self._rows), dtype=np.int64)
@@ -710,11 +1052,12 @@ class KnapsackSolver:
                 return self._solve_count(w, u, v, self.max_items, cap_w, cap_u)
         if n > self._cap:
             self._allocate(n)
-        value = _solve(w, u, v, cap_w, cap_u, self._ints, self._bits, self._table, self._reach, self._span, chosen)
+        value = _solve(w, u, v, cap_w, cap_u, self._ints, self._bits, self._table, self._reach, self._span,
+                       self._tails, self._states, self._ratio, chosen)
         if value <= _NEED_TABLE:  # the value bound needs another table type (rare)
             self._allocate(n, _DTYPES[_NEED_TABLE - value])
             value = _solve(w, u, v, cap_w, cap_u, self._ints, self._bits, self._table, self._reach, self._span,
-                           chosen)
+                           self._tails, self._states, self._ratio, chosen)
         if value == _NEGATIVE:
             raise ValueError("weights and values must be non-negative")
         return int(value), chosen
@@ -737,6 +1080,8 @@ class KnapsackSolver:
         _backtrack_count(w, u, max_w, max_u, limit, keep, chosen)
         self._ints[-1, _M_PREV_N] = -1
         self._ints[-1, _M_PROCESSED] = n
+        self._ints[-1, _M_METHOD] = _BY_COUNT
+        self._ints[-1, _M_PASSES] = self._ints[-1, _M_VISITS] = 0
         return int(best[limit, max_w, max_u]), chosen
 
 
