@@ -281,3 +281,172 @@ def test_reach_ranges_are_the_subset_bounds(seed):
                         assert (lo, last) == want if want else lo > last, (seed, i, k, lo, last, ws)
                     else:
                         assert all(lo <= max_w - x <= last for x in ws if max_w - x >= 0), (seed, i, k, lo, last, ws)
+
+
+def _structured(rng, n, cw, cu):
+    """Items whose value is nearly a price per unit of each capacity (``32 w + 30 u`` less a
+    rounding loss, as the packer's values are): many subsets come within a few points of
+    each other, the hard case for bounds; with ``tie`` set, exact ties too."""
+    w = rng.integers(0, max(2, cw // 3), n)
+    u = np.where(rng.random(n) < 0.2, 0, rng.integers(0, max(2, cu // 3), n))
+    v = np.maximum(32 * w + 30 * u - rng.integers(0, 32, n), 0)
+    return w, u, v
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sparse_search_matches_the_table_and_brute_force(seed):
+    """The bounded search returns the table's answer, value and tie-rule subset, on random
+    and near-tied instances (and it is what answers them, not the table)."""
+    rng = np.random.default_rng(400 + seed)
+    sparse, table = KnapsackSolver(40, 14), KnapsackSolver(40, 14, sparse=False)
+    used = 0
+    for k in range(40 if JIT else 12):
+        n = int(rng.integers(0, (13 if JIT else 9) + 1))
+        cw, cu = int(rng.integers(0, 41)), int(rng.integers(0, 15))
+        if k % 3 == 0:
+            w, u, v = rng.integers(0, 12, n), rng.integers(0, 6, n), rng.integers(0, 40, n)
+        elif k % 3 == 1:
+            w, u, v = _structured(rng, n, cw, cu)
+        else:  # values proportional to weight: ties everywhere
+            w, u = rng.integers(0, 9, n), rng.integers(0, 4, n)
+            v = 3 * w
+        want = brute_force_knapsack(w, u, v, cw, cu)
+        got = sparse.solve(w, u, v, cw, cu)
+        ref = table.solve(w, u, v, cw, cu)
+        assert got[0] == ref[0] == want[0], (seed, k)
+        assert got[1].tolist() == ref[1].tolist() == want[1].tolist(), (seed, k)
+        used += sparse.last_method == "sparse"
+    assert used >= (10 if JIT else 3), (seed, used)
+
+
+@pytest.mark.skipif(not JIT, reason="full Molmo2-size instances are slow without the compiler")
+@pytest.mark.parametrize("seed", range(3))
+def test_sparse_search_at_molmo2_settings(seed):
+    """Bench-like buffers (48 Molmo2-SFT-like samples, 512 x 128): the same value and subset
+    as the numpy reference DP every time, whichever method answers."""
+    from bench.baselines import numpy_dp_solve
+    from bench.corpus import sample_lengths
+
+    tokens, units, _, _ = sample_lengths("molmo2", 20_000, seed)
+    ok = (tokens <= 16384) & (units <= 128)
+    tokens, units = tokens[ok], units[ok]
+    rng = np.random.default_rng(500 + seed)
+    solver = KnapsackSolver(512, 128)
+    methods = []
+    for _ in range(25):
+        idx = rng.choice(len(tokens), 48, replace=False)
+        w, u, v = -(-tokens[idx] // 32), units[idx], tokens[idx] + 30 * units[idx]
+        solver.reset()
+        value, chosen = solver.solve(w, u, v)
+        ref_value, ref_set = numpy_dp_solve(w, u, v, 512, 128)
+        assert value == ref_value and chosen.tolist() == ref_set.tolist(), (seed, idx.tolist())
+        methods.append(solver.last_method)
+        passes, visits = solver.last_sparse_work
+        assert passes >= 1 and visits >= 1
+    assert methods.count("sparse") >= 20, (seed, methods)
+
+
+def test_sparse_search_gives_way_to_the_table():
+    """Where the search cannot prove an answer cheaply the table decides, with the same
+    answer: more than 64 items (masks are 64 bits), values too large for its 32-bit tails,
+    and an instance with no loss to prune by (every value exactly its prices: thousands of
+    subsets fill both capacities)."""
+    rng = np.random.default_rng(17)
+    cases = []
+    w, u = rng.integers(1, 9, 70), rng.integers(0, 4, 70)
+    cases.append(("more items than mask bits", w, u, 5 * w + 2 * u, 60, 20))
+    w, u = rng.integers(1, 9, 12), rng.integers(0, 4, 12)
+    cases.append(("large values", w, u, (10**8) * w + rng.integers(0, 1000, 12), 30, 10))
+    if JIT:
+        w, u = rng.integers(1, 40, 60), rng.integers(0, 12, 60)
+        cases.append(("no loss to prune by", w, u, 32 * w + 30 * u, 512, 128))
+    for name, w, u, v, cw, cu in cases:
+        solver = KnapsackSolver(cw, cu)
+        value, chosen = solver.solve(w, u, v)
+        ref = KnapsackSolver(cw, cu, sparse=False).solve(w, u, v)
+        assert solver.last_method == "table", name
+        assert value == ref[0] and chosen.tolist() == ref[1].tolist(), name
+        if len(w) <= 12:
+            assert (value, chosen.tolist()) == tuple(x.tolist() if hasattr(x, "tolist") else x
+                                                     for x in brute_force_knapsack(w, u, v, cw, cu))
+
+
+def test_sparse_search_edge_cases():
+    """Exact fills, only one capacity binding, zero values and weights, oversize items."""
+    cases = [
+        # exact fill of both capacities by a unique subset
+        (np.array([5, 3, 4, 2]), np.array([2, 1, 1, 3]), np.array([50, 31, 40, 20]), 9, 3),
+        # the unit capacity never binds (only the first one does)
+        (np.array([4, 6, 3, 5, 2]), np.array([0, 1, 0, 1, 0]), np.array([9, 13, 7, 10, 4]), 10, 50),
+        # only the unit capacity binds
+        (np.array([1, 1, 1, 1]), np.array([3, 2, 4, 1]), np.array([7, 5, 9, 2]), 100, 6),
+        # zero values (never taken), weightless items, an item larger than either capacity
+        (np.array([0, 0, 9, 2, 3, 20]), np.array([0, 3, 0, 1, 2, 0]), np.array([5, 0, 50, 4, 6, 99]), 6, 3),
+        # equal values and sizes: the tie rule keeps the earlier items
+        (np.array([2, 2, 2, 2, 2]), np.array([1, 1, 1, 1, 1]), np.array([6, 6, 6, 6, 6]), 5, 4),
+        # nothing fits
+        (np.array([7, 8]), np.array([1, 9]), np.array([3, 4]), 5, 5),
+    ]
+    for k, (w, u, v, cw, cu) in enumerate(cases):
+        value, chosen = solve_knapsack_2d(w, u, v, cw, cu)
+        want = brute_force_knapsack(w, u, v, cw, cu)
+        assert value == want[0] and chosen.tolist() == want[1].tolist(), k
+    assert solve_knapsack_2d(*cases[4])[1].tolist() == [True, True, False, False, False]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tails_are_the_subset_bounds(seed):
+    """``_tails``: row ``r``, column ``c`` holds the least ``loss(T) + price * (c - x(T))`` over
+    subsets ``T`` of the fitting items ``r..n-1`` with ``x(T) <= c``. Checked against every
+    subset."""
+    from itertools import combinations
+
+    from packtool.knapsack import _FIT, _LOSS, _NCOL, VEC, _tails
+
+    rng = np.random.default_rng(600 + seed)
+    for _ in range(10):
+        n = int(rng.integers(1, 8))
+        cap = int(rng.integers(0, 40))
+        x = rng.integers(0, 15, n)
+        loss = rng.integers(-20, 40, n)
+        price = int(rng.integers(0, 9))
+        fit = rng.random(n) < 0.85
+        ints = np.zeros((n + 2, _NCOL), dtype=np.int64)
+        ints[:n, _FIT] = fit
+        ints[:n, _LOSS] = loss
+        stride = (cap + 2 * VEC) // VEC * VEC
+        h = np.full(7 + (n + 1) * stride + VEC, -99, dtype=np.int32)
+        _tails(x, price, cap, ints, n, h, 7, stride)
+        for r in range(n + 1):
+            items = [i for i in range(r, n) if fit[i]]
+            for c in range(cap + 1):
+                want = min(int(loss[list(t)].sum()) + price * (c - int(x[list(t)].sum()))
+                           for k in range(len(items) + 1) for t in combinations(items, k)
+                           if int(x[list(t)].sum()) <= c)
+                assert h[7 + r * stride + c] == want, (seed, r, c)
+        assert (h[:7] == -99).all()  # nothing written before the base
+
+
+@pytest.mark.skipif(not JIT, reason="compares the compiled vector step with its Python twin")
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_minplus_step_matches_its_python_twin(dtype):
+    from numba import njit
+
+    from packtool.knapsack import VEC, _minplus_chunk_ir, _minplus_chunk_py
+
+    @njit
+    def step(h, d0, s0, s1, x):
+        _minplus_chunk_ir(h, d0, s0, s1, x)
+
+    rng = np.random.default_rng(int(np.dtype(dtype).itemsize) + 40)
+    for _ in range(200):
+        h = rng.integers(-1000, 1000, 5 * VEC).astype(dtype)
+        s0 = int(rng.integers(2 * VEC, 3 * VEC))
+        s1 = s0 - int(rng.integers(0, VEC + 1))
+        d0 = s0 - int(rng.integers(VEC, 2 * VEC + 1))  # a row below its sources, as in _tails
+        x = int(rng.integers(-50, 50))
+        a, b = h.copy(), h.copy()
+        step(a, d0, s0, s1, x)
+        _minplus_chunk_py(b, d0, s0, s1, x)
+        assert a.tolist() == b.tolist()
+        assert (a[d0: d0 + VEC] == np.minimum(h[s0: s0 + VEC], h[s1: s1 + VEC] + x)).all()
