@@ -118,6 +118,8 @@ _BY_TRIVIAL, _BY_SPARSE, _BY_TABLE, _BY_COUNT = range(4)
 METHODS = ("trivial", "sparse", "table", "count")
 # "No subset": beyond any weight sum a table can have.
 _FAR = 1 << 40
+# No key / no excess yet (beyond any).
+_NONE = 1 << 62
 # Results of ``_solve`` below 0; ``_NEED_TABLE - code``: first allocate the table of that type.
 _NEGATIVE, _NEED_TABLE = -1, -2
 #: Table value types by code (the narrowest whose range holds the value bound).
@@ -663,31 +665,32 @@ def _sparse_pass(w, u, v, max_w, max_u, lam, mu, ints, h, sw, su, states, target
     bound on the optimum), an upper bound on the optimum (the best bound a pruned subset had),
     and the states visited.
 
-    States are subsets of the items so far with distinct sums ``(a, b)``, sorted by
-    ``b * (max_w + 1) + a``; item ``i`` merges the list with itself shifted by
-    ``(w[i], u[i])`` (an order-preserving shift), keeping per cell the larger value and, on a
-    tie, the smaller mask (the tie rule: later items' bits are the same on both sides). A
-    state is dropped when ``lam * a + mu * b - SCALE * value`` plus the larger of the two
-    tails of the later items (:func:`_tails`, rows ``i + 1``) exceeds
-    ``lam * max_w + mu * max_u - SCALE * target``: then no completion reaches ``target``.
+    States are subsets of the items so far with distinct sums ``(a, b)``, sorted by the key
+    ``b << shift | a``; item ``i`` merges the list with itself shifted by ``(w[i], u[i])`` (an
+    order-preserving shift of the keys), keeping per cell the larger value and, on a tie, the
+    smaller mask (the tie rule: later items' bits are the same on both sides). A state is
+    dropped when ``lam * a + mu * b - SCALE * value`` plus the larger of the two tails of the
+    later items (:func:`_tails`, rows ``i + 1``) exceeds ``lam * max_w + mu * max_u - SCALE *
+    target``: then no completion reaches ``target``.
     """
     n = w.shape[0]
     cap = states.shape[1] // 2
-    w1 = max_w + 1
+    shift = 1
+    while (1 << shift) <= max_w:
+        shift += 1
+    low = (1 << shift) - 1
     g = lam * max_w + mu * max_u - SPARSE_SCALE * target
-    sa = states[0]
-    sb = states[1]
-    sv = states[2]
-    sm = states[3].view(np.uint64)
+    sk = states[0]
+    sv = states[1]
+    sm = states[2].view(np.uint64)
     cur = 0
     nxt = cap
     m = 1
-    sa[0] = 0
-    sb[0] = 0
+    sk[0] = 0
     sv[0] = 0
     sm[0] = 0
     seen = 0
-    least_excess = 1 << 62
+    least_excess = _NONE
     visits = 0
     hu = (n + 1) * sw
     for i in range(n):
@@ -696,6 +699,7 @@ def _sparse_pass(w, u, v, max_w, max_u, lam, mu, ints, h, sw, su, states, target
         wi = w[i]
         ui = u[i]
         vi = v[i]
+        delta = (ui << shift) + wi
         bit = np.uint64(1) << np.uint64(i)
         rw = (i + 1) * sw + max_w
         ru = hu + (i + 1) * su + max_u
@@ -705,50 +709,49 @@ def _sparse_pass(w, u, v, max_w, max_u, lam, mu, ints, h, sw, su, states, target
         visits += m
         while True:
             # the next candidate (state q plus the item) within the capacities
-            ca = 0
-            cb = 0
-            ckey = _FAR
+            ckey = _NONE
             while q < m:
-                ca = sa[cur + q] + wi
-                cb = sb[cur + q] + ui
-                if cb > max_u:  # so are all later ones (sorted by b first)
+                key = sk[cur + q]
+                if (key >> shift) + ui > max_u:  # so are all later ones (sorted by b first)
                     q = m
-                elif ca <= max_w:
-                    ckey = cb * w1 + ca
+                elif (key & low) + wi <= max_w:
+                    ckey = key + delta
                     break
                 else:
                     q += 1
-            okey = _FAR
-            if p < m:
-                okey = sb[cur + p] * w1 + sa[cur + p]
-            elif q >= m:
-                break
-            if okey < ckey:
-                a = sa[cur + p]
-                b = sb[cur + p]
+            okey = sk[cur + p] if p < m else _NONE
+            if okey == ckey:  # both _NONE, or the same cell
+                if p >= m:
+                    break
+                val = sv[cur + q] + vi
+                seen = max(seen, val)
+                mask = sm[cur + q] | bit
+                if val <= sv[cur + p]:  # a tie keeps the old subset: its mask is smaller
+                    val = sv[cur + p]
+                    mask = sm[cur + p]
+                key = okey
+                p += 1
+                q += 1
+            elif okey < ckey:
+                key = okey
                 val = sv[cur + p]
                 mask = sm[cur + p]
                 p += 1
             else:
+                key = ckey
                 val = sv[cur + q] + vi
                 seen = max(seen, val)
-                a = ca
-                b = cb
                 mask = sm[cur + q] | bit
-                if okey == ckey:
-                    if val <= sv[cur + p]:  # a tie keeps the old subset: its mask is smaller
-                        val = sv[cur + p]
-                        mask = sm[cur + p]
-                    p += 1
                 q += 1
+            a = key & low
+            b = key >> shift
             excess = lam * a + mu * b - SPARSE_SCALE * val + max(h[rw - a], h[ru - b]) - g
             if excess > 0:
                 least_excess = min(least_excess, excess)
             else:
                 if k >= cap:
                     return -2, np.uint64(0)
-                sa[nxt + k] = a
-                sb[nxt + k] = b
+                sk[nxt + k] = key
                 sv[nxt + k] = val
                 sm[nxt + k] = mask
                 k += 1
@@ -968,7 +971,7 @@ class KnapsackSolver:
         stride = (self.max_w + 2 * VEC) // VEC * VEC + (self.max_u + 2 * VEC) // VEC * VEC
         self.sparse = bool(sparse) and 65 * stride * 4 <= MAX_TABLE_BYTES // 16
         self._tails = np.zeros(65 * stride if self.sparse else 0, dtype=np.int32)
-        self._states = np.zeros((4, 2 * SPARSE_STATES if self.sparse else 0), dtype=np.int64)
+        self._states = np.zeros((3, 2 * SPARSE_STATES if self.sparse else 0), dtype=np.int64)
         self._ratio = np.zeros(64, dtype=np.float64)
         self._ints[-1, _M_SPARSE] = self.sparse
 
