@@ -822,7 +822,6 @@ def _sparse(w, u, v, max_w, max_u, ints, h, states, ratio, work, chosen):  # pra
     # early). Any order gives the same answer (a mask's order is its items' positions);
     # this one visits about a third of the states buffer order does at the Molmo2 settings
     k = 0
-    total = 0
     for i in range(n):
         if not ints[i, _FIT]:
             continue
@@ -836,15 +835,18 @@ def _sparse(w, u, v, max_w, max_u, ints, h, states, ratio, work, chosen):  # pra
         key[j] = x
         item[j] = i
         k += 1
-        total += v[i]
+    high = max(lam * max_w, mu * max_u)
+    low = 0
     for j in range(k):
         i = item[j]
         ow[j] = w[i]
         ou[j] = u[i]
         ov[j] = v[i]
         ol[j] = lam * w[i] + mu * u[i] - SPARSE_SCALE * v[i]
-    # every tail value lies between -SCALE * sum(v) and the prices of the capacities
-    if lam * max_w + mu * max_u + SPARSE_SCALE * total >= 1 << 30:
+        high += max(ol[j], 0)
+        low += min(ol[j], 0)
+    # every value the tails compute is a subset's: within [low, high], which must fit 32 bits
+    if high >= 1 << 30 or low <= -(1 << 30):
         return -1
     sw = (max_w + 2 * VEC) // VEC * VEC
     su = (max_u + 2 * VEC) // VEC * VEC
