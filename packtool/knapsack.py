@@ -127,6 +127,7 @@ _NONE = 1 << 62
 _NEGATIVE, _NEED_TABLE = -1, -2
 #: Table value types by code (the narrowest whose range holds the value bound).
 _DTYPES = (np.int16, np.int32, np.int64)
+_INT64 = np.dtype(np.int64)
 
 
 def _narrow(x, like):
@@ -1093,9 +1094,13 @@ class KnapsackSolver:
 
         ``max_w`` / ``max_u`` lower the capacities for this call (at most the solver's own).
         """
-        w = np.ascontiguousarray(w, dtype=np.int64)
-        u = np.ascontiguousarray(u, dtype=np.int64)
-        v = np.ascontiguousarray(v, dtype=np.int64)
+        # int64 arrays go in as they are (a conversion costs microseconds when caches are cold)
+        if type(w) is not np.ndarray or w.dtype is not _INT64:
+            w = np.ascontiguousarray(w, dtype=np.int64)
+        if type(u) is not np.ndarray or u.dtype is not _INT64:
+            u = np.ascontiguousarray(u, dtype=np.int64)
+        if type(v) is not np.ndarray or v.dtype is not _INT64:
+            v = np.ascontiguousarray(v, dtype=np.int64)
         n = w.shape[0]
         if not (w.ndim == u.ndim == v.ndim == 1 and n == u.shape[0] == v.shape[0]):
             raise ValueError("w, u and v must be 1-D arrays of equal length")
