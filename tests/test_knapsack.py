@@ -32,12 +32,14 @@ def test_docstring_example():
     assert value == 8 and chosen.tolist() == [True, False, True]
 
 
+@pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("seed", range(4))
-def test_matches_brute_force_on_random_small_buffers(seed):
+def test_matches_brute_force_on_random_small_buffers(seed, sparse):
     rng = np.random.default_rng(seed)
+    solver = KnapsackSolver(30, 12, sparse=sparse)
     for _ in range(60 if JIT else 15):
         w, u, v, cw, cu = _random_instance(rng, 14 if JIT else 10)
-        value, chosen = solve_knapsack_2d(w, u, v, cw, cu)
+        value, chosen = solver.solve(w, u, v, cw, cu)
         ref, ref_set = brute_force_knapsack(w, u, v, cw, cu)
         assert value == ref
         assert w[chosen].sum() <= cw and u[chosen].sum() <= cu and v[chosen].sum() == value
@@ -62,7 +64,7 @@ def test_item_limit_is_exact(seed):
 def test_property_feasible_optimal_deterministic(items, cw, cu):
     w, u, v = (np.array([it[k] for it in items], dtype=np.int64) for k in range(3))
     a = solve_knapsack_2d(w, u, v, cw, cu)
-    b = solve_knapsack_2d(w.copy(), u.copy(), v.copy(), cw, cu)
+    b = KnapsackSolver(cw, cu, sparse=True).solve(w.copy(), u.copy(), v.copy())
     assert a[0] == b[0] and a[1].tolist() == b[1].tolist()
     assert a[0] == brute_force_knapsack(w, u, v, cw, cu)[0]
 
@@ -298,7 +300,7 @@ def test_sparse_search_matches_the_table_and_brute_force(seed):
     """The bounded search returns the table's answer, value and tie-rule subset, on random
     and near-tied instances (and it is what answers them, not the table)."""
     rng = np.random.default_rng(400 + seed)
-    sparse, table = KnapsackSolver(40, 14), KnapsackSolver(40, 14, sparse=False)
+    sparse, table = KnapsackSolver(40, 14, sparse=True), KnapsackSolver(40, 14, sparse=False)
     used = 0
     for k in range(40 if JIT else 12):
         n = int(rng.integers(0, (13 if JIT else 9) + 1))
@@ -361,7 +363,7 @@ def test_sparse_search_gives_way_to_the_table():
         w, u = rng.integers(1, 40, 60), rng.integers(0, 12, 60)
         cases.append(("no loss to prune by", w, u, 32 * w + 30 * u, 512, 128))
     for name, w, u, v, cw, cu in cases:
-        solver = KnapsackSolver(cw, cu)
+        solver = KnapsackSolver(cw, cu, sparse=True)
         value, chosen = solver.solve(w, u, v)
         ref = KnapsackSolver(cw, cu, sparse=False).solve(w, u, v)
         assert solver.last_method == "table", name
@@ -387,10 +389,11 @@ def test_sparse_search_edge_cases():
         # nothing fits
         (np.array([7, 8]), np.array([1, 9]), np.array([3, 4]), 5, 5),
     ]
-    for k, (w, u, v, cw, cu) in enumerate(cases):
-        value, chosen = solve_knapsack_2d(w, u, v, cw, cu)
-        want = brute_force_knapsack(w, u, v, cw, cu)
-        assert value == want[0] and chosen.tolist() == want[1].tolist(), k
+    for sparse in (True, False):
+        for k, (w, u, v, cw, cu) in enumerate(cases):
+            value, chosen = KnapsackSolver(cw, cu, sparse=sparse).solve(w, u, v)
+            want = brute_force_knapsack(w, u, v, cw, cu)
+            assert value == want[0] and chosen.tolist() == want[1].tolist(), (sparse, k)
     assert solve_knapsack_2d(*cases[4])[1].tolist() == [True, True, False, False, False]
 
 
@@ -445,3 +448,17 @@ def test_minplus_step_matches_its_python_twin(dtype):
         _minplus_chunk_py(b, d0, s0, s1, x)
         assert a.tolist() == b.tolist()
         assert (a[d0: d0 + VEC] == np.minimum(h[s0: s0 + VEC], h[s1: s1 + VEC] + x)).all()
+
+
+def test_sparse_search_is_tried_on_large_tables_by_default():
+    """By default the search runs where the table is large (the Molmo2 settings), not where a
+    one-row table is cheaper (the default family's patch axis dropped); either way on request."""
+    assert KnapsackSolver(512, 128).sparse and not KnapsackSolver(1024, 0).sparse
+    assert KnapsackSolver(1024, 0, sparse=True).sparse and not KnapsackSolver(512, 128, sparse=False).sparse
+    w, u, v = np.array([5, 3, 4, 2]), np.array([2, 1, 1, 3]), np.array([50, 31, 40, 20])
+    solver = KnapsackSolver(512, 128)
+    assert solver.solve(w, u, v, 9, 3)[0] == brute_force_knapsack(w, u, v, 9, 3)[0] == 90
+    assert solver.last_method == "sparse" and solver.last_items_processed == 0
+    table = KnapsackSolver(512, 128, sparse=False)
+    assert table.solve(w, u, v, 9, 3)[1].tolist() == solver.solve(w, u, v, 9, 3)[1].tolist()
+    assert table.last_method == "table" and table.last_items_processed == 4
