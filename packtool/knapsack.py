@@ -612,29 +612,30 @@ def _lambda_step(w, u, v, max_w, mu, ratio, ints, k):  # pragma: no cover - comp
     """For values ``v - mu * u``: the fractional knapsack over the first capacity, as
     ``(lambda, units, value)``: its critical value per unit of weight (the LP dual of that
     capacity), the units of its fractional solution (``max_u`` minus them is the slope of the
-    dual in ``mu``) and ``sum(max(0, v - mu u - lambda w))``. The ``k`` candidates
-    (``ints[:k, _ORD]``, all with ``w > 0``) are re-sorted by value per weight in place by
-    insertion (nearly sorted between close values of ``mu``)."""
+    dual in ``mu``) and ``sum(max(0, v - mu u - lambda w))``, over the ``k`` candidates
+    ``ints[:k, _ORD]`` (all with ``w > 0``). Only the items up to the critical one are put in
+    order, by selection (a pack holds a few of the buffer's items: cheaper than a sort)."""
     for j in range(k):
         i = ints[j, _ORD]
         ratio[i] = (v[i] - mu * u[i]) / w[i]
-    for j in range(1, k):
-        i = ints[j, _ORD]
-        r = ratio[i]
-        h = j - 1
-        while h >= 0 and ratio[ints[h, _ORD]] < r:
-            ints[h + 1, _ORD] = ints[h, _ORD]
-            h -= 1
-        ints[h + 1, _ORD] = i
     acc = 0
     units = 0.0
     lam = 0.0
     for j in range(k):
-        i = ints[j, _ORD]
-        if ratio[i] <= 0:
+        top = j
+        best = ratio[ints[j, _ORD]]
+        for h in range(j + 1, k):
+            r = ratio[ints[h, _ORD]]
+            if r > best:
+                best = r
+                top = h
+        i = ints[top, _ORD]
+        ints[top, _ORD] = ints[j, _ORD]
+        ints[j, _ORD] = i
+        if best <= 0:
             break
         if acc + w[i] > max_w:
-            lam = ratio[i]
+            lam = best
             units += u[i] * (max_w - acc) / w[i]
             break
         acc += w[i]
@@ -642,9 +643,8 @@ def _lambda_step(w, u, v, max_w, mu, ratio, ints, k):  # pragma: no cover - comp
     excess = 0.0
     for j in range(k):
         i = ints[j, _ORD]
-        if ratio[i] <= lam:
-            break
-        excess += (ratio[i] - lam) * w[i]
+        if ratio[i] > lam:
+            excess += (ratio[i] - lam) * w[i]
     return lam, units, excess
 
 
@@ -666,7 +666,7 @@ def _multipliers(w, u, v, max_w, max_u, ints, ratio):  # pragma: no cover - comp
     each ``mu`` the best ``lambda`` is the fractional knapsack's; ``g(mu) = min D`` is convex
     and piecewise linear in ``mu``, so cutting planes find its minimum in a few steps: the
     tangents at the two ends of the bracket meet at the next point tried, and where the
-    function touches that lower model the point is optimal. Any prices give valid bounds;
+    function comes within one unit of that lower model the point is (near) optimal. Any prices give valid bounds;
     close ones prune far more (at the Molmo2 settings a ``mu`` off by 0.5 visits three
     times the states)."""
     n = w.shape[0]
@@ -701,8 +701,10 @@ def _multipliers(w, u, v, max_w, max_u, ints, ratio):  # pragma: no cover - comp
         g, slope, lam = _dual_at(w, u, v, max_w, max_u, mu, ratio, ints, k)
         if g < best_g:
             best_g, best_lam, best_mu = g, lam, mu
-        if g <= model + 1e-9 * (1.0 + abs(g)):
-            break  # the function meets its lower model: mu is a minimum
+        if g <= model + 1.0:
+            # the model's minimum is a lower bound on the function's: within one unit of
+            # value (values are integers) of it, more steps would barely prune more
+            break
         if slope < 0:
             lo, g_lo, s_lo = mu, g, slope
         else:
