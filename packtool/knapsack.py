@@ -855,6 +855,8 @@ def _sparse(w, u, v, max_w, max_u, ints, h, states, ratio, work, chosen):  # pra
     n = w.shape[0]
     m = ints[ints.shape[0] - 1]
     lam_f, mu_f = _multipliers(w, u, v, max_w, max_u, ints, ratio)
+    if max(lam_f, mu_f) * SPARSE_SCALE >= 1 << 40:  # prices beyond integers the tails can hold
+        return -1
     lam = np.int64(lam_f * SPARSE_SCALE + 0.5)
     mu = np.int64(mu_f * SPARSE_SCALE + 0.5)
     ow, ou, ov, ol, item, key, out = work[0], work[1], work[2], work[3], work[4], work[5], work[6]

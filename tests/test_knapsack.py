@@ -359,6 +359,7 @@ def test_sparse_search_gives_way_to_the_table():
     cases.append(("more items than mask bits", w, u, 5 * w + 2 * u, 60, 20))
     w, u = rng.integers(1, 9, 12), rng.integers(0, 4, 12)
     cases.append(("large values", w, u, (10**8) * w + rng.integers(0, 1000, 12), 30, 10))
+    cases.append(("huge values", w, u, (10**15) * (w + u) + rng.integers(0, 1000, 12), 30, 10))
     if JIT:
         w, u = rng.integers(1, 40, 60), rng.integers(0, 12, 60)
         cases.append(("no loss to prune by", w, u, 32 * w + 30 * u, 512, 128))
