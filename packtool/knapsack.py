@@ -126,7 +126,7 @@ MAX_TABLE_BYTES = 1 << 30
 #: so that whole steps never leave them.
 VEC = 32
 #: The bounded sparse search (:func:`_sparse`): prices are scaled by this before rounding to
-#: integers; each pass that misses lowers its target by at least this much; a pass gives
+#: integers (by less where that lets the tails fit 16-bit cells); each pass that misses lowers its target by at least this much; a pass gives
 #: up past this many states in one stage, the search past this many state visits in all
 #: (then the table decides); this many bisection steps for the prices.
 SPARSE_SCALE = 16
@@ -306,6 +306,10 @@ def _prepare(w, u, v, cap_w, cap_u, ints, chosen):  # pragma: no cover - compile
     # a subset's value is at most (best value per unit of weight) x capacity, in either
     # dimension; the tighter fractional bound is computed only when that is not enough
     pu = 0
+    # (the items without weight in a dimension add their values whole, the others at most
+    # the best value per unit of it times the capacity: a sum of the two, not the larger)
+    zw = 0
+    zu = 0
     bw = 0
     bu = 0
     total = 0
@@ -314,9 +318,15 @@ def _prepare(w, u, v, cap_w, cap_u, ints, chosen):  # pragma: no cover - compile
         if ints[i, _FIT]:
             pu += u[i]
             total += v[i]
-            bw = bw + v[i] if w[i] == 0 else max(bw, -(-v[i] * (max_w + VEC - 1) // w[i]))
-            bu = bu + v[i] if u[i] == 0 else max(bu, -(-v[i] * max_u // u[i]))
-    bound = min(total, bw, bu)
+            if w[i] == 0:
+                zw += v[i]
+            else:
+                bw = max(bw, -(-v[i] * (max_w + VEC - 1) // w[i]))
+            if u[i] == 0:
+                zu += v[i]
+            else:
+                bu = max(bu, -(-v[i] * max_u // u[i]))
+    bound = min(total, zw + bw, zu + bu)
     if bound > 32767:
         fits = ints[:n, _FIT] != 0
         bound = min(bound, _dantzig(w, v, fits, max_w + VEC - 1), _dantzig(u, v, fits, max_u))
@@ -719,8 +729,8 @@ def _tails(x, loss, n, price, cap, h, base, stride):  # pragma: no cover - compi
     down to 0, one vector step per 32 cells."""
     c1 = cap + 1
     top = base + n * stride
-    for c in range(stride):
-        h[top + c] = price * c
+    for c in range(stride):  # the padding only ever feeds padding: any value that fits
+        h[top + c] = price * min(c, cap)
     for r in range(n - 1, -1, -1):
         dst = base + r * stride
         src = dst + stride
@@ -732,7 +742,7 @@ def _tails(x, loss, n, price, cap, h, base, stride):  # pragma: no cover - compi
 
 
 @njit(cache=True)
-def _sparse_pass(w, u, v, item, n, max_w, max_u, lam, mu, h, sw, su, states, target, out):  # pragma: no cover - compiled
+def _sparse_pass(w, u, v, item, n, max_w, max_u, lam, mu, scale, h, sw, su, states, target, out):  # pragma: no cover - compiled
     """One search for the best subsets worth at least ``target``; returns ``(best, mask)``
     of the surviving subsets (``best < 0``: none survived) or ``(-2, 0)`` when a stage holds
     more than ``SPARSE_STATES`` states. ``out``: the best value of any subset met (a lower
@@ -754,7 +764,7 @@ def _sparse_pass(w, u, v, item, n, max_w, max_u, lam, mu, h, sw, su, states, tar
     while (1 << shift) <= max_w:
         shift += 1
     low = (1 << shift) - 1
-    g = lam * max_w + mu * max_u - SPARSE_SCALE * target
+    g = lam * max_w + mu * max_u - scale * target
     sk = states[0]
     sv = states[1]
     sm = states[2].view(np.uint64)
@@ -819,7 +829,7 @@ def _sparse_pass(w, u, v, item, n, max_w, max_u, lam, mu, h, sw, su, states, tar
                 q += 1
             a = key & low
             b = key >> shift
-            excess = lam * a + mu * b - SPARSE_SCALE * val + max(h[rw - a], h[ru - b]) - g
+            excess = lam * a + mu * b - scale * val + max(h[rw - a], h[ru - b]) - g
             # written either way, kept only if within the bound (no branch to mispredict)
             keep = excess <= 0
             least_excess = min(least_excess, excess if not keep else _NONE)
@@ -841,24 +851,48 @@ def _sparse_pass(w, u, v, item, n, max_w, max_u, lam, mu, h, sw, su, states, tar
             best_mask = sm[cur + j]
     out[0] = max(seen, best)
     # every subset either survived or was dropped with a bound at most target - excess / SCALE
-    out[1] = max(best, target - 1 - (least_excess - 1) // SPARSE_SCALE)
+    out[1] = max(best, target - 1 - (least_excess - 1) // scale)
     out[2] = visits
     return best, best_mask
 
 
 @njit(cache=True)
-def _sparse(w, u, v, max_w, max_u, ints, h, states, ratio, work, chosen):  # pragma: no cover - compiled
+def _sparse(w, u, v, max_w, max_u, ints, tails, states, ratio, work, chosen):  # pragma: no cover - compiled
     """The exact optimum and tie-rule subset by bounded search, or -1 when it gives up (too
-    many states; the table decides then). See the module docstring. ``work``: the fitting
-    items in the order searched (weights, units, values, losses, buffer positions, sort
-    keys) and the passes' outputs."""
+    many states; the table decides then). See the module docstring."""
     n = w.shape[0]
-    m = ints[ints.shape[0] - 1]
     lam_f, mu_f = _multipliers(w, u, v, max_w, max_u, ints, ratio)
     if max(lam_f, mu_f) * SPARSE_SCALE >= 1 << 40:  # prices beyond integers the tails can hold
         return -1
+    # prices in integers: scaled by SPARSE_SCALE, or by less where that lets every value of
+    # the tails fit 16 bits (half the memory to write and read back)
+    scale = SPARSE_SCALE
+    while scale >= 1:
+        lam = np.int64(lam_f * scale + 0.5)
+        mu = np.int64(mu_f * scale + 0.5)
+        high = max(lam * max_w, mu * max_u)
+        low = 0
+        for i in range(n):
+            if ints[i, _FIT]:
+                loss = lam * w[i] + mu * u[i] - scale * v[i]
+                high += max(loss, 0)
+                low += min(loss, 0)
+        if high < 1 << 15 and low > -(1 << 15):
+            return _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, tails.view(np.int16), states, work,
+                                  chosen)
+        scale //= 2
     lam = np.int64(lam_f * SPARSE_SCALE + 0.5)
     mu = np.int64(mu_f * SPARSE_SCALE + 0.5)
+    return _sparse_search(w, u, v, max_w, max_u, lam, mu, SPARSE_SCALE, ints, tails, states, work, chosen)
+
+
+@njit(cache=True)
+def _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, h, states, work, chosen):  # pragma: no cover - compiled
+    """:func:`_sparse` at these integer prices (``scale`` times the real ones), the tails in
+    ``h`` (16 or 32 bits). ``work``: the fitting items in the order searched (weights, units,
+    values, losses, buffer positions, sort keys) and the passes' outputs."""
+    n = w.shape[0]
+    m = ints[ints.shape[0] - 1]
     ow, ou, ov, ol, item, key, out = work[0], work[1], work[2], work[3], work[4], work[5], work[6]
     # the search order: least loss first, less a hundredth of the priced size (big items
     # early). Any order gives the same answer (a mask's order is its items' positions);
@@ -868,7 +902,7 @@ def _sparse(w, u, v, max_w, max_u, ints, h, states, ratio, work, chosen):  # pra
         if not ints[i, _FIT]:
             continue
         priced = lam * w[i] + mu * u[i]
-        x = (priced - SPARSE_SCALE * v[i]) * SPARSE_ORDER - priced
+        x = (priced - scale * v[i]) * SPARSE_ORDER - priced
         j = k
         while j > 0 and key[j - 1] > x:
             key[j] = key[j - 1]
@@ -884,24 +918,24 @@ def _sparse(w, u, v, max_w, max_u, ints, h, states, ratio, work, chosen):  # pra
         ow[j] = w[i]
         ou[j] = u[i]
         ov[j] = v[i]
-        ol[j] = lam * w[i] + mu * u[i] - SPARSE_SCALE * v[i]
+        ol[j] = lam * w[i] + mu * u[i] - scale * v[i]
         high += max(ol[j], 0)
         low += min(ol[j], 0)
-    # every value the tails compute is a subset's: within [low, high], which must fit 32 bits
-    if high >= 1 << 30 or low <= -(1 << 30):
+    # every value the tails compute is a subset's: within [low, high], which must fit
+    if h.itemsize == 4 and (high >= 1 << 30 or low <= -(1 << 30)):
         return -1
     sw = (max_w + 2 * VEC) // VEC * VEC
     su = (max_u + 2 * VEC) // VEC * VEC
     _tails(ow, ol, k, lam, max_w, h, 0, sw)
     _tails(ou, ol, k, mu, max_u, h, (k + 1) * sw, su)
     # the optimum is at most the better of the two bounds before any item
-    target = (lam * max_w + mu * max_u - max(h[max_w], h[(k + 1) * sw + max_u])) // SPARSE_SCALE
+    target = (lam * max_w + mu * max_u - max(h[max_w], h[(k + 1) * sw + max_u])) // scale
     lower = 0
     passes = 0
     visits = 0
     while True:
         passes += 1
-        best, mask = _sparse_pass(ow, ou, ov, item, k, max_w, max_u, lam, mu, h, sw, su, states, target, out)
+        best, mask = _sparse_pass(ow, ou, ov, item, k, max_w, max_u, lam, mu, scale, h, sw, su, states, target, out)
         visits += out[2]
         m[_M_PASSES] = passes
         m[_M_VISITS] = visits

@@ -309,6 +309,8 @@ def test_sparse_search_matches_the_table_and_brute_force(seed):
             w, u, v = rng.integers(0, 12, n), rng.integers(0, 6, n), rng.integers(0, 40, n)
         elif k % 3 == 1:
             w, u, v = _structured(rng, n, cw, cu)
+            if k % 2:  # prices too large for 16-bit tails: the 32-bit ones
+                v = v * 1000 + rng.integers(0, 1000, n)
         else:  # values proportional to weight: ties everywhere
             w, u = rng.integers(0, 9, n), rng.integers(0, 4, n)
             v = 3 * w
@@ -389,6 +391,9 @@ def test_sparse_search_edge_cases():
         (np.array([2, 2, 2, 2, 2]), np.array([1, 1, 1, 1, 1]), np.array([6, 6, 6, 6, 6]), 5, 4),
         # nothing fits
         (np.array([7, 8]), np.array([1, 9]), np.array([3, 4]), 5, 5),
+        # values past 16 bits only when items without units join: the table's value type
+        # must count their values on top of the priced ones (it once kept the larger)
+        (np.array([1, 1, 0, 0, 0]), np.array([0, 0, 1, 0, 1]), np.array([2305, 22083, 1565, 597, 24657]), 2, 1),
     ]
     for sparse in (True, False):
         for k, (w, u, v, cw, cu) in enumerate(cases):
