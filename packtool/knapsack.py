@@ -19,9 +19,43 @@ Ties (deterministic): among all optimal subsets the kernel returns the one that 
 later items: item ``i`` is taken only if taking it *strictly* improves on the best value
 of items ``0..i-1`` within the capacity left. Comparing two optimal subsets from the last
 item backwards, the first item where they differ is absent from the returned one. In
-buffer order (oldest first) this means older samples win ties.
+buffer order (oldest first) this means older samples win ties. Encoding a subset as the
+integer ``sum(2**i for i in S)``, it is the optimal subset with the smallest integer.
 
-Algorithm
+Two methods, one answer
+-----------------------
+Most buffers are answered by a *bounded sparse search* (:func:`_sparse`, up to 64 items,
+by default where the table would have over ``SPARSE_MIN_CELLS`` cells); when it cannot
+prove the answer cheaply the dense table below decides. Both return the same value and
+subset: the search is exact, not a heuristic.
+
+The search keeps, item by item, the subsets with distinct sums ``(a, b)`` (per sum the best
+value, ties to the smaller integer) and drops every subset that provably cannot complete to
+a value ``target``:
+
+* prices ``lam``, ``mu`` of a unit of each capacity, near the optimum of the LP relaxation's
+  dual (:func:`_multipliers`), make each item's *loss* ``lam w + mu u - v`` small: at the
+  Molmo2 settings (value ``tokens + 30 crops``, weight ``ceil(tokens / 32)``) it is the
+  rounding of the tokens, 0 to 31;
+* any subset ``S`` is worth ``lam max_w + mu max_u`` less its *deficit*: the losses of its
+  items plus the priced capacity it leaves unused. A subset ``P`` of the items so far,
+  completed by later items ``T``, has a deficit of at least ``loss(P)`` plus the least
+  ``loss(T) + lam (max_w - a - w(T))`` over the later subsets that fit the first capacity
+  (one dimension, exact: a 1-D dynamic program per item from the last, :func:`_tails`), and
+  likewise in the second dimension. ``P`` is dropped when that passes the deficit ``target``
+  allows;
+* the first ``target`` is the bound before any item; a pass that ends below it proves the
+  optimum lower, and the next pass lowers the target (by ``SPARSE_STEP`` or to the bound
+  the pass proved, never below a subset it met). The pass that reaches its target keeps
+  every subset worth at least that, so its best subset is the optimum and the tie-rule one;
+* items are searched by loss, big items first among equals (any order gives the same answer:
+  adding the same later items to two subsets keeps their integers' order).
+
+At the Molmo2 settings a solve takes a median of 4 passes and about 300 state visits, and
+about 1% of buffers go to the table (a pass over ``SPARSE_STATES`` states, or the search
+over ``SPARSE_VISITS`` visits in all): ``make bench BENCH=pack``.
+
+The table
 ---------
 A dense dynamic program over the table ``best[b, a]`` = best value within capacity
 ``(a, b)`` (rows: the second dimension, contiguous along the first), one item at a time,
@@ -91,22 +125,46 @@ MAX_TABLE_BYTES = 1 << 30
 #: Cells per vector step (32 ``int16`` lanes fill an AVX-512 register); rows carry padding
 #: so that whole steps never leave them.
 VEC = 32
+#: The bounded sparse search (:func:`_sparse`): prices are scaled by this before rounding to
+#: integers (by less where that lets the tails fit 16-bit cells); each pass that misses lowers its target by at least this much; a pass gives
+#: up past this many states in one stage, the search past this many state visits in all
+#: (then the table decides); this many bisection steps for the prices.
+SPARSE_SCALE = 16
+SPARSE_STEP = 4
+SPARSE_STATES = 4096
+SPARSE_VISITS = 6000
+#: By default the search is tried only when the table has more cells than this (a small
+#: table is faster: one row of 1,025 cells, 64 items, 8 us against 15 us).
+SPARSE_MIN_CELLS = 1 << 14
+SPARSE_DUAL_STEPS = 12
+#: The search takes items by loss (value short of their priced size) times this, less their
+#: priced size: cheap losses first, big items first among equals.
+SPARSE_ORDER = 100
 
 # Columns of the integer workspace ``ints`` (a row per item, one more for ``_OFF``, and a
 # last row of settings and state): whether the item fits alone and its bounds
 # (``_prepare``), its table region and bit offset (``_forward``), and the previous call's
 # items and bounds (prefix reuse).
-_FIT, _LO_A, _LO_B, _PU, _A0, _BLO, _HI, _NCH, _OFF, _PW, _PUN, _PV, _PLA, _PLB = range(14)
-_NCOL = 14
+_FIT, _LO_A, _LO_B, _PU, _A0, _BLO, _HI, _NCH, _OFF, _PW, _PUN, _PV, _PLA, _PLB, _ORD, _LOSS = range(16)
+_NCOL = 16
 # Columns of the last row: settings, the previous call (prefix reuse), the last call, and
 # which half of the reach workspace holds the last call's column ranges.
 _M_EVERY, _M_WIDTH, _M_PREV_N, _M_TW, _M_TU, _M_CODE, _M_PROCESSED, _M_REACH = range(8)
+# ... and the bounded sparse search (:func:`_sparse`): whether to try it, how the last call was
+# answered (``_BY_*``), its passes and the states they visited.
+_M_SPARSE, _M_METHOD, _M_PASSES, _M_VISITS = range(8, 12)
+_BY_TRIVIAL, _BY_SPARSE, _BY_TABLE, _BY_COUNT = range(4)
+#: Method names by ``_BY_*`` code (:attr:`KnapsackSolver.last_method`).
+METHODS = ("trivial", "sparse", "table", "count")
 # "No subset": beyond any weight sum a table can have.
 _FAR = 1 << 40
+# No key / no excess yet (beyond any).
+_NONE = 1 << 62
 # Results of ``_solve`` below 0; ``_NEED_TABLE - code``: first allocate the table of that type.
 _NEGATIVE, _NEED_TABLE = -1, -2
 #: Table value types by code (the narrowest whose range holds the value bound).
 _DTYPES = (np.int16, np.int32, np.int64)
+_INT64 = np.dtype(np.int64)
 
 
 def _narrow(x, like):
@@ -248,6 +306,10 @@ def _prepare(w, u, v, cap_w, cap_u, ints, chosen):  # pragma: no cover - compile
     # a subset's value is at most (best value per unit of weight) x capacity, in either
     # dimension; the tighter fractional bound is computed only when that is not enough
     pu = 0
+    # (the items without weight in a dimension add their values whole, the others at most
+    # the best value per unit of it times the capacity: a sum of the two, not the larger)
+    zw = 0
+    zu = 0
     bw = 0
     bu = 0
     total = 0
@@ -256,9 +318,15 @@ def _prepare(w, u, v, cap_w, cap_u, ints, chosen):  # pragma: no cover - compile
         if ints[i, _FIT]:
             pu += u[i]
             total += v[i]
-            bw = bw + v[i] if w[i] == 0 else max(bw, -(-v[i] * (max_w + VEC - 1) // w[i]))
-            bu = bu + v[i] if u[i] == 0 else max(bu, -(-v[i] * max_u // u[i]))
-    bound = min(total, bw, bu)
+            if w[i] == 0:
+                zw += v[i]
+            else:
+                bw = max(bw, -(-v[i] * (max_w + VEC - 1) // w[i]))
+            if u[i] == 0:
+                zu += v[i]
+            else:
+                bu = max(bu, -(-v[i] * max_u // u[i]))
+    bound = min(total, zw + bw, zu + bu)
     if bound > 32767:
         fits = ints[:n, _FIT] != 0
         bound = min(bound, _dantzig(w, v, fits, max_w + VEC - 1), _dantzig(u, v, fits, max_u))
@@ -504,8 +572,386 @@ def _reusable(w, u, v, max_w, max_u, code, ints, reach, old):  # pragma: no cove
     return start
 
 
+# ---------------------------------------------------------------------------------------
+# The bounded sparse search: most buffers are answered without the table (module docstring).
+
+
+def _minplus_chunk_py(h, d0, s0, s1, x):
+    """``h[d0:d0+32] = min(h[s0:s0+32], h[s1:s1+32] + x)``, both ranges read before the write.
+    (Python twin of the compiled version, used when numba's JIT is disabled.)"""
+    c = np.minimum(h[s0: s0 + VEC].astype(np.int64), h[s1: s1 + VEC].astype(np.int64) + x)
+    h[d0: d0 + VEC] = c.astype(h.dtype)  # padding cells may wrap, as compiled
+
+
+@intrinsic
+def _minplus_chunk_ir(typingctx, h, d0, s0, s1, x):
+    """Compiled :func:`_minplus_chunk_py`: one ``VEC``-lane add, compare, select and store in the
+    array's own type (LLVM cannot vectorize the same loop itself: source and destination
+    are rows of one array, which it must assume overlap)."""
+    if not (isinstance(h, types.Array) and isinstance(h.dtype, types.Integer)):
+        return None
+    sig = types.void(h, d0, s0, s1, x)
+
+    def codegen(context, builder, signature, args):
+        arr = context.make_array(signature.args[0])(context, builder, args[0])
+        elt = context.get_data_type(signature.args[0].dtype)
+        vec = ir.VectorType(elt, VEC)
+        size = elt.width // 8
+        ptrs = []
+        for k in (1, 2, 3):
+            idx = context.cast(builder, args[k], signature.args[k], types.intp)
+            ptrs.append(builder.bitcast(builder.gep(arr.data, [idx]), vec.as_pointer()))
+        a = builder.load(ptrs[1], align=size)
+        b = builder.load(ptrs[2], align=size)
+        xv = context.cast(builder, args[4], signature.args[4], signature.args[0].dtype)
+        one = builder.insert_element(ir.Constant(vec, ir.Undefined), xv, ir.Constant(ir.IntType(32), 0))
+        splat = builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
+                                       ir.Constant(ir.VectorType(ir.IntType(32), VEC), [0] * VEC))
+        c = builder.add(b, splat)
+        builder.store(builder.select(builder.icmp_signed("<", c, a), c, a), ptrs[0], align=size)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_minplus_chunk = _minplus_chunk_py if numba.config.DISABLE_JIT else _minplus_chunk_ir
+
+
 @njit(cache=True)
-def _solve(w, u, v, cap_w, cap_u, ints, bits, tabs, reach, span, chosen):  # pragma: no cover - compiled
+def _lambda_step(w, u, v, max_w, mu, ratio, ints, k):  # pragma: no cover - compiled
+    """For values ``v - mu * u``: the fractional knapsack over the first capacity, as
+    ``(lambda, units, value)``: its critical value per unit of weight (the LP dual of that
+    capacity), the units of its fractional solution (``max_u`` minus them is the slope of the
+    dual in ``mu``) and ``sum(max(0, v - mu u - lambda w))``, over the ``k`` candidates
+    ``ints[:k, _ORD]`` (all with ``w > 0``). Only the items up to the critical one are put in
+    order, by selection (a pack holds a few of the buffer's items: cheaper than a sort)."""
+    for j in range(k):
+        i = ints[j, _ORD]
+        ratio[i] = (v[i] - mu * u[i]) / w[i]
+    acc = 0
+    units = 0.0
+    lam = 0.0
+    for j in range(k):
+        top = j
+        best = ratio[ints[j, _ORD]]
+        for h in range(j + 1, k):
+            r = ratio[ints[h, _ORD]]
+            if r > best:
+                best = r
+                top = h
+        i = ints[top, _ORD]
+        ints[top, _ORD] = ints[j, _ORD]
+        ints[j, _ORD] = i
+        if best <= 0:
+            break
+        if acc + w[i] > max_w:
+            lam = best
+            units += u[i] * (max_w - acc) / w[i]
+            break
+        acc += w[i]
+        units += u[i]
+    excess = 0.0
+    for j in range(k):
+        i = ints[j, _ORD]
+        if ratio[i] > lam:
+            excess += (ratio[i] - lam) * w[i]
+    return lam, units, excess
+
+
+@njit(cache=True)
+def _dual_at(w, u, v, max_w, max_u, mu, ratio, ints, k):  # pragma: no cover - compiled
+    """The LP dual minimized over ``lambda`` at this ``mu``: ``(value, slope in mu, lambda)``."""
+    lam, units, excess = _lambda_step(w, u, v, max_w, mu, ratio, ints, k)
+    for i in range(w.shape[0]):  # weightless items: in whenever their value is left positive
+        if ints[i, _FIT] and w[i] == 0 and v[i] > mu * u[i]:
+            units += u[i]
+            excess += v[i] - mu * u[i]
+    return lam * max_w + mu * max_u + excess, max_u - units, lam
+
+
+@njit(cache=True)
+def _multipliers(w, u, v, max_w, max_u, ints, ratio):  # pragma: no cover - compiled
+    """Prices ``(lambda, mu)`` of a unit of each capacity at (or near) the optimum of the LP
+    dual ``D(lambda, mu) = lambda max_w + mu max_u + sum(max(0, v - lambda w - mu u))``. For
+    each ``mu`` the best ``lambda`` is the fractional knapsack's; ``g(mu) = min D`` is convex
+    and piecewise linear in ``mu``, so cutting planes find its minimum in a few steps: the
+    tangents at the two ends of the bracket meet at the next point tried, and where the
+    function comes within one unit of that lower model the point is (near) optimal. Any prices give valid bounds;
+    close ones prune far more (at the Molmo2 settings a ``mu`` off by 0.5 visits three
+    times the states)."""
+    n = w.shape[0]
+    # mu is at most the price of a unit alone (lambda = 0): the larger lambda, the less of
+    # each value is left to price the units with
+    k = 0
+    for i in range(n):
+        if ints[i, _FIT] and v[i] > 0 and u[i] > 0:
+            ints[k, _ORD] = i
+            k += 1
+    hi, _, _ = _lambda_step(u, w, v, max_u, 0.0, ratio, ints, k)
+    k = 0
+    for i in range(n):
+        if ints[i, _FIT] and v[i] > 0 and w[i] > 0:
+            ints[k, _ORD] = i
+            k += 1
+    lo = 0.0
+    g_lo, s_lo, lam_lo = _dual_at(w, u, v, max_w, max_u, lo, ratio, ints, k)
+    if s_lo >= 0:
+        return lam_lo, 0.0
+    g_hi, s_hi, lam_hi = _dual_at(w, u, v, max_w, max_u, hi, ratio, ints, k)
+    best_g, best_lam, best_mu = g_lo, lam_lo, lo
+    if g_hi < best_g:
+        best_g, best_lam, best_mu = g_hi, lam_hi, hi
+    for _ in range(SPARSE_DUAL_STEPS):
+        if s_hi <= s_lo or hi - lo <= 1e-9 * (1.0 + hi):
+            break
+        mu = (g_hi - g_lo + s_lo * lo - s_hi * hi) / (s_lo - s_hi)
+        if not lo < mu < hi:
+            break
+        model = g_lo + s_lo * (mu - lo)
+        g, slope, lam = _dual_at(w, u, v, max_w, max_u, mu, ratio, ints, k)
+        if g < best_g:
+            best_g, best_lam, best_mu = g, lam, mu
+        if g <= model + 1.0:
+            # the model's minimum is a lower bound on the function's: within one unit of
+            # value (values are integers) of it, more steps would barely prune more
+            break
+        if slope < 0:
+            lo, g_lo, s_lo = mu, g, slope
+        else:
+            hi, g_hi, s_hi = mu, g, slope
+    return best_lam, best_mu
+
+
+@njit(cache=True)
+def _tails(x, loss, n, price, cap, h, base, stride):  # pragma: no cover - compiled
+    """``h[base + r * stride + c]``: the least ``loss(T) + price * (c - x(T))`` over subsets
+    ``T`` of the items ``r..n-1`` with ``x(T) <= c``, for ``r = n`` (no items: ``price * c``)
+    down to 0, one vector step per 32 cells."""
+    c1 = cap + 1
+    top = base + n * stride
+    for c in range(stride):  # the padding only ever feeds padding: any value that fits
+        h[top + c] = price * min(c, cap)
+    for r in range(n - 1, -1, -1):
+        dst = base + r * stride
+        src = dst + stride
+        xr = min(x[r], c1)
+        for c in range(0, xr, VEC):  # copies (whole steps may overrun: the min steps follow)
+            _minplus_chunk(h, dst + c, src + c, src + c, 0)
+        for c in range(xr, c1, VEC):
+            _minplus_chunk(h, dst + c, src + c, src + c - xr, loss[r])
+
+
+@njit(cache=True)
+def _sparse_pass(w, u, v, item, n, max_w, max_u, lam, mu, scale, h, sw, su, states, target, out):  # pragma: no cover - compiled
+    """One search for the best subsets worth at least ``target``; returns ``(best, mask)``
+    of the surviving subsets (``best < 0``: none survived) or ``(-2, 0)`` when a stage holds
+    more than ``SPARSE_STATES`` states. ``out``: the best value of any subset met (a lower
+    bound on the optimum), an upper bound on the optimum (the best bound a pruned subset had),
+    and the states visited.
+
+    The items ``w[:n], u[:n], v[:n]`` are the fitting ones in the order searched; ``item``
+    their positions in the buffer (the bits of the masks). States are subsets of the items
+    so far with distinct sums ``(a, b)``, sorted by the key
+    ``b << shift | a``; item ``i`` merges the list with itself shifted by ``(w[i], u[i])`` (an
+    order-preserving shift of the keys), keeping per cell the larger value and, on a tie, the
+    smaller mask (the tie rule: later items' bits are the same on both sides). A state is
+    dropped when ``lam * a + mu * b - SCALE * value`` plus the larger of the two tails of the
+    later items (:func:`_tails`, rows ``i + 1``) exceeds ``lam * max_w + mu * max_u - SCALE *
+    target``: then no completion reaches ``target``.
+    """
+    cap = states.shape[1] // 2
+    shift = 1
+    while (1 << shift) <= max_w:
+        shift += 1
+    low = (1 << shift) - 1
+    g = lam * max_w + mu * max_u - scale * target
+    sk = states[0]
+    sv = states[1]
+    sm = states[2].view(np.uint64)
+    cur = 0
+    nxt = cap
+    m = 1
+    sk[0] = 0
+    sv[0] = 0
+    sm[0] = 0
+    seen = 0
+    least_excess = _NONE
+    visits = 0
+    hu = (n + 1) * sw
+    for i in range(n):
+        wi = w[i]
+        ui = u[i]
+        vi = v[i]
+        delta = (ui << shift) + wi
+        bit = np.uint64(1) << np.uint64(item[i])
+        rw = (i + 1) * sw + max_w
+        ru = hu + (i + 1) * su + max_u
+        p = 0
+        q = 0
+        k = 0
+        visits += m
+        while True:
+            # the next candidate (state q plus the item) within the capacities
+            ckey = _NONE
+            while q < m:
+                key = sk[cur + q]
+                if (key >> shift) + ui > max_u:  # so are all later ones (sorted by b first)
+                    q = m
+                elif (key & low) + wi <= max_w:
+                    ckey = key + delta
+                    break
+                else:
+                    q += 1
+            okey = sk[cur + p] if p < m else _NONE
+            if okey == ckey:  # both _NONE, or the same cell
+                if p >= m:
+                    break
+                val = sv[cur + q] + vi
+                seen = max(seen, val)
+                mask = sm[cur + q] | bit
+                # on a tie the smaller mask (items are not searched in buffer order)
+                if val < sv[cur + p] or (val == sv[cur + p] and sm[cur + p] < mask):
+                    val = sv[cur + p]
+                    mask = sm[cur + p]
+                key = okey
+                p += 1
+                q += 1
+            elif okey < ckey:
+                key = okey
+                val = sv[cur + p]
+                mask = sm[cur + p]
+                p += 1
+            else:
+                key = ckey
+                val = sv[cur + q] + vi
+                seen = max(seen, val)
+                mask = sm[cur + q] | bit
+                q += 1
+            a = key & low
+            b = key >> shift
+            excess = lam * a + mu * b - scale * val + max(h[rw - a], h[ru - b]) - g
+            # written either way, kept only if within the bound (no branch to mispredict)
+            keep = excess <= 0
+            least_excess = min(least_excess, excess if not keep else _NONE)
+            sk[nxt + k] = key
+            sv[nxt + k] = val
+            sm[nxt + k] = mask
+            k += keep
+            if k >= cap:
+                return -2, np.uint64(0)
+        cur, nxt = nxt, cur
+        m = k
+        if m == 0:
+            break
+    best = -1
+    best_mask = np.uint64(0)
+    for j in range(m):
+        if sv[cur + j] > best or (sv[cur + j] == best and sm[cur + j] < best_mask):
+            best = sv[cur + j]
+            best_mask = sm[cur + j]
+    out[0] = max(seen, best)
+    # every subset either survived or was dropped with a bound at most target - excess / SCALE
+    out[1] = max(best, target - 1 - (least_excess - 1) // scale)
+    out[2] = visits
+    return best, best_mask
+
+
+@njit(cache=True)
+def _sparse(w, u, v, max_w, max_u, ints, tails, states, ratio, work, chosen):  # pragma: no cover - compiled
+    """The exact optimum and tie-rule subset by bounded search, or -1 when it gives up (too
+    many states; the table decides then). See the module docstring."""
+    n = w.shape[0]
+    lam_f, mu_f = _multipliers(w, u, v, max_w, max_u, ints, ratio)
+    if max(lam_f, mu_f) * SPARSE_SCALE >= 1 << 40:  # prices beyond integers the tails can hold
+        return -1
+    # prices in integers: scaled by SPARSE_SCALE, or by less where that lets every value of
+    # the tails fit 16 bits (half the memory to write and read back)
+    scale = SPARSE_SCALE
+    while scale >= 1:
+        lam = np.int64(lam_f * scale + 0.5)
+        mu = np.int64(mu_f * scale + 0.5)
+        high = max(lam * max_w, mu * max_u)
+        low = 0
+        for i in range(n):
+            if ints[i, _FIT]:
+                loss = lam * w[i] + mu * u[i] - scale * v[i]
+                high += max(loss, 0)
+                low += min(loss, 0)
+        if high < 1 << 15 and low > -(1 << 15):
+            return _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, tails.view(np.int16), states, work,
+                                  chosen)
+        scale //= 2
+    lam = np.int64(lam_f * SPARSE_SCALE + 0.5)
+    mu = np.int64(mu_f * SPARSE_SCALE + 0.5)
+    return _sparse_search(w, u, v, max_w, max_u, lam, mu, SPARSE_SCALE, ints, tails, states, work, chosen)
+
+
+@njit(cache=True)
+def _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, h, states, work, chosen):  # pragma: no cover - compiled
+    """:func:`_sparse` at these integer prices (``scale`` times the real ones), the tails in
+    ``h`` (16 or 32 bits). ``work``: the fitting items in the order searched (weights, units,
+    values, losses, buffer positions, sort keys) and the passes' outputs."""
+    n = w.shape[0]
+    m = ints[ints.shape[0] - 1]
+    ow, ou, ov, ol, item, key, out = work[0], work[1], work[2], work[3], work[4], work[5], work[6]
+    # the search order: least loss first, less a hundredth of the priced size (big items
+    # early). Any order gives the same answer (a mask's order is its items' positions);
+    # this one visits about a third of the states buffer order does at the Molmo2 settings
+    k = 0
+    for i in range(n):
+        if not ints[i, _FIT]:
+            continue
+        priced = lam * w[i] + mu * u[i]
+        x = (priced - scale * v[i]) * SPARSE_ORDER - priced
+        j = k
+        while j > 0 and key[j - 1] > x:
+            key[j] = key[j - 1]
+            item[j] = item[j - 1]
+            j -= 1
+        key[j] = x
+        item[j] = i
+        k += 1
+    high = max(lam * max_w, mu * max_u)
+    low = 0
+    for j in range(k):
+        i = item[j]
+        ow[j] = w[i]
+        ou[j] = u[i]
+        ov[j] = v[i]
+        ol[j] = lam * w[i] + mu * u[i] - scale * v[i]
+        high += max(ol[j], 0)
+        low += min(ol[j], 0)
+    # every value the tails compute is a subset's: within [low, high], which must fit
+    if h.itemsize == 4 and (high >= 1 << 30 or low <= -(1 << 30)):
+        return -1
+    sw = (max_w + 2 * VEC) // VEC * VEC
+    su = (max_u + 2 * VEC) // VEC * VEC
+    _tails(ow, ol, k, lam, max_w, h, 0, sw)
+    _tails(ou, ol, k, mu, max_u, h, (k + 1) * sw, su)
+    # the optimum is at most the better of the two bounds before any item
+    target = (lam * max_w + mu * max_u - max(h[max_w], h[(k + 1) * sw + max_u])) // scale
+    lower = 0
+    passes = 0
+    visits = 0
+    while True:
+        passes += 1
+        best, mask = _sparse_pass(ow, ou, ov, item, k, max_w, max_u, lam, mu, scale, h, sw, su, states, target, out)
+        visits += out[2]
+        m[_M_PASSES] = passes
+        m[_M_VISITS] = visits
+        if best == -2 or visits > SPARSE_VISITS:
+            return -1
+        if best >= target:
+            for i in range(n):
+                chosen[i] = (mask >> np.uint64(i)) & np.uint64(1)
+            return best
+        # the optimum is below target: search again lower, never below a subset met
+        lower = max(lower, out[0])
+        target = max(lower, min(out[1], target - SPARSE_STEP))
+
+
+@njit(cache=True)
+def _solve(w, u, v, cap_w, cap_u, ints, bits, tabs, reach, span, tails, states, ratio, work, chosen):  # pragma: no cover - compiled
     """The whole exact solve in one call (each Python round trip costs more than a DP item
     when caches are cold): the optimal value, or ``_NEGATIVE``, or ``_NEED_TABLE - code``
     when ``tabs`` is not of the value type needed (``_DTYPES[code]``). The chosen items go
@@ -514,14 +960,24 @@ def _solve(w, u, v, cap_w, cap_u, ints, bits, tabs, reach, span, chosen):  # pra
     of ``ints``."""
     status, max_w, max_u, bound = _prepare(w, u, v, cap_w, cap_u, ints, chosen)
     m = ints[ints.shape[0] - 1]
+    m[_M_PASSES] = 0
+    m[_M_VISITS] = 0
     if status < 0:
         return _NEGATIVE
+    m[_M_PROCESSED] = 0
     if status == 1:
-        m[_M_PROCESSED] = 0
+        m[_M_METHOD] = _BY_TRIVIAL
         return max_w
     code = 0 if bound <= 32767 else (1 if bound <= 2147483647 else 2)
     if tabs.shape[0] == 0 or tabs.itemsize != 2 << code:
         return _NEED_TABLE - code
+    if m[_M_SPARSE] and w.shape[0] <= 64:
+        # the table's state (its checkpoints and the last call it describes) stays as it was
+        value = _sparse(w, u, v, max_w, max_u, ints, tails, states, ratio, work, chosen)
+        if value >= 0:
+            m[_M_METHOD] = _BY_SPARSE
+            return value
+    m[_M_METHOD] = _BY_TABLE
     n = w.shape[0]
     # checkpoints only pay when the next call reuses them: a fresh or reset solver (the
     # caller solves independent buffers) writes none; from its second call on it does
@@ -613,12 +1069,16 @@ def max_cardinality(w: np.ndarray, u: np.ndarray, max_w: int, max_u: int) -> int
 class KnapsackSolver:
     """Reusable exact solver with a workspace and DP-prefix reuse between calls.
 
-    Each :meth:`solve` compares the new items with those of the previous call; if the
-    first ``p`` items are identical (and the skipped cells of the old table are still
-    unneeded) the DP restarts from the last checkpoint at or before ``p`` and only the
-    items after it are processed. The answer is identical to a fresh solve. Checkpoints
-    (a copy of the table every ``checkpoint_every`` items) cost time when every call
-    starts afresh; ``checkpoint_every=0`` keeps none.
+    ``sparse``: try the bounded sparse search before the table (module docstring); ``None``
+    (the default) where the table would have over ``SPARSE_MIN_CELLS`` cells. The answer is
+    the same either way; :attr:`last_method` tells which method gave it.
+
+    When the table decides, each :meth:`solve` compares the new items with those of the
+    last call the table answered; if the first ``p`` items are identical (and the skipped
+    cells of the old table are still unneeded) the DP restarts from the last checkpoint at
+    or before ``p`` and only the items after it are processed. The answer is identical to a
+    fresh solve. Checkpoints (a copy of the table every ``checkpoint_every`` items) cost time
+    when every call starts afresh; ``checkpoint_every=0`` keeps none.
 
     Example:
         >>> s = KnapsackSolver(8, 3)
@@ -627,7 +1087,7 @@ class KnapsackSolver:
     """
 
     def __init__(self, max_w: int, max_u: int, max_items: int | None = None,
-                 checkpoint_every: int = CHECKPOINT_EVERY) -> None:
+                 checkpoint_every: int = CHECKPOINT_EVERY, sparse: bool | None = None) -> None:
         if int(max_w) < 0 or int(max_u) < 0:
             raise ValueError("capacities must be non-negative")
         if max_items is not None and int(max_items) < 0:
@@ -644,11 +1104,35 @@ class KnapsackSolver:
         self._tables: dict = {}
         self._table = np.zeros((0, 0), dtype=np.int16)
         self._allocate(16)
+        # the sparse search's workspace: the tails of up to 64 items over both capacities
+        # (int32 rows padded for whole vector steps), two stages of states, the prices' sort keys
+        stride = (self.max_w + 2 * VEC) // VEC * VEC + (self.max_u + 2 * VEC) // VEC * VEC
+        auto = (self.max_u + 1) * (self.max_w + 1) > SPARSE_MIN_CELLS
+        self.sparse = bool(auto if sparse is None else sparse) and 65 * stride * 4 <= MAX_TABLE_BYTES // 16
+        self._tails = np.zeros(65 * stride if self.sparse else 0, dtype=np.int32)
+        self._states = np.zeros((3, 2 * SPARSE_STATES if self.sparse else 0), dtype=np.int64)
+        self._ratio = np.zeros(64, dtype=np.float64)
+        self._work = np.zeros((7, 64), dtype=np.int64)
+        self._ints[-1, _M_SPARSE] = self.sparse
 
     @property
     def last_items_processed(self) -> int:
-        """Items the DP processed in the last call (for benchmarks and tests)."""
+        """Items the table processed in the last call (for benchmarks and tests): 0 when the
+        call needed no table."""
         return int(self._ints[-1, _M_PROCESSED])
+
+    @property
+    def last_method(self) -> str:
+        """How the last call was answered: ``"trivial"`` (everything that fits alone fits
+        together), ``"sparse"`` (the bounded search), ``"table"`` or ``"count"`` (the table
+        with an item-count axis)."""
+        return METHODS[int(self._ints[-1, _M_METHOD])]
+
+    @property
+    def last_sparse_work(self) -> tuple[int, int]:
+        """``(passes, states visited)`` of the bounded search in the last call (also when it
+        gave up and the table decided)."""
+        return int(self._ints[-1, _M_PASSES]), int(self._ints[-1, _M_VISITS])
 
     def reset(self) -> None:
         """Forget the previous call, so the next one solves from scratch (keeps the workspace)."""
@@ -673,6 +1157,7 @@ class KnapsackSolver:
             self._ints[-1, _M_EVERY] = every
             self._ints[-1, _M_WIDTH] = self._width
             self._ints[-1, _M_PREV_N] = -1
+            self._ints[-1, _M_SPARSE] = getattr(self, "sparse", False)
             self._bits = np.zeros(cap * self._rows * (self._width // VEC), dtype=np.uint32)
             self._reach = np.zeros((2, cap, 2, self._rows), dtype=np.int32)
             self._span = np.zeros((4, self._rows), dtype=np.int64)
@@ -689,9 +1174,13 @@ class KnapsackSolver:
 
         ``max_w`` / ``max_u`` lower the capacities for this call (at most the solver's own).
         """
-        w = np.ascontiguousarray(w, dtype=np.int64)
-        u = np.ascontiguousarray(u, dtype=np.int64)
-        v = np.ascontiguousarray(v, dtype=np.int64)
+        # int64 arrays go in as they are (a conversion costs microseconds when caches are cold)
+        if type(w) is not np.ndarray or w.dtype is not _INT64:
+            w = np.ascontiguousarray(w, dtype=np.int64)
+        if type(u) is not np.ndarray or u.dtype is not _INT64:
+            u = np.ascontiguousarray(u, dtype=np.int64)
+        if type(v) is not np.ndarray or v.dtype is not _INT64:
+            v = np.ascontiguousarray(v, dtype=np.int64)
         n = w.shape[0]
         if not (w.ndim == u.ndim == v.ndim == 1 and n == u.shape[0] == v.shape[0]):
             raise ValueError("w, u and v must be 1-D arrays of equal length")
@@ -710,11 +1199,12 @@ class KnapsackSolver:
                 return self._solve_count(w, u, v, self.max_items, cap_w, cap_u)
         if n > self._cap:
             self._allocate(n)
-        value = _solve(w, u, v, cap_w, cap_u, self._ints, self._bits, self._table, self._reach, self._span, chosen)
+        value = _solve(w, u, v, cap_w, cap_u, self._ints, self._bits, self._table, self._reach, self._span,
+                       self._tails, self._states, self._ratio, self._work, chosen)
         if value <= _NEED_TABLE:  # the value bound needs another table type (rare)
             self._allocate(n, _DTYPES[_NEED_TABLE - value])
             value = _solve(w, u, v, cap_w, cap_u, self._ints, self._bits, self._table, self._reach, self._span,
-                           chosen)
+                           self._tails, self._states, self._ratio, self._work, chosen)
         if value == _NEGATIVE:
             raise ValueError("weights and values must be non-negative")
         return int(value), chosen
@@ -737,6 +1227,8 @@ class KnapsackSolver:
         _backtrack_count(w, u, max_w, max_u, limit, keep, chosen)
         self._ints[-1, _M_PREV_N] = -1
         self._ints[-1, _M_PROCESSED] = n
+        self._ints[-1, _M_METHOD] = _BY_COUNT
+        self._ints[-1, _M_PASSES] = self._ints[-1, _M_VISITS] = 0
         return int(best[limit, max_w, max_u]), chosen
 
 

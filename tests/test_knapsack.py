@@ -32,12 +32,14 @@ def test_docstring_example():
     assert value == 8 and chosen.tolist() == [True, False, True]
 
 
+@pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("seed", range(4))
-def test_matches_brute_force_on_random_small_buffers(seed):
+def test_matches_brute_force_on_random_small_buffers(seed, sparse):
     rng = np.random.default_rng(seed)
+    solver = KnapsackSolver(30, 12, sparse=sparse)
     for _ in range(60 if JIT else 15):
         w, u, v, cw, cu = _random_instance(rng, 14 if JIT else 10)
-        value, chosen = solve_knapsack_2d(w, u, v, cw, cu)
+        value, chosen = solver.solve(w, u, v, cw, cu)
         ref, ref_set = brute_force_knapsack(w, u, v, cw, cu)
         assert value == ref
         assert w[chosen].sum() <= cw and u[chosen].sum() <= cu and v[chosen].sum() == value
@@ -62,7 +64,7 @@ def test_item_limit_is_exact(seed):
 def test_property_feasible_optimal_deterministic(items, cw, cu):
     w, u, v = (np.array([it[k] for it in items], dtype=np.int64) for k in range(3))
     a = solve_knapsack_2d(w, u, v, cw, cu)
-    b = solve_knapsack_2d(w.copy(), u.copy(), v.copy(), cw, cu)
+    b = KnapsackSolver(cw, cu, sparse=True).solve(w.copy(), u.copy(), v.copy())
     assert a[0] == b[0] and a[1].tolist() == b[1].tolist()
     assert a[0] == brute_force_knapsack(w, u, v, cw, cu)[0]
 
@@ -76,7 +78,7 @@ def test_prefix_reuse_gives_the_same_answers():
     w = rng.integers(5, 60, n) // scale + 1
     u = rng.integers(0, 14, n) // (1 if JIT else 2)
     v = w * 32 + u * 30 - rng.integers(0, 31, n)
-    solver = KnapsackSolver(cw, cu)
+    solver = KnapsackSolver(cw, cu, sparse=False)  # prefix reuse is the table's
     reused = 0
     for _ in range(12 if JIT else 5):
         value, chosen = solver.solve(w, u, v)
@@ -141,8 +143,8 @@ def test_solver_chains_match_fresh_solves():
     switching) answer every call exactly like a fresh solve and the brute force."""
     rng = np.random.default_rng(21)
     cw, cu = (60, 14) if JIT else (24, 8)
-    for every in (0, 2, 8):
-        solver = KnapsackSolver(cw, cu, checkpoint_every=every)
+    for every, sparse in ((0, False), (2, False), (8, False), (8, True)):
+        solver = KnapsackSolver(cw, cu, checkpoint_every=every, sparse=sparse)
         w = rng.integers(0, 12, 10)
         u = rng.integers(0, 5, 10)
         v = rng.integers(0, 40, 10)
@@ -167,9 +169,9 @@ def test_solver_chains_match_fresh_solves():
             w = np.concatenate([w[keep], rng.integers(0, 12, k)])
             u = np.concatenate([u[keep], rng.integers(0, 5, k)])
             v = np.concatenate([v[keep], rng.integers(0, 40, k)])
-        if every:
+        if every and not sparse:
             assert reused >= 1
-        else:
+        elif not every:
             assert reused == 0
 
 
@@ -179,7 +181,7 @@ def test_reset_and_fresh_solvers_keep_no_checkpoints():
     n = 40 if JIT else 12
     w, u = rng.integers(1, 9, n), rng.integers(0, 4, n)
     v = 3 * w + 2 * u
-    solver = KnapsackSolver(30, 10, checkpoint_every=4)
+    solver = KnapsackSolver(30, 10, checkpoint_every=4, sparse=False)
     solver.solve(w, u, v)
     assert solver.last_items_processed == n
     solver.solve(w, u, v)  # writes checkpoints (reused solver), nothing to reuse yet
@@ -224,7 +226,7 @@ def test_column_cut_and_prefix_reuse_when_ratios_fall(seed):
     needs cells the old call skipped: it must restart earlier, and still answer exactly."""
     rng = np.random.default_rng(seed)
     cw, cu = (80, 30) if JIT else (30, 10)
-    solver = KnapsackSolver(cw, cu, checkpoint_every=2)
+    solver = KnapsackSolver(cw, cu, checkpoint_every=2, sparse=False)
     w = rng.integers(4, 16, 10)
     u = rng.integers(0, 3, 10)
     v = rng.integers(1, 40, 10)
@@ -281,3 +283,188 @@ def test_reach_ranges_are_the_subset_bounds(seed):
                         assert (lo, last) == want if want else lo > last, (seed, i, k, lo, last, ws)
                     else:
                         assert all(lo <= max_w - x <= last for x in ws if max_w - x >= 0), (seed, i, k, lo, last, ws)
+
+
+def _structured(rng, n, cw, cu):
+    """Items whose value is nearly a price per unit of each capacity (``32 w + 30 u`` less a
+    rounding loss, as the packer's values are): many subsets come within a few points of
+    each other, the hard case for bounds; with ``tie`` set, exact ties too."""
+    w = rng.integers(0, max(2, cw // 3), n)
+    u = np.where(rng.random(n) < 0.2, 0, rng.integers(0, max(2, cu // 3), n))
+    v = np.maximum(32 * w + 30 * u - rng.integers(0, 32, n), 0)
+    return w, u, v
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sparse_search_matches_the_table_and_brute_force(seed):
+    """The bounded search returns the table's answer, value and tie-rule subset, on random
+    and near-tied instances (and it is what answers them, not the table)."""
+    rng = np.random.default_rng(400 + seed)
+    sparse, table = KnapsackSolver(40, 14, sparse=True), KnapsackSolver(40, 14, sparse=False)
+    used = 0
+    for k in range(40 if JIT else 12):
+        n = int(rng.integers(0, (13 if JIT else 9) + 1))
+        cw, cu = int(rng.integers(0, 41)), int(rng.integers(0, 15))
+        if k % 3 == 0:
+            w, u, v = rng.integers(0, 12, n), rng.integers(0, 6, n), rng.integers(0, 40, n)
+        elif k % 3 == 1:
+            w, u, v = _structured(rng, n, cw, cu)
+            if k % 2:  # prices too large for 16-bit tails: the 32-bit ones
+                v = v * 1000 + rng.integers(0, 1000, n)
+        else:  # values proportional to weight: ties everywhere
+            w, u = rng.integers(0, 9, n), rng.integers(0, 4, n)
+            v = 3 * w
+        want = brute_force_knapsack(w, u, v, cw, cu)
+        got = sparse.solve(w, u, v, cw, cu)
+        ref = table.solve(w, u, v, cw, cu)
+        assert got[0] == ref[0] == want[0], (seed, k)
+        assert got[1].tolist() == ref[1].tolist() == want[1].tolist(), (seed, k)
+        used += sparse.last_method == "sparse"
+    assert used >= (10 if JIT else 3), (seed, used)
+
+
+@pytest.mark.skipif(not JIT, reason="full Molmo2-size instances are slow without the compiler")
+@pytest.mark.parametrize("seed", range(3))
+def test_sparse_search_at_molmo2_settings(seed):
+    """Bench-like buffers (48 Molmo2-SFT-like samples, 512 x 128): the same value and subset
+    as the numpy reference DP every time, whichever method answers."""
+    from bench.baselines import numpy_dp_solve
+    from bench.corpus import sample_lengths
+
+    tokens, units, _, _ = sample_lengths("molmo2", 20_000, seed)
+    ok = (tokens <= 16384) & (units <= 128)
+    tokens, units = tokens[ok], units[ok]
+    rng = np.random.default_rng(500 + seed)
+    solver = KnapsackSolver(512, 128)
+    methods = []
+    for _ in range(25):
+        idx = rng.choice(len(tokens), 48, replace=False)
+        w, u, v = -(-tokens[idx] // 32), units[idx], tokens[idx] + 30 * units[idx]
+        solver.reset()
+        value, chosen = solver.solve(w, u, v)
+        ref_value, ref_set = numpy_dp_solve(w, u, v, 512, 128)
+        assert value == ref_value and chosen.tolist() == ref_set.tolist(), (seed, idx.tolist())
+        methods.append(solver.last_method)
+        passes, visits = solver.last_sparse_work
+        assert passes >= 1 and visits >= 1
+    assert methods.count("sparse") >= 20, (seed, methods)
+
+
+def test_sparse_search_gives_way_to_the_table():
+    """Where the search cannot prove an answer cheaply the table decides, with the same
+    answer: more than 64 items (masks are 64 bits), values too large for its 32-bit tails,
+    and an instance with no loss to prune by (every value exactly its prices: thousands of
+    subsets fill both capacities)."""
+    rng = np.random.default_rng(17)
+    cases = []
+    w, u = rng.integers(1, 9, 70), rng.integers(0, 4, 70)
+    cases.append(("more items than mask bits", w, u, 5 * w + 2 * u, 60, 20))
+    w, u = rng.integers(1, 9, 12), rng.integers(0, 4, 12)
+    cases.append(("large values", w, u, (10**8) * w + rng.integers(0, 1000, 12), 30, 10))
+    cases.append(("huge values", w, u, (10**15) * (w + u) + rng.integers(0, 1000, 12), 30, 10))
+    if JIT:
+        w, u = rng.integers(1, 40, 60), rng.integers(0, 12, 60)
+        cases.append(("no loss to prune by", w, u, 32 * w + 30 * u, 512, 128))
+    for name, w, u, v, cw, cu in cases:
+        solver = KnapsackSolver(cw, cu, sparse=True)
+        value, chosen = solver.solve(w, u, v)
+        ref = KnapsackSolver(cw, cu, sparse=False).solve(w, u, v)
+        assert solver.last_method == "table", name
+        assert value == ref[0] and chosen.tolist() == ref[1].tolist(), name
+        if len(w) <= 12:
+            assert (value, chosen.tolist()) == tuple(x.tolist() if hasattr(x, "tolist") else x
+                                                     for x in brute_force_knapsack(w, u, v, cw, cu))
+
+
+def test_sparse_search_edge_cases():
+    """Exact fills, only one capacity binding, zero values and weights, oversize items."""
+    cases = [
+        # exact fill of both capacities by a unique subset
+        (np.array([5, 3, 4, 2]), np.array([2, 1, 1, 3]), np.array([50, 31, 40, 20]), 9, 3),
+        # the unit capacity never binds (only the first one does)
+        (np.array([4, 6, 3, 5, 2]), np.array([0, 1, 0, 1, 0]), np.array([9, 13, 7, 10, 4]), 10, 50),
+        # only the unit capacity binds
+        (np.array([1, 1, 1, 1]), np.array([3, 2, 4, 1]), np.array([7, 5, 9, 2]), 100, 6),
+        # zero values (never taken), weightless items, an item larger than either capacity
+        (np.array([0, 0, 9, 2, 3, 20]), np.array([0, 3, 0, 1, 2, 0]), np.array([5, 0, 50, 4, 6, 99]), 6, 3),
+        # equal values and sizes: the tie rule keeps the earlier items
+        (np.array([2, 2, 2, 2, 2]), np.array([1, 1, 1, 1, 1]), np.array([6, 6, 6, 6, 6]), 5, 4),
+        # nothing fits
+        (np.array([7, 8]), np.array([1, 9]), np.array([3, 4]), 5, 5),
+        # values past 16 bits only when items without units join: the table's value type
+        # must count their values on top of the priced ones (it once kept the larger)
+        (np.array([1, 1, 0, 0, 0]), np.array([0, 0, 1, 0, 1]), np.array([2305, 22083, 1565, 597, 24657]), 2, 1),
+    ]
+    for sparse in (True, False):
+        for k, (w, u, v, cw, cu) in enumerate(cases):
+            value, chosen = KnapsackSolver(cw, cu, sparse=sparse).solve(w, u, v)
+            want = brute_force_knapsack(w, u, v, cw, cu)
+            assert value == want[0] and chosen.tolist() == want[1].tolist(), (sparse, k)
+    assert solve_knapsack_2d(*cases[4])[1].tolist() == [True, True, False, False, False]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tails_are_the_subset_bounds(seed):
+    """``_tails``: row ``r``, column ``c`` holds the least ``loss(T) + price * (c - x(T))`` over
+    subsets ``T`` of the items ``r..n-1`` with ``x(T) <= c``. Checked against every subset."""
+    from itertools import combinations
+
+    from packtool.knapsack import VEC, _tails
+
+    rng = np.random.default_rng(600 + seed)
+    for _ in range(10):
+        n = int(rng.integers(0, 8))
+        cap = int(rng.integers(0, 40))
+        x = rng.integers(0, 45, n)  # some larger than the capacity: in no subset
+        loss = rng.integers(-20, 40, n)
+        price = int(rng.integers(0, 9))
+        stride = (cap + 2 * VEC) // VEC * VEC
+        h = np.full(7 + (n + 1) * stride + VEC, -99, dtype=np.int32)
+        _tails(x, loss, n, price, cap, h, 7, stride)
+        for r in range(n + 1):
+            items = list(range(r, n))
+            for c in range(cap + 1):
+                want = min(int(loss[list(t)].sum()) + price * (c - int(x[list(t)].sum()))
+                           for k in range(len(items) + 1) for t in combinations(items, k)
+                           if int(x[list(t)].sum()) <= c)
+                assert h[7 + r * stride + c] == want, (seed, r, c)
+        assert (h[:7] == -99).all()  # nothing written before the base
+
+
+@pytest.mark.skipif(not JIT, reason="compares the compiled vector step with its Python twin")
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_minplus_step_matches_its_python_twin(dtype):
+    from numba import njit
+
+    from packtool.knapsack import VEC, _minplus_chunk_ir, _minplus_chunk_py
+
+    @njit
+    def step(h, d0, s0, s1, x):
+        _minplus_chunk_ir(h, d0, s0, s1, x)
+
+    rng = np.random.default_rng(int(np.dtype(dtype).itemsize) + 40)
+    for _ in range(200):
+        h = rng.integers(-1000, 1000, 5 * VEC).astype(dtype)
+        s0 = int(rng.integers(2 * VEC, 3 * VEC))
+        s1 = s0 - int(rng.integers(0, VEC + 1))
+        d0 = s0 - int(rng.integers(VEC, 2 * VEC + 1))  # a row below its sources, as in _tails
+        x = int(rng.integers(-50, 50))
+        a, b = h.copy(), h.copy()
+        step(a, d0, s0, s1, x)
+        _minplus_chunk_py(b, d0, s0, s1, x)
+        assert a.tolist() == b.tolist()
+        assert (a[d0: d0 + VEC] == np.minimum(h[s0: s0 + VEC], h[s1: s1 + VEC] + x)).all()
+
+
+def test_sparse_search_is_tried_on_large_tables_by_default():
+    """By default the search runs where the table is large (the Molmo2 settings), not where a
+    one-row table is cheaper (the default family's patch axis dropped); either way on request."""
+    assert KnapsackSolver(512, 128).sparse and not KnapsackSolver(1024, 0).sparse
+    assert KnapsackSolver(1024, 0, sparse=True).sparse and not KnapsackSolver(512, 128, sparse=False).sparse
+    w, u, v = np.array([5, 3, 4, 2]), np.array([2, 1, 1, 3]), np.array([50, 31, 40, 20])
+    solver = KnapsackSolver(512, 128)
+    assert solver.solve(w, u, v, 9, 3)[0] == brute_force_knapsack(w, u, v, 9, 3)[0] == 90
+    assert solver.last_method == "sparse" and solver.last_items_processed == 0
+    table = KnapsackSolver(512, 128, sparse=False)
+    assert table.solve(w, u, v, 9, 3)[1].tolist() == solver.solve(w, u, v, 9, 3)[1].tolist()
+    assert table.last_method == "table" and table.last_items_processed == 4
