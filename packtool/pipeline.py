@@ -554,8 +554,9 @@ def _task_samples(task: _TokenizeTask) -> Iterator:
     for sl in task.slices:
         path = input_copy(sl.path)  # an input fetched from a bucket, on another machine
         at = _at(sl.path, task.cwd) if path == sl.path else path  # rows keep the input's name as given
+        name = source_name(sl.path)  # once a slice: it looks at the cache directory (a mkdir call)
         for row, rec in _slice_records(sl if at == sl.path else replace(sl, path=at)):
-            yield parse_record(rec, source_name(sl.path), row, task.cfg.format)
+            yield parse_record(rec, name, row, task.cfg.format)
 
 
 _CONTEXTS: dict = {}
