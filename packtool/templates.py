@@ -173,7 +173,7 @@ class Template:
         """
         if not messages:
             raise SampleError("empty_conversation", "the conversation has no turns")
-        if not tools and not self.hoist_media:
+        if not tools:
             segs = self._render_plain(messages, system_prompt)
             if segs is not None:
                 return segs
@@ -235,12 +235,15 @@ class Template:
         """:meth:`render` of the common conversation in one pass, or None where it needs the general path.
 
         Common: system, user and assistant turns of text and media only (no tool calls or
-        results, no reasoning), in an order the template accepts, with an assistant turn.
+        results, no reasoning), in an order the template accepts, with an assistant turn,
+        under a template that leaves media where they are.
         Anything else returns None and :meth:`render` takes its general path, which gives
         the same segments for what this accepts and raises the right error for the rest; a
         test renders every case both ways. Most samples are common, and this path makes no
         per-turn calls (every chat sample renders five turns or so).
         """
+        if self.hoist_media:
+            return None
         ends = _role_ends(self)
         segs: list[Segment] = [("special", self.bos, 1, False)] if self.bos else []
         if messages[0].role != "system":
