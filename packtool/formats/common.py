@@ -165,13 +165,16 @@ def check_sample(sample: Sample) -> Sample:
 
 
 def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[str, str],
-               text_of: Callable[[dict, int], str]) -> list[Turn]:
+               text_of: Callable[[dict, int], str]) -> list[Turn | tuple[str, str]]:
     """A list of message objects as turns, tool calls and results included (see :mod:`.tools`).
 
     ``role_map`` maps lower-cased role / ``from`` values of ordinary turns to
     ``system``/``user``/``assistant``; call and result roles (:data:`.tools.CALL_ROLES`,
     :data:`.tools.RESULT_ROLES`) are known to every reader. ``text_of(message, i)``
-    returns a message's text with ``<image>``/``<video>`` tags.
+    returns a message's text with ``<image>``/``<video>`` tags. An ordinary turn (no tool
+    call, result or reasoning) comes back as a plain ``(role, text)`` pair, which
+    :func:`build_sample` takes as it takes a :class:`Turn`: most turns are ordinary, and
+    the pair costs a fraction of the dataclass.
 
     Raises:
         SampleError: ``bad_record``, ``empty_conversation``, ``unknown_role``,
@@ -190,6 +193,8 @@ def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[st
         if key in CALL_ROLES:
             lead, calls = parse_call_text(check_text(msg.get(text_key), f"turn {i} {text_key!r}"), f"turn {i} ({raw})")
             prev = turns[-1] if turns else None
+            if isinstance(prev, tuple):
+                prev = Turn(*prev)
             if prev is not None and prev.role == "assistant":  # several calls of one assistant turn
                 turns[-1] = Turn("assistant", prev.text + lead, prev.tool_calls + calls, prev.reasoning)
             else:
@@ -203,7 +208,7 @@ def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[st
         if role is None:
             raise SampleError("unknown_role", f"turn {i} has role {raw!r}")
         if role != "assistant":
-            turns.append(Turn(role, text_of(msg, i)))
+            turns.append((role, text_of(msg, i)))
             continue
         calls: tuple[ToolCall, ...] = ()
         listed = msg.get("tool_calls")
@@ -217,6 +222,9 @@ def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[st
         reasoning = msg.get("reasoning_content")
         if reasoning is not None:
             reasoning = check_text(reasoning, f"turn {i} 'reasoning_content'")
+        elif not calls:
+            turns.append(("assistant", text))
+            continue
         turns.append(Turn("assistant", text, calls, reasoning))
     return turns
 
@@ -297,7 +305,12 @@ def build_sample(
             messages.append(Message(t.role, tuple(split_placeholders(t.text, counters, offsets)), t.tool_calls,
                                     t.reasoning, t.tool_call_id))
         else:  # a plain (role, text) pair: the common case, kept cheap
-            messages.append(Message(t[0], tuple(split_placeholders(t[1], counters, offsets))))
+            text = t[1]
+            if "<" in text:
+                parts = tuple(split_placeholders(text, counters, offsets))
+            else:  # no tag: what split_placeholders gives, without the call
+                parts = (Part("text", text),) if text else ()
+            messages.append(Message(t[0], parts))
     media = tuple(images + videos)
     if not strict and counters["image"] + counters["video"] == 0 and media:
         first_user = next((i for i, m in enumerate(messages) if m.role == "user"), None)
