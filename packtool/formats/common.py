@@ -252,6 +252,15 @@ def split_placeholders(text: str, counters: dict[str, int], offsets: dict[str, i
     """
     if "<" not in text:
         return [Part.of_text(text)] if text else []
+    if text.startswith(("<image>", "<video>")) and "<" not in text[7:]:
+        # one tag in front, LLaVA's usual "<image>\nQuestion": what the loop below gives, without the regex
+        kind = text[1:6]
+        parts = [Part.media(kind, offsets[kind] + counters[kind])]
+        counters[kind] += 1
+        rest = text[7:].lstrip("\n")
+        if rest:
+            parts.append(Part.of_text(rest))
+        return parts
     parts: list[Part] = []
     pos = 0
     for m in _TAG.finditer(text):
