@@ -89,9 +89,17 @@ def media_ref(kind: str, entry) -> MediaRef:
 
 def media_refs(record: dict, image_keys: tuple[str, ...], video_keys: tuple[str, ...]) -> tuple[list[MediaRef], list[MediaRef]]:
     """Images and videos of a record, from the first key present in each group."""
-    images = next((as_list(record[k]) for k in image_keys if record.get(k) is not None), [])
-    videos = next((as_list(record[k]) for k in video_keys if record.get(k) is not None), [])
-    return [media_ref("image", e) for e in images], [media_ref("video", e) for e in videos]
+    return ([media_ref("image", e) for e in _first_present(record, image_keys)],
+            [media_ref("video", e) for e in _first_present(record, video_keys)])
+
+
+def _first_present(record: dict, keys: tuple[str, ...]) -> list:
+    """:func:`as_list` of the first of ``keys`` whose value is not null; ``[]`` if none is."""
+    for k in keys:
+        value = record.get(k)
+        if value is not None:
+            return as_list(value)
+    return []
 
 
 def check_text(text, where: str) -> str:
