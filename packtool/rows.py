@@ -80,7 +80,7 @@ class EncodeContext:
     probe_cache: dict = field(default_factory=dict, compare=False, repr=False)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Probed:
     ref: MediaRef
     width: int
@@ -127,7 +127,7 @@ def _probe(ref: MediaRef, ctx: EncodeContext, n_images: int = 1) -> _Probed:
     hit = cache.get(key)
     if hit is None:
         try:
-            hit = _probe_uncached(ref, ctx, n_images)
+            hit = _Probed(ref, *_probe_uncached(ref, ctx, n_images))
         except SampleError as err:
             hit = err
         if len(cache) >= _PROBE_CACHE_MAX:
@@ -135,7 +135,10 @@ def _probe(ref: MediaRef, ctx: EncodeContext, n_images: int = 1) -> _Probed:
         cache[key] = hit
     if isinstance(hit, SampleError):
         raise SampleError(hit.reason, hit.message)
-    return _Probed(ref, hit[0], hit[1], hit[2], hit[3])
+    if ref.data is not None and hit.ref is not ref:
+        # inline bytes are keyed by the bytes alone; the entry names this sample's path
+        return _Probed(ref, hit.width, hit.height, hit.layout, hit.stat)
+    return hit  # a path's entry is the same for every sample (nothing changes a _Probed)
 
 
 class _Specials(dict):
