@@ -102,8 +102,8 @@ class Tokenizer:
         memo = self.__dict__.get("_memo")
         if memo is None:
             memo = self._memo = {}
-        out: list = [memo.get(t) for t in texts]
-        missing = [i for i, ids in enumerate(out) if ids is None]
+        out: list = list(map(memo.get, texts))
+        missing = [i for i, ids in enumerate(out) if ids is None] if None in out else []
         if missing:
             # encode each distinct missing string once
             uniq = list(dict.fromkeys(texts[i] for i in missing))
