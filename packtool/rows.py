@@ -87,6 +87,11 @@ class _Probed:
     height: int
     layout: VisionLayout
     stat: tuple[int, int] | None = None  # (size_bytes, mtime_ns) of the file counted; None: inline bytes
+    #: the layout as segments for :func:`_stage_into` (``("pad", name, n, False)`` for placeholder runs)
+    segments: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "segments", tuple((kind, value, n, False) for kind, value, n in self.layout.segments))
 
 
 def _probe_uncached(ref: MediaRef, ctx: EncodeContext, n_images: int) -> tuple[int, int, VisionLayout]:
@@ -189,12 +194,24 @@ def _stage(segments, probed: list[_Probed], specials: _Specials, out: _Pieces, u
 
     Media segments are replaced by their family layout. Adjacent text with equal loss is
     merged so it is encoded as one string, as a tokenizer applied to the rendered chat
-    would see it. (One loop with the merge written inline: a sample stages some thirty
-    segments, and a call per segment was the largest Python cost of encoding.)
+    would see it.
+    """
+    first = len(out.kind)
+    _stage_into(segments, probed, specials, out, used, None)
+    return first, len(out.kind)
+
+
+def _stage_into(segments, probed: list[_Probed], specials: _Specials, out: _Pieces, used: set[int],
+                open_loss: bool | None, media: int = -1) -> bool | None:
+    """:func:`_stage`'s loop. ``open_loss`` is the loss of the text piece that ends ``out`` and
+    that the next text may extend (None: there is none); returns it as the segments leave it.
+    A media item's layout comes back in here as segments (:attr:`_Probed.segments`, its
+    placeholder runs ``pad``; ``media`` is the item's index), so text in a layout merges like
+    any other text. (The merge is
+    written inline, one loop: a sample stages some thirty segments, and a call per segment
+    was the largest Python cost of encoding.)
     """
     kinds, values, counts, losses, medias, texts = out.kind, out.value, out.count, out.loss, out.media, out.texts
-    first = len(kinds)
-    open_loss = None  # the loss of the text piece that ends ``out`` and the next text may extend; None: none
     for kind, value, count, loss in segments:
         if kind == "text":
             if open_loss == loss:
@@ -207,39 +224,22 @@ def _stage(segments, probed: list[_Probed], specials: _Specials, out: _Pieces, u
             counts.append(0)
             losses.append(loss)
             medias.append(-1)
-        elif kind == "special":
+        elif kind == "special" or kind == "pad":  # a token, or a run of a media item's placeholder
             open_loss = None
-            kinds.append(_TOKEN)
+            pad = kind == "pad"
+            kinds.append(_PAD if pad else _TOKEN)
             values.append(specials[value])
             counts.append(count)
             losses.append(loss)
-            medias.append(-1)
+            medias.append(media if pad else -1)
         elif kind == "media":
             if count >= len(probed) or probed[count].ref.kind != value:
                 raise SampleError("placeholder_mismatch", f"placeholder for {value} {count} has no matching media")
             used.add(count)
-            for skind, svalue, scount in probed[count].layout.segments:
-                if skind == "text":
-                    if open_loss == False:  # noqa: E712 - None (no open text) must not match
-                        texts[-1] += svalue
-                        continue
-                    open_loss = False
-                    kinds.append(_TEXT)
-                    values.append(len(texts))
-                    texts.append(svalue)
-                    counts.append(0)
-                    losses.append(False)
-                    medias.append(-1)
-                    continue
-                open_loss = None
-                kinds.append(_PAD if skind == "pad" else _TOKEN)
-                values.append(specials[svalue])
-                counts.append(scount)
-                losses.append(False)
-                medias.append(count if skind == "pad" else -1)
+            open_loss = _stage_into(probed[count].segments, probed, specials, out, used, open_loss, count)
         else:
             raise RuntimeError(f"internal error: unknown segment kind {kind!r}")
-    return first, len(kinds)
+    return open_loss
 
 
 def encode_samples(
