@@ -323,9 +323,8 @@ def test_split_placeholders_matches_its_slow_twin():
     in front) and the general loop all split as the character-by-character twin does."""
     import random
 
-    from tests.naive import split_tags
-
     from packtool.formats.common import split_placeholders
+    from tests.naive import split_tags
 
     seed = 1616
     rng = random.Random(seed)

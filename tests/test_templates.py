@@ -184,7 +184,7 @@ def _random_conversation(rng) -> tuple[Message, ...]:
     texts = ["", "Hi.", "What is it?", "A cat.\n", "<think>\nhm\n</think>\n\nYes.", "</", "think>", "\n"]
     roles = ["user", "assistant", "user", "assistant", "system", "tool", "narrator"]
     msgs = []
-    for i in range(rng.randint(1, 6)):
+    for _ in range(rng.randint(1, 6)):
         role = rng.choice(roles[:4] if rng.random() < 0.7 else roles)
         parts = []
         for _ in range(rng.randint(0, 3)):
