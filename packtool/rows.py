@@ -207,9 +207,8 @@ def _stage_into(segments, probed: list[_Probed], specials: _Specials, out: _Piec
     that the next text may extend (None: there is none); returns it as the segments leave it.
     A media item's layout comes back in here as segments (:attr:`_Probed.segments`, its
     placeholder runs ``pad``; ``media`` is the item's index), so text in a layout merges like
-    any other text. (The merge is
-    written inline, one loop: a sample stages some thirty segments, and a call per segment
-    was the largest Python cost of encoding.)
+    any other text. The merge is written inline, one loop: a sample stages some thirty
+    segments, and a call per segment was the largest Python cost of encoding.
     """
     kinds, values, counts, losses, medias, texts = out.kind, out.value, out.count, out.loss, out.media, out.texts
     for kind, value, count, loss in segments:

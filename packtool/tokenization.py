@@ -90,14 +90,14 @@ class Tokenizer:
     """
 
     name: str = ""
-    _memo: dict[str, list[int]]
+    _memo: dict[str, tuple[int, ...]]
 
     def encode_batch(self, texts: list[str]) -> list[tuple[int, ...]]:
         """Token ids of each text, in order (no special tokens added or parsed).
 
         Each is a tuple: the memo hands the same one to every caller, so it must not be
         changed in place, and the garbage collector stops scanning a tuple of ints once it
-        has seen it (a memo of 200,000 lists cost tokenize a fifth of its time in collections).
+        has seen it (with a memo of up to 200,000 lists, collections took some 15 % of tokenize).
         """
         memo = self.__dict__.get("_memo")
         if memo is None:
