@@ -272,12 +272,7 @@ class Template:
                 loss = False
             head, tail = ends[role]
             segs += head
-            for part in msg.parts:
-                if part.kind == "text":
-                    if part.text:
-                        segs.append(("text", part.text, 1, loss))
-                else:
-                    segs.append(("media", part.kind, part.index, False))
+            _body(msg, loss, segs)
             segs += tail
         return segs if has_loss else None
 
@@ -407,8 +402,10 @@ def _text(msg: Message) -> str:
     return "".join(p.text for p in msg.parts if p.kind == "text")
 
 
-def _body(msg: Message, loss: bool) -> list[Segment]:
-    body: list[Segment] = []
+def _body(msg: Message, loss: bool, body: list[Segment] | None = None) -> list[Segment]:
+    """The segments of a turn's parts, appended to ``body`` (a new list when None)."""
+    if body is None:
+        body = []
     for part in msg.parts:
         if part.kind == "text":
             if part.text:
