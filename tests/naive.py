@@ -69,4 +69,3 @@ def gather_runs(src, starts, lengths, dst_starts, add, dst) -> None:
     for a, n, d, x in zip(starts, lengths, dst_starts, add, strict=True):
         for j in range(int(n)):
             dst[int(d) + j] = (int(src[int(a) + j]) + int(x) + 2**31) % 2**32 - 2**31
-
