@@ -27,7 +27,7 @@ def _steps(path: Path, root: Path, n: int, out: Path) -> Counter:
 
     from packtool import TokenizeConfig
     from packtool.formats import iter_records, parse_record
-    from packtool.pipeline import BATCH, _batched, _encode_context
+    from packtool.pipeline import BATCH, _batched, _encode_context, _fewer_collections
     from packtool.rows import encode_samples
     from packtool.runs import compact_table
     from packtool.schema import TOKENIZED, TOKENIZED_ROWS
@@ -38,9 +38,10 @@ def _steps(path: Path, root: Path, n: int, out: Path) -> Counter:
     cpu = time.process_time
     split: Counter = Counter()
     t = cpu()
-    samples = [parse_record(rec, str(path), row, cfg.format) for row, rec in iter_records(path)][:n]
+    with _fewer_collections():  # as a tokenize task runs
+        samples = [parse_record(rec, str(path), row, cfg.format) for row, rec in iter_records(path)][:n]
     split["read + parse"] += cpu() - t
-    with pq.ParquetWriter(out, TOKENIZED, **_WRITE_OPTS) as writer:
+    with _fewer_collections(), pq.ParquetWriter(out, TOKENIZED, **_WRITE_OPTS) as writer:
         for batch in _batched(samples, BATCH):
             t = cpu()
             rows, _ = encode_samples(batch, ctx, Counter())

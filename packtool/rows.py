@@ -80,13 +80,18 @@ class EncodeContext:
     probe_cache: dict = field(default_factory=dict, compare=False, repr=False)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Probed:
     ref: MediaRef
     width: int
     height: int
     layout: VisionLayout
     stat: tuple[int, int] | None = None  # (size_bytes, mtime_ns) of the file counted; None: inline bytes
+    #: the layout as segments for :func:`_stage_into` (``("pad", name, n, False)`` for placeholder runs)
+    segments: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "segments", tuple((kind, value, n, False) for kind, value, n in self.layout.segments))
 
 
 def _probe_uncached(ref: MediaRef, ctx: EncodeContext, n_images: int) -> tuple[int, int, VisionLayout]:
@@ -127,7 +132,7 @@ def _probe(ref: MediaRef, ctx: EncodeContext, n_images: int = 1) -> _Probed:
     hit = cache.get(key)
     if hit is None:
         try:
-            hit = _probe_uncached(ref, ctx, n_images)
+            hit = _Probed(ref, *_probe_uncached(ref, ctx, n_images))
         except SampleError as err:
             hit = err
         if len(cache) >= _PROBE_CACHE_MAX:
@@ -135,7 +140,10 @@ def _probe(ref: MediaRef, ctx: EncodeContext, n_images: int = 1) -> _Probed:
         cache[key] = hit
     if isinstance(hit, SampleError):
         raise SampleError(hit.reason, hit.message)
-    return _Probed(ref, hit[0], hit[1], hit[2], hit[3])
+    if ref.data is not None and hit.ref is not ref:
+        # inline bytes are keyed by the bytes alone; the entry names this sample's path
+        return _Probed(ref, hit.width, hit.height, hit.layout, hit.stat)
+    return hit  # a path's entry is the same for every sample (nothing changes a _Probed)
 
 
 class _Specials(dict):
@@ -188,46 +196,49 @@ def _stage(segments, probed: list[_Probed], specials: _Specials, out: _Pieces, u
     merged so it is encoded as one string, as a tokenizer applied to the rendered chat
     would see it.
     """
+    first = len(out.kind)
+    _stage_into(segments, probed, specials, out, used, None)
+    return first, len(out.kind)
+
+
+def _stage_into(segments, probed: list[_Probed], specials: _Specials, out: _Pieces, used: set[int],
+                open_loss: bool | None, media: int = -1) -> bool | None:
+    """:func:`_stage`'s loop. ``open_loss`` is the loss of the text piece that ends ``out`` and
+    that the next text may extend (None: there is none); returns it as the segments leave it.
+    A media item's layout comes back in here as segments (:attr:`_Probed.segments`, its
+    placeholder runs ``pad``; ``media`` is the item's index), so text in a layout merges like
+    any other text. The merge is written inline, one loop: a sample stages some thirty
+    segments, and a call per segment was the largest Python cost of encoding.
+    """
     kinds, values, counts, losses, medias, texts = out.kind, out.value, out.count, out.loss, out.media, out.texts
-    first = len(kinds)
-    last_text = -1  # index of a text piece that the next text may extend
-
-    def piece(kind: int, value, count: int, loss: bool, media: int) -> None:
-        nonlocal last_text
-        if kind == _TEXT:
-            if last_text >= 0 and losses[last_text] == loss:
-                texts[values[last_text]] += value
-                return
-            last_text = len(kinds)
-            texts.append(value)
-            value = len(texts) - 1
-        else:
-            last_text = -1
-        kinds.append(kind)
-        values.append(value)
-        counts.append(count)
-        losses.append(loss)
-        medias.append(media)
-
     for kind, value, count, loss in segments:
         if kind == "text":
-            piece(_TEXT, value, 0, loss, -1)
-        elif kind == "special":
-            piece(_TOKEN, specials[value], count, loss, -1)
+            if open_loss == loss:
+                texts[-1] += value
+                continue
+            open_loss = loss
+            kinds.append(_TEXT)
+            values.append(len(texts))
+            texts.append(value)
+            counts.append(0)
+            losses.append(loss)
+            medias.append(-1)
+        elif kind == "special" or kind == "pad":  # a token, or a run of a media item's placeholder
+            open_loss = None
+            pad = kind == "pad"
+            kinds.append(_PAD if pad else _TOKEN)
+            values.append(specials[value])
+            counts.append(count)
+            losses.append(loss)
+            medias.append(media if pad else -1)
         elif kind == "media":
             if count >= len(probed) or probed[count].ref.kind != value:
                 raise SampleError("placeholder_mismatch", f"placeholder for {value} {count} has no matching media")
             used.add(count)
-            for skind, svalue, scount in probed[count].layout.segments:
-                if skind == "text":
-                    piece(_TEXT, svalue, 0, False, -1)
-                elif skind == "pad":
-                    piece(_PAD, specials[svalue], scount, False, count)
-                else:
-                    piece(_TOKEN, specials[svalue], scount, False, -1)
+            open_loss = _stage_into(probed[count].segments, probed, specials, out, used, open_loss, count)
         else:
             raise RuntimeError(f"internal error: unknown segment kind {kind!r}")
-    return first, len(kinds)
+    return open_loss
 
 
 def encode_samples(

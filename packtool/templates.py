@@ -173,6 +173,17 @@ class Template:
         """
         if not messages:
             raise SampleError("empty_conversation", "the conversation has no turns")
+        if not tools:
+            segs = self._render_plain(messages, system_prompt)
+            if segs is not None:
+                return segs
+        return self._render_general(messages, system_prompt, tools, reasoning_loss)
+
+    def _render_general(self, messages: tuple[Message, ...], system_prompt: str | None, tools: tuple[dict, ...],
+                        reasoning_loss: bool) -> list[Segment]:
+        """:meth:`render` of any conversation (tools, reasoning, hoisted media, every error)."""
+        if not messages:
+            raise SampleError("empty_conversation", "the conversation has no turns")
         msgs = list(messages)
         self._check_tools(msgs, tools)
         segs: list[Segment] = []
@@ -219,6 +230,51 @@ class Template:
         if not has_loss:
             raise SampleError("no_loss", "the conversation has no assistant turn, so nothing to learn from")
         return segs
+
+    def _render_plain(self, messages: tuple[Message, ...], system_prompt: str | None) -> list[Segment] | None:
+        """:meth:`render` of the common conversation in one pass, or None where it needs the general path.
+
+        Common: system, user and assistant turns of text and media only (no tool calls or
+        results, no reasoning), in an order the template accepts, with an assistant turn,
+        under a template that leaves media where they are.
+        Anything else returns None and :meth:`render` takes its general path, which gives
+        the same segments for what this accepts and raises the right error for the rest; a
+        test renders every case both ways. Most samples are common, and this path makes no
+        per-turn calls (every chat sample renders five turns or so).
+        """
+        if self.hoist_media:
+            return None
+        ends = _role_ends(self)
+        segs: list[Segment] = [("special", self.bos, 1, False)] if self.bos else []
+        if messages[0].role != "system":
+            system = self.default_system if system_prompt is None else system_prompt
+            if system:
+                head, tail = ends["system"]
+                segs += head
+                segs.append(("text", system, 1, False))
+                segs += tail
+        seen_user = has_loss = False
+        think = self.reasoning
+        for i, msg in enumerate(messages):
+            role = msg.role
+            if msg.tool_calls or msg.reasoning is not None or msg.tool_call_id is not None:
+                return None
+            if role == "user":
+                seen_user = True
+                loss = False
+            elif role == "assistant":
+                if (self.require_user_first and not seen_user) or (think and "</think>" in _text(msg)):
+                    return None
+                has_loss = loss = True
+            elif role != "system" or i:
+                return None
+            else:
+                loss = False
+            head, tail = ends[role]
+            segs += head
+            _body(msg, loss, segs)
+            segs += tail
+        return segs if has_loss else None
 
     def _check_tools(self, msgs: list[Message], tools: tuple[dict, ...]) -> None:
         """Refuse what this template cannot render; every tool result must answer a call."""
@@ -346,8 +402,10 @@ def _text(msg: Message) -> str:
     return "".join(p.text for p in msg.parts if p.kind == "text")
 
 
-def _body(msg: Message, loss: bool) -> list[Segment]:
-    body: list[Segment] = []
+def _body(msg: Message, loss: bool, body: list[Segment] | None = None) -> list[Segment]:
+    """The segments of a turn's parts, appended to ``body`` (a new list when None)."""
+    if body is None:
+        body = []
     for part in msg.parts:
         if part.kind == "text":
             if part.text:
@@ -395,6 +453,12 @@ def _turn_ends(template: Template, role: str) -> tuple[tuple[Segment, ...], tupl
     if template.turn_newline and role in template.newline_roles:
         tail.append(("text", template.turn_newline, 1, loss and template.loss_on_turn_newline))
     return head, tuple(tail)
+
+
+@lru_cache(maxsize=16)
+def _role_ends(template: Template) -> dict[str, tuple[tuple[Segment, ...], tuple[Segment, ...]]]:
+    """:func:`_turn_ends` of the three plain roles, by role (one cache look-up per render)."""
+    return {role: _turn_ends(template, role) for role in ("system", "user", "assistant")}
 
 
 def _hoist_media(msgs: list[Message]) -> list[Message]:

@@ -5,6 +5,39 @@ from __future__ import annotations
 import numpy as np
 
 
+def split_tags(text: str) -> list[tuple[str, str, int]]:
+    """``(kind, text, media_number)`` pieces of a message at ``<image>``/``<video>`` tags, one
+    character at a time: text between tags keeps its newlines except those touching a tag,
+    and a piece that is only whitespace between tags is dropped (``formats.common.split_placeholders``
+    numbers media per kind from an offset; here the number is the tag's rank within its kind)."""
+    pieces: list[tuple[str, str, int]] = []
+    seen = {"image": 0, "video": 0}
+    buf = ""
+    i = 0
+    after_tag = False
+    while i <= len(text):
+        tag = next((k for k in ("image", "video") if text.startswith(f"<{k}>", i)), None)
+        if tag is None and i < len(text):
+            buf += text[i]
+            i += 1
+            continue
+        if after_tag:
+            buf = buf.lstrip("\n")
+        if tag is None:  # the end of the text
+            if buf:
+                pieces.append(("text", buf, -1))
+            break
+        buf = buf.rstrip("\n")
+        if buf.strip():
+            pieces.append(("text", buf, -1))
+        pieces.append((tag, "", seen[tag]))
+        seen[tag] += 1
+        buf = ""
+        after_tag = True
+        i += len(tag) + 2
+    return pieces
+
+
 def brute_force_knapsack(w, u, v, max_w: int, max_u: int, max_items: int | None = None) -> tuple[int, np.ndarray]:
     """Best value over all ``2**n`` subsets, and the subset the kernel's tie rule picks.
 

@@ -316,3 +316,23 @@ def test_unknown_format_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="--format"):
         read_all(write_jsonl(tmp_path / "a.jsonl", [LLAVA]), "alpaca")
     assert set(FORMATS) == {"auto", *PARSERS}
+
+
+def test_split_placeholders_matches_its_slow_twin():
+    """Seeded strings of tags, newlines, near-tags and words: the fast paths (no tag, one tag
+    in front) and the general loop all split as the character-by-character twin does."""
+    import random
+
+    from packtool.formats.common import split_placeholders
+    from tests.naive import split_tags
+
+    seed = 1616
+    rng = random.Random(seed)
+    atoms = ["<image>", "<video>", "\n", "\n\n", "a", " b ", "<", "<imag", "e>", ">", "  "]
+    for case in range(3000):
+        text = "".join(rng.choice(atoms) for _ in range(rng.randint(0, 7)))
+        counters, offsets = {"image": 0, "video": 0}, {"image": 0, "video": 100}
+        got = [(p.kind, p.text, p.index) for p in split_placeholders(text, counters, offsets)]
+        want = [(k, t, n + offsets[k] if k != "text" else n) for k, t, n in split_tags(text)]
+        assert got == want, f"seed {seed}, case {case}: {text!r}"
+        assert counters == {k: sum(1 for w in want if w[0] == k) for k in ("image", "video")}

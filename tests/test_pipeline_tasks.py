@@ -355,3 +355,25 @@ def test_a_task_opens_the_drivers_relative_paths_from_any_directory(corpus, tmp_
     assert here["counts"]["tasks"] == 3 and here["counts"]["samples"] > 400
     assert there["counts"] == here["counts"] and hashes(driver / "there") == hashes(driver / "here")
     assert list(elsewhere.iterdir()) == []
+
+
+def test_fewer_collections_restores_the_collector_setting():
+    """A tokenize task raises the collector's youngest threshold for its run and puts the
+    caller's setting back afterwards, also when the task fails."""
+    import gc
+
+    from packtool.pipeline import _fewer_collections
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        with pytest.raises(ValueError), _fewer_collections(10_000):
+            assert gc.get_threshold() == (10_000, 10, 10)
+            raise ValueError("task failed")
+        assert gc.get_threshold() == (700, 10, 10)
+        gc.set_threshold(50_000, 5, 5)  # never lowered below the caller's own
+        with _fewer_collections(10_000):
+            assert gc.get_threshold() == (50_000, 5, 5)
+        assert gc.get_threshold() == (50_000, 5, 5)
+    finally:
+        gc.set_threshold(*before)

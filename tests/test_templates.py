@@ -176,3 +176,55 @@ def test_special_tokens_absent_from_the_vocabulary_name_the_template(media_root)
     ctx = EncodeContext(tok, get_template("llama3"), get_family("qwen2.5-vl"), media_root)
     with pytest.raises(ConfigError, match="<\\|begin_of_text\\|>"):
         encode_samples([two_turns()], ctx)
+
+
+def _random_conversation(rng) -> tuple[Message, ...]:
+    """A short conversation, often well-formed, sometimes not (wrong order, odd roles, reasoning,
+    tool turns), with text and media parts."""
+    texts = ["", "Hi.", "What is it?", "A cat.\n", "<think>\nhm\n</think>\n\nYes.", "</", "think>", "\n"]
+    roles = ["user", "assistant", "user", "assistant", "system", "tool", "narrator"]
+    msgs = []
+    for _ in range(rng.randint(1, 6)):
+        role = rng.choice(roles[:4] if rng.random() < 0.7 else roles)
+        parts = []
+        for _ in range(rng.randint(0, 3)):
+            if rng.random() < 0.2:
+                parts.append(Part.media(rng.choice(["image", "video"]), rng.randint(0, 2)))
+            else:
+                parts.append(Part.of_text(rng.choice(texts)))
+        extra = rng.random()
+        msgs.append(Message(role, tuple(parts), reasoning="why" if role == "assistant" and extra < 0.05 else None,
+                            tool_call_id="c1" if role == "tool" and extra < 0.5 else None))
+    return tuple(msgs)
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_one_pass_render_matches_the_general_path(name):
+    """Every conversation the one-pass render accepts gives the general path's segments; what it
+    declines, the general path renders or rejects as before (seeded; the seed is printed)."""
+    import random
+
+    from packtool.errors import SampleError
+
+    template = TEMPLATES[name]
+    seed = 1600 + sorted(TEMPLATES).index(name)
+    rng = random.Random(seed)
+    taken = 0
+    for case in range(600):
+        msgs = _random_conversation(rng)
+        system = rng.choice([None, "", "Be brief."])
+        try:
+            want = template._render_general(msgs, system, (), True)
+        except SampleError as err:
+            want = err.reason
+        fast = template._render_plain(msgs, system)
+        if fast is not None:
+            taken += 1
+            assert fast == want, f"seed {seed}, case {case}: {msgs!r}"
+        try:
+            got = template.render(msgs, system)
+        except SampleError as err:
+            got = err.reason
+        assert got == want, f"seed {seed}, case {case}: {msgs!r}"
+    # molmo2 moves media: always the general path
+    assert (taken == 0) if template.hoist_media else (taken > 50), f"seed {seed}: the one-pass render took {taken} of 600"

@@ -84,7 +84,8 @@ def test_batch_encode_matches_single_and_memo_is_safe():
     tok = QwenTiktoken()
     texts = ["user\n", "What shape is shown?", "user\n", "", "数字 123", "x" * 2000, "What shape is shown?"]
     batch = tok.encode_batch(texts)
-    assert batch == [tok._enc.encode_ordinary(t) for t in texts]
+    assert [list(ids) for ids in batch] == [tok._enc.encode_ordinary(t) for t in texts]
+    assert all(isinstance(ids, tuple) for ids in batch)  # shared through the memo: immutable
     assert tok.encode_batch(texts) == batch  # served from the memo the second time
     assert batch[0] is batch[2]  # one encoding per distinct string
 

@@ -178,6 +178,23 @@ def test_group_by_media_uses_bytes_hash_for_inline_media(root):
     assert [len(s.branches) for s in merged] == [2, 1]
 
 
+def test_inline_media_probed_once_keep_each_samples_path(root):
+    """The probe memo keys inline bytes by the bytes alone and shares a path's entry between
+    samples: two samples with the same bytes under different names each keep their own name,
+    and two naming the same file get equal media entries."""
+    blob = (root / "img.png").read_bytes()
+    a = llava(0, "img.png", "Q1?", "A1.")
+    b = llava(1, "img.png", "Q2?", "A2.")
+    a_inline = Sample("a", a.source, 0, (MediaRef("image", "x.png", blob),), a.branches)
+    b_inline = Sample("b", b.source, 1, (MediaRef("image", "y.png", blob),), b.branches)
+    ctx = ctx_for(root)
+    rows = encode([a_inline, b_inline, a, b], ctx)
+    assert [r["media"][0]["path"] for r in rows] == ["x.png", "y.png", "img.png", "img.png"]
+    assert [r["media"][0]["data"] is not None for r in rows] == [True, True, False, False]
+    assert rows[2]["media"][0] == rows[3]["media"][0]
+    assert len(ctx.probe_cache) == 2  # one entry for the bytes, one for the file
+
+
 def test_merged_records_with_different_media_placement_become_separate_trees(root):
     a = llava(0, "img.png", "What colour?", "Red.")
     b = llava(1, "img.png", "How big?", "Small.", tag_first=False)

@@ -89,9 +89,17 @@ def media_ref(kind: str, entry) -> MediaRef:
 
 def media_refs(record: dict, image_keys: tuple[str, ...], video_keys: tuple[str, ...]) -> tuple[list[MediaRef], list[MediaRef]]:
     """Images and videos of a record, from the first key present in each group."""
-    images = next((as_list(record[k]) for k in image_keys if record.get(k) is not None), [])
-    videos = next((as_list(record[k]) for k in video_keys if record.get(k) is not None), [])
-    return [media_ref("image", e) for e in images], [media_ref("video", e) for e in videos]
+    return ([media_ref("image", e) for e in _first_present(record, image_keys)],
+            [media_ref("video", e) for e in _first_present(record, video_keys)])
+
+
+def _first_present(record: dict, keys: tuple[str, ...]) -> list:
+    """:func:`as_list` of the first of ``keys`` whose value is not null; ``[]`` if none is."""
+    for k in keys:
+        value = record.get(k)
+        if value is not None:
+            return as_list(value)
+    return []
 
 
 def check_text(text, where: str) -> str:
@@ -165,13 +173,16 @@ def check_sample(sample: Sample) -> Sample:
 
 
 def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[str, str],
-               text_of: Callable[[dict, int], str]) -> list[Turn]:
+               text_of: Callable[[dict, int], str]) -> list[Turn | tuple[str, str]]:
     """A list of message objects as turns, tool calls and results included (see :mod:`.tools`).
 
     ``role_map`` maps lower-cased role / ``from`` values of ordinary turns to
     ``system``/``user``/``assistant``; call and result roles (:data:`.tools.CALL_ROLES`,
     :data:`.tools.RESULT_ROLES`) are known to every reader. ``text_of(message, i)``
-    returns a message's text with ``<image>``/``<video>`` tags.
+    returns a message's text with ``<image>``/``<video>`` tags. An ordinary turn (no tool
+    call, result or reasoning) comes back as a plain ``(role, text)`` pair, which
+    :func:`build_sample` takes as it takes a :class:`Turn`: most turns are ordinary, and
+    the pair costs a fraction of the dataclass.
 
     Raises:
         SampleError: ``bad_record``, ``empty_conversation``, ``unknown_role``,
@@ -190,6 +201,8 @@ def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[st
         if key in CALL_ROLES:
             lead, calls = parse_call_text(check_text(msg.get(text_key), f"turn {i} {text_key!r}"), f"turn {i} ({raw})")
             prev = turns[-1] if turns else None
+            if isinstance(prev, tuple):
+                prev = Turn(*prev)
             if prev is not None and prev.role == "assistant":  # several calls of one assistant turn
                 turns[-1] = Turn("assistant", prev.text + lead, prev.tool_calls + calls, prev.reasoning)
             else:
@@ -203,7 +216,7 @@ def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[st
         if role is None:
             raise SampleError("unknown_role", f"turn {i} has role {raw!r}")
         if role != "assistant":
-            turns.append(Turn(role, text_of(msg, i)))
+            turns.append((role, text_of(msg, i)))
             continue
         calls: tuple[ToolCall, ...] = ()
         listed = msg.get("tool_calls")
@@ -217,6 +230,9 @@ def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[st
         reasoning = msg.get("reasoning_content")
         if reasoning is not None:
             reasoning = check_text(reasoning, f"turn {i} 'reasoning_content'")
+        elif not calls:
+            turns.append(("assistant", text))
+            continue
         turns.append(Turn("assistant", text, calls, reasoning))
     return turns
 
@@ -244,6 +260,15 @@ def split_placeholders(text: str, counters: dict[str, int], offsets: dict[str, i
     """
     if "<" not in text:
         return [Part.of_text(text)] if text else []
+    if text.startswith(("<image>", "<video>")) and "<" not in text[7:]:
+        # one tag in front, LLaVA's usual "<image>\nQuestion": what the loop below gives, without the regex
+        kind = text[1:6]
+        parts = [Part.media(kind, offsets[kind] + counters[kind])]
+        counters[kind] += 1
+        rest = text[7:].lstrip("\n")
+        if rest:
+            parts.append(Part.of_text(rest))
+        return parts
     parts: list[Part] = []
     pos = 0
     for m in _TAG.finditer(text):
@@ -297,7 +322,12 @@ def build_sample(
             messages.append(Message(t.role, tuple(split_placeholders(t.text, counters, offsets)), t.tool_calls,
                                     t.reasoning, t.tool_call_id))
         else:  # a plain (role, text) pair: the common case, kept cheap
-            messages.append(Message(t[0], tuple(split_placeholders(t[1], counters, offsets))))
+            text = t[1]
+            if "<" in text:
+                parts = tuple(split_placeholders(text, counters, offsets))
+            else:  # no tag: what split_placeholders gives, without the call
+                parts = (Part("text", text),) if text else ()
+            messages.append(Message(t[0], parts))
     media = tuple(images + videos)
     if not strict and counters["image"] + counters["video"] == 0 and media:
         first_user = next((i for i, m in enumerate(messages) if m.role == "user"), None)

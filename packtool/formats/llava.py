@@ -26,7 +26,7 @@ __all__ = ["parse", "parse_turns", "ROLE_MAP", "split_placeholders"]
 ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 
 
-def parse_turns(convs, role_key: str = "from", text_key: str = "value", field: str = "conversations") -> list[Turn]:
+def parse_turns(convs, role_key: str = "from", text_key: str = "value", field: str = "conversations") -> list[Turn | tuple[str, str]]:
     """``[{"from": "human", "value": ...}, ...]`` → turns (``("user", text)`` ...), tool turns included.
 
     A ShareGPT record with ``function_call`` / ``observation`` turns and no other ShareGPT
@@ -38,7 +38,10 @@ def parse_turns(convs, role_key: str = "from", text_key: str = "value", field: s
     """
 
     def text_of(turn: dict, i: int) -> str:
-        return check_text(turn.get(text_key), f"turn {i} {text_key!r}")
+        text = turn.get(text_key)
+        if type(text) is str and text.isascii():  # nothing to check (and no message to format)
+            return text
+        return check_text(text, f"turn {i} {text_key!r}")
 
     return read_turns(convs, role_key, text_key, field, ROLE_MAP, text_of)
 

@@ -34,7 +34,7 @@ from .tools import parse_tools
 __all__ = ["parse", "conversation_turns"]
 
 
-def conversation_turns(record: dict) -> tuple[list[Turn], str]:
+def conversation_turns(record: dict) -> tuple[list[Turn | tuple[str, str]], str]:
     """``(turns, field)`` from ``conversations`` or ``messages``, either tag style."""
     field = "conversations" if "conversations" in record else "messages"
     convs = record.get(field)
