@@ -651,7 +651,13 @@ def _media_payload(media_flat: pa.StructArray, media_data, which: list[int] | No
         return pa.nulls(n, type=pa.binary()), pa.nulls(n, type=pa.list_(pa.binary()))
     data: list[bytes | None] = []
     frames: list[list[bytes] | None] = []
-    for j, m in enumerate(media_flat.to_pylist()):
+    # one list per field, zipped into dicts: a third of what ``to_pylist`` costs on the struct
+    if media_flat.null_count:
+        items = media_flat.to_pylist()
+    else:
+        names = [media_flat.type.field(i).name for i in range(media_flat.type.num_fields)]
+        items = [dict(zip(names, row)) for row in zip(*(f.to_pylist() for f in media_flat.flatten()))]
+    for j, m in enumerate(items):
         payload = media_data(m) if which is None else media_data[which[j]](m)
         if m["kind"] == "image":
             data.append(payload[0] if payload else None)

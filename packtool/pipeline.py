@@ -905,7 +905,11 @@ def _prefetch_media(media_root, tables, where: np.ndarray) -> None:
 def _media_loader(media_root: Path, frame_quality: int = 90) -> Callable[[dict], list[bytes] | None]:
     from .media import MediaPathResolver
 
-    resolve = MediaPathResolver(media_root) if isinstance(media_root, Path) else media_root.file
+    if isinstance(media_root, Path):
+        read = MediaPathResolver(media_root).read
+    else:
+        def read(path: str) -> bytes:
+            return media_root.file(path).read_bytes()
 
     def load(m: dict) -> list[bytes] | None:
         if m.get("kind") == "image":
@@ -913,7 +917,7 @@ def _media_loader(media_root: Path, frame_quality: int = 90) -> Callable[[dict],
                 return [m["data"]]
             if m.get("path") is None:
                 raise SampleError("missing_media", "media item has neither a path nor inline bytes")
-            data = resolve(m["path"]).read_bytes()
+            data = read(m["path"])
             if m.get("size_bytes") is not None and len(data) != m["size_bytes"]:
                 # checked before planning; a file rewritten while this task ran is caught here
                 raise InputError(f"media file {m.get('path')!r} changed while pack was running ({len(data):,} bytes, "

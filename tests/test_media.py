@@ -115,15 +115,19 @@ def test_dotdot_absolute_and_symlink_escapes_are_refused(tmp_path):
     resolver = MediaPathResolver(root)
     for path in ("../secret.png", "sub/../../secret.png", str(outside), "sub/link.png", "sub/inside.png", "ok.png",
                  str(root / "ok.png"), "missing.png", "sub/plain.png", "./sub/plain.png", "sub//plain.png",
-                 "sub/../ok.png", "d", "", ".", "sub/up/secret.png", "sub/up/root/ok.png") * 2:
+                 "sub/../ok.png", "d", "", ".", "sub/up/secret.png", "sub/up/root/ok.png", "/ok.png", "/", "sub/") * 2:
         try:
             want = resolve_media_path(path, root)
         except SampleError as e:
             with pytest.raises(SampleError) as err:
                 resolver(path)
             assert err.value.reason == e.reason, path
+            with pytest.raises(SampleError) as err:  # the reading fast path refuses the same way
+                resolver.read(path)
+            assert err.value.reason == e.reason, path
         else:
             assert resolver(path) == want, path
+            assert resolver.read(path) == want.read_bytes(), path
 
 
 def test_escape_becomes_an_errors_jsonl_line(tmp_path):
