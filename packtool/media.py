@@ -234,6 +234,27 @@ class MediaPathResolver:
                 pass
         return resolve_media_path(path, self.root)
 
+    def stat(self, path: str) -> os.stat_result:
+        """``os.stat`` of the file ``path`` resolves to: one ``lstat`` when it is a regular file
+        (for which ``lstat`` is ``stat``), else :func:`resolve_media_path`'s result and errors.
+
+        Example:
+            >>> import tempfile
+            >>> root = Path(tempfile.mkdtemp())
+            >>> _ = (root / "a.jpg").write_bytes(b"xyz")
+            >>> MediaPathResolver(root).stat("a.jpg").st_size
+            3
+        """
+        full = self._under_root(path)
+        if full is not None:
+            try:
+                st = os.lstat(full)
+            except OSError:
+                st = None
+            if st is not None and stat.S_ISREG(st.st_mode):
+                return st
+        return resolve_media_path(path, self.root).stat()
+
     def read(self, path: str) -> bytes:
         """The bytes of the file ``path`` resolves to: one ``open`` that refuses a link in the
         last component, one ``fstat`` of the open file, one ``read`` of its size.

@@ -975,8 +975,13 @@ def _media_problems(pf, media_root: Path, check_mtime: bool) -> dict[int, tuple[
     import pyarrow.compute as pc
 
     from .errors import SampleError
-    from .media import resolve_media_path
+    from .media import MediaPathResolver, resolve_media_path
 
+    if isinstance(media_root, Path):  # a file per sample in most corpora: no Path objects per file
+        stat_of = MediaPathResolver(media_root).stat
+    else:
+        def stat_of(path: str):
+            return resolve_media_path(path, media_root).stat()
     leaves = ["media.list.element.kind", "media.list.element.path", "media.list.element.size_bytes",
               "media.list.element.mtime_ns"]
     if "size_bytes" not in [f.name for f in pf.schema_arrow.field("media").type.value_type]:
@@ -995,7 +1000,7 @@ def _media_problems(pf, media_root: Path, check_mtime: bool) -> dict[int, tuple[
         now = seen.get(path)
         if now is None:
             try:
-                st = resolve_media_path(path, media_root).stat()
+                st = stat_of(path)
                 now = (st.st_size, st.st_mtime_ns)
             except SampleError as err:
                 now = err

@@ -122,12 +122,14 @@ def test_dotdot_absolute_and_symlink_escapes_are_refused(tmp_path):
             with pytest.raises(SampleError) as err:
                 resolver(path)
             assert err.value.reason == e.reason, path
-            with pytest.raises(SampleError) as err:  # the reading fast path refuses the same way
-                resolver.read(path)
-            assert err.value.reason == e.reason, path
+            for fast in (resolver.read, resolver.stat):  # the reading and stat fast paths refuse the same way
+                with pytest.raises(SampleError) as err:
+                    fast(path)
+                assert err.value.reason == e.reason, path
         else:
             assert resolver(path) == want, path
             assert resolver.read(path) == want.read_bytes(), path
+            assert resolver.stat(path) == want.stat(), path
 
 
 def test_escape_becomes_an_errors_jsonl_line(tmp_path):
