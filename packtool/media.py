@@ -206,24 +206,106 @@ class MediaPathResolver:
         self._prefix = self._root_s.rstrip(os.sep) + os.sep
         self._dirs: dict[str, str] = {}
 
-    def __call__(self, path: str) -> Path:
-        head, name = os.path.split(os.path.join(self._root_s, path))
+    def _under_root(self, path: str) -> str | None:
+        """``path``'s directory's real path joined with its name, or ``None`` when only
+        :func:`resolve_media_path` can say (a ``.``/``..`` name, a directory outside the root)."""
+        head, sep, name = path.rpartition(os.sep)  # string ops only: this runs once per embedded file
+        if sep and not head:  # "/name": the file system's root, not --media-root
+            head = os.sep
         if name in ("", ".", ".."):
-            return resolve_media_path(path, self.root)
+            return None
         real = self._dirs.get(head)
         if real is None:
             if len(self._dirs) >= self.MAX_DIRS:
                 self._dirs.clear()
-            real = self._dirs[head] = os.path.realpath(head)
-        full = os.path.join(real, name)
+            # an absolute head replaces the root in the join; "" is the root itself
+            real = self._dirs[head] = os.path.realpath(os.path.join(self._root_s, head or "."))
         if not (real == self._root_s or real.startswith(self._prefix)):
-            return resolve_media_path(path, self.root)
-        try:
-            if stat.S_ISREG(os.lstat(full).st_mode):
-                return Path(full)
-        except OSError:
-            pass
+            return None
+        return os.path.join(real, name)
+
+    def __call__(self, path: str) -> Path:
+        full = self._under_root(path)
+        if full is not None:
+            try:
+                if stat.S_ISREG(os.lstat(full).st_mode):
+                    return Path(full)
+            except OSError:
+                pass
         return resolve_media_path(path, self.root)
+
+    def stat(self, path: str) -> os.stat_result:
+        """``os.stat`` of the file ``path`` resolves to: one ``lstat`` when it is a regular file
+        (for which ``lstat`` is ``stat``), else :func:`resolve_media_path`'s result and errors.
+
+        Example:
+            >>> import tempfile
+            >>> root = Path(tempfile.mkdtemp())
+            >>> _ = (root / "a.jpg").write_bytes(b"xyz")
+            >>> MediaPathResolver(root).stat("a.jpg").st_size
+            3
+        """
+        full = self._under_root(path)
+        if full is not None:
+            try:
+                st = os.lstat(full)
+            except OSError:
+                st = None
+            if st is not None and stat.S_ISREG(st.st_mode):
+                return st
+        return resolve_media_path(path, self.root).stat()
+
+    def read(self, path: str) -> bytes:
+        """The bytes of the file ``path`` resolves to: one ``open`` that refuses a link in the
+        last component, one ``fstat`` of the open file, one ``read`` of its size.
+
+        This is what ``self(path).read_bytes()`` returns (packing reads every embedded image
+        this way; the ``Path`` objects, the separate ``lstat`` and the buffered reader cost
+        more than the read). A link, a directory or anything not a regular file goes through
+        :func:`resolve_media_path`, so results and errors are the same.
+
+        Example:
+            >>> import tempfile
+            >>> root = Path(tempfile.mkdtemp())
+            >>> _ = (root / "a.jpg").write_bytes(b"xyz")
+            >>> MediaPathResolver(root).read("a.jpg")
+            b'xyz'
+        """
+        full = self._under_root(path)
+        if full is not None:
+            try:
+                fd = os.open(full, _READ_FLAGS)
+            except OSError:  # a link (ELOOP), a missing file: the slow path names the problem
+                fd = -1
+            if fd >= 0:
+                try:
+                    st = os.fstat(fd)
+                    if stat.S_ISREG(st.st_mode):
+                        return _read_all(fd, st.st_size)
+                finally:
+                    os.close(fd)
+        return resolve_media_path(path, self.root).read_bytes()
+
+
+#: ``os.open`` flags for :meth:`MediaPathResolver.read`: no link followed in the last component.
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    """``size`` bytes from ``fd`` (fewer if the file shrank meanwhile); one ``read`` when it
+    returns them all, as it does for a regular file of the size ``fstat`` gave."""
+    data = os.read(fd, size)
+    if len(data) == size or not data:
+        return data
+    parts = [data]
+    left = size - len(data)
+    while left > 0:
+        more = os.read(fd, left)
+        if not more:
+            break
+        parts.append(more)
+        left -= len(more)
+    return b"".join(parts)
 
 
 def _is_remote(source: object) -> bool:

@@ -649,14 +649,52 @@ def _media_payload(media_flat: pa.StructArray, media_data, which: list[int] | No
     n = len(media_flat)
     if media_data is None or n == 0:
         return pa.nulls(n, type=pa.binary()), pa.nulls(n, type=pa.list_(pa.binary()))
-    data: list[bytes | None] = []
-    frames: list[list[bytes] | None] = []
-    for j, m in enumerate(media_flat.to_pylist()):
-        payload = media_data(m) if which is None else media_data[which[j]](m)
-        if m["kind"] == "image":
-            data.append(payload[0] if payload else None)
-            frames.append(None)
+    loaders = media_data if which is not None else None
+    if media_flat.null_count or not all(callable(getattr(f, "image", None)) for f in (loaders or [media_data])):
+        data, frames = [], []
+        for j, m in enumerate(media_flat.to_pylist()):
+            payload = media_data(m) if which is None else media_data[which[j]](m)
+            data.append((payload[0] if payload else None) if m["kind"] == "image" else None)
+            frames.append(None if m["kind"] == "image" else payload)
+        return pa.array(data, type=pa.binary()), pa.array(frames, type=pa.list_(pa.binary()))
+    # a loader with ``image(path, size_bytes)`` reads an image file from four fields, without
+    # the item's dict (building one per image cost as much as opening the file)
+    col = dict(zip([f.name for f in media_flat.type], media_flat.flatten(), strict=True))
+    kinds = col["kind"].to_pylist()
+    paths = col["path"].to_pylist()
+    inline = col["data"].to_pylist() if "data" in col else [None] * n
+    sizes = col["size_bytes"].to_pylist() if "size_bytes" in col else [None] * n
+    data = [None] * n
+    frames = [None] * n
+    for j, (kind, path, raw, size) in enumerate(zip(kinds, paths, inline, sizes, strict=True)):
+        load = media_data if which is None else media_data[which[j]]
+        if kind == "image" and raw is None and path is not None:
+            data[j] = load.image(path, size)
+            continue
+        payload = load(media_flat[j].as_py())
+        if kind == "image":
+            data[j] = payload[0] if payload else None
         else:
-            data.append(None)
-            frames.append(payload)
-    return pa.array(data, type=pa.binary()), pa.array(frames, type=pa.list_(pa.binary()))
+            frames[j] = payload
+    return _binary_array(data), pa.array(frames, type=pa.list_(pa.binary()))
+
+
+def _binary_array(items: list[bytes | None]) -> pa.Array:
+    """``pa.array(items, type=pa.binary())`` built as one joined buffer plus offsets (a third of
+    the time for a chunk of small images; the same array).
+
+    Example:
+        >>> _binary_array([b"ab", None, b"c"]).to_pylist()
+        [b'ab', None, b'c']
+    """
+    n = len(items)
+    lengths = np.fromiter((0 if b is None else len(b) for b in items), dtype=np.int64, count=n)
+    if lengths.sum() >= 2**31:  # past int32 offsets: let Arrow decide (it raises or splits)
+        return pa.array(items, type=pa.binary())
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    valid = np.fromiter((b is not None for b in items), dtype=bool, count=n)
+    n_null = n - int(valid.sum())
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if n_null else None
+    return pa.Array.from_buffers(pa.binary(), n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(b"".join([b for b in items if b]))],
+                                 null_count=n_null)

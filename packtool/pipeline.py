@@ -922,28 +922,49 @@ def _prefetch_media(media_root, tables, where: np.ndarray) -> None:
     media_root.prefetch(paths, whole=True)
 
 
-def _media_loader(media_root: Path, frame_quality: int = 90) -> Callable[[dict], list[bytes] | None]:
-    from .media import MediaPathResolver
+class _MediaLoader:
+    """What ``--media embed`` puts into a packed row for one media item (see ``assemble_packs``'s
+    ``media_data``): ``loader(item)`` with the tokenized row's media struct as a dict, or, for an
+    image file, ``loader.image(path, size_bytes)`` without building that dict.
 
-    resolve = MediaPathResolver(media_root) if isinstance(media_root, Path) else media_root.file
+    An image is its file's bytes, which must have the size tokenize counted (a file rewritten while
+    the task runs stops it, ``InputError``); a video is its recorded frames as JPEG.
+    """
 
-    def load(m: dict) -> list[bytes] | None:
+    __slots__ = ("media_root", "frame_quality", "_read")
+
+    def __init__(self, media_root: Path, frame_quality: int = 90) -> None:
+        from .media import MediaPathResolver
+
+        self.media_root = media_root
+        self.frame_quality = frame_quality
+        self._read = MediaPathResolver(media_root).read if isinstance(media_root, Path) else self._read_remote
+
+    def _read_remote(self, path: str) -> bytes:
+        return self.media_root.file(path).read_bytes()
+
+    def image(self, path: str, size_bytes: int | None) -> bytes:
+        data = self._read(path)
+        if size_bytes is not None and len(data) != size_bytes:
+            # checked before planning; a file rewritten while this task ran is caught here
+            raise InputError(f"media file {path!r} changed while pack was running ({len(data):,} bytes, "
+                             f"{size_bytes:,} when counted); re-run the same command")
+        return data
+
+    def __call__(self, m: dict) -> list[bytes] | None:
         if m.get("kind") == "image":
             if m.get("data") is not None:
                 return [m["data"]]
             if m.get("path") is None:
                 raise SampleError("missing_media", "media item has neither a path nor inline bytes")
-            data = resolve(m["path"]).read_bytes()
-            if m.get("size_bytes") is not None and len(data) != m["size_bytes"]:
-                # checked before planning; a file rewritten while this task ran is caught here
-                raise InputError(f"media file {m.get('path')!r} changed while pack was running ({len(data):,} bytes, "
-                                 f"{m['size_bytes']:,} when counted); re-run the same command")
-            return [data]
+            return [self.image(m["path"], m.get("size_bytes"))]
         from .media import extract_frames
 
-        return extract_frames(media_root, m, quality=frame_quality)
+        return extract_frames(self.media_root, m, quality=self.frame_quality)
 
-    return load
+
+def _media_loader(media_root: Path, frame_quality: int = 90) -> _MediaLoader:
+    return _MediaLoader(media_root, frame_quality)
 
 
 @dataclass(frozen=True, slots=True)
@@ -974,8 +995,13 @@ def _media_problems(pf, media_root: Path, check_mtime: bool) -> dict[int, tuple[
     import pyarrow.compute as pc
 
     from .errors import SampleError
-    from .media import resolve_media_path
+    from .media import MediaPathResolver, resolve_media_path
 
+    if isinstance(media_root, Path):  # a file per sample in most corpora: no Path objects per file
+        stat_of = MediaPathResolver(media_root).stat
+    else:
+        def stat_of(path: str):
+            return resolve_media_path(path, media_root).stat()
     leaves = ["media.list.element.kind", "media.list.element.path", "media.list.element.size_bytes",
               "media.list.element.mtime_ns"]
     if "size_bytes" not in [f.name for f in pf.schema_arrow.field("media").type.value_type]:
@@ -994,7 +1020,7 @@ def _media_problems(pf, media_root: Path, check_mtime: bool) -> dict[int, tuple[
         now = seen.get(path)
         if now is None:
             try:
-                st = resolve_media_path(path, media_root).stat()
+                st = stat_of(path)
                 now = (st.st_size, st.st_mtime_ns)
             except SampleError as err:
                 now = err

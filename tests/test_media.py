@@ -115,15 +115,21 @@ def test_dotdot_absolute_and_symlink_escapes_are_refused(tmp_path):
     resolver = MediaPathResolver(root)
     for path in ("../secret.png", "sub/../../secret.png", str(outside), "sub/link.png", "sub/inside.png", "ok.png",
                  str(root / "ok.png"), "missing.png", "sub/plain.png", "./sub/plain.png", "sub//plain.png",
-                 "sub/../ok.png", "d", "", ".", "sub/up/secret.png", "sub/up/root/ok.png") * 2:
+                 "sub/../ok.png", "d", "", ".", "sub/up/secret.png", "sub/up/root/ok.png", "/ok.png", "/", "sub/") * 2:
         try:
             want = resolve_media_path(path, root)
         except SampleError as e:
             with pytest.raises(SampleError) as err:
                 resolver(path)
             assert err.value.reason == e.reason, path
+            for fast in (resolver.read, resolver.stat):  # the reading and stat fast paths refuse the same way
+                with pytest.raises(SampleError) as err:
+                    fast(path)
+                assert err.value.reason == e.reason, path
         else:
             assert resolver(path) == want, path
+            assert resolver.read(path) == want.read_bytes(), path
+            assert resolver.stat(path) == want.stat(), path
 
 
 def test_escape_becomes_an_errors_jsonl_line(tmp_path):

@@ -345,6 +345,55 @@ def test_assemble_from_several_tables_equals_one_table():
     assert split.column("compact_target_ids").to_pylist() != untruncated.column("compact_target_ids").to_pylist()
 
 
+def test_embedded_bytes_are_the_files_through_either_loader_path(tmp_path):
+    """Pack's loader reads image files without building each item's dict (``image(path, size)``);
+    a plain ``media_data`` function gets dicts. Both give the same packs, the files' exact bytes,
+    and a file whose size changed after tokenize stops the run with a message naming the fix."""
+    from packtool.errors import InputError
+    from packtool.pipeline import _media_loader
+
+    seed = 16
+    rng = np.random.default_rng(seed)
+    kinds = [1, 0, 1, 1, 0, 1, 1, 0, 1]
+    table = _tokenized_table(rng.integers(300, 900, len(kinds)).tolist(), kinds)
+    rows = table.to_pylist()
+    (tmp_path / "images").mkdir()
+    for r in rows:
+        for m in r["media"]:
+            body = rng.bytes(int(rng.integers(0, 5000)))
+            (tmp_path / m["path"]).write_bytes(body)
+            m["size_bytes"] = len(body)
+    table = pa.Table.from_pylist(rows, schema=table.schema)
+    cfg = PackConfig(max_tokens=2048, token_granularity=16, buffer_size=4)
+    plan = plan_packs(table["n_tokens"].to_numpy(), table["n_vision_units"].to_numpy(),
+                      np.array([k > 0 for k in kinds]), cfg, 64)
+    parts = [table.slice(0, 3), table.slice(3)]  # struct children at an offset
+    loader = _media_loader(tmp_path)
+    fast = assemble_packs(parts, plan, 0, loader, cfg.max_tokens)
+    plain = assemble_packs(parts, plan, 0, lambda m: loader(m), cfg.max_tokens)
+    assert fast.equals(plain), f"seed {seed}"
+    got = [m for r in fast.column("media").to_pylist() for m in r]
+    assert len(got) == sum(kinds)
+    assert all(m["data"] == (tmp_path / m["path"]).read_bytes() and m["frames"] is None for m in got)
+    changed = got[0]["path"]
+    (tmp_path / changed).write_bytes(b"other" * 3000)
+    for media_data in (loader, lambda m: loader(m)):
+        with pytest.raises(InputError, match=f"{changed}.*changed while pack was running.*re-run"):
+            assemble_packs(parts, plan, 0, media_data, cfg.max_tokens)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_binary_array_is_what_arrow_builds(seed):
+    from packtool.packer import _binary_array
+
+    rng = np.random.default_rng(seed)
+    for n in (0, 1, 7, 8, 9, 300):
+        items = [None if rng.random() < 0.3 else rng.bytes(int(rng.integers(0, 40))) for _ in range(n)]
+        got = _binary_array(items)
+        got.validate(full=True)
+        assert got.equals(pa.array(items, type=pa.binary())) and got.to_pylist() == items, f"seed {seed}, n {n}"
+
+
 def test_truncation_inside_a_run_cuts_the_run():
     """A text row cut by --oversize truncate in the middle of a run of one repeated token: the
     packed row is the first max_tokens tokens, last target -100, the cut run shortened."""
