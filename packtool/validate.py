@@ -11,8 +11,8 @@ Three layers, cheapest first; the first problems found are reported, never raise
    sample and its prefix or branch, prefix first; positions continue across a branch
    start from the prefix length; a target is ``-100`` or the next token of the same
    branch, so nothing is predicted across a sample or branch boundary; capacities hold;
-   media spans lie on one repeated placeholder id inside their sample, carry no loss,
-   and add up to the row's vision units;
+   media spans lie inside their sample, carry no loss, add up to the row's vision units
+   and hold what the family lays out for the item (:func:`span_problem`);
 3. **embedded media decodes** (packed, ``--media embed``): each image and video frame
    opens and decodes with Pillow.
 
@@ -53,8 +53,9 @@ from .schema import (
     TOKENIZED_ROWS,
 )
 from .shards import ERRORS, MANIFEST, errors_path, read_manifest, sha256_file
+from .vision import span_segments
 
-__all__ = ["validate_dir", "render_report", "check_row", "run_problems"]
+__all__ = ["validate_dir", "render_report", "check_row", "span_problem", "run_problems"]
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +86,97 @@ def _list_rows(col) -> tuple[np.ndarray, np.ndarray]:
     return values, offsets
 
 
-def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | None = None) -> list[str]:
+def span_problem(span: np.ndarray, segments, known: dict) -> str | None:
+    """Why the token ids of one media span differ from the family's ``segments`` for it
+    (:func:`packtool.vision.span_segments`), or ``None`` when they agree.
+
+    A shard does not name its tokenizer's file, so the ids of placeholder and marker
+    tokens are learnt: the first span that uses a name fixes its id in ``known`` (kept
+    across the directory), every later use must agree, and no two names share an id.
+    A text segment (Qwen3-VL and Molmo2 frame times, InternVL frame labels) runs up to
+    the markers before the next pad run; it must hold no placeholder or marker id, and
+    the same text must encode to the same ids everywhere.
+
+    Example:
+        >>> segs = (("pad", "<p>", 2), ("special", "<col>", 1), ("pad", "<p>", 2))
+        >>> known = {}
+        >>> span_problem(np.array([7, 7, 9, 7, 7]), segs, known), known
+        (None, {('token', '<p>'): 7, ('token', '<col>'): 9})
+        >>> span_problem(np.array([7, 7, 7, 7, 7]), segs, known)
+        'token 2 is 7, the layout puts <col> (9) there'
+    """
+    n, i = len(span), 0
+    if not any(k == "text" for k, _, _ in segments):
+        want = sum(c for _, _, c in segments)
+        if want != n:
+            return f"{n} tokens, the layout has {want}"
+    for j, (kind, value, count) in enumerate(segments):
+        if kind == "text":
+            nxt = next(k for k in range(j + 1, len(segments)) if segments[k][0] == "pad")
+            n_markers = sum(c for _, _, c in segments[j + 1:nxt])
+            pad_id = known.get(("token", segments[nxt][1]))
+            hits = np.flatnonzero(span[i:] == pad_id) if pad_id is not None else []
+            end = i + int(hits[0]) - n_markers if len(hits) else -1
+            if end <= i:
+                return f"no text {value!r} at token {i} before the next {segments[nxt][1]} run"
+            got = tuple(int(t) for t in span[i:end])
+            marker = set(got) & {v for k, v in known.items() if k[0] == "token"}
+            if marker:
+                return f"text {value!r} at tokens {i}..{end} holds placeholder or marker id {min(marker)}"
+            seen = known.setdefault(("text", value), got)
+            if seen != got:
+                return f"text {value!r} at tokens {i}..{end} is {list(got)}, elsewhere {list(seen)}"
+            i = end
+            continue
+        if i + count > n:
+            return f"{n} tokens, too few for the layout's {value} at token {i}"
+        tid = known.get(("token", value))
+        if tid is None:
+            tid = int(span[i])
+            other = [k[1] for k, v in known.items() if k[0] == "token" and v == tid]
+            if other:
+                return f"token {i} is {tid}, the id of {other[0]}, where the layout puts {value}"
+            known[("token", value)] = tid
+        bad = np.flatnonzero(span[i:i + count] != tid)
+        if len(bad):
+            t = i + int(bad[0])
+            return f"token {t} is {int(span[t])}, the layout puts {value} ({tid}) there"
+        i += count
+    if i != n:
+        return f"{n} tokens, the layout ends after {i}"
+    return None
+
+
+def _family_of(manifest: dict):
+    """The vision family a manifest's ``vision`` settings describe, or ``None`` when this
+    packtool cannot rebuild it (spans are then checked by the one-pad rule)."""
+    from .errors import ConfigError
+    from .vision import get_family
+
+    vision = dict(manifest.get("vision") or {})
+    name = vision.pop("name", None)
+    for key in ("unit", "default_max_vision_units"):
+        vision.pop(key, None)
+    if not name:
+        return None
+    try:
+        return get_family(name, **vision)
+    except (ConfigError, TypeError) as exc:
+        log.info("media spans checked by the one-pad rule: vision settings %s not rebuilt (%s)", name, exc)
+        return None
+
+
+def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | None = None,
+              family=None) -> list[str]:
     """Invariant violations of one row (dict of numpy arrays and scalars; see the module doc).
 
     ``row`` holds ``input_ids``, ``target_ids``, ``position_ids``, ``subsegment_ids``,
     ``n_tokens``, ``n_vision_units``, ``media`` (list of dicts) and, for packed rows,
-    ``cu_seqlens`` and ``n_samples``. ``pad_ids`` collects the placeholder id per media
-    kind across rows, so a span on another id is caught. Returns human-readable problems.
+    ``cu_seqlens`` and ``n_samples``. With ``family`` (a :class:`packtool.vision.VisionFamily`)
+    each media span must hold what the family lays out for the item (:func:`span_problem`);
+    without it, a span must start and end on one placeholder id. ``pad_ids`` collects
+    the token ids learnt across rows, so a span on another id is caught. Returns
+    human-readable problems.
 
     Example:
         >>> ids = np.array([5, 6, 7]); row = dict(input_ids=ids, target_ids=np.array([-100, 7, -100]),
@@ -163,6 +248,12 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
             out.append(f"target_ids[{t}] = {int(tgt[t])} is neither -100 nor the next token of the same branch "
                        "(a loss across a sample or branch boundary, or a wrong shift)")
     units = 0
+    known = pad_ids if pad_ids is not None else {}
+    n_images: dict[int, int] = {}
+    for m in row["media"]:
+        if m["kind"] == "image":
+            k = int(m.get("sample_index", 0) or 0)
+            n_images[k] = n_images.get(k, 0) + 1
     for j, m in enumerate(row["media"]):
         off, cnt = int(m["token_offset"]), int(m["n_tokens"])
         units += int(m["vision_units"])
@@ -170,12 +261,21 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
             out.append(f"media {j}: span {off}..{off + cnt} outside the row of {n} tokens")
             continue
         span = ids[off:off + cnt]
-        if np.any(span != span[0]):
-            out.append(f"media {j}: span {off}..{off + cnt} is not one repeated placeholder token")
-        if pad_ids is not None:
-            known = pad_ids.setdefault(m["kind"], int(span[0]))
-            if known != int(span[0]):
-                out.append(f"media {j}: {m['kind']} span on token {int(span[0])}, other {m['kind']} spans use {known}")
+        what = None
+        if family is not None:
+            try:
+                segs = span_segments(family, m, n_images.get(int(m.get("sample_index", 0) or 0), 1))
+            except ValueError as exc:
+                what = str(exc)
+            else:
+                what = span_problem(span, segs, known)
+        else:
+            pad = known.setdefault(("pad", m["kind"]), int(span[0]))
+            if span[0] != pad or span[-1] != pad:
+                what = f"starts on token {int(span[0])} and ends on {int(span[-1])}, other {m['kind']} spans use {pad}"
+        if what:
+            model = f"{family.name} " if family is not None else ""
+            out.append(f"media {j}: {m['kind']} span {off}..{off + cnt} is not the {model}placeholder layout: {what}")
         if np.any(tgt[off:off + cnt] != IGNORE) or (off > 0 and tgt[off - 1] != IGNORE):
             out.append(f"media {j}: placeholder tokens carry loss")
         k = int(m.get("sample_index", 0) or 0)
@@ -297,7 +397,7 @@ def run_problems(table) -> list[tuple[int, str]]:
 
 
 def _check_rows(pf, file: str, kind: str, caps: dict | None, problems: _Problems, check_media: bool,
-                pad_ids: dict) -> tuple[int, int]:
+                pad_ids: dict, family=None) -> tuple[int, int]:
     """Check every row of one shard (expanding a runs-form shard after checking its run
     tables); return (rows, samples) seen."""
     import pyarrow as pa
@@ -326,7 +426,7 @@ def _check_rows(pf, file: str, kind: str, caps: dict | None, problems: _Problems
             row = {c: v[o[r]:o[r + 1]] for c, (v, o) in flat.items()}
             row.update(n_tokens=int(n_tok[r]), n_vision_units=int(n_units[r]), media=media[r], n_samples=int(n_in_row[r]))
             where = f"{file}: row {n_rows}"
-            for what in check_row(row, kind, caps, pad_ids):
+            for what in check_row(row, kind, caps, pad_ids, family):
                 problems.add(where, what)
             if check_media and kind == "packed":
                 for j, m in enumerate(row["media"]):
@@ -380,6 +480,7 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
     listed = set()
     total_rows = total_samples = 0
     pad_ids: dict = {}
+    family = _family_of(manifest) if check_rows else None
     for entry in manifest.get("shards", []):
         file = entry["file"]
         listed.add(file)
@@ -419,7 +520,7 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
             if msg:
                 problems.add(file, msg)
         if check_rows and not problems.full:
-            rows, samples = _check_rows(pf, file, kind, caps, problems, check_media, pad_ids)
+            rows, samples = _check_rows(pf, file, kind, caps, problems, check_media, pad_ids, family)
             total_rows += rows
             total_samples += samples
         if problems.full:
