@@ -86,16 +86,18 @@ def _list_rows(col) -> tuple[np.ndarray, np.ndarray]:
     return values, offsets
 
 
-def span_problem(span: np.ndarray, segments, known: dict) -> str | None:
+def span_problem(span: np.ndarray, segments, known: dict, tokenizer=None) -> str | None:
     """Why the token ids of one media span differ from the family's ``segments`` for it
     (:func:`packtool.vision.span_segments`), or ``None`` when they agree.
 
-    A shard does not name its tokenizer's file, so the ids of placeholder and marker
-    tokens are learnt: the first span that uses a name fixes its id in ``known`` (kept
-    across the directory), every later use must agree, and no two names share an id.
-    A text segment (Qwen3-VL and Molmo2 frame times, InternVL frame labels) runs up to
-    the markers before the next pad run; it must hold no placeholder or marker id, and
-    the same text must encode to the same ids everywhere.
+    With ``tokenizer`` (the one the directory was tokenized with) every placeholder,
+    marker and text must be exactly its ids. Without it (a manifest names its tokenizer
+    but not its file) the ids are learnt: the first span that uses a name fixes its id in
+    ``known`` (kept across the directory), every later use must agree, and no two names
+    share an id; so a marker damaged in the only span that uses it goes unseen. A text
+    segment (Qwen3-VL and Molmo2 frame times, InternVL frame labels) runs up to the
+    markers before the next pad run; it must hold no placeholder or marker id, and the
+    same text must encode to the same ids everywhere.
 
     Example:
         >>> segs = (("pad", "<p>", 2), ("special", "<col>", 1), ("pad", "<p>", 2))
@@ -106,6 +108,11 @@ def span_problem(span: np.ndarray, segments, known: dict) -> str | None:
         'token 2 is 7, the layout puts <col> (9) there'
     """
     n, i = len(span), 0
+    if tokenizer is not None:
+        for kind, value, _ in segments:
+            key = ("text" if kind == "text" else "token", value)
+            if key not in known:
+                known[key] = tuple(tokenizer.encode(value)) if kind == "text" else tokenizer.special_id(value)
     if not any(k == "text" for k, _, _ in segments):
         want = sum(c for _, _, c in segments)
         if want != n:
@@ -166,8 +173,32 @@ def _family_of(manifest: dict):
         return None
 
 
+def _tokenizer_of(manifest: dict, spec: str | None):
+    """``(tokenizer, problem)``: the tokenizer to check spans with (``None``: learn the ids),
+    or why ``spec`` cannot be used for this directory."""
+    from .errors import ConfigError
+    from .tokenization import load_tokenizer
+
+    want = manifest.get("tokenizer") or {}
+    if spec is None:
+        if want.get("name") not in ("qwen2", "qwen3"):
+            return None, None
+        spec = want["name"]
+    try:
+        tok = load_tokenizer(spec)
+    except ConfigError as exc:
+        return None, str(exc)
+    got = tok.identity()
+    same = [k for k in want if k != "name"] or ["name"]  # a file and its directory name one vocabulary
+    if want and any(got.get(k) != want[k] for k in same):
+        return None, (f"--tokenizer {spec!r} is {got.get('name')!r} (vocab sha256 {str(got.get('vocab_sha256'))[:12]}…), "
+                      f"the directory was tokenized with {want.get('name')!r} (vocab sha256 "
+                      f"{str(want.get('vocab_sha256'))[:12]}…); pass that one or none")
+    return tok, None
+
+
 def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | None = None,
-              family=None) -> list[str]:
+              family=None, tokenizer=None) -> list[str]:
     """Invariant violations of one row (dict of numpy arrays and scalars; see the module doc).
 
     ``row`` holds ``input_ids``, ``target_ids``, ``position_ids``, ``subsegment_ids``,
@@ -175,8 +206,8 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
     ``cu_seqlens`` and ``n_samples``. With ``family`` (a :class:`packtool.vision.VisionFamily`)
     each media span must hold what the family lays out for the item (:func:`span_problem`);
     without it, a span must start and end on one placeholder id. ``pad_ids`` collects
-    the token ids learnt across rows, so a span on another id is caught. Returns
-    human-readable problems.
+    the token ids learnt across rows (or taken from ``tokenizer``), so a span on another
+    id is caught. Returns human-readable problems.
 
     Example:
         >>> ids = np.array([5, 6, 7]); row = dict(input_ids=ids, target_ids=np.array([-100, 7, -100]),
@@ -268,7 +299,7 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
             except ValueError as exc:
                 what = str(exc)
             else:
-                what = span_problem(span, segs, known)
+                what = span_problem(span, segs, known, tokenizer)
         else:
             pad = known.setdefault(("pad", m["kind"]), int(span[0]))
             if span[0] != pad or span[-1] != pad:
@@ -397,7 +428,7 @@ def run_problems(table) -> list[tuple[int, str]]:
 
 
 def _check_rows(pf, file: str, kind: str, caps: dict | None, problems: _Problems, check_media: bool,
-                pad_ids: dict, family=None) -> tuple[int, int]:
+                pad_ids: dict, family=None, tokenizer=None) -> tuple[int, int]:
     """Check every row of one shard (expanding a runs-form shard after checking its run
     tables); return (rows, samples) seen."""
     import pyarrow as pa
@@ -426,7 +457,7 @@ def _check_rows(pf, file: str, kind: str, caps: dict | None, problems: _Problems
             row = {c: v[o[r]:o[r + 1]] for c, (v, o) in flat.items()}
             row.update(n_tokens=int(n_tok[r]), n_vision_units=int(n_units[r]), media=media[r], n_samples=int(n_in_row[r]))
             where = f"{file}: row {n_rows}"
-            for what in check_row(row, kind, caps, pad_ids, family):
+            for what in check_row(row, kind, caps, pad_ids, family, tokenizer):
                 problems.add(where, what)
             if check_media and kind == "packed":
                 for j, m in enumerate(row["media"]):
@@ -440,12 +471,17 @@ def _check_rows(pf, file: str, kind: str, caps: dict | None, problems: _Problems
     return n_rows, n_samples
 
 
-def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = True, check_rows: bool = True) -> dict:
+def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = True, check_rows: bool = True,
+                 tokenizer: str | None = None) -> dict:
     """Validate a tokenized or packed directory; returns a report dict, ``ok`` when whole.
 
     ``max_problems`` stops the search early; ``check_media=False`` skips decoding embedded
-    media; ``check_rows=False`` checks only the files against the manifest.
+    media; ``check_rows=False`` checks only the files against the manifest. ``tokenizer``
+    (a ``--tokenizer`` spec) names the tokenizer the directory was made with, so media
+    spans are checked id for id (:func:`span_problem`); the embedded vocabularies
+    (``qwen2``, ``qwen3``) are found from the manifest without it.
     """
+    tokenizer_spec = tokenizer
     import pyarrow.parquet as pq
 
     from .storage import fetch_output
@@ -481,6 +517,13 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
     total_rows = total_samples = 0
     pad_ids: dict = {}
     family = _family_of(manifest) if check_rows else None
+    tokenizer = None
+    if family is not None:
+        tokenizer, msg = _tokenizer_of(manifest, tokenizer_spec)
+        if msg:
+            problems.add(MANIFEST, msg)
+            report["ok"] = False
+            return report
     for entry in manifest.get("shards", []):
         file = entry["file"]
         listed.add(file)
@@ -520,7 +563,7 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
             if msg:
                 problems.add(file, msg)
         if check_rows and not problems.full:
-            rows, samples = _check_rows(pf, file, kind, caps, problems, check_media, pad_ids, family)
+            rows, samples = _check_rows(pf, file, kind, caps, problems, check_media, pad_ids, family, tokenizer)
             total_rows += rows
             total_samples += samples
         if problems.full:
