@@ -102,17 +102,20 @@ def span_problem(span: np.ndarray, segments, known: dict, tokenizer=None) -> str
     Example:
         >>> segs = (("pad", "<p>", 2), ("special", "<col>", 1), ("pad", "<p>", 2))
         >>> known = {}
-        >>> span_problem(np.array([7, 7, 9, 7, 7]), segs, known), known
-        (None, {('token', '<p>'): 7, ('token', '<col>'): 9})
+        >>> span_problem(np.array([7, 7, 9, 7, 7]), segs, known), known["ids"]
+        (None, {7: '<p>', 9: '<col>'})
         >>> span_problem(np.array([7, 7, 7, 7, 7]), segs, known)
         'token 2 is 7, the layout puts <col> (9) there'
     """
     n, i = len(span), 0
+    ids = known.setdefault("ids", {})  # id -> name of every placeholder and marker fixed so far
     if tokenizer is not None:
         for kind, value, _ in segments:
             key = ("text" if kind == "text" else "token", value)
             if key not in known:
                 known[key] = tuple(tokenizer.encode(value)) if kind == "text" else tokenizer.special_id(value)
+                if kind != "text":
+                    ids[known[key]] = value
     if not any(k == "text" for k, _, _ in segments):
         want = sum(c for _, _, c in segments)
         if want != n:
@@ -127,7 +130,7 @@ def span_problem(span: np.ndarray, segments, known: dict, tokenizer=None) -> str
             if end <= i:
                 return f"no text {value!r} at token {i} before the next {segments[nxt][1]} run"
             got = tuple(int(t) for t in span[i:end])
-            marker = set(got) & {v for k, v in known.items() if k[0] == "token"}
+            marker = set(got) & ids.keys()
             if marker:
                 return f"text {value!r} at tokens {i}..{end} holds placeholder or marker id {min(marker)}"
             seen = known.setdefault(("text", value), got)
@@ -140,10 +143,10 @@ def span_problem(span: np.ndarray, segments, known: dict, tokenizer=None) -> str
         tid = known.get(("token", value))
         if tid is None:
             tid = int(span[i])
-            other = [k[1] for k, v in known.items() if k[0] == "token" and v == tid]
-            if other:
-                return f"token {i} is {tid}, the id of {other[0]}, where the layout puts {value}"
+            if tid in ids:
+                return f"token {i} is {tid}, the id of {ids[tid]}, where the layout puts {value}"
             known[("token", value)] = tid
+            ids[tid] = value
         bad = np.flatnonzero(span[i:i + count] != tid)
         if len(bad):
             t = i + int(bad[0])
@@ -294,8 +297,12 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
         span = ids[off:off + cnt]
         what = None
         if family is not None:
+            n_img = n_images.get(int(m.get("sample_index", 0) or 0), 1)
+            # rows repeat media sizes, so layouts are rebuilt once per distinct item
+            key = ("segments", m["kind"], m["width"], m["height"], m["grid_t"], m["grid_h"], m["grid_w"],
+                   tuple(m.get("timestamps") or ()), n_img)
             try:
-                segs = span_segments(family, m, n_images.get(int(m.get("sample_index", 0) or 0), 1))
+                segs = known[key] if key in known else known.setdefault(key, span_segments(family, m, n_img))
             except ValueError as exc:
                 what = str(exc)
             else:

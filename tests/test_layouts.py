@@ -8,24 +8,14 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from hf_harness import FAMILY_SETTINGS as FAMILIES
+from hf_harness import FAMILY_SPECIALS as SPECIALS
 from hf_harness import byte_tokenizer, standard_corpus
 
 from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
 from packtool.reader import PackedDataset
 from packtool.shards import read_manifest
 from packtool.validate import validate_dir
-
-SPECIALS = sorted({"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-                   "<|video_pad|>", "<img>", "</img>", "<IMG_CONTEXT>", "<image>", "<video>", "<im_patch>", "<im_col>",
-                   "<im_start>", "<low_res_im_start>", "<im_end>", "<frame_start>", "<frame_end>", "<im_low>",
-                   "<|image|>", "<|video|>"})
-FAMILIES = {
-    "qwen2.5-vl": {"template": "chatml", "max_pixels": 128 * 28 * 28},
-    "qwen3-vl": {"template": "qwen3-vl", "max_pixels": 128 * 28 * 28},
-    "molmo2": {"template": "molmo2", "max_crops": 2, "max_frames": 2},
-    "internvl": {"max_num": 2, "max_frames": 2},
-    "llava-ov": {"template": "chatml", "max_frames": 2},
-}
 
 
 @pytest.fixture(scope="module")
