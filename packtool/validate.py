@@ -135,7 +135,7 @@ def span_problem(span: np.ndarray, segments, known: dict, tokenizer=None) -> str
                 return f"text {value!r} at tokens {i}..{end} holds placeholder or marker id {min(marker)}"
             seen = known.setdefault(("text", value), got)
             if seen != got:
-                return f"text {value!r} at tokens {i}..{end} is {list(got)}, elsewhere {list(seen)}"
+                return f"text {value!r} at tokens {i}..{end} is {list(got)}, it encodes as {list(seen)}"
             i = end
             continue
         if i + count > n:

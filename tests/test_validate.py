@@ -54,7 +54,7 @@ def rewrite_runs(d: Path, edit) -> None:
 
 def relist(d: Path, f: Path) -> None:
     manifest = json.loads((d / ".packtool" / "manifest.json").read_text())
-    manifest["shards"][0].update(bytes=f.stat().st_size, sha256=sha256_file(f))
+    next(e for e in manifest["shards"] if e["file"] == f.name).update(bytes=f.stat().st_size, sha256=sha256_file(f))
     (d / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -297,8 +297,7 @@ def _damage(d: Path, media: str, layout: str) -> dict:
     ids[t] = new
     table = pa.Table.from_pylist(rows, schema=PACKED_FULL)
     pq.write_table(compact_table(table).cast(PACKED) if layout == "runs" else table, f)
-    manifest["shards"][s].update(bytes=f.stat().st_size, sha256=sha256_file(f))
-    (d / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
+    relist(d, f)
     m = rows[r]["media"][j]
     return dict(file=f.name, row=r, j=j, offset=m["token_offset"], n=m["n_tokens"], token=t, new=new)
 
@@ -343,3 +342,49 @@ def test_tokenizer_of_another_vocabulary_is_refused(family_dirs):
     assert problem["where"].endswith("manifest.json") and "--tokenizer 'qwen2' is 'qwen2'" in problem["what"]
     assert "pass that one or none" in problem["what"]
     assert validate_dir(d, tokenizer=str(family_dirs.vocab))["ok"]
+
+
+@pytest.mark.slow
+def test_changed_timestamp_text_in_a_qwen3_video_is_caught(family_dirs, tmp_path):
+    d = tmp_path / "packed"
+    shutil.copytree(family_dirs("qwen3-vl")["full"], d)
+    s, r, j, _ = _first_span(d, "video")
+    f = d / json.loads((d / ".packtool" / "manifest.json").read_text())["shards"][s]["file"]
+
+    def edit(row):
+        m = row["media"][j]
+        span = row["input_ids"][m["token_offset"]:m["token_offset"] + m["n_tokens"]]
+        t = m["token_offset"] + next(k for k, x in enumerate(span) if x < 256)  # the first timestamp byte
+        row["input_ids"][t] = ord("7") if row["input_ids"][t] != ord("7") else ord("8")
+
+    rows = pq.read_table(f).to_pylist()
+    edit(rows[r])
+    pq.write_table(pa.Table.from_pylist(rows, schema=PACKED_FULL), f)
+    relist(d, f)
+    [problem] = validate_dir(d, tokenizer=str(family_dirs.vocab))["problems"]
+    assert "is not the qwen3-vl placeholder layout: text '<" in problem["what"] and "seconds>'" in problem["what"]
+    assert "it encodes as" in problem["what"]
+
+
+def test_grid_that_the_family_would_not_lay_out_is_caught(packed):
+    def edit(row):
+        row["media"][0]["grid_h"] += 2
+
+    rewrite_row(packed, edit)
+    report = validate_dir(packed)
+    assert any("recorded grid" in p["what"] and "but qwen2.5-vl lays out a" in p["what"] for p in report["problems"])
+
+
+@pytest.mark.parametrize("n_frames,fps", [(20, 10.0), (7, 3.0), (91, 29.97), (5, 1.0)])
+def test_qwen3_video_segments_from_recorded_times_match_the_processor_times(n_frames, fps):
+    """``video_segments`` rebuilds Qwen3-VL's timestamp text from the recorded frame times; it must
+    equal the text from the frame indices (:func:`frame_pair_times`), odd frame counts included."""
+    from packtool.vision import VideoMeta, get_family
+    from packtool.vision.qwen3 import frame_pair_times
+
+    fam = get_family("qwen3-vl")
+    lay = fam.video(VideoMeta(64, 48, n_frames / fps, fps, n_frames))
+    idx = [round(t * fps) for t in lay.timestamps]
+    want = [f"<{t:.1f} seconds>" for t in frame_pair_times(idx, fps)]
+    assert [v for k, v, _ in fam.video_segments(lay.grid, lay.timestamps) if k == "text"] == want
+    assert len(want) == lay.grid[0]
