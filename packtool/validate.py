@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import REASON_CODES, InputError
+from .errors import REASON_CODES, InputError, SampleError
 from .runs import (
     COMPACT_COLUMNS,
     MIN_RUN,
@@ -171,7 +171,7 @@ def _family_of(manifest: dict):
         return None
     try:
         return get_family(name, **vision)
-    except (ConfigError, TypeError) as exc:
+    except (ConfigError, TypeError, ValueError) as exc:
         log.info("media spans checked by the one-pad rule: vision settings %s not rebuilt (%s)", name, exc)
         return None
 
@@ -305,6 +305,8 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
                 segs = known[key] if key in known else known.setdefault(key, span_segments(family, m, n_img))
             except ValueError as exc:
                 what = str(exc)
+            except (SampleError, ArithmeticError) as exc:  # a recorded size no processor would take
+                what = f"its layout cannot be rebuilt from the recorded {m['width']}x{m['height']}: {exc}"
             else:
                 what = span_problem(span, segs, known, tokenizer)
         else:
@@ -333,7 +335,6 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
 
 
 def _check_media_bytes(m: dict) -> str | None:
-    from .errors import SampleError
     from .media import open_image
 
     data = m.get("frames") if m["kind"] == "video" else ([m["data"]] if m.get("data") else None)

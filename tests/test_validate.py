@@ -366,13 +366,14 @@ def test_changed_timestamp_text_in_a_qwen3_video_is_caught(family_dirs, tmp_path
     assert "it encodes as" in problem["what"]
 
 
-def test_grid_that_the_family_would_not_lay_out_is_caught(packed):
+@pytest.mark.parametrize("field,change,what", [("grid_h", 2, "recorded grid"), ("width", -10**6, "cannot be rebuilt")])
+def test_media_record_that_the_family_would_not_lay_out_is_caught(packed, field, change, what):
     def edit(row):
-        row["media"][0]["grid_h"] += 2
+        row["media"][0][field] += change
 
     rewrite_row(packed, edit)
     report = validate_dir(packed)
-    assert any("recorded grid" in p["what"] and "but qwen2.5-vl lays out a" in p["what"] for p in report["problems"])
+    assert any("media 0: image span" in p["what"] and what in p["what"] for p in report["problems"]), report["problems"]
 
 
 @pytest.mark.parametrize("n_frames,fps", [(20, 10.0), (7, 3.0), (91, 29.97), (5, 1.0)])
