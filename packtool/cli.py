@@ -422,6 +422,7 @@ def validate(
     path: Annotated[str, typer.Argument(callback=_location, help="Tokenized or packed directory.")],
     max_problems: Annotated[int, typer.Option(min=1, help="Stop after this many problems.")] = 20,
     check_media: Annotated[bool, typer.Option(help="Decode embedded media (images, video frames).")] = True,
+    tokenizer: Annotated[str | None, typer.Option(metavar="<path|hf:ORG/NAME>", help="The tokenizer the directory was made with, to check media spans id for id (qwen2 and qwen3 are found from the manifest).")] = None,
     as_json: AsJson = False,
 ) -> None:
     """Check a tokenized or packed directory: files against the manifest, every row's invariants.
@@ -434,7 +435,7 @@ def validate(
     """
     from .validate import render_report, validate_dir
 
-    report = validate_dir(path, max_problems=max_problems, check_media=check_media)
+    report = validate_dir(path, max_problems=max_problems, check_media=check_media, tokenizer=tokenizer)
     typer.echo(json.dumps(report, indent=2) if as_json else render_report(report))
     if not report["ok"]:
         raise PacktoolError(f"{path} is not whole: {len(report['problems'])} problem(s) listed above")

@@ -11,8 +11,8 @@ Three layers, cheapest first; the first problems found are reported, never raise
    sample and its prefix or branch, prefix first; positions continue across a branch
    start from the prefix length; a target is ``-100`` or the next token of the same
    branch, so nothing is predicted across a sample or branch boundary; capacities hold;
-   media spans lie on one repeated placeholder id inside their sample, carry no loss,
-   and add up to the row's vision units;
+   media spans lie inside their sample, carry no loss, add up to the row's vision units
+   and hold what the family lays out for the item (:func:`span_problem`);
 3. **embedded media decodes** (packed, ``--media embed``): each image and video frame
    opens and decodes with Pillow.
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import REASON_CODES, InputError
+from .errors import REASON_CODES, InputError, SampleError
 from .runs import (
     COMPACT_COLUMNS,
     MIN_RUN,
@@ -53,8 +53,9 @@ from .schema import (
     TOKENIZED_ROWS,
 )
 from .shards import ERRORS, MANIFEST, errors_path, read_manifest, sha256_file
+from .vision import span_segments
 
-__all__ = ["validate_dir", "render_report", "check_row", "run_problems"]
+__all__ = ["validate_dir", "render_report", "check_row", "span_problem", "run_problems"]
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +86,131 @@ def _list_rows(col) -> tuple[np.ndarray, np.ndarray]:
     return values, offsets
 
 
-def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | None = None) -> list[str]:
+def span_problem(span: np.ndarray, segments, known: dict, tokenizer=None) -> str | None:
+    """Why the token ids of one media span differ from the family's ``segments`` for it
+    (:func:`packtool.vision.span_segments`), or ``None`` when they agree.
+
+    With ``tokenizer`` (the one the directory was tokenized with) every placeholder,
+    marker and text must be exactly its ids. Without it (a manifest names its tokenizer
+    but not its file) the ids are learnt: the first span that uses a name fixes its id in
+    ``known`` (kept across the directory), every later use must agree, and no two names
+    share an id; so a marker damaged in the only span that uses it goes unseen. A text
+    segment (Qwen3-VL and Molmo2 frame times, InternVL frame labels) runs up to the
+    markers before the next pad run; it must hold no placeholder or marker id, and the
+    same text must encode to the same ids everywhere.
+
+    Example:
+        >>> segs = (("pad", "<p>", 2), ("special", "<col>", 1), ("pad", "<p>", 2))
+        >>> known = {}
+        >>> span_problem(np.array([7, 7, 9, 7, 7]), segs, known), known["ids"]
+        (None, {7: '<p>', 9: '<col>'})
+        >>> span_problem(np.array([7, 7, 7, 7, 7]), segs, known)
+        'token 2 is 7, the layout puts <col> (9) there'
+    """
+    n, i = len(span), 0
+    ids = known.setdefault("ids", {})  # id -> name of every placeholder and marker fixed so far
+    if tokenizer is not None:
+        for kind, value, _ in segments:
+            key = ("text" if kind == "text" else "token", value)
+            if key not in known:
+                known[key] = tuple(tokenizer.encode(value)) if kind == "text" else tokenizer.special_id(value)
+                if kind != "text":
+                    ids[known[key]] = value
+    if not any(k == "text" for k, _, _ in segments):
+        want = sum(c for _, _, c in segments)
+        if want != n:
+            return f"{n} tokens, the layout has {want}"
+    for j, (kind, value, count) in enumerate(segments):
+        if kind == "text":
+            nxt = next(k for k in range(j + 1, len(segments)) if segments[k][0] == "pad")
+            n_markers = sum(c for _, _, c in segments[j + 1:nxt])
+            pad_id = known.get(("token", segments[nxt][1]))
+            hits = np.flatnonzero(span[i:] == pad_id) if pad_id is not None else []
+            end = i + int(hits[0]) - n_markers if len(hits) else -1
+            if end <= i:
+                return f"no text {value!r} at token {i} before the next {segments[nxt][1]} run"
+            got = tuple(int(t) for t in span[i:end])
+            marker = set(got) & ids.keys()
+            if marker:
+                return f"text {value!r} at tokens {i}..{end} holds placeholder or marker id {min(marker)}"
+            seen = known.setdefault(("text", value), got)
+            if seen != got:
+                return f"text {value!r} at tokens {i}..{end} is {list(got)}, it encodes as {list(seen)}"
+            i = end
+            continue
+        if i + count > n:
+            return f"{n} tokens, too few for the layout's {value} at token {i}"
+        tid = known.get(("token", value))
+        if tid is None:
+            tid = int(span[i])
+            if tid in ids:
+                return f"token {i} is {tid}, the id of {ids[tid]}, where the layout puts {value}"
+            known[("token", value)] = tid
+            ids[tid] = value
+        bad = np.flatnonzero(span[i:i + count] != tid)
+        if len(bad):
+            t = i + int(bad[0])
+            return f"token {t} is {int(span[t])}, the layout puts {value} ({tid}) there"
+        i += count
+    if i != n:
+        return f"{n} tokens, the layout ends after {i}"
+    return None
+
+
+def _family_of(manifest: dict):
+    """The vision family a manifest's ``vision`` settings describe, or ``None`` when this
+    packtool cannot rebuild it (spans are then checked by the one-pad rule)."""
+    from .errors import ConfigError
+    from .vision import get_family
+
+    vision = dict(manifest.get("vision") or {})
+    name = vision.pop("name", None)
+    for key in ("unit", "default_max_vision_units"):
+        vision.pop(key, None)
+    if not name:
+        return None
+    try:
+        return get_family(name, **vision)
+    except (ConfigError, TypeError, ValueError) as exc:
+        log.info("media spans checked by the one-pad rule: vision settings %s not rebuilt (%s)", name, exc)
+        return None
+
+
+def _tokenizer_of(manifest: dict, spec: str | None):
+    """``(tokenizer, problem)``: the tokenizer to check spans with (``None``: learn the ids),
+    or why ``spec`` cannot be used for this directory."""
+    from .errors import ConfigError
+    from .tokenization import load_tokenizer
+
+    want = manifest.get("tokenizer") or {}
+    if spec is None:
+        if want.get("name") not in ("qwen2", "qwen3"):
+            return None, None
+        spec = want["name"]
+    try:
+        tok = load_tokenizer(spec)
+    except ConfigError as exc:
+        return None, str(exc)
+    got = tok.identity()
+    same = [k for k in want if k != "name"] or ["name"]  # a file and its directory name one vocabulary
+    if want and any(got.get(k) != want[k] for k in same):
+        return None, (f"--tokenizer {spec!r} is {got.get('name')!r} (vocab sha256 {str(got.get('vocab_sha256'))[:12]}…), "
+                      f"the directory was tokenized with {want.get('name')!r} (vocab sha256 "
+                      f"{str(want.get('vocab_sha256'))[:12]}…); pass that one or none")
+    return tok, None
+
+
+def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | None = None,
+              family=None, tokenizer=None) -> list[str]:
     """Invariant violations of one row (dict of numpy arrays and scalars; see the module doc).
 
     ``row`` holds ``input_ids``, ``target_ids``, ``position_ids``, ``subsegment_ids``,
     ``n_tokens``, ``n_vision_units``, ``media`` (list of dicts) and, for packed rows,
-    ``cu_seqlens`` and ``n_samples``. ``pad_ids`` collects the placeholder id per media
-    kind across rows, so a span on another id is caught. Returns human-readable problems.
+    ``cu_seqlens`` and ``n_samples``. With ``family`` (a :class:`packtool.vision.VisionFamily`)
+    each media span must hold what the family lays out for the item (:func:`span_problem`);
+    without it, a span must start and end on one placeholder id. ``pad_ids`` collects
+    the token ids learnt across rows (or taken from ``tokenizer``), so a span on another
+    id is caught. Returns human-readable problems.
 
     Example:
         >>> ids = np.array([5, 6, 7]); row = dict(input_ids=ids, target_ids=np.array([-100, 7, -100]),
@@ -163,6 +282,12 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
             out.append(f"target_ids[{t}] = {int(tgt[t])} is neither -100 nor the next token of the same branch "
                        "(a loss across a sample or branch boundary, or a wrong shift)")
     units = 0
+    known = pad_ids if pad_ids is not None else {}
+    n_images: dict[int, int] = {}
+    for m in row["media"]:
+        if m["kind"] == "image":
+            k = int(m.get("sample_index", 0) or 0)
+            n_images[k] = n_images.get(k, 0) + 1
     for j, m in enumerate(row["media"]):
         off, cnt = int(m["token_offset"]), int(m["n_tokens"])
         units += int(m["vision_units"])
@@ -170,12 +295,27 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
             out.append(f"media {j}: span {off}..{off + cnt} outside the row of {n} tokens")
             continue
         span = ids[off:off + cnt]
-        if np.any(span != span[0]):
-            out.append(f"media {j}: span {off}..{off + cnt} is not one repeated placeholder token")
-        if pad_ids is not None:
-            known = pad_ids.setdefault(m["kind"], int(span[0]))
-            if known != int(span[0]):
-                out.append(f"media {j}: {m['kind']} span on token {int(span[0])}, other {m['kind']} spans use {known}")
+        what = None
+        if family is not None:
+            n_img = n_images.get(int(m.get("sample_index", 0) or 0), 1)
+            # rows repeat media sizes, so layouts are rebuilt once per distinct item
+            key = ("segments", m["kind"], m["width"], m["height"], m["grid_t"], m["grid_h"], m["grid_w"],
+                   tuple(m.get("timestamps") or ()), n_img)
+            try:
+                segs = known[key] if key in known else known.setdefault(key, span_segments(family, m, n_img))
+            except ValueError as exc:
+                what = str(exc)
+            except (SampleError, ArithmeticError) as exc:  # a recorded size no processor would take
+                what = f"its layout cannot be rebuilt from the recorded {m['width']}x{m['height']}: {exc}"
+            else:
+                what = span_problem(span, segs, known, tokenizer)
+        else:
+            pad = known.setdefault(("pad", m["kind"]), int(span[0]))
+            if span[0] != pad or span[-1] != pad:
+                what = f"starts on token {int(span[0])} and ends on {int(span[-1])}, other {m['kind']} spans use {pad}"
+        if what:
+            model = f"{family.name} " if family is not None else ""
+            out.append(f"media {j}: {m['kind']} span {off}..{off + cnt} is not the {model}placeholder layout: {what}")
         if np.any(tgt[off:off + cnt] != IGNORE) or (off > 0 and tgt[off - 1] != IGNORE):
             out.append(f"media {j}: placeholder tokens carry loss")
         k = int(m.get("sample_index", 0) or 0)
@@ -195,7 +335,6 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
 
 
 def _check_media_bytes(m: dict) -> str | None:
-    from .errors import SampleError
     from .media import open_image
 
     data = m.get("frames") if m["kind"] == "video" else ([m["data"]] if m.get("data") else None)
@@ -297,7 +436,7 @@ def run_problems(table) -> list[tuple[int, str]]:
 
 
 def _check_rows(pf, file: str, kind: str, caps: dict | None, problems: _Problems, check_media: bool,
-                pad_ids: dict) -> tuple[int, int]:
+                pad_ids: dict, family=None, tokenizer=None) -> tuple[int, int]:
     """Check every row of one shard (expanding a runs-form shard after checking its run
     tables); return (rows, samples) seen."""
     import pyarrow as pa
@@ -326,7 +465,7 @@ def _check_rows(pf, file: str, kind: str, caps: dict | None, problems: _Problems
             row = {c: v[o[r]:o[r + 1]] for c, (v, o) in flat.items()}
             row.update(n_tokens=int(n_tok[r]), n_vision_units=int(n_units[r]), media=media[r], n_samples=int(n_in_row[r]))
             where = f"{file}: row {n_rows}"
-            for what in check_row(row, kind, caps, pad_ids):
+            for what in check_row(row, kind, caps, pad_ids, family, tokenizer):
                 problems.add(where, what)
             if check_media and kind == "packed":
                 for j, m in enumerate(row["media"]):
@@ -340,12 +479,17 @@ def _check_rows(pf, file: str, kind: str, caps: dict | None, problems: _Problems
     return n_rows, n_samples
 
 
-def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = True, check_rows: bool = True) -> dict:
+def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = True, check_rows: bool = True,
+                 tokenizer: str | None = None) -> dict:
     """Validate a tokenized or packed directory; returns a report dict, ``ok`` when whole.
 
     ``max_problems`` stops the search early; ``check_media=False`` skips decoding embedded
-    media; ``check_rows=False`` checks only the files against the manifest.
+    media; ``check_rows=False`` checks only the files against the manifest. ``tokenizer``
+    (a ``--tokenizer`` spec) names the tokenizer the directory was made with, so media
+    spans are checked id for id (:func:`span_problem`); the embedded vocabularies
+    (``qwen2``, ``qwen3``) are found from the manifest without it.
     """
+    tokenizer_spec = tokenizer
     import pyarrow.parquet as pq
 
     from .storage import fetch_output
@@ -380,6 +524,14 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
     listed = set()
     total_rows = total_samples = 0
     pad_ids: dict = {}
+    family = _family_of(manifest) if check_rows else None
+    tokenizer = None
+    if family is not None:
+        tokenizer, msg = _tokenizer_of(manifest, tokenizer_spec)
+        if msg:
+            problems.add(MANIFEST, msg)
+            report["ok"] = False
+            return report
     for entry in manifest.get("shards", []):
         file = entry["file"]
         listed.add(file)
@@ -419,7 +571,7 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
             if msg:
                 problems.add(file, msg)
         if check_rows and not problems.full:
-            rows, samples = _check_rows(pf, file, kind, caps, problems, check_media, pad_ids)
+            rows, samples = _check_rows(pf, file, kind, caps, problems, check_media, pad_ids, family, tokenizer)
             total_rows += rows
             total_samples += samples
         if problems.full:

@@ -30,6 +30,20 @@ from packtool.reader.hf import get_family_inputs, loss_tokens, model_inputs, sam
 
 RTOL = 1e-5
 
+#: Every special token a family's template or layout uses, for :func:`byte_tokenizer`.
+FAMILY_SPECIALS = sorted({"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                          "<|image_pad|>", "<|video_pad|>", "<img>", "</img>", "<IMG_CONTEXT>", "<image>", "<video>",
+                          "<im_patch>", "<im_col>", "<im_start>", "<low_res_im_start>", "<im_end>", "<frame_start>",
+                          "<frame_end>", "<im_low>", "<|image|>", "<|video|>"})
+#: Tokenize settings per family that keep :func:`standard_corpus` small.
+FAMILY_SETTINGS = {
+    "qwen2.5-vl": {"template": "chatml", "max_pixels": 128 * 28 * 28},
+    "qwen3-vl": {"template": "qwen3-vl", "max_pixels": 128 * 28 * 28},
+    "molmo2": {"template": "molmo2", "max_crops": 2, "max_frames": 2},
+    "internvl": {"max_num": 2, "max_frames": 2},
+    "llava-ov": {"template": "chatml", "max_frames": 2},
+}
+
 
 def _static_flex_shapes() -> None:
     """torch 2.14's inductor cannot build flex attention's CPU kernel for dynamic shapes (C++ compile

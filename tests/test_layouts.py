@@ -8,24 +8,14 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from hf_harness import FAMILY_SETTINGS as FAMILIES
+from hf_harness import FAMILY_SPECIALS as SPECIALS
 from hf_harness import byte_tokenizer, standard_corpus
 
 from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
 from packtool.reader import PackedDataset
 from packtool.shards import read_manifest
 from packtool.validate import validate_dir
-
-SPECIALS = sorted({"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-                   "<|video_pad|>", "<img>", "</img>", "<IMG_CONTEXT>", "<image>", "<video>", "<im_patch>", "<im_col>",
-                   "<im_start>", "<low_res_im_start>", "<im_end>", "<frame_start>", "<frame_end>", "<im_low>",
-                   "<|image|>", "<|video|>"})
-FAMILIES = {
-    "qwen2.5-vl": {"template": "chatml", "max_pixels": 128 * 28 * 28},
-    "qwen3-vl": {"template": "qwen3-vl", "max_pixels": 128 * 28 * 28},
-    "molmo2": {"template": "molmo2", "max_crops": 2, "max_frames": 2},
-    "internvl": {"max_num": 2, "max_frames": 2},
-    "llava-ov": {"template": "chatml", "max_frames": 2},
-}
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +43,9 @@ def test_runs_and_full_layouts_give_the_reader_the_same_rows(setup, family):
         pack_dataset(tok, outs[layout], PackConfig(max_tokens=1024, layout=layout))
         manifest = read_manifest(outs[layout])
         assert (manifest["schema_version"], manifest["layout"]) == ({"runs": 3, "full": 2}[layout], layout)
-    # validate reads both layouts alike. (Its media-span rule wants one repeated placeholder
-    # token, so spans with row, frame or timestamp markers inside (Molmo2, InternVL and Qwen3
-    # videos) are reported by both layouts alike; the default family's are whole.)
-    reports = {layout: validate_dir(out) for layout, out in outs.items()}
-    assert reports["runs"]["problems"] == reports["full"]["problems"]
-    assert reports["runs"]["ok"] or family != "qwen2.5-vl", reports["runs"]["problems"]
+    # validate reads both layouts alike, and every family's spans (markers inside included) are whole
+    reports = {layout: validate_dir(out, tokenizer=str(setup["tok"])) for layout, out in outs.items()}
+    assert reports["runs"]["ok"] and reports["full"]["ok"], (reports["runs"]["problems"], reports["full"]["problems"])
     runs, full = _rows(outs["runs"]), _rows(outs["full"])
     assert len(runs) == len(full) >= 1
     for a, b in zip(runs, full, strict=True):

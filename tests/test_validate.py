@@ -54,7 +54,7 @@ def rewrite_runs(d: Path, edit) -> None:
 
 def relist(d: Path, f: Path) -> None:
     manifest = json.loads((d / ".packtool" / "manifest.json").read_text())
-    manifest["shards"][0].update(bytes=f.stat().st_size, sha256=sha256_file(f))
+    next(e for e in manifest["shards"] if e["file"] == f.name).update(bytes=f.stat().st_size, sha256=sha256_file(f))
     (d / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -116,7 +116,9 @@ def test_media_span_off_its_placeholders_is_caught(packed):
 
     rewrite_row(packed, edit)
     report = validate_dir(packed)
-    assert any("not one repeated placeholder token" in p["what"] for p in report["problems"])
+    assert not report["ok"]
+    assert any("media 0: image span" in p["what"] and "is not the qwen2.5-vl placeholder layout" in p["what"]
+               for p in report["problems"]), report["problems"]
 
 
 def test_corrupt_embedded_image_is_caught(packed):
@@ -213,3 +215,177 @@ def test_runs_not_in_canonical_form_are_caught(packed):
     report = validate_dir(packed)
     assert [p["what"] for p in report["problems"]][:1] == [
         "compact_input_ids is not in canonical runs form (a run is split or not stored as one)"], report
+
+
+# Every family's media spans, as its own layout builder lays them out: Qwen2.5-VL and
+# LLaVA-OneVision one pad run; Qwen3-VL videos a pad run per temporal patch with timestamp
+# text and vision markers between; Molmo2 rows of patches closed by column tokens and a
+# low-res crop before the tiles; InternVL videos a tile per frame with frame labels.
+FAMILIES = ["internvl", "llava-ov", "molmo2", "qwen2.5-vl", "qwen3-vl"]
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory) -> dict:
+    """Per family (built on first use): its tokenized directory and both packed layouts of the
+    shared corpus (text, single and multi-image samples, a video, a tree)."""
+    from hf_harness import FAMILY_SETTINGS, FAMILY_SPECIALS, byte_tokenizer, standard_corpus
+
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+
+    base = tmp_path_factory.mktemp("families")
+    (base / "corpus").mkdir()
+    (base / "tok").mkdir()
+    corpus, vocab = standard_corpus(base / "corpus"), byte_tokenizer(base / "tok", FAMILY_SPECIALS)
+    built: dict = {}
+
+    class Dirs:
+        """``dirs(family)``: its directories; ``dirs.vocab``: the tokenizer.json they share."""
+
+        def __call__(self, family: str) -> dict:
+            return get(family)
+
+    Dirs.vocab = vocab
+
+    def get(family: str) -> dict:
+        if family not in built:
+            d = base / family
+            tokenize_dataset(corpus["inputs"], d / "tokenized", TokenizeConfig(
+                media_root=str(corpus["root"]), model=family, tokenizer=str(vocab), **FAMILY_SETTINGS[family]))
+            for layout in ("runs", "full"):
+                pack_dataset(d / "tokenized", d / layout, PackConfig(max_tokens=4096, layout=layout))
+            built[family] = {k: d / k for k in ("tokenized", "runs", "full")}
+        return built[family]
+
+    return Dirs()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_validates_clean(family_dirs, family):
+    for kind, d in family_dirs(family).items():
+        r = run("validate", str(d), "--json")
+        report = json.loads(r.stdout)
+        assert (r.returncode, report["ok"], report["problems"]) == (0, True, []), (family, kind, r.stderr)
+        assert report["rows"] > 0 and report["kind"] == ("tokenized" if kind == "tokenized" else "packed")
+
+
+def _first_span(d: Path, kind: str) -> tuple[int, int, int, int]:
+    """``(shard, row, media index, token)`` of the first ``kind`` media span in packed ``d``; the
+    token is the middle one of the span's marker tokens (row, column or frame markers) when
+    it has some, else its middle placeholder."""
+    manifest = json.loads((d / ".packtool" / "manifest.json").read_text())
+    for s, entry in enumerate(manifest["shards"]):
+        rows = expand_table(pq.read_table(d / entry["file"])).to_pylist()
+        for r, row in enumerate(rows):
+            for j, m in enumerate(row["media"]):
+                if m["kind"] == kind:
+                    span = row["input_ids"][m["token_offset"]:m["token_offset"] + m["n_tokens"]]
+                    inside = [t for t, x in enumerate(span) if x != span[0] and x >= 256]  # byte vocabulary: specials
+                    return s, r, j, m["token_offset"] + (inside[len(inside) // 2] if inside else len(span) // 2)
+    raise AssertionError(f"no {kind} in {d}")
+
+
+def _damage(d: Path, media: str, layout: str) -> dict:
+    """Change one id in the first ``media`` span of packed ``d`` (see :func:`_first_span`), re-list
+    the shard; returns where: ``file``, ``row``, ``j``, ``offset``, ``n``, ``token`` and ``new`` id."""
+    s, r, j, t = _first_span(d, media)
+    manifest = json.loads((d / ".packtool" / "manifest.json").read_text())
+    f = d / manifest["shards"][s]["file"]
+    rows = expand_table(pq.read_table(f)).to_pylist()
+    ids = rows[r]["input_ids"]
+    new = next(x for x in range(ids[t] + 1, ids[t] + 4) if x not in ids[t - 1:t + 2])
+    ids[t] = new
+    table = pa.Table.from_pylist(rows, schema=PACKED_FULL)
+    pq.write_table(compact_table(table).cast(PACKED) if layout == "runs" else table, f)
+    relist(d, f)
+    m = rows[r]["media"][j]
+    return dict(file=f.name, row=r, j=j, offset=m["token_offset"], n=m["n_tokens"], token=t, new=new)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["runs", "full"])
+@pytest.mark.parametrize("family,media", [(f, k) for f in FAMILIES for k in ("image", "video")])
+def test_one_changed_id_in_a_span_is_caught(family_dirs, tmp_path, family, media, layout):
+    d = tmp_path / "packed"
+    shutil.copytree(family_dirs(family)[layout], d)
+    at = _damage(d, media, layout)
+    r = run("validate", str(d), "--json", "--tokenizer", str(family_dirs.vocab))
+    report = json.loads(r.stdout)
+    assert (r.returncode, report["ok"]) == (1, False), report
+    assert "is not whole: 1 problem(s)" in r.stderr
+    [problem] = report["problems"]
+    assert problem["where"] == f"{at['file']}: row {at['row']}"
+    assert problem["what"].startswith(
+        f"media {at['j']}: {media} span {at['offset']}..{at['offset'] + at['n']} is not the {family} placeholder "
+        f"layout: token {at['token'] - at['offset']} is {at['new']}, the layout puts "), problem
+
+
+@pytest.mark.slow
+def test_changed_marker_is_caught_without_the_tokenizer(family_dirs, tmp_path):
+    """Without ``--tokenizer`` the ids are learnt from the spans themselves; a Molmo2 image's
+    column token changed in one of its rows disagrees with the others."""
+    family = "molmo2"
+    d = tmp_path / "packed"
+    shutil.copytree(family_dirs(family)["runs"], d)
+    at = _damage(d, "image", "runs")
+    report = validate_dir(d)
+    assert not report["ok"]
+    assert [p["where"] for p in report["problems"]] == [f"{at['file']}: row {at['row']}"], report["problems"]
+    assert f"is not the {family} placeholder layout" in report["problems"][0]["what"]
+
+
+def test_tokenizer_of_another_vocabulary_is_refused(family_dirs):
+    d = family_dirs("qwen2.5-vl")["runs"]
+    report = validate_dir(d, tokenizer="qwen2")
+    assert not report["ok"] and report["rows"] == 0
+    [problem] = report["problems"]
+    assert problem["where"].endswith("manifest.json") and "--tokenizer 'qwen2' is 'qwen2'" in problem["what"]
+    assert "pass that one or none" in problem["what"]
+    assert validate_dir(d, tokenizer=str(family_dirs.vocab))["ok"]
+
+
+@pytest.mark.slow
+def test_changed_timestamp_text_in_a_qwen3_video_is_caught(family_dirs, tmp_path):
+    d = tmp_path / "packed"
+    shutil.copytree(family_dirs("qwen3-vl")["full"], d)
+    s, r, j, _ = _first_span(d, "video")
+    f = d / json.loads((d / ".packtool" / "manifest.json").read_text())["shards"][s]["file"]
+
+    def edit(row):
+        m = row["media"][j]
+        span = row["input_ids"][m["token_offset"]:m["token_offset"] + m["n_tokens"]]
+        t = m["token_offset"] + next(k for k, x in enumerate(span) if x < 256)  # the first timestamp byte
+        row["input_ids"][t] = ord("7") if row["input_ids"][t] != ord("7") else ord("8")
+
+    rows = pq.read_table(f).to_pylist()
+    edit(rows[r])
+    pq.write_table(pa.Table.from_pylist(rows, schema=PACKED_FULL), f)
+    relist(d, f)
+    [problem] = validate_dir(d, tokenizer=str(family_dirs.vocab))["problems"]
+    assert "is not the qwen3-vl placeholder layout: text '<" in problem["what"] and "seconds>'" in problem["what"]
+    assert "it encodes as" in problem["what"]
+
+
+@pytest.mark.parametrize("field,change,what", [("grid_h", 2, "recorded grid"), ("width", -10**6, "cannot be rebuilt")])
+def test_media_record_that_the_family_would_not_lay_out_is_caught(packed, field, change, what):
+    def edit(row):
+        row["media"][0][field] += change
+
+    rewrite_row(packed, edit)
+    report = validate_dir(packed)
+    assert any("media 0: image span" in p["what"] and what in p["what"] for p in report["problems"]), report["problems"]
+
+
+@pytest.mark.parametrize("n_frames,fps", [(20, 10.0), (7, 3.0), (91, 29.97), (5, 1.0)])
+def test_qwen3_video_segments_from_recorded_times_match_the_processor_times(n_frames, fps):
+    """``video_segments`` rebuilds Qwen3-VL's timestamp text from the recorded frame times; it must
+    equal the text from the frame indices (:func:`frame_pair_times`), odd frame counts included."""
+    from packtool.vision import VideoMeta, get_family
+    from packtool.vision.qwen3 import frame_pair_times
+
+    fam = get_family("qwen3-vl")
+    lay = fam.video(VideoMeta(64, 48, n_frames / fps, fps, n_frames))
+    idx = [round(t * fps) for t in lay.timestamps]
+    want = [f"<{t:.1f} seconds>" for t in frame_pair_times(idx, fps)]
+    assert [v for k, v, _ in fam.video_segments(lay.grid, lay.timestamps) if k == "text"] == want
+    assert len(want) == lay.grid[0]

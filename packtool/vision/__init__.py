@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError, SampleError
 
-__all__ = ["VisionLayout", "VideoMeta", "VisionFamily", "get_family", "check_tokenizer", "FAMILIES", "EXIF_MODES"]
+__all__ = ["VisionLayout", "VideoMeta", "VisionFamily", "get_family", "check_tokenizer", "span_segments", "FAMILIES",
+           "EXIF_MODES"]
 
 EXIF_MODES = ("apply", "ignore")
 
@@ -113,6 +114,12 @@ class VisionFamily:
     def video(self, meta: VideoMeta) -> VisionLayout:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def video_segments(self, grid: tuple[int, int, int], timestamps: tuple[float, ...]) -> tuple:  # pragma: no cover
+        """The token segments of a video whose layout has ``grid`` and frame ``timestamps``
+        (what :meth:`video` puts in :attr:`VisionLayout.segments`; validation rebuilds a
+        recorded video's span with it)."""
+        raise NotImplementedError
+
     def image_in_sample(self, height: int, width: int, n_images: int) -> VisionLayout:
         """Layout of one image in a sample that holds ``n_images`` images (videos not counted).
 
@@ -169,6 +176,42 @@ def check_tokenizer(family: VisionFamily, tokenizer) -> None:
             f"{getattr(tokenizer, 'name', '') or 'in use'!r} does not have; pass --tokenizer with the checkpoint's "
             "tokenizer.json (or its directory)"
         )
+
+
+def span_segments(family: VisionFamily, media: dict, n_images: int = 1) -> tuple[tuple[str, str, int], ...]:
+    """The segments a row's span of one recorded media item must hold, from its first pad
+    run to its last (the span :mod:`packtool.rows` records), adjacent text joined as the
+    encoder joins it.
+
+    ``media`` is a row's media entry: an image's layout is rebuilt by the family from its
+    recorded size (``n_images``: the images of its sample), a video's from its recorded
+    grid and timestamps.
+
+    Raises:
+        ValueError: the rebuilt layout's grid differs from the recorded one.
+
+    Example:
+        >>> m = dict(kind="video", grid_t=2, grid_h=9, grid_w=9, timestamps=[0.0, 0.5])
+        >>> [s[1] for s in span_segments(get_family("molmo2"), m)]
+        ['<im_patch>', '<frame_end>', ' 0.5 ', '<frame_start>', '<im_patch>']
+    """
+    grid = (int(media["grid_t"]), int(media["grid_h"]), int(media["grid_w"]))
+    if media["kind"] == "video":
+        segs = family.video_segments(grid, tuple(media.get("timestamps") or ()))
+    else:
+        lay = family.image_in_sample(int(media["height"]), int(media["width"]), n_images)
+        if tuple(lay.grid) != grid:
+            raise ValueError(f"recorded grid {grid} but {family.name} lays out a "
+                             f"{media['width']}x{media['height']} image on {tuple(lay.grid)}")
+        segs = lay.segments
+    pads = [i for i, s in enumerate(segs) if s[0] == "pad"]
+    out: list[tuple[str, str, int]] = []
+    for kind, value, count in segs[pads[0]:pads[-1] + 1] if pads else ():
+        if kind == "text" and out and out[-1][0] == "text":
+            out[-1] = ("text", out[-1][1] + value, 1)
+        else:
+            out.append((kind, value, count))
+    return tuple(out)
 
 
 def get_family(name: str, **settings) -> VisionFamily:

@@ -37,5 +37,9 @@ class Fixed(VisionFamily):
         check_video(meta, self.name)
         n = min(self.max_frames, meta.n_frames)
         times = tuple(float(i) / meta.fps for i in uniform_indices(meta.n_frames, n))
-        segs = (("pad", "<|video_pad|>", self.n_tokens),)
-        return VisionLayout("video", self.n_tokens, 1, (1, 1, self.n_tokens), (meta.height, meta.width), segs, times)
+        grid = (1, 1, self.n_tokens)
+        return VisionLayout("video", self.n_tokens, 1, grid, (meta.height, meta.width), self.video_segments(grid, times), times)
+
+    def video_segments(self, grid: tuple[int, int, int], timestamps: tuple[float, ...]) -> tuple:
+        """One ``<|video_pad|>`` run of N."""
+        return (("pad", "<|video_pad|>", self.n_tokens),)

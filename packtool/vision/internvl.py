@@ -112,10 +112,15 @@ class InternVL(VisionFamily):
     def video(self, meta: VideoMeta) -> VisionLayout:
         check_video(meta, self.name)
         idx = internvl_frame_indices(meta.n_frames, self.max_frames)
-        segs: list[tuple[str, str, int]] = []
-        for i in range(len(idx)):
-            segs += [("text", f"Frame{i + 1}: ", 1), ("special", "<img>", 1),
-                     ("pad", "<IMG_CONTEXT>", self.tokens_per_tile), ("special", "</img>", 1), ("text", "\n", 1)]
         n = len(idx) * self.tokens_per_tile
         times = tuple(float(i) / meta.fps for i in idx)
-        return VisionLayout("video", n, len(idx), (len(idx), 16, 16), (self.tile, self.tile), tuple(segs), times)
+        grid = (len(idx), 16, 16)
+        return VisionLayout("video", n, len(idx), grid, (self.tile, self.tile), self.video_segments(grid, times), times)
+
+    def video_segments(self, grid: tuple[int, int, int], timestamps: tuple[float, ...]) -> tuple:
+        """Per frame: ``FrameN: <img>``, one tile of ``<IMG_CONTEXT>``, ``</img>`` and a newline."""
+        segs: list[tuple[str, str, int]] = []
+        for i in range(grid[0]):
+            segs += [("text", f"Frame{i + 1}: ", 1), ("special", "<img>", 1),
+                     ("pad", "<IMG_CONTEXT>", self.tokens_per_tile), ("special", "</img>", 1), ("text", "\n", 1)]
+        return tuple(segs)

@@ -142,4 +142,9 @@ class LlavaOneVision(VisionFamily):
         g = math.ceil(self.patches / 2)  # 14
         tokens = n * g * g + 1
         times = tuple(float(i) / meta.fps for i in idx)
-        return VisionLayout("video", tokens, n, (n, g, g), (self.tile, self.tile), (("pad", "<video>", tokens),), times)
+        return VisionLayout("video", tokens, n, (n, g, g), (self.tile, self.tile),
+                            self.video_segments((n, g, g), times), times)
+
+    def video_segments(self, grid: tuple[int, int, int], timestamps: tuple[float, ...]) -> tuple:
+        """One ``<video>`` run: ``t*h*w`` pooled features and one newline feature."""
+        return (("pad", "<video>", grid[0] * grid[1] * grid[2] + 1),)

@@ -127,9 +127,14 @@ class Molmo2(VisionFamily):
         check_video(meta, self.name)
         times = molmo2_frame_times(meta.duration_s, self.max_frames, self.max_fps)
         g = math.ceil((self.crop // self.patch) / self.video_pool)  # 9
-        segs: list[tuple[str, str, int]] = []
-        for i, t in enumerate(times):
-            segs += [("text", (" " if i else "") + f"{t:.1f} ", 1), ("special", "<frame_start>", 1),
-                     ("pad", "<im_patch>", g * g), ("special", "<frame_end>", 1)]
         n = len(times)
-        return VisionLayout("video", n * g * g, n, (n, g, g), (self.crop, self.crop), tuple(segs), tuple(times))
+        return VisionLayout("video", n * g * g, n, (n, g, g), (self.crop, self.crop),
+                            self.video_segments((n, g, g), tuple(times)), tuple(times))
+
+    def video_segments(self, grid: tuple[int, int, int], timestamps: tuple[float, ...]) -> tuple:
+        """Per frame: its time as text, then ``h*w`` ``<im_patch>`` between frame markers."""
+        segs: list[tuple[str, str, int]] = []
+        for i, t in enumerate(timestamps):
+            segs += [("text", (" " if i else "") + f"{t:.1f} ", 1), ("special", "<frame_start>", 1),
+                     ("pad", "<im_patch>", grid[1] * grid[2]), ("special", "<frame_end>", 1)]
+        return tuple(segs)

@@ -169,9 +169,14 @@ class Qwen2VL(VisionFamily):
         gt = math.ceil(n / self.temporal_patch)
         gh, gw = rh // self.patch, rw // self.patch
         tokens = gt * gh * gw // (self.merge * self.merge)
-        segs = (("special", "<|vision_start|>", 1), ("pad", "<|video_pad|>", tokens), ("special", "<|vision_end|>", 1))
         times = tuple(float(i) / meta.fps for i in idx)
-        return VisionLayout("video", tokens, gt * gh * gw, (gt, gh, gw), (rh, rw), segs, times)
+        return VisionLayout("video", tokens, gt * gh * gw, (gt, gh, gw), (rh, rw),
+                            self.video_segments((gt, gh, gw), times), times)
+
+    def video_segments(self, grid: tuple[int, int, int], timestamps: tuple[float, ...]) -> tuple:
+        """One ``<|video_pad|>`` run of ``t*h*w/4`` between the vision markers."""
+        tokens = grid[0] * grid[1] * grid[2] // (self.merge * self.merge)
+        return (("special", "<|vision_start|>", 1), ("pad", "<|video_pad|>", tokens), ("special", "<|vision_end|>", 1))
 
 
 class Qwen25VL(Qwen2VL):

@@ -113,9 +113,28 @@ class Qwen3VL(Qwen2VL):
         gt = math.ceil(n / self.temporal_patch)
         gh, gw = rh // self.patch, rw // self.patch
         per_t = gh * gw // (self.merge * self.merge)
+        times = tuple(i / meta.fps for i in idx)
+        return VisionLayout("video", gt * per_t, gt * gh * gw, (gt, gh, gw), (rh, rw),
+                            self.video_segments((gt, gh, gw), times), times)
+
+    def video_segments(self, grid: tuple[int, int, int], timestamps: tuple[float, ...]) -> tuple:
+        """Per temporal patch: its mean time as text, then its ``<|video_pad|>`` run between markers.
+
+        ``timestamps`` are the sampled frames' times (``index / fps``), so the pair means equal
+        :func:`frame_pair_times` of the indices.
+
+        Example:
+            >>> [s[1] for s in Qwen3VL().video_segments((1, 2, 2), (0.0, 0.5))]
+            ['<0.2 seconds>', '<|vision_start|>', '<|video_pad|>', '<|vision_end|>']
+        """
+        ts = list(timestamps)
+        m = self.temporal_patch
+        if len(ts) % m:
+            ts.extend(ts[-1] for _ in range(m - len(ts) % m))
+        per_t = grid[1] * grid[2] // (self.merge * self.merge)
         segs: list[tuple[str, str, int]] = []
-        for t in frame_pair_times(idx, meta.fps, self.temporal_patch):
+        for i in range(0, len(ts), m):
+            t = (ts[i] + ts[i + m - 1]) / 2
             segs += [("text", f"<{t:.1f} seconds>", 1), ("special", "<|vision_start|>", 1),
                      ("pad", "<|video_pad|>", per_t), ("special", "<|vision_end|>", 1)]
-        times = tuple(i / meta.fps for i in idx)
-        return VisionLayout("video", gt * per_t, gt * gh * gw, (gt, gh, gw), (rh, rw), tuple(segs), times)
+        return tuple(segs)
