@@ -183,13 +183,14 @@ def test_float32_loss_and_logits(packs, alone_extra):
 
 
 @pytest.mark.slow
-def test_flex_attention_loss_and_logits(packs, alone_extra, monkeypatch):
+def test_flex_attention_loss_and_logits(packs, alone_extra):
     """The BlockMask form against the model's own flex path alone: loss and logits (float32: the compiled flex
     kernel takes no float64 on the CPU; no gradients: torch has no flex backward on the CPU). The crops' own
     attention (vision tower, adapter: no mask from packtool) runs sdpa, sparing a flex compile per crop batch.
-    Every length is compiled statically: inductor's dynamic-shape flex kernel for the CPU fails to build here
-    (``cur_kvSplitSize0`` undeclared, torch 2.14)."""
-    monkeypatch.setattr(torch._dynamo.config, "automatic_dynamic_shapes", False)
+    Every length is compiled statically (``hf_harness`` turns dynamic shapes off for the session: inductor's
+    dynamic-shape flex kernel for the CPU fails to build here, ``cur_kvSplitSize0`` undeclared, torch 2.14).
+    No monkeypatch of that setting here: undoing it on torch's config module removed the setting, and a
+    flex test in a later file then failed on the missing name."""
     model = tiny_model(packs["tokenizer"], "flex_attention", dtype=torch.float32, vision_attn="sdpa")
     rep = compare(model, packs["packed"], "flex_attention", alone_extra=alone_extra, grads=False)
     assert rep.loss <= RTOL and rep.logits <= RTOL, rep
