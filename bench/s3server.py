@@ -2,8 +2,10 @@
 
 moto's server mode (``pip install 'moto[server]'``) runs as its own process on a free port,
 the way s3fs's own test suite runs it: the client under test talks HTTP to it exactly as to
-S3 or MinIO (signing, ranged GETs, multipart uploads, conditional puts), nothing is patched
-in the process. :func:`s3_server` waits a bounded time for the port, yields the endpoint and
+S3 or MinIO (signing, ranged GETs, multipart uploads, conditional puts). One thing is mended
+in the server process (see :func:`_serve`): moto checks ``If-None-Match: *`` and then stores
+the object as two steps on its request threads, so two creates racing for one key could both
+succeed, where S3 lets exactly one win. :func:`s3_server` waits a bounded time for the port, yields the endpoint and
 the environment a packtool subprocess needs, and always stops the server.
 """
 
@@ -56,13 +58,13 @@ def _wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float) -> None:
 
 @contextlib.contextmanager
 def s3_server(timeout_s: float = 30.0) -> Iterator[S3Server]:
-    """Run ``python -m moto.server`` on a free localhost port for the duration of the block.
+    """Run moto's server (through :func:`_serve`) on a free localhost port for the duration of the block.
 
     The variables packtool reads (``AWS_ENDPOINT_URL``, credentials) are set in this process
     for the block and restored afterwards; ``server.env`` carries them to subprocesses.
     """
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+    proc = subprocess.Popen([sys.executable, __file__, "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     saved = {k: os.environ.get(k) for k in (*CREDENTIALS, "AWS_ENDPOINT_URL")}
     try:
@@ -97,3 +99,29 @@ def upload_dir(client, local, bucket: str, prefix: str) -> int:
             client.upload_file(str(f), bucket, f"{prefix}/{f.relative_to(local).as_posix()}")
             n += 1
     return n
+
+
+def _serve(argv: list[str]) -> None:
+    """moto's server with conditional puts made atomic, as S3's are: a PUT carrying
+    ``If-None-Match`` or ``If-Match`` checks and stores under one lock, so of several creates of
+    one key exactly one succeeds (packtool's run lease and plan lock rely on that)."""
+    import threading
+
+    from moto.s3.responses import S3Response
+    from moto.server import main
+
+    lock = threading.Lock()
+    put = S3Response.put_object
+
+    def put_object(self):
+        if self.headers.get("If-None-Match") is None and self.headers.get("If-Match") is None:
+            return put(self)
+        with lock:
+            return put(self)
+
+    S3Response.put_object = put_object
+    main(argv)
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1:])

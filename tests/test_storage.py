@@ -542,3 +542,39 @@ def test_remote_media_paths_stay_under_the_root(s3):
     with pytest.raises(SampleError) as err:
         root.file("missing.jpg")
     assert err.value.reason == "missing_media"
+
+
+def test_of_processes_racing_for_one_bucket_lock_exactly_one_takes_it(s3):
+    """The run lease and the plan lock are objects made by a conditional put: of several takers
+    starting together (threads here, each with its own lock and token), exactly one holds it;
+    the others are told who does. Five rounds, a fresh key each."""
+    import threading
+
+    from packtool.publication import BucketLock
+
+    fs, path = storage.filesystem(f"s3://{BUCKET}/locks")
+    for round_ in range(5):
+        key = f"{path}/race-{round_}.json"
+        locks = [BucketLock(fs, key, ttl_s=120.0) for _ in range(6)]
+        start = threading.Barrier(len(locks))
+        results: list = [None] * len(locks)
+
+        def take(i: int) -> None:
+            start.wait()
+            results[i] = locks[i].try_take()
+
+        threads = [threading.Thread(target=take, args=(i,)) for i in range(len(locks))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        winners = [i for i, r in enumerate(results) if r is None]
+        try:
+            assert len(winners) == 1, f"round {round_}: {len(winners)} takers hold the lock"
+            held = json.loads(fs.cat_file(key))
+            assert held["token"] == locks[winners[0]].token
+            assert all(r["token"] == held["token"] for r in results if r is not None)
+        finally:
+            for lock in locks:
+                lock.release()
+        assert not fs.exists(key)
