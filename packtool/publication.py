@@ -114,13 +114,16 @@ class BucketLock:
 
     def try_take(self) -> dict | None:
         """Take the lock and start renewing it: ``None`` when taken, else its live holder's record."""
-        for _ in range(3):
+        for attempt in range(5):
             try:
                 self.fs.pipe_file(self.key, self._body(), mode="create")
                 RequestCounter.add(0)
             except FileExistsError:
                 holder = self.holder()
-                if holder is not None and not self._stale(holder):
+                if holder is None:  # removed since (its holder let go): create it again, never delete blind
+                    time.sleep(0.02 * (attempt + 1))
+                    continue
+                if not self._stale(holder):
                     return holder
                 log.info("%s: taking over a lock whose holder is gone (%s)", self.key, holder)
                 with contextlib.suppress(FileNotFoundError):
@@ -136,13 +139,24 @@ class BucketLock:
         raise OutputError(f"cannot take {self.key!r}: it keeps changing hands; wait and run again")
 
     def holder(self) -> dict | None:
-        try:
-            data = self.fs.cat_file(self.key)
+        """The lock's record; ``None`` when there is no lock. A body that does not parse is read
+        again once (a store may serve a read racing the write badly), then is a holder nobody can
+        name (``{}``: stale, so taken over)."""
+        for attempt in range(2):
+            try:
+                data = self.fs.cat_file(self.key)
+            except FileNotFoundError:
+                return None
             RequestCounter.add(len(data))
-            holder = json.loads(data)
-        except (FileNotFoundError, ValueError):
-            return None
-        return holder if isinstance(holder, dict) else {}
+            try:
+                holder = json.loads(data)
+            except ValueError:
+                if attempt == 0:
+                    time.sleep(0.05)
+                    continue
+                return {}
+            return holder if isinstance(holder, dict) else {}
+        return {}
 
     def _stale(self, holder: dict) -> bool:
         if holder.get("host") == _HOST and isinstance(holder.get("pid"), int):
