@@ -51,6 +51,7 @@ __all__ = [
     "forwarded_env",
     "with_env",
     "filesystem",
+    "read_fresh",
     "StorageError",
     "storage_errors",
     "cache_dir",
@@ -297,6 +298,20 @@ def storage_error(exc: BaseException, url: str, writing: bool = False) -> Packto
         return InputError(f"{url!r} does not exist; fix {flag}")
     return StorageError(f"object store error on {url!r}: {name}: {text[:300]}; fix the cause and run the same "
                         "command again (finished tasks are kept)")
+
+
+def read_fresh(fs, path: str) -> bytes:
+    """The object at ``path`` as the store holds it now, whatever this process listed before.
+
+    fsspec's object-store file systems keep the listings they made (s3fs, gcsfs), and s3fs
+    answers a read of a key that a cached listing of its folder lacks with ``FileNotFoundError``
+    without asking the store (``cat_file`` looks the size up first). An object another
+    process or machine wrote after that listing, a rank's plan lock or plan, would then look
+    absent; so the cached listings of the key and its folders are dropped before the read. A
+    missing object still raises ``FileNotFoundError``.
+    """
+    fs.invalidate_cache(path)
+    return fs.cat_file(path)
 
 
 def _missing_bucket(url: str) -> None:
