@@ -253,7 +253,14 @@ def filesystem(url: str):
             # botocore reads it too; passing it keeps older botocore releases on the same endpoint
             options["endpoint_url"] = os.environ["AWS_ENDPOINT_URL"]
         try:
-            fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
+            if protocol == "gs" and os.environ.get("STORAGE_EMULATOR_HOST"):
+                # an emulator serves the JSON API only; gcsfs's default class first asks the gRPC
+                # control plane for each bucket's layout and waits a minute for an answer
+                from gcsfs.core import GCSFileSystem
+
+                fs = GCSFileSystem(skip_instance_cache=True, **options)
+            else:
+                fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
         except TypeError as exc:
             raise ConfigError(f"--storage-option: {exc}; see the {package} documentation for its options") from None
         _FILESYSTEMS[(protocol, os.getpid())] = fs

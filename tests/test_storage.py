@@ -2,7 +2,7 @@
 
 The server is moto's server mode started as its own process on a free localhost port
 (``bench/s3server.py``); the CLI runs as subprocesses that reach it over HTTP the way they
-would reach S3 or MinIO. gs:// is covered by URL and option tests only (no fake GCS server).
+would reach S3 or MinIO. gs:// runs end to end against a GCS emulator in tests/test_gcs.py.
 """
 
 from __future__ import annotations
