@@ -37,7 +37,9 @@ class GCSServer:
 
     def filesystem(self):
         """A gcsfs file system of this server, with its own caches (buckets are made with it)."""
-        from gcsfs.core import GCSFileSystem  # not the class that asks a control plane the emulator lacks
+        from gcsfs.core import (
+            GCSFileSystem,  # not the class that asks a control plane the emulator lacks
+        )
 
         return GCSFileSystem(endpoint_url=self.endpoint, skip_instance_cache=True, **OPTIONS)
 

@@ -7,6 +7,7 @@ gcsfs or the emulator is not installed (``pip install 'packtool[gcs]' gcp-storag
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -99,8 +100,6 @@ def test_gs_pipeline_writes_the_bytes_of_a_local_run_and_reads_back_in_its_order
     # tokenized shards: the same rows; the recorded source is the URL
     tok = objects(gcs, "tok")
     for s in local_tok["shards"]:
-        import io
-
         a = read_expanded(base / "tok" / s["file"])
         b = read_expanded(io.BytesIO(tok[s["file"]]))
         for col in ("sample_id", "source_row", "input_ids", "target_ids", "position_ids"):
