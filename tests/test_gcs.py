@@ -106,6 +106,16 @@ def test_gs_pipeline_writes_the_bytes_of_a_local_run_and_reads_back_in_its_order
             assert a[col].equals(b[col]), (s["file"], col)
         assert set(b["source"].to_pylist()) == {f"gs://{BUCKET}/corpus/data.jsonl"}
 
+    # validate and stats read the bucket as they read the local run
+    cache = base / "cache"
+    report = json.loads(cli(gcs, "validate", f"gs://{BUCKET}/packed", "--json", cache=cache).stdout)
+    assert report["ok"] and report["shards"] == len(shards)
+    remote = json.loads(cli(gcs, "stats", f"gs://{BUCKET}/packed", "--json", cache=cache).stdout)
+    here = json.loads(cli(gcs, "stats", str(base / "packed"), "--json", cache=cache).stdout)
+    assert remote["tokenized"] == f"gs://{BUCKET}/tok" and remote["sources"][0]["source"] == f"gs://{BUCKET}/corpus/data.jsonl"
+    assert remote == {**here, "tokenized": remote["tokenized"], "packed": remote["packed"],
+                      "sources": [{**here["sources"][0], "source": remote["sources"][0]["source"]}]}
+
     # the reader streams the bucket in the local order, rank split included
     for rank in range(2):
         local = list(PackedDataset(base / "packed", rank=rank, world_size=2, seed=3))
