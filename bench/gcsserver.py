@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 if __package__ in (None, ""):  # run as a script (the server process): bench/ is not a package there
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.s3server import _wait_for_port, free_port
+from bench.s3server import server_process
 
 #: What a packtool process needs to reach the emulator: its address and anonymous credentials
 #: (gcsfs would otherwise look for Google credentials and a metadata server).
@@ -53,30 +52,10 @@ def gcs_server(timeout_s: float = 30.0) -> Iterator[GCSServer]:
     """
     from packtool import storage
 
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    names = ("STORAGE_EMULATOR_HOST", storage.OPTIONS_ENV)
-    saved = {k: os.environ.get(k) for k in names}
-    try:
-        _wait_for_port(port, proc, timeout_s)
-        endpoint = f"http://127.0.0.1:{port}"
+    with server_process([os.path.abspath(__file__), "{port}"], timeout_s,
+                        ("STORAGE_EMULATOR_HOST", storage.OPTIONS_ENV)) as endpoint:
         os.environ.update({"STORAGE_EMULATOR_HOST": endpoint, storage.OPTIONS_ENV: json.dumps(OPTIONS)})
-        storage._FILESYSTEMS.clear()  # file systems made before the address was set
         yield GCSServer(endpoint, {**os.environ})
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        storage._FILESYSTEMS.clear()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _serve(port: int) -> None:
