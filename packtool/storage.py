@@ -855,7 +855,7 @@ def fetch_output(url: str | Path, kind: str | None = None) -> Path:
         got = False
         for name in (MANIFEST, ERRORS, LEGACY_MANIFEST):
             try:
-                data = fs.cat_file(f"{root}/{name}")
+                data = read_fresh(fs, f"{root}/{name}")  # published since this process listed the prefix
             except FileNotFoundError:
                 (local / name).unlink(missing_ok=True)
                 continue
@@ -943,7 +943,7 @@ def fetch_manifest(url: str, kind: str | None = None) -> dict:
     (local / ".packtool").mkdir(parents=True, exist_ok=True)
     with storage_errors(url):
         try:
-            data = fs.cat_file(f"{root}/{MANIFEST}")
+            data = read_fresh(fs, f"{root}/{MANIFEST}")  # published since this process listed the prefix
         except FileNotFoundError:
             _missing_bucket(url)
             raise InputError(f"{url!r} has no {MANIFEST}; is it the output of packtool tokenize/pack, and did that "

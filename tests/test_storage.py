@@ -641,3 +641,23 @@ def test_a_lock_made_by_our_own_refused_retry_is_ours(s3):
     finally:
         lock.release()
     assert not fs.exists(key)
+
+
+@pytest.mark.slow
+def test_a_manifest_published_after_this_process_listed_the_prefix_is_read(s3, bucket_run):
+    """A process that listed an output's state while the run went on (a rank that finished its
+    share; the last rank publishes the manifest) then reads the output: the manifest is read
+    from the store, not judged absent from that listing."""
+    url = f"s3://{BUCKET}/late-manifest"
+    fs, root = storage.filesystem(url)  # this process's own file system, as the stages use it
+    fs.pipe_file(f"{root}/.packtool/lease-00000.json", b"{}")
+    fs.ls(f"{root}/.packtool", detail=True, refresh=True)
+    packed = objects(s3, "packed")
+    other = _machine(s3)  # the last rank, on another machine, publishes
+    for name, body in sorted(packed.items(), key=lambda kv: kv[0].endswith("manifest.json")):
+        other.pipe_file(f"{root}/{name}", body)
+    want = json.loads(packed[".packtool/manifest.json"])
+    assert storage.fetch_manifest(url)["shards"] == want["shards"]  # before the fix: "has no manifest.json"
+    local = storage.fetch_output(url)
+    assert json.loads((local / ".packtool" / "manifest.json").read_text())["shards"] == want["shards"]
+    assert all((local / s["file"]).read_bytes() == packed[s["file"]] for s in want["shards"])
