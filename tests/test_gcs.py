@@ -143,3 +143,22 @@ def test_a_second_run_into_a_gs_prefix_is_refused_while_the_first_holds_it(gcs, 
     finally:
         lease.release()
     assert not [n for n in objects(gcs, "held") if n.startswith("part-")]
+
+
+@pytest.mark.slow  # two CLI processes at once against the emulator
+def test_two_ranks_into_a_gs_prefix_plan_once_and_write_what_one_run_writes(gcs, runs, tmp_path):
+    prefix = f"ranks-{tmp_path.name}"  # new on every call, so the test can be repeated
+    base = [sys.executable, "-m", "packtool", "-v", "tokenize", f"gs://{BUCKET}/corpus/data.jsonl", "--media-root",
+            f"gs://{BUCKET}/corpus", "-o", f"gs://{BUCKET}/{prefix}", *TOK_FLAGS, "--world-size", "2"]
+    env = {**gcs.env, "PACKTOOL_LOCK_TRACE": "1"}
+    procs = [subprocess.Popen([*base, "--rank", str(r)], env={**env, storage.CACHE_ENV: str(tmp_path / f"node{r}")},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    logs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    planned = ["planned 3 tokenize tasks from 1 inputs" in log for log in logs]
+    stored = ["read the stored plan of 3 tokenize tasks" in log for log in logs]
+    assert sorted(planned) == [False, True] and stored == [not p for p in planned], logs
+    done = objects(gcs, prefix)
+    assert ".packtool/plan.lock" not in done and not [n for n in done if "lease" in n]
+    one = json.loads(objects(gcs, "tok")[".packtool/manifest.json"])
+    assert _manifest_shards(json.loads(done[".packtool/manifest.json"])) == _manifest_shards(one)
