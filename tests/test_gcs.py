@@ -26,6 +26,7 @@ from bench.gcsserver import gcs_server  # noqa: E402
 from packtool import storage  # noqa: E402
 from packtool.reader import PackedDataset  # noqa: E402
 from packtool.runs import read_expanded  # noqa: E402
+from tests.bucket_ranks import assert_planned_once, run_two_ranks  # noqa: E402
 
 BUCKET = "data"
 TOK_FLAGS = ["--rows-per-shard", "100", "--workers", "2", "--quiet"]
@@ -150,14 +151,7 @@ def test_two_ranks_into_a_gs_prefix_plan_once_and_write_what_one_run_writes(gcs,
     prefix = f"ranks-{tmp_path.name}"  # new on every call, so the test can be repeated
     base = [sys.executable, "-m", "packtool", "-v", "tokenize", f"gs://{BUCKET}/corpus/data.jsonl", "--media-root",
             f"gs://{BUCKET}/corpus", "-o", f"gs://{BUCKET}/{prefix}", *TOK_FLAGS, "--world-size", "2"]
-    env = {**gcs.env, "PACKTOOL_LOCK_TRACE": "1"}
-    procs = [subprocess.Popen([*base, "--rank", str(r)], env={**env, storage.CACHE_ENV: str(tmp_path / f"node{r}")},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    logs = [p.communicate(timeout=300)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], logs
-    planned = ["planned 3 tokenize tasks from 1 inputs" in log for log in logs]
-    stored = ["read the stored plan of 3 tokenize tasks" in log for log in logs]
-    assert sorted(planned) == [False, True] and stored == [not p for p in planned], logs
+    assert_planned_once(run_two_ranks(base, gcs.env, tmp_path), n_tasks=3)
     done = objects(gcs, prefix)
     assert ".packtool/plan.lock" not in done and not [n for n in done if "lease" in n]
     one = json.loads(objects(gcs, "tok")[".packtool/manifest.json"])

@@ -32,6 +32,7 @@ from packtool.errors import ConfigError, SampleError  # noqa: E402
 from packtool.media import probe_image, probe_video  # noqa: E402
 from packtool.reader import PackedDataset  # noqa: E402
 from packtool.runs import read_expanded
+from tests.bucket_ranks import assert_planned_once, run_two_ranks  # noqa: E402
 from tests.video_fixtures import write_video  # noqa: E402
 
 BUCKET = "data"
@@ -355,16 +356,8 @@ def test_ranks_on_machines_of_their_own_plan_once_through_the_bucket(s3, bucket_
     prefix = f"ranks-{tmp_path.name}"
     base = [sys.executable, "-m", "packtool", "-v", "tokenize", f"s3://{BUCKET}/corpus/data.jsonl", "--media-root",
             f"s3://{BUCKET}/corpus", "-o", f"s3://{BUCKET}/{prefix}", *TOK_FLAGS, "--world-size", "2"]
-    # the lock trace (time, rank, step) is in the logs shown when an assertion fails
-    env = {**s3.env, "PACKTOOL_LOCK_TRACE": "1"}
-    procs = [subprocess.Popen([*base, "--rank", str(r)], env={**env, storage.CACHE_ENV: str(tmp_path / f"node{r}")},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    logs = [p.communicate(timeout=300)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], logs
-    planned = ["planned 7 tokenize tasks from 1 inputs" in log for log in logs]
-    stored = ["read the stored plan of 7 tokenize tasks" in log for log in logs]
-    # exactly one rank plans; the other reads its plan
-    assert sorted(planned) == [False, True] and stored == [not p for p in planned], logs
+    # exactly one rank plans, the other reads its plan (the lock trace is in the logs shown on failure)
+    assert_planned_once(run_two_ranks(base, s3.env, tmp_path), n_tasks=7)
     # no local state held the plan: neither machine's folders have one
     assert not list(tmp_path.rglob("plan.json")) and not list(tmp_path.rglob("plan.lock"))
     done = objects(s3, prefix)
