@@ -29,7 +29,7 @@ $(PLOT): $(RUNTIME)
 	touch $@
 
 $(TESTENV): $(RUNTIME)
-	$(PIP) -e '.[dev,test,plot,zstd,ray,s3]'
+	$(PIP) -e '.[dev,test,plot,zstd,ray,s3,gcs]'
 	# torch + torchvision for the trainer-side tests: the family processors (video, Molmo2) need
 	# torchvision, and this pair is the one whose wheels lie on the machine (no download)
 	$(PIP) torch==2.14.1 torchvision==0.29.1 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))

@@ -57,24 +57,21 @@ def _wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float) -> None:
 
 
 @contextlib.contextmanager
-def s3_server(timeout_s: float = 30.0) -> Iterator[S3Server]:
-    """Run moto's server (through :func:`_serve`) on a free localhost port for the duration of the block.
+def server_process(args: list[str], timeout_s: float, names: tuple[str, ...]) -> Iterator[str]:
+    """A test server as a process of its own: ``python ARGS`` (``{port}`` in them replaced by a
+    free port), waited for a bounded time, ``http://127.0.0.1:PORT`` yielded, always stopped.
+    The environment variables ``names`` are restored afterwards, and file systems packtool made
+    inside the block are dropped (they name this endpoint)."""
+    from packtool import storage
 
-    The variables packtool reads (``AWS_ENDPOINT_URL``, credentials) are set in this process
-    for the block and restored afterwards; ``server.env`` carries them to subprocesses.
-    """
     port = free_port()
-    proc = subprocess.Popen([sys.executable, __file__, "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    saved = {k: os.environ.get(k) for k in (*CREDENTIALS, "AWS_ENDPOINT_URL")}
+    proc = subprocess.Popen([sys.executable, *(a.format(port=port) for a in args)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    saved = {k: os.environ.get(k) for k in names}
     try:
         _wait_for_port(port, proc, timeout_s)
-        endpoint = f"http://127.0.0.1:{port}"
-        os.environ.update(CREDENTIALS, AWS_ENDPOINT_URL=endpoint)
-        from packtool import storage
-
         storage._FILESYSTEMS.clear()  # file systems made before the endpoint was set
-        yield S3Server(endpoint, {**os.environ})
+        yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
         try:
@@ -82,11 +79,25 @@ def s3_server(timeout_s: float = 30.0) -> Iterator[S3Server]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+        storage._FILESYSTEMS.clear()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def s3_server(timeout_s: float = 30.0) -> Iterator[S3Server]:
+    """Run moto's server (through :func:`_serve`) on a free localhost port for the duration of the block.
+
+    The variables packtool reads (``AWS_ENDPOINT_URL``, credentials) are set in this process
+    for the block and restored afterwards; ``server.env`` carries them to subprocesses.
+    """
+    with server_process([__file__, "-H", "127.0.0.1", "-p", "{port}"], timeout_s,
+                        (*CREDENTIALS, "AWS_ENDPOINT_URL")) as endpoint:
+        os.environ.update(CREDENTIALS, AWS_ENDPOINT_URL=endpoint)
+        yield S3Server(endpoint, {**os.environ})
 
 
 def upload_dir(client, local, bucket: str, prefix: str) -> int:

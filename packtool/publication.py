@@ -33,6 +33,7 @@ from .storage import (
     cache_dir,
     filesystem,
     is_url,
+    read_fresh,
     storage_errors,
 )
 
@@ -40,6 +41,21 @@ __all__ = ["output_dir", "stored_plan", "task_target", "state_prepared", "tasks_
            "RemoteOutput", "remote_output"]
 
 log = logging.getLogger(__name__)
+
+#: Every step of the bucket locks (create, holder read, takeover, renew, release, plan read), at
+#: DEBUG. Off by default; ``PACKTOOL_LOCK_TRACE=1`` prints them on stderr with wall-clock times
+#: (milliseconds) and the rank, so two ranks' logs can be merged and read as one interleaving.
+trace = logging.getLogger("packtool.lock")
+TRACE_ENV = "PACKTOOL_LOCK_TRACE"
+
+
+def _trace_on() -> None:
+    if os.environ.get(TRACE_ENV, "") not in ("", "0") and not trace.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(created).3f lock %(message)s"))
+        trace.addHandler(handler)
+        trace.setLevel(logging.DEBUG)
+        trace.propagate = False
 
 
 #: Local mirrors of remote outputs held by this process: mirror path -> RemoteOutput.
@@ -97,15 +113,21 @@ class BucketLock:
     """A lock that is an object: created with a conditional put (``If-None-Match: *``), so of
     several processes on any machines one creates it; renewed by its holder every third of
     ``ttl_s``; taken over when its holder is a dead process on this host or has not renewed it
-    for ``ttl_s`` (a lost node). Used for each rank's lease and for the plan lock."""
+    for ``ttl_s`` (a lost node). Used for each rank's lease and for the plan lock. ``rank``
+    only names the taker in the trace (:data:`TRACE_ENV`)."""
 
-    def __init__(self, fs, key: str, ttl_s: float) -> None:
+    def __init__(self, fs, key: str, ttl_s: float, rank: int | None = None) -> None:
         self.fs = fs
         self.key = key
         self.ttl_s = ttl_s
         self.token = uuid.uuid4().hex
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+        self._who = f"rank {rank if rank is not None else '-'} pid {os.getpid()} {self.token[:8]}"
+        _trace_on()
+
+    def _step(self, what: str, *args) -> None:
+        trace.debug("%s %s: " + what, self._who, posixpath.basename(self.key), *args)
 
     def _body(self) -> bytes:
         return json.dumps({"pid": os.getpid(), "host": _HOST, "token": self.token,
@@ -116,27 +138,38 @@ class BucketLock:
         """Take the lock and start renewing it: ``None`` when taken, else its live holder's record."""
         for attempt in range(5):
             try:
+                self._step("create (attempt %d)", attempt)
                 self.fs.pipe_file(self.key, self._body(), mode="create")
                 RequestCounter.add(0)
+                self._step("created")
             except FileExistsError:
                 holder = self.holder()
+                self._step("exists; holder %s", holder)
                 if holder is None:  # removed since (its holder let go): create it again, never delete blind
                     time.sleep(0.02 * (attempt + 1))
                     continue
+                if holder.get("token") == self.token:
+                    # our own create: the client retried a PUT whose answer it lost, and the retry was refused
+                    return self._hold()
                 if not self._stale(holder):
                     return holder
                 log.info("%s: taking over a lock whose holder is gone (%s)", self.key, holder)
+                self._step("stale: deleting it")
                 with contextlib.suppress(FileNotFoundError):
                     self.fs.rm_file(self.key)
                 continue
             holder = self.holder()  # two takers of one stale lock: the one whose token is there holds it
             if holder is None or holder.get("token") != self.token:
+                self._step("lost it after creating: holder %s", holder)
                 return holder or {}
-            self._stop.clear()
-            self._renewer = threading.Thread(target=self._renew, name="packtool-lease", daemon=True)
-            self._renewer.start()
-            return None
+            return self._hold()
         raise OutputError(f"cannot take {self.key!r}: it keeps changing hands; wait and run again")
+
+    def _hold(self) -> None:
+        self._stop.clear()
+        self._renewer = threading.Thread(target=self._renew, name="packtool-lease", daemon=True)
+        self._renewer.start()
+        self._step("holding")
 
     def holder(self) -> dict | None:
         """The lock's record; ``None`` when there is no lock. A body that does not parse is read
@@ -144,13 +177,14 @@ class BucketLock:
         name (``{}``: stale, so taken over)."""
         for attempt in range(2):
             try:
-                data = self.fs.cat_file(self.key)
+                data = read_fresh(self.fs, self.key)  # written by another machine since our listings
             except FileNotFoundError:
                 return None
             RequestCounter.add(len(data))
             try:
                 holder = json.loads(data)
             except ValueError:
+                self._step("unparsable record %r", data[:80])
                 if attempt == 0:
                     time.sleep(0.05)
                     continue
@@ -166,6 +200,7 @@ class BucketLock:
 
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl_s / 3):
+            self._step("renew")
             with contextlib.suppress(Exception):
                 self.fs.pipe_file(self.key, self._body())
 
@@ -178,8 +213,11 @@ class BucketLock:
         self._renewer = None
         holder = self.holder()
         if holder is not None and holder.get("token") == self.token:
+            self._step("release: deleting it")
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(self.key)
+        else:
+            self._step("release: not ours any more (%s)", holder)
 
 
 class RemotePlanSlot(PlanSlot):
@@ -195,6 +233,7 @@ class RemotePlanSlot(PlanSlot):
             data = (json.dumps(plan, separators=(",", ":")) + "\n").encode()
             self.fs.pipe_file(self.key, data)
             RequestCounter.add(len(data))
+            trace.debug("pid %d plan.json: stored (%d bytes)", os.getpid(), len(data))
             self.plan = plan
 
 
@@ -230,7 +269,7 @@ class RemoteOutput:
         self.sizes: dict[str, int] = {}
         self._pulled: dict[str, bytes] = {}
         self._lease = None if rank is None else BucketLock(self.fs, f"{self.root}/.packtool/lease-{rank:05d}.json",
-                                                           ttl_s)
+                                                           ttl_s, rank)
 
     # ---- lease
 
@@ -263,10 +302,11 @@ class RemoteOutput:
         process on this host or not renewed for ``ttl_s`` is taken over).
         """
         plan_key = f"{self.root}/.packtool/{PLAN}"
-        lock = BucketLock(self.fs, f"{self.root}/.packtool/plan.lock", self.ttl_s)
+        lock = BucketLock(self.fs, f"{self.root}/.packtool/plan.lock", self.ttl_s, self.rank)
         waited = False
         while True:
             plan = self._plan(plan_key, kind, key, check, quiet=True)
+            lock._step("stored plan %s", "found" if plan is not None else "absent or not this run's")
             if plan is not None:
                 yield RemotePlanSlot(self.fs, plan_key, plan)
                 return
@@ -280,18 +320,27 @@ class RemoteOutput:
             time.sleep(wait_s)
         try:
             # the plan a rank uploaded between our read and our lock
-            yield RemotePlanSlot(self.fs, plan_key, self._plan(plan_key, kind, key, check))
+            plan = self._plan(plan_key, kind, key, check)
+            lock._step("holding; stored plan %s", "found" if plan is not None else "absent: planning")
+            yield RemotePlanSlot(self.fs, plan_key, plan)
         finally:
             lock.release()
 
     def _plan(self, plan_key: str, kind: str, key: str, check, quiet: bool = False) -> dict | None:
         try:
-            data = self.fs.cat_file(plan_key)
+            data = read_fresh(self.fs, plan_key)  # another rank's plan, stored after our listing
             RequestCounter.add(len(data))
             plan = json.loads(data)
-        except (FileNotFoundError, ValueError):
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            trace.debug("rank %s pid %d plan.json: unparsable (%d bytes)", self.rank, os.getpid(), len(data))
             return None
         found = isinstance(plan, dict) and plan.get("kind") == kind and plan.get("key") == key and check(plan)
+        if not found:
+            trace.debug("rank %s pid %d plan.json: not this run's (kind %s, key %s, want %s)", self.rank, os.getpid(),
+                        plan.get("kind") if isinstance(plan, dict) else "?",
+                        plan.get("key") if isinstance(plan, dict) else "?", key)
         if not found and not quiet:
             log.info("%s: the stored task plan is of other settings or inputs; planning again", self.url)
         return plan if found else None

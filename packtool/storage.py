@@ -51,6 +51,7 @@ __all__ = [
     "forwarded_env",
     "with_env",
     "filesystem",
+    "read_fresh",
     "StorageError",
     "storage_errors",
     "cache_dir",
@@ -252,7 +253,14 @@ def filesystem(url: str):
             # botocore reads it too; passing it keeps older botocore releases on the same endpoint
             options["endpoint_url"] = os.environ["AWS_ENDPOINT_URL"]
         try:
-            fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
+            if protocol == "gs" and os.environ.get("STORAGE_EMULATOR_HOST"):
+                # an emulator serves the JSON API only; gcsfs's default class first asks the gRPC
+                # control plane for each bucket's layout and waits a minute for an answer
+                from gcsfs.core import GCSFileSystem
+
+                fs = GCSFileSystem(skip_instance_cache=True, **options)
+            else:
+                fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
         except TypeError as exc:
             raise ConfigError(f"--storage-option: {exc}; see the {package} documentation for its options") from None
         _FILESYSTEMS[(protocol, os.getpid())] = fs
@@ -297,6 +305,20 @@ def storage_error(exc: BaseException, url: str, writing: bool = False) -> Packto
         return InputError(f"{url!r} does not exist; fix {flag}")
     return StorageError(f"object store error on {url!r}: {name}: {text[:300]}; fix the cause and run the same "
                         "command again (finished tasks are kept)")
+
+
+def read_fresh(fs, path: str) -> bytes:
+    """The object at ``path`` as the store holds it now, whatever this process listed before.
+
+    fsspec's object-store file systems keep the listings they made (s3fs, gcsfs), and s3fs
+    answers a read of a key that a cached listing of its folder lacks with ``FileNotFoundError``
+    without asking the store (``cat_file`` looks the size up first). An object another
+    process or machine wrote after that listing, a rank's plan lock or plan, would then look
+    absent; so the cached listings of the key and its folders are dropped before the read. A
+    missing object still raises ``FileNotFoundError``.
+    """
+    fs.invalidate_cache(path)
+    return fs.cat_file(path)
 
 
 def _missing_bucket(url: str) -> None:
@@ -833,7 +855,7 @@ def fetch_output(url: str | Path, kind: str | None = None) -> Path:
         got = False
         for name in (MANIFEST, ERRORS, LEGACY_MANIFEST):
             try:
-                data = fs.cat_file(f"{root}/{name}")
+                data = read_fresh(fs, f"{root}/{name}")  # published since this process listed the prefix
             except FileNotFoundError:
                 (local / name).unlink(missing_ok=True)
                 continue
@@ -921,7 +943,7 @@ def fetch_manifest(url: str, kind: str | None = None) -> dict:
     (local / ".packtool").mkdir(parents=True, exist_ok=True)
     with storage_errors(url):
         try:
-            data = fs.cat_file(f"{root}/{MANIFEST}")
+            data = read_fresh(fs, f"{root}/{MANIFEST}")  # published since this process listed the prefix
         except FileNotFoundError:
             _missing_bucket(url)
             raise InputError(f"{url!r} has no {MANIFEST}; is it the output of packtool tokenize/pack, and did that "

@@ -2,7 +2,7 @@
 
 The server is moto's server mode started as its own process on a free localhost port
 (``bench/s3server.py``); the CLI runs as subprocesses that reach it over HTTP the way they
-would reach S3 or MinIO. gs:// is covered by URL and option tests only (no fake GCS server).
+would reach S3 or MinIO. gs:// runs end to end against a GCS emulator in tests/test_gcs.py.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from packtool.errors import ConfigError, SampleError  # noqa: E402
 from packtool.media import probe_image, probe_video  # noqa: E402
 from packtool.reader import PackedDataset  # noqa: E402
 from packtool.runs import read_expanded
+from tests.bucket_ranks import assert_planned_once, run_two_ranks  # noqa: E402
 from tests.video_fixtures import write_video  # noqa: E402
 
 BUCKET = "data"
@@ -78,6 +79,8 @@ def test_gs_urls_need_gcsfs_or_get_its_file_system(monkeypatch):
         with pytest.raises(ConfigError, match=r"needs the gcsfs package; pip install 'packtool\[gcs\]'"):
             storage.filesystem("gs://bucket/tok")
     else:
+        # anonymous: without it gcsfs probes for credentials, the metadata server included (15 s offline)
+        monkeypatch.setenv(storage.OPTIONS_ENV, '{"token": "anon"}')
         fs, path = storage.filesystem("gs://bucket/tok")
         assert "gs" in fs.protocol and path == "bucket/tok"
 
@@ -349,23 +352,12 @@ def test_sigkill_mid_pack_on_the_bucket_then_resume_gives_the_same_bytes(s3, loc
 def test_ranks_on_machines_of_their_own_plan_once_through_the_bucket(s3, bucket_run, tmp_path):
     """Two ranks into one prefix, each with its own local state (as on two machines): the plan
     lives in the bucket, so one rank plans and the other reads its plan; together they write
-    what one run writes."""
-    prefix = "ranks"
+    what one run writes. The prefix is new on every call, so the test can be repeated."""
+    prefix = f"ranks-{tmp_path.name}"
     base = [sys.executable, "-m", "packtool", "-v", "tokenize", f"s3://{BUCKET}/corpus/data.jsonl", "--media-root",
             f"s3://{BUCKET}/corpus", "-o", f"s3://{BUCKET}/{prefix}", *TOK_FLAGS, "--world-size", "2"]
-    procs = [subprocess.Popen([*base, "--rank", str(r)], env={**s3.env, storage.CACHE_ENV: str(tmp_path / f"node{r}")},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    logs = [p.communicate(timeout=300)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], logs
-    planned = ["planned 7 tokenize tasks from 1 inputs" in log for log in logs]
-    stored = ["read the stored plan of 7 tokenize tasks" in log for log in logs]
-    # every rank planned or read the stored plan; one planning and the other reading is the rule,
-    # but in full-suite runs under load both ranks have been seen to plan (the cause is not yet
-    # found: see the open note on issue 15). Planning twice costs a scan, never bytes: the
-    # assertions below on the plan object and the output hold either way.
-    assert all(p != s for p, s in zip(planned, stored, strict=True)) and any(planned), logs
-    if all(planned):
-        print("both ranks planned: the plan-once race of issue 15 occurred in this run")
+    # exactly one rank plans, the other reads its plan (the lock trace is in the logs shown on failure)
+    assert_planned_once(run_two_ranks(base, s3.env, tmp_path), n_tasks=7)
     # no local state held the plan: neither machine's folders have one
     assert not list(tmp_path.rglob("plan.json")) and not list(tmp_path.rglob("plan.lock"))
     done = objects(s3, prefix)
@@ -584,3 +576,81 @@ def test_of_processes_racing_for_one_bucket_lock_exactly_one_takes_it(s3):
             for lock in locks:
                 lock.release()
         assert not fs.exists(key)
+
+
+def _machine(s3):
+    """A file system of its own, as a process on another machine has (its own listing cache)."""
+    import fsspec
+
+    return fsspec.filesystem("s3", skip_instance_cache=True, endpoint_url=s3.endpoint)
+
+
+def test_a_rank_whose_listing_predates_the_lock_sees_its_holder_and_its_plan(s3):
+    """The plan-once race of issue 15: each rank lists ``.packtool/`` when it pulls the run state,
+    and s3fs answers a read of a key that a cached listing lacks with "not found", asking no
+    one. The lock record and the stored plan, written by the other rank after that listing,
+    must still be seen: the waiting rank names the holder, then takes the stored plan."""
+    from packtool.publication import BucketLock, RemoteOutput
+
+    url = f"s3://{BUCKET}/stale-listing"
+    state = f"{BUCKET}/stale-listing/.packtool"
+    here, there = _machine(s3), _machine(s3)
+    for rank, fs in enumerate((here, there)):  # each rank's lease, then its listing of the state
+        fs.pipe_file(f"{state}/lease-{rank:05d}.json", b"{}")
+    for fs in (here, there):
+        fs.ls(state, detail=True, refresh=True)
+    assert f"{state}/plan.lock" not in [e["name"] for e in here.dircache[state]]
+
+    planner = BucketLock(there, f"{state}/plan.lock", ttl_s=120.0, rank=1)
+    assert planner.try_take() is None
+    try:
+        waiter = BucketLock(here, f"{state}/plan.lock", ttl_s=120.0, rank=0)
+        holder = waiter.try_take()  # before the fix: None five times, then "keeps changing hands"
+        assert holder is not None and holder["token"] == planner.token
+        plan = {"kind": "tokenized", "key": "k1", "tasks": []}
+        there.pipe_file(f"{state}/plan.json", json.dumps(plan).encode())
+        out = RemoteOutput(url, rank=0)
+        out.fs = here  # the waiting rank's own file system, listing cached
+        with out.plan_slot("tokenized", "k1", lambda p: True, wait_s=0.01) as slot:
+            assert slot.plan == plan
+        assert json.loads(there.cat_file(f"{state}/plan.lock"))["token"] == planner.token  # never taken from it
+    finally:
+        planner.release()
+    assert not there.exists(f"{state}/plan.lock")
+
+
+def test_a_lock_made_by_our_own_refused_retry_is_ours(s3):
+    """A client that lost the answer to its create retries it and is refused (the key exists):
+    the record there carries this taker's token, so the lock is held, not waited for forever."""
+    from packtool.publication import BucketLock
+
+    fs = _machine(s3)
+    key = f"{BUCKET}/own-retry/.packtool/plan.lock"
+    lock = BucketLock(fs, key, ttl_s=120.0)
+    fs.pipe_file(key, lock._body(), mode="create")  # the first attempt, whose answer was lost
+    try:
+        assert lock.try_take() is None
+        assert json.loads(fs.cat_file(key))["token"] == lock.token
+    finally:
+        lock.release()
+    assert not fs.exists(key)
+
+
+@pytest.mark.slow
+def test_a_manifest_published_after_this_process_listed_the_prefix_is_read(s3, bucket_run):
+    """A process that listed an output's state while the run went on (a rank that finished its
+    share; the last rank publishes the manifest) then reads the output: the manifest is read
+    from the store, not judged absent from that listing."""
+    url = f"s3://{BUCKET}/late-manifest"
+    fs, root = storage.filesystem(url)  # this process's own file system, as the stages use it
+    fs.pipe_file(f"{root}/.packtool/lease-00000.json", b"{}")
+    fs.ls(f"{root}/.packtool", detail=True, refresh=True)
+    packed = objects(s3, "packed")
+    other = _machine(s3)  # the last rank, on another machine, publishes
+    for name, body in sorted(packed.items(), key=lambda kv: kv[0].endswith("manifest.json")):
+        other.pipe_file(f"{root}/{name}", body)
+    want = json.loads(packed[".packtool/manifest.json"])
+    assert storage.fetch_manifest(url)["shards"] == want["shards"]  # before the fix: "has no manifest.json"
+    local = storage.fetch_output(url)
+    assert json.loads((local / ".packtool" / "manifest.json").read_text())["shards"] == want["shards"]
+    assert all((local / s["file"]).read_bytes() == packed[s["file"]] for s in want["shards"])
