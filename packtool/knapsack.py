@@ -154,6 +154,16 @@ _M_EVERY, _M_WIDTH, _M_PREV_N, _M_TW, _M_TU, _M_CODE, _M_PROCESSED, _M_REACH = r
 # answered (``_BY_*``), its passes and the states they visited.
 _M_SPARSE, _M_METHOD, _M_PASSES, _M_VISITS = range(8, 12)
 _BY_TRIVIAL, _BY_SPARSE, _BY_TABLE, _BY_COUNT = range(4)
+# The solver's integer workspace ``ws`` holds every per-solver array but the table, one region
+# after the other (each compiled call then unboxes one array instead of ten: with caches cold,
+# each argument costs about half a microsecond). Its first entries: where each region starts
+# (the next one's start is its end), then the item capacity, the table rows and the width of
+# the search's state lists. Regions: ``ints``, ``span`` (:func:`_reach`), the search's
+# ``states`` and ``work``, the prices' sort keys (``ratio``, float64), the column ranges
+# (``reach``, int32), the search's tails (int32) and the decision bits (uint32).
+_W_INTS, _W_SPAN, _W_STATES, _W_WORK, _W_RATIO, _W_REACH, _W_TAILS, _W_BITS, _W_END = range(9)
+_W_CAP, _W_ROWS, _W_NSTATES = range(9, 12)
+_W_HEADER = 12
 #: Method names by ``_BY_*`` code (:attr:`KnapsackSolver.last_method`).
 METHODS = ("trivial", "sparse", "table", "count")
 # "No subset": beyond any weight sum a table can have.
@@ -951,7 +961,23 @@ def _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, h, states, work,
 
 
 @njit(cache=True)
-def _solve(w, u, v, cap_w, cap_u, ints, bits, tabs, reach, span, tails, states, ratio, work, chosen):  # pragma: no cover - compiled
+def _solve(w, u, v, cap_w, cap_u, ws, tabs, chosen):  # pragma: no cover - compiled
+    """:func:`_solve_parts` on the regions of the workspace ``ws`` (the ``_W_*`` entries)."""
+    cap = ws[_W_CAP]
+    rows = ws[_W_ROWS]
+    ints = ws[ws[_W_INTS]: ws[_W_SPAN]].reshape((cap + 2, _NCOL))
+    span = ws[ws[_W_SPAN]: ws[_W_STATES]].reshape((4, rows))
+    states = ws[ws[_W_STATES]: ws[_W_WORK]].reshape((3, ws[_W_NSTATES]))
+    work = ws[ws[_W_WORK]: ws[_W_RATIO]].reshape((7, 64))
+    ratio = ws[ws[_W_RATIO]: ws[_W_REACH]].view(np.float64)
+    reach = ws[ws[_W_REACH]: ws[_W_TAILS]].view(np.int32).reshape((2, cap, 2, rows))
+    tails = ws[ws[_W_TAILS]: ws[_W_BITS]].view(np.int32)
+    bits = ws[ws[_W_BITS]: ws[_W_END]].view(np.uint32)
+    return _solve_parts(w, u, v, cap_w, cap_u, ints, bits, tabs, reach, span, tails, states, ratio, work, chosen)
+
+
+@njit(cache=True)
+def _solve_parts(w, u, v, cap_w, cap_u, ints, bits, tabs, reach, span, tails, states, ratio, work, chosen):  # pragma: no cover - compiled
     """The whole exact solve in one call (each Python round trip costs more than a DP item
     when caches are cold): the optimal value, or ``_NEGATIVE``, or ``_NEED_TABLE - code``
     when ``tabs`` is not of the value type needed (``_DTYPES[code]``). The chosen items go
@@ -1066,6 +1092,20 @@ def max_cardinality(w: np.ndarray, u: np.ndarray, max_w: int, max_u: int) -> int
     return out
 
 
+def _compiled_entry(*args):
+    """The compiled :func:`_solve` for these arguments' types, called without numba's
+    dispatcher (which types every argument on every call: with caches cold, as after another
+    program's large table, that costs more than the solve's search). The caller passes
+    arguments of exactly these types: the entry checks only array item sizes and ranks.
+    Without the JIT, or where numba keeps no such entry, the dispatcher itself."""
+    if numba.config.DISABLE_JIT:
+        return _solve
+    try:
+        return _solve.overloads[tuple(numba.typeof(a) for a in args)].entry_point
+    except (AttributeError, KeyError, TypeError):  # pragma: no cover - another numba's internals
+        return _solve
+
+
 class KnapsackSolver:
     """Reusable exact solver with a workspace and DP-prefix reuse between calls.
 
@@ -1100,20 +1140,18 @@ class KnapsackSolver:
         self.checkpoint_every = int(checkpoint_every)
         self._rows = self.max_u + 1
         self._width = (self.max_w + 2 * VEC - 1) // VEC * VEC  # steps end below max_w + VEC
-        self._cap = 0
-        self._tables: dict = {}
-        self._table = np.zeros((0, 0), dtype=np.int16)
-        self._allocate(16)
         # the sparse search's workspace: the tails of up to 64 items over both capacities
         # (int32 rows padded for whole vector steps), two stages of states, the prices' sort keys
         stride = (self.max_w + 2 * VEC) // VEC * VEC + (self.max_u + 2 * VEC) // VEC * VEC
         auto = (self.max_u + 1) * (self.max_w + 1) > SPARSE_MIN_CELLS
         self.sparse = bool(auto if sparse is None else sparse) and 65 * stride * 4 <= MAX_TABLE_BYTES // 16
-        self._tails = np.zeros(65 * stride if self.sparse else 0, dtype=np.int32)
-        self._states = np.zeros((3, 2 * SPARSE_STATES if self.sparse else 0), dtype=np.int64)
-        self._ratio = np.zeros(64, dtype=np.float64)
-        self._work = np.zeros((7, 64), dtype=np.int64)
-        self._ints[-1, _M_SPARSE] = self.sparse
+        self._n_tails = 65 * stride if self.sparse else 0
+        self._n_states = 2 * SPARSE_STATES if self.sparse else 0
+        self._cap = 0
+        self._tables: dict = {}
+        self._table = np.zeros((0, 0), dtype=np.int16)
+        self._entry = _solve
+        self._allocate(16)
 
     @property
     def last_items_processed(self) -> int:
@@ -1153,14 +1191,21 @@ class KnapsackSolver:
             )
         if cap > self._cap:
             self._cap = cap
-            self._ints = np.zeros((cap + 2, _NCOL), dtype=np.int64)
+            rows = self._rows
+            # region sizes in int64 entries (the int32 and uint32 ones rounded up)
+            sizes = (((cap + 2) * _NCOL), 4 * rows, 3 * self._n_states, 7 * 64, 64, cap * 2 * rows,
+                     (self._n_tails + 1) // 2, (cap * rows * (self._width // VEC) + 1) // 2)
+            starts = np.cumsum((_W_HEADER,) + sizes)
+            self._ws = ws = np.zeros(int(starts[-1]), dtype=np.int64)
+            ws[_W_INTS: _W_END + 1] = starts
+            ws[_W_CAP] = cap
+            ws[_W_ROWS] = rows
+            ws[_W_NSTATES] = self._n_states
+            self._ints = ws[starts[_W_INTS]: starts[_W_SPAN]].reshape(cap + 2, _NCOL)
             self._ints[-1, _M_EVERY] = every
             self._ints[-1, _M_WIDTH] = self._width
             self._ints[-1, _M_PREV_N] = -1
-            self._ints[-1, _M_SPARSE] = getattr(self, "sparse", False)
-            self._bits = np.zeros(cap * self._rows * (self._width // VEC), dtype=np.uint32)
-            self._reach = np.zeros((2, cap, 2, self._rows), dtype=np.int32)
-            self._span = np.zeros((4, self._rows), dtype=np.int64)
+            self._ints[-1, _M_SPARSE] = self.sparse
         for t in types_:
             if t not in self._tables or self._tables[t].shape[0] != n_tabs:
                 self._tables[t] = np.zeros((n_tabs, cells), dtype=t)
@@ -1175,11 +1220,12 @@ class KnapsackSolver:
         ``max_w`` / ``max_u`` lower the capacities for this call (at most the solver's own).
         """
         # int64 arrays go in as they are (a conversion costs microseconds when caches are cold)
-        if type(w) is not np.ndarray or w.dtype is not _INT64:
+        # (the compiled entry assumes contiguous int64 arrays: it checks only the item size)
+        if type(w) is not np.ndarray or w.dtype is not _INT64 or not w.flags.c_contiguous:
             w = np.ascontiguousarray(w, dtype=np.int64)
-        if type(u) is not np.ndarray or u.dtype is not _INT64:
+        if type(u) is not np.ndarray or u.dtype is not _INT64 or not u.flags.c_contiguous:
             u = np.ascontiguousarray(u, dtype=np.int64)
-        if type(v) is not np.ndarray or v.dtype is not _INT64:
+        if type(v) is not np.ndarray or v.dtype is not _INT64 or not v.flags.c_contiguous:
             v = np.ascontiguousarray(v, dtype=np.int64)
         n = w.shape[0]
         if not (w.ndim == u.ndim == v.ndim == 1 and n == u.shape[0] == v.shape[0]):
@@ -1199,12 +1245,11 @@ class KnapsackSolver:
                 return self._solve_count(w, u, v, self.max_items, cap_w, cap_u)
         if n > self._cap:
             self._allocate(n)
-        value = _solve(w, u, v, cap_w, cap_u, self._ints, self._bits, self._table, self._reach, self._span,
-                       self._tails, self._states, self._ratio, self._work, chosen)
-        if value <= _NEED_TABLE:  # the value bound needs another table type (rare)
+        value = self._entry(w, u, v, cap_w, cap_u, self._ws, self._table, chosen)
+        if value <= _NEED_TABLE:  # the first call, or the value bound needs another table type (rare)
             self._allocate(n, _DTYPES[_NEED_TABLE - value])
-            value = _solve(w, u, v, cap_w, cap_u, self._ints, self._bits, self._table, self._reach, self._span,
-                           self._tails, self._states, self._ratio, self._work, chosen)
+            value = _solve(w, u, v, cap_w, cap_u, self._ws, self._table, chosen)
+            self._entry = _compiled_entry(w, u, v, cap_w, cap_u, self._ws, self._table, chosen)
         if value == _NEGATIVE:
             raise ValueError("weights and values must be non-negative")
         return int(value), chosen
