@@ -159,7 +159,7 @@ _BY_TRIVIAL, _BY_SPARSE, _BY_TABLE, _BY_COUNT = range(4)
 # each argument costs about half a microsecond). Its first entries: where each region starts
 # (the next one's start is its end), then the item capacity, the table rows and the width of
 # the search's state lists. Regions: ``ints``, ``span`` (:func:`_reach`), the search's
-# ``states`` and ``work``, the prices' sort keys (``ratio``, float64), the column ranges
+# ``states`` and ``work``, the prices' scratch (``ratio``, float64, 6 x 64), the column ranges
 # (``reach``, int32), the search's tails (int32) and the decision bits (uint32).
 _W_INTS, _W_SPAN, _W_STATES, _W_WORK, _W_RATIO, _W_REACH, _W_TAILS, _W_BITS, _W_END = range(9)
 _W_CAP, _W_ROWS, _W_NSTATES = range(9, 12)
@@ -628,59 +628,58 @@ _minplus_chunk = _minplus_chunk_py if numba.config.DISABLE_JIT else _minplus_chu
 
 
 @njit(cache=True)
-def _lambda_step(w, u, v, max_w, mu, ratio, ints, k):  # pragma: no cover - compiled
-    """For values ``v - mu * u``: the fractional knapsack over the first capacity, as
+def _lambda_step(cw, cu, cv, r, order, k, cap, mu):  # pragma: no cover - compiled
+    """For values ``v - mu * u``: the fractional knapsack over the first capacity ``cap``, as
     ``(lambda, units, value)``: its critical value per unit of weight (the LP dual of that
     capacity), the units of its fractional solution (``max_u`` minus them is the slope of the
     dual in ``mu``) and ``sum(max(0, v - mu u - lambda w))``, over the ``k`` candidates
-    ``ints[:k, _ORD]`` (all with ``w > 0``). Only the items up to the critical one are put in
-    order, by selection (a pack holds a few of the buffer's items: cheaper than a sort)."""
+    ``cw[:k], cu[:k], cv[:k]`` (all with ``w > 0``; contiguous copies, so the loops over them
+    vectorize). ``order`` holds the candidates by value per weight, best first, from the last
+    call: an insertion sort brings it up to date (successive calls move ``mu`` a little, so it
+    is nearly sorted already)."""
     for j in range(k):
-        i = ints[j, _ORD]
-        ratio[i] = (v[i] - mu * u[i]) / w[i]
-    acc = 0
+        r[j] = (cv[j] - mu * cu[j]) / cw[j]
+    for j in range(1, k):
+        p = order[j]
+        x = r[p]
+        h = j
+        while h > 0 and r[order[h - 1]] < x:
+            order[h] = order[h - 1]
+            h -= 1
+        order[h] = p
+    acc = 0.0
     units = 0.0
     lam = 0.0
     for j in range(k):
-        top = j
-        best = ratio[ints[j, _ORD]]
-        for h in range(j + 1, k):
-            r = ratio[ints[h, _ORD]]
-            if r > best:
-                best = r
-                top = h
-        i = ints[top, _ORD]
-        ints[top, _ORD] = ints[j, _ORD]
-        ints[j, _ORD] = i
-        if best <= 0:
+        i = order[j]
+        if r[i] <= 0:
             break
-        if acc + w[i] > max_w:
-            lam = best
-            units += u[i] * (max_w - acc) / w[i]
+        if acc + cw[i] > cap:
+            lam = r[i]
+            units += cu[i] * (cap - acc) / cw[i]
             break
-        acc += w[i]
-        units += u[i]
+        acc += cw[i]
+        units += cu[i]
     excess = 0.0
     for j in range(k):
-        i = ints[j, _ORD]
-        if ratio[i] > lam:
-            excess += (ratio[i] - lam) * w[i]
+        excess += max(r[j] - lam, 0.0) * cw[j]
     return lam, units, excess
 
 
 @njit(cache=True)
-def _dual_at(w, u, v, max_w, max_u, mu, ratio, ints, k):  # pragma: no cover - compiled
-    """The LP dual minimized over ``lambda`` at this ``mu``: ``(value, slope in mu, lambda)``."""
-    lam, units, excess = _lambda_step(w, u, v, max_w, mu, ratio, ints, k)
-    for i in range(w.shape[0]):  # weightless items: in whenever their value is left positive
-        if ints[i, _FIT] and w[i] == 0 and v[i] > mu * u[i]:
-            units += u[i]
-            excess += v[i] - mu * u[i]
+def _dual_at(fl, order, k, kz, max_w, max_u, mu):  # pragma: no cover - compiled
+    """The LP dual minimized over ``lambda`` at this ``mu``: ``(value, slope in mu, lambda)``
+    (the candidates as :func:`_multipliers` laid them out in ``fl``)."""
+    lam, units, excess = _lambda_step(fl[0], fl[1], fl[2], fl[3], order, k, max_w, mu)
+    for j in range(kz):  # weightless items: in whenever their value is left positive
+        if fl[5, j] > mu * fl[4, j]:
+            units += fl[4, j]
+            excess += fl[5, j] - mu * fl[4, j]
     return lam * max_w + mu * max_u + excess, max_u - units, lam
 
 
 @njit(cache=True)
-def _multipliers(w, u, v, max_w, max_u, ints, ratio):  # pragma: no cover - compiled
+def _multipliers(w, u, v, max_w, max_u, ints, fl, order):  # pragma: no cover - compiled
     """Prices ``(lambda, mu)`` of a unit of each capacity at (or near) the optimum of the LP
     dual ``D(lambda, mu) = lambda max_w + mu max_u + sum(max(0, v - lambda w - mu u))``. For
     each ``mu`` the best ``lambda`` is the fractional knapsack's; ``g(mu) = min D`` is convex
@@ -688,26 +687,38 @@ def _multipliers(w, u, v, max_w, max_u, ints, ratio):  # pragma: no cover - comp
     tangents at the two ends of the bracket meet at the next point tried, and where the
     function comes within one unit of that lower model the point is (near) optimal. Any prices give valid bounds;
     close ones prune far more (at the Molmo2 settings a ``mu`` off by 0.5 visits three
-    times the states)."""
+    times the states). ``fl`` (float64, 6 rows of 64) and ``order`` (64) are scratch."""
     n = w.shape[0]
     # mu is at most the price of a unit alone (lambda = 0): the larger lambda, the less of
     # each value is left to price the units with
     k = 0
     for i in range(n):
         if ints[i, _FIT] and v[i] > 0 and u[i] > 0:
-            ints[k, _ORD] = i
+            fl[0, k] = u[i]
+            fl[1, k] = 0.0
+            fl[2, k] = v[i]
+            order[k] = k
             k += 1
-    hi, _, _ = _lambda_step(u, w, v, max_u, 0.0, ratio, ints, k)
+    hi, _, _ = _lambda_step(fl[0], fl[1], fl[2], fl[3], order, k, max_u, 0.0)
     k = 0
+    kz = 0
     for i in range(n):
-        if ints[i, _FIT] and v[i] > 0 and w[i] > 0:
-            ints[k, _ORD] = i
-            k += 1
+        if ints[i, _FIT] and v[i] > 0:
+            if w[i] > 0:
+                fl[0, k] = w[i]
+                fl[1, k] = u[i]
+                fl[2, k] = v[i]
+                order[k] = k
+                k += 1
+            else:
+                fl[4, kz] = u[i]
+                fl[5, kz] = v[i]
+                kz += 1
     lo = 0.0
-    g_lo, s_lo, lam_lo = _dual_at(w, u, v, max_w, max_u, lo, ratio, ints, k)
+    g_lo, s_lo, lam_lo = _dual_at(fl, order, k, kz, max_w, max_u, lo)
     if s_lo >= 0:
         return lam_lo, 0.0
-    g_hi, s_hi, lam_hi = _dual_at(w, u, v, max_w, max_u, hi, ratio, ints, k)
+    g_hi, s_hi, lam_hi = _dual_at(fl, order, k, kz, max_w, max_u, hi)
     best_g, best_lam, best_mu = g_lo, lam_lo, lo
     if g_hi < best_g:
         best_g, best_lam, best_mu = g_hi, lam_hi, hi
@@ -718,7 +729,7 @@ def _multipliers(w, u, v, max_w, max_u, ints, ratio):  # pragma: no cover - comp
         if not lo < mu < hi:
             break
         model = g_lo + s_lo * (mu - lo)
-        g, slope, lam = _dual_at(w, u, v, max_w, max_u, mu, ratio, ints, k)
+        g, slope, lam = _dual_at(fl, order, k, kz, max_w, max_u, mu)
         if g < best_g:
             best_g, best_lam, best_mu = g, lam, mu
         if g <= model + 1.0:
@@ -871,7 +882,7 @@ def _sparse(w, u, v, max_w, max_u, ints, tails, states, ratio, work, chosen):  #
     """The exact optimum and tie-rule subset by bounded search, or -1 when it gives up (too
     many states; the table decides then). See the module docstring."""
     n = w.shape[0]
-    lam_f, mu_f = _multipliers(w, u, v, max_w, max_u, ints, ratio)
+    lam_f, mu_f = _multipliers(w, u, v, max_w, max_u, ints, ratio, work[0])
     if max(lam_f, mu_f) * SPARSE_SCALE >= 1 << 40:  # prices beyond integers the tails can hold
         return -1
     # prices in integers: scaled by SPARSE_SCALE, or by less where that lets every value of
@@ -969,7 +980,7 @@ def _solve(w, u, v, cap_w, cap_u, ws, tabs, chosen):  # pragma: no cover - compi
     span = ws[ws[_W_SPAN]: ws[_W_STATES]].reshape((4, rows))
     states = ws[ws[_W_STATES]: ws[_W_WORK]].reshape((3, ws[_W_NSTATES]))
     work = ws[ws[_W_WORK]: ws[_W_RATIO]].reshape((7, 64))
-    ratio = ws[ws[_W_RATIO]: ws[_W_REACH]].view(np.float64)
+    ratio = ws[ws[_W_RATIO]: ws[_W_REACH]].view(np.float64).reshape((6, 64))
     reach = ws[ws[_W_REACH]: ws[_W_TAILS]].view(np.int32).reshape((2, cap, 2, rows))
     tails = ws[ws[_W_TAILS]: ws[_W_BITS]].view(np.int32)
     bits = ws[ws[_W_BITS]: ws[_W_END]].view(np.uint32)
@@ -1193,7 +1204,7 @@ class KnapsackSolver:
             self._cap = cap
             rows = self._rows
             # region sizes in int64 entries (the int32 and uint32 ones rounded up)
-            sizes = (((cap + 2) * _NCOL), 4 * rows, 3 * self._n_states, 7 * 64, 64, cap * 2 * rows,
+            sizes = (((cap + 2) * _NCOL), 4 * rows, 3 * self._n_states, 7 * 64, 6 * 64, cap * 2 * rows,
                      (self._n_tails + 1) // 2, (cap * rows * (self._width // VEC) + 1) // 2)
             starts = np.cumsum((_W_HEADER,) + sizes)
             self._ws = ws = np.zeros(int(starts[-1]), dtype=np.int64)
