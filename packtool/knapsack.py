@@ -114,6 +114,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 __all__ = ["solve_knapsack_2d", "KnapsackSolver", "max_cardinality"]
@@ -130,6 +131,8 @@ VEC = 32
 #: up past this many states in one stage, the search past this many state visits in all
 #: (then the table decides); this many bisection steps for the prices.
 SPARSE_SCALE = 16
+#: Cells per step of the saturating 8-bit tails (64 lanes fill an AVX-512 register).
+SAT_VEC = 64
 SPARSE_STEP = 4
 SPARSE_STATES = 4096
 SPARSE_VISITS = 6000
@@ -627,6 +630,50 @@ def _minplus_chunk_ir(typingctx, h, d0, s0, s1, x):
 _minplus_chunk = _minplus_chunk_py if numba.config.DISABLE_JIT else _minplus_chunk_ir
 
 
+def _minplus_sat_py(h, d0, s0, s1, x):
+    """``h[d0:d0+64] = min(h[s0:s0+64], h[s1:s1+64] (+) x)`` with ``(+)`` an addition that
+    saturates at the bounds of ``h``'s type, both ranges read before the write. (Python twin
+    of the compiled version, used when numba's JIT is disabled.)"""
+    info = np.iinfo(h.dtype)
+    c = np.clip(h[s1: s1 + SAT_VEC].astype(np.int64) + int(x), info.min, info.max)
+    h[d0: d0 + SAT_VEC] = np.minimum(h[s0: s0 + SAT_VEC].astype(np.int64), c).astype(h.dtype)
+
+
+@intrinsic
+def _minplus_sat_ir(typingctx, h, d0, s0, s1, x):
+    """Compiled :func:`_minplus_sat_py`: one ``SAT_VEC``-lane saturating add (LLVM's
+    ``sadd.sat``: one instruction for 8- and 16-bit lanes), compare, select and store."""
+    if not (isinstance(h, types.Array) and isinstance(h.dtype, types.Integer)):
+        return None
+    sig = types.void(h, d0, s0, s1, x)
+
+    def codegen(context, builder, signature, args):
+        arr = context.make_array(signature.args[0])(context, builder, args[0])
+        elt = context.get_data_type(signature.args[0].dtype)
+        vec = ir.VectorType(elt, SAT_VEC)
+        size = elt.width // 8
+        ptrs = []
+        for k in (1, 2, 3):
+            idx = context.cast(builder, args[k], signature.args[k], types.intp)
+            ptrs.append(builder.bitcast(builder.gep(arr.data, [idx]), vec.as_pointer()))
+        a = builder.load(ptrs[1], align=size)
+        b = builder.load(ptrs[2], align=size)
+        xv = context.cast(builder, args[4], signature.args[4], signature.args[0].dtype)
+        one = builder.insert_element(ir.Constant(vec, ir.Undefined), xv, ir.Constant(ir.IntType(32), 0))
+        splat = builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
+                                       ir.Constant(ir.VectorType(ir.IntType(32), SAT_VEC), [0] * SAT_VEC))
+        name = f"llvm.sadd.sat.v{SAT_VEC}i{elt.width}"
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec, vec]), name)
+        c = builder.call(fn, [b, splat])
+        builder.store(builder.select(builder.icmp_signed("<", c, a), c, a), ptrs[0], align=size)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_minplus_sat = _minplus_sat_py if numba.config.DISABLE_JIT else _minplus_sat_ir
+
+
 @njit(cache=True)
 def _lambda_step(cw, cu, cv, r, order, k, cap, mu):  # pragma: no cover - compiled
     """For values ``v - mu * u``: the fractional knapsack over the first capacity ``cap``, as
@@ -763,7 +810,30 @@ def _tails(x, loss, n, price, cap, h, base, stride):  # pragma: no cover - compi
 
 
 @njit(cache=True)
-def _sparse_pass(w, u, v, item, n, max_w, max_u, lam, mu, scale, h, sw, su, states, target, out):  # pragma: no cover - compiled
+def _tails_sat(x, loss, n, price, cap, h, base, stride, off):  # pragma: no cover - compiled
+    """:func:`_tails` in a narrow type whose range need not hold every value: additions
+    saturate at its bounds, so each cell holds at most the true value (a lower bound, which
+    is all the search needs: a bound that is too low only keeps a subset longer) and the
+    true value wherever that lies within the range. Valid when no true value is below the
+    type's least (the caller checks the sum of the negative losses), ``SAT_VEC`` cells a step."""
+    c1 = cap + 1
+    top = base + n * stride
+    hmax = (1 << (8 * h.itemsize - 1)) - 1
+    for c in range(stride):
+        h[top + c] = min(price * min(c, cap) - off, hmax)
+    for r in range(n - 1, -1, -1):
+        dst = base + r * stride
+        src = dst + stride
+        xr = min(x[r], c1)
+        lr = min(loss[r], hmax)
+        for c in range(0, xr, SAT_VEC):
+            _minplus_sat(h, dst + c, src + c, src + c, 0)
+        for c in range(xr, c1, SAT_VEC):
+            _minplus_sat(h, dst + c, src + c, src + c - xr, lr)
+
+
+@njit(cache=True)
+def _sparse_pass(w, u, v, item, n, max_w, max_u, lam, mu, scale, h, hoff, sw, su, states, target, out):  # pragma: no cover - compiled
     """One search for the best subsets worth at least ``target``; returns ``(best, mask)``
     of the surviving subsets (``best < 0``: none survived) or ``(-2, 0)`` when a stage holds
     more than ``SPARSE_STATES`` states. ``out``: the best value of any subset met (a lower
@@ -785,7 +855,7 @@ def _sparse_pass(w, u, v, item, n, max_w, max_u, lam, mu, scale, h, sw, su, stat
     while (1 << shift) <= max_w:
         shift += 1
     low = (1 << shift) - 1
-    g = lam * max_w + mu * max_u - scale * target
+    g = lam * max_w + mu * max_u - scale * target - hoff  # the tails hold their values less hoff
     sk = states[0]
     sv = states[1]
     sm = states[2].view(np.uint64)
@@ -898,6 +968,14 @@ def _sparse(w, u, v, max_w, max_u, ints, tails, states, ratio, work, chosen):  #
                 loss = lam * w[i] + mu * u[i] - scale * v[i]
                 high += max(loss, 0)
                 low += min(loss, 0)
+        if scale == 1 and low >= -(1 << 7):
+            # 8-bit tails, saturating (half the memory of 16 bits): exact over a range of 256
+            # from the least value, enough for the deficits most passes allow at these prices
+            # (the LP bound's gap); a pass that would allow more goes to 16 bits
+            value = _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, tails.view(np.int8), states, work,
+                                   chosen)
+            if value != -3:
+                return value
         if high < 1 << 15 and low > -(1 << 15):
             return _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, tails.view(np.int16), states, work,
                                   chosen)
@@ -945,18 +1023,29 @@ def _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, h, states, work,
     # every value the tails compute is a subset's: within [low, high], which must fit
     if h.itemsize == 4 and (high >= 1 << 30 or low <= -(1 << 30)):
         return -1
-    sw = (max_w + 2 * VEC) // VEC * VEC
-    su = (max_u + 2 * VEC) // VEC * VEC
-    _tails(ow, ol, k, lam, max_w, h, 0, sw)
-    _tails(ou, ol, k, mu, max_u, h, (k + 1) * sw, su)
+    # 8-bit tails hold each value less hoff: exact from low (the least any can be) to low + 255
+    hoff = low + 128 if h.itemsize == 1 else 0
+    if h.itemsize == 1:
+        sw = (max_w + 2 * SAT_VEC) // SAT_VEC * SAT_VEC
+        su = (max_u + 2 * SAT_VEC) // SAT_VEC * SAT_VEC
+        _tails_sat(ow, ol, k, lam, max_w, h, 0, sw, hoff)
+        _tails_sat(ou, ol, k, mu, max_u, h, (k + 1) * sw, su, hoff)
+    else:
+        sw = (max_w + 2 * VEC) // VEC * VEC
+        su = (max_u + 2 * VEC) // VEC * VEC
+        _tails(ow, ol, k, lam, max_w, h, 0, sw)
+        _tails(ou, ol, k, mu, max_u, h, (k + 1) * sw, su)
     # the optimum is at most the better of the two bounds before any item
-    target = (lam * max_w + mu * max_u - max(h[max_w], h[(k + 1) * sw + max_u])) // scale
+    target = (lam * max_w + mu * max_u - hoff - max(h[max_w], h[(k + 1) * sw + max_u])) // scale
     lower = 0
     passes = 0
     visits = 0
     while True:
         passes += 1
-        best, mask = _sparse_pass(ow, ou, ov, item, k, max_w, max_u, lam, mu, scale, h, sw, su, states, target, out)
+        if h.itemsize == 1 and lam * max_w + mu * max_u - scale * target - low >= hoff + 127:
+            return -3  # the pass would need tails beyond the 8-bit range: 16 bits decide
+        best, mask = _sparse_pass(ow, ou, ov, item, k, max_w, max_u, lam, mu, scale, h, hoff, sw, su, states, target,
+                                  out)
         visits += out[2]
         m[_M_PASSES] = passes
         m[_M_VISITS] = visits
