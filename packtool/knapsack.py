@@ -178,6 +178,7 @@ _NEGATIVE, _NEED_TABLE = -1, -2
 #: Table value types by code (the narrowest whose range holds the value bound).
 _DTYPES = (np.int16, np.int32, np.int64)
 _INT64 = np.dtype(np.int64)
+_BOOL = np.dtype(np.bool_)
 
 
 def _narrow(x, like):
@@ -1192,18 +1193,24 @@ def max_cardinality(w: np.ndarray, u: np.ndarray, max_w: int, max_u: int) -> int
     return out
 
 
-def _compiled_entry(*args):
-    """The compiled :func:`_solve` for these arguments' types, called without numba's
-    dispatcher (which types every argument on every call: with caches cold, as after another
-    program's large table, that costs more than the solve's search). The caller passes
-    arguments of exactly these types: the entry checks only array item sizes and ranks.
-    Without the JIT, or where numba keeps no such entry, the dispatcher itself."""
+_ENTRIES: dict = {}
+
+
+def _compiled_entry(table_dtype: np.dtype):
+    """The compiled :func:`_solve` for a table of this type, called without numba's dispatcher
+    (which types every argument on every call: with caches cold, as after another program's
+    large table, that costs more than the search). Compiled (or loaded from numba's cache) for
+    item arrays of any layout, so the caller checks only their type and rank: the entry itself
+    checks no more than array item sizes. Without the JIT, the plain function."""
     if numba.config.DISABLE_JIT:
         return _solve
-    try:
-        return _solve.overloads[tuple(numba.typeof(a) for a in args)].entry_point
-    except (AttributeError, KeyError, TypeError):  # pragma: no cover - another numba's internals
-        return _solve
+    entry = _ENTRIES.get(table_dtype)
+    if entry is None:
+        items = types.Array(types.int64, 1, "A")
+        sig = (items, items, items, types.int64, types.int64, types.Array(types.int64, 1, "C"),
+               types.Array(numba.from_dtype(table_dtype), 2, "C"), types.Array(types.boolean, 1, "C"))
+        entry = _ENTRIES[table_dtype] = _solve.compile(sig)
+    return entry
 
 
 class KnapsackSolver:
@@ -1250,7 +1257,8 @@ class KnapsackSolver:
         self._cap = 0
         self._tables: dict = {}
         self._table = np.zeros((0, 0), dtype=np.int16)
-        self._entry = _solve
+        self._entry = _compiled_entry(self._table.dtype)
+        self._count = self.max_items is not None  # the item-count limit: decided per call
         self._allocate(16)
 
     @property
@@ -1319,22 +1327,42 @@ class KnapsackSolver:
 
         ``max_w`` / ``max_u`` lower the capacities for this call (at most the solver's own).
         """
-        # int64 arrays go in as they are (a conversion costs microseconds when caches are cold)
-        # (the compiled entry assumes contiguous int64 arrays: it checks only the item size)
-        if type(w) is not np.ndarray or w.dtype is not _INT64 or not w.flags.c_contiguous:
-            w = np.ascontiguousarray(w, dtype=np.int64)
-        if type(u) is not np.ndarray or u.dtype is not _INT64 or not u.flags.c_contiguous:
-            u = np.ascontiguousarray(u, dtype=np.int64)
-        if type(v) is not np.ndarray or v.dtype is not _INT64 or not v.flags.c_contiguous:
-            v = np.ascontiguousarray(v, dtype=np.int64)
-        n = w.shape[0]
-        if not (w.ndim == u.ndim == v.ndim == 1 and n == u.shape[0] == v.shape[0]):
+        # As few Python steps as possible: with caches cold each costs tens of nanoseconds, and
+        # a search after another program's large table takes about 30 us. Any int64 array of
+        # rank 1 goes in as it is (the compiled entry takes any layout; it checks only ranks
+        # and item sizes, hence the checks here)
+        try:
+            ok = w.dtype is _INT64 and u.dtype is _INT64 and v.dtype is _INT64 and w.ndim == u.ndim == v.ndim == 1
+        except AttributeError:  # not arrays
+            ok = False
+        if not ok:
+            w, u, v = (np.asarray(x, dtype=np.int64) for x in (w, u, v))
+            if not w.ndim == u.ndim == v.ndim == 1:
+                raise ValueError("w, u and v must be 1-D arrays of equal length")
+        n = len(w)
+        if len(u) != n or len(v) != n:
             raise ValueError("w, u and v must be 1-D arrays of equal length")
-        cap_w = self.max_w if max_w is None else int(max_w)
-        cap_u = self.max_u if max_u is None else int(max_u)
-        if not (0 <= cap_w <= self.max_w and 0 <= cap_u <= self.max_u):
-            raise ValueError(f"capacities ({cap_w}, {cap_u}) must lie within the solver's ({self.max_w}, {self.max_u})")
-        chosen = np.empty(n, dtype=np.bool_)  # every entry is written
+        if max_w is None and max_u is None:
+            cap_w = self.max_w
+            cap_u = self.max_u
+        else:
+            cap_w = self.max_w if max_w is None else int(max_w)
+            cap_u = self.max_u if max_u is None else int(max_u)
+            if not (0 <= cap_w <= self.max_w and 0 <= cap_u <= self.max_u):
+                raise ValueError(f"capacities ({cap_w}, {cap_u}) must lie within the solver's ({self.max_w}, "
+                                 f"{self.max_u})")
+        chosen = np.empty(n, _BOOL)  # every entry is written
+        if n > self._cap or self._count or n == 0:
+            return self._solve_other(w, u, v, cap_w, cap_u, chosen)
+        value = self._entry(w, u, v, cap_w, cap_u, self._ws, self._table, chosen)
+        if value < 0:
+            return self._solve_other(w, u, v, cap_w, cap_u, chosen)
+        return value, chosen
+
+    def _solve_other(self, w, u, v, cap_w: int, cap_u: int, chosen: np.ndarray) -> tuple[int, np.ndarray]:
+        """:meth:`solve` where its short path does not decide: no items, the item-count limit
+        may bind, more items than the workspace holds, or the table must change type."""
+        n = len(w)
         if n == 0:
             return 0, chosen
         if self.max_items is not None:
@@ -1348,11 +1376,11 @@ class KnapsackSolver:
         value = self._entry(w, u, v, cap_w, cap_u, self._ws, self._table, chosen)
         if value <= _NEED_TABLE:  # the first call, or the value bound needs another table type (rare)
             self._allocate(n, _DTYPES[_NEED_TABLE - value])
-            value = _solve(w, u, v, cap_w, cap_u, self._ws, self._table, chosen)
-            self._entry = _compiled_entry(w, u, v, cap_w, cap_u, self._ws, self._table, chosen)
+            self._entry = _compiled_entry(self._table.dtype)
+            value = self._entry(w, u, v, cap_w, cap_u, self._ws, self._table, chosen)
         if value == _NEGATIVE:
             raise ValueError("weights and values must be non-negative")
-        return int(value), chosen
+        return value, chosen
 
     def _solve_count(self, w, u, v, limit: int, max_w: int, max_u: int) -> tuple[int, np.ndarray]:
         n = len(w)
