@@ -260,11 +260,11 @@ def test_reach_ranges_are_the_subset_bounds(seed):
         w, u = rng.integers(0, 9, n), rng.integers(0, 4, n)
         max_w, max_u = int(rng.integers(1, 30)), int(rng.integers(0, 10))
         fit = (w <= max_w) & (u <= max_u)
-        ints = np.zeros((n + 2, _NCOL), dtype=np.int64)
-        ints[:n, _FIT] = fit
+        ints = np.zeros((_NCOL, n + 2), dtype=np.int64)
+        ints[_FIT, :n] = fit
         for i in range(n):
-            ints[i, _LO_B] = max(max_u - int(u[i + 1:][fit[i + 1:]].sum()), 0)
-            ints[i, _PU] = min(int(u[:i][fit[:i]].sum()), max_u)
+            ints[_LO_B, i] = max(max_u - int(u[i + 1:][fit[i + 1:]].sum()), 0)
+            ints[_PU, i] = min(int(u[:i][fit[:i]].sum()), max_u)
         for exact in (True, False):
             reach = np.full((n, 2, max_u + 1), -7, dtype=np.int32)
             _reach(w, u, max_w, max_u, ints, reach, np.zeros((4, max_u + 1), dtype=np.int64), exact)
@@ -274,8 +274,8 @@ def test_reach_ranges_are_the_subset_bounds(seed):
                 for r in range(len(later) + 1):
                     for sub in combinations(later, r):
                         sums.setdefault(int(u[list(sub)].sum()), []).append(int(w[list(sub)].sum()))
-                hi = min(max_u, int(ints[i, _PU] + u[i])) if fit[i] else int(ints[i, _PU])
-                for k in range(max_u - hi + 1, max_u - int(ints[i, _LO_B]) + 1):  # rows below the top row
+                hi = min(max_u, int(ints[_PU, i] + u[i])) if fit[i] else int(ints[_PU, i])
+                for k in range(max_u - hi + 1, max_u - int(ints[_LO_B, i]) + 1):  # rows below the top row
                     lo, last = int(reach[i, 0, k]), int(reach[i, 1, k])
                     ws = sums.get(k, [])
                     if exact:  # clamped to -1 .. max_w + 1
