@@ -157,6 +157,8 @@ _M_EVERY, _M_WIDTH, _M_PREV_N, _M_TW, _M_TU, _M_CODE, _M_PROCESSED, _M_REACH = r
 # ... and the bounded sparse search (:func:`_sparse`): whether to try it, how the last call was
 # answered (``_BY_*``), its passes and the states they visited.
 _M_SPARSE, _M_METHOD, _M_PASSES, _M_VISITS = range(8, 12)
+# ... and the bits of the tails cell the last search used (0: no search).
+_M_TAILS = 12
 _BY_TRIVIAL, _BY_SPARSE, _BY_TABLE, _BY_COUNT = range(4)
 # The solver's integer workspace ``ws`` holds every per-solver array but the table, one region
 # after the other (each compiled call then unboxes one array instead of ten: with caches cold,
@@ -633,18 +635,22 @@ _minplus_chunk = _minplus_chunk_py if numba.config.DISABLE_JIT else _minplus_chu
 
 
 def _minplus_sat_py(h, d0, s0, s1, x):
-    """``h[d0:d0+64] = min(h[s0:s0+64], h[s1:s1+64] (+) x)`` with ``(+)`` an addition that
-    saturates at the bounds of ``h``'s type, both ranges read before the write. (Python twin
-    of the compiled version, used when numba's JIT is disabled.)"""
-    info = np.iinfo(h.dtype)
-    c = np.clip(h[s1: s1 + SAT_VEC].astype(np.int64) + int(x), info.min, info.max)
+    """``h[d0:d0+64] = min(h[s0:s0+64], h[s1:s1+64] (+) x)`` over unsigned cells, with ``(+)``
+    an addition (or, for ``x < 0``, a subtraction of ``-x``) that saturates at the bounds of
+    ``h``'s type; ``|x|`` is cut to the type's largest value first. Both ranges are read
+    before the write. (Python twin of the compiled version, used when numba's JIT is
+    disabled.)"""
+    top = np.iinfo(h.dtype).max
+    x = max(min(int(x), top), -top)
+    c = np.clip(h[s1: s1 + SAT_VEC].astype(np.int64) + x, 0, top)
     h[d0: d0 + SAT_VEC] = np.minimum(h[s0: s0 + SAT_VEC].astype(np.int64), c).astype(h.dtype)
 
 
 @intrinsic
 def _minplus_sat_ir(typingctx, h, d0, s0, s1, x):
-    """Compiled :func:`_minplus_sat_py`: one ``SAT_VEC``-lane saturating add (LLVM's
-    ``sadd.sat``: one instruction for 8- and 16-bit lanes), compare, select and store."""
+    """Compiled :func:`_minplus_sat_py`: one ``SAT_VEC``-lane saturating add or subtract
+    (LLVM's ``uadd.sat`` / ``usub.sat``: one instruction for 8-bit lanes, chosen by the sign
+    of ``x``), unsigned compare, select and store."""
     if not (isinstance(h, types.Array) and isinstance(h.dtype, types.Integer)):
         return None
     sig = types.void(h, d0, s0, s1, x)
@@ -660,14 +666,23 @@ def _minplus_sat_ir(typingctx, h, d0, s0, s1, x):
             ptrs.append(builder.bitcast(builder.gep(arr.data, [idx]), vec.as_pointer()))
         a = builder.load(ptrs[1], align=size)
         b = builder.load(ptrs[2], align=size)
-        xv = context.cast(builder, args[4], signature.args[4], signature.args[0].dtype)
-        one = builder.insert_element(ir.Constant(vec, ir.Undefined), xv, ir.Constant(ir.IntType(32), 0))
+        # |x| cut to the largest cell value, as the cell type
+        i64 = ir.IntType(64)
+        xv = context.cast(builder, args[4], signature.args[4], types.int64)
+        neg = builder.icmp_signed("<", xv, ir.Constant(i64, 0))
+        mag = builder.select(neg, builder.neg(xv), xv)
+        top = ir.Constant(i64, (1 << elt.width) - 1)
+        mag = builder.trunc(builder.select(builder.icmp_unsigned(">", mag, top), top, mag), elt)
+        one = builder.insert_element(ir.Constant(vec, ir.Undefined), mag, ir.Constant(ir.IntType(32), 0))
         splat = builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
                                        ir.Constant(ir.VectorType(ir.IntType(32), SAT_VEC), [0] * SAT_VEC))
-        name = f"llvm.sadd.sat.v{SAT_VEC}i{elt.width}"
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec, vec]), name)
-        c = builder.call(fn, [b, splat])
-        builder.store(builder.select(builder.icmp_signed("<", c, a), c, a), ptrs[0], align=size)
+        fnty = ir.FunctionType(vec, [vec, vec])
+        add = builder.call(cgutils.get_or_insert_function(builder.module, fnty, f"llvm.uadd.sat.v{SAT_VEC}i{elt.width}"),
+                           [b, splat])
+        sub = builder.call(cgutils.get_or_insert_function(builder.module, fnty, f"llvm.usub.sat.v{SAT_VEC}i{elt.width}"),
+                           [b, splat])
+        c = builder.select(neg, sub, add)
+        builder.store(builder.select(builder.icmp_unsigned("<", c, a), c, a), ptrs[0], align=size)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -813,25 +828,26 @@ def _tails(x, loss, n, price, cap, h, base, stride):  # pragma: no cover - compi
 
 @njit(cache=True)
 def _tails_sat(x, loss, n, price, cap, h, base, stride, off):  # pragma: no cover - compiled
-    """:func:`_tails` in a narrow type whose range need not hold every value: additions
-    saturate at its bounds, so each cell holds at most the true value (a lower bound, which
-    is all the search needs: a bound that is too low only keeps a subset longer) and the
-    true value wherever that lies within the range. Valid when no true value is below the
-    type's least (the caller checks the sum of the negative losses), ``SAT_VEC`` cells a step."""
+    """:func:`_tails` in unsigned cells (``h``: 8 bits) whose range need not hold every value:
+    each cell holds its value less ``off``, and the steps saturate at the range's ends. With
+    ``off = low``, the sum of the negative losses (at least -255), no value is below the range
+    and each cell holds at most the true value (a lower bound, which is all the search needs:
+    one too low only keeps a subset longer) and at least the smaller of the true value and
+    ``2 low + 255`` less ``off`` (exact up to there: a sum that saturated at the top, then
+    fell by the negative losses, ends at least that high). ``SAT_VEC`` cells a step."""
     c1 = cap + 1
     top = base + n * stride
-    hmax = (1 << (8 * h.itemsize - 1)) - 1
+    hmax = (1 << (8 * h.itemsize)) - 1
     for c in range(stride):
         h[top + c] = min(price * min(c, cap) - off, hmax)
     for r in range(n - 1, -1, -1):
         dst = base + r * stride
         src = dst + stride
         xr = min(x[r], c1)
-        lr = min(loss[r], hmax)
         for c in range(0, xr, SAT_VEC):
             _minplus_sat(h, dst + c, src + c, src + c, 0)
         for c in range(xr, c1, SAT_VEC):
-            _minplus_sat(h, dst + c, src + c, src + c - xr, lr)
+            _minplus_sat(h, dst + c, src + c, src + c - xr, loss[r])
 
 
 @njit(cache=True)
@@ -971,10 +987,10 @@ def _sparse(w, u, v, max_w, max_u, ints, tails, states, ratio, work, chosen):  #
                 high += max(loss, 0)
                 low += min(loss, 0)
         if scale == 1 and low >= -(1 << 7):
-            # 8-bit tails, saturating (half the memory of 16 bits): exact over a range of 256
-            # from the least value, enough for the deficits most passes allow at these prices
-            # (the LP bound's gap); a pass that would allow more goes to 16 bits
-            value = _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, tails.view(np.int8), states, work,
+            # 8-bit tails, saturating (half the memory of 16 bits): exact up to 255 above the
+            # least value (less its distance from 0), enough for the deficits most passes allow
+            # at these prices (the LP bound's gap); a pass that would allow more goes to 16 bits
+            value = _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, tails.view(np.uint8), states, work,
                                    chosen)
             if value != -3:
                 return value
@@ -994,6 +1010,7 @@ def _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, h, states, work,
     values, losses, buffer positions, sort keys) and the passes' outputs."""
     n = w.shape[0]
     m = ints[:, ints.shape[1] - 1]
+    m[_M_TAILS] = 8 * h.itemsize
     ow, ou, ov, ol, item, key, out = work[0], work[1], work[2], work[3], work[4], work[5], work[6]
     # the search order: least loss first, less a hundredth of the priced size (big items
     # early). Any order gives the same answer (a mask's order is its items' positions);
@@ -1025,8 +1042,8 @@ def _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, h, states, work,
     # every value the tails compute is a subset's: within [low, high], which must fit
     if h.itemsize == 4 and (high >= 1 << 30 or low <= -(1 << 30)):
         return -1
-    # 8-bit tails hold each value less hoff: exact from low (the least any can be) to low + 255
-    hoff = low + 128 if h.itemsize == 1 else 0
+    # 8-bit tails hold each value less hoff = low (the least any can be); exact up to 2 low + 255
+    hoff = low if h.itemsize == 1 else 0
     if h.itemsize == 1:
         sw = (max_w + 2 * SAT_VEC) // SAT_VEC * SAT_VEC
         su = (max_u + 2 * SAT_VEC) // SAT_VEC * SAT_VEC
@@ -1044,8 +1061,8 @@ def _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, h, states, work,
     visits = 0
     while True:
         passes += 1
-        if h.itemsize == 1 and lam * max_w + mu * max_u - scale * target - low >= hoff + 127:
-            return -3  # the pass would need tails beyond the 8-bit range: 16 bits decide
+        if h.itemsize == 1 and lam * max_w + mu * max_u - scale * target >= 3 * low + 255:
+            return -3  # the pass would prune on tails beyond their exact range: 16 bits decide
         best, mask = _sparse_pass(ow, ou, ov, item, k, max_w, max_u, lam, mu, scale, h, hoff, sw, su, states, target,
                                   out)
         visits += out[2]
@@ -1090,6 +1107,7 @@ def _solve_parts(w, u, v, cap_w, cap_u, ints, bits, tabs, reach, span, tails, st
     m = ints[:, ints.shape[1] - 1]
     m[_M_PASSES] = 0
     m[_M_VISITS] = 0
+    m[_M_TAILS] = 0
     if status < 0:
         return _NEGATIVE
     m[_M_PROCESSED] = 0
@@ -1281,6 +1299,12 @@ class KnapsackSolver:
         gave up and the table decided)."""
         return int(self._ints[_M_PASSES, -1]), int(self._ints[_M_VISITS, -1])
 
+    @property
+    def last_tail_bits(self) -> int:
+        """Bits per cell of the tails the last bounded search pruned by (8, 16 or 32; 0 when
+        no search ran): 8-bit tails where the prices are whole numbers and the deficits small."""
+        return int(self._ints[_M_TAILS, -1])
+
     def reset(self) -> None:
         """Forget the previous call, so the next one solves from scratch (keeps the workspace)."""
         self._ints[_M_PREV_N, -1] = -1
@@ -1402,7 +1426,7 @@ class KnapsackSolver:
         self._ints[_M_PREV_N, -1] = -1
         self._ints[_M_PROCESSED, -1] = n
         self._ints[_M_METHOD, -1] = _BY_COUNT
-        self._ints[_M_PASSES, -1] = self._ints[_M_VISITS, -1] = 0
+        self._ints[_M_PASSES, -1] = self._ints[_M_VISITS, -1] = self._ints[_M_TAILS, -1] = 0
         return int(best[limit, max_w, max_u]), chosen
 
 

@@ -468,3 +468,117 @@ def test_sparse_search_is_tried_on_large_tables_by_default():
     table = KnapsackSolver(512, 128, sparse=False)
     assert table.solve(w, u, v, 9, 3)[1].tolist() == solver.solve(w, u, v, 9, 3)[1].tolist()
     assert table.last_method == "table" and table.last_items_processed == 4
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_saturating_tails_bound_the_exact_ones(seed):
+    """``_tails_sat`` (unsigned 8 bits, held less ``off = low``, the sum of the negative
+    losses): every cell is at most the exact tail (a valid bound to prune by), and at least
+    the smaller of the exact tail and ``2 low + 255`` (so it is exact up to there, and a cell
+    beyond prunes whatever an exact one would within the budget the search allows)."""
+    from packtool.knapsack import SAT_VEC, VEC, _tails, _tails_sat
+
+    rng = np.random.default_rng(700 + seed)
+    for trial in range(30):
+        n = int(rng.integers(0, 12))
+        cap = int(rng.integers(0, 140))
+        x = rng.integers(0, 50, n)
+        loss = rng.integers(-30, 200, n)
+        if loss[loss < 0].sum() < -128:  # the caller's condition for 8-bit tails
+            loss = np.abs(loss)
+        low = int(loss[loss < 0].sum())
+        price = int(rng.integers(0, 40))
+        stride = (cap + 2 * VEC) // VEC * VEC
+        exact = np.zeros((n + 1) * stride + VEC, dtype=np.int64)
+        _tails(x, loss, n, price, cap, exact, 0, stride)
+        stride8 = (cap + 2 * SAT_VEC) // SAT_VEC * SAT_VEC
+        h = np.full(5 + (n + 1) * stride8 + SAT_VEC, 77, dtype=np.uint8)
+        _tails_sat(x, loss, n, price, cap, h, 5, stride8, low)
+        assert (h[:5] == 77).all(), (seed, trial)  # nothing written before the base
+        for r in range(n + 1):
+            want = exact[r * stride: r * stride + cap + 1]
+            got = h[5 + r * stride8: 5 + r * stride8 + cap + 1].astype(np.int64) + low
+            assert (got <= want).all(), (seed, trial, r)
+            assert (got >= np.minimum(want, 2 * low + 255)).all(), (seed, trial, r)
+
+
+@pytest.mark.skipif(not JIT, reason="compares the compiled vector step with its Python twin")
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
+def test_saturating_minplus_step_matches_its_python_twin(dtype):
+    from numba import njit
+
+    from packtool.knapsack import SAT_VEC, _minplus_sat_ir, _minplus_sat_py
+
+    @njit
+    def step(h, d0, s0, s1, x):
+        _minplus_sat_ir(h, d0, s0, s1, x)
+
+    info = np.iinfo(dtype)
+    seed = 50 + np.dtype(dtype).itemsize
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        h = rng.integers(info.min, info.max + 1, 5 * SAT_VEC).astype(dtype)
+        s0 = int(rng.integers(2 * SAT_VEC, 3 * SAT_VEC))
+        s1 = s0 - int(rng.integers(0, SAT_VEC + 1))
+        d0 = s0 - int(rng.integers(SAT_VEC, 2 * SAT_VEC + 1))
+        x = int(rng.integers(-2 * info.max, 2 * info.max))  # beyond the cells' range too
+        a, b = h.copy(), h.copy()
+        step(a, d0, s0, s1, x)
+        _minplus_sat_py(b, d0, s0, s1, x)
+        assert a.tolist() == b.tolist(), seed
+        cut = max(min(x, info.max), -info.max)
+        want = np.minimum(h[s0: s0 + SAT_VEC].astype(np.int64),
+                          np.clip(h[s1: s1 + SAT_VEC].astype(np.int64) + cut, 0, info.max))
+        assert a[d0: d0 + SAT_VEC].tolist() == want.tolist(), seed
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sparse_search_with_8bit_tails_matches_brute_force(seed):
+    """Prices that round to whole numbers at scale 1 (values 1,024 a weight unit and 960 a
+    unit of the second capacity, less a rounding loss, as the Molmo2 settings give at 32 and
+    30 with larger capacities): the search prunes by 8-bit tails, goes to 16 bits where a
+    pass's budget passes their exact range, or to 32 where the values need it, and returns
+    the brute-force value and tie-rule subset every time."""
+    rng = np.random.default_rng(800 + seed)
+    sparse, table = KnapsackSolver(40, 14, sparse=True), KnapsackSolver(40, 14, sparse=False)
+    bits = []
+    for k in range(40 if JIT else 10):
+        n = int(rng.integers(1, (13 if JIT else 9) + 1))
+        cw, cu = int(rng.integers(20, 41)), int(rng.integers(4, 15))
+        w = rng.integers(1, 14, n)
+        u = np.where(rng.random(n) < 0.2, 0, rng.integers(0, 5, n))
+        v = np.maximum(1024 * w + 960 * u - rng.integers(0, 16 if k % 4 else 200, n), 0)
+        want = brute_force_knapsack(w, u, v, cw, cu)
+        got = sparse.solve(w, u, v, cw, cu)
+        ref = table.solve(w, u, v, cw, cu)
+        assert got[0] == ref[0] == want[0], (seed, k)
+        assert got[1].tolist() == ref[1].tolist() == want[1].tolist(), (seed, k)
+        if sparse.last_method == "sparse":
+            bits.append(sparse.last_tail_bits)
+    assert bits.count(8) >= (4 if JIT else 1) and 16 in bits or not JIT, (seed, bits)
+
+
+def test_solve_takes_any_integer_arrays():
+    """The compiled entry takes item arrays of any layout; other types, lists and read-only
+    arrays are converted or read as they are, with the same answer; wrong shapes are refused
+    before anything is read."""
+    rng = np.random.default_rng(31)
+    w, u = rng.integers(1, 60, 96), rng.integers(0, 20, 96)
+    v = 32 * w + 30 * u - rng.integers(0, 32, 96)
+    solver = KnapsackSolver(512, 128)
+    want = solver.solve(w[::2].copy(), u[::2].copy(), v[::2].copy())
+    table = KnapsackSolver(512, 128, sparse=False).solve(w[::2].copy(), u[::2].copy(), v[::2].copy())
+    assert want[0] == table[0] > 0 and want[1].tolist() == table[1].tolist()
+    ro = [x[::2].copy() for x in (w, u, v)]
+    for x in ro:
+        x.flags.writeable = False
+    for args in ((w[::2], u[::2], v[::2]),  # strided views
+                 (w[-2::-2][::-1], u[-2::-2][::-1], v[-2::-2][::-1]),  # negative strides
+                 tuple(ro),
+                 tuple(x[::2].astype(np.int32) for x in (w, u, v)),
+                 tuple(x[::2].tolist() for x in (w, u, v))):
+        value, chosen = solver.solve(*args)
+        assert value == want[0] and chosen.tolist() == want[1].tolist()
+    for bad in ((w.reshape(8, 12), u, v), (w, u[:-1], v), (w, u, v[None, :])):
+        with pytest.raises(ValueError, match="1-D arrays of equal length"):
+            solver.solve(*bad)
