@@ -49,7 +49,13 @@ a value ``target``:
   the pass proved, never below a subset it met). The pass that reaches its target keeps
   every subset worth at least that, so its best subset is the optimum and the tie-rule one;
 * items are searched by loss, big items first among equals (any order gives the same answer:
-  adding the same later items to two subsets keeps their integers' order).
+  adding the same later items to two subsets keeps their integers' order);
+* where the prices are whole numbers (scale 1) the tails are held in 8-bit unsigned cells
+  less the least value any can have, with saturating steps (:func:`_tails_sat`): each cell
+  is a lower bound on its tail (so pruning stays valid) and exact within a range of about
+  255 above the least; a pass whose deficit budget reaches past that range would prune less,
+  so the search then starts over with 16-bit tails. Half the memory of 16 bits, which is
+  what a solve after another program's large table waits on.
 
 At the Molmo2 settings a solve takes a median of 4 passes and about 300 state visits, and
 about 1% of buffers go to the table (a pass over ``SPARSE_STATES`` states, or the search
@@ -88,8 +94,10 @@ textbook ``(items x tokens x units)`` numpy table (at the Molmo2 settings, 48 it
   needs); rows above the units of
   the items so far would be copies of the last reachable row and are only filled when an
   item first reaches them; capacities beyond the total weight are cut off;
-* the whole solve is one compiled call with few arguments: with caches cold (as when
-  another solver ran in between), a Python round trip costs more than a DP item;
+* the whole solve is one compiled call with few arguments (the solver's arrays but the
+  table live in one workspace), made without numba's dispatcher (:func:`_compiled_entry`):
+  with caches cold (as when another solver ran in between), typing the arguments of one
+  call costs more than the search, and so does each Python step around it;
 * :class:`KnapsackSolver` keeps its workspace between calls, and once a solver is reused
   without :meth:`~KnapsackSolver.reset` it also keeps a copy of the table every
   ``CHECKPOINT_EVERY`` items: a buffer whose first items did not change since the last
