@@ -1053,8 +1053,9 @@ def _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, h, states, work,
     # 8-bit tails hold each value less hoff = low (the least any can be); exact up to 2 low + 255
     hoff = low if h.itemsize == 1 else 0
     if h.itemsize == 1:
-        sw = (max_w + 2 * SAT_VEC) // SAT_VEC * SAT_VEC
-        su = (max_u + 2 * SAT_VEC) // SAT_VEC * SAT_VEC
+        # rows just long enough for the last step's overrun (cells up to cap + SAT_VEC - 1)
+        sw = (max_w + 2 * SAT_VEC - 1) // SAT_VEC * SAT_VEC
+        su = (max_u + 2 * SAT_VEC - 1) // SAT_VEC * SAT_VEC
         _tails_sat(ow, ol, k, lam, max_w, h, 0, sw, hoff)
         _tails_sat(ou, ol, k, mu, max_u, h, (k + 1) * sw, su, hoff)
     else:

@@ -491,10 +491,11 @@ def test_saturating_tails_bound_the_exact_ones(seed):
         stride = (cap + 2 * VEC) // VEC * VEC
         exact = np.zeros((n + 1) * stride + VEC, dtype=np.int64)
         _tails(x, loss, n, price, cap, exact, 0, stride)
-        stride8 = (cap + 2 * SAT_VEC) // SAT_VEC * SAT_VEC
+        stride8 = (cap + 2 * SAT_VEC - 1) // SAT_VEC * SAT_VEC  # the search's rows: as short as steps allow
         h = np.full(5 + (n + 1) * stride8 + SAT_VEC, 77, dtype=np.uint8)
         _tails_sat(x, loss, n, price, cap, h, 5, stride8, low)
         assert (h[:5] == 77).all(), (seed, trial)  # nothing written before the base
+        assert (h[5 + (n + 1) * stride8:] == 77).all(), (seed, trial)  # nor past the last row
         for r in range(n + 1):
             want = exact[r * stride: r * stride + cap + 1]
             got = h[5 + r * stride8: 5 + r * stride8 + cap + 1].astype(np.int64) + low
