@@ -601,6 +601,28 @@ def _reusable(w, u, v, max_w, max_u, code, ints, reach, old):  # pragma: no cove
 # The bounded sparse search: most buffers are answered without the table (module docstring).
 
 
+def _vector_operands(context, builder, signature, args, lanes):
+    """For a vector-step intrinsic ``f(h, d0, s0, s1, x)``: the ``lanes``-wide vector type of
+    ``h``'s cells, their alignment, the pointer at ``d0`` and the vectors loaded at ``s0`` and
+    ``s1``."""
+    arr = context.make_array(signature.args[0])(context, builder, args[0])
+    elt = context.get_data_type(signature.args[0].dtype)
+    vec = ir.VectorType(elt, lanes)
+    size = elt.width // 8
+    ptrs = []
+    for k in (1, 2, 3):
+        idx = context.cast(builder, args[k], signature.args[k], types.intp)
+        ptrs.append(builder.bitcast(builder.gep(arr.data, [idx]), vec.as_pointer()))
+    return vec, size, ptrs[0], builder.load(ptrs[1], align=size), builder.load(ptrs[2], align=size)
+
+
+def _splat(builder, x, vec):
+    """The scalar ``x`` in every lane of a vector of type ``vec``."""
+    one = builder.insert_element(ir.Constant(vec, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
+                                  ir.Constant(ir.VectorType(ir.IntType(32), vec.count), [0] * vec.count))
+
+
 def _minplus_chunk_py(h, d0, s0, s1, x):
     """``h[d0:d0+32] = min(h[s0:s0+32], h[s1:s1+32] + x)``, both ranges read before the write.
     (Python twin of the compiled version, used when numba's JIT is disabled.)"""
@@ -618,22 +640,9 @@ def _minplus_chunk_ir(typingctx, h, d0, s0, s1, x):
     sig = types.void(h, d0, s0, s1, x)
 
     def codegen(context, builder, signature, args):
-        arr = context.make_array(signature.args[0])(context, builder, args[0])
-        elt = context.get_data_type(signature.args[0].dtype)
-        vec = ir.VectorType(elt, VEC)
-        size = elt.width // 8
-        ptrs = []
-        for k in (1, 2, 3):
-            idx = context.cast(builder, args[k], signature.args[k], types.intp)
-            ptrs.append(builder.bitcast(builder.gep(arr.data, [idx]), vec.as_pointer()))
-        a = builder.load(ptrs[1], align=size)
-        b = builder.load(ptrs[2], align=size)
-        xv = context.cast(builder, args[4], signature.args[4], signature.args[0].dtype)
-        one = builder.insert_element(ir.Constant(vec, ir.Undefined), xv, ir.Constant(ir.IntType(32), 0))
-        splat = builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
-                                       ir.Constant(ir.VectorType(ir.IntType(32), VEC), [0] * VEC))
-        c = builder.add(b, splat)
-        builder.store(builder.select(builder.icmp_signed("<", c, a), c, a), ptrs[0], align=size)
+        vec, size, dst, a, b = _vector_operands(context, builder, signature, args, VEC)
+        c = builder.add(b, _splat(builder, context.cast(builder, args[4], signature.args[4], signature.args[0].dtype), vec))
+        builder.store(builder.select(builder.icmp_signed("<", c, a), c, a), dst, align=size)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -664,16 +673,8 @@ def _minplus_sat_ir(typingctx, h, d0, s0, s1, x):
     sig = types.void(h, d0, s0, s1, x)
 
     def codegen(context, builder, signature, args):
-        arr = context.make_array(signature.args[0])(context, builder, args[0])
-        elt = context.get_data_type(signature.args[0].dtype)
-        vec = ir.VectorType(elt, SAT_VEC)
-        size = elt.width // 8
-        ptrs = []
-        for k in (1, 2, 3):
-            idx = context.cast(builder, args[k], signature.args[k], types.intp)
-            ptrs.append(builder.bitcast(builder.gep(arr.data, [idx]), vec.as_pointer()))
-        a = builder.load(ptrs[1], align=size)
-        b = builder.load(ptrs[2], align=size)
+        vec, size, dst, a, b = _vector_operands(context, builder, signature, args, SAT_VEC)
+        elt = vec.element
         # |x| cut to the largest cell value, as the cell type
         i64 = ir.IntType(64)
         xv = context.cast(builder, args[4], signature.args[4], types.int64)
@@ -681,16 +682,14 @@ def _minplus_sat_ir(typingctx, h, d0, s0, s1, x):
         mag = builder.select(neg, builder.neg(xv), xv)
         top = ir.Constant(i64, (1 << elt.width) - 1)
         mag = builder.trunc(builder.select(builder.icmp_unsigned(">", mag, top), top, mag), elt)
-        one = builder.insert_element(ir.Constant(vec, ir.Undefined), mag, ir.Constant(ir.IntType(32), 0))
-        splat = builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
-                                       ir.Constant(ir.VectorType(ir.IntType(32), SAT_VEC), [0] * SAT_VEC))
+        splat = _splat(builder, mag, vec)
         fnty = ir.FunctionType(vec, [vec, vec])
         add = builder.call(cgutils.get_or_insert_function(builder.module, fnty, f"llvm.uadd.sat.v{SAT_VEC}i{elt.width}"),
                            [b, splat])
         sub = builder.call(cgutils.get_or_insert_function(builder.module, fnty, f"llvm.usub.sat.v{SAT_VEC}i{elt.width}"),
                            [b, splat])
         c = builder.select(neg, sub, add)
-        builder.store(builder.select(builder.icmp_unsigned("<", c, a), c, a), ptrs[0], align=size)
+        builder.store(builder.select(builder.icmp_unsigned("<", c, a), c, a), dst, align=size)
         return context.get_dummy_value()
 
     return sig, codegen

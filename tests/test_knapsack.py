@@ -432,28 +432,46 @@ def test_tails_are_the_subset_bounds(seed):
 
 
 @pytest.mark.skipif(not JIT, reason="compares the compiled vector step with its Python twin")
-@pytest.mark.parametrize("dtype", [np.int32, np.int64])
-def test_minplus_step_matches_its_python_twin(dtype):
+@pytest.mark.parametrize("kind,dtype", [("plain", np.int32), ("plain", np.int64),
+                                        ("saturating", np.uint8), ("saturating", np.uint16)])
+def test_minplus_step_matches_its_python_twin(kind, dtype):
+    """``_minplus_chunk`` (``min(h[s0], h[s1] + x)``, ``VEC`` lanes) and ``_minplus_sat`` (the
+    addition saturating at the unsigned cells' bounds, ``|x|`` cut to the largest cell value,
+    ``SAT_VEC`` lanes): compiled, as the Python twin, and as the formula."""
     from numba import njit
 
-    from packtool.knapsack import VEC, _minplus_chunk_ir, _minplus_chunk_py
+    import packtool.knapsack as K
+
+    if kind == "plain":
+        lanes, compiled, twin = K.VEC, K._minplus_chunk_ir, K._minplus_chunk_py
+        lo, hi, xs = -1000, 1000, 50
+    else:
+        lanes, compiled, twin = K.SAT_VEC, K._minplus_sat_ir, K._minplus_sat_py
+        lo, hi = 0, int(np.iinfo(dtype).max)
+        xs = 2 * hi  # beyond the cells' range too
 
     @njit
     def step(h, d0, s0, s1, x):
-        _minplus_chunk_ir(h, d0, s0, s1, x)
+        compiled(h, d0, s0, s1, x)
 
-    rng = np.random.default_rng(int(np.dtype(dtype).itemsize) + 40)
+    seed = int(np.dtype(dtype).itemsize) + 40
+    rng = np.random.default_rng(seed)
     for _ in range(200):
-        h = rng.integers(-1000, 1000, 5 * VEC).astype(dtype)
-        s0 = int(rng.integers(2 * VEC, 3 * VEC))
-        s1 = s0 - int(rng.integers(0, VEC + 1))
-        d0 = s0 - int(rng.integers(VEC, 2 * VEC + 1))  # a row below its sources, as in _tails
-        x = int(rng.integers(-50, 50))
+        h = rng.integers(lo, hi + 1, 5 * lanes).astype(dtype)
+        s0 = int(rng.integers(2 * lanes, 3 * lanes))
+        s1 = s0 - int(rng.integers(0, lanes + 1))
+        d0 = s0 - int(rng.integers(lanes, 2 * lanes + 1))  # a row below its sources, as in the tails
+        x = int(rng.integers(-xs, xs))
         a, b = h.copy(), h.copy()
         step(a, d0, s0, s1, x)
-        _minplus_chunk_py(b, d0, s0, s1, x)
-        assert a.tolist() == b.tolist()
-        assert (a[d0: d0 + VEC] == np.minimum(h[s0: s0 + VEC], h[s1: s1 + VEC] + x)).all()
+        twin(b, d0, s0, s1, x)
+        assert a.tolist() == b.tolist(), (kind, seed)
+        src, add = h[s0: s0 + lanes].astype(np.int64), h[s1: s1 + lanes].astype(np.int64)
+        if kind == "plain":
+            want = np.minimum(src, add + x)
+        else:
+            want = np.minimum(src, np.clip(add + max(min(x, hi), -hi), 0, hi))
+        assert a[d0: d0 + lanes].tolist() == want.tolist(), (kind, seed)
 
 
 def test_sparse_search_is_tried_on_large_tables_by_default():
@@ -501,36 +519,6 @@ def test_saturating_tails_bound_the_exact_ones(seed):
             got = h[5 + r * stride8: 5 + r * stride8 + cap + 1].astype(np.int64) + low
             assert (got <= want).all(), (seed, trial, r)
             assert (got >= np.minimum(want, 2 * low + 255)).all(), (seed, trial, r)
-
-
-@pytest.mark.skipif(not JIT, reason="compares the compiled vector step with its Python twin")
-@pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
-def test_saturating_minplus_step_matches_its_python_twin(dtype):
-    from numba import njit
-
-    from packtool.knapsack import SAT_VEC, _minplus_sat_ir, _minplus_sat_py
-
-    @njit
-    def step(h, d0, s0, s1, x):
-        _minplus_sat_ir(h, d0, s0, s1, x)
-
-    info = np.iinfo(dtype)
-    seed = 50 + np.dtype(dtype).itemsize
-    rng = np.random.default_rng(seed)
-    for _ in range(200):
-        h = rng.integers(info.min, info.max + 1, 5 * SAT_VEC).astype(dtype)
-        s0 = int(rng.integers(2 * SAT_VEC, 3 * SAT_VEC))
-        s1 = s0 - int(rng.integers(0, SAT_VEC + 1))
-        d0 = s0 - int(rng.integers(SAT_VEC, 2 * SAT_VEC + 1))
-        x = int(rng.integers(-2 * info.max, 2 * info.max))  # beyond the cells' range too
-        a, b = h.copy(), h.copy()
-        step(a, d0, s0, s1, x)
-        _minplus_sat_py(b, d0, s0, s1, x)
-        assert a.tolist() == b.tolist(), seed
-        cut = max(min(x, info.max), -info.max)
-        want = np.minimum(h[s0: s0 + SAT_VEC].astype(np.int64),
-                          np.clip(h[s1: s1 + SAT_VEC].astype(np.int64) + cut, 0, info.max))
-        assert a[d0: d0 + SAT_VEC].tolist() == want.tolist(), seed
 
 
 @pytest.mark.parametrize("seed", range(4))
