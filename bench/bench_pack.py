@@ -71,6 +71,7 @@ def kernel_bench(n_buffers: int, seed: int = 7) -> dict:
     same_value = same_set = table_same = 0
     methods: dict[str, int] = {}
     passes, visits = [], []
+    tail_bits: dict[int, int] = {}
     for b in range(n_buffers):
         idx = rng.choice(len(tokens), 48, replace=False)
         w = -(-tokens[idx] // GRAN)
@@ -92,6 +93,8 @@ def kernel_bench(n_buffers: int, seed: int = 7) -> dict:
                 methods[s.last_method] = methods.get(s.last_method, 0) + 1
                 passes.append(s.last_sparse_work[0])
                 visits.append(s.last_sparse_work[1])
+                if s.last_method == "sparse":
+                    tail_bits[s.last_tail_bits] = tail_bits.get(s.last_tail_bits, 0) + 1
             else:
                 table_same += ref_value == value and bool((ref_set == chosen).all())
     # the same buffers back to back, without numpy in between (its 26 MB table evicts
@@ -107,7 +110,7 @@ def kernel_bench(n_buffers: int, seed: int = 7) -> dict:
             "table_ms": med_tab * 1e3, "table_speedup": med_np / med_tab, "table_same": table_same,
             "same_value": same_value, "same_set": same_set, "load": os.getloadavg()[0],
             "warm_ms": float(np.median(t_warm)) * 1e3, "methods": methods,
-            "passes": float(np.median(passes)), "visits": float(np.median(visits)),
+            "passes": float(np.median(passes)), "visits": float(np.median(visits)), "tail_bits": tail_bits,
             "visits_p90": float(np.quantile(visits, 0.9))}
 
 
@@ -405,7 +408,8 @@ def run(quick: bool = False) -> str:
            "", f"Speedup (median, interleaved): **{k['speedup']:.1f}x** (1-minute load average {k['load']:.1f} at "
            "the end; each numpy solve evicts packtool's workspace from the caches). Answered by: "
            f"{by}; the sparse search took a median of {k['passes']:.0f} passes and {k['visits']:.0f} state visits "
-           f"(90th percentile {k['visits_p90']:.0f}).", ""]
+           f"(90th percentile {k['visits_p90']:.0f}); its tails in "
+           + ", ".join(f"{b} bits {c}" for b, c in sorted(k["tail_bits"].items())) + ".", ""]
     out += [f"### Fill: 16,384 tokens, 128 crops, value tokens + 30 x crops ({n_fill:,} samples per mix, oversize removed)",
             "", "Numpy DP and the first packtool row use the Molmo2 granularity (32 tokens); packs over 128 crops "
             "break the vision capacity (BFD ignores it).", "",

@@ -49,7 +49,13 @@ a value ``target``:
   the pass proved, never below a subset it met). The pass that reaches its target keeps
   every subset worth at least that, so its best subset is the optimum and the tie-rule one;
 * items are searched by loss, big items first among equals (any order gives the same answer:
-  adding the same later items to two subsets keeps their integers' order).
+  adding the same later items to two subsets keeps their integers' order);
+* where the prices are whole numbers (scale 1) the tails are held in 8-bit unsigned cells
+  less the least value any can have, with saturating steps (:func:`_tails_sat`): each cell
+  is a lower bound on its tail (so pruning stays valid) and exact within a range of about
+  255 above the least; a pass whose deficit budget reaches past that range would prune less,
+  so the search then starts over with 16-bit tails. Half the memory of 16 bits, which is
+  what a solve after another program's large table waits on.
 
 At the Molmo2 settings a solve takes a median of 4 passes and about 300 state visits, and
 about 1% of buffers go to the table (a pass over ``SPARSE_STATES`` states, or the search
@@ -88,8 +94,10 @@ textbook ``(items x tokens x units)`` numpy table (at the Molmo2 settings, 48 it
   needs); rows above the units of
   the items so far would be copies of the last reachable row and are only filled when an
   item first reaches them; capacities beyond the total weight are cut off;
-* the whole solve is one compiled call with few arguments: with caches cold (as when
-  another solver ran in between), a Python round trip costs more than a DP item;
+* the whole solve is one compiled call with few arguments (the solver's arrays but the
+  table live in one workspace), made without numba's dispatcher (:func:`_compiled_entry`):
+  with caches cold (as when another solver ran in between), typing the arguments of one
+  call costs more than the search, and so does each Python step around it;
 * :class:`KnapsackSolver` keeps its workspace between calls, and once a solver is reused
   without :meth:`~KnapsackSolver.reset` it also keeps a copy of the table every
   ``CHECKPOINT_EVERY`` items: a buffer whose first items did not change since the last
@@ -114,6 +122,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 __all__ = ["solve_knapsack_2d", "KnapsackSolver", "max_cardinality"]
@@ -130,6 +139,8 @@ VEC = 32
 #: up past this many states in one stage, the search past this many state visits in all
 #: (then the table decides); this many bisection steps for the prices.
 SPARSE_SCALE = 16
+#: Cells per step of the saturating 8-bit tails (64 lanes fill an AVX-512 register).
+SAT_VEC = 64
 SPARSE_STEP = 4
 SPARSE_STATES = 4096
 SPARSE_VISITS = 6000
@@ -141,19 +152,32 @@ SPARSE_DUAL_STEPS = 12
 #: priced size: cheap losses first, big items first among equals.
 SPARSE_ORDER = 100
 
-# Columns of the integer workspace ``ints`` (a row per item, one more for ``_OFF``, and a
-# last row of settings and state): whether the item fits alone and its bounds
-# (``_prepare``), its table region and bit offset (``_forward``), and the previous call's
-# items and bounds (prefix reuse).
-_FIT, _LO_A, _LO_B, _PU, _A0, _BLO, _HI, _NCH, _OFF, _PW, _PUN, _PV, _PLA, _PLB, _ORD, _LOSS = range(16)
-_NCOL = 16
-# Columns of the last row: settings, the previous call (prefix reuse), the last call, and
+# Rows of the integer workspace ``ints`` (a column per item, one more for ``_OFF``, and a
+# last column of settings and state; item-major, so that a pass over the items reads one
+# contiguous row: with caches cold, 6 cache lines for 48 items instead of 48): whether the
+# item fits alone and its bounds (``_prepare``), its table region and bit offset
+# (``_forward``), and the previous call's items and bounds (prefix reuse).
+_FIT, _LO_A, _LO_B, _PU, _A0, _BLO, _HI, _NCH, _OFF, _PW, _PUN, _PV, _PLA, _PLB = range(14)
+_NCOL = 14
+# Rows of the last column: settings, the previous call (prefix reuse), the last call, and
 # which half of the reach workspace holds the last call's column ranges.
 _M_EVERY, _M_WIDTH, _M_PREV_N, _M_TW, _M_TU, _M_CODE, _M_PROCESSED, _M_REACH = range(8)
 # ... and the bounded sparse search (:func:`_sparse`): whether to try it, how the last call was
 # answered (``_BY_*``), its passes and the states they visited.
 _M_SPARSE, _M_METHOD, _M_PASSES, _M_VISITS = range(8, 12)
+# ... and the bits of the tails cell the last search used (0: no search).
+_M_TAILS = 12
 _BY_TRIVIAL, _BY_SPARSE, _BY_TABLE, _BY_COUNT = range(4)
+# The solver's integer workspace ``ws`` holds every per-solver array but the table, one region
+# after the other (each compiled call then unboxes one array instead of ten: with caches cold,
+# each argument costs about half a microsecond). Its first entries: where each region starts
+# (the next one's start is its end), then the item capacity, the table rows and the width of
+# the search's state lists. Regions: ``ints``, ``span`` (:func:`_reach`), the search's
+# ``states`` and ``work``, the prices' scratch (``ratio``, float64, 6 x 64), the column ranges
+# (``reach``, int32), the search's tails (int32) and the decision bits (uint32).
+_W_INTS, _W_SPAN, _W_STATES, _W_WORK, _W_RATIO, _W_REACH, _W_TAILS, _W_BITS, _W_END = range(9)
+_W_CAP, _W_ROWS, _W_NSTATES = range(9, 12)
+_W_HEADER = 12
 #: Method names by ``_BY_*`` code (:attr:`KnapsackSolver.last_method`).
 METHODS = ("trivial", "sparse", "table", "count")
 # "No subset": beyond any weight sum a table can have.
@@ -165,6 +189,7 @@ _NEGATIVE, _NEED_TABLE = -1, -2
 #: Table value types by code (the narrowest whose range holds the value bound).
 _DTYPES = (np.int16, np.int32, np.int64)
 _INT64 = np.dtype(np.int64)
+_BOOL = np.dtype(np.bool_)
 
 
 def _narrow(x, like):
@@ -269,8 +294,8 @@ def _prepare(w, u, v, cap_w, cap_u, ints, chosen):  # pragma: no cover - compile
     ``status``: -1 a negative input; 1 when everything that fits alone fits together (then
     ``chosen`` holds the answer and ``max_w`` its value); 0 a table is needed.
     ``max_w``/``max_u`` are the capacities cut to the total weight (capacity beyond it
-    adds nothing); per item ``ints[i, _FIT]``: it fits alone;
-    ``ints[i, _LO_A/_LO_B]``: the smallest cells still needed after it; ``ints[i, _PU]``:
+    adds nothing); per item ``ints[_FIT, i]``: it fits alone;
+    ``ints[i, _LO_A/_LO_B]``: the smallest cells still needed after it; ``ints[_PU, i]``:
     the units of the fitting items before it (capped). ``bound`` bounds every table value,
     padding columns included.
     """
@@ -281,7 +306,7 @@ def _prepare(w, u, v, cap_w, cap_u, ints, chosen):  # pragma: no cover - compile
         if w[i] < 0 or u[i] < 0 or v[i] < 0:
             return -1, 0, 0, 0
         f = w[i] <= cap_w and u[i] <= cap_u
-        ints[i, _FIT] = f
+        ints[_FIT, i] = f
         if f:
             sw += w[i]
             su += u[i]
@@ -289,7 +314,7 @@ def _prepare(w, u, v, cap_w, cap_u, ints, chosen):  # pragma: no cover - compile
         # zero-value items never improve strictly, so the tie rule leaves them out
         total = 0
         for i in range(n):
-            chosen[i] = ints[i, _FIT] != 0 and v[i] > 0
+            chosen[i] = ints[_FIT, i] != 0 and v[i] > 0
             if chosen[i]:
                 total += v[i]
         return 1, total, 0, 0
@@ -298,9 +323,9 @@ def _prepare(w, u, v, cap_w, cap_u, ints, chosen):  # pragma: no cover - compile
     rw = 0
     ru = 0
     for i in range(n - 1, -1, -1):
-        ints[i, _LO_A] = max(max_w - rw, 0)
-        ints[i, _LO_B] = max(max_u - ru, 0)
-        if ints[i, _FIT]:
+        ints[_LO_A, i] = max(max_w - rw, 0)
+        ints[_LO_B, i] = max(max_u - ru, 0)
+        if ints[_FIT, i]:
             rw += w[i]
             ru += u[i]
     # a subset's value is at most (best value per unit of weight) x capacity, in either
@@ -314,8 +339,8 @@ def _prepare(w, u, v, cap_w, cap_u, ints, chosen):  # pragma: no cover - compile
     bu = 0
     total = 0
     for i in range(n):
-        ints[i, _PU] = min(pu, max_u)
-        if ints[i, _FIT]:
+        ints[_PU, i] = min(pu, max_u)
+        if ints[_FIT, i]:
             pu += u[i]
             total += v[i]
             if w[i] == 0:
@@ -328,7 +353,7 @@ def _prepare(w, u, v, cap_w, cap_u, ints, chosen):  # pragma: no cover - compile
                 bu = max(bu, -(-v[i] * max_u // u[i]))
     bound = min(total, zw + bw, zu + bu)
     if bound > 32767:
-        fits = ints[:n, _FIT] != 0
+        fits = ints[_FIT, :n] != 0
         bound = min(bound, _dantzig(w, v, fits, max_w + VEC - 1), _dantzig(u, v, fits, max_u))
     return 0, max_w, max_u, bound
 
@@ -352,7 +377,7 @@ def _reach(w, u, max_w, max_u, ints, reach, span, exact):  # pragma: no cover - 
 
     Both are closed under the DP's reads: a cell in item ``i``'s ranges reads cells in item
     ``i - 1``'s (the same subset plus item ``i``, or the subset alone), so every cell in them
-    is exact although the cells outside are never updated. Rows below ``ints[i, _LO_B]`` (no
+    is exact although the cells outside are never updated. Rows below ``ints[_LO_B, i]`` (no
     later subset has that many units) and the item's top row and those above it (updated
     whole) are not written.
     """
@@ -371,10 +396,10 @@ def _reach(w, u, max_w, max_u, ints, reach, span, exact):  # pragma: no cover - 
     rd = 1
     seen = False
     for i in range(n - 1, -1, -1):
-        fit = ints[i, _FIT] != 0
+        fit = ints[_FIT, i] != 0
         # the rows the item updates below its top row: k from max_u - hi + 1 on. (Indexing
         # the 2-D arrays, not row views: a view costs two atomic reference counts.)
-        k0 = max_u - (min(max_u, ints[i, _PU] + u[i]) if fit else ints[i, _PU]) + 1
+        k0 = max_u - (min(max_u, ints[_PU, i] + u[i]) if fit else ints[_PU, i]) + 1
         if exact:
             for k in range(k0, top + 1):
                 reach[i, 0, k] = min(max(max_w - span[2 + p, k], -1), max_w + 1)
@@ -427,17 +452,17 @@ def _item(w, u, v, max_w, max_u, i, pu, off, ints, bits, table, width, reach):  
     wi = w[i]
     ui = u[i]
     vi = v[i]
-    lb = ints[i, _LO_B]
-    a0 = max(wi, ints[i, _LO_A])
+    lb = ints[_LO_B, i]
+    a0 = max(wi, ints[_LO_A, i])
     nch = (max_w + 1 - a0 + VEC - 1) // VEC
-    fit = ints[i, _FIT] != 0
+    fit = ints[_FIT, i] != 0
     hi = min(max_u, pu + ui) if fit else pu
     blo = max(ui, lb) if fit else hi + 1
-    ints[i, _A0] = a0
-    ints[i, _BLO] = blo
-    ints[i, _HI] = hi
-    ints[i, _NCH] = nch
-    ints[i, _OFF] = off
+    ints[_A0, i] = a0
+    ints[_BLO, i] = blo
+    ints[_HI, i] = hi
+    ints[_NCH, i] = nch
+    ints[_OFF, i] = off
     if fit:
         # rows the item reaches for the first time start as copies of the last row
         for b in range(pu + 1, hi + 1):
@@ -484,7 +509,7 @@ def _item(w, u, v, max_w, max_u, i, pu, off, ints, bits, table, width, reach):  
                     bits[np.uint64(row + nch + c)] = _relax_chunk(table, d0 - width + c * VEC, s0 - width + c * VEC, vi)
             b -= 2
         off += (hi - blo + 1) * nch
-    ints[i + 1, _OFF] = off
+    ints[_OFF, i + 1] = off
     return off, hi
 
 
@@ -493,11 +518,11 @@ def _forward(w, u, v, max_w, max_u, start, every, ints, bits, tabs, width, reach
     """Items ``start..n-1`` into the table ``tabs[0]`` (flat: cell ``(b, a)`` at
     ``b * width + a``), in place.
 
-    An item updates rows ``ints[i, _BLO]..ints[i, _HI]`` (descending, so each item is used
-    at most once) from column ``ints[i, _A0]`` on, in ``ints[i, _NCH]`` steps of ``VEC``
+    An item updates rows ``ints[_BLO, i]..ints[_HI, i]`` (descending, so each item is used
+    at most once) from column ``ints[_A0, i]`` on, in ``ints[_NCH, i]`` steps of ``VEC``
     cells a row (descending too: an item without units reads the row it writes, and a step
     reads its sources before it writes), and stores the steps' improvement bits from
-    ``bits[ints[i, _OFF]]`` on. Invariants
+    ``bits[ints[_OFF, i]]`` on. Invariants
     of the table before item ``i``: rows ``lo_b[i-1]..pu_before[i]`` and columns
     ``lo_a[i-1]..max_w`` are exact; rows above ``pu_before[i]`` stand for copies of that
     row and are not kept; everything else is never read again. With ``every > 0`` those
@@ -506,19 +531,19 @@ def _forward(w, u, v, max_w, max_u, start, every, ints, bits, tabs, width, reach
     """
     n = w.shape[0]
     table = tabs[0]
-    pu = ints[start, _PU]
+    pu = ints[_PU, start]
     if start == 0:
         for k in range(width):
             table[k] = 0
-        ints[0, _OFF] = 0
+        ints[_OFF, 0] = 0
     else:
-        r0 = ints[start - 1, _LO_B] * width
+        r0 = ints[_LO_B, start - 1] * width
         r1 = (pu + 1) * width
         _copy(table[r0: r1], tabs[start // every, r0: r1], r1 - r0)
-    off = ints[start, _OFF]
+    off = ints[_OFF, start]
     for i in range(start, n):
         if every > 0 and i > start and i % every == 0:
-            r0 = ints[i - 1, _LO_B] * width
+            r0 = ints[_LO_B, i - 1] * width
             r1 = (pu + 1) * width
             _copy(tabs[i // every, r0: r1], table[r0: r1], r1 - r0)
         off, pu = _item(w, u, v, max_w, max_u, i, pu, off, ints, bits, table, width, reach)
@@ -532,12 +557,12 @@ def _backtrack(w, u, max_w, max_u, ints, bits, chosen):  # pragma: no cover - co
     b = max_u
     for i in range(w.shape[0] - 1, -1, -1):
         chosen[i] = False
-        if not ints[i, _FIT] or w[i] > a or u[i] > b:
+        if not ints[_FIT, i] or w[i] > a or u[i] > b:
             continue
         # rows above the item's reach hold the same values (and decisions) as its top row
-        hi = ints[i, _HI]
-        k = a - ints[i, _A0]
-        word = bits[ints[i, _OFF] + (hi - min(b, hi)) * ints[i, _NCH] + k // VEC]
+        hi = ints[_HI, i]
+        k = a - ints[_A0, i]
+        word = bits[ints[_OFF, i] + (hi - min(b, hi)) * ints[_NCH, i] + k // VEC]
         if (word >> (k % VEC)) & 1:
             chosen[i] = True
             a -= w[i]
@@ -549,24 +574,24 @@ def _reusable(w, u, v, max_w, max_u, code, ints, reach, old):  # pragma: no cove
     """First item to process: the last checkpoint whose prefix of items is unchanged since
     the previous call and whose stored state is exact where this call reads it, else 0."""
     n = w.shape[0]
-    m = ints[ints.shape[0] - 1]
+    m = ints[:, ints.shape[1] - 1]
     every = m[_M_EVERY]
     pn = m[_M_PREV_N]
     if every == 0 or pn <= 0 or m[_M_TW] != max_w or m[_M_TU] != max_u or m[_M_CODE] != code:
         return 0
     p = 0
-    while p < min(n, pn) and ints[p, _PW] == w[p] and ints[p, _PUN] == u[p] and ints[p, _PV] == v[p]:
+    while p < min(n, pn) and ints[_PW, p] == w[p] and ints[_PUN, p] == u[p] and ints[_PV, p] == v[p]:
         p += 1
     # checkpoints exist before items every, 2 every, ... below the previous length
     start = (min(p, n - 1, pn - 1) // every) * every
     # the old bits and checkpoints are exact on the cells the old call kept: at or above its
     # bounds, and in each row within its reachable columns
     for i in range(start):
-        if ints[i, _PLA] > ints[i, _LO_A] or ints[i, _PLB] > ints[i, _LO_B]:
+        if ints[_PLA, i] > ints[_LO_A, i] or ints[_PLB, i] > ints[_LO_B, i]:
             return (i // every) * every
-        fit = ints[i, _FIT] != 0
-        k0 = max_u - (min(max_u, ints[i, _PU] + u[i]) if fit else ints[i, _PU]) + 1
-        for k in range(k0, max_u - ints[i, _LO_B] + 1):
+        fit = ints[_FIT, i] != 0
+        k0 = max_u - (min(max_u, ints[_PU, i] + u[i]) if fit else ints[_PU, i]) + 1
+        for k in range(k0, max_u - ints[_LO_B, i] + 1):
             if reach[i, 0, k] <= reach[i, 1, k] and (old[i, 0, k] > reach[i, 0, k] or old[i, 1, k] < reach[i, 1, k]):
                 return (i // every) * every
     return start
@@ -574,6 +599,28 @@ def _reusable(w, u, v, max_w, max_u, code, ints, reach, old):  # pragma: no cove
 
 # ---------------------------------------------------------------------------------------
 # The bounded sparse search: most buffers are answered without the table (module docstring).
+
+
+def _vector_operands(context, builder, signature, args, lanes):
+    """For a vector-step intrinsic ``f(h, d0, s0, s1, x)``: the ``lanes``-wide vector type of
+    ``h``'s cells, their alignment, the pointer at ``d0`` and the vectors loaded at ``s0`` and
+    ``s1``."""
+    arr = context.make_array(signature.args[0])(context, builder, args[0])
+    elt = context.get_data_type(signature.args[0].dtype)
+    vec = ir.VectorType(elt, lanes)
+    size = elt.width // 8
+    ptrs = []
+    for k in (1, 2, 3):
+        idx = context.cast(builder, args[k], signature.args[k], types.intp)
+        ptrs.append(builder.bitcast(builder.gep(arr.data, [idx]), vec.as_pointer()))
+    return vec, size, ptrs[0], builder.load(ptrs[1], align=size), builder.load(ptrs[2], align=size)
+
+
+def _splat(builder, x, vec):
+    """The scalar ``x`` in every lane of a vector of type ``vec``."""
+    one = builder.insert_element(ir.Constant(vec, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
+                                  ir.Constant(ir.VectorType(ir.IntType(32), vec.count), [0] * vec.count))
 
 
 def _minplus_chunk_py(h, d0, s0, s1, x):
@@ -593,22 +640,9 @@ def _minplus_chunk_ir(typingctx, h, d0, s0, s1, x):
     sig = types.void(h, d0, s0, s1, x)
 
     def codegen(context, builder, signature, args):
-        arr = context.make_array(signature.args[0])(context, builder, args[0])
-        elt = context.get_data_type(signature.args[0].dtype)
-        vec = ir.VectorType(elt, VEC)
-        size = elt.width // 8
-        ptrs = []
-        for k in (1, 2, 3):
-            idx = context.cast(builder, args[k], signature.args[k], types.intp)
-            ptrs.append(builder.bitcast(builder.gep(arr.data, [idx]), vec.as_pointer()))
-        a = builder.load(ptrs[1], align=size)
-        b = builder.load(ptrs[2], align=size)
-        xv = context.cast(builder, args[4], signature.args[4], signature.args[0].dtype)
-        one = builder.insert_element(ir.Constant(vec, ir.Undefined), xv, ir.Constant(ir.IntType(32), 0))
-        splat = builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
-                                       ir.Constant(ir.VectorType(ir.IntType(32), VEC), [0] * VEC))
-        c = builder.add(b, splat)
-        builder.store(builder.select(builder.icmp_signed("<", c, a), c, a), ptrs[0], align=size)
+        vec, size, dst, a, b = _vector_operands(context, builder, signature, args, VEC)
+        c = builder.add(b, _splat(builder, context.cast(builder, args[4], signature.args[4], signature.args[0].dtype), vec))
+        builder.store(builder.select(builder.icmp_signed("<", c, a), c, a), dst, align=size)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -617,60 +651,106 @@ def _minplus_chunk_ir(typingctx, h, d0, s0, s1, x):
 _minplus_chunk = _minplus_chunk_py if numba.config.DISABLE_JIT else _minplus_chunk_ir
 
 
+def _minplus_sat_py(h, d0, s0, s1, x):
+    """``h[d0:d0+64] = min(h[s0:s0+64], h[s1:s1+64] (+) x)`` over unsigned cells, with ``(+)``
+    an addition (or, for ``x < 0``, a subtraction of ``-x``) that saturates at the bounds of
+    ``h``'s type; ``|x|`` is cut to the type's largest value first. Both ranges are read
+    before the write. (Python twin of the compiled version, used when numba's JIT is
+    disabled.)"""
+    top = np.iinfo(h.dtype).max
+    x = max(min(int(x), top), -top)
+    c = np.clip(h[s1: s1 + SAT_VEC].astype(np.int64) + x, 0, top)
+    h[d0: d0 + SAT_VEC] = np.minimum(h[s0: s0 + SAT_VEC].astype(np.int64), c).astype(h.dtype)
+
+
+@intrinsic
+def _minplus_sat_ir(typingctx, h, d0, s0, s1, x):
+    """Compiled :func:`_minplus_sat_py`: one ``SAT_VEC``-lane saturating add or subtract
+    (LLVM's ``uadd.sat`` / ``usub.sat``: one instruction for 8-bit lanes, chosen by the sign
+    of ``x``), unsigned compare, select and store."""
+    if not (isinstance(h, types.Array) and isinstance(h.dtype, types.Integer)):
+        return None
+    sig = types.void(h, d0, s0, s1, x)
+
+    def codegen(context, builder, signature, args):
+        vec, size, dst, a, b = _vector_operands(context, builder, signature, args, SAT_VEC)
+        elt = vec.element
+        # |x| cut to the largest cell value, as the cell type
+        i64 = ir.IntType(64)
+        xv = context.cast(builder, args[4], signature.args[4], types.int64)
+        neg = builder.icmp_signed("<", xv, ir.Constant(i64, 0))
+        mag = builder.select(neg, builder.neg(xv), xv)
+        top = ir.Constant(i64, (1 << elt.width) - 1)
+        mag = builder.trunc(builder.select(builder.icmp_unsigned(">", mag, top), top, mag), elt)
+        splat = _splat(builder, mag, vec)
+        fnty = ir.FunctionType(vec, [vec, vec])
+        add = builder.call(cgutils.get_or_insert_function(builder.module, fnty, f"llvm.uadd.sat.v{SAT_VEC}i{elt.width}"),
+                           [b, splat])
+        sub = builder.call(cgutils.get_or_insert_function(builder.module, fnty, f"llvm.usub.sat.v{SAT_VEC}i{elt.width}"),
+                           [b, splat])
+        c = builder.select(neg, sub, add)
+        builder.store(builder.select(builder.icmp_unsigned("<", c, a), c, a), dst, align=size)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_minplus_sat = _minplus_sat_py if numba.config.DISABLE_JIT else _minplus_sat_ir
+
+
 @njit(cache=True)
-def _lambda_step(w, u, v, max_w, mu, ratio, ints, k):  # pragma: no cover - compiled
-    """For values ``v - mu * u``: the fractional knapsack over the first capacity, as
+def _lambda_step(cw, cu, cv, r, order, k, cap, mu):  # pragma: no cover - compiled
+    """For values ``v - mu * u``: the fractional knapsack over the first capacity ``cap``, as
     ``(lambda, units, value)``: its critical value per unit of weight (the LP dual of that
     capacity), the units of its fractional solution (``max_u`` minus them is the slope of the
     dual in ``mu``) and ``sum(max(0, v - mu u - lambda w))``, over the ``k`` candidates
-    ``ints[:k, _ORD]`` (all with ``w > 0``). Only the items up to the critical one are put in
-    order, by selection (a pack holds a few of the buffer's items: cheaper than a sort)."""
+    ``cw[:k], cu[:k], cv[:k]`` (all with ``w > 0``; contiguous copies, so the loops over them
+    vectorize). ``order`` holds the candidates by value per weight, best first, from the last
+    call: an insertion sort brings it up to date (successive calls move ``mu`` a little, so it
+    is nearly sorted already)."""
     for j in range(k):
-        i = ints[j, _ORD]
-        ratio[i] = (v[i] - mu * u[i]) / w[i]
-    acc = 0
+        r[j] = (cv[j] - mu * cu[j]) / cw[j]
+    for j in range(1, k):
+        p = order[j]
+        x = r[p]
+        h = j
+        while h > 0 and r[order[h - 1]] < x:
+            order[h] = order[h - 1]
+            h -= 1
+        order[h] = p
+    acc = 0.0
     units = 0.0
     lam = 0.0
     for j in range(k):
-        top = j
-        best = ratio[ints[j, _ORD]]
-        for h in range(j + 1, k):
-            r = ratio[ints[h, _ORD]]
-            if r > best:
-                best = r
-                top = h
-        i = ints[top, _ORD]
-        ints[top, _ORD] = ints[j, _ORD]
-        ints[j, _ORD] = i
-        if best <= 0:
+        i = order[j]
+        if r[i] <= 0:
             break
-        if acc + w[i] > max_w:
-            lam = best
-            units += u[i] * (max_w - acc) / w[i]
+        if acc + cw[i] > cap:
+            lam = r[i]
+            units += cu[i] * (cap - acc) / cw[i]
             break
-        acc += w[i]
-        units += u[i]
+        acc += cw[i]
+        units += cu[i]
     excess = 0.0
     for j in range(k):
-        i = ints[j, _ORD]
-        if ratio[i] > lam:
-            excess += (ratio[i] - lam) * w[i]
+        excess += max(r[j] - lam, 0.0) * cw[j]
     return lam, units, excess
 
 
 @njit(cache=True)
-def _dual_at(w, u, v, max_w, max_u, mu, ratio, ints, k):  # pragma: no cover - compiled
-    """The LP dual minimized over ``lambda`` at this ``mu``: ``(value, slope in mu, lambda)``."""
-    lam, units, excess = _lambda_step(w, u, v, max_w, mu, ratio, ints, k)
-    for i in range(w.shape[0]):  # weightless items: in whenever their value is left positive
-        if ints[i, _FIT] and w[i] == 0 and v[i] > mu * u[i]:
-            units += u[i]
-            excess += v[i] - mu * u[i]
+def _dual_at(fl, order, k, kz, max_w, max_u, mu):  # pragma: no cover - compiled
+    """The LP dual minimized over ``lambda`` at this ``mu``: ``(value, slope in mu, lambda)``
+    (the candidates as :func:`_multipliers` laid them out in ``fl``)."""
+    lam, units, excess = _lambda_step(fl[0], fl[1], fl[2], fl[3], order, k, max_w, mu)
+    for j in range(kz):  # weightless items: in whenever their value is left positive
+        if fl[5, j] > mu * fl[4, j]:
+            units += fl[4, j]
+            excess += fl[5, j] - mu * fl[4, j]
     return lam * max_w + mu * max_u + excess, max_u - units, lam
 
 
 @njit(cache=True)
-def _multipliers(w, u, v, max_w, max_u, ints, ratio):  # pragma: no cover - compiled
+def _multipliers(w, u, v, max_w, max_u, ints, fl, order):  # pragma: no cover - compiled
     """Prices ``(lambda, mu)`` of a unit of each capacity at (or near) the optimum of the LP
     dual ``D(lambda, mu) = lambda max_w + mu max_u + sum(max(0, v - lambda w - mu u))``. For
     each ``mu`` the best ``lambda`` is the fractional knapsack's; ``g(mu) = min D`` is convex
@@ -678,26 +758,38 @@ def _multipliers(w, u, v, max_w, max_u, ints, ratio):  # pragma: no cover - comp
     tangents at the two ends of the bracket meet at the next point tried, and where the
     function comes within one unit of that lower model the point is (near) optimal. Any prices give valid bounds;
     close ones prune far more (at the Molmo2 settings a ``mu`` off by 0.5 visits three
-    times the states)."""
+    times the states). ``fl`` (float64, 6 rows of 64) and ``order`` (64) are scratch."""
     n = w.shape[0]
     # mu is at most the price of a unit alone (lambda = 0): the larger lambda, the less of
     # each value is left to price the units with
     k = 0
     for i in range(n):
-        if ints[i, _FIT] and v[i] > 0 and u[i] > 0:
-            ints[k, _ORD] = i
+        if ints[_FIT, i] and v[i] > 0 and u[i] > 0:
+            fl[0, k] = u[i]
+            fl[1, k] = 0.0
+            fl[2, k] = v[i]
+            order[k] = k
             k += 1
-    hi, _, _ = _lambda_step(u, w, v, max_u, 0.0, ratio, ints, k)
+    hi, _, _ = _lambda_step(fl[0], fl[1], fl[2], fl[3], order, k, max_u, 0.0)
     k = 0
+    kz = 0
     for i in range(n):
-        if ints[i, _FIT] and v[i] > 0 and w[i] > 0:
-            ints[k, _ORD] = i
-            k += 1
+        if ints[_FIT, i] and v[i] > 0:
+            if w[i] > 0:
+                fl[0, k] = w[i]
+                fl[1, k] = u[i]
+                fl[2, k] = v[i]
+                order[k] = k
+                k += 1
+            else:
+                fl[4, kz] = u[i]
+                fl[5, kz] = v[i]
+                kz += 1
     lo = 0.0
-    g_lo, s_lo, lam_lo = _dual_at(w, u, v, max_w, max_u, lo, ratio, ints, k)
+    g_lo, s_lo, lam_lo = _dual_at(fl, order, k, kz, max_w, max_u, lo)
     if s_lo >= 0:
         return lam_lo, 0.0
-    g_hi, s_hi, lam_hi = _dual_at(w, u, v, max_w, max_u, hi, ratio, ints, k)
+    g_hi, s_hi, lam_hi = _dual_at(fl, order, k, kz, max_w, max_u, hi)
     best_g, best_lam, best_mu = g_lo, lam_lo, lo
     if g_hi < best_g:
         best_g, best_lam, best_mu = g_hi, lam_hi, hi
@@ -708,7 +800,7 @@ def _multipliers(w, u, v, max_w, max_u, ints, ratio):  # pragma: no cover - comp
         if not lo < mu < hi:
             break
         model = g_lo + s_lo * (mu - lo)
-        g, slope, lam = _dual_at(w, u, v, max_w, max_u, mu, ratio, ints, k)
+        g, slope, lam = _dual_at(fl, order, k, kz, max_w, max_u, mu)
         if g < best_g:
             best_g, best_lam, best_mu = g, lam, mu
         if g <= model + 1.0:
@@ -742,7 +834,31 @@ def _tails(x, loss, n, price, cap, h, base, stride):  # pragma: no cover - compi
 
 
 @njit(cache=True)
-def _sparse_pass(w, u, v, item, n, max_w, max_u, lam, mu, scale, h, sw, su, states, target, out):  # pragma: no cover - compiled
+def _tails_sat(x, loss, n, price, cap, h, base, stride, off):  # pragma: no cover - compiled
+    """:func:`_tails` in unsigned cells (``h``: 8 bits) whose range need not hold every value:
+    each cell holds its value less ``off``, and the steps saturate at the range's ends. With
+    ``off = low``, the sum of the negative losses (at least -255), no value is below the range
+    and each cell holds at most the true value (a lower bound, which is all the search needs:
+    one too low only keeps a subset longer) and at least the smaller of the true value and
+    ``2 low + 255`` less ``off`` (exact up to there: a sum that saturated at the top, then
+    fell by the negative losses, ends at least that high). ``SAT_VEC`` cells a step."""
+    c1 = cap + 1
+    top = base + n * stride
+    hmax = (1 << (8 * h.itemsize)) - 1
+    for c in range(stride):
+        h[top + c] = min(price * min(c, cap) - off, hmax)
+    for r in range(n - 1, -1, -1):
+        dst = base + r * stride
+        src = dst + stride
+        xr = min(x[r], c1)
+        for c in range(0, xr, SAT_VEC):
+            _minplus_sat(h, dst + c, src + c, src + c, 0)
+        for c in range(xr, c1, SAT_VEC):
+            _minplus_sat(h, dst + c, src + c, src + c - xr, loss[r])
+
+
+@njit(cache=True)
+def _sparse_pass(w, u, v, item, n, max_w, max_u, lam, mu, scale, h, hoff, sw, su, states, target, out):  # pragma: no cover - compiled
     """One search for the best subsets worth at least ``target``; returns ``(best, mask)``
     of the surviving subsets (``best < 0``: none survived) or ``(-2, 0)`` when a stage holds
     more than ``SPARSE_STATES`` states. ``out``: the best value of any subset met (a lower
@@ -764,7 +880,7 @@ def _sparse_pass(w, u, v, item, n, max_w, max_u, lam, mu, scale, h, sw, su, stat
     while (1 << shift) <= max_w:
         shift += 1
     low = (1 << shift) - 1
-    g = lam * max_w + mu * max_u - scale * target
+    g = lam * max_w + mu * max_u - scale * target - hoff  # the tails hold their values less hoff
     sk = states[0]
     sv = states[1]
     sm = states[2].view(np.uint64)
@@ -861,7 +977,7 @@ def _sparse(w, u, v, max_w, max_u, ints, tails, states, ratio, work, chosen):  #
     """The exact optimum and tie-rule subset by bounded search, or -1 when it gives up (too
     many states; the table decides then). See the module docstring."""
     n = w.shape[0]
-    lam_f, mu_f = _multipliers(w, u, v, max_w, max_u, ints, ratio)
+    lam_f, mu_f = _multipliers(w, u, v, max_w, max_u, ints, ratio, work[0])
     if max(lam_f, mu_f) * SPARSE_SCALE >= 1 << 40:  # prices beyond integers the tails can hold
         return -1
     # prices in integers: scaled by SPARSE_SCALE, or by less where that lets every value of
@@ -873,10 +989,18 @@ def _sparse(w, u, v, max_w, max_u, ints, tails, states, ratio, work, chosen):  #
         high = max(lam * max_w, mu * max_u)
         low = 0
         for i in range(n):
-            if ints[i, _FIT]:
+            if ints[_FIT, i]:
                 loss = lam * w[i] + mu * u[i] - scale * v[i]
                 high += max(loss, 0)
                 low += min(loss, 0)
+        if scale == 1 and low >= -(1 << 7):
+            # 8-bit tails, saturating (half the memory of 16 bits): exact up to 255 above the
+            # least value (less its distance from 0), enough for the deficits most passes allow
+            # at these prices (the LP bound's gap); a pass that would allow more goes to 16 bits
+            value = _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, tails.view(np.uint8), states, work,
+                                   chosen)
+            if value != -3:
+                return value
         if high < 1 << 15 and low > -(1 << 15):
             return _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, tails.view(np.int16), states, work,
                                   chosen)
@@ -892,14 +1016,15 @@ def _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, h, states, work,
     ``h`` (16 or 32 bits). ``work``: the fitting items in the order searched (weights, units,
     values, losses, buffer positions, sort keys) and the passes' outputs."""
     n = w.shape[0]
-    m = ints[ints.shape[0] - 1]
+    m = ints[:, ints.shape[1] - 1]
+    m[_M_TAILS] = 8 * h.itemsize
     ow, ou, ov, ol, item, key, out = work[0], work[1], work[2], work[3], work[4], work[5], work[6]
     # the search order: least loss first, less a hundredth of the priced size (big items
     # early). Any order gives the same answer (a mask's order is its items' positions);
     # this one visits about a third of the states buffer order does at the Molmo2 settings
     k = 0
     for i in range(n):
-        if not ints[i, _FIT]:
+        if not ints[_FIT, i]:
             continue
         priced = lam * w[i] + mu * u[i]
         x = (priced - scale * v[i]) * SPARSE_ORDER - priced
@@ -924,18 +1049,30 @@ def _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, h, states, work,
     # every value the tails compute is a subset's: within [low, high], which must fit
     if h.itemsize == 4 and (high >= 1 << 30 or low <= -(1 << 30)):
         return -1
-    sw = (max_w + 2 * VEC) // VEC * VEC
-    su = (max_u + 2 * VEC) // VEC * VEC
-    _tails(ow, ol, k, lam, max_w, h, 0, sw)
-    _tails(ou, ol, k, mu, max_u, h, (k + 1) * sw, su)
+    # 8-bit tails hold each value less hoff = low (the least any can be); exact up to 2 low + 255
+    hoff = low if h.itemsize == 1 else 0
+    if h.itemsize == 1:
+        # rows just long enough for the last step's overrun (cells up to cap + SAT_VEC - 1)
+        sw = (max_w + 2 * SAT_VEC - 1) // SAT_VEC * SAT_VEC
+        su = (max_u + 2 * SAT_VEC - 1) // SAT_VEC * SAT_VEC
+        _tails_sat(ow, ol, k, lam, max_w, h, 0, sw, hoff)
+        _tails_sat(ou, ol, k, mu, max_u, h, (k + 1) * sw, su, hoff)
+    else:
+        sw = (max_w + 2 * VEC) // VEC * VEC
+        su = (max_u + 2 * VEC) // VEC * VEC
+        _tails(ow, ol, k, lam, max_w, h, 0, sw)
+        _tails(ou, ol, k, mu, max_u, h, (k + 1) * sw, su)
     # the optimum is at most the better of the two bounds before any item
-    target = (lam * max_w + mu * max_u - max(h[max_w], h[(k + 1) * sw + max_u])) // scale
+    target = (lam * max_w + mu * max_u - hoff - max(h[max_w], h[(k + 1) * sw + max_u])) // scale
     lower = 0
     passes = 0
     visits = 0
     while True:
         passes += 1
-        best, mask = _sparse_pass(ow, ou, ov, item, k, max_w, max_u, lam, mu, scale, h, sw, su, states, target, out)
+        if h.itemsize == 1 and lam * max_w + mu * max_u - scale * target >= 3 * low + 255:
+            return -3  # the pass would prune on tails beyond their exact range: 16 bits decide
+        best, mask = _sparse_pass(ow, ou, ov, item, k, max_w, max_u, lam, mu, scale, h, hoff, sw, su, states, target,
+                                  out)
         visits += out[2]
         m[_M_PASSES] = passes
         m[_M_VISITS] = visits
@@ -951,7 +1088,23 @@ def _sparse_search(w, u, v, max_w, max_u, lam, mu, scale, ints, h, states, work,
 
 
 @njit(cache=True)
-def _solve(w, u, v, cap_w, cap_u, ints, bits, tabs, reach, span, tails, states, ratio, work, chosen):  # pragma: no cover - compiled
+def _solve(w, u, v, cap_w, cap_u, ws, tabs, chosen):  # pragma: no cover - compiled
+    """:func:`_solve_parts` on the regions of the workspace ``ws`` (the ``_W_*`` entries)."""
+    cap = ws[_W_CAP]
+    rows = ws[_W_ROWS]
+    ints = ws[ws[_W_INTS]: ws[_W_SPAN]].reshape((_NCOL, cap + 2))
+    span = ws[ws[_W_SPAN]: ws[_W_STATES]].reshape((4, rows))
+    states = ws[ws[_W_STATES]: ws[_W_WORK]].reshape((3, ws[_W_NSTATES]))
+    work = ws[ws[_W_WORK]: ws[_W_RATIO]].reshape((7, 64))
+    ratio = ws[ws[_W_RATIO]: ws[_W_REACH]].view(np.float64).reshape((6, 64))
+    reach = ws[ws[_W_REACH]: ws[_W_TAILS]].view(np.int32).reshape((2, cap, 2, rows))
+    tails = ws[ws[_W_TAILS]: ws[_W_BITS]].view(np.int32)
+    bits = ws[ws[_W_BITS]: ws[_W_END]].view(np.uint32)
+    return _solve_parts(w, u, v, cap_w, cap_u, ints, bits, tabs, reach, span, tails, states, ratio, work, chosen)
+
+
+@njit(cache=True)
+def _solve_parts(w, u, v, cap_w, cap_u, ints, bits, tabs, reach, span, tails, states, ratio, work, chosen):  # pragma: no cover - compiled
     """The whole exact solve in one call (each Python round trip costs more than a DP item
     when caches are cold): the optimal value, or ``_NEGATIVE``, or ``_NEED_TABLE - code``
     when ``tabs`` is not of the value type needed (``_DTYPES[code]``). The chosen items go
@@ -959,9 +1112,10 @@ def _solve(w, u, v, cap_w, cap_u, ints, bits, tabs, reach, span, tails, states, 
     the last call's column ranges (:func:`_reach`), settings and state live in the last row
     of ``ints``."""
     status, max_w, max_u, bound = _prepare(w, u, v, cap_w, cap_u, ints, chosen)
-    m = ints[ints.shape[0] - 1]
+    m = ints[:, ints.shape[1] - 1]
     m[_M_PASSES] = 0
     m[_M_VISITS] = 0
+    m[_M_TAILS] = 0
     if status < 0:
         return _NEGATIVE
     m[_M_PROCESSED] = 0
@@ -994,11 +1148,11 @@ def _solve(w, u, v, cap_w, cap_u, ints, bits, tabs, reach, span, tails, states, 
     m[_M_PREV_N] = 0  # a call happened, with nothing to reuse unless set below
     if every > 0:
         for i in range(n):
-            ints[i, _PW] = w[i]
-            ints[i, _PUN] = u[i]
-            ints[i, _PV] = v[i]
-            ints[i, _PLA] = ints[i, _LO_A]
-            ints[i, _PLB] = ints[i, _LO_B]
+            ints[_PW, i] = w[i]
+            ints[_PUN, i] = u[i]
+            ints[_PV, i] = v[i]
+            ints[_PLA, i] = ints[_LO_A, i]
+            ints[_PLB, i] = ints[_LO_B, i]
         m[_M_PREV_N] = n
         m[_M_REACH] = cur
         m[_M_TW] = max_w
@@ -1066,6 +1220,26 @@ def max_cardinality(w: np.ndarray, u: np.ndarray, max_w: int, max_u: int) -> int
     return out
 
 
+_ENTRIES: dict = {}
+
+
+def _compiled_entry(table_dtype: np.dtype):
+    """The compiled :func:`_solve` for a table of this type, called without numba's dispatcher
+    (which types every argument on every call: with caches cold, as after another program's
+    large table, that costs more than the search). Compiled (or loaded from numba's cache) for
+    item arrays of any layout, so the caller checks only their type and rank: the entry itself
+    checks no more than array item sizes. Without the JIT, the plain function."""
+    if numba.config.DISABLE_JIT:
+        return _solve
+    entry = _ENTRIES.get(table_dtype)
+    if entry is None:
+        items = types.Array(types.int64, 1, "A")
+        sig = (items, items, items, types.int64, types.int64, types.Array(types.int64, 1, "C"),
+               types.Array(numba.from_dtype(table_dtype), 2, "C"), types.Array(types.boolean, 1, "C"))
+        entry = _ENTRIES[table_dtype] = _solve.compile(sig)
+    return entry
+
+
 class KnapsackSolver:
     """Reusable exact solver with a workspace and DP-prefix reuse between calls.
 
@@ -1100,43 +1274,48 @@ class KnapsackSolver:
         self.checkpoint_every = int(checkpoint_every)
         self._rows = self.max_u + 1
         self._width = (self.max_w + 2 * VEC - 1) // VEC * VEC  # steps end below max_w + VEC
-        self._cap = 0
-        self._tables: dict = {}
-        self._table = np.zeros((0, 0), dtype=np.int16)
-        self._allocate(16)
         # the sparse search's workspace: the tails of up to 64 items over both capacities
         # (int32 rows padded for whole vector steps), two stages of states, the prices' sort keys
         stride = (self.max_w + 2 * VEC) // VEC * VEC + (self.max_u + 2 * VEC) // VEC * VEC
         auto = (self.max_u + 1) * (self.max_w + 1) > SPARSE_MIN_CELLS
         self.sparse = bool(auto if sparse is None else sparse) and 65 * stride * 4 <= MAX_TABLE_BYTES // 16
-        self._tails = np.zeros(65 * stride if self.sparse else 0, dtype=np.int32)
-        self._states = np.zeros((3, 2 * SPARSE_STATES if self.sparse else 0), dtype=np.int64)
-        self._ratio = np.zeros(64, dtype=np.float64)
-        self._work = np.zeros((7, 64), dtype=np.int64)
-        self._ints[-1, _M_SPARSE] = self.sparse
+        self._n_tails = 65 * stride if self.sparse else 0
+        self._n_states = 2 * SPARSE_STATES if self.sparse else 0
+        self._cap = 0
+        self._tables: dict = {}
+        self._table = np.zeros((0, 0), dtype=np.int16)
+        self._entry = _compiled_entry(self._table.dtype)
+        self._count = self.max_items is not None  # the item-count limit: decided per call
+        self._allocate(16)
 
     @property
     def last_items_processed(self) -> int:
         """Items the table processed in the last call (for benchmarks and tests): 0 when the
         call needed no table."""
-        return int(self._ints[-1, _M_PROCESSED])
+        return int(self._ints[_M_PROCESSED, -1])
 
     @property
     def last_method(self) -> str:
         """How the last call was answered: ``"trivial"`` (everything that fits alone fits
         together), ``"sparse"`` (the bounded search), ``"table"`` or ``"count"`` (the table
         with an item-count axis)."""
-        return METHODS[int(self._ints[-1, _M_METHOD])]
+        return METHODS[int(self._ints[_M_METHOD, -1])]
 
     @property
     def last_sparse_work(self) -> tuple[int, int]:
         """``(passes, states visited)`` of the bounded search in the last call (also when it
         gave up and the table decided)."""
-        return int(self._ints[-1, _M_PASSES]), int(self._ints[-1, _M_VISITS])
+        return int(self._ints[_M_PASSES, -1]), int(self._ints[_M_VISITS, -1])
+
+    @property
+    def last_tail_bits(self) -> int:
+        """Bits per cell of the tails the last bounded search pruned by (8, 16 or 32; 0 when
+        no search ran): 8-bit tails where the prices are whole numbers and the deficits small."""
+        return int(self._ints[_M_TAILS, -1])
 
     def reset(self) -> None:
         """Forget the previous call, so the next one solves from scratch (keeps the workspace)."""
-        self._ints[-1, _M_PREV_N] = -1
+        self._ints[_M_PREV_N, -1] = -1
 
     def _allocate(self, n: int, dtype=None) -> None:
         """Per-item workspaces for at least ``n`` items; with ``dtype``, that type's tables."""
@@ -1153,18 +1332,25 @@ class KnapsackSolver:
             )
         if cap > self._cap:
             self._cap = cap
-            self._ints = np.zeros((cap + 2, _NCOL), dtype=np.int64)
-            self._ints[-1, _M_EVERY] = every
-            self._ints[-1, _M_WIDTH] = self._width
-            self._ints[-1, _M_PREV_N] = -1
-            self._ints[-1, _M_SPARSE] = getattr(self, "sparse", False)
-            self._bits = np.zeros(cap * self._rows * (self._width // VEC), dtype=np.uint32)
-            self._reach = np.zeros((2, cap, 2, self._rows), dtype=np.int32)
-            self._span = np.zeros((4, self._rows), dtype=np.int64)
+            rows = self._rows
+            # region sizes in int64 entries (the int32 and uint32 ones rounded up)
+            sizes = (((cap + 2) * _NCOL), 4 * rows, 3 * self._n_states, 7 * 64, 6 * 64, cap * 2 * rows,
+                     (self._n_tails + 1) // 2, (cap * rows * (self._width // VEC) + 1) // 2)
+            starts = np.cumsum((_W_HEADER,) + sizes)
+            self._ws = ws = np.zeros(int(starts[-1]), dtype=np.int64)
+            ws[_W_INTS: _W_END + 1] = starts
+            ws[_W_CAP] = cap
+            ws[_W_ROWS] = rows
+            ws[_W_NSTATES] = self._n_states
+            self._ints = ws[starts[_W_INTS]: starts[_W_SPAN]].reshape(_NCOL, cap + 2)
+            self._ints[_M_EVERY, -1] = every
+            self._ints[_M_WIDTH, -1] = self._width
+            self._ints[_M_PREV_N, -1] = -1
+            self._ints[_M_SPARSE, -1] = self.sparse
         for t in types_:
             if t not in self._tables or self._tables[t].shape[0] != n_tabs:
                 self._tables[t] = np.zeros((n_tabs, cells), dtype=t)
-                self._ints[-1, _M_PREV_N] = -1
+                self._ints[_M_PREV_N, -1] = -1
         current = np.dtype(dtype) if dtype is not None else self._table.dtype
         self._table = self._tables.get(current, self._table)
 
@@ -1174,21 +1360,42 @@ class KnapsackSolver:
 
         ``max_w`` / ``max_u`` lower the capacities for this call (at most the solver's own).
         """
-        # int64 arrays go in as they are (a conversion costs microseconds when caches are cold)
-        if type(w) is not np.ndarray or w.dtype is not _INT64:
-            w = np.ascontiguousarray(w, dtype=np.int64)
-        if type(u) is not np.ndarray or u.dtype is not _INT64:
-            u = np.ascontiguousarray(u, dtype=np.int64)
-        if type(v) is not np.ndarray or v.dtype is not _INT64:
-            v = np.ascontiguousarray(v, dtype=np.int64)
-        n = w.shape[0]
-        if not (w.ndim == u.ndim == v.ndim == 1 and n == u.shape[0] == v.shape[0]):
+        # As few Python steps as possible: with caches cold each costs tens of nanoseconds, and
+        # a search after another program's large table takes about 30 us. Any int64 array of
+        # rank 1 goes in as it is (the compiled entry takes any layout; it checks only ranks
+        # and item sizes, hence the checks here)
+        try:
+            ok = w.dtype is _INT64 and u.dtype is _INT64 and v.dtype is _INT64 and w.ndim == u.ndim == v.ndim == 1
+        except AttributeError:  # not arrays
+            ok = False
+        if not ok:
+            w, u, v = (np.asarray(x, dtype=np.int64) for x in (w, u, v))
+            if not w.ndim == u.ndim == v.ndim == 1:
+                raise ValueError("w, u and v must be 1-D arrays of equal length")
+        n = len(w)
+        if len(u) != n or len(v) != n:
             raise ValueError("w, u and v must be 1-D arrays of equal length")
-        cap_w = self.max_w if max_w is None else int(max_w)
-        cap_u = self.max_u if max_u is None else int(max_u)
-        if not (0 <= cap_w <= self.max_w and 0 <= cap_u <= self.max_u):
-            raise ValueError(f"capacities ({cap_w}, {cap_u}) must lie within the solver's ({self.max_w}, {self.max_u})")
-        chosen = np.empty(n, dtype=np.bool_)  # every entry is written
+        if max_w is None and max_u is None:
+            cap_w = self.max_w
+            cap_u = self.max_u
+        else:
+            cap_w = self.max_w if max_w is None else int(max_w)
+            cap_u = self.max_u if max_u is None else int(max_u)
+            if not (0 <= cap_w <= self.max_w and 0 <= cap_u <= self.max_u):
+                raise ValueError(f"capacities ({cap_w}, {cap_u}) must lie within the solver's ({self.max_w}, "
+                                 f"{self.max_u})")
+        chosen = np.empty(n, _BOOL)  # every entry is written
+        if n > self._cap or self._count or n == 0:
+            return self._solve_other(w, u, v, cap_w, cap_u, chosen)
+        value = self._entry(w, u, v, cap_w, cap_u, self._ws, self._table, chosen)
+        if value < 0:
+            return self._solve_other(w, u, v, cap_w, cap_u, chosen)
+        return value, chosen
+
+    def _solve_other(self, w, u, v, cap_w: int, cap_u: int, chosen: np.ndarray) -> tuple[int, np.ndarray]:
+        """:meth:`solve` where its short path does not decide: no items, the item-count limit
+        may bind, more items than the workspace holds, or the table must change type."""
+        n = len(w)
         if n == 0:
             return 0, chosen
         if self.max_items is not None:
@@ -1199,15 +1406,14 @@ class KnapsackSolver:
                 return self._solve_count(w, u, v, self.max_items, cap_w, cap_u)
         if n > self._cap:
             self._allocate(n)
-        value = _solve(w, u, v, cap_w, cap_u, self._ints, self._bits, self._table, self._reach, self._span,
-                       self._tails, self._states, self._ratio, self._work, chosen)
-        if value <= _NEED_TABLE:  # the value bound needs another table type (rare)
+        value = self._entry(w, u, v, cap_w, cap_u, self._ws, self._table, chosen)
+        if value <= _NEED_TABLE:  # the first call, or the value bound needs another table type (rare)
             self._allocate(n, _DTYPES[_NEED_TABLE - value])
-            value = _solve(w, u, v, cap_w, cap_u, self._ints, self._bits, self._table, self._reach, self._span,
-                           self._tails, self._states, self._ratio, self._work, chosen)
+            self._entry = _compiled_entry(self._table.dtype)
+            value = self._entry(w, u, v, cap_w, cap_u, self._ws, self._table, chosen)
         if value == _NEGATIVE:
             raise ValueError("weights and values must be non-negative")
-        return int(value), chosen
+        return value, chosen
 
     def _solve_count(self, w, u, v, limit: int, max_w: int, max_u: int) -> tuple[int, np.ndarray]:
         n = len(w)
@@ -1225,10 +1431,10 @@ class KnapsackSolver:
         _forward_count(w, u, v, max_w, max_u, limit, best, keep)
         chosen = np.zeros(n, dtype=np.bool_)
         _backtrack_count(w, u, max_w, max_u, limit, keep, chosen)
-        self._ints[-1, _M_PREV_N] = -1
-        self._ints[-1, _M_PROCESSED] = n
-        self._ints[-1, _M_METHOD] = _BY_COUNT
-        self._ints[-1, _M_PASSES] = self._ints[-1, _M_VISITS] = 0
+        self._ints[_M_PREV_N, -1] = -1
+        self._ints[_M_PROCESSED, -1] = n
+        self._ints[_M_METHOD, -1] = _BY_COUNT
+        self._ints[_M_PASSES, -1] = self._ints[_M_VISITS, -1] = self._ints[_M_TAILS, -1] = 0
         return int(best[limit, max_w, max_u]), chosen
 
 

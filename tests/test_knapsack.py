@@ -260,11 +260,11 @@ def test_reach_ranges_are_the_subset_bounds(seed):
         w, u = rng.integers(0, 9, n), rng.integers(0, 4, n)
         max_w, max_u = int(rng.integers(1, 30)), int(rng.integers(0, 10))
         fit = (w <= max_w) & (u <= max_u)
-        ints = np.zeros((n + 2, _NCOL), dtype=np.int64)
-        ints[:n, _FIT] = fit
+        ints = np.zeros((_NCOL, n + 2), dtype=np.int64)
+        ints[_FIT, :n] = fit
         for i in range(n):
-            ints[i, _LO_B] = max(max_u - int(u[i + 1:][fit[i + 1:]].sum()), 0)
-            ints[i, _PU] = min(int(u[:i][fit[:i]].sum()), max_u)
+            ints[_LO_B, i] = max(max_u - int(u[i + 1:][fit[i + 1:]].sum()), 0)
+            ints[_PU, i] = min(int(u[:i][fit[:i]].sum()), max_u)
         for exact in (True, False):
             reach = np.full((n, 2, max_u + 1), -7, dtype=np.int32)
             _reach(w, u, max_w, max_u, ints, reach, np.zeros((4, max_u + 1), dtype=np.int64), exact)
@@ -274,8 +274,8 @@ def test_reach_ranges_are_the_subset_bounds(seed):
                 for r in range(len(later) + 1):
                     for sub in combinations(later, r):
                         sums.setdefault(int(u[list(sub)].sum()), []).append(int(w[list(sub)].sum()))
-                hi = min(max_u, int(ints[i, _PU] + u[i])) if fit[i] else int(ints[i, _PU])
-                for k in range(max_u - hi + 1, max_u - int(ints[i, _LO_B]) + 1):  # rows below the top row
+                hi = min(max_u, int(ints[_PU, i] + u[i])) if fit[i] else int(ints[_PU, i])
+                for k in range(max_u - hi + 1, max_u - int(ints[_LO_B, i]) + 1):  # rows below the top row
                     lo, last = int(reach[i, 0, k]), int(reach[i, 1, k])
                     ws = sums.get(k, [])
                     if exact:  # clamped to -1 .. max_w + 1
@@ -432,28 +432,46 @@ def test_tails_are_the_subset_bounds(seed):
 
 
 @pytest.mark.skipif(not JIT, reason="compares the compiled vector step with its Python twin")
-@pytest.mark.parametrize("dtype", [np.int32, np.int64])
-def test_minplus_step_matches_its_python_twin(dtype):
+@pytest.mark.parametrize("kind,dtype", [("plain", np.int32), ("plain", np.int64),
+                                        ("saturating", np.uint8), ("saturating", np.uint16)])
+def test_minplus_step_matches_its_python_twin(kind, dtype):
+    """``_minplus_chunk`` (``min(h[s0], h[s1] + x)``, ``VEC`` lanes) and ``_minplus_sat`` (the
+    addition saturating at the unsigned cells' bounds, ``|x|`` cut to the largest cell value,
+    ``SAT_VEC`` lanes): compiled, as the Python twin, and as the formula."""
     from numba import njit
 
-    from packtool.knapsack import VEC, _minplus_chunk_ir, _minplus_chunk_py
+    import packtool.knapsack as K
+
+    if kind == "plain":
+        lanes, compiled, twin = K.VEC, K._minplus_chunk_ir, K._minplus_chunk_py
+        lo, hi, xs = -1000, 1000, 50
+    else:
+        lanes, compiled, twin = K.SAT_VEC, K._minplus_sat_ir, K._minplus_sat_py
+        lo, hi = 0, int(np.iinfo(dtype).max)
+        xs = 2 * hi  # beyond the cells' range too
 
     @njit
     def step(h, d0, s0, s1, x):
-        _minplus_chunk_ir(h, d0, s0, s1, x)
+        compiled(h, d0, s0, s1, x)
 
-    rng = np.random.default_rng(int(np.dtype(dtype).itemsize) + 40)
+    seed = int(np.dtype(dtype).itemsize) + 40
+    rng = np.random.default_rng(seed)
     for _ in range(200):
-        h = rng.integers(-1000, 1000, 5 * VEC).astype(dtype)
-        s0 = int(rng.integers(2 * VEC, 3 * VEC))
-        s1 = s0 - int(rng.integers(0, VEC + 1))
-        d0 = s0 - int(rng.integers(VEC, 2 * VEC + 1))  # a row below its sources, as in _tails
-        x = int(rng.integers(-50, 50))
+        h = rng.integers(lo, hi + 1, 5 * lanes).astype(dtype)
+        s0 = int(rng.integers(2 * lanes, 3 * lanes))
+        s1 = s0 - int(rng.integers(0, lanes + 1))
+        d0 = s0 - int(rng.integers(lanes, 2 * lanes + 1))  # a row below its sources, as in the tails
+        x = int(rng.integers(-xs, xs))
         a, b = h.copy(), h.copy()
         step(a, d0, s0, s1, x)
-        _minplus_chunk_py(b, d0, s0, s1, x)
-        assert a.tolist() == b.tolist()
-        assert (a[d0: d0 + VEC] == np.minimum(h[s0: s0 + VEC], h[s1: s1 + VEC] + x)).all()
+        twin(b, d0, s0, s1, x)
+        assert a.tolist() == b.tolist(), (kind, seed)
+        src, add = h[s0: s0 + lanes].astype(np.int64), h[s1: s1 + lanes].astype(np.int64)
+        if kind == "plain":
+            want = np.minimum(src, add + x)
+        else:
+            want = np.minimum(src, np.clip(add + max(min(x, hi), -hi), 0, hi))
+        assert a[d0: d0 + lanes].tolist() == want.tolist(), (kind, seed)
 
 
 def test_sparse_search_is_tried_on_large_tables_by_default():
@@ -468,3 +486,88 @@ def test_sparse_search_is_tried_on_large_tables_by_default():
     table = KnapsackSolver(512, 128, sparse=False)
     assert table.solve(w, u, v, 9, 3)[1].tolist() == solver.solve(w, u, v, 9, 3)[1].tolist()
     assert table.last_method == "table" and table.last_items_processed == 4
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_saturating_tails_bound_the_exact_ones(seed):
+    """``_tails_sat`` (unsigned 8 bits, held less ``off = low``, the sum of the negative
+    losses): every cell is at most the exact tail (a valid bound to prune by), and at least
+    the smaller of the exact tail and ``2 low + 255`` (so it is exact up to there, and a cell
+    beyond prunes whatever an exact one would within the budget the search allows)."""
+    from packtool.knapsack import SAT_VEC, VEC, _tails, _tails_sat
+
+    rng = np.random.default_rng(700 + seed)
+    for trial in range(30):
+        n = int(rng.integers(0, 12))
+        cap = int(rng.integers(0, 140))
+        x = rng.integers(0, 50, n)
+        loss = rng.integers(-30, 200, n)
+        if loss[loss < 0].sum() < -128:  # the caller's condition for 8-bit tails
+            loss = np.abs(loss)
+        low = int(loss[loss < 0].sum())
+        price = int(rng.integers(0, 40))
+        stride = (cap + 2 * VEC) // VEC * VEC
+        exact = np.zeros((n + 1) * stride + VEC, dtype=np.int64)
+        _tails(x, loss, n, price, cap, exact, 0, stride)
+        stride8 = (cap + 2 * SAT_VEC - 1) // SAT_VEC * SAT_VEC  # the search's rows: as short as steps allow
+        h = np.full(5 + (n + 1) * stride8 + SAT_VEC, 77, dtype=np.uint8)
+        _tails_sat(x, loss, n, price, cap, h, 5, stride8, low)
+        assert (h[:5] == 77).all(), (seed, trial)  # nothing written before the base
+        assert (h[5 + (n + 1) * stride8:] == 77).all(), (seed, trial)  # nor past the last row
+        for r in range(n + 1):
+            want = exact[r * stride: r * stride + cap + 1]
+            got = h[5 + r * stride8: 5 + r * stride8 + cap + 1].astype(np.int64) + low
+            assert (got <= want).all(), (seed, trial, r)
+            assert (got >= np.minimum(want, 2 * low + 255)).all(), (seed, trial, r)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sparse_search_with_8bit_tails_matches_brute_force(seed):
+    """Prices that round to whole numbers at scale 1 (values 1,024 a weight unit and 960 a
+    unit of the second capacity, less a rounding loss, as the Molmo2 settings give at 32 and
+    30 with larger capacities): the search prunes by 8-bit tails, goes to 16 bits where a
+    pass's budget passes their exact range, or to 32 where the values need it, and returns
+    the brute-force value and tie-rule subset every time."""
+    rng = np.random.default_rng(800 + seed)
+    sparse, table = KnapsackSolver(40, 14, sparse=True), KnapsackSolver(40, 14, sparse=False)
+    bits = []
+    for k in range(40 if JIT else 10):
+        n = int(rng.integers(1, (13 if JIT else 9) + 1))
+        cw, cu = int(rng.integers(20, 41)), int(rng.integers(4, 15))
+        w = rng.integers(1, 14, n)
+        u = np.where(rng.random(n) < 0.2, 0, rng.integers(0, 5, n))
+        v = np.maximum(1024 * w + 960 * u - rng.integers(0, 16 if k % 4 else 200, n), 0)
+        want = brute_force_knapsack(w, u, v, cw, cu)
+        got = sparse.solve(w, u, v, cw, cu)
+        ref = table.solve(w, u, v, cw, cu)
+        assert got[0] == ref[0] == want[0], (seed, k)
+        assert got[1].tolist() == ref[1].tolist() == want[1].tolist(), (seed, k)
+        if sparse.last_method == "sparse":
+            bits.append(sparse.last_tail_bits)
+    assert bits.count(8) >= (4 if JIT else 1) and 16 in bits or not JIT, (seed, bits)
+
+
+def test_solve_takes_any_integer_arrays():
+    """The compiled entry takes item arrays of any layout; other types, lists and read-only
+    arrays are converted or read as they are, with the same answer; wrong shapes are refused
+    before anything is read."""
+    rng = np.random.default_rng(31)
+    w, u = rng.integers(1, 60, 96), rng.integers(0, 20, 96)
+    v = 32 * w + 30 * u - rng.integers(0, 32, 96)
+    solver = KnapsackSolver(512, 128)
+    want = solver.solve(w[::2].copy(), u[::2].copy(), v[::2].copy())
+    table = KnapsackSolver(512, 128, sparse=False).solve(w[::2].copy(), u[::2].copy(), v[::2].copy())
+    assert want[0] == table[0] > 0 and want[1].tolist() == table[1].tolist()
+    ro = [x[::2].copy() for x in (w, u, v)]
+    for x in ro:
+        x.flags.writeable = False
+    for args in ((w[::2], u[::2], v[::2]),  # strided views
+                 (w[-2::-2][::-1], u[-2::-2][::-1], v[-2::-2][::-1]),  # negative strides
+                 tuple(ro),
+                 tuple(x[::2].astype(np.int32) for x in (w, u, v)),
+                 tuple(x[::2].tolist() for x in (w, u, v))):
+        value, chosen = solver.solve(*args)
+        assert value == want[0] and chosen.tolist() == want[1].tolist()
+    for bad in ((w.reshape(8, 12), u, v), (w, u[:-1], v), (w, u, v[None, :])):
+        with pytest.raises(ValueError, match="1-D arrays of equal length"):
+            solver.solve(*bad)
