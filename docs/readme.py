@@ -10,7 +10,9 @@ exactly as ``make demo`` writes them, so later blocks see what earlier ones wrot
 following along would. ``packtool`` is the command of the running interpreter's environment.
 
 * ``console``: each ``$ COMMAND`` line runs in a shell; the lines after it, up to the next
-  ``$``, are its output (stdout and stderr, as a terminal shows them).
+  ``$``, are its output (stdout and stderr, as a terminal shows them). A plain
+  ``packtool ARGS`` line (no quoting, redirection or pipe) runs in this process instead, to the
+  same output without a second of start-up per command.
 * ``pycon``: each ``>>> STATEMENT`` runs in one namespace per block; the lines after it are
   what the interpreter echoes.
 * ``python``: executed as a whole, in a fresh namespace; it must not raise.
@@ -31,12 +33,14 @@ import contextlib
 import difflib
 import importlib.util
 import io
+import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,10 +106,56 @@ def _env() -> dict:
     return env
 
 
+#: A plain ``packtool ARGS`` line (an end-of-line comment allowed): nothing for a shell to expand,
+#: redirect or chain, so the command can run in this process (see :func:`_packtool`).
+_PLAIN = re.compile(r"^packtool(\s+[\w./:,=@%+-]+)*\s*(#.*)?$")
+
+
 def _shell(command: str) -> str:
+    if _PLAIN.match(command):
+        return _packtool(command.split("#", 1)[0].split()[1:])[1]
     r = subprocess.run(command, shell=True, cwd=SCRATCH, env=_env(), stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True)
     return r.stdout
+
+
+def _packtool(argv: list[str]) -> tuple[int, str]:
+    """``packtool ARGV`` run in this process as the shell would run it (in the scratch directory,
+    with :func:`_env`, stdout and stderr in one stream); ``(exit code, output)``.
+
+    A subprocess would spend a second on imports before each of the README's commands; what a
+    command prints does not depend on the process it runs in (its progress bars are off when
+    stderr is not a terminal, in both). A bug's traceback becomes the output, as a shell shows it.
+    """
+    from packtool.cli import main
+
+    buf = io.StringIO()
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    root = logging.getLogger()
+    saved_log = (root.level, root.handlers[:])
+    try:
+        os.environ.clear()
+        os.environ.update(_env())
+        os.chdir(SCRATCH)
+        # a fresh process: no log handler yet (the command's basicConfig adds one on this stream),
+        # Python's default warning filters
+        root.handlers[:] = []
+        with warnings.catch_warnings(), contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            warnings.resetwarnings()
+            for category in (ResourceWarning, ImportWarning, PendingDeprecationWarning, DeprecationWarning):
+                warnings.simplefilter("ignore", category)
+            try:
+                code = main(argv)
+            except Exception:  # noqa: BLE001 - shown in the block, which is then stale
+                traceback.print_exc(file=buf)
+                code = 1
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        root.setLevel(saved_log[0])
+        root.handlers[:] = saved_log[1]
+    return code, buf.getvalue()
 
 
 def prepare() -> None:
@@ -115,9 +165,9 @@ def prepare() -> None:
     (SCRATCH / "examples").symlink_to(ROOT / "examples")
     for command in ("packtool tokenize examples/sample/data.jsonl --media-root examples/sample -o build/demo/tokenized --quiet",
                     "packtool pack build/demo/tokenized -o build/demo/packed --max-tokens 8192 --quiet"):
-        r = subprocess.run(command, shell=True, cwd=SCRATCH, env=_env(), capture_output=True, text=True)
-        if r.returncode:
-            raise RuntimeError(f"{command}: {r.stderr}")
+        code, out = _packtool(command.split()[1:])
+        if code:
+            raise RuntimeError(f"{command}: {out}")
 
 
 def run_console(block: Block) -> list[str]:
