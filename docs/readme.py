@@ -22,7 +22,9 @@ An HTML comment right before a block's opening fence steers it (several may stan
 * ``<!-- docs: setup SHELL COMMAND -->`` runs first, unseen (e.g. damaging a copy for ``validate``);
 * ``<!-- docs: requires torch transformers -->`` runs the block only where those modules import;
   elsewhere it is skipped, and said so (``--write`` keeps such a block as it is);
-* ``<!-- docs: skip -->`` never runs the block.
+* ``<!-- docs: skip -->`` never runs the block;
+* ``<!-- docs: run-by tests/test_x.py -->`` leaves the block to that test file, which executes it
+  with checks of its own (on smaller data, where the block would take long on the demo's).
 
 Other languages (``bash``, ``jsonl``, plain fences) are shown, never run.
 """
@@ -50,7 +52,7 @@ SCRATCH = ROOT / "build" / "docs"
 RUN = ("console", "pycon", "python")
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
-_MARK = re.compile(r"^<!-- docs: (setup|requires|skip)\s*(.*?)\s*-->$")
+_MARK = re.compile(r"^<!-- docs: (setup|requires|skip|run-by)\s*(.*?)\s*-->$")
 
 
 @dataclass
@@ -62,6 +64,7 @@ class Block:
     setup: list[str] = field(default_factory=list)
     requires: list[str] = field(default_factory=list)
     skip: bool = False
+    run_by: str = ""  # the test file that executes this block (with checks of its own) instead
 
     @property
     def where(self) -> str:
@@ -87,6 +90,8 @@ def parse(lines: list[str]) -> list[Block]:
                 block.setup.insert(0, arg)
             elif kind == "requires":
                 block.requires += arg.split()
+            elif kind == "run-by":
+                block.run_by = arg
             else:
                 block.skip = True
             k -= 1
@@ -233,6 +238,11 @@ def check(write: bool = False, readme: Path = README, scratch: Path | None = Non
     edits: list[tuple[Block, list[str]]] = []
     for block in parse(lines):
         if block.lang not in RUN or block.skip:
+            continue
+        if block.run_by:  # the named file must exist and read the README
+            by = ROOT / block.run_by
+            if not by.is_file() or "README.md" not in by.read_text(encoding="utf-8"):
+                problems.append(f"{block.where}: {block.run_by}, named to run this block, does not read README.md")
             continue
         if missing := missing_modules(block):
             skipped.append(f"{block.where}: {block.lang} block needs {', '.join(missing)}")
