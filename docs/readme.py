@@ -132,35 +132,44 @@ def _packtool(argv: list[str]) -> tuple[int, str]:
     command prints does not depend on the process it runs in (its progress bars are off when
     stderr is not a terminal, in both). A bug's traceback becomes the output, as a shell shows it.
     """
+    buf = io.StringIO()
+    try:
+        code = run_in_process(argv, cwd=SCRATCH, env=_env(), stdout=buf, stderr=buf)
+    except Exception:  # noqa: BLE001 - shown in the block, which is then stale
+        traceback.print_exc(file=buf)
+        code = 1
+    return code, buf.getvalue()
+
+
+def run_in_process(argv: list[str], *, cwd: Path | str, env: dict[str, str], stdout: io.TextIOBase,
+                   stderr: io.TextIOBase) -> int:
+    """``packtool.cli.main(argv)`` as a fresh process would run it: in ``cwd``, with exactly ``env``,
+    no log handler yet (``-v`` and warnings configure their own on ``stderr``), Python's default
+    warning filters, ``sys.stdout``/``sys.stderr`` redirected. Everything process-wide it changes
+    (environment, directory, root logger, warning filters) is put back afterwards, so many commands
+    can run in one process (here and in tests/clirun.py). Returns the exit code; an exception other
+    than the CLI's own errors propagates."""
     from packtool.cli import main
 
-    buf = io.StringIO()
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
     root = logging.getLogger()
     saved_log = (root.level, root.handlers[:])
     try:
         os.environ.clear()
-        os.environ.update(_env())
-        os.chdir(SCRATCH)
-        # a fresh process: no log handler yet (the command's basicConfig adds one on this stream),
-        # Python's default warning filters
+        os.environ.update(env)
+        os.chdir(cwd)
         root.handlers[:] = []
-        with warnings.catch_warnings(), contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        with warnings.catch_warnings(), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             warnings.resetwarnings()
             for category in (ResourceWarning, ImportWarning, PendingDeprecationWarning, DeprecationWarning):
                 warnings.simplefilter("ignore", category)
-            try:
-                code = main(argv)
-            except Exception:  # noqa: BLE001 - shown in the block, which is then stale
-                traceback.print_exc(file=buf)
-                code = 1
+            return main([str(a) for a in argv])
     finally:
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
         root.setLevel(saved_log[0])
         root.handlers[:] = saved_log[1]
-    return code, buf.getvalue()
 
 
 def prepare() -> None:
