@@ -18,9 +18,11 @@ TORCH_INDEX ?=
 
 .PHONY: demo demo-plot docs test test-nojit lint schemas bench clean
 
-$(RUNTIME): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
+
+$(RUNTIME): pyproject.toml | $(PY)
 	$(PIP) -e .
 	touch $@
 
@@ -28,14 +30,14 @@ $(PLOT): $(RUNTIME)
 	$(PIP) -e '.[plot]'
 	touch $@
 
-$(TESTENV): $(RUNTIME)
-	$(PIP) -e '.[dev,test,plot,zstd,ray,s3,gcs]'
-	# torch + torchvision for the trainer-side tests: the family processors (video, Molmo2) need
-	# torchvision, and this pair is the one whose wheels lie on the machine (no download)
-	$(PIP) torch==2.14.1 torchvision==0.29.1 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
-	# the model classes and processors the hf reader is proven against (tiny random-init models; no weights)
-	$(PIP) transformers==5.24.0
-	touch $@ $(PLOT)
+# One pip call for everything the tests need (one resolve, one editable build; the runtime
+# install is part of it, so it is not run first): packtool with its extras; torch + torchvision
+# for the trainer-side tests (the family processors, video and Molmo2, need torchvision, and this
+# pair is the one whose wheels lie on the machine: no download); transformers, the model classes
+# and processors the hf reader is proven against (tiny random-init models; no weights).
+$(TESTENV): pyproject.toml | $(PY)
+	$(PIP) -e '.[dev,test,plot,zstd,ray,s3,gcs]' torch==2.14.1 torchvision==0.29.1 transformers==5.24.0 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	touch $@ $(RUNTIME) $(PLOT)
 
 demo: $(RUNTIME)
 	rm -rf $(DEMO)

@@ -10,7 +10,9 @@ exactly as ``make demo`` writes them, so later blocks see what earlier ones wrot
 following along would. ``packtool`` is the command of the running interpreter's environment.
 
 * ``console``: each ``$ COMMAND`` line runs in a shell; the lines after it, up to the next
-  ``$``, are its output (stdout and stderr, as a terminal shows them).
+  ``$``, are its output (stdout and stderr, as a terminal shows them). A plain
+  ``packtool ARGS`` line (no quoting, redirection or pipe) runs in this process instead, to the
+  same output without a second of start-up per command.
 * ``pycon``: each ``>>> STATEMENT`` runs in one namespace per block; the lines after it are
   what the interpreter echoes.
 * ``python``: executed as a whole, in a fresh namespace; it must not raise.
@@ -20,7 +22,9 @@ An HTML comment right before a block's opening fence steers it (several may stan
 * ``<!-- docs: setup SHELL COMMAND -->`` runs first, unseen (e.g. damaging a copy for ``validate``);
 * ``<!-- docs: requires torch transformers -->`` runs the block only where those modules import;
   elsewhere it is skipped, and said so (``--write`` keeps such a block as it is);
-* ``<!-- docs: skip -->`` never runs the block.
+* ``<!-- docs: skip -->`` never runs the block;
+* ``<!-- docs: run-by tests/test_x.py -->`` leaves the block to that test file, which executes it
+  with checks of its own (on smaller data, where the block would take long on the demo's).
 
 Other languages (``bash``, ``jsonl``, plain fences) are shown, never run.
 """
@@ -31,12 +35,14 @@ import contextlib
 import difflib
 import importlib.util
 import io
+import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +52,7 @@ SCRATCH = ROOT / "build" / "docs"
 RUN = ("console", "pycon", "python")
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
-_MARK = re.compile(r"^<!-- docs: (setup|requires|skip)\s*(.*?)\s*-->$")
+_MARK = re.compile(r"^<!-- docs: (setup|requires|skip|run-by)\s*(.*?)\s*-->$")
 
 
 @dataclass
@@ -58,6 +64,7 @@ class Block:
     setup: list[str] = field(default_factory=list)
     requires: list[str] = field(default_factory=list)
     skip: bool = False
+    run_by: str = ""  # the test file that executes this block (with checks of its own) instead
 
     @property
     def where(self) -> str:
@@ -83,6 +90,8 @@ def parse(lines: list[str]) -> list[Block]:
                 block.setup.insert(0, arg)
             elif kind == "requires":
                 block.requires += arg.split()
+            elif kind == "run-by":
+                block.run_by = arg
             else:
                 block.skip = True
             k -= 1
@@ -102,10 +111,65 @@ def _env() -> dict:
     return env
 
 
+#: A plain ``packtool ARGS`` line (an end-of-line comment allowed): nothing for a shell to expand,
+#: redirect or chain, so the command can run in this process (see :func:`_packtool`).
+_PLAIN = re.compile(r"^packtool(\s+[\w./:,=@%+-]+)*\s*(#.*)?$")
+
+
 def _shell(command: str) -> str:
+    if _PLAIN.match(command):
+        return _packtool(command.split("#", 1)[0].split()[1:])[1]
     r = subprocess.run(command, shell=True, cwd=SCRATCH, env=_env(), stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True)
     return r.stdout
+
+
+def _packtool(argv: list[str]) -> tuple[int, str]:
+    """``packtool ARGV`` run in this process as the shell would run it (in the scratch directory,
+    with :func:`_env`, stdout and stderr in one stream); ``(exit code, output)``.
+
+    A subprocess would spend a second on imports before each of the README's commands; what a
+    command prints does not depend on the process it runs in (its progress bars are off when
+    stderr is not a terminal, in both). A bug's traceback becomes the output, as a shell shows it.
+    """
+    buf = io.StringIO()
+    try:
+        code = run_in_process(argv, cwd=SCRATCH, env=_env(), stdout=buf, stderr=buf)
+    except Exception:  # noqa: BLE001 - shown in the block, which is then stale
+        traceback.print_exc(file=buf)
+        code = 1
+    return code, buf.getvalue()
+
+
+def run_in_process(argv: list[str], *, cwd: Path | str, env: dict[str, str], stdout: io.TextIOBase,
+                   stderr: io.TextIOBase) -> int:
+    """``packtool.cli.main(argv)`` as a fresh process would run it: in ``cwd``, with exactly ``env``,
+    no log handler yet (``-v`` and warnings configure their own on ``stderr``), Python's default
+    warning filters, ``sys.stdout``/``sys.stderr`` redirected. Everything process-wide it changes
+    (environment, directory, root logger, warning filters) is put back afterwards, so many commands
+    can run in one process (here and in tests/clirun.py). Returns the exit code; an exception other
+    than the CLI's own errors propagates."""
+    from packtool.cli import main
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    root = logging.getLogger()
+    saved_log = (root.level, root.handlers[:])
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(cwd)
+        root.handlers[:] = []
+        with warnings.catch_warnings(), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            warnings.resetwarnings()
+            for category in (ResourceWarning, ImportWarning, PendingDeprecationWarning, DeprecationWarning):
+                warnings.simplefilter("ignore", category)
+            return main([str(a) for a in argv])
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        root.setLevel(saved_log[0])
+        root.handlers[:] = saved_log[1]
 
 
 def prepare() -> None:
@@ -115,9 +179,9 @@ def prepare() -> None:
     (SCRATCH / "examples").symlink_to(ROOT / "examples")
     for command in ("packtool tokenize examples/sample/data.jsonl --media-root examples/sample -o build/demo/tokenized --quiet",
                     "packtool pack build/demo/tokenized -o build/demo/packed --max-tokens 8192 --quiet"):
-        r = subprocess.run(command, shell=True, cwd=SCRATCH, env=_env(), capture_output=True, text=True)
-        if r.returncode:
-            raise RuntimeError(f"{command}: {r.stderr}")
+        code, out = _packtool(command.split()[1:])
+        if code:
+            raise RuntimeError(f"{command}: {out}")
 
 
 def run_console(block: Block) -> list[str]:
@@ -183,6 +247,11 @@ def check(write: bool = False, readme: Path = README, scratch: Path | None = Non
     edits: list[tuple[Block, list[str]]] = []
     for block in parse(lines):
         if block.lang not in RUN or block.skip:
+            continue
+        if block.run_by:  # the named file must exist and read the README
+            by = ROOT / block.run_by
+            if not by.is_file() or "README.md" not in by.read_text(encoding="utf-8"):
+                problems.append(f"{block.where}: {block.run_by}, named to run this block, does not read README.md")
             continue
         if missing := missing_modules(block):
             skipped.append(f"{block.where}: {block.lang} block needs {', '.join(missing)}")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
+from clirun import packtool
 
 from packtool.cli import app, main
 
@@ -14,7 +14,7 @@ COMMANDS = sorted(c.name or c.callback.__name__ for c in app.registered_commands
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "packtool", *args], capture_output=True, text=True)
+    return packtool(*args)  # in this process (tests/clirun.py): what a command prints and writes
 
 
 def test_top_level_help_shows_an_example(capsys):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from clirun import packtool
 from PIL import Image
 
 from packtool.cli import main
@@ -104,7 +105,7 @@ def _long_stage(tmp_path: Path, media: Path, stage: str) -> tuple[list, Path]:
     src = _corpus(tmp_path, media, 3000)
     tok = tmp_path / "tok"
     if stage == "pack":
-        assert run("tokenize", src, "--media-root", media, "-o", tok, "-q", "--workers", "1").returncode == 0
+        assert packtool("tokenize", src, "--media-root", media, "-o", tok, "-q", "--workers", "1").returncode == 0
         return (["pack", tok, "-o", tmp_path / "packed", "--max-tokens", "512", "--buffer-size", "512", "-q",
                  "--workers", "1", "--packs-per-shard", "50"], tmp_path / "packed")
     return ["tokenize", src, "--media-root", media, "-o", tok, "-q", "--workers", "1", "--rows-per-shard", "100"], tok

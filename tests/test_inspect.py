@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import av
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from clirun import packtool
 
 from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
 from packtool.inspection import LOSS_CLOSE, LOSS_OPEN, inspect_dir, render_inspection
@@ -29,7 +29,7 @@ SAMPLE = ROOT / "examples" / "sample"
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "packtool", *args], capture_output=True, text=True)
+    return packtool(*args)  # in this process (tests/clirun.py): what a command prints and writes
 
 
 def _write_tokenized(out: Path, rows: list[dict], model: str, media_root: Path) -> Path:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections import Counter
 from fractions import Fraction
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from clirun import packtool
 
 from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
 from packtool.errors import ConfigError
@@ -34,7 +34,7 @@ MASK64 = (1 << 64) - 1
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "packtool", *args], capture_output=True, text=True, cwd=cwd)
+    return packtool(*args, cwd=cwd)  # in this process (tests/clirun.py): what a command prints and writes
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from clirun import packtool
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "packtool", *args], capture_output=True, text=True)
+    return packtool(*args)  # in this process (tests/clirun.py): what a command prints and writes
 
 
 @pytest.fixture()

@@ -7,14 +7,14 @@ import sys
 
 import numpy as np
 import pytest
+from clirun import packtool
 from PIL import Image
 
 
 def test_plot_png_from_demo(demo_dirs, tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "fig" / "stats.png"
-    r = subprocess.run([sys.executable, "-m", "packtool", "stats", str(demo_dirs["packed"]), "--plot", str(out)],
-                       capture_output=True, text=True)
+    r = packtool("stats", demo_dirs["packed"], "--plot", out)
     assert r.returncode == 0, r.stderr
     assert "token fill" in r.stdout  # the table is still printed
     with Image.open(out) as im:

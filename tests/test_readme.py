@@ -35,6 +35,16 @@ def test_the_block_markers_are_parsed():
                                                               ["import torch"])
     assert (b.lang, b.skip) == ("console", True) and c.lang == "bash"
     assert readme.missing_modules(readme.Block("python", 0, 0, [], requires=["no_such_module_x"])) == ["no_such_module_x"]
+    (d,) = readme.parse(["<!-- docs: run-by tests/test_reader.py -->", "```python", "loop()", "```"])
+    assert (d.run_by, d.skip) == ("tests/test_reader.py", False)
+
+
+def test_a_block_left_to_a_test_file_is_not_run_but_the_file_must_read_the_readme(tmp_path):
+    doc = tmp_path / "README.md"
+    doc.write_text("<!-- docs: run-by tests/test_reader.py -->\n```python\nraise SystemExit(1)\n```\n\n"
+                   "<!-- docs: run-by tests/no_such_test.py -->\n```python\nraise SystemExit(1)\n```\n")
+    problems, skipped = readme.check(readme=doc, scratch=tmp_path / "s")
+    assert skipped == [] and problems == ["README.md:7: tests/no_such_test.py, named to run this block, does not read README.md"]
 
 
 def test_a_stale_console_block_is_reported_and_rewritten(tmp_path):

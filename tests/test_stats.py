@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from clirun import packtool
 
 from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
 from packtool.runs import read_expanded
@@ -22,7 +22,7 @@ SCHEMA = json.loads((ROOT / "schemas" / "stats.v1.json").read_text())
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "packtool", *args], capture_output=True, text=True)
+    return packtool(*args)  # in this process (tests/clirun.py): what a command prints and writes
 
 
 # ----------------------------------------------------------------------------------------------

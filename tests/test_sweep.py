@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pyarrow.parquet as pq
+from clirun import packtool
 
 from packtool import PackConfig, pack_dataset
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "packtool", *args], capture_output=True, text=True)
+    return packtool(*args)  # in this process (tests/clirun.py): what a command prints and writes
 
 
 def _packs(d):

@@ -332,10 +332,8 @@ def test_tokenize_cli_records_the_flag_and_writes_golden_rows_and_reasons(media_
     """End to end: a mixed JSONL through ``packtool tokenize``; good rows match the goldens with the
     loss the flag asks for, bad rows land in errors.jsonl with their reasons, the manifest records
     ``reasoning_loss`` and the qwen3 vocabulary (qwen3-vl's default), and ``inspect`` reads the rows back."""
-    import subprocess
-    import sys
-
     import numpy as np
+    from clirun import packtool
 
     rows = [{"id": "tools", **tool_records()["openai"]},
             {"id": "think", **reasoning_records()["openai-reasoning_content"]},
@@ -344,9 +342,8 @@ def test_tokenize_cli_records_the_flag_and_writes_golden_rows_and_reasons(media_
     src = tmp_path / "tool_use.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     out = tmp_path / "tok"
-    cmd = [sys.executable, "-m", "packtool", "tokenize", str(src), "--media-root", str(media_root), "-o", str(out),
-           "--template", "qwen3-vl", "--no-reasoning-loss", "--quiet", "--json"]  # qwen3: the template's default
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = packtool("tokenize", src, "--media-root", media_root, "-o", out,
+                 "--template", "qwen3-vl", "--no-reasoning-loss", "--quiet", "--json")  # qwen3: the template's default
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert (summary["samples"], summary["rejected"]) == (2, 2)
@@ -364,8 +361,7 @@ def test_tokenize_cli_records_the_flag_and_writes_golden_rows_and_reasons(media_
     for sid, want in (("tools", TOOL_LOSS), ("think", REASONING_LOSS[False])):
         row = {k: np.asarray(got[sid][k]) for k in ("input_ids", "target_ids")}
         assert lossy_text(tok, row) == want
-    r = subprocess.run([sys.executable, "-m", "packtool", "inspect", str(out), "--sample", "think", "--json"],
-                       capture_output=True, text=True)
+    r = packtool("inspect", out, "--sample", "think", "--json")
     assert r.returncode == 0, r.stderr
     assert "Multiply." in r.stdout
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from clirun import packtool
 
 from packtool.runs import MIN_RUN, compact_table, expand_table
 from packtool.schema import PACKED, PACKED_FULL
@@ -19,7 +19,7 @@ from packtool.validate import validate_dir
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "packtool", *args], capture_output=True, text=True)
+    return packtool(*args)  # in this process (tests/clirun.py): what a command prints and writes
 
 
 @pytest.fixture()
