@@ -64,7 +64,9 @@ def test_make_test_installs_the_pinned_trainer_stack_and_the_readers():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert {re.split(r"[<>=]", d)[0] for d in extras["test"]} == {"pandas", "polars", "duckdb", "datasets",
                                                                       # the S3-compatible server and clients of the storage tests
-                                                                      "moto[server]", "boto3", "s3fs"}
+                                                                      "moto[server]", "boto3", "s3fs",
+                                                                      # the GCS emulator process of tests/test_gcs.py
+                                                                      "gcp-storage-emulator"}
 
 
 def test_pip_shows_what_it_does():
