@@ -39,17 +39,19 @@ from itertools import chain
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from .errors import SampleError
 from .formats import Rejected
 from .media import probe_image, resolve_media_path
 from .records import MediaRef, Sample
-from .schema import PREFIX_SUBSEGMENT
+from . import runs
+from .schema import PREFIX_SUBSEGMENT, TOKENIZED
 from .templates import Template
 from .tokenization import Tokenizer
 from .vision import VisionFamily, VisionLayout
 
-__all__ = ["EncodeContext", "encode_samples", "group_by_media", "shifted_targets", "IGNORE"]
+__all__ = ["EncodeContext", "encode_samples", "encode_stored", "compact_columns", "group_by_media", "shifted_targets", "IGNORE"]
 
 IGNORE = -100
 #: Probe results kept per process; cleared when full (bounds memory on huge corpora).
@@ -241,18 +243,9 @@ def _stage_into(segments, probed: list[_Probed], specials: _Specials, out: _Piec
     return open_loss
 
 
-def encode_samples(
-    samples: list[Sample], ctx: EncodeContext, counts: Counter | None = None
-) -> tuple[list[dict], list[Rejected]]:
-    """Encode a batch of samples into tokenized rows (dicts matching ``schema.TOKENIZED``).
-
-    Texts of the whole batch go to the tokenizer in one batch call, and the batch's token
-    ids, loss mask, targets and positions are built as whole arrays (one numpy pass each,
-    not a few small ones per sample); a row's arrays are views into them. A sample may give
-    several rows (see the module docstring); ``counts``, when given, gains ``trees``
-    (rows), ``branches`` (branches over all rows) and ``split_extra_trees`` (rows beyond
-    one per sample).
-    """
+def _stage_samples(samples: list[Sample], ctx: EncodeContext) -> tuple[_Pieces, list, list[Rejected]]:
+    """Probe, render and stage a batch: its pieces, ``(sample, probed, branch piece ranges)``
+    of each staged sample, and the samples rejected (their pieces rolled back)."""
     specials = _Specials(ctx.tokenizer)
     render = ctx.template.render
     system = ctx.system_prompt
@@ -274,13 +267,28 @@ def encode_samples(
             pieces.rollback(mark)
             del pieces.texts[n_texts:]
             rejected.append(Rejected(s.source, s.source_row, s.sample_id, err.reason, err.message))
-    ids, loss, starts = _assemble_batch(pieces, ctx.tokenizer.encode_batch(pieces.texts) if pieces.texts else [])
+    return pieces, staged, rejected
+
+
+def encode_samples(
+    samples: list[Sample], ctx: EncodeContext, counts: Counter | None = None
+) -> tuple[list[dict], list[Rejected]]:
+    """Encode a batch of samples into tokenized rows (dicts matching ``schema.TOKENIZED_ROWS``,
+    the expanded form; :func:`encode_stored` gives the same rows as shards store them).
+
+    Texts of the whole batch go to the tokenizer in one batch call, and the batch's token
+    ids, loss mask, targets and positions are built as whole arrays (one numpy pass each,
+    not a few small ones per sample); a row's arrays are views into them. A sample may give
+    several rows (see the module docstring); ``counts``, when given, gains ``trees``
+    (rows), ``branches`` (branches over all rows) and ``split_extra_trees`` (rows beyond
+    one per sample).
+    """
+    pieces, staged, rejected = _stage_samples(samples, ctx)
+    ids, loss, starts = _assemble_batch(_PieceArrays(pieces, _encode_texts(pieces, ctx)))
     rows = []
     single = []  # (row, token range) of one-branch rows: their targets and positions come in bulk
     for s, probed, branches in staged:
-        seqs = [(ids[starts[p0]:starts[p1]], loss[starts[p0]:starts[p1]], _spans(pieces, starts, p0, p1))
-                for p0, p1 in branches]
-        trees = _split_trees(seqs, ctx.max_branches, ctx.max_tokens)
+        trees = _sample_trees(pieces, starts, ids, loss, branches, ctx, counts)
         for k, tree in enumerate(trees):
             if len(tree) == 1 and len(branches) == 1:
                 row = _single_row(s, probed, tree[0])
@@ -290,16 +298,54 @@ def encode_samples(
             if k:
                 row["sample_id"] = f"{s.sample_id}#{k}"
             rows.append(row)
-        if counts is not None:
-            counts["trees"] += len(trees)
-            counts["branches"] += len(seqs)
-            counts["split_extra_trees"] += len(trees) - 1
     if single:
         _fill_single(single, ids, loss)
     return rows, rejected
 
 
-def _assemble_batch(pieces: _Pieces, encoded: list[list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _encode_texts(pieces: _Pieces, ctx: EncodeContext) -> list:
+    return ctx.tokenizer.encode_batch(pieces.texts) if pieces.texts else []
+
+
+def _sample_trees(pieces: _Pieces, starts: np.ndarray, ids: np.ndarray, loss: np.ndarray, branches, ctx: EncodeContext,
+                  counts: Counter | None) -> list[list]:
+    """A staged sample's branches as ``(ids, loss, spans)`` grouped into trees (:func:`_split_trees`)."""
+    seqs = [(ids[starts[p0]:starts[p1]], loss[starts[p0]:starts[p1]], _spans(pieces, starts, p0, p1))
+            for p0, p1 in branches]
+    trees = _split_trees(seqs, ctx.max_branches, ctx.max_tokens)
+    if counts is not None:
+        counts["trees"] += len(trees)
+        counts["branches"] += len(seqs)
+        counts["split_extra_trees"] += len(trees) - 1
+    return trees
+
+
+class _PieceArrays:
+    """A staged batch's pieces as numpy arrays, with their texts encoded.
+
+    ``count[k]`` is the tokens piece ``k`` stands for (a text's encoded length), ``starts[k]``
+    where they start in the batch's tokens end to end (one entry more than pieces),
+    ``pool_text`` every text's tokens end to end, text ``i`` at ``text_off[i]``.
+    """
+
+    __slots__ = ("kind", "value", "count", "loss", "is_text", "starts", "pool_text", "text_off")
+
+    def __init__(self, pieces: _Pieces, encoded: list) -> None:
+        self.kind = np.array(pieces.kind, dtype=np.int8)
+        self.value = np.array(pieces.value, dtype=np.int64)
+        self.count = np.array(pieces.count, dtype=np.int64)
+        self.loss = np.array(pieces.loss, dtype=bool)
+        self.is_text = self.kind == _TEXT
+        text_len = np.fromiter((len(t) for t in encoded), dtype=np.int64, count=len(encoded))
+        self.text_off = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum(text_len, out=self.text_off[1:])
+        self.pool_text = np.fromiter(chain.from_iterable(encoded), dtype=np.int32, count=int(self.text_off[-1]))
+        self.count[self.is_text] = text_len[self.value[self.is_text]]
+        self.starts = np.zeros(len(self.kind) + 1, dtype=np.int64)
+        np.cumsum(self.count, out=self.starts[1:])
+
+
+def _assemble_batch(pa_: _PieceArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Token ids and loss mask of every piece of the batch, end to end, and where each piece
     starts (``starts[k]``; one entry more than pieces).
 
@@ -308,23 +354,12 @@ def _assemble_batch(pieces: _Pieces, encoded: list[list[int]]) -> tuple[np.ndarr
     token once): output position ``t`` of piece ``k`` reads ``pool[base[k] + step[k] *
     (t - starts[k])]``, ``step`` 1 for text and 0 for a repeated token.
     """
-    n = len(pieces)
-    kind = np.array(pieces.kind, dtype=np.int8)
-    value = np.array(pieces.value, dtype=np.int64)
-    count = np.array(pieces.count, dtype=np.int64)
-    is_text = kind == _TEXT
-    text_len = np.fromiter((len(t) for t in encoded), dtype=np.int64, count=len(encoded))
-    text_off = np.zeros(len(encoded) + 1, dtype=np.int64)
-    np.cumsum(text_len, out=text_off[1:])
-    pool_text = np.fromiter(chain.from_iterable(encoded), dtype=np.int32, count=int(text_off[-1]))
-    tv = value[is_text]
-    count[is_text] = text_len[tv]
-    starts = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(count, out=starts[1:])
+    n = len(pa_.kind)
+    is_text, value, count, starts, pool_text = pa_.is_text, pa_.value, pa_.count, pa_.starts, pa_.pool_text
     rep = np.flatnonzero(~is_text)
     pool = np.concatenate([pool_text, value[rep].astype(np.int32)])
     base = np.empty(n, dtype=np.int64)
-    base[is_text] = text_off[tv]
+    base[is_text] = pa_.text_off[value[is_text]]
     base[rep] = len(pool_text) + np.arange(len(rep))
     step = is_text.astype(np.int64)
     total = int(starts[-1])
@@ -332,8 +367,215 @@ def _assemble_batch(pieces: _Pieces, encoded: list[list[int]]) -> tuple[np.ndarr
     idx = np.repeat(base - step * starts[:-1], count)
     idx += np.repeat(step, count) * np.arange(total, dtype=np.int64)
     ids = pool[idx] if total else np.zeros(0, dtype=np.int32)
-    loss = np.repeat(np.array(pieces.loss, dtype=bool), count)
+    loss = np.repeat(pa_.loss, count)
     return ids, loss, starts
+
+
+def encode_stored(samples: list[Sample], ctx: EncodeContext, counts: Counter | None = None
+                  ) -> tuple[pa.Table, list[Rejected]]:
+    """The rows of :func:`encode_samples` as tokenized shards store them: a table of
+    ``schema.TOKENIZED``, token columns in runs form (``packtool.runs``), equal to
+    ``compact_table(rows_table(rows, TOKENIZED_ROWS))`` value for value.
+
+    A one-branch row (most rows) goes from its staged pieces to the runs form without
+    being expanded: a placeholder run is one piece already (:func:`_compact_pieces`). A
+    message tree is assembled expanded, as in :func:`encode_samples`, and compacted with
+    :func:`runs.compact`.
+    """
+    pieces, staged, rejected = _stage_samples(samples, ctx)
+    arrays = _PieceArrays(pieces, _encode_texts(pieces, ctx))
+    starts = arrays.starts
+    meta: list[tuple] = []  # (sample_id, sample, probed, media entries, n_tokens, n_branches) of each row
+    single_ranges: list[tuple[int, int]] = []
+    tree_rows: list[dict] = []
+    from_tree: list[bool] = []
+    expanded = None
+    for s, probed, branches in staged:
+        if len(branches) == 1:
+            p0, p1 = branches[0]
+            single_ranges.append((p0, p1))
+            from_tree.append(False)
+            meta.append((s.sample_id, s, probed, _media_entries(probed, _spans(pieces, starts, p0, p1)),
+                         int(starts[p1] - starts[p0]), 1))
+            if counts is not None:
+                counts["trees"] += 1
+                counts["branches"] += 1
+            continue
+        if expanded is None:
+            expanded = _assemble_batch(arrays)
+        ids, loss, _ = expanded
+        for k, tree in enumerate(_sample_trees(pieces, starts, ids, loss, branches, ctx, counts)):
+            row = _tree_row(s, probed, tree)
+            tree_rows.append(row)
+            from_tree.append(True)
+            meta.append((f"{s.sample_id}#{k}" if k else s.sample_id, s, probed, row["media"], row["n_tokens"],
+                         row["n_branches"]))
+    c = _compact_pieces(arrays, single_ranges)
+    if tree_rows:
+        lengths = [r["n_tokens"] for r in tree_rows]
+        offsets = np.zeros(len(tree_rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        trees_c = runs.compact({name: np.concatenate([r[name] for r in tree_rows]) for name in runs.TOKEN_COLUMNS},
+                               offsets)
+        # rows in batch order: the one-branch rows come first in the joined form, then the trees
+        is_tree = np.array(from_tree, dtype=bool)
+        order = np.empty(len(from_tree), dtype=np.int64)
+        order[~is_tree] = np.arange(len(single_ranges))
+        order[is_tree] = len(single_ranges) + np.arange(len(tree_rows))
+        c = _take_rows(_join(c, trees_c), order)
+    return _stored_table(meta, c), rejected
+
+
+def _excl_cumsum(x: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(x), dtype=np.int64)
+    np.cumsum(x[:-1], out=out[1:])
+    return out
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(a, b) for a, b in zip(lo, hi)])`` in one pass.
+
+    Example:
+        >>> _ranges(np.array([2, 7]), np.array([4, 10])).tolist()
+        [2, 3, 7, 8, 9]
+    """
+    n = hi - lo
+    return np.repeat(lo - _excl_cumsum(n), n) + np.arange(int(n.sum()), dtype=np.int64)
+
+
+def _compact_pieces(arrays: _PieceArrays, ranges: list[tuple[int, int]], min_run: int = runs.MIN_RUN) -> runs.Compact:
+    """The runs form of one-branch rows (row ``r`` is pieces ``ranges[r]`` end to end), what
+    :func:`runs.compact` gives for the same rows expanded, without expanding them.
+
+    In a one-branch row positions rise by one and the subsegment is constant, so a run is a
+    maximal stretch of at least ``min_run`` tokens with equal ``(input_id, target_id)``.
+    The row is first read as *segments* ``(id, length, loss)``: one per text token, one per
+    placeholder or special-token piece. Inside a segment every token but the last has the
+    target ``id`` (with loss) or -100; the last one's target is the next segment's first
+    token (or -100 at the row's end). So each segment is a *body* (length - 1 tokens) and a
+    *tail* (1 token) of known keys; equal neighbouring keys join into stretches, and a
+    stretch of at least ``min_run`` tokens is stored as one value and a run. Work is per
+    segment, not per token: a 2,691-token image costs what a text token does.
+
+    Example: the pieces ``"A" (loss) | <pad> x 9 | <end>`` (text ``A`` one token, id 5; pad
+    id 9, end id 3, no loss) are the expanded row ``5 9 9 9 9 9 9 9 9 9 3``, targets all
+    -100 but none; stored ``5 9 3``, one run at 1 of 9 tokens.
+    """
+    n_rows = len(ranges)
+    lo = np.fromiter((a for a, _ in ranges), dtype=np.int64, count=n_rows)
+    hi = np.fromiter((b for _, b in ranges), dtype=np.int64, count=n_rows)
+    sel = _ranges(lo, hi)  # the rows' pieces, in order
+    piece_row = np.repeat(np.arange(n_rows, dtype=np.int64), hi - lo)
+    is_text, count = arrays.is_text[sel], arrays.count[sel]
+    # segments: a text piece gives one per token, any other piece one (none if it has no tokens)
+    n_seg = np.where(is_text, count, count > 0)
+    seg_piece = np.repeat(np.arange(len(sel), dtype=np.int64), n_seg)
+    seg_row = piece_row[seg_piece]
+    seg_text = is_text[seg_piece]
+    value = arrays.value[sel][seg_piece]
+    at = np.flatnonzero(seg_text)
+    if len(at):
+        within = np.arange(len(seg_piece), dtype=np.int64) - np.repeat(_excl_cumsum(n_seg), n_seg)
+        value[at] = arrays.pool_text[arrays.text_off[value[at]] + within[at]]
+    seg_len = np.where(seg_text, 1, count[seg_piece])
+    seg_loss = arrays.loss[sel][seg_piece]
+    n = len(seg_piece)
+    # keys (id, target) of each segment's body and tail, interleaved: body k at 2k, tail at 2k + 1
+    tail_tgt = np.full(n, IGNORE, dtype=np.int64)
+    if n > 1:
+        nxt = (seg_row[1:] == seg_row[:-1]) & seg_loss[1:]
+        tail_tgt[:-1] = np.where(nxt, value[1:], IGNORE)
+    key_id = np.repeat(value, 2)
+    key_tgt = np.stack([np.where(seg_loss, value, IGNORE), tail_tgt], axis=1).ravel()
+    key_len = np.stack([seg_len - 1, np.ones(n, dtype=np.int64)], axis=1).ravel()
+    key_row = np.repeat(seg_row, 2)
+    keep = np.flatnonzero(key_len)
+    key_id, key_tgt, key_len, key_row = key_id[keep], key_tgt[keep], key_len[keep], key_row[keep]
+    # stretches: neighbouring keys joined when id, target and row agree
+    new = np.ones(len(key_id), dtype=bool)
+    new[1:] = (key_id[1:] != key_id[:-1]) | (key_tgt[1:] != key_tgt[:-1]) | (key_row[1:] != key_row[:-1])
+    first = np.flatnonzero(new)
+    g_len = np.add.reduceat(key_len, first) if len(first) else np.zeros(0, dtype=np.int64)
+    g_id, g_tgt, g_row = key_id[first], key_tgt[first], key_row[first]
+    row_tokens = np.bincount(g_row, weights=g_len, minlength=n_rows).astype(np.int64)
+    g_pos = _excl_cumsum(g_len) - _excl_cumsum(row_tokens)[g_row]  # expanded start within the row
+    is_run = g_len >= min_run
+    stored = np.where(is_run, 1, g_len)
+    g_at = _excl_cumsum(stored)  # first stored value of each stretch
+    offsets = np.zeros(n_rows + 1, dtype=np.int64)
+    np.cumsum(np.bincount(g_row, weights=stored, minlength=n_rows).astype(np.int64), out=offsets[1:])
+    total = int(offsets[-1])
+    pos = np.arange(total, dtype=np.int64) + np.repeat(g_pos - g_at, stored)
+    run_offsets = np.zeros(n_rows + 1, dtype=np.int64)
+    np.cumsum(np.bincount(g_row[is_run], minlength=n_rows), out=run_offsets[1:])
+    return runs.Compact(
+        columns={"input_ids": np.repeat(g_id, stored).astype(np.int32),
+                 "target_ids": np.repeat(g_tgt, stored).astype(np.int32),
+                 "position_ids": pos.astype(np.int32),
+                 "subsegment_ids": np.full(total, PREFIX_SUBSEGMENT, dtype=np.int32)},
+        offsets=offsets,
+        run_starts=(g_at - offsets[g_row])[is_run].astype(np.int32),
+        run_lengths=g_len[is_run].astype(np.int32),
+        run_offsets=run_offsets,
+    )
+
+
+def _join(a: runs.Compact, b: runs.Compact) -> runs.Compact:
+    """The rows of ``a`` then those of ``b``, as one batch."""
+    return runs.Compact(
+        columns={name: np.concatenate([a.columns[name], b.columns[name]]) for name in runs.TOKEN_COLUMNS},
+        offsets=np.concatenate([a.offsets, b.offsets[1:] - b.offsets[0] + a.offsets[-1]]),
+        run_starts=np.concatenate([a.run_starts, b.run_starts]),
+        run_lengths=np.concatenate([a.run_lengths, b.run_lengths]),
+        run_offsets=np.concatenate([a.run_offsets, b.run_offsets[1:] - b.run_offsets[0] + a.run_offsets[-1]]),
+    )
+
+
+def _take_rows(c: runs.Compact, order: np.ndarray) -> runs.Compact:
+    """The batch with row ``r`` being ``c``'s row ``order[r]`` (run starts are row-relative, unchanged)."""
+
+    def take(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = offsets[:-1][order], offsets[1:][order]
+        out = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(hi - lo, out=out[1:])
+        return _ranges(lo, hi), out
+
+    idx, offsets = take(c.offsets)
+    run_idx, run_offsets = take(c.run_offsets)
+    return runs.Compact(columns={name: col[idx] for name, col in c.columns.items()}, offsets=offsets,
+                        run_starts=c.run_starts[run_idx], run_lengths=c.run_lengths[run_idx], run_offsets=run_offsets)
+
+
+def compact_columns(c: runs.Compact) -> dict[str, pa.Array]:
+    """The stored token columns of ``schema.TOKENIZED`` (``compact_*``, ``run_starts``,
+    ``run_lengths``) of a batch in runs form, by name."""
+
+    def lists(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
+        rel = offsets - offsets[0]
+        if len(rel) and rel[-1] >= 2**31:
+            raise ValueError("a batch of token lists holds 2**31 values or more; write it in smaller batches")
+        return pa.ListArray.from_arrays(pa.array(rel.astype(np.int32)), pa.array(values, type=pa.int32()))
+
+    out = {f"compact_{name}": lists(c.columns[name], c.offsets) for name in runs.TOKEN_COLUMNS}
+    out["run_starts"] = lists(c.run_starts, c.run_offsets)
+    out["run_lengths"] = lists(c.run_lengths, c.run_offsets)
+    return out
+
+
+def _stored_table(meta: list[tuple], c: runs.Compact) -> pa.Table:
+    """The ``schema.TOKENIZED`` table of a batch: per-row fields from ``meta``, token columns from ``c``."""
+    tokens = compact_columns(c)
+    plain = {
+        "sample_id": [m[0] for m in meta],
+        "source": [m[1].source for m in meta],
+        "source_row": [m[1].source_row for m in meta],
+        "n_tokens": [m[4] for m in meta],
+        "n_vision_units": [sum(pr.layout.units for pr in m[2]) for m in meta],
+        "n_branches": [m[5] for m in meta],
+        "media": [m[3] for m in meta],
+    }
+    cols = [tokens[f.name] if f.name in tokens else pa.array(plain[f.name], type=f.type) for f in TOKENIZED]
+    return pa.Table.from_arrays(cols, schema=TOKENIZED)
 
 
 def _spans(pieces: _Pieces, starts: np.ndarray, p0: int, p1: int) -> list[tuple[int, int, int]]:
@@ -375,8 +617,12 @@ def _row(s: Sample, probed: list[_Probed], spans, input_ids, target_ids, positio
         "target_ids": target_ids,
         "position_ids": position_ids,
         "subsegment_ids": subsegment_ids,
-        "media": [_media_entry(probed[mi], start, n) for mi, start, n in sorted(spans, key=lambda x: x[1])],
+        "media": _media_entries(probed, spans),
     }
+
+
+def _media_entries(probed: list[_Probed], spans) -> list[dict]:
+    return [_media_entry(probed[mi], start, n) for mi, start, n in sorted(spans, key=lambda x: x[1])]
 
 
 def _fill_single(single: list, ids: np.ndarray, loss: np.ndarray) -> None:
