@@ -449,74 +449,96 @@ def _compact_pieces(arrays: _PieceArrays, ranges: list[tuple[int, int]], min_run
 
     In a one-branch row positions rise by one and the subsegment is constant, so a run is a
     maximal stretch of at least ``min_run`` tokens with equal ``(input_id, target_id)``.
-    The row is first read as *segments* ``(id, length, loss)``: one per text token, one per
-    placeholder or special-token piece. Inside a segment every token but the last has the
-    target ``id`` (with loss) or -100; the last one's target is the next segment's first
-    token (or -100 at the row's end). So each segment is a *body* (length - 1 tokens) and a
-    *tail* (1 token) of known keys; equal neighbouring keys join into stretches, and a
-    stretch of at least ``min_run`` tokens is stored as one value and a run. Work is per
-    segment, not per token: a 2,691-token image costs what a text token does.
+    The row is read as *elements*: one per text token, and for a placeholder or special
+    token piece of ``n`` tokens a *body* of ``n - 1`` tokens and a *tail* of one (just the
+    tail when ``n`` is 1). Every token of an element has the same target: the id of the
+    token after the element when that token carries loss, else -100 (inside a body the next
+    token is the piece's own), and -100 for a row's last token. Neighbouring elements with
+    equal id and target join into stretches; a stretch of at least ``min_run`` tokens is
+    stored as one value and a run. The work is per element, not per token: a 2,691-token
+    image costs what two text tokens do.
 
-    Example: the pieces ``"A" (loss) | <pad> x 9 | <end>`` (text ``A`` one token, id 5; pad
-    id 9, end id 3, no loss) are the expanded row ``5 9 9 9 9 9 9 9 9 9 3``, targets all
-    -100 but none; stored ``5 9 3``, one run at 1 of 9 tokens.
+    Example: the pieces ``"A"`` (loss; one token, id 5), ``<pad>`` x 9 (id 9) and ``<end>``
+    (id 3), no loss on either, are the expanded row ``5 9 9 9 9 9 9 9 9 9 3`` with targets
+    all -100; elements ``5 | 9 x 8 | 9 | 3`` join to ``5 | 9 x 9 | 3``: stored ``5 9 3``,
+    one run at index 1 standing for 9 tokens.
     """
     n_rows = len(ranges)
     lo = np.fromiter((a for a, _ in ranges), dtype=np.int64, count=n_rows)
     hi = np.fromiter((b for _, b in ranges), dtype=np.int64, count=n_rows)
-    sel = _ranges(lo, hi)  # the rows' pieces, in order
-    piece_row = np.repeat(np.arange(n_rows, dtype=np.int64), hi - lo)
-    is_text, count = arrays.is_text[sel], arrays.count[sel]
-    # segments: a text piece gives one per token, any other piece one (none if it has no tokens)
-    n_seg = np.where(is_text, count, count > 0)
-    seg_piece = np.repeat(np.arange(len(sel), dtype=np.int64), n_seg)
-    seg_row = piece_row[seg_piece]
-    seg_text = is_text[seg_piece]
-    value = arrays.value[sel][seg_piece]
-    at = np.flatnonzero(seg_text)
-    if len(at):
-        within = np.arange(len(seg_piece), dtype=np.int64) - np.repeat(_excl_cumsum(n_seg), n_seg)
-        value[at] = arrays.pool_text[arrays.text_off[value[at]] + within[at]]
-    seg_len = np.where(seg_text, 1, count[seg_piece])
-    seg_loss = arrays.loss[sel][seg_piece]
-    n = len(seg_piece)
-    # keys (id, target) of each segment's body and tail, interleaved: body k at 2k, tail at 2k + 1
-    tail_tgt = np.full(n, IGNORE, dtype=np.int64)
+    n_pieces = hi - lo
+    if n_rows and lo[0] == 0 and hi[-1] == len(arrays.kind) and np.array_equal(lo[1:], hi[:-1]):
+        is_text, count, value, loss = arrays.is_text, arrays.count, arrays.value, arrays.loss
+        text_ids = arrays.pool_text  # every text of the batch, in piece order
+    else:
+        sel = _ranges(lo, hi)
+        is_text, count, value, loss = arrays.is_text[sel], arrays.count[sel], arrays.value[sel], arrays.loss[sel]
+        tv = value[is_text]  # text indices rise with the pieces: their tokens in piece order
+        text_ids = arrays.pool_text[_ranges(arrays.text_off[tv], arrays.text_off[tv + 1])]
+    # elements of each piece: a text's tokens; body and tail of a repeated token (none if no tokens)
+    n_el = np.where(is_text, count, np.minimum(count, 2))
+    el_end = np.cumsum(n_el)
+    n = int(el_end[-1]) if len(el_end) else 0
+    rep = np.flatnonzero(~is_text & (count > 0))
+    at = el_end[rep] - n_el[rep]
+    body = count[rep] >= 2
+    el_id = np.empty(n, dtype=np.int32)
+    el_len = np.ones(n, dtype=np.int64)
+    is_rep = np.zeros(n, dtype=bool)
+    is_rep[at] = True
+    is_rep[at[body] + 1] = True
+    el_id[~is_rep] = text_ids
+    el_id[at] = value[rep]
+    el_id[at[body] + 1] = value[rep[body]]
+    el_len[at[body]] = count[rep[body]] - 1
+    el_loss = np.repeat(loss, n_el)
+    # rows in elements: [row_lo[r], row_lo[r + 1])
+    row_lo = np.zeros(n_rows + 1, dtype=np.int64)
+    if n:
+        piece_end = np.cumsum(n_pieces)
+        row_lo[1:] = np.where(piece_end > 0, el_end[np.maximum(piece_end - 1, 0)], 0)
+    el_tgt = np.full(n, IGNORE, dtype=np.int32)
     if n > 1:
-        nxt = (seg_row[1:] == seg_row[:-1]) & seg_loss[1:]
-        tail_tgt[:-1] = np.where(nxt, value[1:], IGNORE)
-    key_id = np.repeat(value, 2)
-    key_tgt = np.stack([np.where(seg_loss, value, IGNORE), tail_tgt], axis=1).ravel()
-    key_len = np.stack([seg_len - 1, np.ones(n, dtype=np.int64)], axis=1).ravel()
-    key_row = np.repeat(seg_row, 2)
-    keep = np.flatnonzero(key_len)
-    key_id, key_tgt, key_len, key_row = key_id[keep], key_tgt[keep], key_len[keep], key_row[keep]
-    # stretches: neighbouring keys joined when id, target and row agree
-    new = np.ones(len(key_id), dtype=bool)
-    new[1:] = (key_id[1:] != key_id[:-1]) | (key_tgt[1:] != key_tgt[:-1]) | (key_row[1:] != key_row[:-1])
+        el_tgt[:-1] = np.where(el_loss[1:], el_id[1:], IGNORE)
+    row_last = row_lo[1:][row_lo[1:] > row_lo[:-1]] - 1
+    el_tgt[row_last] = IGNORE
+    new = np.ones(n, dtype=bool)
+    if n > 1:
+        np.not_equal(el_id[1:], el_id[:-1], out=new[1:])
+        new[1:] |= el_tgt[1:] != el_tgt[:-1]
+        new[row_lo[:-1][row_lo[:-1] < n]] = True  # a row's first element starts a stretch
     first = np.flatnonzero(new)
-    g_len = np.add.reduceat(key_len, first) if len(first) else np.zeros(0, dtype=np.int64)
-    g_id, g_tgt, g_row = key_id[first], key_tgt[first], key_row[first]
-    row_tokens = np.bincount(g_row, weights=g_len, minlength=n_rows).astype(np.int64)
-    g_pos = _excl_cumsum(g_len) - _excl_cumsum(row_tokens)[g_row]  # expanded start within the row
+    if len(first) == n:
+        g_len, g_id, g_tgt = el_len, el_id, el_tgt
+    else:
+        g_len = np.add.reduceat(el_len, first) if n else el_len
+        g_id, g_tgt = el_id[first], el_tgt[first]
+    n_new = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(new, out=n_new[1:])
+    row_g = n_new[row_lo]  # stretches before each row
     is_run = g_len >= min_run
     stored = np.where(is_run, 1, g_len)
-    g_at = _excl_cumsum(stored)  # first stored value of each stretch
-    offsets = np.zeros(n_rows + 1, dtype=np.int64)
-    np.cumsum(np.bincount(g_row, weights=stored, minlength=n_rows).astype(np.int64), out=offsets[1:])
-    total = int(offsets[-1])
-    pos = np.arange(total, dtype=np.int64) + np.repeat(g_pos - g_at, stored)
-    run_offsets = np.zeros(n_rows + 1, dtype=np.int64)
-    np.cumsum(np.bincount(g_row[is_run], minlength=n_rows), out=run_offsets[1:])
+    g_at = np.zeros(len(g_len) + 1, dtype=np.int64)  # first stored value of each stretch
+    np.cumsum(stored, out=g_at[1:])
+    offsets = g_at[row_g]
+    g_exp = np.zeros(len(g_len) + 1, dtype=np.int64)  # first token of each stretch, rows end to end
+    np.cumsum(g_len, out=g_exp[1:])
+    total = int(g_at[-1])
+    # the expanded position of stored value i of stretch g is g_exp[g] - g_exp[row start] + (i - g_at[g])
+    pos = np.arange(total, dtype=np.int64)
+    pos += np.repeat(g_exp[:-1] - g_at[:-1], stored)
+    pos -= np.repeat(g_exp[row_g[:-1]], np.diff(offsets))
+    runs_at = np.flatnonzero(is_run)
+    run_row = np.searchsorted(row_g, runs_at, side="right") - 1
+    n_runs = np.zeros(len(g_len) + 1, dtype=np.int64)
+    np.cumsum(is_run, out=n_runs[1:])
     return runs.Compact(
-        columns={"input_ids": np.repeat(g_id, stored).astype(np.int32),
-                 "target_ids": np.repeat(g_tgt, stored).astype(np.int32),
-                 "position_ids": pos.astype(np.int32),
-                 "subsegment_ids": np.full(total, PREFIX_SUBSEGMENT, dtype=np.int32)},
+        columns={"input_ids": np.repeat(g_id, stored), "target_ids": np.repeat(g_tgt, stored),
+                 "position_ids": pos.astype(np.int32), "subsegment_ids": np.full(total, PREFIX_SUBSEGMENT, dtype=np.int32)},
         offsets=offsets,
-        run_starts=(g_at - offsets[g_row])[is_run].astype(np.int32),
-        run_lengths=g_len[is_run].astype(np.int32),
-        run_offsets=run_offsets,
+        run_starts=(g_at[runs_at] - offsets[run_row]).astype(np.int32),
+        run_lengths=g_len[runs_at].astype(np.int32),
+        run_offsets=n_runs[row_g],
     )
 
 
