@@ -91,9 +91,16 @@ class _Probed:
     stat: tuple[int, int] | None = None  # (size_bytes, mtime_ns) of the file counted; None: inline bytes
     #: the layout as segments for :func:`_stage_into` (``("pad", name, n, False)`` for placeholder runs)
     segments: tuple = field(init=False, repr=False, compare=False)
+    #: the fields of its ``media`` entry but ``token_offset`` and ``n_tokens``, in schema order (:data:`_MEDIA_STATIC`)
+    static: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "segments", tuple((kind, value, n, False) for kind, value, n in self.layout.segments))
+        lay = self.layout
+        object.__setattr__(self, "static", (
+            lay.kind, self.ref.path, self.width, self.height, lay.resized[1], lay.resized[0], *lay.grid, lay.units,
+            list(lay.timestamps) if lay.kind == "video" else None, self.ref.data,
+            self.stat[0] if self.stat else None, self.stat[1] if self.stat else None))
 
 
 def _probe_uncached(ref: MediaRef, ctx: EncodeContext, n_images: int) -> tuple[int, int, VisionLayout]:
@@ -328,13 +335,14 @@ class _PieceArrays:
     ``pool_text`` every text's tokens end to end, text ``i`` at ``text_off[i]``.
     """
 
-    __slots__ = ("kind", "value", "count", "loss", "is_text", "starts", "pool_text", "text_off")
+    __slots__ = ("kind", "value", "count", "loss", "media", "is_text", "starts", "pool_text", "text_off")
 
     def __init__(self, pieces: _Pieces, encoded: list) -> None:
         self.kind = np.array(pieces.kind, dtype=np.int8)
         self.value = np.array(pieces.value, dtype=np.int64)
         self.count = np.array(pieces.count, dtype=np.int64)
         self.loss = np.array(pieces.loss, dtype=bool)
+        self.media = np.array(pieces.media, dtype=np.int64)
         self.is_text = self.kind == _TEXT
         text_len = np.fromiter((len(t) for t in encoded), dtype=np.int64, count=len(encoded))
         self.text_off = np.zeros(len(encoded) + 1, dtype=np.int64)
@@ -385,8 +393,9 @@ def encode_stored(samples: list[Sample], ctx: EncodeContext, counts: Counter | N
     pieces, staged, rejected = _stage_samples(samples, ctx)
     arrays = _PieceArrays(pieces, _encode_texts(pieces, ctx))
     starts = arrays.starts
-    meta: list[tuple] = []  # (sample_id, sample, probed, media entries, n_tokens, n_branches) of each row
+    meta: list[list] = []  # [sample_id, sample, probed, media spans, n_tokens, n_branches] of each row
     single_ranges: list[tuple[int, int]] = []
+    single_meta: list[list] = []
     tree_rows: list[dict] = []
     from_tree: list[bool] = []
     expanded = None
@@ -395,8 +404,8 @@ def encode_stored(samples: list[Sample], ctx: EncodeContext, counts: Counter | N
             p0, p1 = branches[0]
             single_ranges.append((p0, p1))
             from_tree.append(False)
-            meta.append((s.sample_id, s, probed, _media_entries(probed, _spans(pieces, starts, p0, p1)),
-                         int(starts[p1] - starts[p0]), 1))
+            single_meta.append([s.sample_id, s, probed, None, int(starts[p1] - starts[p0]), 1])
+            meta.append(single_meta[-1])
             if counts is not None:
                 counts["trees"] += 1
                 counts["branches"] += 1
@@ -408,8 +417,10 @@ def encode_stored(samples: list[Sample], ctx: EncodeContext, counts: Counter | N
             row = _tree_row(s, probed, tree)
             tree_rows.append(row)
             from_tree.append(True)
-            meta.append((f"{s.sample_id}#{k}" if k else s.sample_id, s, probed, row["media"], row["n_tokens"],
-                         row["n_branches"]))
+            meta.append([f"{s.sample_id}#{k}" if k else s.sample_id, s, probed, sorted(tree[0][2], key=lambda x: x[1]),
+                         row["n_tokens"], row["n_branches"]])
+    for m, spans in zip(single_meta, _single_spans(arrays, single_ranges), strict=True):
+        m[3] = spans
     c = _compact_pieces(arrays, single_ranges)
     if tree_rows:
         lengths = [r["n_tokens"] for r in tree_rows]
@@ -584,9 +595,61 @@ def compact_columns(c: runs.Compact) -> dict[str, pa.Array]:
     return out
 
 
-def _stored_table(meta: list[tuple], c: runs.Compact) -> pa.Table:
+def _single_spans(arrays: _PieceArrays, ranges: list[tuple[int, int]]) -> list[list[tuple[int, int, int]]]:
+    """:func:`_spans` of each one-branch row (pieces ``ranges[r]``), for the batch at once."""
+    n_rows = len(ranges)
+    lo = np.fromiter((a for a, _ in ranges), dtype=np.int64, count=n_rows)
+    hi = np.fromiter((b for _, b in ranges), dtype=np.int64, count=n_rows)
+    sel = _ranges(lo, hi)
+    pad = arrays.kind[sel] == _PAD
+    k = sel[pad]
+    row = np.repeat(np.arange(n_rows, dtype=np.int64), hi - lo)[pad]
+    mi = arrays.media[k]
+    # a span is an item's pad pieces from its first to its last (layout markers may lie between)
+    new = np.ones(len(k), dtype=bool)
+    new[1:] = (row[1:] != row[:-1]) | (mi[1:] != mi[:-1])
+    first = np.flatnonzero(new)
+    last = np.empty_like(first)
+    last[:-1] = first[1:] - 1
+    last[-1:] = len(k) - 1
+    base = arrays.starts[lo[row[first]]]
+    start = arrays.starts[k[first]] - base
+    end = arrays.starts[k[last] + 1] - base
+    out: list[list] = [[] for _ in range(n_rows)]
+    for r, m, a, b in zip(row[first].tolist(), mi[first].tolist(), start.tolist(), end.tolist(), strict=True):
+        out[r].append((m, a, b - a))
+    return out
+
+
+#: the ``media`` struct fields a probed item alone decides (:attr:`_Probed.static`), in schema order
+_MEDIA_TYPE = TOKENIZED.field("media").type
+_MEDIA_FIELDS = [_MEDIA_TYPE.value_type.field(i) for i in range(_MEDIA_TYPE.value_type.num_fields)]
+_MEDIA_STATIC = [f.name for f in _MEDIA_FIELDS if f.name not in ("token_offset", "n_tokens")]
+
+
+def _media_column(meta: list[list]) -> pa.Array:
+    """The ``media`` column of rows whose entries are ``(media_index, token_offset, n_tokens)``
+    spans (``meta[r][3]``, in token order) of the probed items ``meta[r][2]``; built field by
+    field, not from a dict per item."""
+    items, offsets, tokens = [], [0], []
+    for m in meta:
+        probed = m[2]
+        for mi, start, n in m[3]:
+            items.append(probed[mi].static)
+            tokens.append((start, n))
+        offsets.append(len(items))
+    static = dict(zip(_MEDIA_STATIC, zip(*items, strict=True), strict=True)) if items else dict.fromkeys(_MEDIA_STATIC, ())
+    static["token_offset"] = [t[0] for t in tokens]
+    static["n_tokens"] = [t[1] for t in tokens]
+    struct = pa.StructArray.from_arrays([pa.array(static[f.name], type=f.type) for f in _MEDIA_FIELDS],
+                                        fields=_MEDIA_FIELDS)
+    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), struct, type=_MEDIA_TYPE)
+
+
+def _stored_table(meta: list[list], c: runs.Compact) -> pa.Table:
     """The ``schema.TOKENIZED`` table of a batch: per-row fields from ``meta``, token columns from ``c``."""
     tokens = compact_columns(c)
+    tokens["media"] = _media_column(meta)
     plain = {
         "sample_id": [m[0] for m in meta],
         "source": [m[1].source for m in meta],
@@ -594,7 +657,6 @@ def _stored_table(meta: list[tuple], c: runs.Compact) -> pa.Table:
         "n_tokens": [m[4] for m in meta],
         "n_vision_units": [sum(pr.layout.units for pr in m[2]) for m in meta],
         "n_branches": [m[5] for m in meta],
-        "media": [m[3] for m in meta],
     }
     cols = [tokens[f.name] if f.name in tokens else pa.array(plain[f.name], type=f.type) for f in TOKENIZED]
     return pa.Table.from_arrays(cols, schema=TOKENIZED)
