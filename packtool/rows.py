@@ -41,11 +41,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from . import runs
 from .errors import SampleError
 from .formats import Rejected
 from .media import probe_image, resolve_media_path
 from .records import MediaRef, Sample
-from . import runs
 from .schema import PREFIX_SUBSEGMENT, TOKENIZED
 from .templates import Template
 from .tokenization import Tokenizer

@@ -110,7 +110,7 @@ def _records(rng: random.Random, tools: bool, reasoning: bool, n: int = 28) -> l
                 {"role": "assistant", "content": _text(rng), "reasoning_content": _text(rng)}]})
         else:  # LLaVA: no media, one to three images, or a video
             turns = []
-            for t in range(rng.randint(1, 3)):
+            for _ in range(rng.randint(1, 3)):
                 turns += [{"from": "human", "value": _text(rng)}, {"from": "gpt", "value": _text(rng)}]
             rec = {"id": f"s{i}", "conversations": turns}
             kind = rng.random()
