@@ -213,3 +213,18 @@ def test_an_empty_batch_and_a_batch_of_rejects_give_empty_tables(contexts):
         {"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "No."}]}, "c.jsonl", 0)
     table, rejected = encode_stored([bad], ctx)
     assert table.num_rows == 0 and [r.reason for r in rejected] == ["missing_media"]
+
+
+def test_a_batch_of_trees_only(contexts):
+    """No one-branch row at all: the runs form comes from ``runs.compact`` alone, rows in order."""
+    ctx = contexts["qwen2.5-vl"]
+    ctx = EncodeContext(ctx.tokenizer, ctx.template, ctx.family, ctx.media_root, max_branches=2,
+                        probe_cache=ctx.probe_cache)
+    rng = random.Random(7)
+    samples = [parse_record({"id": f"t{i}", "image": _images()[i % len(SIZES)], "message_list": [
+        {"question": _text(rng), "answer": _text(rng), "style": "user_qa"} for _ in range(3)]}, "m.jsonl", i)
+        for i in range(4)]
+    got, _ = encode_stored(samples, ctx)
+    want, _ = _expected(samples, ctx, Counter())
+    assert got.num_rows == 8 and got.equals(want)
+    assert got.column("sample_id").to_pylist() == [f"t{i}{k}" for i in range(4) for k in ("", "#1")]
