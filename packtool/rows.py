@@ -175,18 +175,19 @@ class _Pieces:
     """The token-level pieces of a whole batch, as flat lists (one entry a piece).
 
     ``kind``: ``_TEXT`` (``value``: the index of its string in ``texts``; its length is
-    known once the batch is encoded), ``_TOKEN`` or ``_PAD`` (``value`` a token id repeated
-    ``count`` times); ``loss``; ``media``: the media index of a pad run, else -1.
+    known once the batch is encoded), ``_TOKEN`` or ``_PAD`` (``value`` a token id);
+    ``loss``. A token piece stands for one token; ``repeats`` holds ``(piece, count,
+    media)`` of every pad run (``media`` the item's index) and of any token piece of
+    another count: few entries, so the common piece costs three appends, not five.
     """
 
-    __slots__ = ("kind", "value", "count", "loss", "media", "texts")
+    __slots__ = ("kind", "value", "loss", "repeats", "texts")
 
     def __init__(self) -> None:
         self.kind: list[int] = []
         self.value: list[int] = []
-        self.count: list[int] = []
         self.loss: list[bool] = []
-        self.media: list[int] = []
+        self.repeats: list[tuple[int, int, int]] = []
         self.texts: list[str] = []
 
     def __len__(self) -> int:
@@ -194,7 +195,10 @@ class _Pieces:
 
     def rollback(self, n: int) -> None:
         """Drop the pieces from ``n`` on (a rejected sample's)."""
-        del self.kind[n:], self.value[n:], self.count[n:], self.loss[n:], self.media[n:]
+        del self.kind[n:], self.value[n:], self.loss[n:]
+        repeats = self.repeats
+        while repeats and repeats[-1][0] >= n:
+            repeats.pop()
 
 
 def _stage(segments, probed: list[_Probed], specials: _Specials, out: _Pieces, used: set[int]) -> tuple[int, int]:
@@ -219,7 +223,7 @@ def _stage_into(segments, probed: list[_Probed], specials: _Specials, out: _Piec
     any other text. The merge is written inline, one loop: a sample stages some thirty
     segments, and a call per segment was the largest Python cost of encoding.
     """
-    kinds, values, counts, losses, medias, texts = out.kind, out.value, out.count, out.loss, out.media, out.texts
+    kinds, values, losses, repeats, texts = out.kind, out.value, out.loss, out.repeats, out.texts
     for kind, value, count, loss in segments:
         if kind == "text":
             if open_loss == loss:
@@ -229,17 +233,18 @@ def _stage_into(segments, probed: list[_Probed], specials: _Specials, out: _Piec
             kinds.append(_TEXT)
             values.append(len(texts))
             texts.append(value)
-            counts.append(0)
             losses.append(loss)
-            medias.append(-1)
         elif kind == "special" or kind == "pad":  # a token, or a run of a media item's placeholder
             open_loss = None
-            pad = kind == "pad"
-            kinds.append(_PAD if pad else _TOKEN)
+            if kind == "pad":
+                repeats.append((len(kinds), count, media))
+                kinds.append(_PAD)
+            else:
+                if count != 1:
+                    repeats.append((len(kinds), count, -1))
+                kinds.append(_TOKEN)
             values.append(specials[value])
-            counts.append(count)
             losses.append(loss)
-            medias.append(media if pad else -1)
         elif kind == "media":
             if count >= len(probed) or probed[count].ref.kind != value:
                 raise SampleError("placeholder_mismatch", f"placeholder for {value} {count} has no matching media")
@@ -291,11 +296,12 @@ def encode_samples(
     one per sample).
     """
     pieces, staged, rejected = _stage_samples(samples, ctx)
-    ids, loss, starts = _assemble_batch(_PieceArrays(pieces, _encode_texts(pieces, ctx)))
+    arrays = _PieceArrays(pieces, _encode_texts(pieces, ctx))
+    ids, loss, starts = _assemble_batch(arrays)
     rows = []
     single = []  # (row, token range) of one-branch rows: their targets and positions come in bulk
     for s, probed, branches in staged:
-        trees = _sample_trees(pieces, starts, ids, loss, branches, ctx, counts)
+        trees = _sample_trees(arrays, ids, loss, branches, ctx, counts)
         for k, tree in enumerate(trees):
             if len(tree) == 1 and len(branches) == 1:
                 row = _single_row(s, probed, tree[0])
@@ -314,10 +320,11 @@ def _encode_texts(pieces: _Pieces, ctx: EncodeContext) -> list:
     return ctx.tokenizer.encode_batch(pieces.texts) if pieces.texts else []
 
 
-def _sample_trees(pieces: _Pieces, starts: np.ndarray, ids: np.ndarray, loss: np.ndarray, branches, ctx: EncodeContext,
+def _sample_trees(arrays: _PieceArrays, ids: np.ndarray, loss: np.ndarray, branches, ctx: EncodeContext,
                   counts: Counter | None) -> list[list]:
     """A staged sample's branches as ``(ids, loss, spans)`` grouped into trees (:func:`_split_trees`)."""
-    seqs = [(ids[starts[p0]:starts[p1]], loss[starts[p0]:starts[p1]], _spans(pieces, starts, p0, p1))
+    starts = arrays.starts
+    seqs = [(ids[starts[p0]:starts[p1]], loss[starts[p0]:starts[p1]], _spans(arrays, p0, p1))
             for p0, p1 in branches]
     trees = _split_trees(seqs, ctx.max_branches, ctx.max_tokens)
     if counts is not None:
@@ -340,10 +347,14 @@ class _PieceArrays:
     def __init__(self, pieces: _Pieces, encoded: list) -> None:
         self.kind = np.array(pieces.kind, dtype=np.int8)
         self.value = np.array(pieces.value, dtype=np.int64)
-        self.count = np.array(pieces.count, dtype=np.int64)
         self.loss = np.array(pieces.loss, dtype=bool)
-        self.media = np.array(pieces.media, dtype=np.int64)
         self.is_text = self.kind == _TEXT
+        self.count = (~self.is_text).astype(np.int64)  # a token piece: one token; texts below
+        self.media = np.full(len(self.kind), -1, dtype=np.int64)
+        if pieces.repeats:
+            at, n, media = np.array(pieces.repeats, dtype=np.int64).T
+            self.count[at] = n
+            self.media[at] = media
         text_len = np.fromiter((len(t) for t in encoded), dtype=np.int64, count=len(encoded))
         self.text_off = np.zeros(len(encoded) + 1, dtype=np.int64)
         np.cumsum(text_len, out=self.text_off[1:])
@@ -413,7 +424,7 @@ def encode_stored(samples: list[Sample], ctx: EncodeContext, counts: Counter | N
         if expanded is None:
             expanded = _assemble_batch(arrays)
         ids, loss, _ = expanded
-        for k, tree in enumerate(_sample_trees(pieces, starts, ids, loss, branches, ctx, counts)):
+        for k, tree in enumerate(_sample_trees(arrays, ids, loss, branches, ctx, counts)):
             row = _tree_row(s, probed, tree)
             tree_rows.append(row)
             from_tree.append(True)
@@ -662,22 +673,21 @@ def _stored_table(meta: list[list], c: runs.Compact) -> pa.Table:
     return pa.Table.from_arrays(cols, schema=TOKENIZED)
 
 
-def _spans(pieces: _Pieces, starts: np.ndarray, p0: int, p1: int) -> list[tuple[int, int, int]]:
+def _spans(arrays: _PieceArrays, p0: int, p1: int) -> list[tuple[int, int, int]]:
     """Media spans ``(media_index, start, n)`` of the branch of pieces ``p0..p1``, from its
     start: one span per item, from its first pad to its last (layouts may put row or frame
     markers between pad runs)."""
     spans: list[tuple[int, int, int]] = []
-    kinds = pieces.kind
+    starts = arrays.starts
     base = int(starts[p0])
-    for k in range(p0, p1):
-        if kinds[k] == _PAD:
-            mi = pieces.media[k]
-            pos = int(starts[k]) - base
-            end = int(starts[k + 1]) - base
-            if spans and spans[-1][0] == mi:
-                spans[-1] = (mi, spans[-1][1], end - spans[-1][1])
-            else:
-                spans.append((mi, pos, end - pos))
+    for k in (np.flatnonzero(arrays.kind[p0:p1] == _PAD) + p0).tolist():
+        mi = int(arrays.media[k])
+        pos = int(starts[k]) - base
+        end = int(starts[k + 1]) - base
+        if spans and spans[-1][0] == mi:
+            spans[-1] = (mi, spans[-1][1], end - spans[-1][1])
+        else:
+            spans.append((mi, pos, end - pos))
     return spans
 
 
