@@ -6,8 +6,8 @@ real instruction-tuning sets. Three measurements in the same run:
 
 * ``tokenize_dataset``: the whole library call (read, parse, probe, template, encode,
   write Parquet, manifest), one worker process;
-* ``encode only``: the same records through ``formats`` + ``rows.encode_samples``,
-  without writing, to show what the writer costs;
+* ``encode only``: the same records through ``formats`` + ``rows.encode_stored`` (the
+  table a shard stores), without writing, to show what the writer costs;
 * baseline: a straightforward per-sample script (open each image with Pillow, render
   the chat string with the image placeholders expanded, encode it with tiktoken in one
   call per sample), the way a one-off conversion script usually does it.
@@ -97,7 +97,7 @@ def _baseline(path: Path, root: Path, limit: int) -> tuple[float, float]:
 
 def _encode_only(path: Path, root: Path) -> tuple[tuple[float, float], int]:
     from packtool.formats import Rejected, iter_samples
-    from packtool.rows import EncodeContext, encode_samples
+    from packtool.rows import EncodeContext, encode_stored
     from packtool.templates import get_template
     from packtool.tokenization import load_tokenizer
     from packtool.vision import get_family
@@ -110,9 +110,9 @@ def _encode_only(path: Path, root: Path) -> tuple[tuple[float, float], int]:
         if not isinstance(s, Rejected):
             batch.append(s)
         if len(batch) == 512:
-            n += len(encode_samples(batch, ctx)[0])
+            n += encode_stored(batch, ctx)[0].num_rows
             batch = []
-    n += len(encode_samples(batch, ctx)[0])
+    n += encode_stored(batch, ctx)[0].num_rows
     return _rates(n, t0, c0), n
 
 

@@ -4,8 +4,8 @@
 ``bench/bench_tokenize.py`` (N samples, default 20,000) and runs the steps of one tokenize
 task in process, timing each in CPU seconds (the rate one free core gives; wall time on a
 shared machine depends on the neighbours): reading and parsing the records, encoding them
-into rows (``rows.encode_samples``: probes, template, tokenizer, token arrays), building
-the Arrow table (in runs form, as tokenize stores it), writing Parquet. Each step runs once to warm the memos (probes,
+into the Arrow table tokenize stores (``rows.encode_stored``: probes, template, tokenizer,
+token columns in runs form, the other columns), writing Parquet. Each step runs once to warm the memos (probes,
 tokenizer strings), then is measured. ``--cprofile`` also prints the top functions by own
 time (cProfile slows Python-heavy code several times over, so only the ranking means
 anything).
@@ -28,10 +28,9 @@ def _steps(path: Path, root: Path, n: int, out: Path) -> Counter:
     from packtool import TokenizeConfig
     from packtool.formats import iter_records, parse_record
     from packtool.pipeline import BATCH, _batched, _encode_context, _fewer_collections
-    from packtool.rows import encode_samples
-    from packtool.runs import compact_table
-    from packtool.schema import TOKENIZED, TOKENIZED_ROWS
-    from packtool.shards import _WRITE_OPTS, rows_table
+    from packtool.rows import encode_stored
+    from packtool.schema import TOKENIZED
+    from packtool.shards import _WRITE_OPTS
 
     cfg = TokenizeConfig(media_root=str(root.resolve()))
     ctx = _encode_context(cfg)
@@ -44,13 +43,10 @@ def _steps(path: Path, root: Path, n: int, out: Path) -> Counter:
     with _fewer_collections(), pq.ParquetWriter(out, TOKENIZED, **_WRITE_OPTS) as writer:
         for batch in _batched(samples, BATCH):
             t = cpu()
-            rows, _ = encode_samples(batch, ctx, Counter())
-            split["encode"] += cpu() - t
+            table, _ = encode_stored(batch, ctx, Counter())
+            split["encode to Arrow table"] += cpu() - t
             t = cpu()
-            table = compact_table(rows_table(rows, TOKENIZED_ROWS)).cast(TOKENIZED)  # as ShardWriter stores it
-            split["Arrow table"] += cpu() - t
-            t = cpu()
-            writer.write_table(table, row_group_size=len(rows))
+            writer.write_table(table, row_group_size=table.num_rows)
             split["Parquet write"] += cpu() - t
     return split
 

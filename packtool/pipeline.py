@@ -711,7 +711,7 @@ def _fewer_collections(young: int = 10_000):
 
 def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
     """One tokenize task: its slices → ``part-TTTTT-*.parquet`` + errors + completion marker."""
-    from .rows import encode_samples
+    from .rows import encode_stored
     from .schema import TOKENIZED
     from .tokenization import tokenizer_path
 
@@ -742,14 +742,15 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
                 if not isinstance(ctx.media_root, Path):  # a bucket: the batch's image headers fetched in parallel
                     ctx.media_root.prefetch([r.path for s in samples for r in s.media
                                              if r.kind == "image" and r.data is None and r.path])
-                rows, rejected = encode_samples(samples, ctx, tree_counts)
+                table, rejected = encode_stored(samples, ctx, tree_counts)
                 for rej in rejected:
                     errors.add(rej)
-                writer.write_rows(rows)
+                if table.num_rows:
+                    writer.write_table(table)
                 n_rows += len(batch) + sum(len(s.meta.get("merged", ())) for s in samples)
-                n_samples += len(rows)
-                n_tokens += sum(r["n_tokens"] for r in rows)
-                n_units += sum(r["n_vision_units"] for r in rows)
+                n_samples += table.num_rows
+                n_tokens += int(table.column("n_tokens").to_numpy().sum())
+                n_units += int(table.column("n_vision_units").to_numpy().sum())
                 report(len(batch))
         errors.commit()
     except BaseException:

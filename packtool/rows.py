@@ -39,17 +39,19 @@ from itertools import chain
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
+from . import runs
 from .errors import SampleError
 from .formats import Rejected
 from .media import probe_image, resolve_media_path
 from .records import MediaRef, Sample
-from .schema import PREFIX_SUBSEGMENT
+from .schema import PREFIX_SUBSEGMENT, TOKENIZED
 from .templates import Template
 from .tokenization import Tokenizer
 from .vision import VisionFamily, VisionLayout
 
-__all__ = ["EncodeContext", "encode_samples", "group_by_media", "shifted_targets", "IGNORE"]
+__all__ = ["EncodeContext", "encode_samples", "encode_stored", "compact_columns", "group_by_media", "shifted_targets", "IGNORE"]
 
 IGNORE = -100
 #: Probe results kept per process; cleared when full (bounds memory on huge corpora).
@@ -89,9 +91,16 @@ class _Probed:
     stat: tuple[int, int] | None = None  # (size_bytes, mtime_ns) of the file counted; None: inline bytes
     #: the layout as segments for :func:`_stage_into` (``("pad", name, n, False)`` for placeholder runs)
     segments: tuple = field(init=False, repr=False, compare=False)
+    #: the fields of its ``media`` entry but ``token_offset`` and ``n_tokens``, in schema order (:data:`_MEDIA_STATIC`)
+    static: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "segments", tuple((kind, value, n, False) for kind, value, n in self.layout.segments))
+        lay = self.layout
+        object.__setattr__(self, "static", (
+            lay.kind, self.ref.path, self.width, self.height, lay.resized[1], lay.resized[0], *lay.grid, lay.units,
+            list(lay.timestamps) if lay.kind == "video" else None, self.ref.data,
+            self.stat[0] if self.stat else None, self.stat[1] if self.stat else None))
 
 
 def _probe_uncached(ref: MediaRef, ctx: EncodeContext, n_images: int) -> tuple[int, int, VisionLayout]:
@@ -166,18 +175,19 @@ class _Pieces:
     """The token-level pieces of a whole batch, as flat lists (one entry a piece).
 
     ``kind``: ``_TEXT`` (``value``: the index of its string in ``texts``; its length is
-    known once the batch is encoded), ``_TOKEN`` or ``_PAD`` (``value`` a token id repeated
-    ``count`` times); ``loss``; ``media``: the media index of a pad run, else -1.
+    known once the batch is encoded), ``_TOKEN`` or ``_PAD`` (``value`` a token id);
+    ``loss``. A token piece stands for one token; ``repeats`` holds ``(piece, count,
+    media)`` of every pad run (``media`` the item's index) and of any token piece of
+    another count: few entries, so the common piece costs three appends, not five.
     """
 
-    __slots__ = ("kind", "value", "count", "loss", "media", "texts")
+    __slots__ = ("kind", "value", "loss", "repeats", "texts")
 
     def __init__(self) -> None:
         self.kind: list[int] = []
         self.value: list[int] = []
-        self.count: list[int] = []
         self.loss: list[bool] = []
-        self.media: list[int] = []
+        self.repeats: list[tuple[int, int, int]] = []
         self.texts: list[str] = []
 
     def __len__(self) -> int:
@@ -185,7 +195,10 @@ class _Pieces:
 
     def rollback(self, n: int) -> None:
         """Drop the pieces from ``n`` on (a rejected sample's)."""
-        del self.kind[n:], self.value[n:], self.count[n:], self.loss[n:], self.media[n:]
+        del self.kind[n:], self.value[n:], self.loss[n:]
+        repeats = self.repeats
+        while repeats and repeats[-1][0] >= n:
+            repeats.pop()
 
 
 def _stage(segments, probed: list[_Probed], specials: _Specials, out: _Pieces, used: set[int]) -> tuple[int, int]:
@@ -210,7 +223,7 @@ def _stage_into(segments, probed: list[_Probed], specials: _Specials, out: _Piec
     any other text. The merge is written inline, one loop: a sample stages some thirty
     segments, and a call per segment was the largest Python cost of encoding.
     """
-    kinds, values, counts, losses, medias, texts = out.kind, out.value, out.count, out.loss, out.media, out.texts
+    kinds, values, losses, repeats, texts = out.kind, out.value, out.loss, out.repeats, out.texts
     for kind, value, count, loss in segments:
         if kind == "text":
             if open_loss == loss:
@@ -220,17 +233,18 @@ def _stage_into(segments, probed: list[_Probed], specials: _Specials, out: _Piec
             kinds.append(_TEXT)
             values.append(len(texts))
             texts.append(value)
-            counts.append(0)
             losses.append(loss)
-            medias.append(-1)
         elif kind == "special" or kind == "pad":  # a token, or a run of a media item's placeholder
             open_loss = None
-            pad = kind == "pad"
-            kinds.append(_PAD if pad else _TOKEN)
+            if kind == "pad":
+                repeats.append((len(kinds), count, media))
+                kinds.append(_PAD)
+            else:
+                if count != 1:
+                    repeats.append((len(kinds), count, -1))
+                kinds.append(_TOKEN)
             values.append(specials[value])
-            counts.append(count)
             losses.append(loss)
-            medias.append(media if pad else -1)
         elif kind == "media":
             if count >= len(probed) or probed[count].ref.kind != value:
                 raise SampleError("placeholder_mismatch", f"placeholder for {value} {count} has no matching media")
@@ -241,18 +255,9 @@ def _stage_into(segments, probed: list[_Probed], specials: _Specials, out: _Piec
     return open_loss
 
 
-def encode_samples(
-    samples: list[Sample], ctx: EncodeContext, counts: Counter | None = None
-) -> tuple[list[dict], list[Rejected]]:
-    """Encode a batch of samples into tokenized rows (dicts matching ``schema.TOKENIZED``).
-
-    Texts of the whole batch go to the tokenizer in one batch call, and the batch's token
-    ids, loss mask, targets and positions are built as whole arrays (one numpy pass each,
-    not a few small ones per sample); a row's arrays are views into them. A sample may give
-    several rows (see the module docstring); ``counts``, when given, gains ``trees``
-    (rows), ``branches`` (branches over all rows) and ``split_extra_trees`` (rows beyond
-    one per sample).
-    """
+def _stage_samples(samples: list[Sample], ctx: EncodeContext) -> tuple[_Pieces, list, list[Rejected]]:
+    """Probe, render and stage a batch: its pieces, ``(sample, probed, branch piece ranges)``
+    of each staged sample, and the samples rejected (their pieces rolled back)."""
     specials = _Specials(ctx.tokenizer)
     render = ctx.template.render
     system = ctx.system_prompt
@@ -274,13 +279,29 @@ def encode_samples(
             pieces.rollback(mark)
             del pieces.texts[n_texts:]
             rejected.append(Rejected(s.source, s.source_row, s.sample_id, err.reason, err.message))
-    ids, loss, starts = _assemble_batch(pieces, ctx.tokenizer.encode_batch(pieces.texts) if pieces.texts else [])
+    return pieces, staged, rejected
+
+
+def encode_samples(
+    samples: list[Sample], ctx: EncodeContext, counts: Counter | None = None
+) -> tuple[list[dict], list[Rejected]]:
+    """Encode a batch of samples into tokenized rows (dicts matching ``schema.TOKENIZED_ROWS``,
+    the expanded form; :func:`encode_stored` gives the same rows as shards store them).
+
+    Texts of the whole batch go to the tokenizer in one batch call, and the batch's token
+    ids, loss mask, targets and positions are built as whole arrays (one numpy pass each,
+    not a few small ones per sample); a row's arrays are views into them. A sample may give
+    several rows (see the module docstring); ``counts``, when given, gains ``trees``
+    (rows), ``branches`` (branches over all rows) and ``split_extra_trees`` (rows beyond
+    one per sample).
+    """
+    pieces, staged, rejected = _stage_samples(samples, ctx)
+    arrays = _PieceArrays(pieces, _encode_texts(pieces, ctx))
+    ids, loss, starts = _assemble_batch(arrays)
     rows = []
     single = []  # (row, token range) of one-branch rows: their targets and positions come in bulk
     for s, probed, branches in staged:
-        seqs = [(ids[starts[p0]:starts[p1]], loss[starts[p0]:starts[p1]], _spans(pieces, starts, p0, p1))
-                for p0, p1 in branches]
-        trees = _split_trees(seqs, ctx.max_branches, ctx.max_tokens)
+        trees = _sample_trees(arrays, ids, loss, branches, ctx, counts)
         for k, tree in enumerate(trees):
             if len(tree) == 1 and len(branches) == 1:
                 row = _single_row(s, probed, tree[0])
@@ -290,16 +311,60 @@ def encode_samples(
             if k:
                 row["sample_id"] = f"{s.sample_id}#{k}"
             rows.append(row)
-        if counts is not None:
-            counts["trees"] += len(trees)
-            counts["branches"] += len(seqs)
-            counts["split_extra_trees"] += len(trees) - 1
     if single:
         _fill_single(single, ids, loss)
     return rows, rejected
 
 
-def _assemble_batch(pieces: _Pieces, encoded: list[list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _encode_texts(pieces: _Pieces, ctx: EncodeContext) -> list:
+    return ctx.tokenizer.encode_batch(pieces.texts) if pieces.texts else []
+
+
+def _sample_trees(arrays: _PieceArrays, ids: np.ndarray, loss: np.ndarray, branches, ctx: EncodeContext,
+                  counts: Counter | None) -> list[list]:
+    """A staged sample's branches as ``(ids, loss, spans)`` grouped into trees (:func:`_split_trees`)."""
+    starts = arrays.starts
+    seqs = [(ids[starts[p0]:starts[p1]], loss[starts[p0]:starts[p1]], _spans(arrays, p0, p1))
+            for p0, p1 in branches]
+    trees = _split_trees(seqs, ctx.max_branches, ctx.max_tokens)
+    if counts is not None:
+        counts["trees"] += len(trees)
+        counts["branches"] += len(seqs)
+        counts["split_extra_trees"] += len(trees) - 1
+    return trees
+
+
+class _PieceArrays:
+    """A staged batch's pieces as numpy arrays, with their texts encoded.
+
+    ``count[k]`` is the tokens piece ``k`` stands for (a text's encoded length), ``starts[k]``
+    where they start in the batch's tokens end to end (one entry more than pieces),
+    ``pool_text`` every text's tokens end to end, text ``i`` at ``text_off[i]``.
+    """
+
+    __slots__ = ("kind", "value", "count", "loss", "media", "is_text", "starts", "pool_text", "text_off")
+
+    def __init__(self, pieces: _Pieces, encoded: list) -> None:
+        self.kind = np.array(pieces.kind, dtype=np.int8)
+        self.value = np.array(pieces.value, dtype=np.int64)
+        self.loss = np.array(pieces.loss, dtype=bool)
+        self.is_text = self.kind == _TEXT
+        self.count = (~self.is_text).astype(np.int64)  # a token piece: one token; texts below
+        self.media = np.full(len(self.kind), -1, dtype=np.int64)
+        if pieces.repeats:
+            at, n, media = np.array(pieces.repeats, dtype=np.int64).T
+            self.count[at] = n
+            self.media[at] = media
+        text_len = np.fromiter((len(t) for t in encoded), dtype=np.int64, count=len(encoded))
+        self.text_off = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum(text_len, out=self.text_off[1:])
+        self.pool_text = np.fromiter(chain.from_iterable(encoded), dtype=np.int32, count=int(self.text_off[-1]))
+        self.count[self.is_text] = text_len[self.value[self.is_text]]
+        self.starts = np.zeros(len(self.kind) + 1, dtype=np.int64)
+        np.cumsum(self.count, out=self.starts[1:])
+
+
+def _assemble_batch(pa_: _PieceArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Token ids and loss mask of every piece of the batch, end to end, and where each piece
     starts (``starts[k]``; one entry more than pieces).
 
@@ -308,23 +373,12 @@ def _assemble_batch(pieces: _Pieces, encoded: list[list[int]]) -> tuple[np.ndarr
     token once): output position ``t`` of piece ``k`` reads ``pool[base[k] + step[k] *
     (t - starts[k])]``, ``step`` 1 for text and 0 for a repeated token.
     """
-    n = len(pieces)
-    kind = np.array(pieces.kind, dtype=np.int8)
-    value = np.array(pieces.value, dtype=np.int64)
-    count = np.array(pieces.count, dtype=np.int64)
-    is_text = kind == _TEXT
-    text_len = np.fromiter((len(t) for t in encoded), dtype=np.int64, count=len(encoded))
-    text_off = np.zeros(len(encoded) + 1, dtype=np.int64)
-    np.cumsum(text_len, out=text_off[1:])
-    pool_text = np.fromiter(chain.from_iterable(encoded), dtype=np.int32, count=int(text_off[-1]))
-    tv = value[is_text]
-    count[is_text] = text_len[tv]
-    starts = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(count, out=starts[1:])
+    n = len(pa_.kind)
+    is_text, value, count, starts, pool_text = pa_.is_text, pa_.value, pa_.count, pa_.starts, pa_.pool_text
     rep = np.flatnonzero(~is_text)
     pool = np.concatenate([pool_text, value[rep].astype(np.int32)])
     base = np.empty(n, dtype=np.int64)
-    base[is_text] = text_off[tv]
+    base[is_text] = pa_.text_off[value[is_text]]
     base[rep] = len(pool_text) + np.arange(len(rep))
     step = is_text.astype(np.int64)
     total = int(starts[-1])
@@ -332,26 +386,308 @@ def _assemble_batch(pieces: _Pieces, encoded: list[list[int]]) -> tuple[np.ndarr
     idx = np.repeat(base - step * starts[:-1], count)
     idx += np.repeat(step, count) * np.arange(total, dtype=np.int64)
     ids = pool[idx] if total else np.zeros(0, dtype=np.int32)
-    loss = np.repeat(np.array(pieces.loss, dtype=bool), count)
+    loss = np.repeat(pa_.loss, count)
     return ids, loss, starts
 
 
-def _spans(pieces: _Pieces, starts: np.ndarray, p0: int, p1: int) -> list[tuple[int, int, int]]:
+def encode_stored(samples: list[Sample], ctx: EncodeContext, counts: Counter | None = None
+                  ) -> tuple[pa.Table, list[Rejected]]:
+    """The rows of :func:`encode_samples` as tokenized shards store them: a table of
+    ``schema.TOKENIZED``, token columns in runs form (``packtool.runs``), equal to
+    ``compact_table(rows_table(rows, TOKENIZED_ROWS))`` value for value.
+
+    A one-branch row (most rows) goes from its staged pieces to the runs form without
+    being expanded: a placeholder run is one piece already (:func:`_compact_pieces`). A
+    message tree is assembled expanded, as in :func:`encode_samples`, and compacted with
+    :func:`runs.compact`.
+    """
+    pieces, staged, rejected = _stage_samples(samples, ctx)
+    arrays = _PieceArrays(pieces, _encode_texts(pieces, ctx))
+    starts = arrays.starts
+    meta: list[list] = []  # [sample_id, sample, probed, media spans, n_tokens, n_branches] of each row
+    single_ranges: list[tuple[int, int]] = []
+    single_meta: list[list] = []
+    tree_rows: list[dict] = []
+    from_tree: list[bool] = []
+    expanded = None
+    for s, probed, branches in staged:
+        if len(branches) == 1:
+            p0, p1 = branches[0]
+            single_ranges.append((p0, p1))
+            from_tree.append(False)
+            single_meta.append([s.sample_id, s, probed, None, int(starts[p1] - starts[p0]), 1])
+            meta.append(single_meta[-1])
+            if counts is not None:
+                counts["trees"] += 1
+                counts["branches"] += 1
+            continue
+        if expanded is None:
+            expanded = _assemble_batch(arrays)
+        ids, loss, _ = expanded
+        for k, tree in enumerate(_sample_trees(arrays, ids, loss, branches, ctx, counts)):
+            row = _tree_row(s, probed, tree)
+            tree_rows.append(row)
+            from_tree.append(True)
+            meta.append([f"{s.sample_id}#{k}" if k else s.sample_id, s, probed, sorted(tree[0][2], key=lambda x: x[1]),
+                         row["n_tokens"], row["n_branches"]])
+    for m, spans in zip(single_meta, _single_spans(arrays, single_ranges), strict=True):
+        m[3] = spans
+    c = _compact_pieces(arrays, single_ranges)
+    if tree_rows:
+        lengths = [r["n_tokens"] for r in tree_rows]
+        offsets = np.zeros(len(tree_rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        trees_c = runs.compact({name: np.concatenate([r[name] for r in tree_rows]) for name in runs.TOKEN_COLUMNS},
+                               offsets)
+        # rows in batch order: the one-branch rows come first in the joined form, then the trees
+        is_tree = np.array(from_tree, dtype=bool)
+        order = np.empty(len(from_tree), dtype=np.int64)
+        order[~is_tree] = np.arange(len(single_ranges))
+        order[is_tree] = len(single_ranges) + np.arange(len(tree_rows))
+        c = _take_rows(_join(c, trees_c), order)
+    return _stored_table(meta, c), rejected
+
+
+def _excl_cumsum(x: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(x), dtype=np.int64)
+    np.cumsum(x[:-1], out=out[1:])
+    return out
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(a, b) for a, b in zip(lo, hi)])`` in one pass.
+
+    Example:
+        >>> _ranges(np.array([2, 7]), np.array([4, 10])).tolist()
+        [2, 3, 7, 8, 9]
+    """
+    n = hi - lo
+    return np.repeat(lo - _excl_cumsum(n), n) + np.arange(int(n.sum()), dtype=np.int64)
+
+
+def _compact_pieces(arrays: _PieceArrays, ranges: list[tuple[int, int]], min_run: int = runs.MIN_RUN) -> runs.Compact:
+    """The runs form of one-branch rows (row ``r`` is pieces ``ranges[r]`` end to end), what
+    :func:`runs.compact` gives for the same rows expanded, without expanding them.
+
+    In a one-branch row positions rise by one and the subsegment is constant, so a run is a
+    maximal stretch of at least ``min_run`` tokens with equal ``(input_id, target_id)``.
+    The row is read as *elements*: one per text token, and for a placeholder or special
+    token piece of ``n`` tokens a *body* of ``n - 1`` tokens and a *tail* of one (just the
+    tail when ``n`` is 1). Every token of an element has the same target: the id of the
+    token after the element when that token carries loss, else -100 (inside a body the next
+    token is the piece's own), and -100 for a row's last token. Neighbouring elements with
+    equal id and target join into stretches; a stretch of at least ``min_run`` tokens is
+    stored as one value and a run. The work is per element, not per token: a 2,691-token
+    image costs what two text tokens do.
+
+    Example: the pieces ``"A"`` (loss; one token, id 5), ``<pad>`` x 9 (id 9) and ``<end>``
+    (id 3), no loss on either, are the expanded row ``5 9 9 9 9 9 9 9 9 9 3`` with targets
+    all -100; elements ``5 | 9 x 8 | 9 | 3`` join to ``5 | 9 x 9 | 3``: stored ``5 9 3``,
+    one run at index 1 standing for 9 tokens.
+    """
+    n_rows = len(ranges)
+    lo = np.fromiter((a for a, _ in ranges), dtype=np.int64, count=n_rows)
+    hi = np.fromiter((b for _, b in ranges), dtype=np.int64, count=n_rows)
+    n_pieces = hi - lo
+    if n_rows and lo[0] == 0 and hi[-1] == len(arrays.kind) and np.array_equal(lo[1:], hi[:-1]):
+        is_text, count, value, loss = arrays.is_text, arrays.count, arrays.value, arrays.loss
+        text_ids = arrays.pool_text  # every text of the batch, in piece order
+    else:
+        sel = _ranges(lo, hi)
+        is_text, count, value, loss = arrays.is_text[sel], arrays.count[sel], arrays.value[sel], arrays.loss[sel]
+        tv = value[is_text]  # text indices rise with the pieces: their tokens in piece order
+        text_ids = arrays.pool_text[_ranges(arrays.text_off[tv], arrays.text_off[tv + 1])]
+    # elements of each piece: a text's tokens; body and tail of a repeated token (none if no tokens)
+    n_el = np.where(is_text, count, np.minimum(count, 2))
+    el_end = np.cumsum(n_el)
+    n = int(el_end[-1]) if len(el_end) else 0
+    rep = np.flatnonzero(~is_text & (count > 0))
+    at = el_end[rep] - n_el[rep]
+    body = count[rep] >= 2
+    el_id = np.empty(n, dtype=np.int32)
+    el_len = np.ones(n, dtype=np.int64)
+    is_rep = np.zeros(n, dtype=bool)
+    is_rep[at] = True
+    is_rep[at[body] + 1] = True
+    el_id[~is_rep] = text_ids
+    el_id[at] = value[rep]
+    el_id[at[body] + 1] = value[rep[body]]
+    el_len[at[body]] = count[rep[body]] - 1
+    el_loss = np.repeat(loss, n_el)
+    # rows in elements: [row_lo[r], row_lo[r + 1])
+    row_lo = np.zeros(n_rows + 1, dtype=np.int64)
+    if n:
+        piece_end = np.cumsum(n_pieces)
+        row_lo[1:] = np.where(piece_end > 0, el_end[np.maximum(piece_end - 1, 0)], 0)
+    el_tgt = np.full(n, IGNORE, dtype=np.int32)
+    if n > 1:
+        el_tgt[:-1] = np.where(el_loss[1:], el_id[1:], IGNORE)
+    row_last = row_lo[1:][row_lo[1:] > row_lo[:-1]] - 1
+    el_tgt[row_last] = IGNORE
+    new = np.ones(n, dtype=bool)
+    if n > 1:
+        np.not_equal(el_id[1:], el_id[:-1], out=new[1:])
+        new[1:] |= el_tgt[1:] != el_tgt[:-1]
+        new[row_lo[:-1][row_lo[:-1] < n]] = True  # a row's first element starts a stretch
+    first = np.flatnonzero(new)
+    if len(first) == n:
+        g_len, g_id, g_tgt = el_len, el_id, el_tgt
+    else:
+        g_len = np.add.reduceat(el_len, first) if n else el_len
+        g_id, g_tgt = el_id[first], el_tgt[first]
+    n_new = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(new, out=n_new[1:])
+    row_g = n_new[row_lo]  # stretches before each row
+    is_run = g_len >= min_run
+    stored = np.where(is_run, 1, g_len)
+    g_at = np.zeros(len(g_len) + 1, dtype=np.int64)  # first stored value of each stretch
+    np.cumsum(stored, out=g_at[1:])
+    offsets = g_at[row_g]
+    g_exp = np.zeros(len(g_len) + 1, dtype=np.int64)  # first token of each stretch, rows end to end
+    np.cumsum(g_len, out=g_exp[1:])
+    total = int(g_at[-1])
+    # the expanded position of stored value i of stretch g is g_exp[g] - g_exp[row start] + (i - g_at[g])
+    pos = np.arange(total, dtype=np.int64)
+    pos += np.repeat(g_exp[:-1] - g_at[:-1], stored)
+    pos -= np.repeat(g_exp[row_g[:-1]], np.diff(offsets))
+    runs_at = np.flatnonzero(is_run)
+    run_row = np.searchsorted(row_g, runs_at, side="right") - 1
+    n_runs = np.zeros(len(g_len) + 1, dtype=np.int64)
+    np.cumsum(is_run, out=n_runs[1:])
+    return runs.Compact(
+        columns={"input_ids": np.repeat(g_id, stored), "target_ids": np.repeat(g_tgt, stored),
+                 "position_ids": pos.astype(np.int32), "subsegment_ids": np.full(total, PREFIX_SUBSEGMENT, dtype=np.int32)},
+        offsets=offsets,
+        run_starts=(g_at[runs_at] - offsets[run_row]).astype(np.int32),
+        run_lengths=g_len[runs_at].astype(np.int32),
+        run_offsets=n_runs[row_g],
+    )
+
+
+def _join(a: runs.Compact, b: runs.Compact) -> runs.Compact:
+    """The rows of ``a`` then those of ``b``, as one batch."""
+    return runs.Compact(
+        columns={name: np.concatenate([a.columns[name], b.columns[name]]) for name in runs.TOKEN_COLUMNS},
+        offsets=np.concatenate([a.offsets, b.offsets[1:] - b.offsets[0] + a.offsets[-1]]),
+        run_starts=np.concatenate([a.run_starts, b.run_starts]),
+        run_lengths=np.concatenate([a.run_lengths, b.run_lengths]),
+        run_offsets=np.concatenate([a.run_offsets, b.run_offsets[1:] - b.run_offsets[0] + a.run_offsets[-1]]),
+    )
+
+
+def _take_rows(c: runs.Compact, order: np.ndarray) -> runs.Compact:
+    """The batch with row ``r`` being ``c``'s row ``order[r]`` (run starts are row-relative, unchanged)."""
+
+    def take(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = offsets[:-1][order], offsets[1:][order]
+        out = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(hi - lo, out=out[1:])
+        return _ranges(lo, hi), out
+
+    idx, offsets = take(c.offsets)
+    run_idx, run_offsets = take(c.run_offsets)
+    return runs.Compact(columns={name: col[idx] for name, col in c.columns.items()}, offsets=offsets,
+                        run_starts=c.run_starts[run_idx], run_lengths=c.run_lengths[run_idx], run_offsets=run_offsets)
+
+
+def compact_columns(c: runs.Compact) -> dict[str, pa.Array]:
+    """The stored token columns of ``schema.TOKENIZED`` (``compact_*``, ``run_starts``,
+    ``run_lengths``) of a batch in runs form, by name."""
+
+    def lists(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
+        rel = offsets - offsets[0]
+        if len(rel) and rel[-1] >= 2**31:
+            raise ValueError("a batch of token lists holds 2**31 values or more; write it in smaller batches")
+        return pa.ListArray.from_arrays(pa.array(rel.astype(np.int32)), pa.array(values, type=pa.int32()))
+
+    out = {f"compact_{name}": lists(c.columns[name], c.offsets) for name in runs.TOKEN_COLUMNS}
+    out["run_starts"] = lists(c.run_starts, c.run_offsets)
+    out["run_lengths"] = lists(c.run_lengths, c.run_offsets)
+    return out
+
+
+def _single_spans(arrays: _PieceArrays, ranges: list[tuple[int, int]]) -> list[list[tuple[int, int, int]]]:
+    """:func:`_spans` of each one-branch row (pieces ``ranges[r]``), for the batch at once."""
+    n_rows = len(ranges)
+    lo = np.fromiter((a for a, _ in ranges), dtype=np.int64, count=n_rows)
+    hi = np.fromiter((b for _, b in ranges), dtype=np.int64, count=n_rows)
+    sel = _ranges(lo, hi)
+    pad = arrays.kind[sel] == _PAD
+    k = sel[pad]
+    row = np.repeat(np.arange(n_rows, dtype=np.int64), hi - lo)[pad]
+    mi = arrays.media[k]
+    # a span is an item's pad pieces from its first to its last (layout markers may lie between)
+    new = np.ones(len(k), dtype=bool)
+    new[1:] = (row[1:] != row[:-1]) | (mi[1:] != mi[:-1])
+    first = np.flatnonzero(new)
+    last = np.empty_like(first)
+    last[:-1] = first[1:] - 1
+    last[-1:] = len(k) - 1
+    base = arrays.starts[lo[row[first]]]
+    start = arrays.starts[k[first]] - base
+    end = arrays.starts[k[last] + 1] - base
+    out: list[list] = [[] for _ in range(n_rows)]
+    for r, m, a, b in zip(row[first].tolist(), mi[first].tolist(), start.tolist(), end.tolist(), strict=True):
+        out[r].append((m, a, b - a))
+    return out
+
+
+#: the ``media`` struct fields a probed item alone decides (:attr:`_Probed.static`), in schema order
+_MEDIA_TYPE = TOKENIZED.field("media").type
+_MEDIA_FIELDS = [_MEDIA_TYPE.value_type.field(i) for i in range(_MEDIA_TYPE.value_type.num_fields)]
+_MEDIA_STATIC = [f.name for f in _MEDIA_FIELDS if f.name not in ("token_offset", "n_tokens")]
+
+
+def _media_column(meta: list[list]) -> pa.Array:
+    """The ``media`` column of rows whose entries are ``(media_index, token_offset, n_tokens)``
+    spans (``meta[r][3]``, in token order) of the probed items ``meta[r][2]``; built field by
+    field, not from a dict per item."""
+    items, offsets, tokens = [], [0], []
+    for m in meta:
+        probed = m[2]
+        for mi, start, n in m[3]:
+            items.append(probed[mi].static)
+            tokens.append((start, n))
+        offsets.append(len(items))
+    static = dict(zip(_MEDIA_STATIC, zip(*items, strict=True), strict=True)) if items else dict.fromkeys(_MEDIA_STATIC, ())
+    static["token_offset"] = [t[0] for t in tokens]
+    static["n_tokens"] = [t[1] for t in tokens]
+    struct = pa.StructArray.from_arrays([pa.array(static[f.name], type=f.type) for f in _MEDIA_FIELDS],
+                                        fields=_MEDIA_FIELDS)
+    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), struct, type=_MEDIA_TYPE)
+
+
+def _stored_table(meta: list[list], c: runs.Compact) -> pa.Table:
+    """The ``schema.TOKENIZED`` table of a batch: per-row fields from ``meta``, token columns from ``c``."""
+    tokens = compact_columns(c)
+    tokens["media"] = _media_column(meta)
+    plain = {
+        "sample_id": [m[0] for m in meta],
+        "source": [m[1].source for m in meta],
+        "source_row": [m[1].source_row for m in meta],
+        "n_tokens": [m[4] for m in meta],
+        "n_vision_units": [sum(pr.layout.units for pr in m[2]) for m in meta],
+        "n_branches": [m[5] for m in meta],
+    }
+    cols = [tokens[f.name] if f.name in tokens else pa.array(plain[f.name], type=f.type) for f in TOKENIZED]
+    return pa.Table.from_arrays(cols, schema=TOKENIZED)
+
+
+def _spans(arrays: _PieceArrays, p0: int, p1: int) -> list[tuple[int, int, int]]:
     """Media spans ``(media_index, start, n)`` of the branch of pieces ``p0..p1``, from its
     start: one span per item, from its first pad to its last (layouts may put row or frame
     markers between pad runs)."""
     spans: list[tuple[int, int, int]] = []
-    kinds = pieces.kind
+    starts = arrays.starts
     base = int(starts[p0])
-    for k in range(p0, p1):
-        if kinds[k] == _PAD:
-            mi = pieces.media[k]
-            pos = int(starts[k]) - base
-            end = int(starts[k + 1]) - base
-            if spans and spans[-1][0] == mi:
-                spans[-1] = (mi, spans[-1][1], end - spans[-1][1])
-            else:
-                spans.append((mi, pos, end - pos))
+    for k in (np.flatnonzero(arrays.kind[p0:p1] == _PAD) + p0).tolist():
+        mi = int(arrays.media[k])
+        pos = int(starts[k]) - base
+        end = int(starts[k + 1]) - base
+        if spans and spans[-1][0] == mi:
+            spans[-1] = (mi, spans[-1][1], end - spans[-1][1])
+        else:
+            spans.append((mi, pos, end - pos))
     return spans
 
 
@@ -375,8 +711,12 @@ def _row(s: Sample, probed: list[_Probed], spans, input_ids, target_ids, positio
         "target_ids": target_ids,
         "position_ids": position_ids,
         "subsegment_ids": subsegment_ids,
-        "media": [_media_entry(probed[mi], start, n) for mi, start, n in sorted(spans, key=lambda x: x[1])],
+        "media": _media_entries(probed, spans),
     }
+
+
+def _media_entries(probed: list[_Probed], spans) -> list[dict]:
+    return [_media_entry(probed[mi], start, n) for mi, start, n in sorted(spans, key=lambda x: x[1])]
 
 
 def _fill_single(single: list, ids: np.ndarray, loss: np.ndarray) -> None:

@@ -326,8 +326,8 @@ def build_sample(
             if "<" in text:
                 parts = tuple(split_placeholders(text, counters, offsets))
             else:  # no tag: what split_placeholders gives, without the call
-                parts = (Part("text", text),) if text else ()
-            messages.append(Message(t[0], parts))
+                parts = (Part.of_text(text),) if text else ()
+            messages.append(Message.plain(t[0], parts))
     media = tuple(images + videos)
     if not strict and counters["image"] + counters["video"] == 0 and media:
         first_user = next((i for i, m in enumerate(messages) if m.role == "user"), None)
