@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from . import __version__
 from .config import config_diff
 from .errors import InputError, OutputError, ResumeMismatchError
-from .runs import compact_table, is_runs_table
+from .runs import compact_table, is_runs_table, runs_version
 from .schema import READABLE_VERSIONS, SCHEMA_VERSION, expanded_form
 
 __all__ = [
@@ -287,8 +287,8 @@ class ShardWriter:
 
     def write_table(self, table: pa.Table) -> None:
         """Append rows; shards and row groups are cut at fixed row counts, so output is deterministic."""
-        if is_runs_table(self.schema) and not is_runs_table(table):
-            table = compact_table(table)  # expanded rows given to a runs-form writer
+        if is_runs_table(self.schema) and runs_version(table) != runs_version(self.schema):
+            table = compact_table(table)  # expanded (or version 3) rows given to a runs-form writer
         table = table.cast(self.schema) if table.schema != self.schema else table
         sizes = row_bytes(table)
         offset = 0

@@ -10,6 +10,7 @@ from naive import compact_row
 from packtool.runs import (
     COMPACT_COLUMNS,
     MIN_RUN,
+    RUN_COLUMNS,
     TOKEN_COLUMNS,
     compact,
     compact_table,
@@ -125,12 +126,12 @@ def test_tables_round_trip_through_arrow_slices(seed):
                       **{name: pa.array([r[name] for r in rows], pa.list_(pa.int32())) for name in TOKEN_COLUMNS},
                       "n_tokens": [len(r["input_ids"]) for r in rows]})
     runs = compact_table(table)
-    assert runs.column_names == ["sample_id", *COMPACT_COLUMNS, "run_starts", "run_lengths", "n_tokens"]
+    assert runs.column_names == ["sample_id", *COMPACT_COLUMNS, *RUN_COLUMNS, "n_tokens"]
     assert compact_table(runs) is runs and expand_table(table) is table
     assert expand_table(runs).equals(table), f"seed {100 + seed}"
     sliced = runs.slice(2, 4)  # list offsets that do not start at 0
     assert expand_table(sliced).equals(table.slice(2, 4)), f"seed {100 + seed}"
-    half = expand_table(runs.select(["compact_input_ids", "run_starts", "run_lengths"]).slice(3))
+    half = expand_table(runs.select([COMPACT_COLUMNS[0], *RUN_COLUMNS]).slice(3))
     assert half.column_names == ["input_ids"] and half.equals(table.select(["input_ids"]).slice(3))
     for i, row in enumerate(runs.slice(1, 3).to_pylist()):
         assert expand_row(row) == table.slice(1, 3).to_pylist()[i], f"seed {100 + seed}"
@@ -152,8 +153,8 @@ def test_bad_run_tables_are_refused(starts, lengths, message):
 def test_a_table_without_runs_expands_by_renaming():
     table = pa.table({name: pa.array([[1, 2, 3], [4]], pa.list_(pa.int32())) for name in TOKEN_COLUMNS})
     runs = compact_table(table)
-    assert runs.column("run_starts").to_pylist() == [[], []]
+    assert runs.column(RUN_COLUMNS[0]).to_pylist() == [b"", b""]
     back = expand_table(runs)
     assert back.equals(table)
     assert back.column("input_ids").chunk(0).values.buffers()[1].address == \
-        runs.column("compact_input_ids").chunk(0).values.buffers()[1].address  # the same buffer, not a copy
+        runs.column(COMPACT_COLUMNS[0]).chunk(0).buffers()[2].address  # the blob's bytes, not a copy
