@@ -375,6 +375,17 @@ def write_manifest(out_dir: Path, kind: str, config: dict, config_digest: str, s
     return manifest
 
 
+def either(items) -> str:
+    """``"a, b or c"``: a list of alternatives for a message.
+
+    Example:
+        >>> either([2, 3, 4]), either([4])
+        ('2, 3 or 4', '4')
+    """
+    items = [str(x) for x in items]
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
 def read_manifest(path: Path, kind: str | None = None) -> dict:
     """Read ``path/.packtool/manifest.json`` (or a legacy ``path/manifest.json``) and check its kind and schema version."""
     file = manifest_path(path)
@@ -391,7 +402,7 @@ def read_manifest(path: Path, kind: str | None = None) -> dict:
     if manifest.get("schema_version") not in readable:
         raise InputError(
             f"{file}: {manifest.get('kind')} schema version {manifest.get('schema_version')!r}, this packtool reads "
-            f"{' or '.join(map(str, readable))}; re-run the stage with this version"
+            f"{either(readable)}; re-run the stage with this version"
         )
     if kind is not None and manifest.get("kind") != kind:
         raise InputError(f"{str(path)!r} holds {manifest.get('kind')} shards, expected {kind} shards")

@@ -54,7 +54,7 @@ from .schema import (
     SUBSEGMENT_STRIDE,
     schema_of_version,
 )
-from .shards import ERRORS, MANIFEST, errors_path, read_manifest, sha256_file
+from .shards import ERRORS, MANIFEST, either, errors_path, read_manifest, sha256_file
 from .vision import span_segments
 
 __all__ = ["validate_dir", "render_report", "check_row", "span_problem", "run_problems"]
@@ -370,7 +370,8 @@ def _schema_problem(schema, expected) -> str | None:
         odd = sorted(n for n, meta in encodings.items() if schema.field(n).metadata != meta)
         if not odd:
             return None
-        return f"columns {odd} do not say {next(iter(encodings.values()))} in their field metadata; not a shard of this version"
+        said = ", ".join(f"{k.decode()}: {v.decode()}" for k, v in encodings[odd[0]].items())
+        return f"columns {odd} do not say {said!r} in their field metadata; not a shard of this version"
     return f"schema differs from version's (missing {missing}, unexpected {extra}, different types {differ})"
 
 
@@ -589,16 +590,17 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
         except Exception as exc:  # noqa: BLE001 - an unreadable shard is the finding
             problems.add(file, f"not readable as Parquet: {exc}")
             continue
-        schema_msg = _schema_problem(pf.schema_arrow, expected)
         meta = {k.decode(): v.decode() for k, v in (pf.schema_arrow.metadata or {}).items()}
         readable = [str(v) for v in READABLE_VERSIONS.get(kind, (SCHEMA_VERSION,))]
-        if not schema_msg and meta.get("packtool.schema_version") not in readable:
-            schema_msg = (f"written with schema version {meta.get('packtool.schema_version')!r}, "
-                          f"this packtool reads {' or '.join(readable)}")
-        elif (not schema_msg and meta.get("packtool.schema_version") != str(version)
-              and {meta.get("packtool.schema_version"), str(version)} & {str(SCHEMA_VERSION), str(LIST_RUNS_VERSION)}):
+        written = meta.get("packtool.schema_version")
+        if written in readable and written != str(version) and {written, str(version)} & {str(SCHEMA_VERSION),
+                                                                                          str(LIST_RUNS_VERSION)}:
             # a runs-form shard (version 3 or 4) is read by its own version's rules only
-            schema_msg = f"written with schema version {meta.get('packtool.schema_version')}, the manifest says {version}"
+            schema_msg = f"written with schema version {written}, the manifest says {version}"
+        else:
+            schema_msg = _schema_problem(pf.schema_arrow, expected)
+            if not schema_msg and written not in readable:
+                schema_msg = f"written with schema version {written!r}, this packtool reads {either(readable)}"
         if schema_msg:
             problems.add(file, schema_msg)
             continue
