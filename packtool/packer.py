@@ -539,13 +539,20 @@ def assemble_packs(
     tok_pack_off = np.concatenate([[0], sample_end])[pack_off]
     start_in_pack = sample_start - tok_pack_off[pack_of]
     in_table = [np.flatnonzero(src == s) for s in range(len(tables))]
+    parts: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+
+    def stored(name: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Values and row offsets of a stored column in every table, looked up once."""
+        if name not in parts:
+            parts[name] = _token_columns(tables, name)
+        return parts[name]
 
     def spans(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each sample's list length in column ``name``, its start in the flat output, and each pack's offsets."""
         n = np.zeros(n_samples, dtype=np.int64)
         for s, here in enumerate(in_table):
             if len(here):
-                offs = column_parts(tables[s].column(name))[1]
+                offs = stored(name)[1][s]
                 n[here] = offs[local[here] + 1] - offs[local[here]]
         end = np.cumsum(n)
         return n, end - n, np.concatenate([[0], end])[pack_off]
@@ -556,7 +563,7 @@ def assemble_packs(
     no_add = np.zeros(n_samples, dtype=np.int32)
 
     def values(name: str, n: np.ndarray, at: np.ndarray, add: np.ndarray = no_add) -> np.ndarray:
-        vals, offs = _token_columns(tables, name)
+        vals, offs = stored(name)
         out = np.empty(int(n.sum()), dtype=np.int32)
         for s, here in enumerate(in_table):
             if len(here):
