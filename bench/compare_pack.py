@@ -15,15 +15,11 @@ must agree (the same rows, whatever the stored form in between).
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench.bench_pack import _load
+from bench.compare_tokenize import run_in_tree
 
 _RUN = """
 import hashlib, json, sys, time
@@ -48,23 +44,11 @@ print(json.dumps({"samples": m["counts"]["samples_in"], "packs": m["counts"]["pa
 
 
 def _once(tree: Path, tok: Path, out: Path, mix: str, n: int, media: str, layout: str = "runs") -> dict:
-    shutil.rmtree(out, ignore_errors=True)
-    load = _load()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-c", _RUN, str(tok), str(out), mix, str(n), media, layout], cwd=tree,
-                          env=env, capture_output=True, text=True, check=False)
-    shutil.rmtree(out, ignore_errors=True)
-    if done.returncode:
-        raise RuntimeError(f"pack from {tree} failed:\n{done.stderr[-2000:]}")
-    res = json.loads(done.stdout.strip().splitlines()[-1])
-    if Path(res["tree"]).resolve() != tree.resolve():
-        raise RuntimeError(f"internal error: the run in {tree} imported packtool from {res['tree']}")
-    res["load"] = f"{load} -> {_load()}"
-    return res
+    return run_in_tree(tree, _RUN, [str(tok), str(out), mix, str(n), media, layout], out, "pack")
 
 
 def main(argv: list[str]) -> int:
-    args = [a for a in argv]
+    args = list(argv)
     opts = {}
     for key in ("--mix", "--media", "--rounds"):
         if key in args:

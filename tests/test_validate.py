@@ -44,23 +44,16 @@ def rewrite_row(d: Path, edit) -> None:
     relist(d, f)
 
 
-def rewrite_runs(d: Path, edit) -> None:
+def rewrite_runs(d: Path, edit, as_lists: bool = True) -> None:
     """Replace the first shard by one whose stored (compact) row 0 is edited, re-listed. The
     row is edited as lists (the stored blobs' values, under version 3's names) and stored as
-    blobs again."""
+    blobs again, or, ``as_lists=False``, edited as the stored bytes."""
     f = shard(d)
-    rows = list_form(pq.read_table(f)).to_pylist()
+    table = pq.read_table(f)
+    rows = (list_form(table) if as_lists else table).to_pylist()
     edit(rows[0])
-    pq.write_table(blob_table(pa.Table.from_pylist(rows, schema=PACKED_V3)).cast(PACKED), f)
-    relist(d, f)
-
-
-def rewrite_blobs(d: Path, edit) -> None:
-    """Replace the first shard by one whose stored row 0 is edited as bytes, re-listed."""
-    f = shard(d)
-    rows = pq.read_table(f).to_pylist()
-    edit(rows[0])
-    pq.write_table(pa.Table.from_pylist(rows, schema=PACKED), f)
+    pq.write_table(blob_table(pa.Table.from_pylist(rows, schema=PACKED_V3)).cast(PACKED) if as_lists
+                   else pa.Table.from_pylist(rows, schema=PACKED), f)
     relist(d, f)
 
 
@@ -246,7 +239,7 @@ def test_corrupted_blobs_are_caught(packed, column, edit, what):
         row[column] = edit(row[column])
         seen.update(n=len(row[column]), v=len(row[column]) // 4, m=len(row[COMPACT_COLUMNS[0]]) // 4)
 
-    rewrite_blobs(packed, change)
+    rewrite_runs(packed, change, as_lists=False)
     report = validate_dir(packed)
     assert not report["ok"]
     assert [(p["where"].rsplit(": ", 1)[-1], p["what"]) for p in report["problems"]] == [("row 0", what.format(**seen))]
