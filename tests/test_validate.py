@@ -13,7 +13,14 @@ import pyarrow.parquet as pq
 import pytest
 from naive import list_form
 
-from packtool.runs import COMPACT_COLUMNS, MIN_RUN, RUN_COLUMNS, blob_table, compact_table, expand_table
+from packtool.runs import (
+    COMPACT_COLUMNS,
+    MIN_RUN,
+    RUN_COLUMNS,
+    blob_table,
+    compact_table,
+    expand_table,
+)
 from packtool.schema import PACKED, PACKED_FULL, PACKED_V3
 from packtool.shards import sha256_file
 from packtool.validate import validate_dir
