@@ -589,3 +589,31 @@ def test_a_damaged_run_table_is_an_input_error(demo, tmp_path, edit, says):
     with pytest.raises(InputError, match=says) as err:
         list(PackedDataset(d, shuffle=False))
     assert f.name in str(err.value)
+
+
+def test_a_packed_directory_of_schema_version_3_reads_the_same(demo, tmp_path):
+    """Packed shards in the list form of schema v3 (as older packtool wrote them): the reader,
+    ``inspect`` and ``runs.read_expanded`` give the same rows as from today's blobs."""
+    from packtool.inspection import inspect_dir
+    from packtool.runs import read_expanded
+
+    d = tmp_path / "v3"
+    shutil.copytree(demo["ref"], d)
+    manifest = json.loads((d / ".packtool" / "manifest.json").read_text())
+    for entry in manifest["shards"]:
+        f = d / entry["file"]
+        pq.write_table(list_form(pq.read_table(f)).cast(PACKED_V3), f)
+        entry.update(bytes=f.stat().st_size, sha256=sha256_file(f))
+    manifest["schema_version"] = 3
+    (d / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
+    assert "compact_input_ids" in pq.read_schema(d / manifest["shards"][0]["file"]).names
+    old, new = list(PackedDataset(d, shuffle=False)), list(PackedDataset(demo["ref"], shuffle=False))
+    assert len(old) == len(new) > 0
+    for a, b in zip(old, new, strict=True):
+        assert a.keys() == b.keys()
+        for key in ("input_ids", "target_ids", "position_ids", "subsegment_ids", "cu_seqlens"):
+            assert np.array_equal(a[key], b[key]), (a["pack_index"], key)
+    first = manifest["shards"][0]["file"]
+    cols = ["pack_index", "input_ids", "position_ids"]
+    assert read_expanded(d / first, cols).equals(read_expanded(demo["ref"] / first, cols))
+    assert inspect_dir(d, pack=1) == {**inspect_dir(demo["ref"], pack=1), "dir": str(d)}
