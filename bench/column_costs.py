@@ -12,19 +12,11 @@ from __future__ import annotations
 
 import io
 import sys
-import time
+
+from bench import best_s
 
 #: Compressions tried with ``--codecs``, as ``(codec, level)``.
 CODECS = (("zstd", 1), ("zstd", -1), ("lz4", None), ("snappy", None), ("none", None))
-
-
-def _best(fn, k: int = 3) -> float:
-    best = float("inf")
-    for _ in range(k):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def column_costs(path: str, codecs: bool = False) -> str:
@@ -45,8 +37,8 @@ def column_costs(path: str, codecs: bool = False) -> str:
             buf = io.BytesIO()
             pq.write_table(sub, buf, row_group_size=1024, **opts)
             data = buf.getvalue()
-            w = _best(lambda: pq.write_table(sub, io.BytesIO(), row_group_size=1024, **opts))  # noqa: B023
-            r = _best(lambda: pq.read_table(io.BytesIO(data)))  # noqa: B023
+            w = best_s(lambda: pq.write_table(sub, io.BytesIO(), row_group_size=1024, **opts))  # noqa: B023
+            r = best_s(lambda: pq.read_table(io.BytesIO(data)))  # noqa: B023
             label = codec if level is None else f"{codec} {level}"
             out.append(f"| `{name}` | {label} | {w * 1e3:.1f} ms | {r * 1e3:.1f} ms | {len(data) / 1e6:.2f} | "
                        f"{sub.nbytes / 1e6:.2f} |")

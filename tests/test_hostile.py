@@ -671,10 +671,10 @@ def test_readers_of_a_damaged_shard_say_so(built, tmp_path, capfd, which, how):
 def test_the_reader_default_check_catches_one_flipped_bit(built, tmp_path):
     """PackedDataset(verify=False) still checks sizes and Parquet page checksums: a flipped bit
     in a page raises InputError instead of yielding garbage position_ids."""
+    import pyarrow.parquet as pq
+
     from packtool.errors import InputError
     from packtool.reader import PackedDataset
-
-    import pyarrow.parquet as pq
 
     d = _copy(built, tmp_path)
     first = sorted(d["packed"].glob("part-*.parquet"))[0]
