@@ -559,6 +559,15 @@ def assemble_packs(
 
     c_len, c_start, c_pack_off = spans(COMPACT_COLUMNS[0])
     r_len, r_start, r_pack_off = spans(RUN_COLUMNS[0])
+    # every stored column of a row is gathered with input ids' length: a damaged shard whose
+    # columns disagree must stop here, not copy past a row's end
+    for name, want in [(c, c_len) for c in COMPACT_COLUMNS[1:]] + [(RUN_COLUMNS[1], r_len)]:
+        got = spans(name)[0]
+        if not np.array_equal(got, want):
+            k = int(np.flatnonzero(got != want)[0])
+            raise ValueError(f"tokenized row {taken['sample_id'][k].as_py()!r}: {name} holds {int(got[k])} values, "
+                             f"{COMPACT_COLUMNS[0] if name in COMPACT_COLUMNS else RUN_COLUMNS[0]} {int(want[k])}; "
+                             "the shard is damaged: re-run tokenize")
     c_start_in_pack = c_start - c_pack_off[pack_of]
     no_add = np.zeros(n_samples, dtype=np.int32)
 

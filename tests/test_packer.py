@@ -416,3 +416,20 @@ def test_truncation_inside_a_run_cuts_the_run():
     assert got["input_ids"] == ids[:20].tolist() and got["position_ids"] == list(range(20))
     assert got["target_ids"] == tgt[:19].tolist() + [-100] and got["n_tokens"] == 20
     assert expand_table(packed).cast(PACKED_FULL).equals(assemble_packs(table, plan, 0, None, 20, layout="full"))
+
+
+@pytest.mark.parametrize("column", ["compact_target_ids_i32le", "compact_subsegment_ids_i32le", "run_lengths_i32le"])
+def test_stored_columns_of_unequal_length_stop_the_assembly(column):
+    """A tokenized row whose stored columns disagree in length (a damaged shard) is refused by
+    name before any value is gathered, never copied past the row's end."""
+    from packtool.packer import PackPlan
+
+    table = compact_table(_tokenized_table([400, 700, 300], [1, 0, 1]))
+    rows = table.to_pylist()
+    assert rows[0]["run_lengths_i32le"], "row 0 holds an image span"
+    rows[0][column] = rows[0][column][:-4]  # one int32 value fewer
+    damaged = pa.Table.from_pylist(rows, schema=table.schema)
+    plan = PackPlan(np.array([2, 1, 0]), np.array([0, 3]))
+    assert assemble_packs(table, plan, 0).num_rows == 1
+    with pytest.raises(ValueError, match=f"tokenized row '[^']+': {column} holds .* re-run tokenize"):
+        assemble_packs(damaged, plan, 0)
