@@ -41,14 +41,20 @@ print(json.dumps({"samples": m["counts"]["samples"], "wall": wall, "cpu": cpu, "
 
 
 def _once(tree: Path, data: Path, out: Path, n: int, workers: int) -> dict:
+    return run_in_tree(tree, _RUN, [str(data), str(out), str(n), str(workers)], out, "tokenize")
+
+
+def run_in_tree(tree: Path, script: str, args: list[str], out: Path, stage: str) -> dict:
+    """Run ``script`` in a fresh interpreter in ``tree`` (so it imports that tree's packtool),
+    ``out`` cleared before and after; its last stdout line is a JSON object with ``tree``."""
     shutil.rmtree(out, ignore_errors=True)
     load = _load()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-c", _RUN, str(data), str(out), str(n), str(workers)], cwd=tree,
-                          env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run([sys.executable, "-c", script, *args], cwd=tree, env=env, capture_output=True, text=True,
+                          check=False)
     shutil.rmtree(out, ignore_errors=True)
     if done.returncode:
-        raise RuntimeError(f"tokenize from {tree} failed:\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"{stage} from {tree} failed:\n{done.stderr[-2000:]}")
     res = json.loads(done.stdout.strip().splitlines()[-1])
     if Path(res["tree"]).resolve() != tree.resolve():
         raise RuntimeError(f"internal error: the run in {tree} imported packtool from {res['tree']}")

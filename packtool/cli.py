@@ -230,7 +230,7 @@ def pack(
     media_root: Annotated[str | None, typer.Option(callback=_location, help="Media root (default: the one tokenize used).")] = None,
     packs_per_shard: Annotated[int, typer.Option(min=1, help="Packs per output shard.")] = _PACK_DEFAULTS.packs_per_shard,
     frame_quality: Annotated[int, typer.Option(min=1, max=100, help="JPEG quality of embedded video frames.")] = 90,
-    layout: Annotated[LayoutChoice, typer.Option(help="runs: placeholder runs stored once (schema v3; packtool.reader expands them); full: every token stored (schema v2), for reading the Parquet directly.")] = "runs",
+    layout: Annotated[LayoutChoice, typer.Option(help="runs: placeholder runs stored once (schema v4; packtool.reader expands them); full: every token stored (schema v2), for reading the Parquet directly.")] = "runs",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan only; print stats, write nothing.")] = False,
     max_errors: MaxErrors = None,
     on_error: OnError = "skip",

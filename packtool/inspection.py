@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import ConfigError, InputError
-from .runs import RUN_COLUMNS, TOKEN_COLUMNS, expand_row, is_runs_table
+from .runs import TOKEN_COLUMNS, expand_row, is_runs_table, stored_names
 from .schema import MEDIA_FIELDS, PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
 from .shards import ERRORS, is_output_dir, open_shard, read_manifest, read_shard, shard_error
 from .templates import TEMPLATES, Template
@@ -64,8 +64,8 @@ def _read_row(path: Path, manifest: dict, file: str, row: int, columns: list[str
     entry = next(e for e in manifest["shards"] if e["file"] == file)
     pf = open_shard(path, entry)
     if is_runs_table(pf.schema_arrow):
-        columns = [c for name in columns
-                   for c in ([f"compact_{name}"] if name in TOKEN_COLUMNS else [name])] + list(RUN_COLUMNS)
+        run_table = stored_names(pf.schema_arrow, TOKEN_COLUMNS[:1])[1:]  # read even when no token column is asked for
+        columns = list(dict.fromkeys([*stored_names(pf.schema_arrow, columns), *run_table]))
     start = 0
     for rg in range(pf.metadata.num_row_groups):
         n = pf.metadata.row_group(rg).num_rows

@@ -26,10 +26,14 @@ from .runs import (
     COMPACT_COLUMNS,
     RUN_COLUMNS,
     TOKEN_COLUMNS,
+    V3_COMPACT_COLUMNS,
+    V3_RUN_COLUMNS,
+    blob_array,
+    column_parts,
     compact_table,
     expand,
     expand_table,
-    is_runs_table,
+    runs_version,
 )
 from .schema import SUBSEGMENT_STRIDE, packed_schema
 
@@ -43,8 +47,10 @@ MAX_UNIT_CELLS = 1024
 #: The tokenized columns :func:`assemble_packs` reads (a reader need not decode the others).
 ASSEMBLY_COLUMNS = ["sample_id", "n_tokens", "n_vision_units", "media", "input_ids", "target_ids", "position_ids",
                     "subsegment_ids"]
-#: The same from tokenized shards in runs form (schema version 3).
+#: The same from tokenized shards in runs form (schema version 4).
 ASSEMBLY_COLUMNS_RUNS = ["sample_id", "n_tokens", "n_vision_units", "media", *COMPACT_COLUMNS, *RUN_COLUMNS]
+#: ... and in the runs form of schema version 3.
+_ASSEMBLY_COLUMNS_V3 = ["sample_id", "n_tokens", "n_vision_units", "media", *V3_COMPACT_COLUMNS, *V3_RUN_COLUMNS]
 #: Regular packs re-optimized together with the flush packs at the end of a stream.
 TAIL_PACKS = 8
 
@@ -421,20 +427,19 @@ def gather_runs(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray, dst_st
 
 
 def _token_columns(tables: list[pa.Table], name: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Flat values and list offsets of one token column per table, without copying."""
+    """Flat values and row offsets of one token column per table, without copying (``runs.column_parts``)."""
     values, offsets = [], []
     for t in tables:
-        col = t.column(name)
-        arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-        values.append(arr.values.to_numpy(zero_copy_only=False))
-        offsets.append(arr.offsets.to_numpy(zero_copy_only=False))
+        vals, offs = column_parts(t.column(name))
+        values.append(vals)
+        offsets.append(offs)
     return values, offsets
 
 
 def assembly_columns(schema: pa.Schema) -> list[str]:
     """The tokenized columns :func:`assemble_packs` reads from shards of ``schema`` (a reader
-    need not decode the others): :data:`ASSEMBLY_COLUMNS`, their runs form in version 3 shards."""
-    return ASSEMBLY_COLUMNS_RUNS if is_runs_table(schema) else ASSEMBLY_COLUMNS
+    need not decode the others): :data:`ASSEMBLY_COLUMNS`, their runs form in version 3 and 4 shards."""
+    return {4: ASSEMBLY_COLUMNS_RUNS, 3: _ASSEMBLY_COLUMNS_V3}.get(runs_version(schema), ASSEMBLY_COLUMNS)
 
 
 def _cut_rows(tables: list[pa.Table], rows: list[tuple[int, int]], max_tokens: int) -> pa.Table:
@@ -470,8 +475,9 @@ def assemble_packs(
 ) -> pa.Table:
     """Build packed rows (``schema.packed_schema(layout)``) from tokenized rows and a plan.
 
-    Tokenized rows may be in runs form (schema version 3) or expanded (versions 1 and 2,
-    compacted here first: a pure function of the row, so the packs are the same bytes).
+    Tokenized rows may be in runs form (schema version 4, or 3 turned into 4's blobs without
+    copying values) or expanded (versions 1 and 2, compacted here first: a pure function of
+    the row, so the packs are the same bytes).
     A pack's compact row is its samples' compact rows end to end: compact columns and
     run tables are concatenated per pack through list offsets, run starts shifted by the
     sample's start in the pack's compact row, so the placeholders are never materialised;
@@ -511,8 +517,8 @@ def assemble_packs(
     # each sample's table and row within it; one slice per sample is copied into place
     src = np.searchsorted(row_start, order, side="right") - 1
     local = order - row_start[src]
-    tables = [compact_table(t.select([c for c in t.column_names if c in ASSEMBLY_COLUMNS])) if not is_runs_table(t)
-              else t for t in tables]
+    tables = [t if runs_version(t) == 4 else compact_table(t) if runs_version(t) == 3
+              else compact_table(t.select([c for c in t.column_names if c in ASSEMBLY_COLUMNS])) for t in tables]
     if plan.truncated and max_tokens is not None:
         cut = np.zeros(int(row_start[-1]), dtype=bool)
         cut[np.asarray(plan.truncated, dtype=np.int64)] = True
@@ -533,26 +539,40 @@ def assemble_packs(
     tok_pack_off = np.concatenate([[0], sample_end])[pack_off]
     start_in_pack = sample_start - tok_pack_off[pack_of]
     in_table = [np.flatnonzero(src == s) for s in range(len(tables))]
+    parts: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+
+    def stored(name: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Values and row offsets of a stored column in every table, looked up once."""
+        if name not in parts:
+            parts[name] = _token_columns(tables, name)
+        return parts[name]
 
     def spans(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each sample's list length in column ``name``, its start in the flat output, and each pack's offsets."""
         n = np.zeros(n_samples, dtype=np.int64)
         for s, here in enumerate(in_table):
             if len(here):
-                col = tables[s].column(name)
-                arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-                offs = arr.offsets.to_numpy(zero_copy_only=False)
+                offs = stored(name)[1][s]
                 n[here] = offs[local[here] + 1] - offs[local[here]]
         end = np.cumsum(n)
         return n, end - n, np.concatenate([[0], end])[pack_off]
 
-    c_len, c_start, c_pack_off = spans("compact_input_ids")
-    r_len, r_start, r_pack_off = spans("run_starts")
+    c_len, c_start, c_pack_off = spans(COMPACT_COLUMNS[0])
+    r_len, r_start, r_pack_off = spans(RUN_COLUMNS[0])
+    # every stored column of a row is gathered with input ids' length: a damaged shard whose
+    # columns disagree must stop here, not copy past a row's end
+    for name, want in [(c, c_len) for c in COMPACT_COLUMNS[1:]] + [(RUN_COLUMNS[1], r_len)]:
+        got = spans(name)[0]
+        if not np.array_equal(got, want):
+            k = int(np.flatnonzero(got != want)[0])
+            raise ValueError(f"tokenized row {taken['sample_id'][k].as_py()!r}: {name} holds {int(got[k])} values, "
+                             f"{COMPACT_COLUMNS[0] if name in COMPACT_COLUMNS else RUN_COLUMNS[0]} {int(want[k])}; "
+                             "the shard is damaged: re-run tokenize")
     c_start_in_pack = c_start - c_pack_off[pack_of]
     no_add = np.zeros(n_samples, dtype=np.int32)
 
     def values(name: str, n: np.ndarray, at: np.ndarray, add: np.ndarray = no_add) -> np.ndarray:
-        vals, offs = _token_columns(tables, name)
+        vals, offs = stored(name)
         out = np.empty(int(n.sum()), dtype=np.int32)
         for s, here in enumerate(in_table):
             if len(here):
@@ -560,10 +580,10 @@ def assemble_packs(
         return out
 
     def compact_values(name: str, add: np.ndarray = no_add) -> np.ndarray:
-        return values(f"compact_{name}", c_len, c_start, add)
+        return values(COMPACT_COLUMNS[TOKEN_COLUMNS.index(name)], c_len, c_start, add)
 
-    run_starts = values("run_starts", r_len, r_start, c_start_in_pack.astype(np.int32))
-    run_lengths = values("run_lengths", r_len, r_start)
+    run_starts = values(RUN_COLUMNS[0], r_len, r_start, c_start_in_pack.astype(np.int32))
+    run_lengths = values(RUN_COLUMNS[1], r_len, r_start)
     if n_samples:
         got = c_len + np.bincount(np.repeat(np.arange(n_samples), r_len), weights=run_lengths - 1,
                                   minlength=n_samples).astype(np.int64)
@@ -631,10 +651,10 @@ def assemble_packs(
         for name in TOKEN_COLUMNS:
             cols[name] = token_list(expanded[name], tok_pack_off)
     else:
-        for name in TOKEN_COLUMNS:
-            cols[f"compact_{name}"] = token_list(token_cols[name], c_pack_off)
-        cols["run_starts"] = token_list(run_starts, r_pack_off)
-        cols["run_lengths"] = token_list(run_lengths, r_pack_off)
+        for stored, name in zip(COMPACT_COLUMNS, TOKEN_COLUMNS, strict=True):
+            cols[stored] = blob_array(token_cols[name], c_pack_off)
+        cols[RUN_COLUMNS[0]] = blob_array(run_starts, r_pack_off)
+        cols[RUN_COLUMNS[1]] = blob_array(run_lengths, r_pack_off)
     cols["cu_seqlens"] = cu
     cols["media"] = media
     return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)

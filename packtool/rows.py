@@ -51,7 +51,7 @@ from .templates import Template
 from .tokenization import Tokenizer
 from .vision import VisionFamily, VisionLayout
 
-__all__ = ["EncodeContext", "encode_samples", "encode_stored", "compact_columns", "group_by_media", "shifted_targets", "IGNORE"]
+__all__ = ["EncodeContext", "encode_samples", "encode_stored", "group_by_media", "shifted_targets", "IGNORE"]
 
 IGNORE = -100
 #: Probe results kept per process; cleared when full (bounds memory on huge corpora).
@@ -590,22 +590,6 @@ def _take_rows(c: runs.Compact, order: np.ndarray) -> runs.Compact:
                         run_starts=c.run_starts[run_idx], run_lengths=c.run_lengths[run_idx], run_offsets=run_offsets)
 
 
-def compact_columns(c: runs.Compact) -> dict[str, pa.Array]:
-    """The stored token columns of ``schema.TOKENIZED`` (``compact_*``, ``run_starts``,
-    ``run_lengths``) of a batch in runs form, by name."""
-
-    def lists(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
-        rel = offsets - offsets[0]
-        if len(rel) and rel[-1] >= 2**31:
-            raise ValueError("a batch of token lists holds 2**31 values or more; write it in smaller batches")
-        return pa.ListArray.from_arrays(pa.array(rel.astype(np.int32)), pa.array(values, type=pa.int32()))
-
-    out = {f"compact_{name}": lists(c.columns[name], c.offsets) for name in runs.TOKEN_COLUMNS}
-    out["run_starts"] = lists(c.run_starts, c.run_offsets)
-    out["run_lengths"] = lists(c.run_lengths, c.run_offsets)
-    return out
-
-
 def _single_spans(arrays: _PieceArrays, ranges: list[tuple[int, int]]) -> list[list[tuple[int, int, int]]]:
     """:func:`_spans` of each one-branch row (pieces ``ranges[r]``), for the batch at once."""
     n_rows = len(ranges)
@@ -659,7 +643,7 @@ def _media_column(meta: list[list]) -> pa.Array:
 
 def _stored_table(meta: list[list], c: runs.Compact) -> pa.Table:
     """The ``schema.TOKENIZED`` table of a batch: per-row fields from ``meta``, token columns from ``c``."""
-    tokens = compact_columns(c)
+    tokens = runs.compact_arrays(c)
     tokens["media"] = _media_column(meta)
     plain = {
         "sample_id": [m[0] for m in meta],

@@ -14,6 +14,21 @@ only a run's first token and says how long the run is::
                                               run_starts  [1]   (index in the compact row)
                                               run_lengths [5]   (tokens the run stands for)
 
+How a shard stores it (schema version 4): each of the six stored columns is a ``binary``
+column whose row is the row's values as little-endian int32 bytes, named with an
+``_i32le`` suffix (``compact_input_ids_i32le``, ..., ``run_starts_i32le``,
+``run_lengths_i32le``; each field also says ``packtool.encoding: int32-le`` in its
+metadata). Parquet then writes and reads a row as one byte string instead of one
+repetition and definition level per value. Read it as numpy with no copy::
+
+    np.frombuffer(row_bytes, dtype="<i4")
+
+Version 3 shards stored the same values as ``list<int32>`` under the names without the
+suffix; :func:`blob_table` turns such a table into the version 4 form (the values are not
+copied), and every reader here goes through :func:`column_parts`, which takes either.
+The names differ so that code written for one form fails on a column of the other
+instead of reading bytes as values.
+
 A *run* is a maximal stretch of at least :data:`MIN_RUN` tokens of one row in which
 ``input_ids``, ``target_ids`` and ``subsegment_ids`` are each constant and
 ``position_ids`` rise by exactly 1 per token. :func:`compact` is a pure function of
@@ -31,8 +46,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["MIN_RUN", "TOKEN_COLUMNS", "COMPACT_COLUMNS", "RUN_COLUMNS", "Compact", "compact", "expand",
-           "expanded_lengths", "loss_tokens", "is_runs_table", "compact_table", "expand_table", "read_expanded", "expand_row"]
+__all__ = ["MIN_RUN", "TOKEN_COLUMNS", "COMPACT_COLUMNS", "RUN_COLUMNS", "STORED_COLUMNS", "V3_COMPACT_COLUMNS",
+           "V3_RUN_COLUMNS", "BLOB_DTYPE", "BLOB_METADATA", "Compact", "compact", "expand", "expanded_lengths",
+           "loss_tokens", "is_runs_table", "runs_version", "stored_names", "column_parts", "blob_byte_offsets", "blob_array",
+           "compact_arrays", "blob_table", "compact_table", "expand_table", "read_expanded", "expand_row"]
 
 #: Shortest stretch stored as a run. Every run costs 6 stored values (4 columns + start +
 #: length) and saves ``4 x (L - 1)``; below a few tokens the run table's bookkeeping costs
@@ -40,11 +57,22 @@ __all__ = ["MIN_RUN", "TOKEN_COLUMNS", "COMPACT_COLUMNS", "RUN_COLUMNS", "Compac
 MIN_RUN = 8
 #: The expanded token columns, in schema order.
 TOKEN_COLUMNS = ("input_ids", "target_ids", "position_ids", "subsegment_ids")
-#: Their stored names in the runs form: different names, so a reader that expects the
-#: expanded columns fails loudly instead of reading compact data as if it were a row.
-COMPACT_COLUMNS = tuple(f"compact_{name}" for name in TOKEN_COLUMNS)
+#: Their stored names in the runs form (schema version 4, int32 blobs): different names, so a
+#: reader that expects the expanded columns fails loudly instead of reading compact data as
+#: if it were a row, and one that expects version 3's lists fails instead of reading bytes.
+COMPACT_COLUMNS = tuple(f"compact_{name}_i32le" for name in TOKEN_COLUMNS)
 #: The run table: where each run sits in the compact row and how many tokens it stands for.
-RUN_COLUMNS = ("run_starts", "run_lengths")
+RUN_COLUMNS = ("run_starts_i32le", "run_lengths_i32le")
+#: The six stored columns, in schema order.
+STORED_COLUMNS = (*COMPACT_COLUMNS, *RUN_COLUMNS)
+#: The same columns in schema version 3 (``list<int32>``), still read.
+V3_COMPACT_COLUMNS = tuple(f"compact_{name}" for name in TOKEN_COLUMNS)
+V3_RUN_COLUMNS = ("run_starts", "run_lengths")
+#: The values of a stored blob: little-endian int32 whatever the machine.
+BLOB_DTYPE = np.dtype("<i4")
+#: Field metadata of every blob column: what its bytes are.
+BLOB_METADATA = {b"packtool.encoding": b"int32-le"}
+_V3_TO_V4 = dict(zip((*V3_COMPACT_COLUMNS, *V3_RUN_COLUMNS), STORED_COLUMNS, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,54 +244,72 @@ def expand(columns: dict[str, np.ndarray], offsets: np.ndarray, run_starts: np.n
 
 
 def expand_row(row: dict) -> dict:
-    """One row (a dict of lists or arrays, e.g. from ``Table.to_pylist()``) in expanded form.
+    """One row (a dict, e.g. from ``Table.to_pylist()``) in expanded form.
 
-    A row already expanded (no ``run_starts``) comes back as it is; otherwise the
-    ``compact_*`` entries and the run table are replaced by the four token columns.
+    A row already expanded (no run table) comes back as it is; otherwise the compact
+    entries and the run table are replaced by the four token columns. Stored blobs
+    (``bytes``, schema version 4) come back as lists, as do version 3's lists; numpy
+    arrays stay arrays.
 
     Example:
         >>> expand_row({"compact_input_ids": [7, 9, 3], "run_starts": [1], "run_lengths": [3]})
         {'input_ids': [7, 9, 9, 9, 3]}
+        >>> blob = lambda v: np.array(v, "<i4").tobytes()
+        >>> expand_row({"compact_input_ids_i32le": blob([7, 9, 3]), "run_starts_i32le": blob([1]),
+        ...             "run_lengths_i32le": blob([3])})
+        {'input_ids': [7, 9, 9, 9, 3]}
     """
-    if "run_starts" not in row:
+    version = runs_version(list(row))
+    if version is None:
         return row
-    cols = {name: np.asarray(row[c]) for name, c in zip(TOKEN_COLUMNS, COMPACT_COLUMNS, strict=True) if c in row}
+    compact_names, run_names = _names(version)
+    cols = {name: _row_values(row[c], c) for name, c in zip(TOKEN_COLUMNS, compact_names, strict=True) if c in row}
+    starts, lengths = (_row_values(row[c], c) for c in run_names)
     n = len(next(iter(cols.values()))) if cols else 0
-    full, _ = expand(cols, np.array([0, n]), np.asarray(row["run_starts"]), np.asarray(row["run_lengths"]),
-                     np.array([0, len(row["run_starts"])]))
+    full, _ = expand(cols, np.array([0, n]), starts, lengths, np.array([0, len(starts)]))
     out = {}
     for key, value in row.items():
-        if key in RUN_COLUMNS:
+        if key in run_names:
             continue
-        if key in COMPACT_COLUMNS:
-            name = TOKEN_COLUMNS[COMPACT_COLUMNS.index(key)]
-            out[name] = full[name].tolist() if isinstance(value, list) else full[name]
+        if key in compact_names:
+            name = TOKEN_COLUMNS[compact_names.index(key)]
+            out[name] = full[name] if isinstance(value, np.ndarray) else full[name].tolist()
         else:
             out[key] = value
     return out
 
 
+def _row_values(value, name: str) -> np.ndarray:
+    """One row's stored values: a blob's int32s (no copy), or a list as it is."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        if len(value) % 4:
+            raise ValueError(f"{name}: {len(value)} bytes, not a multiple of 4 (int32 values)")
+        return np.frombuffer(value, dtype=BLOB_DTYPE).astype(np.int32, copy=False)
+    return np.asarray(value)
+
+
 def loss_tokens(table: pa.Table, sample_tokens: np.ndarray) -> np.ndarray:
     """Tokens with a target (``target_ids != -100``) of each sample of a packed table, in
-    either layout; ``sample_tokens`` are the samples' expanded lengths, back to back in
+    any layout; ``sample_tokens`` are the samples' expanded lengths, back to back in
     pack order. Counted on the compact column: a run counts its length, and runs never
     cross samples.
 
     Example:
-        >>> t = pa.table({"compact_target_ids": pa.array([[5, -100, 7, 8]], pa.list_(pa.int32())),
-        ...               "run_starts": pa.array([[2]], pa.list_(pa.int32())),
-        ...               "run_lengths": pa.array([[4]], pa.list_(pa.int32()))})
-        >>> loss_tokens(t, np.array([2, 5])).tolist()
-        [1, 5]
+        >>> t = compact_table(pa.table({name: pa.array([[5, -100] + [7] * 4 + [8, 8, 8]], pa.list_(pa.int32()))
+        ...                             for name in TOKEN_COLUMNS}))
+        >>> loss_tokens(t, np.array([2, 7])).tolist()
+        [1, 7]
     """
     sample_tokens = _i64(sample_tokens)
-    if not is_runs_table(table):
-        vals, off = _list_parts(table.column("target_ids"))
+    version = runs_version(table)
+    if version is None:
+        vals, off = column_parts(table.column("target_ids"))
         hit = (vals[off[0]:off[-1]] != -100).astype(np.int64)
         return np.add.reduceat(hit, np.cumsum(sample_tokens) - sample_tokens) if len(sample_tokens) else hit
-    vals, off = _list_parts(table.column("compact_target_ids"))
-    starts, run_off = _list_parts(table.column("run_starts"))
-    lengths, _ = _list_parts(table.column("run_lengths"))
+    compact_names, run_names = _names(version)
+    vals, off = column_parts(table.column(compact_names[TOKEN_COLUMNS.index("target_ids")]))
+    starts, run_off = column_parts(table.column(run_names[0]))
+    lengths, _ = column_parts(table.column(run_names[1]))
     counts = _counts(int(off[-1] - off[0]), off, starts[run_off[0]:run_off[-1]], lengths[run_off[0]:run_off[-1]],
                      run_off - run_off[0])
     first = np.cumsum(counts) - counts  # expanded index of each stored value
@@ -272,19 +318,149 @@ def loss_tokens(table: pa.Table, sample_tokens: np.ndarray) -> np.ndarray:
     return np.bincount(sample, weights=hit, minlength=len(sample_tokens)).astype(np.int64)
 
 
+def runs_version(table) -> int | None:
+    """The runs form a table, schema or list of column names holds: 4 (int32 blobs), 3
+    (``list<int32>``), or ``None`` (expanded token columns)."""
+    names = table.names if isinstance(table, pa.Schema) else (
+        table.column_names if isinstance(table, pa.Table | pa.RecordBatch) else list(table))
+    if RUN_COLUMNS[0] in names:
+        return 4
+    if V3_RUN_COLUMNS[0] in names:
+        return 3
+    return None
+
+
 def is_runs_table(table: pa.Table | pa.Schema) -> bool:
-    """Whether a table (or schema) holds token columns in runs form."""
-    names = table.names if isinstance(table, pa.Schema) else table.column_names
-    return "run_starts" in names
+    """Whether a table (or schema) holds token columns in runs form (schema version 3 or 4)."""
+    return runs_version(table) is not None
 
 
-def _list_parts(col) -> tuple[np.ndarray, np.ndarray]:
-    """Flat values and absolute offsets of a ``list<int32>`` column (no copy when it is one chunk)."""
-    arr = col.chunk(0) if isinstance(col, pa.ChunkedArray) and col.num_chunks == 1 else (
-        col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
+def _names(version: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The compact and run-table column names of a runs-form version."""
+    return (COMPACT_COLUMNS, RUN_COLUMNS) if version == 4 else (V3_COMPACT_COLUMNS, V3_RUN_COLUMNS)
+
+
+def stored_names(schema, columns: list[str]) -> list[str]:
+    """The columns to read from a shard of ``schema`` for ``columns`` named as a trainer sees
+    them: a token column becomes its compact twin, and the run table is added when any token
+    column is asked for. Expanded shards read ``columns`` as they are.
+
+    Example:
+        >>> stored_names(["pack_index", "compact_input_ids_i32le", "run_starts_i32le"], ["pack_index", "input_ids"])
+        ['pack_index', 'compact_input_ids_i32le', 'run_starts_i32le', 'run_lengths_i32le']
+    """
+    version = runs_version(schema)
+    if version is None:
+        return list(columns)
+    compact_names, run_names = _names(version)
+    out = [compact_names[TOKEN_COLUMNS.index(c)] if c in TOKEN_COLUMNS else c for c in columns]
+    if any(c in TOKEN_COLUMNS for c in columns):
+        out += list(run_names)
+    return out
+
+
+def _one_array(col) -> pa.Array:
+    if isinstance(col, pa.ChunkedArray):
+        return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    return col
+
+
+def blob_byte_offsets(col) -> np.ndarray:
+    """Absolute byte offsets of the rows of a ``binary`` column (one chunk, or combined), no copy of the data.
+
+    Example:
+        >>> blob_byte_offsets(pa.array([b"abcd", b"", b"ef"]).slice(1)).tolist()
+        [4, 4, 6]
+    """
+    arr = _one_array(col)
+    width = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
+    buf = arr.buffers()[1]
+    if buf is None or len(arr) == 0:
+        return np.zeros(1, dtype=np.int64)
+    return np.frombuffer(buf, dtype=width)[arr.offset:arr.offset + len(arr) + 1].astype(np.int64)
+
+
+def column_parts(col) -> tuple[np.ndarray, np.ndarray]:
+    """Flat int32 values and absolute row offsets (in values) of a stored token column: an
+    int32 blob column (schema version 4: the values are a view of Arrow's data buffer, offsets
+    are its byte offsets // 4) or a ``list<int32>`` column (versions 1 to 3; a view of the
+    list's values). No copy when the column is one chunk.
+
+    Raises:
+        ValueError: on nulls, or a blob whose byte length is not a multiple of 4.
+
+    Example:
+        >>> vals, off = column_parts(pa.array([np.array([7, 9], "<i4").tobytes(), b"", np.array([3], "<i4").tobytes()]))
+        >>> vals.tolist(), off.tolist()
+        ([7, 9, 3], [0, 2, 2, 3])
+    """
+    arr = _one_array(col)
     if arr.null_count:
         raise ValueError("token columns may not hold nulls")
+    if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type):
+        byte_off = blob_byte_offsets(arr)
+        if np.any(byte_off & 3):
+            raise ValueError("a stored token blob's byte length is not a multiple of 4 (int32 values)")
+        data = arr.buffers()[2]
+        n = int(byte_off[-1]) // 4
+        vals = np.frombuffer(data, dtype=BLOB_DTYPE, count=n) if n else np.zeros(0, dtype=BLOB_DTYPE)
+        return vals.astype(np.int32, copy=False), byte_off >> 2
     return arr.values.to_numpy(zero_copy_only=False), arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+#: Bytes one binary array may hold (its offsets are int32).
+_MAX_BLOB_BYTES = 2**31 - 1
+
+
+def blob_array(values: np.ndarray, offsets: np.ndarray) -> pa.Array | pa.ChunkedArray:
+    """Rows of int32 ``values`` at ``offsets`` (in values, from ``offsets[0]``) as an int32 blob
+    column: one ``binary`` row per row, its values' little-endian bytes. The values are not
+    copied (Arrow's data buffer is a view of ``values`` when they are int32 already). A batch
+    past 2 GiB is cut into chunks at row boundaries (a row group never holds that much).
+
+    Example:
+        >>> blob_array(np.array([7, 9, 3], np.int32), np.array([0, 2, 3])).to_pylist() == [
+        ...     np.array([7, 9], "<i4").tobytes(), np.array([3], "<i4").tobytes()]
+        True
+    """
+    offsets = _i64(offsets)
+    values = np.asarray(values)
+    if values.dtype != BLOB_DTYPE:
+        if values.dtype.kind not in "iu":
+            raise ValueError(f"token values must be integers, got {values.dtype}")
+        if len(values) and values.dtype.itemsize >= 4 and (values.min() < -2**31 or values.max() >= 2**31):
+            raise ValueError("token values must fit in int32")
+        values = values.astype(BLOB_DTYPE)
+    values = np.ascontiguousarray(values[offsets[0]:offsets[-1]])
+    rel = (offsets - offsets[0]) * 4
+    n = len(offsets) - 1
+    if rel[-1] <= _MAX_BLOB_BYTES:
+        return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(rel.astype(np.int32)), pa.py_buffer(values)])
+    chunks, lo = [], 0
+    while lo < n:
+        hi = int(np.searchsorted(rel, rel[lo] + _MAX_BLOB_BYTES, side="right")) - 1
+        if hi <= lo:
+            raise ValueError(f"a row of {int(rel[lo + 1] - rel[lo]):,} bytes of tokens does not fit in one binary value "
+                             "(2 GiB); lower max_tokens")
+        chunks.append(blob_array(values, (rel[lo:hi + 1] - rel[0]) // 4))
+        lo = hi
+    return pa.chunked_array(chunks, type=pa.binary())
+
+
+def compact_arrays(c: Compact) -> dict[str, pa.Array | pa.ChunkedArray]:
+    """The six stored columns of a batch in runs form, by stored name in schema order: what a
+    shard of schema version 4 holds for these rows.
+
+    Example:
+        >>> c = compact({"input_ids": np.array([7] + [9] * 9 + [3]), "target_ids": np.full(11, -100),
+        ...              "position_ids": np.arange(11), "subsegment_ids": np.zeros(11, int)}, np.array([0, 11]))
+        >>> np.frombuffer(compact_arrays(c)["run_lengths_i32le"][0].as_py(), "<i4").tolist()
+        [9]
+    """
+    out = {name: blob_array(c.columns[tok], c.offsets) for name, tok in zip(COMPACT_COLUMNS, TOKEN_COLUMNS, strict=True)}
+    out[RUN_COLUMNS[0]] = blob_array(c.run_starts, c.run_offsets)
+    out[RUN_COLUMNS[1]] = blob_array(c.run_lengths, c.run_offsets)
+    return out
 
 
 def _list_array(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
@@ -292,34 +468,52 @@ def _list_array(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
     rel = offsets - offsets[0]
     if rel[-1] >= 2**31:
         raise ValueError("a batch of token lists holds 2**31 values or more; write it in smaller batches")
-    return pa.ListArray.from_arrays(pa.array(rel.astype(np.int32)), pa.array(values, type=pa.int32()))
+    return pa.ListArray.from_arrays(pa.array(rel.astype(np.int32)), pa.array(values[offsets[0]:offsets[-1]], type=pa.int32()))
+
+
+def blob_table(table: pa.Table) -> pa.Table:
+    """A runs-form table of schema version 3 (``list<int32>`` columns) in the version 4 form:
+    each stored column renamed and turned into int32 blobs (the values are not copied, only
+    the offsets). Any other table comes back as it is."""
+    if runs_version(table) != 3:
+        return table
+    names, cols = [], []
+    for name, col in zip(table.column_names, table.columns, strict=True):
+        if name in _V3_TO_V4:
+            names.append(_V3_TO_V4[name])
+            cols.append(blob_array(*column_parts(col)))
+        else:
+            names.append(name)
+            cols.append(col)
+    return pa.Table.from_arrays(cols, names=names)
 
 
 def compact_table(table: pa.Table, min_run: int = MIN_RUN) -> pa.Table:
-    """A table with the four expanded token columns in runs form: each ``X`` becomes
-    ``compact_X`` at its place, and ``run_starts``, ``run_lengths`` follow the last of them.
-    A table already in runs form comes back as it is."""
+    """A table with the four expanded token columns in runs form (schema version 4): each ``X``
+    becomes ``compact_X_i32le`` at its place, and ``run_starts_i32le``, ``run_lengths_i32le``
+    follow the last of them. A table in runs form comes back in the version 4 form."""
     if is_runs_table(table):
-        return table
-    parts = [_list_parts(table.column(name)) for name in TOKEN_COLUMNS]
+        return blob_table(table)
+    parts = [column_parts(table.column(name)) for name in TOKEN_COLUMNS]
     offsets = parts[0][1]
     for _, off in parts[1:]:
         if not np.array_equal(off - off[0], offsets - offsets[0]):
             raise ValueError("token columns of a row must have one length")
     c = compact({name: vals[int(off[0]):int(off[-1])] for name, (vals, off) in zip(TOKEN_COLUMNS, parts, strict=True)},
                 offsets - offsets[0], min_run)
+    stored = compact_arrays(c)
     names, cols = [], []
     last = max(table.column_names.index(name) for name in TOKEN_COLUMNS)
     for i, name in enumerate(table.column_names):
         if name in TOKEN_COLUMNS:
-            names.append(f"compact_{name}")
-            cols.append(_list_array(c.columns[name], c.offsets))
+            names.append(COMPACT_COLUMNS[TOKEN_COLUMNS.index(name)])
+            cols.append(stored[names[-1]])
         else:
             names.append(name)
             cols.append(table.column(i))
         if i == last:
             names += list(RUN_COLUMNS)
-            cols += [_list_array(c.run_starts, c.run_offsets), _list_array(c.run_lengths, c.run_offsets)]
+            cols += [stored[n] for n in RUN_COLUMNS]
     return pa.Table.from_arrays(cols, names=names)
 
 
@@ -328,54 +522,53 @@ def read_expanded(source, columns: list[str] | None = None, **kwargs) -> pa.Tabl
     whatever the layout: the plain way to read a shard as documented.
 
     ``columns`` name expanded columns (``input_ids``, ...); for a runs-form shard they are
-    read as their ``compact_*`` twins plus the run table, then expanded.
+    read as their compact twins plus the run table, then expanded.
 
     Example:
         >>> read_expanded("packed/part-00000-00000.parquet", ["pack_index", "input_ids"])  # doctest: +SKIP
     """
     import pyarrow.parquet as pq
 
-    if columns is not None and is_runs_table(pq.read_schema(source)):
-        wanted = [f"compact_{c}" if c in TOKEN_COLUMNS else c for c in columns]
-        if any(c in TOKEN_COLUMNS for c in columns):
-            wanted += list(RUN_COLUMNS)
-        columns = wanted
+    if columns is not None:
+        columns = stored_names(pq.read_schema(source), columns)
     return expand_table(pq.read_table(source, columns=columns, **kwargs))
 
 
 def expand_table(table: pa.Table) -> pa.Table:
-    """A table in runs form with its token columns expanded: each ``compact_X`` present becomes
-    ``X`` at its place and the run table is dropped. A table without a run table (expanded
-    already) comes back as it is."""
-    if not is_runs_table(table):
+    """A table in runs form (schema version 3 or 4) with its token columns expanded: each
+    compact column present becomes ``X`` (``list<int32>``) at its place and the run table is
+    dropped. A table without a run table (expanded already) comes back as it is."""
+    version = runs_version(table)
+    if version is None:
         return table
-    present = [c for c in COMPACT_COLUMNS if c in table.column_names]
-    if "run_lengths" not in table.column_names:
-        raise ValueError("a table in runs form needs both run_starts and run_lengths")
-    starts, run_off = _list_parts(table.column("run_starts"))
-    lengths, len_off = _list_parts(table.column("run_lengths"))
+    compact_names, run_names = _names(version)
+    present = [c for c in compact_names if c in table.column_names]
+    if run_names[1] not in table.column_names:
+        raise ValueError(f"a table in runs form needs both {run_names[0]} and {run_names[1]}")
+    starts, run_off = column_parts(table.column(run_names[0]))
+    lengths, len_off = column_parts(table.column(run_names[1]))
     if not np.array_equal(run_off - run_off[0], len_off - len_off[0]):
-        raise ValueError("run table: run_starts and run_lengths of a row must have one length")
-    if not present:
-        return table.drop_columns(list(RUN_COLUMNS))
-    if run_off[-1] == run_off[0]:  # no runs in these rows: the compact columns are the rows, no copy
-        return table.drop_columns(list(RUN_COLUMNS)).rename_columns(
-            [TOKEN_COLUMNS[COMPACT_COLUMNS.index(c)] if c in COMPACT_COLUMNS else c
-             for c in table.drop_columns(list(RUN_COLUMNS)).column_names])
-    parts = {TOKEN_COLUMNS[COMPACT_COLUMNS.index(c)]: _list_parts(table.column(c)) for c in present}
-    offsets = next(iter(parts.values()))[1]
+        raise ValueError(f"run table: {run_names[0]} and {run_names[1]} of a row must have one length")
+    parts = {TOKEN_COLUMNS[compact_names.index(c)]: column_parts(table.column(c)) for c in present}
+    offsets = next(iter(parts.values()))[1] if parts else None
     for _, off in parts.values():
         if not np.array_equal(off - off[0], offsets - offsets[0]):
             raise ValueError("compact token columns of a row must have one length")
-    cols_np = {name: vals[int(off[0]):int(off[-1])] for name, (vals, off) in parts.items()}
-    full, out_off = expand(cols_np, offsets - offsets[0], starts[int(run_off[0]):int(run_off[-1])],
-                           lengths[int(len_off[0]):int(len_off[-1])], run_off - run_off[0])
+    if not parts:
+        full, out_off = {}, None
+    elif run_off[-1] == run_off[0]:  # no runs in these rows: the compact values are the rows, no copy
+        full, out_off = {name: vals for name, (vals, _) in parts.items()}, offsets
+    else:
+        lo, hi = int(offsets[0]), int(offsets[-1])
+        full, out_off = expand({name: vals[lo:hi] for name, (vals, _) in parts.items()}, offsets - lo,
+                               starts[int(run_off[0]):int(run_off[-1])], lengths[int(len_off[0]):int(len_off[-1])],
+                               run_off - run_off[0])
     names, cols = [], []
     for i, name in enumerate(table.column_names):
-        if name in RUN_COLUMNS:
+        if name in run_names:
             continue
-        if name in COMPACT_COLUMNS:
-            plain = TOKEN_COLUMNS[COMPACT_COLUMNS.index(name)]
+        if name in compact_names:
+            plain = TOKEN_COLUMNS[compact_names.index(name)]
             names.append(plain)
             cols.append(_list_array(full[plain], out_off))
         else:

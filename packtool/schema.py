@@ -12,21 +12,35 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from .runs import (
+    BLOB_METADATA,
+    COMPACT_COLUMNS,
+    RUN_COLUMNS,
+    TOKEN_COLUMNS,
+    V3_COMPACT_COLUMNS,
+    V3_RUN_COLUMNS,
+)
+
 __all__ = ["SCHEMA_VERSION", "FULL_VERSION", "READABLE_VERSIONS", "LAYOUTS", "MEDIA_FIELDS", "media_type", "TOKENIZED",
-           "TOKENIZED_ROWS", "PACKED", "PACKED_FULL", "PACKED_MIXTURE", "PACKED_MIXTURE_FULL", "packed_schema", "expanded_form",
+           "TOKENIZED_ROWS", "PACKED", "PACKED_FULL", "PACKED_MIXTURE", "PACKED_MIXTURE_FULL", "TOKENIZED_V3", "PACKED_V3", "PACKED_MIXTURE_V3", "LIST_RUNS_VERSION",
+           "schema_of_version", "packed_schema", "expanded_form",
            "schema_json", "SUBSEGMENT_STRIDE", "PREFIX_SUBSEGMENT"]
 
-#: What tokenize writes, and pack by default: token columns in runs form (``packtool.runs``).
-SCHEMA_VERSION = 3
+#: What tokenize writes, and pack by default: token columns in runs form (``packtool.runs``),
+#: each stored column an int32 blob (``binary``, little-endian).
+SCHEMA_VERSION = 4
+#: The runs form with ``list<int32>`` columns (still read; ``runs.blob_table`` converts it).
+LIST_RUNS_VERSION = 3
 #: The expanded layout (every token stored): what ``pack --layout full`` writes, byte for byte
 #: what packtool wrote before the runs form.
 FULL_VERSION = 2
 #: Versions of each kind this packtool reads: version 2 changed only packed shards (media
 #: ``data`` became the image file's ``binary`` everywhere; video frames moved to ``frames``),
 #: so tokenized directories of version 1 are read (and packed) as they are; version 3 stores
-#: token columns in runs form in both kinds.
-READABLE_VERSIONS = {"tokenized": (1, 2, 3), "packed": (2, 3)}
-#: Packed layouts: ``runs`` (schema version 3, the default) and ``full`` (version 2).
+#: token columns in runs form in both kinds, and version 4 stores those six columns as int32
+#: blobs instead of ``list<int32>``, under new names.
+READABLE_VERSIONS = {"tokenized": (1, 2, 3, 4), "packed": (2, 3, 4)}
+#: Packed layouts: ``runs`` (schema version 4, the default) and ``full`` (version 2).
 LAYOUTS = {"runs": SCHEMA_VERSION, "full": FULL_VERSION}
 
 #: Sample ``k`` of a pack uses subsegment ids ``k * SUBSEGMENT_STRIDE + b``.
@@ -108,44 +122,65 @@ PACKED_MIXTURE_FULL = pa.schema(
     metadata={"packtool.kind": "packed", "packtool.schema_version": str(FULL_VERSION), "packtool.mixture": "1"},
 )
 
-_TOKEN_COLUMNS = ("input_ids", "target_ids", "position_ids", "subsegment_ids")
-
-
-def _runs_form(schema: pa.Schema) -> pa.Schema:
+def _runs_form(schema: pa.Schema, version: int = SCHEMA_VERSION) -> pa.Schema:
     """``schema`` with its four token columns in runs form (see ``packtool.runs``): each
-    ``X`` becomes ``compact_X`` (a row's tokens with every run cut to its first token), and
-    ``run_starts`` (each run's index in the compact row) and ``run_lengths`` (the tokens it
-    stands for) follow them."""
+    ``X`` becomes its compact twin (a row's tokens with every run cut to its first token),
+    and the run table (each run's index in the compact row, and the tokens it stands for)
+    follows them. Version 4 stores the six as int32 blobs (``binary``, little-endian, field
+    metadata ``packtool.encoding: int32-le``); version 3 as ``list<int32>``."""
+    compact_names, run_names = (COMPACT_COLUMNS, RUN_COLUMNS) if version == SCHEMA_VERSION else (V3_COMPACT_COLUMNS,
+                                                                                                V3_RUN_COLUMNS)
+
+    def stored(name: str, like: pa.Field) -> pa.Field:
+        if version == SCHEMA_VERSION:
+            return pa.field(name, pa.binary(), nullable=False, metadata=BLOB_METADATA)
+        return like.with_name(name)
+
     fields = []
     for f in schema:
-        if f.name in _TOKEN_COLUMNS:
-            fields.append(f.with_name(f"compact_{f.name}"))
-            if f.name == _TOKEN_COLUMNS[-1]:
-                fields += [pa.field("run_starts", _i32_list, nullable=False),
-                           pa.field("run_lengths", _i32_list, nullable=False)]
+        if f.name in TOKEN_COLUMNS:
+            fields.append(stored(compact_names[TOKEN_COLUMNS.index(f.name)], f))
+            if f.name == TOKEN_COLUMNS[-1]:
+                fields += [stored(name, pa.field(name, _i32_list, nullable=False)) for name in run_names]
         else:
             fields.append(f)
     meta = dict(schema.metadata)
-    meta[b"packtool.schema_version"] = str(SCHEMA_VERSION).encode()
+    meta[b"packtool.schema_version"] = str(version).encode()
     return pa.schema(fields, metadata=meta)
 
 
 def expanded_form(schema: pa.Schema) -> pa.Schema:
     """The expanded twin of a runs-form schema (the inverse of the runs form), or ``schema`` itself."""
-    if "run_starts" not in schema.names:
+    run_names = set(RUN_COLUMNS) | set(V3_RUN_COLUMNS)
+    if not run_names & set(schema.names):
         return schema
-    fields = [f.with_name(f.name.removeprefix("compact_")) for f in schema if f.name not in ("run_starts", "run_lengths")]
+    plain = dict(zip((*COMPACT_COLUMNS, *V3_COMPACT_COLUMNS), TOKEN_COLUMNS * 2, strict=True))
+    fields = [pa.field(plain[f.name], _i32_list, nullable=False) if f.name in plain else f
+              for f in schema if f.name not in run_names]
     meta = dict(schema.metadata)
     meta[b"packtool.schema_version"] = str(FULL_VERSION).encode()
     return pa.schema(fields, metadata=meta)
 
 
-#: Tokenized shards as written (schema version 3): token columns in runs form.
+#: Tokenized shards as written (schema version 4): token columns in runs form, int32 blobs.
 TOKENIZED = _runs_form(TOKENIZED_ROWS)
-#: Packed shards as written by default (schema version 3, ``--layout runs``); ``n_tokens``,
+#: Packed shards as written by default (schema version 4, ``--layout runs``); ``n_tokens``,
 #: ``cu_seqlens`` and media ``token_offset`` / ``n_tokens`` count expanded tokens.
 PACKED = _runs_form(PACKED_FULL)
 PACKED_MIXTURE = _runs_form(PACKED_MIXTURE_FULL)
+#: The same in schema version 3 (``list<int32>`` columns), as older packtool wrote them.
+TOKENIZED_V3 = _runs_form(TOKENIZED_ROWS, LIST_RUNS_VERSION)
+PACKED_V3 = _runs_form(PACKED_FULL, LIST_RUNS_VERSION)
+PACKED_MIXTURE_V3 = _runs_form(PACKED_MIXTURE_FULL, LIST_RUNS_VERSION)
+
+
+def schema_of_version(kind: str, version: int, mixture: bool = False) -> pa.Schema:
+    """The schema shards of ``kind`` (``tokenized`` or ``packed``) have at a schema version."""
+    if kind == "tokenized":
+        return {SCHEMA_VERSION: TOKENIZED, LIST_RUNS_VERSION: TOKENIZED_V3}.get(version, TOKENIZED_ROWS)
+    if mixture:
+        return {SCHEMA_VERSION: PACKED_MIXTURE, LIST_RUNS_VERSION: PACKED_MIXTURE_V3}.get(version, PACKED_MIXTURE_FULL)
+    return {SCHEMA_VERSION: PACKED, LIST_RUNS_VERSION: PACKED_V3}.get(version, PACKED_FULL)
 
 
 def packed_schema(layout: str = "runs", mixture: bool = False) -> pa.Schema:
@@ -166,7 +201,10 @@ def _type_json(t: pa.DataType):
 
 
 def _field_json(f: pa.Field) -> dict:
-    return {"name": f.name, "type": _type_json(f.type), "nullable": f.nullable}
+    out = {"name": f.name, "type": _type_json(f.type), "nullable": f.nullable}
+    if f.metadata:
+        out["metadata"] = {k.decode(): v.decode() for k, v in f.metadata.items()}
+    return out
 
 
 def schema_json(schema: pa.Schema) -> dict:
@@ -178,6 +216,7 @@ def schema_json(schema: pa.Schema) -> dict:
 
 #: The schemas ``make schemas`` writes, by file name stem.
 SCHEMA_FILES = (("tokenized", TOKENIZED), ("packed", PACKED), ("packed-mixture", PACKED_MIXTURE),
+                ("tokenized", TOKENIZED_V3), ("packed", PACKED_V3), ("packed-mixture", PACKED_MIXTURE_V3),
                 ("tokenized", TOKENIZED_ROWS), ("packed", PACKED_FULL), ("packed-mixture", PACKED_MIXTURE_FULL))
 
 

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from . import __version__
 from .config import config_diff
 from .errors import InputError, OutputError, ResumeMismatchError
-from .runs import compact_table, is_runs_table
+from .runs import compact_table, is_runs_table, runs_version
 from .schema import READABLE_VERSIONS, SCHEMA_VERSION, expanded_form
 
 __all__ = [
@@ -287,8 +287,8 @@ class ShardWriter:
 
     def write_table(self, table: pa.Table) -> None:
         """Append rows; shards and row groups are cut at fixed row counts, so output is deterministic."""
-        if is_runs_table(self.schema) and not is_runs_table(table):
-            table = compact_table(table)  # expanded rows given to a runs-form writer
+        if is_runs_table(self.schema) and runs_version(table) != runs_version(self.schema):
+            table = compact_table(table)  # expanded (or version 3) rows given to a runs-form writer
         table = table.cast(self.schema) if table.schema != self.schema else table
         sizes = row_bytes(table)
         offset = 0
@@ -375,6 +375,17 @@ def write_manifest(out_dir: Path, kind: str, config: dict, config_digest: str, s
     return manifest
 
 
+def either(items) -> str:
+    """``"a, b or c"``: a list of alternatives for a message.
+
+    Example:
+        >>> either([2, 3, 4]), either([4])
+        ('2, 3 or 4', '4')
+    """
+    items = [str(x) for x in items]
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
 def read_manifest(path: Path, kind: str | None = None) -> dict:
     """Read ``path/.packtool/manifest.json`` (or a legacy ``path/manifest.json``) and check its kind and schema version."""
     file = manifest_path(path)
@@ -391,7 +402,7 @@ def read_manifest(path: Path, kind: str | None = None) -> dict:
     if manifest.get("schema_version") not in readable:
         raise InputError(
             f"{file}: {manifest.get('kind')} schema version {manifest.get('schema_version')!r}, this packtool reads "
-            f"{' or '.join(map(str, readable))}; re-run the stage with this version"
+            f"{either(readable)}; re-run the stage with this version"
         )
     if kind is not None and manifest.get("kind") != kind:
         raise InputError(f"{str(path)!r} holds {manifest.get('kind')} shards, expected {kind} shards")

@@ -36,23 +36,25 @@ from .runs import (
     MIN_RUN,
     RUN_COLUMNS,
     TOKEN_COLUMNS,
+    V3_COMPACT_COLUMNS,
+    V3_RUN_COLUMNS,
+    blob_array,
+    blob_byte_offsets,
+    column_parts,
     compact_table,
     expand_table,
     is_runs_table,
+    runs_version,
 )
 from .schema import (
-    PACKED,
-    PACKED_FULL,
-    PACKED_MIXTURE,
-    PACKED_MIXTURE_FULL,
+    LIST_RUNS_VERSION,
     PREFIX_SUBSEGMENT,
     READABLE_VERSIONS,
     SCHEMA_VERSION,
     SUBSEGMENT_STRIDE,
-    TOKENIZED,
-    TOKENIZED_ROWS,
+    schema_of_version,
 )
-from .shards import ERRORS, MANIFEST, errors_path, read_manifest, sha256_file
+from .shards import ERRORS, MANIFEST, either, errors_path, read_manifest, sha256_file
 from .vision import span_segments
 
 __all__ = ["validate_dir", "render_report", "check_row", "span_problem", "run_problems"]
@@ -359,11 +361,17 @@ def _check_media_bytes(m: dict) -> str | None:
 def _schema_problem(schema, expected) -> str | None:
     got = {f.name: f.type for f in schema}
     want = {f.name: f.type for f in expected}
-    if got == want:
-        return None
     missing = sorted(set(want) - set(got))
     extra = sorted(set(got) - set(want))
     differ = sorted(k for k in set(want) & set(got) if want[k] != got[k])
+    if not (missing or extra or differ):
+        # same names and types: a stored blob must say it holds what this version's fields hold
+        encodings = {f.name: f.metadata for f in expected if f.metadata}
+        odd = sorted(n for n, meta in encodings.items() if schema.field(n).metadata != meta)
+        if not odd:
+            return None
+        said = ", ".join(f"{k.decode()}: {v.decode()}" for k, v in encodings[odd[0]].items())
+        return f"columns {odd} do not say {said!r} in their field metadata; not a shard of this version"
     return f"schema differs from version's (missing {missing}, unexpected {extra}, different types {differ})"
 
 
@@ -382,27 +390,52 @@ def _mixture_problem(pf, n_sources: int) -> str | None:
 def run_problems(table) -> list[tuple[int, str]]:
     """Problems of the run tables of a batch in runs form, as ``(row in the batch, what)``.
 
-    A run table must give each row as many lengths as starts; starts lie inside the
-    compact row, strictly ascending; every run stands for at least ``MIN_RUN`` tokens; and
-    the row is in its one canonical form (compacting the expanded row gives the stored
-    row back: runs maximal, nothing a run could hold stored token by token), so the
-    bytes are a function of the row alone.
+    In schema version 4 every stored blob must hold whole int32 values (a byte length that
+    is a multiple of 4) and the four compact columns of a row one length. Then, in either
+    runs form, a run table must give each row as many lengths as starts; starts lie inside
+    the compact row, strictly ascending; every run stands for at least ``MIN_RUN`` tokens;
+    and the row is in its one canonical form (compacting the expanded row gives the stored
+    row back: runs maximal, nothing a run could hold stored token by token), so the bytes
+    are a function of the row alone.
 
     Example:
         >>> import pyarrow as pa
-        >>> t = pa.table({"compact_input_ids": pa.array([[7, 9, 3]], pa.list_(pa.int32())),
-        ...               "run_starts": pa.array([[1]], pa.list_(pa.int32())), "run_lengths": pa.array([[2]], pa.list_(pa.int32()))})
+        >>> blob = lambda v: np.array(v, "<i4").tobytes()
+        >>> t = pa.table({"compact_input_ids_i32le": [blob([7, 9, 3])], "run_starts_i32le": [blob([1])],
+        ...               "run_lengths_i32le": [blob([2])]})
         >>> run_problems(t)
         [(0, 'run 0 stands for 2 tokens, fewer than 8')]
+        >>> run_problems(t.set_column(2, "run_lengths_i32le", pa.array([b"\\x02\\x00\\x00"])))
+        [(0, 'run_lengths_i32le holds 3 bytes, not whole int32 values (a multiple of 4)')]
     """
-    _, c_off = _list_rows(table.column("compact_input_ids"))
-    starts, s_off = _list_rows(table.column("run_starts"))
-    lengths, l_off = _list_rows(table.column("run_lengths"))
-    starts, lengths = starts[s_off[0]:s_off[-1]], lengths[l_off[0]:l_off[-1]]
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    version = runs_version(table)
+    compact_names, run_names = (COMPACT_COLUMNS, RUN_COLUMNS) if version == 4 else (V3_COMPACT_COLUMNS, V3_RUN_COLUMNS)
     out: list[tuple[int, str]] = []
+    if version == 4:
+        present = [c for c in (*compact_names, *run_names) if c in table.column_names]
+        byte_off = {c: blob_byte_offsets(table.column(c)) for c in present}
+        for c in present:
+            sizes = np.diff(byte_off[c])
+            out += [(r, f"{c} holds {int(sizes[r])} bytes, not whole int32 values (a multiple of 4)")
+                    for r in np.flatnonzero(sizes & 3).tolist()]
+        if not out:
+            lens = [(c, np.diff(byte_off[c]) >> 2) for c in present if c in compact_names]
+            for c, n in lens[1:]:
+                out += [(r, f"{c} holds {int(n[r])} values, {lens[0][0]} {int(lens[0][1][r])}")
+                        for r in np.flatnonzero(n != lens[0][1]).tolist()]
+        if out:
+            return _first_per_row(out)
+    _, c_off = column_parts(table.column(compact_names[0]))
+    starts, s_off = column_parts(table.column(run_names[0]))
+    lengths, l_off = column_parts(table.column(run_names[1]))
+    starts, lengths = starts[s_off[0]:s_off[-1]], lengths[l_off[0]:l_off[-1]]
     s_off, l_off, c_off = s_off - s_off[0], l_off - l_off[0], c_off - c_off[0]
     for r in np.flatnonzero(np.diff(s_off) != np.diff(l_off)).tolist():
-        out.append((r, f"run_starts has {int(s_off[r + 1] - s_off[r])} entries, run_lengths {int(l_off[r + 1] - l_off[r])}"))
+        out.append((r, f"{run_names[0]} has {int(s_off[r + 1] - s_off[r])} entries, "
+                       f"{run_names[1]} {int(l_off[r + 1] - l_off[r])}"))
     if out:
         return out
     row = np.repeat(np.arange(len(s_off) - 1), np.diff(s_off))
@@ -424,15 +457,25 @@ def run_problems(table) -> list[tuple[int, str]]:
         else:
             what = f"run {int(k[j])} stands for {int(lengths[j])} tokens, fewer than {MIN_RUN}"
         out.append((r, what))
-    if out or not all(c in table.column_names for c in COMPACT_COLUMNS):
+    if out or not all(c in table.column_names for c in compact_names):
         return out
-    again = compact_table(expand_table(table.select([*COMPACT_COLUMNS, *RUN_COLUMNS])))
-    for name in (*COMPACT_COLUMNS, *RUN_COLUMNS):
-        a, b = table.column(name).to_pylist(), again.column(name).to_pylist()
+    stored = table.select([*compact_names, *run_names])
+    again = compact_table(expand_table(stored))
+    for name, name4 in zip((*compact_names, *run_names), (*COMPACT_COLUMNS, *RUN_COLUMNS), strict=True):
+        a, b = blob_array(*column_parts(stored.column(name))), again.column(name4)
+        differ = pc.not_equal(a, b.combine_chunks() if isinstance(b, pa.ChunkedArray) else b)
         out += [(r, f"{name} is not in canonical runs form (a run is split or not stored as one)")
-                for r in range(len(a)) if a[r] != b[r] and r not in seen]
+                for r in np.flatnonzero(differ.to_numpy(zero_copy_only=False)).tolist() if r not in seen]
         seen.update(r for r, _ in out)
     return sorted(out)
+
+
+def _first_per_row(found: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The first problem of each row, rows ascending."""
+    first: dict[int, str] = {}
+    for r, what in found:
+        first.setdefault(r, what)
+    return sorted(first.items())
 
 
 def _check_rows(pf, file: str, kind: str, caps: dict | None, problems: _Problems, check_media: bool,
@@ -510,12 +553,7 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
         return report
     mixture = manifest.get("mixture") if kind == "packed" else None
     version = manifest.get("schema_version")
-    if kind == "packed":
-        expected = {(True, True): PACKED_MIXTURE, (True, False): PACKED,
-                    (False, True): PACKED_MIXTURE_FULL, (False, False): PACKED_FULL}[(version == SCHEMA_VERSION,
-                                                                                      mixture is not None)]
-    else:
-        expected = TOKENIZED if version == SCHEMA_VERSION else TOKENIZED_ROWS
+    expected = schema_of_version(kind, version, mixture is not None)
     caps = None
     if kind == "packed":
         caps = dict(manifest.get("capacities") or {})
@@ -552,14 +590,17 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
         except Exception as exc:  # noqa: BLE001 - an unreadable shard is the finding
             problems.add(file, f"not readable as Parquet: {exc}")
             continue
-        schema_msg = _schema_problem(pf.schema_arrow, expected)
         meta = {k.decode(): v.decode() for k, v in (pf.schema_arrow.metadata or {}).items()}
         readable = [str(v) for v in READABLE_VERSIONS.get(kind, (SCHEMA_VERSION,))]
-        if not schema_msg and meta.get("packtool.schema_version") not in readable:
-            schema_msg = (f"written with schema version {meta.get('packtool.schema_version')!r}, "
-                          f"this packtool reads {' or '.join(readable)}")
-        elif not schema_msg and version != SCHEMA_VERSION and meta.get("packtool.schema_version") == str(SCHEMA_VERSION):
-            schema_msg = f"written with schema version {SCHEMA_VERSION}, the manifest says {version}"
+        written = meta.get("packtool.schema_version")
+        if written in readable and written != str(version) and {written, str(version)} & {str(SCHEMA_VERSION),
+                                                                                          str(LIST_RUNS_VERSION)}:
+            # a runs-form shard (version 3 or 4) is read by its own version's rules only
+            schema_msg = f"written with schema version {written}, the manifest says {version}"
+        else:
+            schema_msg = _schema_problem(pf.schema_arrow, expected)
+            if not schema_msg and written not in readable:
+                schema_msg = f"written with schema version {written!r}, this packtool reads {either(readable)}"
         if schema_msg:
             problems.add(file, schema_msg)
             continue

@@ -103,3 +103,26 @@ def line_offsets(data: bytes, first: int, every: int) -> tuple[int, list[tuple[i
     n_lines = len(lines) - (1 if data.endswith(b"\n") or not data else 0)
     starts = np.cumsum([0] + [len(x) + 1 for x in lines[:-1]])
     return n_lines, [(t, int(starts[t])) for t in range(first, n_lines, every)]
+
+
+def list_form(table):
+    """A runs-form table of schema version 4 (int32 blobs) as version 3 stored it (``list<int32>``
+    columns under the names without ``_i32le``), one value at a time with ``struct``: the
+    twin of ``runs.blob_table`` run backwards."""
+    import struct
+
+    import pyarrow as pa
+
+    names, cols = [], []
+    for name, col in zip(table.column_names, table.columns, strict=True):
+        if name.endswith("_i32le"):
+            rows = [list(struct.unpack(f"<{len(b) // 4}i", b)) for b in col.to_pylist()]
+            names.append(name.removesuffix("_i32le"))
+            cols.append(pa.array(rows, pa.list_(pa.int32())))
+        else:
+            names.append(name)
+            cols.append(col)
+    meta = dict(table.schema.metadata or {})
+    if b"packtool.schema_version" in meta:
+        meta[b"packtool.schema_version"] = b"3"
+    return pa.Table.from_arrays(cols, names=names).replace_schema_metadata(meta or None)

@@ -672,14 +672,25 @@ def test_readers_of_a_damaged_shard_say_so(built, tmp_path, capfd, which, how):
 def test_the_reader_default_check_catches_one_flipped_bit(built, tmp_path):
     """PackedDataset(verify=False) still checks sizes and Parquet page checksums: a flipped bit
     in a page raises InputError instead of yielding garbage position_ids."""
+    import pyarrow.parquet as pq
+
     from packtool.errors import InputError
     from packtool.reader import PackedDataset
 
     d = _copy(built, tmp_path)
     first = sorted(d["packed"].glob("part-*.parquet"))[0]
     pristine = first.read_bytes()
+    # a byte near the end of each token column's pages in the first row group, inside the page
+    # data the checksum covers (fixed fractions of the file would land in the footer of a
+    # shard this small, where no token is stored)
+    group = pq.ParquetFile(first).metadata.row_group(0)
+    chunks = [group.column(c) for c in range(group.num_columns)]
+    middles = [(c.data_page_offset + c.total_compressed_size - 3) / len(pristine) for c in chunks
+               if c.path_in_schema.split(".")[0] in ("compact_input_ids_i32le", "compact_target_ids_i32le",
+                                                     "compact_position_ids_i32le", "run_starts_i32le", "cu_seqlens")]
+    assert len(middles) == 5
     caught = 0
-    for at in (0.2, 0.35, 0.5, 0.65):
+    for at in middles:
         first.write_bytes(pristine)
         _flip(first, at)
         try:
@@ -691,7 +702,7 @@ def test_the_reader_default_check_catches_one_flipped_bit(built, tmp_path):
         clean = list(PackedDataset(built["packed"], shuffle=False))
         for a, b in zip(rows, clean, strict=True):  # whatever got through is the true data
             assert all(np.array_equal(a[k], b[k]) for k in ("input_ids", "position_ids", "target_ids"))
-    assert caught >= 3
+    assert caught == len(middles)
 
 
 # ============================================================================ 9: the machine says no

@@ -1,4 +1,4 @@
-"""The runs layout (packed schema v3, the default) and ``--layout full`` (v2) hold the same rows:
+"""The runs layout (packed schema v4, the default) and ``--layout full`` (v2) hold the same rows:
 what ``packtool.reader`` yields from one equals what it yields from the other, for every model
 family the tests use, and both directories validate."""
 
@@ -36,13 +36,13 @@ def test_runs_and_full_layouts_give_the_reader_the_same_rows(setup, family):
     tok = base / "tok"
     tokenize_dataset(corpus["inputs"], tok, TokenizeConfig(media_root=str(corpus["root"]), model=family,
                                                            tokenizer=str(setup["tok"]), **FAMILIES[family]))
-    assert read_manifest(tok)["schema_version"] == 3
+    assert read_manifest(tok)["schema_version"] == 4
     outs = {}
     for layout in ("runs", "full"):
         outs[layout] = base / layout
         pack_dataset(tok, outs[layout], PackConfig(max_tokens=1024, layout=layout))
         manifest = read_manifest(outs[layout])
-        assert (manifest["schema_version"], manifest["layout"]) == ({"runs": 3, "full": 2}[layout], layout)
+        assert (manifest["schema_version"], manifest["layout"]) == ({"runs": 4, "full": 2}[layout], layout)
     # validate reads both layouts alike, and every family's spans (markers inside included) are whole
     reports = {layout: validate_dir(out, tokenizer=str(setup["tok"])) for layout, out in outs.items()}
     assert reports["runs"]["ok"] and reports["full"]["ok"], (reports["runs"]["problems"], reports["full"]["problems"])
@@ -56,25 +56,51 @@ def test_runs_and_full_layouts_give_the_reader_the_same_rows(setup, family):
             else:
                 assert a[key] == b[key], (family, a["pack_index"], key)
     # the runs form holds fewer token values: every vision span is stored once
-    stored = sum(pc.sum(pc.list_value_length(pq.read_table(f, columns=["compact_input_ids"])["compact_input_ids"])).as_py()
-                 for f in sorted(outs["runs"].glob("part-*.parquet")))
+    stored = sum(pc.sum(pc.binary_length(pq.read_table(f, columns=["compact_input_ids_i32le"])["compact_input_ids_i32le"])).as_py()
+                 for f in sorted(outs["runs"].glob("part-*.parquet"))) // 4
     assert stored < sum(r["n_tokens"] for r in runs)
 
 
 @pytest.mark.parametrize("mix", ["qwen-images", "molmo2"])
 def test_expanded_tokenized_shards_pack_to_the_same_bytes(tmp_path, mix):
-    """Tokenized directories written before the runs form (schema v2, every token stored) pack
-    to the same shards as the same rows in runs form, in both packed layouts."""
+    """Tokenized directories written before the runs form (schema v2, every token stored) and
+    in the list form of the runs layout (schema v3) pack to the same shards as the same rows
+    in today's blobs (v4), in both packed layouts."""
     from bench.corpus import write_tokenized
 
     hashes = {}
-    for expanded in (False, True):
+    for expanded in (False, True, "v3"):
         tok = tmp_path / f"tok-{expanded}"
-        manifest = write_tokenized(tok, mix, 600, seed=1, rows_per_shard=250, expanded=expanded)
-        assert manifest["schema_version"] == (2 if expanded else 3)
+        manifest = write_tokenized(tok, mix, 600, seed=1, rows_per_shard=250, expanded=expanded is True)
+        assert manifest["schema_version"] == (2 if expanded is True else 4)
+        if expanded == "v3":
+            _as_version_3(tok)
         for layout in ("runs", "full"):
             out = tmp_path / f"packed-{expanded}-{layout}"
             pack_dataset(tok, out, PackConfig(media="reference", layout=layout, max_tokens=8192))
             hashes[expanded, layout] = [s["sha256"] for s in read_manifest(out)["shards"]]
     assert hashes[True, "runs"] == hashes[False, "runs"] and hashes[True, "full"] == hashes[False, "full"]
+    assert hashes["v3", "runs"] == hashes[False, "runs"] and hashes["v3", "full"] == hashes[False, "full"]
     assert hashes[False, "runs"] != hashes[False, "full"]
+
+
+def _as_version_3(tok) -> None:
+    """Rewrite a tokenized directory as packtool wrote schema version 3 (``list<int32>`` run
+    columns), manifest included."""
+    import json
+
+    from naive import list_form
+
+    from packtool.schema import TOKENIZED_V3
+    from packtool.shards import MANIFEST, sha256_file
+
+    manifest = read_manifest(tok)
+    for entry in manifest["shards"]:
+        f = tok / entry["file"]
+        table = list_form(pq.read_table(f))
+        assert table.column_names == TOKENIZED_V3.names
+        table = table.cast(TOKENIZED_V3)
+        pq.write_table(table, f, row_group_size=100)
+        entry.update(bytes=f.stat().st_size, sha256=sha256_file(f))
+    manifest["schema_version"] = 3
+    (tok / MANIFEST).write_text(json.dumps(manifest))

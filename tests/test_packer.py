@@ -28,7 +28,7 @@ from packtool.runs import compact_table, expand_table
 from packtool.schema import PACKED, PACKED_FULL, SUBSEGMENT_STRIDE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.naive import brute_force_knapsack, pack_capacity_ok  # noqa: E402
+from tests.naive import brute_force_knapsack, list_form, pack_capacity_ok  # noqa: E402
 from tests.naive import gather_runs as naive_gather_runs  # noqa: E402
 
 JIT = os.environ.get("NUMBA_DISABLE_JIT", "0") != "1"
@@ -294,7 +294,7 @@ def test_assemble_concatenates_renumbers_and_truncates_vectorized():
     plan = plan_packs(tokens, units, has_media, cfg, 32)
     assert plan.truncated == [3]
     packed = assemble_packs(table, plan, 7, None, max_tokens)
-    assert packed.schema.equals(PACKED) and [288] in packed.column("run_lengths").to_pylist()  # a span is one run
+    assert packed.schema.equals(PACKED) and [288] in list_form(packed).column("run_lengths").to_pylist()  # a span is one run
     assert assemble_packs(table, plan, 7, None, max_tokens, layout="full").equals(expand_table(packed).cast(PACKED_FULL))
     packed = expand_table(packed)
     rows = packed.to_pylist()
@@ -339,10 +339,12 @@ def test_assemble_from_several_tables_equals_one_table():
     assert split.equals(whole)
     # tokenized rows in runs form (as tokenize writes them) give the same bytes
     assert assemble_packs([compact_table(p) for p in parts], plan, 0, None, max_tokens).equals(whole)
+    # ... and so do rows in the list form of schema version 3, as older packtool wrote them
+    assert assemble_packs([list_form(compact_table(p)) for p in parts], plan, 0, None, max_tokens).equals(whole)
     assert assemble_packs(compact_table(table), plan, 0, None, max_tokens, layout="full").equals(
         assemble_packs(table, plan, 0, None, max_tokens, layout="full"))
     untruncated = assemble_packs(table, plan, 0)
-    assert split.column("compact_target_ids").to_pylist() != untruncated.column("compact_target_ids").to_pylist()
+    assert split.column("compact_target_ids_i32le").to_pylist() != untruncated.column("compact_target_ids_i32le").to_pylist()
 
 
 def test_embedded_bytes_are_the_files_through_either_loader_path(tmp_path):
@@ -406,11 +408,28 @@ def test_truncation_inside_a_run_cuts_the_run():
            "n_branches": 1, "input_ids": ids, "target_ids": tgt, "position_ids": np.arange(len(ids), dtype=np.int32),
            "subsegment_ids": np.full(len(ids), 10_000, np.int32), "media": []}
     table = compact_table(pa.Table.from_pylist([row], schema=TOKENIZED_ROWS))
-    assert table.column("run_lengths").to_pylist() == [[39, 9]]  # the 9s' last one predicts 7: its own stretch
+    assert list_form(table).column("run_lengths").to_pylist() == [[39, 9]]  # the 9s' last one predicts 7: its own stretch
     plan = PackPlan(np.array([0]), np.array([0, 1]), truncated=[0])
     packed = assemble_packs(table, plan, 0, None, 20)
-    assert packed.column("run_lengths").to_pylist() == [[17]] and packed.column("run_starts").to_pylist() == [[2]]
+    assert list_form(packed).column("run_lengths").to_pylist() == [[17]] and list_form(packed).column("run_starts").to_pylist() == [[2]]
     got = expand_table(packed).to_pylist()[0]
     assert got["input_ids"] == ids[:20].tolist() and got["position_ids"] == list(range(20))
     assert got["target_ids"] == tgt[:19].tolist() + [-100] and got["n_tokens"] == 20
     assert expand_table(packed).cast(PACKED_FULL).equals(assemble_packs(table, plan, 0, None, 20, layout="full"))
+
+
+@pytest.mark.parametrize("column", ["compact_target_ids_i32le", "compact_subsegment_ids_i32le", "run_lengths_i32le"])
+def test_stored_columns_of_unequal_length_stop_the_assembly(column):
+    """A tokenized row whose stored columns disagree in length (a damaged shard) is refused by
+    name before any value is gathered, never copied past the row's end."""
+    from packtool.packer import PackPlan
+
+    table = compact_table(_tokenized_table([400, 700, 300], [1, 0, 1]))
+    rows = table.to_pylist()
+    assert rows[0]["run_lengths_i32le"], "row 0 holds an image span"
+    rows[0][column] = rows[0][column][:-4]  # one int32 value fewer
+    damaged = pa.Table.from_pylist(rows, schema=table.schema)
+    plan = PackPlan(np.array([2, 1, 0]), np.array([0, 3]))
+    assert assemble_packs(table, plan, 0).num_rows == 1
+    with pytest.raises(ValueError, match=f"tokenized row '[^']+': {column} holds .* re-run tokenize"):
+        assemble_packs(damaged, plan, 0)

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from naive import list_form
 from PIL import Image
 
 from packtool.errors import ConfigError, InputError, ResumeMismatchError
@@ -32,10 +33,11 @@ from packtool.reader import (
     flash_attn_varlen_kwargs,
     position_ids,
 )
-from packtool.runs import compact_table, expand_row
+from packtool.runs import blob_table, compact_table, expand_row
 from packtool.schema import (
     PACKED,
     PACKED_FULL,
+    PACKED_V3,
     PREFIX_SUBSEGMENT,
     SCHEMA_VERSION,
     SUBSEGMENT_STRIDE,
@@ -354,8 +356,12 @@ def test_plain_pyarrow_reads_shards(demo):
     data = pads.dataset([str(demo["embed"] / e["file"]) for e in manifest["shards"]], format="parquet").to_table()
     assert data.num_rows == total == len(PackedDataset(demo["embed"]))
     first = data.slice(0, 1).to_pylist()[0]
-    # runs form: a direct reader finds no `input_ids` (never compact data under that name) ...
-    assert "input_ids" not in first and len(first["compact_input_ids"]) < first["n_tokens"]
+    # runs form: a direct reader finds no `input_ids` (never compact data under that name), nor
+    # version 3's list columns (never bytes read as values) ...
+    assert "input_ids" not in first and "compact_input_ids" not in first and "run_starts" not in first
+    # ... but each row's little-endian int32 values, one bytes object per column
+    compact_ids = np.frombuffer(first["compact_input_ids_i32le"], dtype="<i4")
+    assert len(compact_ids) < first["n_tokens"] and len(first["run_starts_i32le"]) == len(first["run_lengths_i32le"]) > 0
     # ... and packtool.runs.expand_row gives the documented row, the one PackedDataset yields
     row = expand_row(first)
     assert len(row["input_ids"]) == row["n_tokens"] == row["cu_seqlens"][-1]
@@ -561,6 +567,8 @@ def test_readme_numpy_batches_run(demo):
 @pytest.mark.parametrize("edit, says", [
     (lambda row: row["run_lengths"].__setitem__(0, row["run_lengths"][0] + 1), "has n_tokens"),
     (lambda row: row["run_starts"].__setitem__(0, len(row["compact_input_ids"])), "cannot be read"),
+    # a stored blob cut short (edited as bytes): not whole int32 values
+    (lambda row: row.__setitem__("run_lengths_i32le", row["run_lengths_i32le"][:-1]), "multiple of 4"),
 ])
 def test_a_damaged_run_table_is_an_input_error(demo, tmp_path, edit, says):
     """A run table that does not expand to the row's n_tokens, or points outside the row, is
@@ -569,12 +577,43 @@ def test_a_damaged_run_table_is_an_input_error(demo, tmp_path, edit, says):
     shutil.copytree(demo["ref"], d)
     manifest = json.loads((d / ".packtool" / "manifest.json").read_text())
     f = d / manifest["shards"][0]["file"]
-    rows = pq.read_table(f).to_pylist()
-    assert rows[0]["run_lengths"], "the demo's first pack holds image spans"
+    as_bytes = "multiple" in says
+    table = pq.read_table(f)
+    rows = (table if as_bytes else list_form(table)).to_pylist()
+    assert rows[0]["run_lengths_i32le" if as_bytes else "run_lengths"], "the demo's first pack holds image spans"
     edit(rows[0])
-    pq.write_table(pa.Table.from_pylist(rows, schema=PACKED), f)
+    pq.write_table(pa.Table.from_pylist(rows, schema=PACKED) if as_bytes
+                   else blob_table(pa.Table.from_pylist(rows, schema=PACKED_V3)).cast(PACKED), f)
     manifest["shards"][0].update(bytes=f.stat().st_size, sha256=sha256_file(f))
     (d / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(InputError, match=says) as err:
         list(PackedDataset(d, shuffle=False))
     assert f.name in str(err.value)
+
+
+def test_a_packed_directory_of_schema_version_3_reads_the_same(demo, tmp_path):
+    """Packed shards in the list form of schema v3 (as older packtool wrote them): the reader,
+    ``inspect`` and ``runs.read_expanded`` give the same rows as from today's blobs."""
+    from packtool.inspection import inspect_dir
+    from packtool.runs import read_expanded
+
+    d = tmp_path / "v3"
+    shutil.copytree(demo["ref"], d)
+    manifest = json.loads((d / ".packtool" / "manifest.json").read_text())
+    for entry in manifest["shards"]:
+        f = d / entry["file"]
+        pq.write_table(list_form(pq.read_table(f)).cast(PACKED_V3), f)
+        entry.update(bytes=f.stat().st_size, sha256=sha256_file(f))
+    manifest["schema_version"] = 3
+    (d / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
+    assert "compact_input_ids" in pq.read_schema(d / manifest["shards"][0]["file"]).names
+    old, new = list(PackedDataset(d, shuffle=False)), list(PackedDataset(demo["ref"], shuffle=False))
+    assert len(old) == len(new) > 0
+    for a, b in zip(old, new, strict=True):
+        assert a.keys() == b.keys()
+        for key in ("input_ids", "target_ids", "position_ids", "subsegment_ids", "cu_seqlens"):
+            assert np.array_equal(a[key], b[key]), (a["pack_index"], key)
+    first = manifest["shards"][0]["file"]
+    cols = ["pack_index", "input_ids", "position_ids"]
+    assert read_expanded(d / first, cols).equals(read_expanded(demo["ref"] / first, cols))
+    assert inspect_dir(d, pack=1) == {**inspect_dir(demo["ref"], pack=1), "dir": str(d)}

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hf_harness import byte_tokenizer
+from naive import list_form
 from PIL import Image
 from video_fixtures import write_video
 
@@ -163,7 +164,8 @@ def test_stored_rows_equal_compacted_expanded_rows(family, seed, contexts):
     assert got.equals(want)
     # the corpus has what the test is about: trees, short placeholder runs, runs of text tokens
     assert any(len(s.branches) > 1 for s in samples) and got_rejected, f"seed {seed}"
-    starts, tgt = got.column("run_starts").to_pylist(), got.column("compact_target_ids").to_pylist()
+    lists = list_form(got)
+    starts, tgt = lists.column("run_starts").to_pylist(), lists.column("compact_target_ids").to_pylist()
     assert any(t[k] != -100 for st, t in zip(starts, tgt, strict=True) for k in st), f"seed {seed}: no run with loss"
     if family == "qwen2.5-vl":  # the one family whose small images are fewer placeholders than MIN_RUN
         pieces, _, _ = _stage_samples(samples, ctx)

@@ -10,6 +10,7 @@ from naive import compact_row
 from packtool.runs import (
     COMPACT_COLUMNS,
     MIN_RUN,
+    RUN_COLUMNS,
     TOKEN_COLUMNS,
     compact,
     compact_table,
@@ -125,12 +126,12 @@ def test_tables_round_trip_through_arrow_slices(seed):
                       **{name: pa.array([r[name] for r in rows], pa.list_(pa.int32())) for name in TOKEN_COLUMNS},
                       "n_tokens": [len(r["input_ids"]) for r in rows]})
     runs = compact_table(table)
-    assert runs.column_names == ["sample_id", *COMPACT_COLUMNS, "run_starts", "run_lengths", "n_tokens"]
+    assert runs.column_names == ["sample_id", *COMPACT_COLUMNS, *RUN_COLUMNS, "n_tokens"]
     assert compact_table(runs) is runs and expand_table(table) is table
     assert expand_table(runs).equals(table), f"seed {100 + seed}"
     sliced = runs.slice(2, 4)  # list offsets that do not start at 0
     assert expand_table(sliced).equals(table.slice(2, 4)), f"seed {100 + seed}"
-    half = expand_table(runs.select(["compact_input_ids", "run_starts", "run_lengths"]).slice(3))
+    half = expand_table(runs.select([COMPACT_COLUMNS[0], *RUN_COLUMNS]).slice(3))
     assert half.column_names == ["input_ids"] and half.equals(table.select(["input_ids"]).slice(3))
     for i, row in enumerate(runs.slice(1, 3).to_pylist()):
         assert expand_row(row) == table.slice(1, 3).to_pylist()[i], f"seed {100 + seed}"
@@ -152,8 +153,67 @@ def test_bad_run_tables_are_refused(starts, lengths, message):
 def test_a_table_without_runs_expands_by_renaming():
     table = pa.table({name: pa.array([[1, 2, 3], [4]], pa.list_(pa.int32())) for name in TOKEN_COLUMNS})
     runs = compact_table(table)
-    assert runs.column("run_starts").to_pylist() == [[], []]
+    assert runs.column(RUN_COLUMNS[0]).to_pylist() == [b"", b""]
     back = expand_table(runs)
     assert back.equals(table)
     assert back.column("input_ids").chunk(0).values.buffers()[1].address == \
-        runs.column("compact_input_ids").chunk(0).values.buffers()[1].address  # the same buffer, not a copy
+        runs.column(COMPACT_COLUMNS[0]).chunk(0).buffers()[2].address  # the blob's bytes, not a copy
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_stored_blobs_are_each_rows_little_endian_int32_values(seed):
+    """Schema v4 stores each compact row as the bytes of its values (little-endian int32), read
+    back as a numpy view of Arrow's buffer; v3's list form converts to the same columns."""
+    from naive import list_form
+
+    from packtool.runs import V3_COMPACT_COLUMNS, blob_table, column_parts
+
+    rng = np.random.default_rng(200 + seed)
+    rows, _, _ = _batch(rng, 6)
+    table = pa.table({name: pa.array([r[name] for r in rows], pa.list_(pa.int32())) for name in TOKEN_COLUMNS})
+    runs = compact_table(table)
+    old = list_form(runs)  # the struct-by-struct twin: the same values as version 3 stored them
+    assert old.column_names == [*V3_COMPACT_COLUMNS, "run_starts", "run_lengths"]
+    for stored, name in zip(runs.column_names, old.column_names, strict=True):
+        want = old.column(name).to_pylist()
+        assert runs.column(stored).to_pylist() == [np.array(v, dtype="<i4").tobytes() for v in want], f"seed {200 + seed}"
+        vals, off = column_parts(runs.column(stored).slice(1))
+        assert [vals[a:b].tolist() for a, b in zip(off[:-1], off[1:], strict=True)] == want[1:]
+    # a view, not a copy: the numpy values live in the blob column's data buffer
+    vals, _ = column_parts(runs.column(COMPACT_COLUMNS[0]))
+    assert vals.__array_interface__["data"][0] == runs.column(COMPACT_COLUMNS[0]).chunk(0).buffers()[2].address
+    # version 3's lists become the same blobs, and expand to the same rows
+    assert blob_table(old).equals(runs) and compact_table(old).equals(runs)
+    assert expand_table(old).equals(expand_table(runs)) and expand_table(runs).equals(table)
+    assert [expand_row(r) for r in old.to_pylist()] == [expand_row(r) for r in runs.to_pylist()] == table.to_pylist()
+
+
+def test_a_batch_past_the_binary_limit_is_cut_at_row_boundaries(monkeypatch):
+    """A binary array holds at most 2 GiB; a bigger batch becomes chunks cut between rows (the
+    limit lowered here to 40 bytes, i.e. 10 values), and a row alone past it is refused."""
+    import packtool.runs as runs_mod
+
+    monkeypatch.setattr(runs_mod, "_MAX_BLOB_BYTES", 40)
+    values = np.arange(23, dtype=np.int32)
+    offsets = np.array([0, 4, 8, 10, 17, 23])
+    col = runs_mod.blob_array(values, offsets)
+    assert isinstance(col, pa.ChunkedArray) and [len(c) for c in col.chunks] == [3, 1, 1]
+    assert all(sum(len(b) for b in c.to_pylist()) <= 40 for c in col.chunks)
+    vals, off = runs_mod.column_parts(col)
+    assert vals.tolist() == values.tolist() and off.tolist() == offsets.tolist()
+    with pytest.raises(ValueError, match="does not fit in one binary value"):
+        runs_mod.blob_array(values, np.array([0, 11, 23]))
+
+
+@pytest.mark.parametrize("blob, message", [
+    (b"\x01\x00\x00", "not a multiple of 4"),
+    (None, "nulls"),
+])
+def test_bad_blobs_are_refused(blob, message):
+    from packtool.runs import column_parts
+
+    with pytest.raises(ValueError, match=message):
+        column_parts(pa.array([np.array([1, 2], "<i4").tobytes(), blob], pa.binary()))
+    if blob is not None:
+        with pytest.raises(ValueError, match=message):
+            expand_row({COMPACT_COLUMNS[0]: blob, "run_starts_i32le": b"", "run_lengths_i32le": b""})

@@ -11,9 +11,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from clirun import packtool
+from naive import list_form
 
-from packtool.runs import MIN_RUN, compact_table, expand_table
-from packtool.schema import PACKED, PACKED_FULL
+from packtool.runs import (
+    COMPACT_COLUMNS,
+    MIN_RUN,
+    RUN_COLUMNS,
+    blob_table,
+    compact_table,
+    expand_table,
+)
+from packtool.schema import PACKED, PACKED_FULL, PACKED_V3
 from packtool.shards import sha256_file
 from packtool.validate import validate_dir
 
@@ -43,12 +51,16 @@ def rewrite_row(d: Path, edit) -> None:
     relist(d, f)
 
 
-def rewrite_runs(d: Path, edit) -> None:
-    """Replace the first shard by one whose stored (compact) row 0 is edited, re-listed."""
+def rewrite_runs(d: Path, edit, as_lists: bool = True) -> None:
+    """Replace the first shard by one whose stored (compact) row 0 is edited, re-listed. The
+    row is edited as lists (the stored blobs' values, under version 3's names) and stored as
+    blobs again, or, ``as_lists=False``, edited as the stored bytes."""
     f = shard(d)
-    rows = pq.read_table(f).to_pylist()
+    table = pq.read_table(f)
+    rows = (list_form(table) if as_lists else table).to_pylist()
     edit(rows[0])
-    pq.write_table(pa.Table.from_pylist(rows, schema=PACKED), f)
+    pq.write_table(blob_table(pa.Table.from_pylist(rows, schema=PACKED_V3)).cast(PACKED) if as_lists
+                   else pa.Table.from_pylist(rows, schema=PACKED), f)
     relist(d, f)
 
 
@@ -166,7 +178,7 @@ def test_schema_version_of_the_shards_is_checked(packed):
     manifest["shards"][0].update(bytes=f.stat().st_size, sha256=sha256_file(f))
     (packed / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     report = validate_dir(packed)
-    assert [p["what"] for p in report["problems"]] == ["written with schema version '0', this packtool reads 2 or 3"]
+    assert [p["what"] for p in report["problems"]] == ["written with schema version '0', this packtool reads 2, 3 or 4"]
     manifest["schema_version"] = 0
     (packed / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     assert "schema version 0" in validate_dir(packed)["problems"][0]["what"]
@@ -182,7 +194,7 @@ def _first_run(row) -> int:
     (lambda row: row["run_starts"].__setitem__(0, len(row["compact_input_ids"]) + 3), "outside the compact row"),
     (lambda row: row["run_starts"].insert(1, row["run_starts"][0]) or row["run_lengths"].insert(1, MIN_RUN),
      "not after the run before it"),
-    (lambda row: row["run_lengths"].pop(), "run_starts has"),
+    (lambda row: row["run_lengths"].pop(), "run_starts_i32le has"),
     (lambda row: row["run_lengths"].__setitem__(0, MIN_RUN - 1), f"fewer than {MIN_RUN}"),
 ])
 def test_bad_run_tables_are_caught(packed, edit, what):
@@ -214,7 +226,65 @@ def test_runs_not_in_canonical_form_are_caught(packed):
     assert expand_table(pq.read_table(shard(packed))).slice(0, 1).to_pylist() == before  # the same tokens
     report = validate_dir(packed)
     assert [p["what"] for p in report["problems"]][:1] == [
-        "compact_input_ids is not in canonical runs form (a run is split or not stored as one)"], report
+        "compact_input_ids_i32le is not in canonical runs form (a run is split or not stored as one)"], report
+
+
+@pytest.mark.parametrize("column, edit, what", [
+    # a blob cut short by 3 bytes, or one with a byte more: no longer whole int32 values
+    (RUN_COLUMNS[1], lambda b: b[:-3], "run_lengths_i32le holds {n} bytes, not whole int32 values (a multiple of 4)"),
+    (COMPACT_COLUMNS[2], lambda b: b + b"\x01",
+     "compact_position_ids_i32le holds {n} bytes, not whole int32 values (a multiple of 4)"),
+    # one whole value gone from one compact column: the four no longer have one length
+    (COMPACT_COLUMNS[1], lambda b: b[:-4], "compact_target_ids_i32le holds {v} values, compact_input_ids_i32le {m}"),
+])
+def test_corrupted_blobs_are_caught(packed, column, edit, what):
+    """A stored blob that is not whole int32 values, or compact columns of unequal lengths,
+    is one clear problem line for its row (the row is not expanded)."""
+    seen = {}
+
+    def change(row):
+        row[column] = edit(row[column])
+        seen.update(n=len(row[column]), v=len(row[column]) // 4, m=len(row[COMPACT_COLUMNS[0]]) // 4)
+
+    rewrite_runs(packed, change, as_lists=False)
+    report = validate_dir(packed)
+    assert not report["ok"]
+    assert [(p["where"].rsplit(": ", 1)[-1], p["what"]) for p in report["problems"]] == [("row 0", what.format(**seen))]
+
+
+def test_a_directory_of_schema_version_3_validates(packed):
+    """Shards in the list form of the runs layout (schema v3, as older packtool wrote them) are
+    read by their own version's rules; a shard of one runs version listed as the other is a
+    clear problem."""
+    f = shard(packed)
+    manifest = json.loads((packed / ".packtool" / "manifest.json").read_text())
+    for entry in manifest["shards"]:
+        g = packed / entry["file"]
+        pq.write_table(list_form(pq.read_table(g)).cast(PACKED_V3), g)
+        relist(packed, g)
+    assert validate_dir(packed)["problems"][0] == {"where": f.name, "what": "written with schema version 3, the manifest says 4"}
+    manifest = json.loads((packed / ".packtool" / "manifest.json").read_text())
+    manifest["schema_version"] = 3
+    (packed / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
+    report = validate_dir(packed)
+    assert report["ok"] and report["problems"] == [], report["problems"]
+    assert report["rows"] == sum(e["rows"] for e in manifest["shards"]) > 0
+    # a v4 shard among them, listed as version 3: named, with both versions
+    pq.write_table(blob_table(pq.read_table(f)).cast(PACKED), f)
+    relist(packed, f)
+    assert validate_dir(packed)["problems"][0] == {"where": f.name, "what": "written with schema version 4, the manifest says 3"}
+
+
+def test_a_blob_column_must_say_its_encoding(packed):
+    f = shard(packed)
+    table = pq.read_table(f)
+    i = table.schema.get_field_index(COMPACT_COLUMNS[0])
+    table = table.cast(table.schema.set(i, table.schema.field(i).remove_metadata()))
+    pq.write_table(table, f)
+    relist(packed, f)
+    what = [p["what"] for p in validate_dir(packed)["problems"]]
+    assert what[:1] == ["columns ['compact_input_ids_i32le'] do not say 'packtool.encoding: int32-le' in their field "
+                        "metadata; not a shard of this version"], what
 
 
 # Every family's media spans, as its own layout builder lays them out: Qwen2.5-VL and

@@ -103,7 +103,7 @@ class PackedDataset:
     ``schema.PACKED``); a mixture's rows also hold ``sample_sources`` (list of int: each
     sample's position in the manifest's ``mixture.sources``, for per-source loss). See the
     module docstring for how the stream is split. Shards in runs form (packed schema version
-    3, the default) are expanded one row group at a time (``packtool.runs.expand_table``), so
+    4, the default, or 3) are expanded one row group at a time (``packtool.runs.expand_table``), so
     rows are the same whichever ``--layout`` wrote them; a run table that does not expand to
     the row's ``n_tokens`` raises ``InputError``.
 
@@ -336,7 +336,7 @@ class PackedDataset:
                     group = None  # release the previous group before reading the next
                     file = self._file(shard)
                     try:
-                        # a runs-form group (schema v3) is expanded once, whole: rows come out as documented
+                        # a runs-form group (schema v3 or v4) is expanded once, whole: rows come out as documented
                         table = expand_table(self._read_group(shard, g))
                     except (OSError, ValueError) as exc:  # pyarrow's errors derive from these
                         raise _corrupt(file, exc) from None
