@@ -258,10 +258,11 @@ class ShardWriter:
     ``max_group_bytes`` (packs with embedded media), so memory stays bounded; both cuts
     depend only on the rows, so the bytes are deterministic.
 
-    Example:
-        >>> with ShardWriter(out, schema, rows_per_shard=1000) as w:   # doctest: +SKIP
-        ...     w.write_rows(rows)
-        >>> w.shards   # [{"file": "part-00000.parquet", "rows": ..., "bytes": ..., "sha256": ...}]
+    Example::
+
+        with ShardWriter(out, schema, rows_per_shard=1000) as w:
+            w.write_rows(rows)
+        w.shards   # [{"file": "part-00000.parquet", "rows": ..., "bytes": ..., "sha256": ...}]
     """
 
     def __init__(self, out_dir: Path, schema: pa.Schema, rows_per_shard: int, row_group_rows: int = 1024,

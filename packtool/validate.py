@@ -16,10 +16,11 @@ Three layers, cheapest first; the first problems found are reported, never raise
 3. **embedded media decodes** (packed, ``--media embed``): each image and video frame
    opens and decodes with Pillow.
 
-Example:
-    >>> report = validate_dir("packed")          # doctest: +SKIP
-    >>> report["ok"], report["problems"][:1]
-    (False, [{'where': 'part-00000-00000.parquet', 'what': 'sha256 ... differs from the manifest ...'}])
+Example (a packed directory with one damaged shard)::
+
+    report = validate_dir("packed")
+    report["ok"], report["problems"][:1]
+    # (False, [{'where': 'part-00000-00000.parquet', 'what': 'sha256 ... differs from the manifest ...'}])
 """
 
 from __future__ import annotations

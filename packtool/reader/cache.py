@@ -36,9 +36,10 @@ class GroupCache:
     same shard and survives restarts. An evicted group's bytes are given back to the file system
     (a punched hole, or the whole file where holes cannot be punched).
 
-    Example:
-        >>> cache = GroupCache(max_bytes=2 << 30)                                  # doctest: +SKIP
-        >>> pq.ParquetFile(cache.path(url, size, sha256, group=0)).read_row_group(0)
+    Example::
+
+        cache = GroupCache(max_bytes=2 << 30)
+        pq.ParquetFile(cache.path(url, size, sha256, group=0)).read_row_group(0)
     """
 
     def __init__(self, max_bytes: int = 4 << 30, directory: Path | None = None, keep: int = 6,
