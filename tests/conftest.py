@@ -11,6 +11,23 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "examples" / "sample"
 
 
+@pytest.fixture(autouse=True)
+def _storage_options_stay_per_test():
+    """``--storage-option`` (``storage.set_options``) writes its options into the environment
+    for workers; a test that sets them in this process must not hand its endpoint to the next
+    one (a later bucket test would dial it and fail far from the cause)."""
+    from packtool import storage
+
+    before = os.environ.get(storage.OPTIONS_ENV)
+    yield
+    if os.environ.get(storage.OPTIONS_ENV) != before:
+        if before is None:
+            os.environ.pop(storage.OPTIONS_ENV, None)
+        else:
+            os.environ[storage.OPTIONS_ENV] = before
+        storage._FILESYSTEMS.clear()
+
+
 @pytest.fixture(scope="session")
 def demo_dirs(tmp_path_factory) -> dict[str, Path]:
     """``{"tokenized": Path, "packed": Path, "packed-full": Path, "sample": Path}`` built from

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import os
 import pkgutil
 
 import pytest
@@ -18,6 +19,20 @@ import packtool
 #: Modules whose import runs a command (the CLI entry) are not example modules.
 NOT_EXAMPLES = {"packtool.__main__"}
 MODULES = sorted(m.name for m in pkgutil.walk_packages(packtool.__path__, "packtool.") if m.name not in NOT_EXAMPLES)
+
+
+@pytest.fixture(autouse=True)
+def _process_state_put_back():
+    """Examples may set what a command sets (``storage.set_options`` writes the options into the
+    environment for workers): put the environment and the file-system cache back, so no later
+    test meets an example's endpoint."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+    from packtool import storage
+
+    storage._FILESYSTEMS.clear()
 
 
 @pytest.mark.parametrize("name", MODULES)
