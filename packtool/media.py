@@ -222,7 +222,9 @@ class MediaPathResolver:
             real = self._dirs[head] = os.path.realpath(os.path.join(self._root_s, head or "."))
         if not (real == self._root_s or real.startswith(self._prefix)):
             return None
-        return os.path.join(real, name)
+        # os.path.join(real, name) for a name with no separator and a real path that ends in
+        # one only when it is the file system's root: one concatenation, about 1.5 us less a file
+        return real + os.sep + name if real != os.sep else os.sep + name
 
     def __call__(self, path: str) -> Path:
         full = self._under_root(path)
