@@ -1,5 +1,6 @@
-"""Two ranks of one CLI run started together against a bucket, each with its own local state (as
-on two machines): shared by the s3:// and gs:// plan-once tests."""
+"""What the s3:// and gs:// tests share: two ranks of one CLI run started together against a
+bucket, each with its own local state (as on two machines), and a manifest's shard list to
+compare a bucket run with a local one."""
 
 from __future__ import annotations
 
@@ -25,3 +26,8 @@ def assert_planned_once(logs: list[str], n_tasks: int, n_inputs: int = 1) -> Non
     planned = [f"planned {n_tasks} tokenize tasks from {n_inputs} inputs" in log for log in logs]
     stored = [f"read the stored plan of {n_tasks} tokenize tasks" in log for log in logs]
     assert sorted(planned) == [False, True] and stored == [not p for p in planned], logs
+
+
+def manifest_shards(manifest: dict) -> list[tuple]:
+    """A manifest's shards as ``(file, rows, bytes, sha256)``: equal lists are byte-identical outputs."""
+    return [(s["file"], s["rows"], s["bytes"], s["sha256"]) for s in manifest["shards"]]

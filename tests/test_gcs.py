@@ -26,7 +26,7 @@ from bench.gcsserver import gcs_server  # noqa: E402
 from packtool import storage  # noqa: E402
 from packtool.reader import PackedDataset  # noqa: E402
 from packtool.runs import read_expanded  # noqa: E402
-from tests.bucket_ranks import assert_planned_once, run_two_ranks  # noqa: E402
+from tests.bucket_ranks import assert_planned_once, manifest_shards, run_two_ranks  # noqa: E402
 
 BUCKET = "data"
 TOK_FLAGS = ["--rows-per-shard", "100", "--workers", "2", "--quiet"]
@@ -78,10 +78,6 @@ def runs(gcs, tmp_path_factory):
     return base, json.loads(tok.stdout), json.loads(pack.stdout)
 
 
-def _manifest_shards(manifest: dict) -> list[tuple]:
-    return [(s["file"], s["rows"], s["bytes"], s["sha256"]) for s in manifest["shards"]]
-
-
 @pytest.mark.slow  # a server process, two tokenize and two pack runs of the real CLI
 def test_gs_pipeline_writes_the_bytes_of_a_local_run_and_reads_back_in_its_order(gcs, runs):
     base, tok_json, pack_json = runs
@@ -91,7 +87,7 @@ def test_gs_pipeline_writes_the_bytes_of_a_local_run_and_reads_back_in_its_order
     assert pack_json["packs"] == local_packed["counts"]["packs"] > 5
 
     packed = objects(gcs, "packed")
-    assert _manifest_shards(json.loads(packed[".packtool/manifest.json"])) == _manifest_shards(local_packed)
+    assert manifest_shards(json.loads(packed[".packtool/manifest.json"])) == manifest_shards(local_packed)
     shards = sorted(n for n in packed if n.startswith("part-"))
     assert shards == sorted(s["file"] for s in local_packed["shards"]) and len(shards) > 2
     for name in shards:
@@ -155,4 +151,4 @@ def test_two_ranks_into_a_gs_prefix_plan_once_and_write_what_one_run_writes(gcs,
     done = objects(gcs, prefix)
     assert ".packtool/plan.lock" not in done and not [n for n in done if "lease" in n]
     one = json.loads(objects(gcs, "tok")[".packtool/manifest.json"])
-    assert _manifest_shards(json.loads(done[".packtool/manifest.json"])) == _manifest_shards(one)
+    assert manifest_shards(json.loads(done[".packtool/manifest.json"])) == manifest_shards(one)

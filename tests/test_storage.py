@@ -32,7 +32,7 @@ from packtool.errors import ConfigError, SampleError  # noqa: E402
 from packtool.media import probe_image, probe_video  # noqa: E402
 from packtool.reader import PackedDataset  # noqa: E402
 from packtool.runs import read_expanded
-from tests.bucket_ranks import assert_planned_once, run_two_ranks  # noqa: E402
+from tests.bucket_ranks import assert_planned_once, manifest_shards, run_two_ranks  # noqa: E402
 from tests.video_fixtures import write_video  # noqa: E402
 
 BUCKET = "data"
@@ -165,10 +165,6 @@ def _media_but_times(table) -> list:
     return [[{k: v for k, v in m.items() if k != "mtime_ns"} for m in row] for row in table["media"].to_pylist()]
 
 
-def _manifest_shards(manifest: dict) -> list[tuple]:
-    return [(s["file"], s["rows"], s["bytes"], s["sha256"]) for s in manifest["shards"]]
-
-
 @pytest.mark.slow  # about 30 s: two tokenize and two pack runs of the real CLI, a server process
 def test_bucket_pipeline_writes_the_bytes_of_a_local_run(s3, corpus, local_run, bucket_run):
     tok_json, pack_json, _ = bucket_run
@@ -180,7 +176,7 @@ def test_bucket_pipeline_writes_the_bytes_of_a_local_run(s3, corpus, local_run, 
     # packed shards: the same bytes, object for object
     packed = objects(s3, "packed")
     remote_manifest = json.loads(packed[".packtool/manifest.json"])
-    assert _manifest_shards(remote_manifest) == _manifest_shards(local_packed)
+    assert manifest_shards(remote_manifest) == manifest_shards(local_packed)
     shards = sorted(n for n in packed if n.startswith("part-"))
     assert shards == sorted(s["file"] for s in local_packed["shards"]) and len(shards) > 3
     for name in shards:
@@ -365,7 +361,7 @@ def test_ranks_on_machines_of_their_own_plan_once_through_the_bucket(s3, bucket_
     assert {sl[0] for task in plan["tasks"] for sl in task} == {f"s3://{BUCKET}/corpus/data.jsonl"}
     assert ".packtool/plan.lock" not in done
     one = json.loads(objects(s3, "tok")[".packtool/manifest.json"])
-    assert _manifest_shards(json.loads(done[".packtool/manifest.json"])) == _manifest_shards(one)
+    assert manifest_shards(json.loads(done[".packtool/manifest.json"])) == manifest_shards(one)
 
 
 @pytest.mark.slow  # two mixture packs of the real CLI
@@ -382,7 +378,7 @@ def test_a_mixture_from_and_into_the_bucket_writes_the_bytes_of_the_local_mixtur
     want = json.loads((local / ".packtool" / "manifest.json").read_text())
     got = objects(s3, "mixed")
     manifest = json.loads(got[".packtool/manifest.json"])
-    assert _manifest_shards(manifest) == _manifest_shards(want) and len(want["shards"]) > 3
+    assert manifest_shards(manifest) == manifest_shards(want) and len(want["shards"]) > 3
     for entry in want["shards"]:
         assert got[entry["file"]] == (local / entry["file"]).read_bytes(), entry["file"]
     assert json.loads(r.stdout)["packs"] == want["counts"]["packs"]
