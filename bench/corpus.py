@@ -259,7 +259,7 @@ def write_tokenized(out_dir: str | Path, mix: str, n: int, seed: int = 0, rows_p
                     max_vision_units: int = 128, expanded: bool = False) -> dict:
     """Write ``n`` samples of ``mix`` as tokenized shards with a manifest; returns the manifest.
 
-    Shards are in runs form (schema version 4, what ``tokenize`` writes), or with
+    Shards are in runs form (schema version 5, what ``tokenize`` writes), or with
     ``expanded`` every token stored (version 2, what it wrote before). A finished directory
     with the same ``(mix, n, seed, rows_per_shard, expanded)`` is reused.
     """

@@ -1,8 +1,9 @@
 """Where ``pack`` spends its time on the default family with images.
 
-``python -m bench.profile_pack [N] [--media embed] [--before]`` generates the ``qwen-images``
-corpus (``bench.corpus``; N samples, default 60,000), packs it with the defaults on one worker
-under cProfile, and prints the split by stage and the top functions by own time. ``--before``
+``python -m bench.profile_pack [N] [--media embed] [--mix llava] [--before]`` generates the
+``qwen-images`` corpus (``bench.corpus``; N samples, default 60,000; ``--mix llava``: the
+text-heavy LLaVA-like corpus of the throughput row instead), packs it with the defaults on one
+worker under cProfile, and prints the split by stage and the top functions by own time. ``--before``
 plans with the patch axis quantized to 1,024 cells, as the planner did before issue 16.
 """
 
@@ -15,7 +16,7 @@ import shutil
 import sys
 import time
 
-from bench.bench_pack import CACHE, _load, _quantized_unit_axis
+from bench.bench_pack import CACHE, _cfg, _load, _quantized_unit_axis
 from bench.corpus import write_tokenized
 
 #: Stage -> substrings of the profiled functions whose own time counts for it.
@@ -36,9 +37,10 @@ def main(argv: list[str]) -> int:
     nums = [a for a in argv if a.isdigit()]
     n = int(nums[0]) if nums else 60_000
     media = "embed" if "--media" in argv and argv[argv.index("--media") + 1] == "embed" else "reference"
-    src = CACHE / f"tokenized-qwen-images-{n}"
-    write_tokenized(src, "qwen-images", n, seed=5)
-    cfg = PackConfig(media=media)
+    mix = argv[argv.index("--mix") + 1] if "--mix" in argv else "qwen-images"
+    src = CACHE / f"tokenized-{mix}-{n}"
+    write_tokenized(src, mix, n, seed=5 if mix == "qwen-images" else 3)
+    cfg = _cfg(media=media) if mix == "llava" else PackConfig(media=media)
     pack_dataset(src, CACHE / "warmup", cfg, overwrite=True, workers=1, dry_run=True)  # numba load
     out = CACHE / "profile-pack"
     shutil.rmtree(out, ignore_errors=True)

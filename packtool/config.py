@@ -116,7 +116,7 @@ class PackConfig(_Digestible):
         media: ``embed`` original bytes into packed rows, or ``reference`` paths only.
         packs_per_shard: packed rows per output shard.
         frame_quality: JPEG quality of embedded video frames (1-100).
-        layout: ``runs`` (placeholder runs stored once, schema version 4) or ``full``
+        layout: ``runs`` (placeholder runs stored once, schema version 5) or ``full``
             (every token stored, schema version 2); see README "Output layout".
     """
 

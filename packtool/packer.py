@@ -28,12 +28,15 @@ from .runs import (
     TOKEN_COLUMNS,
     V3_COMPACT_COLUMNS,
     V3_RUN_COLUMNS,
+    V4_COMPACT_COLUMNS,
     blob_array,
     column_parts,
     compact_table,
     expand,
     expand_table,
     runs_version,
+    swap_against,
+    swap_next,
 )
 from .schema import SUBSEGMENT_STRIDE, packed_schema
 
@@ -47,8 +50,10 @@ MAX_UNIT_CELLS = 1024
 #: The tokenized columns :func:`assemble_packs` reads (a reader need not decode the others).
 ASSEMBLY_COLUMNS = ["sample_id", "n_tokens", "n_vision_units", "media", "input_ids", "target_ids", "position_ids",
                     "subsegment_ids"]
-#: The same from tokenized shards in runs form (schema version 4).
+#: The same from tokenized shards in runs form (schema version 5).
 ASSEMBLY_COLUMNS_RUNS = ["sample_id", "n_tokens", "n_vision_units", "media", *COMPACT_COLUMNS, *RUN_COLUMNS]
+#: ... in the runs form of schema version 4,
+_ASSEMBLY_COLUMNS_V4 = ["sample_id", "n_tokens", "n_vision_units", "media", *V4_COMPACT_COLUMNS, *RUN_COLUMNS]
 #: ... and in the runs form of schema version 3.
 _ASSEMBLY_COLUMNS_V3 = ["sample_id", "n_tokens", "n_vision_units", "media", *V3_COMPACT_COLUMNS, *V3_RUN_COLUMNS]
 #: Regular packs re-optimized together with the flush packs at the end of a stream.
@@ -438,8 +443,9 @@ def _token_columns(tables: list[pa.Table], name: str) -> tuple[list[np.ndarray],
 
 def assembly_columns(schema: pa.Schema) -> list[str]:
     """The tokenized columns :func:`assemble_packs` reads from shards of ``schema`` (a reader
-    need not decode the others): :data:`ASSEMBLY_COLUMNS`, their runs form in version 3 and 4 shards."""
-    return {4: ASSEMBLY_COLUMNS_RUNS, 3: _ASSEMBLY_COLUMNS_V3}.get(runs_version(schema), ASSEMBLY_COLUMNS)
+    need not decode the others): :data:`ASSEMBLY_COLUMNS`, their runs form in version 3, 4 and 5 shards."""
+    return {5: ASSEMBLY_COLUMNS_RUNS, 4: _ASSEMBLY_COLUMNS_V4, 3: _ASSEMBLY_COLUMNS_V3}.get(runs_version(schema),
+                                                                                          ASSEMBLY_COLUMNS)
 
 
 def _cut_rows(tables: list[pa.Table], rows: list[tuple[int, int]], max_tokens: int) -> pa.Table:
@@ -475,9 +481,11 @@ def assemble_packs(
 ) -> pa.Table:
     """Build packed rows (``schema.packed_schema(layout)``) from tokenized rows and a plan.
 
-    Tokenized rows may be in runs form (schema version 4, or 3 turned into 4's blobs without
-    copying values) or expanded (versions 1 and 2, compacted here first: a pure function of
-    the row, so the packs are the same bytes).
+    Tokenized rows may be in runs form (schema version 5, or 3 and 4 turned into 5's form
+    first) or expanded (versions 1 and 2, compacted here first: a pure function of the row, so
+    the packs are the same bytes). Stored targets are copied as they are (each is stored
+    against the next input, ``runs.swap_next``), except each sample's last one, whose next
+    input in the pack is the next sample's first: it is stored against that.
     A pack's compact row is its samples' compact rows end to end: compact columns and
     run tables are concatenated per pack through list offsets, run starts shifted by the
     sample's start in the pack's compact row, so the placeholders are never materialised;
@@ -517,7 +525,7 @@ def assemble_packs(
     # each sample's table and row within it; one slice per sample is copied into place
     src = np.searchsorted(row_start, order, side="right") - 1
     local = order - row_start[src]
-    tables = [t if runs_version(t) == 4 else compact_table(t) if runs_version(t) == 3
+    tables = [t if runs_version(t) == 5 else compact_table(t) if runs_version(t) in (3, 4)
               else compact_table(t.select([c for c in t.column_names if c in ASSEMBLY_COLUMNS])) for t in tables]
     if plan.truncated and max_tokens is not None:
         cut = np.zeros(int(row_start[-1]), dtype=bool)
@@ -598,6 +606,13 @@ def assemble_packs(
         "position_ids": compact_values("position_ids"),
         "subsegment_ids": compact_values("subsegment_ids", (k_in_pack * SUBSEGMENT_STRIDE).astype(np.int32)),
     }
+    # a sample's last stored target is its row's last value, stored as it is; in the pack a
+    # next input follows (the next sample's first), so store it against that
+    joins = c_start + c_len - 1
+    joins = joins[(c_len > 0) & (joins + 1 < c_pack_off[pack_of + 1])]
+    if len(joins):
+        inputs = token_cols["input_ids"]
+        token_cols["target_ids"][joins] = swap_against(token_cols["target_ids"][joins], inputs[joins + 1])
     # cu_seqlens: per pack [0, end_0, end_1, ...] relative to the pack start
     cu_off = pack_off + np.arange(n_packs + 1)
     cu_vals = np.zeros(n_samples + n_packs, dtype=np.int64)
@@ -645,6 +660,7 @@ def assemble_packs(
         "sample_ids": pa.ListArray.from_arrays(pa.array(pack_off.astype(np.int32)), taken["sample_id"].combine_chunks()),
     }
     if layout == "full":
+        token_cols["target_ids"] = swap_next(token_cols["target_ids"], token_cols["input_ids"], c_pack_off)
         expanded, off = expand(token_cols, c_pack_off, run_starts, run_lengths, r_pack_off)
         if not np.array_equal(off, tok_pack_off):
             raise RuntimeError("internal error: expanded packs disagree with their n_tokens")

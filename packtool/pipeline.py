@@ -1241,7 +1241,7 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
 
 
 def _layout_record(cfg: PackConfig) -> dict:
-    """The packed manifest's schema version and layout (``runs``: version 4, ``full``: version 2)."""
+    """The packed manifest's schema version and layout (``runs``: version 5, ``full``: version 2)."""
     from .schema import LAYOUTS
 
     return {"schema_version": LAYOUTS[cfg.layout], "layout": cfg.layout}

@@ -19,16 +19,22 @@ from .runs import (
     TOKEN_COLUMNS,
     V3_COMPACT_COLUMNS,
     V3_RUN_COLUMNS,
+    V4_COMPACT_COLUMNS,
+    field_metadata,
 )
 
 __all__ = ["SCHEMA_VERSION", "FULL_VERSION", "READABLE_VERSIONS", "LAYOUTS", "MEDIA_FIELDS", "media_type", "TOKENIZED",
            "TOKENIZED_ROWS", "PACKED", "PACKED_FULL", "PACKED_MIXTURE", "PACKED_MIXTURE_FULL", "TOKENIZED_V3", "PACKED_V3", "PACKED_MIXTURE_V3", "LIST_RUNS_VERSION",
+           "PLAIN_BLOBS_VERSION", "TOKENIZED_V4", "PACKED_V4", "PACKED_MIXTURE_V4",
            "schema_of_version", "packed_schema", "expanded_form",
            "schema_json", "SUBSEGMENT_STRIDE", "PREFIX_SUBSEGMENT"]
 
 #: What tokenize writes, and pack by default: token columns in runs form (``packtool.runs``),
-#: each stored column an int32 blob (``binary``, little-endian).
-SCHEMA_VERSION = 4
+#: each stored column an int32 blob (``binary``, little-endian), targets stored against the
+#: next input (``runs.swap_next``).
+SCHEMA_VERSION = 5
+#: The runs form with int32 blobs and targets stored as they are (still read; ``runs.blob_table`` converts it).
+PLAIN_BLOBS_VERSION = 4
 #: The runs form with ``list<int32>`` columns (still read; ``runs.blob_table`` converts it).
 LIST_RUNS_VERSION = 3
 #: The expanded layout (every token stored): what ``pack --layout full`` writes, byte for byte
@@ -37,10 +43,11 @@ FULL_VERSION = 2
 #: Versions of each kind this packtool reads: version 2 changed only packed shards (media
 #: ``data`` became the image file's ``binary`` everywhere; video frames moved to ``frames``),
 #: so tokenized directories of version 1 are read (and packed) as they are; version 3 stores
-#: token columns in runs form in both kinds, and version 4 stores those six columns as int32
-#: blobs instead of ``list<int32>``, under new names.
-READABLE_VERSIONS = {"tokenized": (1, 2, 3, 4), "packed": (2, 3, 4)}
-#: Packed layouts: ``runs`` (schema version 4, the default) and ``full`` (version 2).
+#: token columns in runs form in both kinds, version 4 stores those six columns as int32
+#: blobs instead of ``list<int32>``, under new names, and version 5 stores the target blob
+#: against the next input, under a new name.
+READABLE_VERSIONS = {"tokenized": (1, 2, 3, 4, 5), "packed": (2, 3, 4, 5)}
+#: Packed layouts: ``runs`` (schema version 5, the default) and ``full`` (version 2).
 LAYOUTS = {"runs": SCHEMA_VERSION, "full": FULL_VERSION}
 
 #: Sample ``k`` of a pack uses subsegment ids ``k * SUBSEGMENT_STRIDE + b``.
@@ -126,13 +133,18 @@ def _runs_form(schema: pa.Schema, version: int = SCHEMA_VERSION) -> pa.Schema:
     """``schema`` with its four token columns in runs form (see ``packtool.runs``): each
     ``X`` becomes its compact twin (a row's tokens with every run cut to its first token),
     and the run table (each run's index in the compact row, and the tokens it stands for)
-    follows them. Version 4 stores the six as int32 blobs (``binary``, little-endian, field
-    metadata ``packtool.encoding: int32-le``); version 3 as ``list<int32>``."""
-    compact_names, run_names = (COMPACT_COLUMNS, RUN_COLUMNS) if version == SCHEMA_VERSION else (V3_COMPACT_COLUMNS,
-                                                                                                V3_RUN_COLUMNS)
+    follows them. Version 5 stores the six as int32 blobs (``binary``, little-endian; field
+    metadata ``packtool.encoding: int32-le``, and ``int32-le-next-swap`` for the targets,
+    stored against the next input); version 4 the same with targets as they are (all six
+    ``int32-le``); version 3 as ``list<int32>``."""
+    compact_names, run_names = {SCHEMA_VERSION: (COMPACT_COLUMNS, RUN_COLUMNS),
+                                PLAIN_BLOBS_VERSION: (V4_COMPACT_COLUMNS, RUN_COLUMNS)}.get(
+        version, (V3_COMPACT_COLUMNS, V3_RUN_COLUMNS))
 
     def stored(name: str, like: pa.Field) -> pa.Field:
         if version == SCHEMA_VERSION:
+            return pa.field(name, pa.binary(), nullable=False, metadata=field_metadata(name))
+        if version == PLAIN_BLOBS_VERSION:
             return pa.field(name, pa.binary(), nullable=False, metadata=BLOB_METADATA)
         return like.with_name(name)
 
@@ -154,7 +166,7 @@ def expanded_form(schema: pa.Schema) -> pa.Schema:
     run_names = set(RUN_COLUMNS) | set(V3_RUN_COLUMNS)
     if not run_names & set(schema.names):
         return schema
-    plain = dict(zip((*COMPACT_COLUMNS, *V3_COMPACT_COLUMNS), TOKEN_COLUMNS * 2, strict=True))
+    plain = dict(zip((*COMPACT_COLUMNS, *V4_COMPACT_COLUMNS, *V3_COMPACT_COLUMNS), TOKEN_COLUMNS * 3, strict=True))
     fields = [pa.field(plain[f.name], _i32_list, nullable=False) if f.name in plain else f
               for f in schema if f.name not in run_names]
     meta = dict(schema.metadata)
@@ -162,12 +174,16 @@ def expanded_form(schema: pa.Schema) -> pa.Schema:
     return pa.schema(fields, metadata=meta)
 
 
-#: Tokenized shards as written (schema version 4): token columns in runs form, int32 blobs.
+#: Tokenized shards as written (schema version 5): token columns in runs form, int32 blobs.
 TOKENIZED = _runs_form(TOKENIZED_ROWS)
-#: Packed shards as written by default (schema version 4, ``--layout runs``); ``n_tokens``,
+#: Packed shards as written by default (schema version 5, ``--layout runs``); ``n_tokens``,
 #: ``cu_seqlens`` and media ``token_offset`` / ``n_tokens`` count expanded tokens.
 PACKED = _runs_form(PACKED_FULL)
 PACKED_MIXTURE = _runs_form(PACKED_MIXTURE_FULL)
+#: The same in schema version 4 (targets stored as they are), as the packtool before wrote them.
+TOKENIZED_V4 = _runs_form(TOKENIZED_ROWS, PLAIN_BLOBS_VERSION)
+PACKED_V4 = _runs_form(PACKED_FULL, PLAIN_BLOBS_VERSION)
+PACKED_MIXTURE_V4 = _runs_form(PACKED_MIXTURE_FULL, PLAIN_BLOBS_VERSION)
 #: The same in schema version 3 (``list<int32>`` columns), as older packtool wrote them.
 TOKENIZED_V3 = _runs_form(TOKENIZED_ROWS, LIST_RUNS_VERSION)
 PACKED_V3 = _runs_form(PACKED_FULL, LIST_RUNS_VERSION)
@@ -177,10 +193,12 @@ PACKED_MIXTURE_V3 = _runs_form(PACKED_MIXTURE_FULL, LIST_RUNS_VERSION)
 def schema_of_version(kind: str, version: int, mixture: bool = False) -> pa.Schema:
     """The schema shards of ``kind`` (``tokenized`` or ``packed``) have at a schema version."""
     if kind == "tokenized":
-        return {SCHEMA_VERSION: TOKENIZED, LIST_RUNS_VERSION: TOKENIZED_V3}.get(version, TOKENIZED_ROWS)
+        return {SCHEMA_VERSION: TOKENIZED, PLAIN_BLOBS_VERSION: TOKENIZED_V4,
+                LIST_RUNS_VERSION: TOKENIZED_V3}.get(version, TOKENIZED_ROWS)
     if mixture:
-        return {SCHEMA_VERSION: PACKED_MIXTURE, LIST_RUNS_VERSION: PACKED_MIXTURE_V3}.get(version, PACKED_MIXTURE_FULL)
-    return {SCHEMA_VERSION: PACKED, LIST_RUNS_VERSION: PACKED_V3}.get(version, PACKED_FULL)
+        return {SCHEMA_VERSION: PACKED_MIXTURE, PLAIN_BLOBS_VERSION: PACKED_MIXTURE_V4,
+                LIST_RUNS_VERSION: PACKED_MIXTURE_V3}.get(version, PACKED_MIXTURE_FULL)
+    return {SCHEMA_VERSION: PACKED, PLAIN_BLOBS_VERSION: PACKED_V4, LIST_RUNS_VERSION: PACKED_V3}.get(version, PACKED_FULL)
 
 
 def packed_schema(layout: str = "runs", mixture: bool = False) -> pa.Schema:
@@ -216,6 +234,7 @@ def schema_json(schema: pa.Schema) -> dict:
 
 #: The schemas ``make schemas`` writes, by file name stem.
 SCHEMA_FILES = (("tokenized", TOKENIZED), ("packed", PACKED), ("packed-mixture", PACKED_MIXTURE),
+                ("tokenized", TOKENIZED_V4), ("packed", PACKED_V4), ("packed-mixture", PACKED_MIXTURE_V4),
                 ("tokenized", TOKENIZED_V3), ("packed", PACKED_V3), ("packed-mixture", PACKED_MIXTURE_V3),
                 ("tokenized", TOKENIZED_ROWS), ("packed", PACKED_FULL), ("packed-mixture", PACKED_MIXTURE_FULL))
 

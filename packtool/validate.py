@@ -39,8 +39,9 @@ from .runs import (
     TOKEN_COLUMNS,
     V3_COMPACT_COLUMNS,
     V3_RUN_COLUMNS,
-    blob_array,
+    V4_COMPACT_COLUMNS,
     blob_byte_offsets,
+    blob_table,
     column_parts,
     compact_table,
     expand_table,
@@ -391,8 +392,8 @@ def _mixture_problem(pf, n_sources: int) -> str | None:
 def run_problems(table) -> list[tuple[int, str]]:
     """Problems of the run tables of a batch in runs form, as ``(row in the batch, what)``.
 
-    In schema version 4 every stored blob must hold whole int32 values (a byte length that
-    is a multiple of 4) and the four compact columns of a row one length. Then, in either
+    In schema versions 4 and 5 every stored blob must hold whole int32 values (a byte length
+    that is a multiple of 4) and the four compact columns of a row one length. Then, in either
     runs form, a run table must give each row as many lengths as starts; starts lie inside
     the compact row, strictly ascending; every run stands for at least ``MIN_RUN`` tokens;
     and the row is in its one canonical form (compacting the expanded row gives the stored
@@ -413,9 +414,10 @@ def run_problems(table) -> list[tuple[int, str]]:
     import pyarrow.compute as pc
 
     version = runs_version(table)
-    compact_names, run_names = (COMPACT_COLUMNS, RUN_COLUMNS) if version == 4 else (V3_COMPACT_COLUMNS, V3_RUN_COLUMNS)
+    compact_names, run_names = {5: (COMPACT_COLUMNS, RUN_COLUMNS), 4: (V4_COMPACT_COLUMNS, RUN_COLUMNS)}.get(
+        version, (V3_COMPACT_COLUMNS, V3_RUN_COLUMNS))
     out: list[tuple[int, str]] = []
-    if version == 4:
+    if version in (4, 5):
         present = [c for c in (*compact_names, *run_names) if c in table.column_names]
         byte_off = {c: blob_byte_offsets(table.column(c)) for c in present}
         for c in present:
@@ -462,9 +464,11 @@ def run_problems(table) -> list[tuple[int, str]]:
         return out
     stored = table.select([*compact_names, *run_names])
     again = compact_table(expand_table(stored))
-    for name, name4 in zip((*compact_names, *run_names), (*COMPACT_COLUMNS, *RUN_COLUMNS), strict=True):
-        a, b = blob_array(*column_parts(stored.column(name))), again.column(name4)
-        differ = pc.not_equal(a, b.combine_chunks() if isinstance(b, pa.ChunkedArray) else b)
+    current = blob_table(stored)  # the same rows in the version 5 form, compared column by column
+    for name, name5 in zip((*compact_names, *run_names), (*COMPACT_COLUMNS, *RUN_COLUMNS), strict=True):
+        a, b = (col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+                for col in (current.column(name5), again.column(name5)))
+        differ = pc.not_equal(a, b)
         out += [(r, f"{name} is not in canonical runs form (a run is split or not stored as one)")
                 for r in np.flatnonzero(differ.to_numpy(zero_copy_only=False)).tolist() if r not in seen]
         seen.update(r for r, _ in out)

@@ -105,20 +105,58 @@ def line_offsets(data: bytes, first: int, every: int) -> tuple[int, list[tuple[i
     return n_lines, [(t, int(starts[t])) for t in range(first, n_lines, every)]
 
 
-def list_form(table):
-    """A runs-form table of schema version 4 (int32 blobs) as version 3 stored it (``list<int32>``
-    columns under the names without ``_i32le``), one value at a time with ``struct``: the
-    twin of ``runs.blob_table`` run backwards."""
+def unswap_targets(stored: list[int], inputs: list[int]) -> list[int]:
+    """A version 5 row's targets from their stored form, one value at a time (``runs.swap_next``'s
+    twin): each value and the next input are swapped with -1; the row's last value stays."""
+    out = []
+    for i, v in enumerate(stored):
+        nxt = inputs[i + 1] if i + 1 < len(inputs) else None
+        out.append(v if nxt is None else nxt if v == -1 else -1 if v == nxt else v)
+    return out
+
+
+def plain_target_form(table):
+    """A runs-form table of schema version 5 as version 4 stored it: the target blob holds the
+    targets as they are, under ``compact_target_ids_i32le`` (one value at a time with ``struct``)."""
     import struct
 
     import pyarrow as pa
 
+    def values(col):
+        return [list(struct.unpack(f"<{len(b) // 4}i", b)) for b in col.to_pylist()]
+
+    rows = [unswap_targets(s, i) for s, i in zip(values(table["compact_target_ids_i32next"]),
+                                                  values(table["compact_input_ids_i32le"]), strict=True)]
+    col = pa.array([struct.pack(f"<{len(r)}i", *r) for r in rows], pa.binary())
+    at = table.column_names.index("compact_target_ids_i32next")
+    table = table.set_column(at, "compact_target_ids_i32le", col)
+    meta = dict(table.schema.metadata or {})
+    if b"packtool.schema_version" in meta:
+        meta[b"packtool.schema_version"] = b"4"
+    return table.replace_schema_metadata(meta or None)
+
+
+def list_form(table):
+    """A runs-form table of schema version 4 or 5 (int32 blobs) as version 3 stored it
+    (``list<int32>`` columns under the names without ``_i32le``, targets as they are), one
+    value at a time with ``struct``: the twin of ``runs.blob_table`` run backwards."""
+    import struct
+
+    import pyarrow as pa
+
+    def values(col):
+        return [list(struct.unpack(f"<{len(b) // 4}i", b)) for b in col.to_pylist()]
+
     names, cols = [], []
     for name, col in zip(table.column_names, table.columns, strict=True):
-        if name.endswith("_i32le"):
-            rows = [list(struct.unpack(f"<{len(b) // 4}i", b)) for b in col.to_pylist()]
-            names.append(name.removesuffix("_i32le"))
+        if name == "compact_target_ids_i32next":
+            rows = [unswap_targets(s, i) for s, i in zip(values(col), values(table["compact_input_ids_i32le"]),
+                                                            strict=True)]
+            names.append("compact_target_ids")
             cols.append(pa.array(rows, pa.list_(pa.int32())))
+        elif name.endswith("_i32le"):
+            names.append(name.removesuffix("_i32le"))
+            cols.append(pa.array(values(col), pa.list_(pa.int32())))
         else:
             names.append(name)
             cols.append(col)

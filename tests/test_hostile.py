@@ -686,7 +686,7 @@ def test_the_reader_default_check_catches_one_flipped_bit(built, tmp_path):
     group = pq.ParquetFile(first).metadata.row_group(0)
     chunks = [group.column(c) for c in range(group.num_columns)]
     middles = [(c.data_page_offset + c.total_compressed_size - 3) / len(pristine) for c in chunks
-               if c.path_in_schema.split(".")[0] in ("compact_input_ids_i32le", "compact_target_ids_i32le",
+               if c.path_in_schema.split(".")[0] in ("compact_input_ids_i32le", "compact_target_ids_i32next",
                                                      "compact_position_ids_i32le", "run_starts_i32le", "cu_seqlens")]
     assert len(middles) == 5
     caught = 0

@@ -36,13 +36,13 @@ def test_runs_and_full_layouts_give_the_reader_the_same_rows(setup, family):
     tok = base / "tok"
     tokenize_dataset(corpus["inputs"], tok, TokenizeConfig(media_root=str(corpus["root"]), model=family,
                                                            tokenizer=str(setup["tok"]), **FAMILIES[family]))
-    assert read_manifest(tok)["schema_version"] == 4
+    assert read_manifest(tok)["schema_version"] == 5
     outs = {}
     for layout in ("runs", "full"):
         outs[layout] = base / layout
         pack_dataset(tok, outs[layout], PackConfig(max_tokens=1024, layout=layout))
         manifest = read_manifest(outs[layout])
-        assert (manifest["schema_version"], manifest["layout"]) == ({"runs": 4, "full": 2}[layout], layout)
+        assert (manifest["schema_version"], manifest["layout"]) == ({"runs": 5, "full": 2}[layout], layout)
     # validate reads both layouts alike, and every family's spans (markers inside included) are whole
     reports = {layout: validate_dir(out, tokenizer=str(setup["tok"])) for layout, out in outs.items()}
     assert reports["runs"]["ok"] and reports["full"]["ok"], (reports["runs"]["problems"], reports["full"]["problems"])
@@ -63,44 +63,46 @@ def test_runs_and_full_layouts_give_the_reader_the_same_rows(setup, family):
 
 @pytest.mark.parametrize("mix", ["qwen-images", "molmo2"])
 def test_expanded_tokenized_shards_pack_to_the_same_bytes(tmp_path, mix):
-    """Tokenized directories written before the runs form (schema v2, every token stored) and
-    in the list form of the runs layout (schema v3) pack to the same shards as the same rows
-    in today's blobs (v4), in both packed layouts."""
+    """Tokenized directories written before the runs form (schema v2, every token stored), in
+    the list form of the runs layout (schema v3) and with plain target blobs (schema v4) pack
+    to the same shards as the same rows in today's form (v5), in both packed layouts."""
     from bench.corpus import write_tokenized
 
     hashes = {}
-    for expanded in (False, True, "v3"):
+    for expanded in (False, True, "v3", "v4"):
         tok = tmp_path / f"tok-{expanded}"
         manifest = write_tokenized(tok, mix, 600, seed=1, rows_per_shard=250, expanded=expanded is True)
-        assert manifest["schema_version"] == (2 if expanded is True else 4)
-        if expanded == "v3":
-            _as_version_3(tok)
+        assert manifest["schema_version"] == (2 if expanded is True else 5)
+        if expanded in ("v3", "v4"):
+            _as_older_version(tok, int(expanded[1]))
         for layout in ("runs", "full"):
             out = tmp_path / f"packed-{expanded}-{layout}"
             pack_dataset(tok, out, PackConfig(media="reference", layout=layout, max_tokens=8192))
             hashes[expanded, layout] = [s["sha256"] for s in read_manifest(out)["shards"]]
     assert hashes[True, "runs"] == hashes[False, "runs"] and hashes[True, "full"] == hashes[False, "full"]
     assert hashes["v3", "runs"] == hashes[False, "runs"] and hashes["v3", "full"] == hashes[False, "full"]
+    assert hashes["v4", "runs"] == hashes[False, "runs"] and hashes["v4", "full"] == hashes[False, "full"]
     assert hashes[False, "runs"] != hashes[False, "full"]
 
 
-def _as_version_3(tok) -> None:
+def _as_older_version(tok, version: int) -> None:
     """Rewrite a tokenized directory as packtool wrote schema version 3 (``list<int32>`` run
-    columns), manifest included."""
+    columns) or 4 (int32 blobs, targets as they are), manifest included."""
     import json
 
-    from naive import list_form
+    from naive import list_form, plain_target_form
 
-    from packtool.schema import TOKENIZED_V3
+    from packtool.schema import TOKENIZED_V3, TOKENIZED_V4
     from packtool.shards import MANIFEST, sha256_file
 
     manifest = read_manifest(tok)
+    form, schema = {3: (list_form, TOKENIZED_V3), 4: (plain_target_form, TOKENIZED_V4)}[version]
     for entry in manifest["shards"]:
         f = tok / entry["file"]
-        table = list_form(pq.read_table(f))
-        assert table.column_names == TOKENIZED_V3.names
-        table = table.cast(TOKENIZED_V3)
+        table = form(pq.read_table(f))
+        assert table.column_names == schema.names
+        table = table.cast(schema)
         pq.write_table(table, f, row_group_size=100)
         entry.update(bytes=f.stat().st_size, sha256=sha256_file(f))
-    manifest["schema_version"] = 3
+    manifest["schema_version"] = version
     (tok / MANIFEST).write_text(json.dumps(manifest))

@@ -344,7 +344,7 @@ def test_assemble_from_several_tables_equals_one_table():
     assert assemble_packs(compact_table(table), plan, 0, None, max_tokens, layout="full").equals(
         assemble_packs(table, plan, 0, None, max_tokens, layout="full"))
     untruncated = assemble_packs(table, plan, 0)
-    assert split.column("compact_target_ids_i32le").to_pylist() != untruncated.column("compact_target_ids_i32le").to_pylist()
+    assert split.column("compact_target_ids_i32next").to_pylist() != untruncated.column("compact_target_ids_i32next").to_pylist()
 
 
 def test_embedded_bytes_are_the_files_through_either_loader_path(tmp_path):
@@ -418,7 +418,7 @@ def test_truncation_inside_a_run_cuts_the_run():
     assert expand_table(packed).cast(PACKED_FULL).equals(assemble_packs(table, plan, 0, None, 20, layout="full"))
 
 
-@pytest.mark.parametrize("column", ["compact_target_ids_i32le", "compact_subsegment_ids_i32le", "run_lengths_i32le"])
+@pytest.mark.parametrize("column", ["compact_target_ids_i32next", "compact_subsegment_ids_i32le", "run_lengths_i32le"])
 def test_stored_columns_of_unequal_length_stop_the_assembly(column):
     """A tokenized row whose stored columns disagree in length (a damaged shard) is refused by
     name before any value is gathered, never copied past the row's end."""
@@ -433,3 +433,33 @@ def test_stored_columns_of_unequal_length_stop_the_assembly(column):
     assert assemble_packs(table, plan, 0).num_rows == 1
     with pytest.raises(ValueError, match=f"tokenized row '[^']+': {column} holds .* re-run tokenize"):
         assemble_packs(damaged, plan, 0)
+
+
+def test_a_samples_last_target_is_stored_against_the_next_samples_first_input():
+    """In a tokenized row the last target has no next input and is stored as it is; in a pack
+    the next sample's first input follows it, and the pack stores it against that. Rows whose
+    last target equals the next sample's first input, or the mark (-1), pack to rows that
+    expand to the same targets and are in the one canonical form validate checks."""
+    from packtool.packer import PackPlan
+    from packtool.runs import NEXT_MARK, swap_next
+    from packtool.validate import run_problems
+
+    table = _tokenized_table([40, 30, 50, 20], [0, 0, 0, 0])
+    rows = table.to_pylist()
+    firsts = [r["input_ids"][0] for r in rows]
+    rows[0]["target_ids"][-1] = firsts[1]  # predicts the next sample's first token
+    rows[1]["target_ids"][-1] = NEXT_MARK  # a target that is the mark itself
+    rows[2]["target_ids"][-1] = -100
+    expanded = pa.Table.from_pylist(rows, schema=table.schema)
+    plan = PackPlan(np.arange(4), np.array([0, 4]))
+    packed = assemble_packs(compact_table(expanded), plan, 0)
+    assert run_problems(packed) == []
+    got = expand_table(packed).to_pylist()[0]["target_ids"]
+    assert got == [t for r in rows for t in r["target_ids"]]
+    stored = np.frombuffer(packed.column("compact_target_ids_i32next")[0].as_py(), "<i4")
+    inputs = np.frombuffer(packed.column("compact_input_ids_i32le")[0].as_py(), "<i4")
+    assert packed.column("run_starts_i32le")[0].as_py() == b""  # text only: compact index = token index
+    ends = np.cumsum([len(r["input_ids"]) for r in rows]) - 1
+    assert stored[ends[0]] == NEXT_MARK and stored[ends[1]] == firsts[2] and stored[ends[2]] == -100
+    assert np.array_equal(swap_next(stored, inputs, np.array([0, len(stored)])), got)
+    assert assemble_packs(expanded, plan, 0, layout="full").column("target_ids").to_pylist() == [got]

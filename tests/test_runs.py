@@ -162,11 +162,12 @@ def test_a_table_without_runs_expands_by_renaming():
 
 @pytest.mark.parametrize("seed", range(3))
 def test_stored_blobs_are_each_rows_little_endian_int32_values(seed):
-    """Schema v4 stores each compact row as the bytes of its values (little-endian int32), read
-    back as a numpy view of Arrow's buffer; v3's list form converts to the same columns."""
-    from naive import list_form
+    """Schema v5 stores each compact row as the bytes of its values (little-endian int32), read
+    back as a numpy view of Arrow's buffer, the targets against the next input (decoded here
+    one value at a time); v3's list form and v4's plain targets convert to the same columns."""
+    from naive import list_form, plain_target_form, unswap_targets
 
-    from packtool.runs import V3_COMPACT_COLUMNS, blob_table, column_parts
+    from packtool.runs import V3_COMPACT_COLUMNS, blob_table, column_parts, token_parts
 
     rng = np.random.default_rng(200 + seed)
     rows, _, _ = _batch(rng, 6)
@@ -174,16 +175,24 @@ def test_stored_blobs_are_each_rows_little_endian_int32_values(seed):
     runs = compact_table(table)
     old = list_form(runs)  # the struct-by-struct twin: the same values as version 3 stored them
     assert old.column_names == [*V3_COMPACT_COLUMNS, "run_starts", "run_lengths"]
+    inputs = old.column(V3_COMPACT_COLUMNS[0]).to_pylist()
     for stored, name in zip(runs.column_names, old.column_names, strict=True):
         want = old.column(name).to_pylist()
-        assert runs.column(stored).to_pylist() == [np.array(v, dtype="<i4").tobytes() for v in want], f"seed {200 + seed}"
-        vals, off = column_parts(runs.column(stored).slice(1))
+        got = [np.frombuffer(b, "<i4").tolist() for b in runs.column(stored).to_pylist()]
+        if stored == COMPACT_COLUMNS[1]:
+            assert stored == "compact_target_ids_i32next"
+            got = [unswap_targets(g, i) for g, i in zip(got, inputs, strict=True)]
+            vals, off = token_parts(runs.slice(1), stored)
+        else:
+            vals, off = column_parts(runs.column(stored).slice(1))
+        assert got == want, f"seed {200 + seed}"
         assert [vals[a:b].tolist() for a, b in zip(off[:-1], off[1:], strict=True)] == want[1:]
     # a view, not a copy: the numpy values live in the blob column's data buffer
     vals, _ = column_parts(runs.column(COMPACT_COLUMNS[0]))
     assert vals.__array_interface__["data"][0] == runs.column(COMPACT_COLUMNS[0]).chunk(0).buffers()[2].address
     # version 3's lists become the same blobs, and expand to the same rows
     assert blob_table(old).equals(runs) and compact_table(old).equals(runs)
+    assert blob_table(plain_target_form(runs)).equals(runs)
     assert expand_table(old).equals(expand_table(runs)) and expand_table(runs).equals(table)
     assert [expand_row(r) for r in old.to_pylist()] == [expand_row(r) for r in runs.to_pylist()] == table.to_pylist()
 
@@ -217,3 +226,52 @@ def test_bad_blobs_are_refused(blob, message):
     if blob is not None:
         with pytest.raises(ValueError, match=message):
             expand_row({COMPACT_COLUMNS[0]: blob, "run_starts_i32le": b"", "run_lengths_i32le": b""})
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_stored_targets_round_trip_every_int32_and_agree_with_the_naive_twin(seed):
+    """``swap_next`` is its own inverse on any int32 targets, collisions with the mark (-1) and
+    with the next input included, row ends left as they are; it agrees value by value with the
+    one-at-a-time twin, and a row whose every token carries loss stores only the mark."""
+    from naive import unswap_targets
+
+    from packtool.runs import NEXT_MARK, swap_next
+
+    rng = np.random.default_rng(300 + seed)
+    lengths = rng.integers(0, 9, 40)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    n = int(offsets[-1])
+    inputs = rng.choice(np.array([-1, 0, 3, 5, 2**31 - 1, -2**31], dtype=np.int32), n)
+    nxt = np.append(inputs[1:], 0)
+    # targets drawn from the colliding values: the next input, the mark, -100, anything
+    targets = np.where(rng.random(n) < 0.4, nxt, rng.choice(np.array([-1, -100, 3, 5, -2**31], dtype=np.int32), n))
+    targets = targets.astype(np.int32)
+    stored = swap_next(targets, inputs, offsets)
+    assert stored.dtype == np.int32
+    assert np.array_equal(swap_next(stored, inputs, offsets), targets), f"seed {300 + seed}"
+    for a, b in zip(offsets[:-1], offsets[1:], strict=True):
+        assert unswap_targets(stored[a:b].tolist(), inputs[a:b].tolist()) == targets[a:b].tolist(), f"seed {300 + seed}"
+        if b > a:
+            assert stored[b - 1] == targets[b - 1]  # a row's last value has no next input
+    # sliced input: offsets need not start at 0
+    assert np.array_equal(swap_next(np.r_[[7, 7], targets], np.r_[[7, 7], inputs], offsets + 2), stored)
+    text = np.array([11, 12, 13, 14], dtype=np.int32)
+    assert swap_next(np.append(text[1:], -100), text, np.array([0, 4])).tolist() == [NEXT_MARK] * 3 + [-100]
+
+
+def test_stored_targets_need_their_inputs():
+    """Version 5 targets cannot be read without the inputs they are stored against: the reader
+    asks for both, and a table or row without them says which column to read."""
+    from packtool.runs import stored_names, token_parts
+
+    table = compact_table(pa.table({name: pa.array([[4, 5, 6]], pa.list_(pa.int32())) for name in TOKEN_COLUMNS}))
+    assert stored_names(table.schema, ["target_ids"]) == [COMPACT_COLUMNS[1], COMPACT_COLUMNS[0], *RUN_COLUMNS]
+    alone = table.select([COMPACT_COLUMNS[1], *RUN_COLUMNS])
+    with pytest.raises(ValueError, match="read compact_input_ids_i32le with it"):
+        token_parts(alone, COMPACT_COLUMNS[1])
+    with pytest.raises(ValueError, match="read compact_input_ids_i32le with it"):
+        expand_table(alone)
+    with pytest.raises(ValueError, match="read compact_input_ids_i32le with it"):
+        expand_row(alone.to_pylist()[0])
+    assert expand_table(table.select([COMPACT_COLUMNS[1], COMPACT_COLUMNS[0], *RUN_COLUMNS])).column(
+        "target_ids").to_pylist() == [[4, 5, 6]]

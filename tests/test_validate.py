@@ -178,7 +178,7 @@ def test_schema_version_of_the_shards_is_checked(packed):
     manifest["shards"][0].update(bytes=f.stat().st_size, sha256=sha256_file(f))
     (packed / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     report = validate_dir(packed)
-    assert [p["what"] for p in report["problems"]] == ["written with schema version '0', this packtool reads 2, 3 or 4"]
+    assert [p["what"] for p in report["problems"]] == ["written with schema version '0', this packtool reads 2, 3, 4 or 5"]
     manifest["schema_version"] = 0
     (packed / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     assert "schema version 0" in validate_dir(packed)["problems"][0]["what"]
@@ -235,7 +235,7 @@ def test_runs_not_in_canonical_form_are_caught(packed):
     (COMPACT_COLUMNS[2], lambda b: b + b"\x01",
      "compact_position_ids_i32le holds {n} bytes, not whole int32 values (a multiple of 4)"),
     # one whole value gone from one compact column: the four no longer have one length
-    (COMPACT_COLUMNS[1], lambda b: b[:-4], "compact_target_ids_i32le holds {v} values, compact_input_ids_i32le {m}"),
+    (COMPACT_COLUMNS[1], lambda b: b[:-4], "compact_target_ids_i32next holds {v} values, compact_input_ids_i32le {m}"),
 ])
 def test_corrupted_blobs_are_caught(packed, column, edit, what):
     """A stored blob that is not whole int32 values, or compact columns of unequal lengths,
@@ -262,7 +262,7 @@ def test_a_directory_of_schema_version_3_validates(packed):
         g = packed / entry["file"]
         pq.write_table(list_form(pq.read_table(g)).cast(PACKED_V3), g)
         relist(packed, g)
-    assert validate_dir(packed)["problems"][0] == {"where": f.name, "what": "written with schema version 3, the manifest says 4"}
+    assert validate_dir(packed)["problems"][0] == {"where": f.name, "what": "written with schema version 3, the manifest says 5"}
     manifest = json.loads((packed / ".packtool" / "manifest.json").read_text())
     manifest["schema_version"] = 3
     (packed / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
@@ -272,7 +272,7 @@ def test_a_directory_of_schema_version_3_validates(packed):
     # a v4 shard among them, listed as version 3: named, with both versions
     pq.write_table(blob_table(pq.read_table(f)).cast(PACKED), f)
     relist(packed, f)
-    assert validate_dir(packed)["problems"][0] == {"where": f.name, "what": "written with schema version 4, the manifest says 3"}
+    assert validate_dir(packed)["problems"][0] == {"where": f.name, "what": "written with schema version 5, the manifest says 3"}
 
 
 def test_a_blob_column_must_say_its_encoding(packed):
