@@ -984,8 +984,25 @@ class _PackTask:
     cwd: str = "."  # the driver's working directory, which relative paths are relative to
 
 
-def _media_problems(pf, media_root: Path, check_mtime: bool) -> dict[int, tuple[str, str]]:
-    """Rows of a tokenized shard whose media file is no longer the one tokenize counted.
+def _media_leaves(pf):
+    """The media list of every row of a tokenized shard, holding only the fields pack checks
+    (``kind``, ``path``, and ``size_bytes``, ``mtime_ns`` where recorded): one read of four
+    small leaves instead of the whole struct (inline bytes and timestamps are not decoded)."""
+    names = [f.name for f in pf.schema_arrow.field("media").type.value_type]
+    leaves = [f"media.list.element.{n}" for n in ("kind", "path", "size_bytes", "mtime_ns") if n in names]
+    return pf.read(columns=leaves, use_threads=False)["media"].combine_chunks()
+
+
+def _has_media(media) -> np.ndarray:
+    """Whether each row holds a media item, from :func:`_media_leaves`."""
+    import pyarrow.compute as pc
+
+    return pc.fill_null(pc.list_value_length(media), 0).to_numpy(zero_copy_only=False) > 0
+
+
+def _media_problems(media, media_root: Path, check_mtime: bool) -> dict[int, tuple[str, str]]:
+    """Rows of a tokenized shard whose media file is no longer the one tokenize counted
+    (``media`` from :func:`_media_leaves`).
 
     Tokenize recorded each media file's size and modification time; a file now missing,
     outside the root, of another size, or (under the same root) modified since, would put
@@ -1003,11 +1020,8 @@ def _media_problems(pf, media_root: Path, check_mtime: bool) -> dict[int, tuple[
     else:
         def stat_of(path: str):
             return resolve_media_path(path, media_root).stat()
-    leaves = ["media.list.element.kind", "media.list.element.path", "media.list.element.size_bytes",
-              "media.list.element.mtime_ns"]
-    if "size_bytes" not in [f.name for f in pf.schema_arrow.field("media").type.value_type]:
+    if "size_bytes" not in [f.name for f in media.type.value_type]:
         return {}  # written before sizes were recorded: nothing to compare
-    media = pf.read(columns=leaves, use_threads=False)["media"].combine_chunks()
     lengths = pc.fill_null(pc.list_value_length(media), 0).to_numpy(zero_copy_only=False)
     flat = pc.list_flatten(media)
     rows = np.repeat(np.arange(len(lengths)), lengths).tolist()
@@ -1035,13 +1049,6 @@ def _media_problems(pf, media_root: Path, check_mtime: bool) -> dict[int, tuple[
                         f"modified at {mtime} ns; now {now[0]:,} bytes, {now[1]} ns); re-run tokenize to count it again")
     return bad
 
-
-def _has_media(pf) -> np.ndarray:
-    import pyarrow.compute as pc
-
-    parts = [pc.list_value_length(b.column(0)).to_numpy(zero_copy_only=False) > 0
-             for b in pf.iter_batches(columns=["media"], batch_size=4096)]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
 
 
 class _RowStore:
@@ -1175,8 +1182,9 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
         lengths = pf.read(columns=["n_tokens", "n_vision_units"], use_threads=False)
         tokens = lengths["n_tokens"].to_numpy()
         units = lengths["n_vision_units"].to_numpy()
-        has_media = _has_media(pf)
-        bad = _media_problems(pf, as_root(task.media_root), task.check_mtime)
+        media = _media_leaves(pf)
+        has_media = _has_media(media)
+        bad = _media_problems(media, as_root(task.media_root), task.check_mtime)
     except (pa.ArrowException, KeyError) as exc:
         raise shard_error(src, exc) from None
     plan = _plan_kept(tokens, units, has_media, bad, cfg, task.max_units)
@@ -1551,8 +1559,9 @@ def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShard
             lengths = pf.read(columns=["n_tokens", "n_vision_units"], use_threads=False)
             tokens[at] = lengths["n_tokens"].to_numpy()[local[at]]
             units[at] = lengths["n_vision_units"].to_numpy()[local[at]]
-            has_media[at] = _has_media(pf)[local[at]]
-            problems = _media_problems(pf, as_root(task.sources[s].media_root), task.sources[s].check_mtime)
+            media = _media_leaves(pf)
+            has_media[at] = _has_media(media)[local[at]]
+            problems = _media_problems(media, as_root(task.sources[s].media_root), task.sources[s].check_mtime)
         except (pa.ArrowException, KeyError) as exc:
             raise shard_error(shards.file(s, k), exc) from None
         if problems:

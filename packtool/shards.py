@@ -206,6 +206,11 @@ def _array_bytes(arr: pa.Array) -> np.ndarray:
     import pyarrow.compute as pc
 
     t = arr.type
+    if len(arr) == 0:  # e.g. the media structs of a chunk of text-only rows: no field to visit
+        return np.zeros(0, dtype=np.int64)
+    if (pa.types.is_binary(t) or pa.types.is_string(t)) and not arr.null_count:  # the offsets say it
+        off = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset:arr.offset + len(arr) + 1]
+        return np.diff(off).astype(np.int64)
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
         vt = t.value_type
