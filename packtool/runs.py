@@ -437,6 +437,8 @@ def stored_names(schema, columns: list[str]) -> list[str]:
     Example:
         >>> stored_names(["pack_index", "compact_input_ids_i32le", "run_starts_i32le"], ["pack_index", "input_ids"])
         ['pack_index', 'compact_input_ids_i32le', 'run_starts_i32le', 'run_lengths_i32le']
+        >>> stored_names([*COMPACT_COLUMNS, *RUN_COLUMNS], ["target_ids"])  # version 5: the inputs come along
+        ['compact_target_ids_i32next', 'compact_input_ids_i32le', 'run_starts_i32le', 'run_lengths_i32le']
     """
     version = runs_version(schema)
     if version is None:
