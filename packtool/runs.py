@@ -127,8 +127,8 @@ def swap_next(values: np.ndarray, inputs: np.ndarray, offsets: np.ndarray) -> np
     """
     offsets = _i64(offsets)
     lo, hi = int(offsets[0]), int(offsets[-1])
-    vals = np.asarray(values)[lo:hi].astype(np.int32, copy=False)
-    nxt = np.empty(hi - lo, dtype=np.int32)
+    vals = np.asarray(values)[lo:hi]
+    nxt = np.empty(hi - lo, dtype=BLOB_DTYPE)
     if hi > lo:
         nxt[:-1] = np.asarray(inputs)[lo + 1:hi]
         ends = offsets[1:] - lo - 1
@@ -136,16 +136,34 @@ def swap_next(values: np.ndarray, inputs: np.ndarray, offsets: np.ndarray) -> np
     return swap_against(vals, nxt)
 
 
+def _int32_values(values) -> np.ndarray:
+    """``values`` as little-endian int32 (no copy when they are already), refusing what would wrap.
+
+    Raises:
+        ValueError: values that are not integers, or outside int32.
+    """
+    values = np.asarray(values)
+    if values.dtype == BLOB_DTYPE:
+        return values
+    if values.dtype.kind not in "iu":
+        raise ValueError(f"token values must be integers, got {values.dtype}")
+    if len(values) and values.dtype.itemsize >= 4 and (values.min() < -2**31 or values.max() >= 2**31):
+        raise ValueError("token values must fit in int32")
+    return values.astype(BLOB_DTYPE)
+
+
 def swap_against(values: np.ndarray, nxt: np.ndarray) -> np.ndarray:
     """Each of ``values`` with ``nxt`` (its next input, same length) and :data:`NEXT_MARK`
     swapped: the elementwise step of :func:`swap_next` (a new int32 array).
+
+    Raises:
+        ValueError: values that are not integers or do not fit in int32 (they would wrap).
 
     Example:
         >>> swap_against(np.array([5, -1, -100]), np.array([5, 8, 3])).tolist()
         [-1, 8, -100]
     """
-    vals = np.asarray(values).astype(np.int32, copy=False)
-    nxt = np.asarray(nxt).astype(np.int32, copy=False)
+    vals, nxt = _int32_values(values), _int32_values(nxt)
     out = np.where(vals == nxt, np.int32(NEXT_MARK), vals)
     mark = vals == NEXT_MARK
     out[mark] = nxt[mark]
@@ -404,8 +422,8 @@ def loss_tokens(table: pa.Table, sample_tokens: np.ndarray) -> np.ndarray:
 def runs_version(table) -> int | None:
     """The runs form a table, schema or list of column names holds: 5 (int32 blobs, targets
     against the next input), 4 (int32 blobs), 3 (``list<int32>``), or ``None`` (expanded
-    token columns). A selection without a target column reads the same in 4 and 5 (the other
-    columns did not change) and says 4 unless it has the run table and no 4-only column."""
+    token columns). A selection without the version 5 target column says 4: the other five
+    columns did not change between the two, so they read the same either way."""
     names = table.names if isinstance(table, pa.Schema) else (
         table.column_names if isinstance(table, pa.Table | pa.RecordBatch) else list(table))
     if _TARGET in names:
@@ -544,14 +562,7 @@ def blob_array(values: np.ndarray, offsets: np.ndarray) -> pa.Array | pa.Chunked
         True
     """
     offsets = _i64(offsets)
-    values = np.asarray(values)
-    if values.dtype != BLOB_DTYPE:
-        if values.dtype.kind not in "iu":
-            raise ValueError(f"token values must be integers, got {values.dtype}")
-        if len(values) and values.dtype.itemsize >= 4 and (values.min() < -2**31 or values.max() >= 2**31):
-            raise ValueError("token values must fit in int32")
-        values = values.astype(BLOB_DTYPE)
-    values = np.ascontiguousarray(values[offsets[0]:offsets[-1]])
+    values = np.ascontiguousarray(_int32_values(values)[offsets[0]:offsets[-1]])
     rel = (offsets - offsets[0]) * 4
     n = len(offsets) - 1
     if rel[-1] <= _MAX_BLOB_BYTES:

@@ -13,6 +13,7 @@ from packtool.runs import (
     RUN_COLUMNS,
     TOKEN_COLUMNS,
     compact,
+    compact_arrays,
     compact_table,
     expand,
     expand_row,
@@ -257,6 +258,11 @@ def test_stored_targets_round_trip_every_int32_and_agree_with_the_naive_twin(see
     assert np.array_equal(swap_next(np.r_[[7, 7], targets], np.r_[[7, 7], inputs], offsets + 2), stored)
     text = np.array([11, 12, 13, 14], dtype=np.int32)
     assert swap_next(np.append(text[1:], -100), text, np.array([0, 4])).tolist() == [NEXT_MARK] * 3 + [-100]
+    # a target past int32 is refused, as any stored value is, never wrapped on its way to the blob
+    c = compact({"input_ids": np.array([1, 2]), "target_ids": np.array([2**31, -100]), "position_ids": np.arange(2),
+                 "subsegment_ids": np.zeros(2, int)}, np.array([0, 2]))
+    with pytest.raises(ValueError, match="fit in int32"):
+        compact_arrays(c)
 
 
 def test_stored_targets_need_their_inputs():
