@@ -115,6 +115,19 @@ def unswap_targets(stored: list[int], inputs: list[int]) -> list[int]:
     return out
 
 
+def _blob_rows(col) -> list[list[int]]:
+    """Each row of an int32 blob column as a list, one value at a time with ``struct``."""
+    import struct
+
+    return [list(struct.unpack(f"<{len(b) // 4}i", b)) for b in col.to_pylist()]
+
+
+def _plain_targets(table) -> list[list[int]]:
+    """Each row's targets of a version 5 table, decoded against its inputs by :func:`unswap_targets`."""
+    return [unswap_targets(s, i) for s, i in zip(_blob_rows(table["compact_target_ids_i32next"]),
+                                                  _blob_rows(table["compact_input_ids_i32le"]), strict=True)]
+
+
 def plain_target_form(table):
     """A runs-form table of schema version 5 as version 4 stored it: the target blob holds the
     targets as they are, under ``compact_target_ids_i32le`` (one value at a time with ``struct``)."""
@@ -122,11 +135,7 @@ def plain_target_form(table):
 
     import pyarrow as pa
 
-    def values(col):
-        return [list(struct.unpack(f"<{len(b) // 4}i", b)) for b in col.to_pylist()]
-
-    rows = [unswap_targets(s, i) for s, i in zip(values(table["compact_target_ids_i32next"]),
-                                                  values(table["compact_input_ids_i32le"]), strict=True)]
+    rows = _plain_targets(table)
     col = pa.array([struct.pack(f"<{len(r)}i", *r) for r in rows], pa.binary())
     at = table.column_names.index("compact_target_ids_i32next")
     table = table.set_column(at, "compact_target_ids_i32le", col)
@@ -140,23 +149,16 @@ def list_form(table):
     """A runs-form table of schema version 4 or 5 (int32 blobs) as version 3 stored it
     (``list<int32>`` columns under the names without ``_i32le``, targets as they are), one
     value at a time with ``struct``: the twin of ``runs.blob_table`` run backwards."""
-    import struct
-
     import pyarrow as pa
-
-    def values(col):
-        return [list(struct.unpack(f"<{len(b) // 4}i", b)) for b in col.to_pylist()]
 
     names, cols = [], []
     for name, col in zip(table.column_names, table.columns, strict=True):
         if name == "compact_target_ids_i32next":
-            rows = [unswap_targets(s, i) for s, i in zip(values(col), values(table["compact_input_ids_i32le"]),
-                                                            strict=True)]
             names.append("compact_target_ids")
-            cols.append(pa.array(rows, pa.list_(pa.int32())))
+            cols.append(pa.array(_plain_targets(table), pa.list_(pa.int32())))
         elif name.endswith("_i32le"):
             names.append(name.removesuffix("_i32le"))
-            cols.append(pa.array(values(col), pa.list_(pa.int32())))
+            cols.append(pa.array(_blob_rows(col), pa.list_(pa.int32())))
         else:
             names.append(name)
             cols.append(col)
