@@ -289,8 +289,10 @@ class MediaPathResolver:
         return resolve_media_path(path, self.root).read_bytes()
 
 
-#: ``os.open`` flags for :meth:`MediaPathResolver.read`: no link followed in the last component.
-_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+#: ``os.open`` flags for :meth:`MediaPathResolver.read`: no link followed in the last component;
+#: no wait for a writer when the name is a FIFO (a regular file ignores ``O_NONBLOCK``; the
+#: ``fstat`` that follows sends anything else to :func:`resolve_media_path`).
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
 def _read_all(fd: int, size: int) -> bytes:
