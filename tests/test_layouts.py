@@ -77,7 +77,9 @@ def test_expanded_tokenized_shards_pack_to_the_same_bytes(tmp_path, mix):
             _as_older_version(tok, int(expanded[1]))
         for layout in ("runs", "full"):
             out = tmp_path / f"packed-{expanded}-{layout}"
-            pack_dataset(tok, out, PackConfig(media="reference", layout=layout, max_tokens=8192))
+            # in process: the bytes are the same on any number of workers (tests/test_determinism.py),
+            # and eight pools' start-up would be most of this test's time
+            pack_dataset(tok, out, PackConfig(media="reference", layout=layout, max_tokens=8192), workers=1)
             hashes[expanded, layout] = [s["sha256"] for s in read_manifest(out)["shards"]]
     assert hashes[True, "runs"] == hashes[False, "runs"] and hashes[True, "full"] == hashes[False, "full"]
     assert hashes["v3", "runs"] == hashes[False, "runs"] and hashes["v3", "full"] == hashes[False, "full"]
