@@ -89,6 +89,91 @@ PLAN = "plan.json"
 # Page checksums (CRC32 per data page) let every read notice a damaged page for the cost of a CRC.
 _WRITE_OPTS = dict(compression="zstd", compression_level=1, use_dictionary=False, write_statistics=False,
                    data_page_version="2.0", store_schema=True, write_page_checksum=True)
+#: Media payload leaves: an image file's bytes (embedded, or inline in a tokenized row) and a
+#: video's JPEG frames. These are JPEG, PNG, WebP...: zstd shrinks real ones by nothing while
+#: it costs a second of CPU per 0.76 GB, which makes it most of an embedding pack of real images.
+PAYLOAD_LEAVES = ("media.list.element.data", "media.list.element.frames.list.element")
+#: A shard stores a payload leaf uncompressed unless zstd takes a sample of its first row group's
+#: bytes (``PAYLOAD_SAMPLE_BYTES``, about one data page) below this share of their size.
+PAYLOAD_KEEP_SHARE = 0.9
+PAYLOAD_SAMPLE_BYTES = 1 << 20
+
+
+def writer_options(schema: pa.Schema, first_group: pa.Table) -> dict:
+    """The ``ParquetWriter`` options of a shard whose first row group is ``first_group``.
+
+    Every column is zstd (level 1), except a media payload leaf (``PAYLOAD_LEAVES``) whose
+    bytes zstd would not shrink by a tenth: already-compressed image files and frames are
+    stored as they are. The choice reads only the shard's first row group, so the same rows
+    give the same bytes on any worker, rank or resume; a shard whose first group holds no
+    payload bytes (``--media reference``, text) keeps zstd throughout.
+
+    Example:
+        >>> import numpy as np
+        >>> from packtool.schema import media_type
+        >>> schema = pa.schema([pa.field("media", media_type([pa.field("data", pa.binary())]))])
+        >>> def opts(blob):
+        ...     table = pa.table({"media": [[{"kind": "image", "path": "a.png", "data": blob}]]}, schema=schema)
+        ...     return writer_options(schema, table)["compression"]
+        >>> opts(bytes(100_000))  # compresses: zstd everywhere, as for any other shard
+        'zstd'
+        >>> opts(np.random.default_rng(0).bytes(100_000))["media.list.element.data"]
+        'none'
+    """
+    plain = [leaf for leaf in _payload_leaves(schema) if not _shrinks(_payload_sample(first_group, leaf))]
+    if not plain:
+        return _WRITE_OPTS
+    leaves = _leaf_paths(schema)
+    return dict(_WRITE_OPTS, compression={p: "none" if p in plain else "zstd" for p in leaves},
+                compression_level={p: _WRITE_OPTS["compression_level"] for p in leaves if p not in plain})
+
+
+def _leaf_paths(schema: pa.Schema) -> list[str]:
+    """The Parquet column paths of ``schema``'s leaves (``media.list.element.data``...)."""
+    key = schema.to_string(show_field_metadata=False, show_schema_metadata=False)
+    if key not in _LEAVES:
+        buf = pa.BufferOutputStream()
+        pq.write_table(schema.empty_table(), buf)
+        parquet_schema = pq.ParquetFile(pa.BufferReader(buf.getvalue())).schema
+        _LEAVES[key] = [parquet_schema.column(i).path for i in range(len(parquet_schema))]
+    return _LEAVES[key]
+
+
+_LEAVES: dict[str, list[str]] = {}
+
+
+def _payload_leaves(schema: pa.Schema) -> list[str]:
+    if "media" not in schema.names:
+        return []
+    item = schema.field("media").type.value_type
+    names = [item.field(i).name for i in range(item.num_fields)]
+    return [leaf for leaf in PAYLOAD_LEAVES if leaf.split(".")[3] in names]
+
+
+def _payload_sample(table: pa.Table, leaf: str) -> bytes:
+    """Up to ``PAYLOAD_SAMPLE_BYTES`` of the values of ``leaf`` in ``table``, in row order."""
+    import pyarrow.compute as pc
+
+    values = pc.list_flatten(table.column("media").combine_chunks()).field(leaf.split(".")[3])
+    if leaf.endswith("frames.list.element"):
+        values = pc.list_flatten(values)
+    out, n = [], 0
+    for at in range(0, len(values), 64):  # a sample needs only the first values of a long column
+        for v in values.slice(at, 64).drop_null().to_pylist():
+            out.append(v)
+            n += len(v)
+            if n >= PAYLOAD_SAMPLE_BYTES:
+                return b"".join(out)[:PAYLOAD_SAMPLE_BYTES]
+    return b"".join(out)
+
+
+def _shrinks(sample: bytes) -> bool:
+    """Whether zstd (the shards' codec and level) stores ``sample`` in under
+    ``PAYLOAD_KEEP_SHARE`` of its size; ``True`` for no bytes (nothing to decide on)."""
+    if not sample:
+        return True
+    codec = pa.Codec(_WRITE_OPTS["compression"], compression_level=_WRITE_OPTS["compression_level"])
+    return codec.compress(sample).size < PAYLOAD_KEEP_SHARE * len(sample)
 
 
 def manifest_path(out_dir: str | Path) -> Path:
@@ -326,10 +411,11 @@ class ShardWriter:
                                       or self._group_cut() < self._pending_rows):
             table = pa.concat_tables(self._pending)
             n = self._group_cut()
+            group = table.slice(0, n).combine_chunks()
             if self._writer is None:
                 tmp = self._tmp()
-                self._writer = pq.ParquetWriter(tmp, self.schema, **_WRITE_OPTS)
-            self._writer.write_table(table.slice(0, n).combine_chunks(), row_group_size=n)
+                self._writer = pq.ParquetWriter(tmp, self.schema, **writer_options(self.schema, group))
+            self._writer.write_table(group, row_group_size=n)
             self._rows_in_shard += n
             rest = table.slice(n)
             self._pending = [rest] if rest.num_rows else []

@@ -31,3 +31,97 @@ def test_rows_table_equals_from_pylist():
     rows[5]["position_ids"] = rows[5]["position_ids"].tolist()
     rows[6]["target_ids"] = rows[6]["target_ids"].astype(np.int64)
     assert rows_table(rows, TOKENIZED_ROWS).equals(pa.Table.from_pylist(rows, schema=TOKENIZED_ROWS))
+
+
+def _packed_media_table(blobs: list[bytes | None], frames: list[list[bytes] | None] | None = None) -> pa.Table:
+    """A one-column table of the packed media type, one media item per blob."""
+    from packtool.schema import packed_schema
+
+    schema = pa.schema([packed_schema("runs").field("media")])
+    frames = frames or [None] * len(blobs)
+    rows = [[{"sample_index": 0, "kind": "image" if f is None else "video", "path": f"{i}.jpg", "data": b,
+              "frames": f}] for i, (b, f) in enumerate(zip(blobs, frames, strict=True))]
+    return pa.table({"media": rows}, schema=schema)
+
+
+def test_payload_leaves_are_stored_as_they_are_only_when_zstd_cannot_shrink_them():
+    """Incompressible image bytes or frames (real JPEGs) are written uncompressed; bytes that
+    compress (flat images), no bytes at all (``--media reference``) and tables without media
+    keep the one zstd setting every other column has."""
+    from packtool.shards import _WRITE_OPTS, PAYLOAD_LEAVES, PAYLOAD_SAMPLE_BYTES, writer_options
+
+    seed = 21
+    rng = np.random.default_rng(seed)
+    noise = [rng.bytes(int(rng.integers(1_000, 60_000))) for _ in range(40)]
+    flat = [bytes(len(b)) for b in noise]
+    data, frames = PAYLOAD_LEAVES
+    t = _packed_media_table(noise)
+    opts = writer_options(t.schema, t)
+    assert opts["compression"][data] == "none" and data not in opts["compression_level"], f"seed {seed}"
+    assert opts["compression"][frames] == "zstd"  # no frames in the group: nothing says they would not shrink
+    assert {k for k, v in opts["compression"].items() if v == "zstd"} == set(opts["compression_level"])
+    assert all(v == "zstd" for k, v in opts["compression"].items() if k not in PAYLOAD_LEAVES)
+    assert {k: v for k, v in opts.items() if k not in ("compression", "compression_level")} == \
+        {k: v for k, v in _WRITE_OPTS.items() if k not in ("compression", "compression_level")}
+    videos = _packed_media_table([None] * 8, [noise[5 * i:5 * i + 5] for i in range(8)])
+    assert writer_options(videos.schema, videos)["compression"][frames] == "none", f"seed {seed}"
+    for t in (_packed_media_table(flat), _packed_media_table([None] * 40), _packed_media_table([]),
+              _packed_media_table([None, b""] * 3)):
+        assert writer_options(t.schema, t) is _WRITE_OPTS
+    # the sample is the first bytes of the group: compressible ones first decide for the shard
+    mixed = _packed_media_table(flat[:1] + [bytes(PAYLOAD_SAMPLE_BYTES)] + noise)
+    assert writer_options(mixed.schema, mixed) is _WRITE_OPTS
+    plain = pa.table({"x": [1, 2]})
+    assert writer_options(plain.schema, plain) is _WRITE_OPTS
+
+
+def test_a_pack_of_real_images_stores_their_bytes_uncompressed_and_the_same_on_any_workers(tmp_path):
+    """End to end: distinct photo-like JPEGs embed into a column Parquet does not compress (the
+    other columns stay zstd), read back as the files' bytes, and the shards are the same bytes
+    on one worker and two; a corpus of flat images keeps zstd for the same column."""
+    import json
+
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from bench.bench_media import photo_like_jpeg
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+    from packtool.shards import read_manifest
+
+    seed = 8
+    rng = np.random.default_rng(seed)
+    codecs = {}
+    for kind in ("photo", "flat"):
+        root = tmp_path / kind
+        (root / "images").mkdir(parents=True)
+        with open(root / "data.jsonl", "w") as fh:
+            for i in range(12):
+                path = root / "images" / f"{i}.jpg"
+                if kind == "photo":
+                    path.write_bytes(photo_like_jpeg(rng, 320 + 8 * i, 240))  # headers a small share
+                else:
+                    Image.new("RGB", (96 + 8 * i, 80), (i * 20, 90, 160)).save(path, quality=90)
+                fh.write(json.dumps({"id": str(i), "image": f"images/{i}.jpg", "conversations": [
+                    {"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": "A picture."}]}) + "\n")
+        tokenize_dataset([root / "data.jsonl"], root / "tok", TokenizeConfig(media_root=str(root), rows_per_shard=4))
+        digests = []
+        for workers in (1, 2):
+            out = root / f"packed-{workers}"
+            pack_dataset(root / "tok", out, PackConfig(max_tokens=2048, packs_per_shard=2), workers=workers)
+            digests.append([s["sha256"] for s in read_manifest(out)["shards"]])
+        assert digests[0] == digests[1] and len(digests[0]) >= 2, f"{kind}, seed {seed}"
+        files = sorted((root / "packed-1").glob("part-*.parquet"))
+        codecs[kind] = set()
+        for f in files:
+            md = pq.read_metadata(f)
+            for g in range(md.num_row_groups):
+                for c in range(md.num_columns):
+                    col = md.row_group(g).column(c)
+                    if col.path_in_schema == "media.list.element.data":
+                        codecs[kind].add(col.compression)
+                    elif not col.path_in_schema.startswith("media.list.element.frames"):
+                        assert col.compression == "ZSTD", (kind, col.path_in_schema)
+        embedded = [m for f in files for r in pq.read_table(f, columns=["media"])["media"].to_pylist() for m in r]
+        assert len(embedded) == 12
+        assert all(m["data"] == (root / m["path"]).read_bytes() for m in embedded), kind
+    assert codecs == {"photo": {"UNCOMPRESSED"}, "flat": {"ZSTD"}}, f"seed {seed}"
