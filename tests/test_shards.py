@@ -75,6 +75,30 @@ def test_payload_leaves_are_stored_as_they_are_only_when_zstd_cannot_shrink_them
     assert writer_options(plain.schema, plain) is _WRITE_OPTS
 
 
+def test_the_payload_sample_is_the_first_bytes_of_the_values_in_row_order():
+    """``_payload_sample`` slices the value buffer; a one-value-at-a-time twin agrees on tables
+    with nulls, empty values and row offsets (a slice of a larger table)."""
+    from packtool.shards import PAYLOAD_LEAVES, PAYLOAD_SAMPLE_BYTES, _payload_sample
+
+    for seed in range(6):
+        rng = np.random.default_rng(100 + seed)
+
+        def blob():
+            return None if rng.random() < 0.3 else rng.bytes(int(rng.integers(0, 300_000)))
+
+        n = int(rng.integers(1, 30))
+        t = _packed_media_table([blob() for _ in range(n)], [None if rng.random() < 0.5 else
+                                                             [b for b in (blob(), blob()) if b is not None]
+                                                             for _ in range(n)])
+        lo = int(rng.integers(0, n))
+        t = t.slice(lo, int(rng.integers(0, n - lo + 1)))
+        items = [m for r in t.column("media").to_pylist() for m in r]
+        for leaf, values in ((PAYLOAD_LEAVES[0], [m["data"] for m in items]),
+                             (PAYLOAD_LEAVES[1], [f for m in items for f in (m["frames"] or [])])):
+            want = b"".join(v for v in values if v)[:PAYLOAD_SAMPLE_BYTES]
+            assert _payload_sample(t, leaf) == want, f"seed {100 + seed}, {leaf}"
+
+
 def test_a_pack_of_real_images_stores_their_bytes_uncompressed_and_the_same_on_any_workers(tmp_path):
     """End to end: distinct photo-like JPEGs embed into a column Parquet does not compress (the
     other columns stay zstd), read back as the files' bytes, and the shards are the same bytes
