@@ -91,7 +91,7 @@ _WRITE_OPTS = dict(compression="zstd", compression_level=1, use_dictionary=False
                    data_page_version="2.0", store_schema=True, write_page_checksum=True)
 #: Media payload leaves: an image file's bytes (embedded, or inline in a tokenized row) and a
 #: video's JPEG frames. These are JPEG, PNG, WebP...: zstd shrinks real ones by nothing while
-#: it costs a second of CPU per 0.76 GB, which makes it most of an embedding pack of real images.
+#: it costs a CPU second per 0.76 GB, over a quarter of an embedding pack of real images.
 PAYLOAD_LEAVES = ("media.list.element.data", "media.list.element.frames.list.element")
 #: A shard stores a payload leaf uncompressed unless zstd takes a sample of its first row group's
 #: bytes (``PAYLOAD_SAMPLE_BYTES``, about one data page) below this share of their size.
