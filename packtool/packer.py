@@ -569,17 +569,22 @@ def assemble_packs(
     r_len, r_start, r_pack_off = spans(RUN_COLUMNS[0])
     # every stored column of a row is gathered with input ids' length: a damaged shard whose
     # columns disagree must stop here, not copy past a row's end
+    used = [s for s, here in enumerate(in_table) if len(here)]
+
+    def from_zero(name: str) -> list[np.ndarray]:
+        """Row offsets of column ``name`` in each table that gives samples, counted from 0."""
+        return [stored(name)[1][s] - stored(name)[1][s][0] for s in used]
+
+    refs = {ref: from_zero(ref) for ref in (COMPACT_COLUMNS[0], RUN_COLUMNS[0])}
     for name, want in [(c, c_len) for c in COMPACT_COLUMNS[1:]] + [(RUN_COLUMNS[1], r_len)]:
         ref = COMPACT_COLUMNS[0] if name in COMPACT_COLUMNS else RUN_COLUMNS[0]
-        if all(np.array_equal(stored(name)[1][s] - stored(name)[1][s][0], stored(ref)[1][s] - stored(ref)[1][s][0])
-               for s, here in enumerate(in_table) if len(here)):
+        if all(np.array_equal(a, b) for a, b in zip(from_zero(name), refs[ref], strict=True)):
             continue  # every row of the tables agrees: one comparison of offsets per table, no per-sample spans
         got = spans(name)[0]
         if not np.array_equal(got, want):
             k = int(np.flatnonzero(got != want)[0])
             raise ValueError(f"tokenized row {taken['sample_id'][k].as_py()!r}: {name} holds {int(got[k])} values, "
-                             f"{COMPACT_COLUMNS[0] if name in COMPACT_COLUMNS else RUN_COLUMNS[0]} {int(want[k])}; "
-                             "the shard is damaged: re-run tokenize")
+                             f"{ref} {int(want[k])}; the shard is damaged: re-run tokenize")
     c_start_in_pack = c_start - c_pack_off[pack_of]
     no_add = np.zeros(n_samples, dtype=np.int32)
 
