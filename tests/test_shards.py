@@ -83,7 +83,7 @@ def test_the_payload_sample_is_the_first_bytes_of_the_values_in_row_order():
     for seed in range(6):
         rng = np.random.default_rng(100 + seed)
 
-        def blob():
+        def blob(rng=rng):
             return None if rng.random() < 0.3 else rng.bytes(int(rng.integers(0, 300_000)))
 
         n = int(rng.integers(1, 30))
