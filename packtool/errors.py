@@ -93,3 +93,8 @@ class SampleError(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
+
+    def __reduce__(self):
+        # pickled with both arguments: one raised in a worker process reaches the driver as
+        # itself (the default pickles ``args``, the message alone, which cannot rebuild it)
+        return type(self), (self.reason, self.message)

@@ -203,10 +203,29 @@ def _pool_entry(fn, task, driver: int) -> tuple[dict, int]:
     except PermissionError:
         pass
     rep = Reporter(_QUEUE.put)
-    res = fn(task, rep)
+    try:
+        res = fn(task, rep)
+    except Exception as exc:
+        if _round_trips(exc):
+            raise
+        # the pool pickles a task's exception to the driver; one that cannot be rebuilt there
+        # would break the pool and read as a killed worker, so it travels as a RuntimeError
+        # naming it (its traceback, chained, comes with it)
+        raise RuntimeError(f"a task raised {type(exc).__name__}: {exc}") from exc
     rep.flush()
     # the total travels with the result: queue messages may still be in flight when it arrives
     return res, rep.total
+
+
+def _round_trips(exc: BaseException) -> bool:
+    """Whether ``exc`` survives the pickling a process pool puts a task's exception through."""
+    import pickle
+
+    try:
+        back = pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return False
+    return type(back) is type(exc) and str(back) == str(exc)
 
 
 def _drain(q, progress) -> int:

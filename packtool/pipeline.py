@@ -945,7 +945,10 @@ class _MediaLoader:
         return self.media_root.file(path).read_bytes()
 
     def image(self, path: str, size_bytes: int | None) -> bytes:
-        data = self._read(path)
+        try:
+            data = self._read(path)
+        except SampleError as err:
+            raise _unreadable(err, checked=size_bytes is not None) from None
         if size_bytes is not None and len(data) != size_bytes:
             # checked before planning; a file rewritten while this task ran is caught here
             raise InputError(f"media file {path!r} changed while pack was running ({len(data):,} bytes, "
@@ -961,7 +964,25 @@ class _MediaLoader:
             return [self.image(m["path"], m.get("size_bytes"))]
         from .media import extract_frames
 
-        return extract_frames(self.media_root, m, quality=self.frame_quality)
+        try:
+            return extract_frames(self.media_root, m, quality=self.frame_quality)
+        except SampleError as err:
+            raise _unreadable(err, checked=m.get("size_bytes") is not None) from None
+
+
+def _unreadable(err: SampleError, checked: bool) -> InputError:
+    """The error that stops a pack task whose media file cannot be read at assembly.
+
+    Pack checks every file tokenize recorded a size for before planning (``checked``) and
+    rejects the rows of a missing one; a file removed or swapped while the task runs is caught
+    here, where its pack is already planned, so the task stops and publishes nothing.
+    """
+    then = ("re-run without it: pack checks every file before planning and sends the rows of a missing one to "
+            "errors.jsonl" if checked else
+            "tokenize again: these tokenized shards record no media sizes, so pack cannot check the files before "
+            "planning (a new tokenize run records them, and sends the rows of a missing file to errors.jsonl)")
+    return InputError(f"a media file could not be read while pack was running: {err.message}; restore it and re-run "
+                      f"the same command to resume, or {then}")
 
 
 def _media_loader(media_root: Path, frame_quality: int = 90) -> _MediaLoader:

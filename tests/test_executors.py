@@ -13,8 +13,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from packtool.errors import ConfigError, PacktoolError  # noqa: E402
+from packtool.errors import ConfigError, PacktoolError, SampleError  # noqa: E402
 from packtool.executors import ExecutorConfig, Reporter, run_tasks  # noqa: E402
+
+
+class TwoArgError(Exception):
+    """An exception pickle cannot rebuild (its ``args`` are not its constructor's)."""
+
+    def __init__(self, who: str, what: str) -> None:
+        super().__init__(f"{who} {what}")
 
 
 def square(task: int, report) -> dict:
@@ -24,6 +31,10 @@ def square(task: int, report) -> dict:
         raise ValueError("task 13 is unlucky")
     if task == 99:
         os.kill(os.getpid(), signal.SIGKILL)
+    if task == 17:
+        raise SampleError("missing_media", "task 17 lost its image")
+    if task == 19:
+        raise TwoArgError("task 19", "cannot be rebuilt from its message")
     return {"task": task, "value": task * task, "pid": os.getpid()}
 
 
@@ -58,6 +69,22 @@ def test_results_in_task_order_and_progress_adds_up(workers):
 def test_a_failing_task_fails_the_run_with_its_own_error(workers):
     with pytest.raises(ValueError, match="task 13 is unlucky"):
         run_tasks(square, [1, 13, 2], ExecutorConfig(workers=workers))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_sample_error_from_a_task_arrives_whole(workers):
+    with pytest.raises(SampleError, match="task 17 lost its image") as got:
+        run_tasks(square, [1, 17, 2], ExecutorConfig(workers=workers))
+    assert got.value.reason == "missing_media" and got.value.message == "task 17 lost its image"
+
+
+def test_an_exception_pickle_cannot_rebuild_is_named_not_taken_for_a_killed_worker():
+    # before: the pool broke while unpickling it, and the run said a worker had died
+    with pytest.raises(RuntimeError, match="a task raised TwoArgError: task 19 cannot be rebuilt") as got:
+        run_tasks(square, [1, 19, 2], ExecutorConfig(workers=2))
+    assert "worker process died" not in str(got.value)
+    with pytest.raises(TwoArgError):  # in process it is raised as it is
+        run_tasks(square, [19], ExecutorConfig(workers=1))
 
 
 def test_a_killed_worker_fails_the_run_instead_of_hanging():

@@ -580,6 +580,25 @@ def test_media_changed_since_tokenize_is_a_row_error_never_a_substitution(tmp_pa
     assert code == 0 and json.loads(out)["rejected"]["pack"] == {"media_changed": 3, "missing_media": 1}
 
 
+def test_a_media_file_unreadable_at_assembly_stops_the_run_naming_it(tmp_path, capfd, monkeypatch):
+    """Tokenized shards that record no media sizes (another tool's, or written before sizes were
+    recorded) cannot be checked before planning, so a missing file is met while packs are
+    assembled. In a worker process as in one, the run stops with the file and the fix; it
+    used to read as a killed worker (the error could not be unpickled by the driver)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.corpus import write_tokenized
+
+    write_tokenized(tmp_path / "tok", "llava", 600, seed=1, rows_per_shard=200)  # images/... that do not exist
+    monkeypatch.chdir(tmp_path)
+    for workers in ("1", "2"):
+        code, out, err = cli(capfd, "pack", tmp_path / "tok", "-o", tmp_path / f"packed{workers}", "-q",
+                             "--workers", workers, "--max-vision-units", "128")
+        assert code == 1, (workers, err)
+        assert "Error: a media file could not be read while pack was running: media file 'images/llava_" in err
+        assert "record no media sizes" in err and "worker process died" not in err and "Traceback" not in err
+        assert not list((tmp_path / f"packed{workers}").glob("*.parquet"))
+
+
 def test_media_copied_to_another_root_are_checked_by_size_only(tmp_path, capfd):
     """``pack --media-root COPY``: copies carry new modification times, so only sizes are
     compared there; a copy of another size is still refused."""

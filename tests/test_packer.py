@@ -382,6 +382,11 @@ def test_embedded_bytes_are_the_files_through_either_loader_path(tmp_path):
     for media_data in (loader, lambda m: loader(m)):
         with pytest.raises(InputError, match=f"{changed}.*changed while pack was running.*re-run"):
             assemble_packs(parts, plan, 0, media_data, cfg.max_tokens)
+    (tmp_path / changed).unlink()  # gone after the check before planning: the task stops, naming it and the fix
+    for media_data in (loader, lambda m: loader(m)):
+        with pytest.raises(InputError, match=f"could not be read while pack was running: media file '{changed}' not "
+                                             "found.*re-run the same command.*errors.jsonl"):
+            assemble_packs(parts, plan, 0, media_data, cfg.max_tokens)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
