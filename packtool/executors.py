@@ -136,11 +136,15 @@ def run_tasks(
     ex: ExecutorConfig,
     progress: Callable[[int], None] | None = None,
     on_result: Callable[[dict], None] | None = None,
+    preload: str = "packtool.pipeline",
 ) -> list[dict]:
     """Run ``fn`` over ``tasks`` with the chosen executor; return the results in task order.
 
     ``tasks`` are the tasks *this* process should run (already filtered by rank and by
     completion markers). ``on_result`` is called in the driver as each task finishes.
+    ``preload``: the module the process pool's forkserver imports when this process starts
+    it (its first pool), so that every worker forked from it starts with what it loads
+    (:mod:`packtool.preload`).
     """
     results: dict[int, dict] = {}
 
@@ -162,7 +166,7 @@ def run_tasks(
                 rep.flush()
                 collect(i, res)
         else:
-            _run_pool(fn, tasks, workers, progress, collect)
+            _run_pool(fn, tasks, workers, progress, collect, preload)
     return [results[i] for i in range(len(tasks))]
 
 
@@ -240,12 +244,14 @@ def _drain(q, progress) -> int:
             progress(n)
 
 
-def _context():
+def _context(preload: str = "packtool.pipeline"):
     # fork would copy the driver's threads (Arrow's pool, tqdm's monitor) mid-state;
-    # forkserver starts workers from a clean process that has imported packtool once.
+    # forkserver starts workers from a clean process that has imported packtool once. A
+    # process has one forkserver, started by its first pool: that pool's ``preload`` is the
+    # one it keeps (a later pool of another stage loads the rest in its workers, as before).
     if sys.platform.startswith("linux"):
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["packtool.pipeline"])
+        ctx.set_forkserver_preload([preload])
         return ctx
     return mp.get_context("spawn")
 
@@ -271,11 +277,11 @@ class _MainHidden:
             setattr(self.main, k, v)
 
 
-def _run_pool(fn, tasks, workers, progress, collect) -> None:
+def _run_pool(fn, tasks, workers, progress, collect, preload: str = "packtool.pipeline") -> None:
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
-    ctx = _context()
+    ctx = _context(preload)
     q = ctx.Queue()
     # A pool of processes that dies loudly: a worker killed (OOM, kill -9) breaks the pool
     # instead of leaving its task waiting forever.

@@ -277,11 +277,11 @@ class _Driver:
         if self.max_errors is not None and self.rejected > self.max_errors:
             raise TooManyErrorsError(_too_many(self.rejected, self.max_errors, f"see {STATE_DIR}/errors-*.jsonl"))
 
-    def run(self, fn, tasks: list, todo: list[int], progress) -> None:
+    def run(self, fn, tasks: list, todo: list[int], progress, preload: str = "packtool.pipeline") -> None:
         for done in self.pending()[1]:
             self.check(done)
         try:
-            run_tasks(fn, tasks, self.ex, progress, on_result=self.check)
+            run_tasks(fn, tasks, self.ex, progress, on_result=self.check, preload=preload)
         except BaseException:
             for t in todo:
                 if read_marker(self.out, t, self.digest) is None:
@@ -859,7 +859,7 @@ def tokenize_dataset(
                  for t in todo]
         if total is not None:
             set_total(progress, sum(sum(s.stop - s.start for s in slices[t]) for t in todo))
-        driver.run(_tokenize_task, tasks, todo, progress)
+        driver.run(_tokenize_task, tasks, todo, progress, preload="packtool.preload.tokenize")
         tasks_ran(out)
         return _finish_or_partial(out, run, ex)
 
@@ -1360,7 +1360,8 @@ def pack_dataset(
         check_shards()
         dry = ExecutorConfig(executor=ex.executor, workers=ex.workers, ray_address=ex.ray_address)
         set_total(progress, sum(e["rows"] for e in entries))
-        results = run_tasks(_pack_task, [make(t, None) for t in range(len(entries))], dry, progress)
+        results = run_tasks(_pack_task, [make(t, None) for t in range(len(entries))], dry, progress,
+                            preload="packtool.preload.pack")
         counts = _zero_counts("packed")
         for r in results:
             _add_counts(counts, r["counts"])
@@ -1389,7 +1390,7 @@ def pack_dataset(
         driver = _Driver(out, digest, len(entries), ex, max_errors)
         todo, _ = driver.pending()
         set_total(progress, sum(entries[t]["rows"] for t in todo))
-        driver.run(_pack_task, [make(t, task_target(out)) for t in todo], todo, progress)
+        driver.run(_pack_task, [make(t, task_target(out)) for t in todo], todo, progress, preload="packtool.preload.pack")
         tasks_ran(out)
         return _finish_or_partial(out, run, ex)
 
@@ -1791,7 +1792,8 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
     if dry_run:
         dry = ExecutorConfig(executor=ex.executor, workers=ex.workers, ray_address=ex.ray_address)
         set_total(progress, sum(len(t[0]) for t in plan.tasks))
-        results = run_tasks(_mix_task, [make(t, None) for t in range(n_tasks)], dry, progress)
+        results = run_tasks(_mix_task, [make(t, None) for t in range(n_tasks)], dry, progress,
+                            preload="packtool.preload.pack")
         counts = _zero_counts("packed")
         for r in results:
             _add_counts(counts, r["counts"])
@@ -1816,6 +1818,6 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
         driver = _Driver(out, digest, n_tasks, ex, max_errors)
         todo, _ = driver.pending()
         set_total(progress, sum(len(plan.tasks[t][0]) for t in todo))
-        driver.run(_mix_task, [make(t, task_target(out)) for t in todo], todo, progress)
+        driver.run(_mix_task, [make(t, task_target(out)) for t in todo], todo, progress, preload="packtool.preload.pack")
         tasks_ran(out)
         return _finish_or_partial(out, run, ex)

