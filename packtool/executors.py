@@ -24,7 +24,8 @@ writes the same bytes. A worker's working directory is its node's, so tasks open
 paths against the driver's (``pipeline._at``); every node must see inputs, media and output
 at the same paths (shared storage), or use bucket URLs. A worker's environment is also its
 node's: the driver's ``--storage-option`` values and S3 variables travel with each task
-(``storage.forwarded_env``).
+(``storage.forwarded_env``). A local pool's workers get the driver's whole environment as
+the pool starts (not the forkserver's, which is the driver's when its first pool started).
 """
 
 from __future__ import annotations
@@ -175,9 +176,15 @@ def run_tasks(
 _QUEUE: Any = None
 
 
-def _pool_init(q, driver: int) -> None:
+def _pool_init(q, driver: int, env: dict[str, str]) -> None:
     global _QUEUE
     _QUEUE = q
+    # A worker is forked from the forkserver, whose environment is the driver's when that
+    # started (its first pool), not now: credentials, endpoints or --storage-option values
+    # set since would be missing, or stale ones used. The driver's, as this pool started:
+    if dict(os.environ) != env:
+        os.environ.clear()
+        os.environ.update(env)
     # Workers leave the interrupt to the driver, which terminates the pool.
     import signal
     import threading
@@ -285,7 +292,8 @@ def _run_pool(fn, tasks, workers, progress, collect, preload: str = "packtool.pi
     q = ctx.Queue()
     # A pool of processes that dies loudly: a worker killed (OOM, kill -9) breaks the pool
     # instead of leaving its task waiting forever.
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pool_init, initargs=(q, os.getpid()))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pool_init,
+                               initargs=(q, os.getpid(), dict(os.environ)))
     ok = False
     try:
         with _MainHidden():

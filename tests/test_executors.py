@@ -47,6 +47,10 @@ def loaded(task: int, report) -> dict:
             "pandas": "pandas" in sys.modules, "pid": os.getpid()}
 
 
+def environment(task: int, report) -> dict:
+    return {"probe": os.environ.get("PACKTOOL_TEST_PROBE"), "cwd": os.getcwd()}
+
+
 def test_rank_takes_every_world_size_th_task():
     assert ExecutorConfig(rank=0, world_size=1).my_tasks(3) == [0, 1, 2]
     assert ExecutorConfig(rank=2, world_size=3).my_tasks(10) == [2, 5, 8]
@@ -108,6 +112,19 @@ def test_workers_start_with_what_their_stage_preloads(preload, kernels, vocabula
         kernels = 0  # no compiled entries to keep
     assert all(r["kernels"] == kernels and r["vocabularies"] == vocabularies for r in got), got
     assert all(r["pandas"] for r in got) == (preload != "packtool.pipeline"), got  # pandas is a test dependency
+
+
+def test_pool_workers_see_the_drivers_environment_as_each_pool_starts(monkeypatch, tmp_path):
+    # workers are forked from one forkserver per process, started with the first pool; a
+    # variable set or removed after that (credentials, --storage-option) must reach the next pool
+    monkeypatch.delenv("PACKTOOL_TEST_PROBE", raising=False)
+    assert {r["probe"] for r in run_tasks(environment, [0, 1, 2], ExecutorConfig(workers=2))} == {None}
+    monkeypatch.setenv("PACKTOOL_TEST_PROBE", "set later")
+    monkeypatch.chdir(tmp_path)
+    got = run_tasks(environment, [0, 1, 2], ExecutorConfig(workers=2))
+    assert {(r["probe"], r["cwd"]) for r in got} == {("set later", str(tmp_path))}
+    monkeypatch.delenv("PACKTOOL_TEST_PROBE")
+    assert {r["probe"] for r in run_tasks(environment, [0, 1, 2], ExecutorConfig(workers=2))} == {None}
 
 
 def test_a_killed_worker_fails_the_run_instead_of_hanging():
