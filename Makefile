@@ -16,7 +16,7 @@ DEMO := build/demo
 # wheel pulls the CUDA libraries): make test TORCH_INDEX=<index URL ending in /whl/cpu>
 TORCH_INDEX ?=
 
-.PHONY: demo demo-plot docs test test-nojit lint schemas bench clean
+.PHONY: demo demo-plot docs test test-slow test-nojit lint schemas bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -53,8 +53,14 @@ demo-plot: $(PLOT) demo
 docs: $(PLOT)
 	$(PY) docs/readme.py --write
 
+# the suite less the tests marked slow (real CLI processes killed and resumed, Ray clusters, the
+# S3 and GCS servers, compiled flex-attention kernels, the README's every block): those are
+# `make test-slow`; CI runs both
 test: $(TESTENV)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: $(TESTENV)
+	$(PY) -m pytest -q -m slow
 
 test-nojit: $(TESTENV)
 	NUMBA_DISABLE_JIT=1 $(PY) -m pytest -q -m "not slow"
