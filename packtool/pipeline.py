@@ -859,7 +859,7 @@ def tokenize_dataset(
                  for t in todo]
         if total is not None:
             set_total(progress, sum(sum(s.stop - s.start for s in slices[t]) for t in todo))
-        driver.run(_tokenize_task, tasks, todo, progress, preload="packtool.preload.tokenize")
+        driver.run(_tokenize_task, tasks, todo, progress, preload="packtool.preload.tokenization")
         tasks_ran(out)
         return _finish_or_partial(out, run, ex)
 
@@ -1361,7 +1361,7 @@ def pack_dataset(
         dry = ExecutorConfig(executor=ex.executor, workers=ex.workers, ray_address=ex.ray_address)
         set_total(progress, sum(e["rows"] for e in entries))
         results = run_tasks(_pack_task, [make(t, None) for t in range(len(entries))], dry, progress,
-                            preload="packtool.preload.pack")
+                            preload="packtool.preload.packing")
         counts = _zero_counts("packed")
         for r in results:
             _add_counts(counts, r["counts"])
@@ -1390,7 +1390,7 @@ def pack_dataset(
         driver = _Driver(out, digest, len(entries), ex, max_errors)
         todo, _ = driver.pending()
         set_total(progress, sum(entries[t]["rows"] for t in todo))
-        driver.run(_pack_task, [make(t, task_target(out)) for t in todo], todo, progress, preload="packtool.preload.pack")
+        driver.run(_pack_task, [make(t, task_target(out)) for t in todo], todo, progress, preload="packtool.preload.packing")
         tasks_ran(out)
         return _finish_or_partial(out, run, ex)
 
@@ -1793,7 +1793,7 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
         dry = ExecutorConfig(executor=ex.executor, workers=ex.workers, ray_address=ex.ray_address)
         set_total(progress, sum(len(t[0]) for t in plan.tasks))
         results = run_tasks(_mix_task, [make(t, None) for t in range(n_tasks)], dry, progress,
-                            preload="packtool.preload.pack")
+                            preload="packtool.preload.packing")
         counts = _zero_counts("packed")
         for r in results:
             _add_counts(counts, r["counts"])
@@ -1818,6 +1818,6 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
         driver = _Driver(out, digest, n_tasks, ex, max_errors)
         todo, _ = driver.pending()
         set_total(progress, sum(len(plan.tasks[t][0]) for t in todo))
-        driver.run(_mix_task, [make(t, task_target(out)) for t in todo], todo, progress, preload="packtool.preload.pack")
+        driver.run(_mix_task, [make(t, task_target(out)) for t in todo], todo, progress, preload="packtool.preload.packing")
         tasks_ran(out)
         return _finish_or_partial(out, run, ex)

@@ -101,7 +101,7 @@ def test_an_exception_pickle_cannot_rebuild_is_named_not_taken_for_a_killed_work
 
 
 @pytest.mark.parametrize(("preload", "kernels", "vocabularies"), [
-    ("packtool.pipeline", 0, 0), ("packtool.preload.pack", 1, 0), ("packtool.preload.tokenize", 0, 1)])
+    ("packtool.pipeline", 0, 0), ("packtool.preload.packing", 1, 0), ("packtool.preload.tokenization", 0, 1)])
 def test_workers_start_with_what_their_stage_preloads(preload, kernels, vocabularies):
     # a fresh process: its first pool starts the forkserver, which keeps that pool's preload
     code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "

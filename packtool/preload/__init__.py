@@ -1,5 +1,5 @@
 """What a process pool's forkserver loads before it forks workers (``executors.run_tasks``'s
-``preload``), one module per stage; nothing else imports them.
+``preload``), one module per stage (``packing``: pack and mix; ``tokenization``); nothing else imports them.
 
 Every pool worker is forked from its process's one forkserver, so whatever the forkserver
 loaded, a worker starts with instead of loading again at its first task. Measured per worker
