@@ -7,9 +7,10 @@ on a 2-vCPU machine: pack's compiled kernels about 0.8 s (importing numba, and i
 from the cache setting up the compiler's registries), pandas about 0.3 s where it is installed
 (pyarrow imports it at the first ``pa.array`` of a Python list), tokenize's vocabulary 0.35 s.
 A one-off run spends the same time once in the forkserver instead of once per worker in
-parallel; a process that starts pools again (a library caller, a notebook, the test suite)
-no longer spends it at all: a second 4,000-sample pack on two workers took 0.19 s instead
-of 1.55 s.
+parallel (the same wall time, less CPU); a process that starts pools of the same stage again
+(a library caller, a notebook) no longer spends it at all: a second 4,000-sample pack on two
+workers took 0.19 s instead of 1.55 s. The forkserver keeps the preload of the pool that
+started it, so a later pool of the other stage loads its own part in its workers, as before.
 
 A step that fails here is skipped: the worker meets the same failure where it can report it.
 """
