@@ -131,13 +131,17 @@ def set_total(progress: Callable | None, total: int | None) -> None:
         setter(total)
 
 
+#: What a pool's forkserver imports when the caller names no stage (``run_tasks``'s ``preload``).
+DEFAULT_PRELOAD = "packtool.pipeline"
+
+
 def run_tasks(
     fn: Callable[[Any, Callable[[int], None]], dict],
     tasks: Sequence[Any],
     ex: ExecutorConfig,
     progress: Callable[[int], None] | None = None,
     on_result: Callable[[dict], None] | None = None,
-    preload: str = "packtool.pipeline",
+    preload: str = DEFAULT_PRELOAD,
 ) -> list[dict]:
     """Run ``fn`` over ``tasks`` with the chosen executor; return the results in task order.
 
@@ -251,7 +255,7 @@ def _drain(q, progress) -> int:
             progress(n)
 
 
-def _context(preload: str = "packtool.pipeline"):
+def _context(preload: str):
     # fork would copy the driver's threads (Arrow's pool, tqdm's monitor) mid-state;
     # forkserver starts workers from a clean process that has imported packtool once. A
     # process has one forkserver, started by its first pool: that pool's ``preload`` is the
@@ -284,7 +288,7 @@ class _MainHidden:
             setattr(self.main, k, v)
 
 
-def _run_pool(fn, tasks, workers, progress, collect, preload: str = "packtool.pipeline") -> None:
+def _run_pool(fn, tasks, workers, progress, collect, preload: str) -> None:
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 

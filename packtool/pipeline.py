@@ -250,6 +250,11 @@ def _add_counts(total: dict, part: dict) -> None:
             total[k] = total.get(k, 0) + v
 
 
+#: The forkserver preloads of the stages' process pools (``executors.run_tasks``'s ``preload``).
+_PACKING = "packtool.preload.packing"
+_TOKENIZATION = "packtool.preload.tokenization"
+
+
 class _Driver:
     """Runs the missing tasks of one rank, stops the run when ``--max-errors`` is passed,
     and cleans up after a failure so that nothing half-written stays visible."""
@@ -277,7 +282,7 @@ class _Driver:
         if self.max_errors is not None and self.rejected > self.max_errors:
             raise TooManyErrorsError(_too_many(self.rejected, self.max_errors, f"see {STATE_DIR}/errors-*.jsonl"))
 
-    def run(self, fn, tasks: list, todo: list[int], progress, preload: str = "packtool.pipeline") -> None:
+    def run(self, fn, tasks: list, todo: list[int], progress, preload: str) -> None:
         for done in self.pending()[1]:
             self.check(done)
         try:
@@ -859,7 +864,7 @@ def tokenize_dataset(
                  for t in todo]
         if total is not None:
             set_total(progress, sum(sum(s.stop - s.start for s in slices[t]) for t in todo))
-        driver.run(_tokenize_task, tasks, todo, progress, preload="packtool.preload.tokenization")
+        driver.run(_tokenize_task, tasks, todo, progress, preload=_TOKENIZATION)
         tasks_ran(out)
         return _finish_or_partial(out, run, ex)
 
@@ -1360,8 +1365,7 @@ def pack_dataset(
         check_shards()
         dry = ExecutorConfig(executor=ex.executor, workers=ex.workers, ray_address=ex.ray_address)
         set_total(progress, sum(e["rows"] for e in entries))
-        results = run_tasks(_pack_task, [make(t, None) for t in range(len(entries))], dry, progress,
-                            preload="packtool.preload.packing")
+        results = run_tasks(_pack_task, [make(t, None) for t in range(len(entries))], dry, progress, preload=_PACKING)
         counts = _zero_counts("packed")
         for r in results:
             _add_counts(counts, r["counts"])
@@ -1390,7 +1394,7 @@ def pack_dataset(
         driver = _Driver(out, digest, len(entries), ex, max_errors)
         todo, _ = driver.pending()
         set_total(progress, sum(entries[t]["rows"] for t in todo))
-        driver.run(_pack_task, [make(t, task_target(out)) for t in todo], todo, progress, preload="packtool.preload.packing")
+        driver.run(_pack_task, [make(t, task_target(out)) for t in todo], todo, progress, preload=_PACKING)
         tasks_ran(out)
         return _finish_or_partial(out, run, ex)
 
@@ -1792,8 +1796,7 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
     if dry_run:
         dry = ExecutorConfig(executor=ex.executor, workers=ex.workers, ray_address=ex.ray_address)
         set_total(progress, sum(len(t[0]) for t in plan.tasks))
-        results = run_tasks(_mix_task, [make(t, None) for t in range(n_tasks)], dry, progress,
-                            preload="packtool.preload.packing")
+        results = run_tasks(_mix_task, [make(t, None) for t in range(n_tasks)], dry, progress, preload=_PACKING)
         counts = _zero_counts("packed")
         for r in results:
             _add_counts(counts, r["counts"])
@@ -1818,6 +1821,6 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
         driver = _Driver(out, digest, n_tasks, ex, max_errors)
         todo, _ = driver.pending()
         set_total(progress, sum(len(plan.tasks[t][0]) for t in todo))
-        driver.run(_mix_task, [make(t, task_target(out)) for t in todo], todo, progress, preload="packtool.preload.packing")
+        driver.run(_mix_task, [make(t, task_target(out)) for t in todo], todo, progress, preload=_PACKING)
         tasks_ran(out)
         return _finish_or_partial(out, run, ex)
