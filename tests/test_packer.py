@@ -387,6 +387,13 @@ def test_embedded_bytes_are_the_files_through_either_loader_path(tmp_path):
         with pytest.raises(InputError, match=f"could not be read while pack was running: media file '{changed}' not "
                                              "found.*re-run the same command.*errors.jsonl"):
             assemble_packs(parts, plan, 0, media_data, cfg.max_tokens)
+    video = {"kind": "video", "path": "gone.mp4", "timestamps": [0.0, 0.5], "size_bytes": 1000}
+    with pytest.raises(InputError, match="could not be read while pack was running: media file 'gone.mp4' not found"
+                                         ".*pack checks every file before planning"):
+        loader(video)
+    with pytest.raises(InputError, match="'gone.mp4' not found.*or tokenize again: these tokenized shards record no "
+                                         "media sizes"):
+        loader({**video, "size_bytes": None})
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
