@@ -44,7 +44,7 @@ def loaded(task: int, report) -> dict:
     from packtool import knapsack, tokenization
 
     return {"kernels": len(knapsack._ENTRIES), "vocabularies": tokenization._qwen_encoding.cache_info().currsize,
-            "pandas": "pandas" in sys.modules, "pid": os.getpid()}
+            "pandas": "pandas" in sys.modules}
 
 
 def environment(task: int, report) -> dict:
