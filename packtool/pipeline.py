@@ -964,8 +964,10 @@ class _MediaLoader:
         if m.get("kind") == "image":
             if m.get("data") is not None:
                 return [m["data"]]
-            if m.get("path") is None:
-                raise SampleError("missing_media", "media item has neither a path nor inline bytes")
+            if m.get("path") is None:  # tokenize rejects such an item: the shard was written or edited elsewhere
+                raise InputError("a tokenized row holds an image with neither a path nor inline bytes, which "
+                                 "packtool tokenize never writes; tokenize the corpus again (it sends such a row to "
+                                 "errors.jsonl) and pack its output")
             return [self.image(m["path"], m.get("size_bytes"))]
         from .media import extract_frames
 

@@ -394,6 +394,8 @@ def test_embedded_bytes_are_the_files_through_either_loader_path(tmp_path):
     with pytest.raises(InputError, match="'gone.mp4' not found.*or tokenize again: these tokenized shards record no "
                                          "media sizes"):
         loader({**video, "size_bytes": None})
+    with pytest.raises(InputError, match="neither a path nor inline bytes.*tokenize the corpus again"):
+        loader({"kind": "image", "path": None, "data": None, "size_bytes": None})
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
