@@ -1276,6 +1276,23 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
     return record
 
 
+def _same_place(a: str | Path, b: str | Path) -> bool:
+    a, b = str(a), str(b)
+    if is_url(a) or is_url(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return Path(a).resolve() == Path(b).resolve()
+
+
+def _not_an_input(out_dir: str | Path, inputs: list) -> None:
+    """Refuse an output directory that is one of the tokenized directories the run reads: its
+    state logic would take the tokenize run there for an earlier run of its own, and
+    ``--overwrite`` would delete the very shards it is about to pack."""
+    for src in inputs:
+        if _same_place(out_dir, src):
+            raise ConfigError(f"-o {str(out_dir)!r} is the tokenized directory being packed; pack into another "
+                              "directory (packed shards never share a directory with their input)")
+
+
 def _layout_record(cfg: PackConfig) -> dict:
     """The packed manifest's schema version and layout (``runs``: version 5, ``full``: version 2)."""
     from .schema import LAYOUTS
@@ -1331,6 +1348,8 @@ def pack_dataset(
     ex = _executor(ex, workers, executor, ray_address, rank, world_size)
     if isinstance(src, (list, tuple)):
         src = Mixture.from_rates(list(src)) if len(src) != 1 else src[0]
+    if not dry_run:
+        _not_an_input(out_dir, [s.path for s in src.sources] if isinstance(src, Mixture) else [src])
     if isinstance(src, Mixture):
         return _pack_mixture(src, out_dir, cfg, progress, overwrite, dry_run, media_root, ex, max_errors, on_error)
     src_name = str(src)

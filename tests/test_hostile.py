@@ -599,6 +599,30 @@ def test_a_media_file_unreadable_at_assembly_stops_the_run_naming_it(tmp_path, c
         assert not list((tmp_path / f"packed{workers}").glob("*.parquet"))
 
 
+def _digests(folder: Path) -> dict[str, str]:
+    return {str(f.relative_to(folder)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def test_packing_into_the_tokenized_directory_is_refused_before_anything_is_removed(tmp_path, media, capfd, monkeypatch):
+    """``pack tok -o tok --overwrite`` took the tokenize run there for an earlier run of its own and
+    deleted its shards and manifest before failing; a mixture into one of its sources did too.
+    Refused now, however the path is spelled, and the tokenized directories stay byte for byte."""
+    monkeypatch.chdir(tmp_path)
+    data = jsonl(tmp_path / "d.jsonl", [rec(f"s{i}") for i in range(5)])
+    for name in ("tok", "tokb"):
+        assert cli(capfd, "tokenize", data, "-o", name, "--media-root", media, "-q")[0] == 0
+    before = {name: _digests(tmp_path / name) for name in ("tok", "tokb")}
+    for args in (["tok", "-o", "tok", "--overwrite"], ["tok/", "-o", "./tok/../tok"], ["tok", "-o", tmp_path / "tok"],
+                 ["tok", "tokb", "--rates", "1,1", "-o", "tokb", "--overwrite"]):
+        code, out, err = cli(capfd, "pack", *args, "-q")
+        assert code == 1 and out == "", (args, err)
+        assert "is the tokenized directory being packed; pack into another directory" in err, args
+        assert {name: _digests(tmp_path / name) for name in before} == before, args
+    code, out, _ = cli(capfd, "pack", "tok", "-o", "tok", "--dry-run", "--json")  # writes nothing: allowed
+    assert code == 0 and json.loads(out)["samples_in"] == 5
+
+
 def test_media_copied_to_another_root_are_checked_by_size_only(tmp_path, capfd):
     """``pack --media-root COPY``: copies carry new modification times, so only sizes are
     compared there; a copy of another size is still refused."""
