@@ -255,9 +255,14 @@ def _stage_into(segments, probed: list[_Probed], specials: _Specials, out: _Piec
     return open_loss
 
 
-def _stage_samples(samples: list[Sample], ctx: EncodeContext) -> tuple[_Pieces, list, list[Rejected]]:
+def _stage_samples(samples: list[Sample], ctx: EncodeContext, counts: Counter | None = None
+                   ) -> tuple[_Pieces, list, list[Rejected]]:
     """Probe, render and stage a batch: its pieces, ``(sample, probed, branch piece ranges)``
-    of each staged sample, and the samples rejected (their pieces rolled back)."""
+    of each staged sample, and the samples rejected (their pieces rolled back).
+
+    A rejected sample that :func:`group_by_media` merged from several records is one rejected
+    row per record, each with the reason (every input row ends in ``errors.jsonl`` or a
+    shard); ``counts["merged_records"]``, when given, drops the records folded into it."""
     specials = _Specials(ctx.tokenizer)
     render = ctx.template.render
     system = ctx.system_prompt
@@ -279,6 +284,12 @@ def _stage_samples(samples: list[Sample], ctx: EncodeContext) -> tuple[_Pieces, 
             pieces.rollback(mark)
             del pieces.texts[n_texts:]
             rejected.append(Rejected(s.source, s.source_row, s.sample_id, err.reason, err.message))
+            folded = s.meta.get("merged_rows", ()) if s.meta else ()
+            for source, row, sid in folded:
+                rejected.append(Rejected(source, row, sid, err.reason,
+                                         f"{err.message} (in the tree of {s.sample_id!r}: --group-by-media)"))
+            if folded and counts is not None:
+                counts["merged_records"] -= len(folded)
     return pieces, staged, rejected
 
 
@@ -295,7 +306,7 @@ def encode_samples(
     (rows), ``branches`` (branches over all rows) and ``split_extra_trees`` (rows beyond
     one per sample).
     """
-    pieces, staged, rejected = _stage_samples(samples, ctx)
+    pieces, staged, rejected = _stage_samples(samples, ctx, counts)
     arrays = _PieceArrays(pieces, _encode_texts(pieces, ctx))
     ids, loss, starts = _assemble_batch(arrays)
     rows = []
@@ -401,7 +412,7 @@ def encode_stored(samples: list[Sample], ctx: EncodeContext, counts: Counter | N
     message tree is assembled expanded, as in :func:`encode_samples`, and compacted with
     :func:`runs.compact`.
     """
-    pieces, staged, rejected = _stage_samples(samples, ctx)
+    pieces, staged, rejected = _stage_samples(samples, ctx, counts)
     arrays = _PieceArrays(pieces, _encode_texts(pieces, ctx))
     starts = arrays.starts
     meta: list[list] = []  # [sample_id, sample, probed, media spans, n_tokens, n_branches] of each row
@@ -865,10 +876,12 @@ def group_by_media(items: Iterable[Sample | Rejected], media_root: Path,
     Two samples merge when their media lists match item by item: the same resolved
     path under ``media_root``, or the same sha256 for inline bytes. The merged sample
     keeps the first record's id, source and row, and takes every record's branches in
-    input order (``meta["merged"]`` lists the ids folded in). Samples without media and
-    rejected rows pass through. The whole input
-    is held in memory (merging needs to see every record); ``counts["merged_records"]``
-    counts records folded into an earlier one.
+    input order (``meta["merged"]`` lists the ids folded in, ``meta["merged_rows"]`` their
+    ``(source, row, id)``). Samples without media and rejected rows pass through. The whole
+    input is held in memory (merging needs to see every record); ``counts["merged_records"]``
+    counts records folded into an earlier one. A merged sample that encoding rejects gives
+    one rejected row per record it holds (:func:`_stage_samples`), and those records are then
+    no longer counted as merged.
 
     Example: records ``a`` (``img.jpg``, "What colour?") and ``b`` (``./img.jpg``,
     "How many?") become one sample with two branches, id ``a``.
@@ -889,7 +902,9 @@ def group_by_media(items: Iterable[Sample | Rejected], media_root: Path,
         else:
             first = order[at]
             merged = (*first.meta.get("merged", ()), item.sample_id)
-            order[at] = replace(first, branches=first.branches + item.branches, meta={**first.meta, "merged": merged})
+            rows = (*first.meta.get("merged_rows", ()), (item.source, item.source_row, item.sample_id))
+            order[at] = replace(first, branches=first.branches + item.branches,
+                                meta={**first.meta, "merged": merged, "merged_rows": rows})
             if counts is not None:
                 counts["merged_records"] += 1
     yield from order

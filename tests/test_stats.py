@@ -318,6 +318,37 @@ def test_trees_from_grouped_records_still_reconcile(demo_dirs, tmp_path):
     assert f"30 = {len(t)} + 0 + 0 + {merged} merged - 0 split  ok" in render_stats(s)
 
 
+def test_grouped_records_of_a_missing_image_are_each_rejected(demo_dirs, tmp_path):
+    """--group-by-media folds the records of one image into a tree before its media are probed;
+    a tree rejected then (its image is gone) used to give one errors.jsonl line, for its first
+    record, and count the others as merged into a tree no shard holds. Every record is a
+    rejected row of its own now, and the rows still reconcile."""
+    sample = demo_dirs["sample"]
+    records = [json.loads(line) for line in (sample / "data.jsonl").read_text().splitlines()]
+    gone = next(r["image"] for r in records if "image" in r)
+    shared = [r["id"] for r in records if r.get("image") == gone]
+    assert len(shared) > 1, "the demo corpus should share an image between records"
+    expect = [r["id"] for r in records if gone in (r["image"] if isinstance(r.get("image"), list) else [r.get("image")])]
+    data = tmp_path / "data.jsonl"
+    data.write_text((sample / "data.jsonl").read_text())
+    root = tmp_path / "root"
+    root.mkdir()
+    for f in (sample / "images").iterdir():
+        (root / "images").mkdir(exist_ok=True)
+        if f"images/{f.name}" != gone:
+            (root / "images" / f.name).write_bytes(f.read_bytes())
+    tok, packed = tmp_path / "tok", tmp_path / "packed"
+    m = tokenize_dataset([data], tok, TokenizeConfig(media_root=str(root), group_by_media=True))
+    errors = [json.loads(line) for line in (tok / ".packtool" / "errors.jsonl").read_text().splitlines()]
+    assert sorted(e["sample_id"] for e in errors) == sorted(expect)
+    assert {e["reason"] for e in errors} == {"missing_media"}
+    assert m["counts"]["rejected"] == len(expect) and m["counts"]["rows_in"] == len(records)
+    pack_dataset(tok, packed, PackConfig(max_tokens=8192))
+    s = compute_stats(packed)
+    assert s["reconcile"]["balanced"], s["reconcile"]
+    assert s["reconcile"]["merged_records"] == m["counts"]["merged_records"]
+
+
 @pytest.mark.jit
 def test_pair_stats_stay_linear_in_the_samples(tmp_path):
     """40,000 samples: matching tokenized ids to packed ids must be a hash join. The old
