@@ -131,6 +131,11 @@ __all__ = ["solve_knapsack_2d", "KnapsackSolver", "max_cardinality"]
 CHECKPOINT_EVERY = 8
 #: Refuse workspaces (table, checkpoints, decision bits) larger than this many bytes.
 MAX_TABLE_BYTES = 1 << 30
+
+
+class TableTooLarge(ValueError):
+    """A solve whose tables would pass :data:`MAX_TABLE_BYTES` (the capacity, the item count
+    or the item limit is too large for one table); the message gives the size."""
 #: Cells per vector step (32 ``int16`` lanes fill an AVX-512 register); rows carry padding
 #: so that whole steps never leave them.
 VEC = 32
@@ -1326,7 +1331,7 @@ class KnapsackSolver:
         types_ = {np.dtype(t) for t in self._tables} | ({np.dtype(dtype)} if dtype is not None else set())
         size = cap * cells // 8 + 16 * cap * self._rows + sum(n_tabs * cells * t.itemsize for t in types_)
         if size > MAX_TABLE_BYTES:
-            raise ValueError(
+            raise TableTooLarge(
                 f"a knapsack over {n} items needs {size / 2**20:,.0f} MiB of tables; use fewer items "
                 "(a smaller buffer) or a coarser granularity"
             )
@@ -1419,7 +1424,7 @@ class KnapsackSolver:
         n = len(w)
         cells = (limit + 1) * (max_w + 1) * (max_u + 1)
         if n * cells > MAX_TABLE_BYTES:
-            raise ValueError(
+            raise TableTooLarge(
                 f"a knapsack over {n} items with at most {limit} per pack needs a {n * cells / 2**20:,.0f} MiB "
                 "table; use fewer items (a smaller buffer) or drop the item limit"
             )

@@ -21,7 +21,7 @@ from numba import njit
 
 from .config import PackConfig
 from .errors import ConfigError, OversizeSampleError
-from .knapsack import KnapsackSolver
+from .knapsack import MAX_TABLE_BYTES, KnapsackSolver, TableTooLarge
 from .runs import (
     COMPACT_COLUMNS,
     RUN_COLUMNS,
@@ -189,7 +189,7 @@ class RelaxedUnitSolver:
                 value, chosen = self._exact.solve(w, u, v, cap_w, cap_u)
                 self.exact_solves += 1
                 return value, chosen
-            except ValueError:  # the exact table would pass MAX_TABLE_BYTES
+            except TableTooLarge:  # the exact table would pass MAX_TABLE_BYTES
                 self._exact = None
                 self._rounded = KnapsackSolver(self.max_w, self.max_u // self.q, self.max_items)
         self.quantized += 1
@@ -267,10 +267,18 @@ def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg
         made.append(solver)
         return solver
 
-    packs = _buffer_packs(stream, qw, qu, value, cap_w, cap_u, cfg.buffer_size, cfg.max_samples_per_pack, anchor,
-                          make)
-    n_flush = packs.pop()
-    packs, saved = _reoptimize_tail(packs, n_flush, qw, qu, value, cap_w, cap_u, cfg.max_samples_per_pack, make)
+    try:
+        packs = _buffer_packs(stream, qw, qu, value, cap_w, cap_u, cfg.buffer_size, cfg.max_samples_per_pack, anchor,
+                              make)
+        n_flush = packs.pop()
+        packs, saved = _reoptimize_tail(packs, n_flush, qw, qu, value, cap_w, cap_u, cfg.max_samples_per_pack, make)
+    except TableTooLarge as exc:
+        need = str(exc).split(";")[0].replace("items", "samples")
+        raise ConfigError(
+            f"--max-tokens {cfg.max_tokens:,} at --token-granularity {g} gives {cap_w:,} token cells a pack, too "
+            f"many for the exact packer: {need} (the limit is {MAX_TABLE_BYTES / 2**20:,.0f} MiB); raise "
+            "--token-granularity (the tables shrink in proportion), or lower --buffer-size or --max-tokens"
+        ) from None
     if any(getattr(s, "quantized", 0) for s in made):
         plan.unit_axis = "quantized"
     plan.tail_packs_saved = saved

@@ -477,3 +477,23 @@ def test_a_samples_last_target_is_stored_against_the_next_samples_first_input():
     assert stored[ends[0]] == NEXT_MARK and stored[ends[1]] == firsts[2] and stored[ends[2]] == -100
     assert np.array_equal(swap_next(stored, inputs, np.array([0, len(stored)])), got)
     assert assemble_packs(expanded, plan, 0, layout="full").column("target_ids").to_pylist() == [got]
+
+
+def test_a_capacity_too_fine_for_the_tables_is_a_config_error_naming_the_options():
+    """--max-tokens 1,048,576 at granularity 16 is 65,536 token cells: the tables of a solve
+    pass the knapsack's limit. That used to escape as a ValueError traceback; it is a
+    ConfigError naming the options to change, and a coarser granularity packs the same data."""
+    from packtool.errors import ConfigError
+
+    seed = 3
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(100, 1_500, 200)
+    units = rng.integers(0, 200, 200)
+    media = units > 0
+    cfg = PackConfig(max_tokens=1_048_576, token_granularity=16)
+    with pytest.raises(ConfigError, match=r"--max-tokens 1,048,576 at --token-granularity 16 gives 65,536 token cells "
+                                          r"a pack, too many for the exact packer: a knapsack over \d+ samples needs "
+                                          r"[\d,]+ MiB of tables \(the limit is 1,024 MiB\); raise --token-granularity"):
+        plan_packs(tokens, units, media, cfg, 16_384)
+    plan = plan_packs(tokens, units, media, PackConfig(max_tokens=1_048_576, token_granularity=1024), 16_384)
+    assert sorted(plan.order.tolist()) == list(range(200)), f"seed {seed}"
