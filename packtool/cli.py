@@ -201,9 +201,15 @@ def tokenize(
         _emit_json({"output": str(output), **c, "shards": len(manifest["shards"])})
         return
     typer.echo(f"{c['samples']:,} samples from {c['rows_in']:,} rows in {len(manifest['shards'])} shards -> {output}")
-    if c["rejected"]:
-        reasons = ", ".join(f"{k} {v}" for k, v in c["rejected_by_reason"].items())
-        typer.echo(f"{c['rejected']:,} rows rejected ({reasons}); see {join(output, ERRORS)}")
+    _echo_rejected(c, output)
+
+
+def _echo_rejected(counts: dict, output: str | None) -> None:
+    """The line a run's rejected rows get, by reason, and where they are listed."""
+    if counts.get("rejected"):
+        reasons = ", ".join(f"{k} {v}" for k, v in counts["rejected_by_reason"].items())
+        where = f"; see {join(output, ERRORS)}" if output is not None else " (a run lists them in errors.jsonl)"
+        typer.echo(f"{counts['rejected']:,} rows rejected ({reasons}){where}")
 
 
 @app.command()
@@ -288,6 +294,7 @@ def pack(
     typer.echo(f"{c['samples_packed']:,} samples in {c['packs']:,} packs, lower bound {lb:,}{ratio} {where}")
     if c["dropped"] or c["truncated"] or c["alone"]:
         typer.echo(f"oversize: {c['dropped']:,} dropped, {c['truncated']:,} truncated, {c['alone']:,} alone")
+    _echo_rejected(c, None if dry_run else output)
     if plan is not None:
         from .stats import render_stats
 

@@ -1276,6 +1276,19 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
     return record
 
 
+def _check_media_root(root, given, tok_manifest: dict) -> None:
+    """Refuse a local media root that is not a directory where the tokenized rows hold media:
+    every row with media would be rejected as missing and the run would "succeed" with none."""
+    if not isinstance(root, Path) or root.is_dir():
+        return
+    if given is not None:
+        raise ConfigError(f"--media-root {str(given)!r} is not a directory; give the folder the media paths are "
+                          "relative to")
+    if tok_manifest.get("counts", {}).get("vision_units", 0):
+        raise ConfigError(f"the media root {str(root)!r} that tokenize counted from is not a directory any more; pass "
+                          "--media-root with the folder the media files are in now")
+
+
 def _same_place(a: str | Path, b: str | Path) -> bool:
     a, b = str(a), str(b)
     if is_url(a) or is_url(b):
@@ -1364,6 +1377,7 @@ def pack_dataset(
         raise ConfigError("--text-weight must be at least 1 so every sample has value to the packer")
     counted_root = as_root(str(tok_manifest["config"].get("media_root", "."))).resolve()
     root = as_root(str(media_root)).resolve() if media_root is not None else counted_root
+    _check_media_root(root, media_root, tok_manifest)
     # media read from another root are copies: their sizes must match, their times cannot
     check_mtime = root == counted_root
     config = {**cfg.to_dict(), "max_vision_units": max_units, "source_digest": tok_manifest["config_digest"]}
@@ -1792,6 +1806,7 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
     for s, m in zip(mixture.sources, manifests, strict=True):
         counted = as_root(str(m["config"].get("media_root", "."))).resolve()
         root = as_root(str(media_root)).resolve() if media_root is not None else counted
+        _check_media_root(root, media_root, m)
         if is_url(s.path):  # one listing: every shard there, of its size (the sha256 is per task)
             check_listed(s.path.rstrip("/"), m["shards"])
         else:

@@ -623,6 +623,31 @@ def test_packing_into_the_tokenized_directory_is_refused_before_anything_is_remo
     assert code == 0 and json.loads(out)["samples_in"] == 5
 
 
+def test_a_media_root_that_is_not_a_directory_stops_pack_and_rejected_rows_are_summarised(tmp_path, capfd):
+    """A --media-root that does not exist, or a counted root since moved, made every row with
+    media ``missing_media`` and the run exit 0 with no packs; refused now. A run that rejects
+    rows says so in its summary, as tokenize's does (it printed only the packs)."""
+    import shutil
+
+    root, tok = _media_corpus(tmp_path, capfd)
+    code, out, err = cli(capfd, "pack", tok, "-o", tmp_path / "p1", "--media-root", tmp_path / "nowhere")
+    assert (code, out) == (1, "") and err == (f"Error: --media-root {str(tmp_path / 'nowhere')!r} is not a directory; "
+                                              "give the folder the media paths are relative to\n")
+    (root / "c.png").unlink()
+    for args in ([], ["--dry-run"]):
+        code, out, err = cli(capfd, "pack", tok, "-o", tmp_path / "p2", "--workers", "1", *args)
+        assert code == 0, err
+        where = (" (a run lists them in errors.jsonl)" if args else
+                 f"; see {tmp_path / 'p2' / '.packtool' / 'errors.jsonl'}")
+        assert out.splitlines()[1] == f"1 rows rejected (missing_media 1){where}", out
+    shutil.move(root, tmp_path / "moved")
+    code, out, err = cli(capfd, "pack", tok, "-o", tmp_path / "p3")
+    assert code == 1 and f"the media root {str(root)!r} that tokenize counted from is not a directory any more; " \
+                         "pass --media-root" in err
+    code, out, err = cli(capfd, "pack", tok, "-o", tmp_path / "p3", "--media-root", tmp_path / "moved", "--json")
+    assert code == 0 and json.loads(out)["samples_packed"] == 3, err
+
+
 def test_media_copied_to_another_root_are_checked_by_size_only(tmp_path, capfd):
     """``pack --media-root COPY``: copies carry new modification times, so only sizes are
     compared there; a copy of another size is still refused."""
