@@ -114,6 +114,20 @@ def test_workers_start_with_what_their_stage_preloads(preload, kernels, vocabula
     assert all(r["pandas"] for r in got) == (preload != "packtool.pipeline"), got  # pandas is a test dependency
 
 
+@pytest.mark.parametrize("preload", ["packtool.preload.packing", "packtool.preload.tokenization"])
+def test_ctrl_c_during_a_forkserver_preload_prints_no_traceback(preload):
+    """Ctrl-C goes to the whole process group, the forkserver too; during its preload (the first
+    second or two of a run with workers) it printed a KeyboardInterrupt traceback beside the
+    driver's ``Error: interrupted``. The interrupt arrives here mid-preload, after the package
+    is imported and before the stage's steps have run."""
+    code = f"import packtool.preload; print('ready', flush=True); import {preload}; print('done', flush=True)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, out, err) == (0, "done\n", "")
+
+
 def test_pool_workers_see_the_drivers_environment_as_each_pool_starts(monkeypatch, tmp_path):
     # workers are forked from one forkserver per process, started with the first pool; a
     # variable set or removed after that (credentials, --storage-option) must reach the next pool

@@ -13,11 +13,22 @@ workers took 0.19 s instead of 1.55 s. The forkserver keeps the preload of the p
 started it, so a later pool of the other stage loads its own part in its workers, as before.
 
 A step that fails here is skipped: the worker meets the same failure where it can report it.
+
+Ctrl-C reaches the forkserver with the rest of the terminal's process group. The forkserver
+ignores it once its preload is done (the driver stops the run and says so), but not during
+it, so an interrupt in the first seconds of a run with workers printed a ``KeyboardInterrupt``
+traceback from the preload beside the driver's ``Error: interrupted``. This package ignores
+the interrupt from the moment it is imported, which is only ever in a forkserver.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Callable
+
+if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def warm(*steps: Callable[[], object]) -> None:
