@@ -503,6 +503,14 @@ def output_dir(out: str | Path, rank: int | None, overwrite: bool = False) -> It
     if not is_url(str(out)):
         from .shards import run_lock
 
+        try:
+            str(out).encode("utf-8")
+        except UnicodeEncodeError:  # a byte the file system's encoding could not decode: Arrow cannot open it
+            from .errors import ConfigError
+
+            shown = str(out).encode("utf-8", "backslashreplace").decode()
+            raise ConfigError(f"output directory '{shown}' is not valid UTF-8, which the Parquet writer needs; choose "
+                              "a name in UTF-8") from None
         if rank is None:
             yield Path(out)
             return

@@ -623,6 +623,21 @@ def test_packing_into_the_tokenized_directory_is_refused_before_anything_is_remo
     assert code == 0 and json.loads(out)["samples_in"] == 5
 
 
+def test_an_output_name_that_is_not_utf8_is_refused_before_anything_is_written(tmp_path, media, capfd):
+    """An output directory named with a byte UTF-8 cannot decode (Python holds it as a lone
+    surrogate) reached Arrow's file system as a UnicodeEncodeError traceback, after the run's
+    state was written; refused now, for tokenize and pack alike, leaving nothing behind."""
+    data = jsonl(tmp_path / "d.jsonl", [rec("a")])
+    assert cli(capfd, "tokenize", data, "-o", tmp_path / "tok", "--media-root", media, "-q")[0] == 0
+    bad = str(tmp_path / "out") + os.fsdecode(b"\xe9")
+    for args in (["tokenize", data, "--media-root", media], ["pack", tmp_path / "tok"]):
+        code, out, err = cli(capfd, *args, "-o", bad, "-q")
+        assert (code, out) == (1, ""), err
+        assert err == (f"Error: output directory '{tmp_path}/out\\udce9' is not valid UTF-8, which the Parquet writer "
+                       "needs; choose a name in UTF-8\n")
+        assert not os.path.lexists(bad)
+
+
 def test_a_media_root_that_is_not_a_directory_stops_pack_and_rejected_rows_are_summarised(tmp_path, capfd):
     """A --media-root that does not exist, or a counted root since moved, made every row with
     media ``missing_media`` and the run exit 0 with no packs; refused now. A run that rejects
