@@ -234,7 +234,7 @@ def _zero_counts(kind: str) -> dict:
     """The counts every manifest of ``kind`` holds, at zero (a run may have no tasks at all)."""
     if kind == "packed":
         keys = ("samples_in", "samples_packed", "packs", "dropped", "alone", "truncated", "tokens", "vision_units",
-                "rejected", "rejected_by_reason")
+                "alone_tokens", "alone_vision_units", "rejected", "rejected_by_reason")
     else:
         keys = ("rows_in", "samples", "rejected", "rejected_by_reason", "tokens", "vision_units")
     return {k: {} if k == "rejected_by_reason" else 0 for k in keys}
@@ -369,8 +369,7 @@ def merge_output(out_dir: str | Path) -> dict:
         extra["mixture"] = _mixture_record(extra["mixture"], counts)
     if run["kind"] == "packed":
         caps = extra["capacities"]
-        counts["lower_bound"] = lower_bound(counts.get("tokens", 0), counts.get("vision_units", 0),
-                                            caps["max_tokens"], caps["max_vision_units"])
+        counts["lower_bound"] = _pack_bound(counts, caps["max_tokens"], caps["max_vision_units"])
     counts["tasks"] = run["n_tasks"]
     manifest = write_manifest(out, run["kind"], run["config"], digest, shards, **extra, counts=counts)
     sweep_stale_tmps(out)  # what writers killed during this run (or a straggler of an earlier one) left
@@ -903,16 +902,25 @@ def _tokenize_plan_ok(plan: dict, inputs: dict) -> bool:
 # ============================================================================ pack
 
 
-def lower_bound(total_tokens: int, total_units: int, max_tokens: int, max_units: int) -> int:
-    """Fewest packs any packer could use: ``max(ceil(Σtokens/max_tokens), ceil(Σunits/max_units))``.
+def lower_bound(total_tokens: int, total_units: int, max_tokens: int, max_units: int, alone: int = 0) -> int:
+    """Fewest packs any packer could use: ``max(ceil(Σtokens/max_tokens), ceil(Σunits/max_units))``
+    over the samples that fit a pack, plus one pack for each of ``alone`` samples that do not
+    (``--oversize alone``; their tokens and units are not in the totals).
 
     Example:
-        >>> lower_bound(10_000, 300, 4096, 128)
-        3
+        >>> lower_bound(10_000, 300, 4096, 128), lower_bound(10_000, 300, 4096, 128, alone=2)
+        (3, 5)
     """
     a = math.ceil(total_tokens / max_tokens) if max_tokens else 0
     b = math.ceil(total_units / max_units) if max_units else 0
-    return max(a, b)
+    return max(a, b) + alone
+
+
+def _pack_bound(counts: dict, max_tokens: int, max_units: int) -> int:
+    """:func:`lower_bound` of a pack run's counts, its alone samples apart."""
+    return lower_bound(counts.get("tokens", 0) - counts.get("alone_tokens", 0),
+                       counts.get("vision_units", 0) - counts.get("alone_vision_units", 0), max_tokens, max_units,
+                       counts.get("alone", 0))
 
 
 def _prefetch_media(media_root, tables, where: np.ndarray) -> None:
@@ -1227,6 +1235,8 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
     counts = {"samples_in": len(tokens), "samples_packed": len(plan.order), "packs": plan.n_packs,
               "dropped": len(plan.dropped), "alone": len(plan.alone), "truncated": len(plan.truncated),
               "tokens": packed_tokens, "vision_units": int(units[plan.order].sum()) if len(plan.order) else 0,
+              "alone_tokens": int(tokens[plan.alone].sum()) if plan.alone else 0,
+              "alone_vision_units": int(units[plan.alone].sum()) if plan.alone else 0,
               "rejected": len(plan.dropped) + len(bad), "rejected_by_reason": dict(sorted(by_reason.items()))}
     if task.out_dir is None:
         report(len(tokens))
@@ -1404,7 +1414,7 @@ def pack_dataset(
         counts = _zero_counts("packed")
         for r in results:
             _add_counts(counts, r["counts"])
-        counts["lower_bound"] = lower_bound(counts.get("tokens", 0), counts.get("vision_units", 0), cfg.max_tokens, max_units)
+        counts["lower_bound"] = _pack_bound(counts, cfg.max_tokens, max_units)
         counts["tasks"] = len(entries)
         return {"kind": "packed", "dry_run": True, "config": config, "capacities": capacities, "counts": counts,
                 "vision": tok_manifest.get("vision"), "shards": [], "plans": [r["plan"] for r in results]}
@@ -1649,6 +1659,8 @@ def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShard
     counts = {"samples_in": n, "samples_packed": len(plan.order), "packs": plan.n_packs,
               "dropped": len(plan.dropped), "alone": len(plan.alone), "truncated": len(plan.truncated),
               "tokens": int(eff[plan.order].sum()), "vision_units": int(units[plan.order].sum()),
+              "alone_tokens": int(eff[plan.alone].sum()) if plan.alone else 0,
+              "alone_vision_units": int(units[plan.alone].sum()) if plan.alone else 0,
               "rejected": len(rejected), "rejected_by_reason": dict(sorted(by_reason.items())),
               "source_samples_in": per_source(every), "source_tokens_in": per_source(every, tokens),
               "source_vision_units_in": per_source(every, units), "source_samples": per_source(plan.order),
@@ -1837,7 +1849,7 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
         for r in results:
             _add_counts(counts, r["counts"])
         record = _mixture_record(mix, counts, loss=False)
-        counts["lower_bound"] = lower_bound(counts.get("tokens", 0), counts.get("vision_units", 0), cfg.max_tokens, max_units)
+        counts["lower_bound"] = _pack_bound(counts, cfg.max_tokens, max_units)
         counts["tasks"] = n_tasks
         return {"kind": "packed", "dry_run": True, "config": config, "capacities": capacities, "counts": counts,
                 "vision": first.get("vision"), "mixture": record, "shards": []}

@@ -506,7 +506,10 @@ def summarize(data: StatsData) -> dict:
         units = int(data.pack_units.sum())
         max_t, max_u = caps["max_tokens"], caps["max_vision_units"]
         n_packs = int(len(data.pack_tokens))
-        lb = lower_bound(tokens, units, max_t, max_u)
+        # a pack over capacity holds one --oversize alone sample: one pack of the bound each
+        over = (data.pack_tokens > max_t) | (data.pack_units > max_u)
+        lb = lower_bound(tokens - int(data.pack_tokens[over].sum()), units - int(data.pack_units[over].sum()), max_t,
+                         max_u, int(over.sum()))
         packs = {
             "packs": n_packs,
             "lower_bound": lb,

@@ -349,6 +349,28 @@ def test_grouped_records_of_a_missing_image_are_each_rejected(demo_dirs, tmp_pat
     assert s["reconcile"]["merged_records"] == m["counts"]["merged_records"]
 
 
+def test_the_lower_bound_gives_each_alone_sample_its_own_pack(demo_dirs, tmp_path):
+    """``--oversize alone`` packs over-capacity samples one a pack; counting their tokens in the
+    bound's Σtokens put the bound above the packs (0.41x on the demo at 512 tokens), so
+    ``--fail-above-ratio`` could never fail. The bound is now the fitting samples' plus one pack
+    per alone sample, the same in the manifest, the dry run and ``stats``."""
+    from packtool.pipeline import lower_bound
+
+    packed = tmp_path / "alone"
+    cfg = PackConfig(max_tokens=512, oversize="alone")
+    dry = pack_dataset(demo_dirs["tokenized"], tmp_path / "dry", cfg, dry_run=True)
+    m = pack_dataset(demo_dirs["tokenized"], packed, cfg)
+    c = m["counts"]
+    lengths = _columns(demo_dirs["tokenized"], ["n_tokens"])["n_tokens"]
+    over = [n for n in lengths if n > 512]
+    assert c["alone"] == len(over) > 0 and c["alone_tokens"] == sum(over)
+    expect = lower_bound(sum(lengths) - sum(over), c["vision_units"] - c["alone_vision_units"], 512,
+                         m["capacities"]["max_vision_units"]) + len(over)
+    assert c["lower_bound"] == dry["counts"]["lower_bound"] == expect <= c["packs"]
+    s = compute_stats(packed)
+    assert (s["lower_bound"], s["packs"]) == (expect, c["packs"]) and s["packs_over_lower_bound"] >= 1
+
+
 @pytest.mark.jit
 def test_pair_stats_stay_linear_in_the_samples(tmp_path):
     """40,000 samples: matching tokenized ids to packed ids must be a hash join. The old
