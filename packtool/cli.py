@@ -318,12 +318,25 @@ def _pack_source(inputs: list[Path], rates: str | None, mixture: Path | None, **
     return Mixture.from_rates(inputs, rates, **kw)
 
 
+def _figure_path(value: Path | None) -> Path | None:
+    """``--plot``: a name whose suffix is no figure format is a bad value (exit 2), refused before
+    any statistics are computed."""
+    from .plotting import plot_path_problem
+
+    problem = None if value is None else plot_path_problem(value)
+    if problem:
+        raise typer.BadParameter(problem)
+    return value
+
+
 @app.command()
 def stats(
     path: Annotated[str, typer.Argument(callback=_location, help="Tokenized or packed directory (with PACKED: the tokenized one).")],
     packed: Annotated[str | None, typer.Argument(callback=_location, help="Packed directory made from PATH; the pair is reconciled.")] = None,
     as_json: AsJson = False,
-    plot: Annotated[Path | None, typer.Option(help="Also write a figure (PNG) of fill, samples per pack, lengths.")] = None,
+    plot: Annotated[Path | None, typer.Option(callback=_figure_path, help=(
+        "Also write a figure of fill, samples per pack, padding and drops; the suffix picks the format: .png, .svg "
+        "or .pdf (missing folders are created)."))] = None,
     fail_below_fill: Annotated[float | None, typer.Option(min=0, help="Exit 1 when mean token fill is below this (0..1).")] = None,
     fail_below_vision_fill: Annotated[float | None, typer.Option(min=0, help="Exit 1 when mean vision fill is below this.")] = None,
     fail_above_ratio: Annotated[float | None, typer.Option(min=0, help="Exit 1 when packs / lower bound is above this.")] = None,
