@@ -367,7 +367,9 @@ def stats(
 @app.command()
 def inspect(
     path: Annotated[str, typer.Argument(callback=_location, help="Packed or tokenized directory.")],
-    pack: Annotated[int | None, typer.Option("--pack", min=0, help="Pack index to show (packed directories).")] = None,
+    pack: Annotated[int | None, typer.Option("--pack", min=0, help=(
+        "Pack to show, by its pack_index: task × 1000000000 + k for the k-th pack of pack task task "
+        "(packed directories; default: the first pack)."))] = None,
     sample: Annotated[str | None, typer.Option("--sample", help="Sample id to show.")] = None,
     tokenizer: Annotated[str | None, typer.Option(metavar="<path|hf:ORG/NAME>", help="Tokenizer: a tokenizer.json file, a model directory or hf:ORG/NAME (default: the one the manifest names).")] = None,
     as_json: AsJson = False,
