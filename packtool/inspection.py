@@ -29,7 +29,7 @@ from .runs import TOKEN_COLUMNS, expand_row, is_runs_table, stored_names
 from .schema import MEDIA_FIELDS, PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
 from .shards import ERRORS, is_output_dir, open_shard, read_manifest, read_shard, shard_error
 from .templates import TEMPLATES, Template
-from .tokenization import Tokenizer, load_tokenizer
+from .tokenization import Tokenizer, load_recorded_tokenizer, load_tokenizer, vocabulary_difference
 
 __all__ = ["inspect_dir", "render_inspection", "LOSS_OPEN", "LOSS_CLOSE"]
 
@@ -129,8 +129,8 @@ def _resolve_tokenizer(manifest: dict, tok_manifest: dict | None, override: str 
     recorded = manifest.get("tokenizer") or {}
     embedded = recorded.get("name") in (None, "qwen2", "qwen3")  # no --tokenizer: the vocabulary recorded
     if override is not None:
-        spec = override
-    elif tok_manifest is not None:
+        return load_recorded_tokenizer(override, recorded)
+    if tok_manifest is not None:
         spec = (tok_manifest.get("config") or {}).get("tokenizer")
         if spec is None and embedded:
             spec = recorded.get("name")
@@ -140,10 +140,10 @@ def _resolve_tokenizer(manifest: dict, tok_manifest: dict | None, override: str 
         raise ConfigError(f"this directory was tokenized with {recorded.get('name')!r} and the tokenized directory "
                           "is not where the manifest says; pass --tokenizer PATH")
     tok = load_tokenizer(spec)
-    have, want = tok.identity().get("vocab_sha256"), recorded.get("vocab_sha256")
-    if want and have and have != want:
-        raise ConfigError(f"tokenizer {tok.name!r} is not the vocabulary this directory was made with "
-                          f"(sha256 {have[:12]} vs {want[:12]}); pass --tokenizer with the original")
+    difference = vocabulary_difference(tok, recorded)
+    if difference:  # the tokenizer file the tokenized directory names changed since, or the manifests disagree
+        raise ConfigError(f"tokenizer {spec!r} is not the one this directory was made with: {difference}; "
+                          "pass --tokenizer with the original")
     return tok
 
 

@@ -109,6 +109,11 @@ def test_cli_inspect_sample_in_a_pack_and_errors(demo_dirs):
     assert r.returncode == 1 and "'nope' is in no pack" in r.stderr and "errors.jsonl" in r.stderr
     r = run("inspect", str(demo_dirs["tokenized"]), "--pack", "0")
     assert r.returncode == 1 and "use --sample" in r.stderr
+    r = run("inspect", str(demo_dirs["packed"]), "--tokenizer", "qwen3")  # the same check as validate's
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == ("Error: --tokenizer 'qwen3': 'qwen3' adds <tool_response>, </tool_response>, <think> and "
+                        "</think> to the 'qwen2' vocabulary the directory was made with; pass --tokenizer qwen2 or "
+                        "leave it out\n")
     r = run("inspect", str(demo_dirs["tokenized"]), "--sample", "demo-003", "--json")
     view = json.loads(r.stdout)
     assert view["kind"] == "sample" and view["samples"][0]["sample_id"] == "demo-003"
