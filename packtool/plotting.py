@@ -213,8 +213,12 @@ def plot_stats(data: StatsData, stats: dict, out: str | Path, dpi: int = 80) -> 
         fig.suptitle(head, fontsize=11)
         fig.tight_layout()
         suffix = out.suffix.lower()
-        metadata = {"Software": None, "Description": f"packtool stats figure, data sha256 {figure_digest(data, stats)}"} \
-            if suffix == ".png" else {"Date": None, "Creator": None}
+        # no timestamps or software versions: each backend names them differently
+        metadata = {
+            ".png": {"Software": None, "Description": f"packtool stats figure, data sha256 {figure_digest(data, stats)}"},
+            ".svg": {"Date": None, "Creator": None},
+            ".pdf": {"CreationDate": None, "Creator": None, "Producer": None},
+        }[suffix]
         try:
             _save(fig, out, dpi, metadata)
         finally:

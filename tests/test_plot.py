@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,20 @@ def test_figure_bytes_depend_only_on_the_data(demo_dirs, tmp_path):
     with Image.open(a) as im:
         assert im.info["Description"] == f"packtool stats figure, data sha256 {figure_digest(data, stats)}"
         assert "Software" not in im.info
+
+
+@pytest.mark.parametrize("suffix", [".svg", ".pdf"])
+def test_svg_and_pdf_bytes_depend_only_on_the_data(demo_dirs, tmp_path, suffix):
+    pytest.importorskip("matplotlib")
+    from packtool.plotting import plot_stats
+
+    data, stats = _demo_pair(demo_dirs)
+    a = plot_stats(data, stats, tmp_path / f"a{suffix}").read_bytes()
+    time.sleep(1.1)  # a timestamp written to the second would differ
+    b = plot_stats(data, stats, tmp_path / f"b{suffix}").read_bytes()
+    assert a == b
+    for stamp in (b"CreationDate", b"Producer", b"<dc:date>", b"Matplotlib v"):  # a date or a version
+        assert stamp not in a, stamp
 
 
 def test_panels_show_sorted_fill_fitted_axes_and_drops_by_reason(demo_dirs, tmp_path):
