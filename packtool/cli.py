@@ -325,12 +325,25 @@ def _pack_source(inputs: list[Path], rates: str | None, mixture: Path | None, **
     return Mixture.from_rates(inputs, rates, **kw)
 
 
+def _figure_path(value: Path | None) -> Path | None:
+    """``--plot``: a name whose suffix is no figure format is a bad value (exit 2), refused before
+    any statistics are computed."""
+    from .plotting import plot_path_problem
+
+    problem = None if value is None else plot_path_problem(value)
+    if problem:
+        raise typer.BadParameter(problem)
+    return value
+
+
 @app.command()
 def stats(
     path: Annotated[str, typer.Argument(callback=_location, help="Tokenized or packed directory (with PACKED: the tokenized one).")],
     packed: Annotated[str | None, typer.Argument(callback=_location, help="Packed directory made from PATH; the pair is reconciled.")] = None,
     as_json: AsJson = False,
-    plot: Annotated[Path | None, typer.Option(help="Also write a figure (PNG) of fill, samples per pack, lengths.")] = None,
+    plot: Annotated[Path | None, typer.Option(callback=_figure_path, help=(
+        "Also write a figure of fill, samples per pack, padding and drops; the suffix picks the format: .png, .svg "
+        "or .pdf (missing folders are created)."))] = None,
     fail_below_fill: Annotated[float | None, typer.Option(min=0, help="Exit 1 when mean token fill is below this (0..1).")] = None,
     fail_below_vision_fill: Annotated[float | None, typer.Option(min=0, help="Exit 1 when mean vision fill is below this.")] = None,
     fail_above_ratio: Annotated[float | None, typer.Option(min=0, help="Exit 1 when packs / lower bound is above this.")] = None,
@@ -361,7 +374,9 @@ def stats(
 @app.command()
 def inspect(
     path: Annotated[str, typer.Argument(callback=_location, help="Packed or tokenized directory.")],
-    pack: Annotated[int | None, typer.Option("--pack", min=0, help="Pack index to show (packed directories).")] = None,
+    pack: Annotated[int | None, typer.Option("--pack", min=0, help=(
+        "Pack to show, by its pack_index: task × 1000000000 + k for the k-th pack of pack task task "
+        "(packed directories; default: the first pack)."))] = None,
     sample: Annotated[str | None, typer.Option("--sample", help="Sample id to show.")] = None,
     tokenizer: Annotated[str | None, typer.Option(metavar="<path|hf:ORG/NAME>", help="Tokenizer: a tokenizer.json file, a model directory or hf:ORG/NAME (default: the one the manifest names).")] = None,
     as_json: AsJson = False,

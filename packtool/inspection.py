@@ -29,7 +29,7 @@ from .runs import TOKEN_COLUMNS, expand_row, is_runs_table, stored_names
 from .schema import MEDIA_FIELDS, PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
 from .shards import ERRORS, is_output_dir, open_shard, read_manifest, read_shard, shard_error
 from .templates import TEMPLATES, Template
-from .tokenization import Tokenizer, load_tokenizer
+from .tokenization import Tokenizer, load_recorded_tokenizer, load_tokenizer, vocabulary_difference
 
 __all__ = ["inspect_dir", "render_inspection", "LOSS_OPEN", "LOSS_CLOSE"]
 
@@ -82,6 +82,37 @@ def _read_row(path: Path, manifest: dict, file: str, row: int, columns: list[str
     raise RuntimeError(f"internal error: row {row} not in {file}")
 
 
+def _pack_numbers(path: Path, manifest: dict) -> list[int]:
+    """Every ``pack_index`` of a packed directory, ascending."""
+    found: list[int] = []
+    for entry in manifest["shards"]:
+        found += read_shard(path, entry, ["pack_index"])["pack_index"].to_pylist()
+    return sorted(found)
+
+
+def _number_ranges(numbers: list[int], most: int = 6) -> str:
+    """Ascending ``numbers`` as runs of consecutive ones, all of them when there are at most
+    ``most`` runs, else the first few, an ellipsis and the last. A pack task's packs are one run
+    (``pack_index = task * 1000000000 + k``), so this reads as the packs of each task.
+
+    Example:
+        >>> _number_ranges([0, 1, 1000000000, 1000000001, 1000000002, 2000000000])
+        '0..1, 1000000000..1000000002 and 2000000000'
+        >>> _number_ranges([t * 1000000000 + k for t in range(9) for k in range(3)])
+        '0..2, 1000000000..1000000002, 2000000000..2000000002, 3000000000..3000000002, …, 8000000000..8000000002 (9 runs)'
+    """
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    text = [f"{a}" if a == b else f"{a}..{b}" for a, b in runs]
+    if len(text) > most:
+        return ", ".join(text[:most - 2] + ["…", text[-1]]) + f" ({len(text)} runs)"
+    return text[0] if len(text) == 1 else ", ".join(text[:-1]) + " and " + text[-1]
+
+
 def _examples(path: Path, manifest: dict, column: str, is_list: bool, n: int = 3) -> list:
     if not manifest["shards"]:
         return []
@@ -98,8 +129,8 @@ def _resolve_tokenizer(manifest: dict, tok_manifest: dict | None, override: str 
     recorded = manifest.get("tokenizer") or {}
     embedded = recorded.get("name") in (None, "qwen2", "qwen3")  # no --tokenizer: the vocabulary recorded
     if override is not None:
-        spec = override
-    elif tok_manifest is not None:
+        return load_recorded_tokenizer(override, recorded)
+    if tok_manifest is not None:
         spec = (tok_manifest.get("config") or {}).get("tokenizer")
         if spec is None and embedded:
             spec = recorded.get("name")
@@ -109,10 +140,10 @@ def _resolve_tokenizer(manifest: dict, tok_manifest: dict | None, override: str 
         raise ConfigError(f"this directory was tokenized with {recorded.get('name')!r} and the tokenized directory "
                           "is not where the manifest says; pass --tokenizer PATH")
     tok = load_tokenizer(spec)
-    have, want = tok.identity().get("vocab_sha256"), recorded.get("vocab_sha256")
-    if want and have and have != want:
-        raise ConfigError(f"tokenizer {tok.name!r} is not the vocabulary this directory was made with "
-                          f"(sha256 {have[:12]} vs {want[:12]}); pass --tokenizer with the original")
+    difference = vocabulary_difference(tok, recorded)
+    if difference:  # the tokenizer file the tokenized directory names changed since, or the manifests disagree
+        raise ConfigError(f"tokenizer {spec!r} is not the one this directory was made with: {difference}; "
+                          "pass --tokenizer with the original")
     return tok
 
 
@@ -351,7 +382,9 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
 
     Args:
         path: a packed or tokenized directory.
-        pack: pack index (packed directories; default: the first pack).
+        pack: the ``pack_index`` of the pack to show (packed directories; default: the first pack).
+            A pack task numbers its packs from ``task * 1_000_000_000``, so a directory packed in
+            several tasks holds packs 0, 1, ..., 1000000000, 1000000001, ...
         sample: a sample id; in a packed dir the pack holding it is shown with only that sample.
         tokenizer: a tokenizer.json or model directory to decode with instead of the recorded one.
 
@@ -401,12 +434,20 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
             ex = ", ".join(repr(x) for x in _examples(path, manifest, "sample_ids", True))
             raise InputError(f"sample {sample!r} is in no pack of {str(path)!r} (e.g. {ex}); "
                              f"a dropped sample is listed in {ERRORS}")
+    elif pack is None:  # the first pack: pack 0 when pack task 0 made any
+        first = next((e["file"] for e in manifest["shards"] if e["rows"]), None)
+        if first is None:
+            raise InputError(f"{str(path)!r} holds no packs")
+        where = (first, 0)
     else:
-        want = 0 if pack is None else pack
-        where = _find_row(path, manifest, "pack_index", want, is_list=False)
+        where = _find_row(path, manifest, "pack_index", pack, is_list=False)
         if where is None:
-            total = sum(e["rows"] for e in manifest["shards"])
-            raise InputError(f"--pack {want}: {str(path)!r} holds packs 0..{total - 1}")
+            numbers = _pack_numbers(path, manifest)
+            if not numbers:
+                raise InputError(f"--pack {pack}: {str(path)!r} holds no packs")
+            count = f"its {len(numbers):,} packs are" if len(numbers) > 1 else "its one pack is"
+            raise InputError(f"--pack {pack}: {str(path)!r} has no such pack; {count} numbered "
+                             f"{_number_ranges(numbers)} (pack_index = task × 1000000000 + k); pass one of those")
     mixture = manifest.get("mixture")
     cols = (["pack_index", "n_tokens", "n_vision_units", "sample_ids", "cu_seqlens"] + _TOKEN_COLUMNS + media_cols
             + (["sample_sources"] if mixture else []))

@@ -6,19 +6,46 @@ when a figure is asked for, with the non-interactive Agg backend.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
+import io
 import json
 import logging
 from pathlib import Path
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, OutputError
 from .stats import StatsData
 
-__all__ = ["plot_stats", "figure_digest", "write_demo_figure", "COLOURS"]
+__all__ = ["plot_stats", "figure_digest", "write_demo_figure", "plot_path_problem", "FIGURE_SUFFIXES", "COLOURS"]
 
 log = logging.getLogger(__name__)
+
+#: The figure formats ``--plot`` writes, by file suffix: the ones whose bytes depend only on the
+#: data (each is written without a timestamp or software version). Other matplotlib formats are
+#: refused: EPS/PS stamp the creation date, PGF needs LaTeX, and JPEG/TIFF/WebP add nothing to PNG.
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def plot_path_problem(out: str | Path) -> str | None:
+    """Why ``out`` cannot name a figure, or ``None``: its suffix must be one of :data:`FIGURE_SUFFIXES`
+    (any case). Needs no matplotlib, so a bad name is refused before anything is computed.
+
+    Example:
+        >>> plot_path_problem("stats.png") is None
+        True
+        >>> plot_path_problem("stats.txt")
+        "'stats.txt' ends in .txt, which is not a figure format packtool writes; end the name in .png, .svg or .pdf"
+    """
+    out = Path(out)
+    suffix = out.suffix.lower()
+    if suffix in FIGURE_SUFFIXES:
+        return None
+    what = f"ends in {out.suffix}, which is not a figure format packtool writes" if suffix else \
+        "has no suffix to say the figure format"
+    return f"{str(out)!r} {what}; end the name in .png, .svg or .pdf"
 
 
 def _pyplot():
@@ -150,15 +177,24 @@ def plot_stats(data: StatsData, stats: dict, out: str | Path, dpi: int = 80) -> 
     Args:
         data: the arrays (:func:`packtool.stats.load_stats_data`).
         stats: their summary (:func:`packtool.stats.summarize`).
-        out: the image path; the format follows its suffix (``.png``, ``.svg``, ``.pdf``).
+        out: the image path; the format follows its suffix (``.png``, ``.svg``, ``.pdf``);
+            missing parent directories are created, as ``-o`` creates an output directory.
 
     Raises:
-        ConfigError: matplotlib is not installed.
+        ConfigError: the suffix is not one of :data:`FIGURE_SUFFIXES`, or matplotlib is not installed.
+        OutputError: ``out`` is a directory, or the file cannot be written (no permission, a
+            read-only file system, disk full); a partly written file is removed.
     """
+    problem = plot_path_problem(out)
+    if problem:
+        raise ConfigError(f"--plot {problem}")
+    out = Path(out)
+    if out.is_dir():
+        raise OutputError(f"cannot write the plot to {str(out)!r}: it is a directory; name a file in it, "
+                          f"e.g. {str(out / 'stats.png')!r}")
     plt = _pyplot()
     import matplotlib
 
-    out = Path(out)
     with matplotlib.rc_context({"svg.hashsalt": "packtool", "font.size": 9}):
         fig, axes = plt.subplots(2, 2, figsize=(9, 6), dpi=dpi)
         (a_fill, a_spp), (a_pad, a_drop) = axes
@@ -176,14 +212,41 @@ def plot_stats(data: StatsData, stats: dict, out: str | Path, dpi: int = 80) -> 
             head += f" in {stats['packs']:,} packs (lower bound {stats['lower_bound']:,})"
         fig.suptitle(head, fontsize=11)
         fig.tight_layout()
-        out.parent.mkdir(parents=True, exist_ok=True)
         suffix = out.suffix.lower()
-        metadata = {"Software": None, "Description": f"packtool stats figure, data sha256 {figure_digest(data, stats)}"} \
-            if suffix == ".png" else {"Date": None, "Creator": None} if suffix in (".svg", ".pdf") else None
-        fig.savefig(out, dpi=dpi, metadata=metadata)
-        plt.close(fig)
+        # no timestamps or software versions: each backend names them differently
+        metadata = {
+            ".png": {"Software": None, "Description": f"packtool stats figure, data sha256 {figure_digest(data, stats)}"},
+            ".svg": {"Date": None, "Creator": None},
+            ".pdf": {"CreationDate": None, "Creator": None, "Producer": None},
+        }[suffix]
+        try:
+            _save(fig, out, dpi, metadata)
+        finally:
+            plt.close(fig)
     log.info("wrote %s", out)
     return out
+
+
+def _save(fig, out: Path, dpi: int, metadata: dict) -> None:
+    """``fig`` to ``out`` in the format of its suffix; an OSError becomes an OutputError naming the path.
+
+    The figure is rendered in memory and then written, so a failed write is this function's own
+    OSError (matplotlib's PDF writer turns a full disk into an AttributeError of its own)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=dpi, metadata=metadata, format=out.suffix[1:].lower())
+    existed = out.exists()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(buf.getvalue())
+    except OSError as exc:
+        if not existed:  # no half-written figure left behind (disk full)
+            with contextlib.suppress(OSError):
+                out.unlink()
+        blocker = next((a for a in out.parents if a.exists() and not a.is_dir()), None)
+        reason = f"{str(blocker)!r} is a file, not a folder" if blocker is not None else (exc.strerror or str(exc))
+        fix = "free some space or pass --plot another path" if exc.errno == errno.ENOSPC else \
+            "pass --plot a path you can write to"
+        raise OutputError(f"cannot write the plot to {str(out)!r}: {reason[:1].lower()}{reason[1:]}; {fix}") from None
 
 
 def write_demo_figure(demo: str | Path, out: str | Path) -> Path:

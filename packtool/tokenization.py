@@ -33,7 +33,7 @@ from pathlib import Path
 from .errors import ConfigError
 
 __all__ = ["Tokenizer", "QwenTiktoken", "HFTokenizer", "load_tokenizer", "tokenizer_path", "resolve_hf_cache",
-           "QWEN2_SPECIAL_TOKENS", "QWEN3_ADDED_TOKENS"]
+           "vocabulary_difference", "load_recorded_tokenizer", "QWEN2_SPECIAL_TOKENS", "QWEN3_ADDED_TOKENS"]
 
 #: Qwen2 / Qwen2.5 (and Qwen2-VL) special tokens, by id, as in the released tokenizer_config.json.
 QWEN2_SPECIAL_TOKENS: dict[str, int] = {
@@ -352,3 +352,75 @@ def load_tokenizer(spec: str | None = None) -> Tokenizer:
             raise ConfigError("--tokenizer hf: needs a model name, e.g. hf:Qwen/Qwen2-VL-7B-Instruct")
         return HFTokenizer(resolve_hf_cache(name), name=spec)
     return HFTokenizer(Path(tokenizer_path(spec)))
+
+
+def _embedded_specials(name: object) -> dict[str, int] | None:
+    """The special tokens of an embedded vocabulary by its recorded name, ``None`` for any other."""
+    if name == "qwen2":
+        return QWEN2_SPECIAL_TOKENS
+    if name == "qwen3":
+        return {**QWEN2_SPECIAL_TOKENS, **QWEN3_ADDED_TOKENS}
+    return None
+
+
+def vocabulary_difference(tok: Tokenizer, recorded: dict) -> str | None:
+    """What sets ``tok`` apart from the tokenizer a manifest records (its :meth:`Tokenizer.identity`),
+    in words, or ``None`` when it is the same vocabulary.
+
+    Names alone are compared only when nothing else is recorded: a ``tokenizer.json`` and the
+    model directory holding it are one vocabulary under two names. ``qwen2`` and ``qwen3`` share
+    their ranks file (and its sha256) and differ in Qwen3's added tokens, which are named.
+
+    Example:
+        >>> vocabulary_difference(QwenTiktoken("qwen3"), QwenTiktoken("qwen2").identity())
+        "'qwen3' adds <tool_response>, </tool_response>, <think> and </think> to the 'qwen2' vocabulary the directory was made with"
+        >>> vocabulary_difference(QwenTiktoken(), QwenTiktoken("qwen2").identity()) is None
+        True
+    """
+    got = tok.identity()
+    same = [k for k in recorded if k != "name"] or ["name"]
+    if not recorded or all(got.get(k) == recorded[k] for k in same):
+        return None
+    mine, theirs = got.get("name"), recorded.get("name")
+    ours, others = _embedded_specials(mine), _embedded_specials(theirs)
+    if ours is not None and others is not None and got.get("vocab_sha256") == recorded.get("vocab_sha256"):
+        added = [t for t in ours if t not in others]
+        if added:
+            return f"{mine!r} adds {_listing(added)} to the {theirs!r} vocabulary the directory was made with"
+        lacking = [t for t in others if t not in ours]
+        return f"{mine!r} lacks {_listing(lacking)} of the {theirs!r} vocabulary the directory was made with"
+    if "vocab_sha256" in recorded and got.get("vocab_sha256") != recorded["vocab_sha256"]:
+        return (f"{mine!r} is another vocabulary than the {theirs!r} the directory was made with (sha256 "
+                f"{str(got.get('vocab_sha256'))[:12]}… against {str(recorded['vocab_sha256'])[:12]}…)")
+    differ = [k for k in same if got.get(k) != recorded[k]]
+    return (f"{mine!r} is not the {theirs!r} the directory was made with ("
+            + ", ".join(f"{k} {got.get(k)!r} against {recorded[k]!r}" for k in differ) + ")")
+
+
+def _listing(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def load_recorded_tokenizer(spec: str, recorded: dict) -> Tokenizer:
+    """The tokenizer ``--tokenizer spec`` names, checked against the one a directory's manifest
+    records (``manifest["tokenizer"]``; nothing recorded: no check). ``inspect`` and ``validate``
+    take it to read a directory with; another vocabulary is a mistake in the command, not in the
+    data, so it is refused here, before anything is read.
+
+    Raises:
+        ConfigError: ``spec`` cannot be loaded, or it is not the recorded vocabulary; the message
+            says what differs and which ``--tokenizer`` to pass.
+    """
+    name = recorded.get("name")
+    fix = f"--tokenizer {name}" if _embedded_specials(name) is not None or str(name).startswith("hf:") else \
+        f"the tokenizer it was made with (recorded as {name!r})"
+    try:
+        tok = load_tokenizer(spec)
+    except ConfigError as exc:
+        if not name:
+            raise
+        raise ConfigError(f"{exc} (the directory was made with {name!r}: pass {fix} or leave it out)") from None
+    difference = vocabulary_difference(tok, recorded)
+    if difference:
+        raise ConfigError(f"--tokenizer {spec!r}: {difference}; pass {fix} or leave it out")
+    return tok

@@ -180,27 +180,20 @@ def _family_of(manifest: dict):
         return None
 
 
-def _tokenizer_of(manifest: dict, spec: str | None):
-    """``(tokenizer, problem)``: the tokenizer to check spans with (``None``: learn the ids),
-    or why ``spec`` cannot be used for this directory."""
-    from .errors import ConfigError
-    from .tokenization import load_tokenizer
+def _builtin_tokenizer(manifest: dict):
+    """``(tokenizer, problem)``: the embedded vocabulary a manifest names, to check spans with
+    (``None``: another tokenizer, whose ids are learnt), or why this packtool's copy of it is not
+    the one recorded."""
+    from .tokenization import load_tokenizer, vocabulary_difference
 
-    want = manifest.get("tokenizer") or {}
-    if spec is None:
-        if want.get("name") not in ("qwen2", "qwen3"):
-            return None, None
-        spec = want["name"]
-    try:
-        tok = load_tokenizer(spec)
-    except ConfigError as exc:
-        return None, str(exc)
-    got = tok.identity()
-    same = [k for k in want if k != "name"] or ["name"]  # a file and its directory name one vocabulary
-    if want and any(got.get(k) != want[k] for k in same):
-        return None, (f"--tokenizer {spec!r} is {got.get('name')!r} (vocab sha256 {str(got.get('vocab_sha256'))[:12]}…), "
-                      f"the directory was tokenized with {want.get('name')!r} (vocab sha256 "
-                      f"{str(want.get('vocab_sha256'))[:12]}…); pass that one or none")
+    recorded = manifest.get("tokenizer") or {}
+    name = recorded.get("name")
+    if name not in ("qwen2", "qwen3"):
+        return None, None
+    tok = load_tokenizer(name)
+    difference = vocabulary_difference(tok, recorded)
+    if difference:
+        return None, f"the recorded tokenizer is not this packtool's built-in {name!r}: {difference}"
     return tok, None
 
 
@@ -536,11 +529,17 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
     (a ``--tokenizer`` spec) names the tokenizer the directory was made with, so media
     spans are checked id for id (:func:`span_problem`); the embedded vocabularies
     (``qwen2``, ``qwen3``) are found from the manifest without it.
+
+    Raises:
+        ConfigError: ``tokenizer`` cannot be loaded, or it is not the vocabulary the manifest
+            records (:func:`packtool.tokenization.load_recorded_tokenizer`): a mistake in the
+            call, so it is raised rather than reported as a problem of the directory.
     """
     tokenizer_spec = tokenizer
     import pyarrow.parquet as pq
 
     from .storage import fetch_output
+    from .tokenization import load_recorded_tokenizer
 
     problems = _Problems(max_problems)
     report = {"ok": False, "path": str(path), "kind": None, "shards": 0, "rows": 0, "problems": problems.items}
@@ -551,6 +550,9 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
     except InputError as exc:
         problems.add(MANIFEST, str(exc))
         return report
+    # a --tokenizer of another vocabulary is a mistake in the command, not in the data: refused
+    # (ConfigError) before anything is checked
+    tokenizer = None if tokenizer_spec is None else load_recorded_tokenizer(tokenizer_spec, manifest.get("tokenizer") or {})
     kind = manifest.get("kind")
     report["kind"] = kind
     if kind not in ("tokenized", "packed"):
@@ -568,12 +570,10 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
     total_rows = total_samples = 0
     pad_ids: dict = {}
     family = _family_of(manifest) if check_rows else None
-    tokenizer = None
-    if family is not None:
-        tokenizer, msg = _tokenizer_of(manifest, tokenizer_spec)
+    if family is not None and tokenizer is None:
+        tokenizer, msg = _builtin_tokenizer(manifest)
         if msg:
             problems.add(MANIFEST, msg)
-            report["ok"] = False
             return report
     for entry in manifest.get("shards", []):
         file = entry["file"]

@@ -102,14 +102,73 @@ def test_cli_inspect_sample_in_a_pack_and_errors(demo_dirs):
     assert r.returncode == 0, r.stderr
     assert "] demo-010  tokens" in r.stdout and r.stdout.count("  assistant   ") == 3
     r = run("inspect", str(demo_dirs["packed"]), "--pack", "999")
-    assert r.returncode == 1 and r.stderr.startswith("Error: --pack 999:") and "holds packs 0.." in r.stderr
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == (f"Error: --pack 999: {str(demo_dirs['packed'])!r} has no such pack; its 4 packs are numbered "
+                        "0..3 (pack_index = task × 1000000000 + k); pass one of those\n")
     r = run("inspect", str(demo_dirs["packed"]), "--sample", "nope")
     assert r.returncode == 1 and "'nope' is in no pack" in r.stderr and "errors.jsonl" in r.stderr
     r = run("inspect", str(demo_dirs["tokenized"]), "--pack", "0")
     assert r.returncode == 1 and "use --sample" in r.stderr
+    r = run("inspect", str(demo_dirs["packed"]), "--tokenizer", "qwen3")  # the same check as validate's
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == ("Error: --tokenizer 'qwen3': 'qwen3' adds <tool_response>, </tool_response>, <think> and "
+                        "</think> to the 'qwen2' vocabulary the directory was made with; pass --tokenizer qwen2 or "
+                        "leave it out\n")
     r = run("inspect", str(demo_dirs["tokenized"]), "--sample", "demo-003", "--json")
     view = json.loads(r.stdout)
     assert view["kind"] == "sample" and view["samples"][0]["sample_id"] == "demo-003"
+
+
+@pytest.fixture(scope="module")
+def three_tasks(tmp_path_factory) -> Path:
+    """The demo corpus tokenized 10 rows a shard and packed: three pack tasks, so pack numbers
+    jump by 1,000,000,000 from one task to the next."""
+    base = tmp_path_factory.mktemp("tasks")
+    tok, packed = base / "tok10", base / "packed"
+    assert run("tokenize", str(SAMPLE / "data.jsonl"), "--media-root", str(SAMPLE), "-o", str(tok),
+               "--rows-per-shard", "10", "--workers", "1", "-q").returncode == 0
+    assert run("pack", str(tok), "-o", str(packed), "--max-tokens", "8192", "--workers", "1", "-q").returncode == 0
+    return packed
+
+
+def test_pack_numbers_of_several_tasks_are_what_the_error_lists(three_tasks):
+    manifest = json.loads((three_tasks / ".packtool" / "manifest.json").read_text())
+    runs, firsts = [], []
+    for entry in manifest["shards"]:
+        numbers = pq.read_table(three_tasks / entry["file"], columns=["pack_index"])["pack_index"].to_pylist()
+        task = int(entry["file"].split("-")[1])
+        assert numbers == list(range(task * 1_000_000_000, task * 1_000_000_000 + len(numbers)))
+        runs.append(f"{numbers[0]}..{numbers[-1]}" if len(numbers) > 1 else f"{numbers[0]}")
+        firsts.append(numbers[0])
+    assert firsts == [0, 1_000_000_000, 2_000_000_000]
+    for n in firsts:  # the numbers the error lists are the ones --pack takes
+        r = run("inspect", str(three_tasks), "--pack", str(n))
+        assert r.returncode == 0 and r.stdout.startswith(f"pack {n}  ("), r.stderr
+    r = run("inspect", str(three_tasks), "--pack", "2")
+    assert r.returncode == 1 and r.stdout == ""
+    n_packs = sum(e["rows"] for e in manifest["shards"])
+    assert r.stderr == (f"Error: --pack 2: {str(three_tasks)!r} has no such pack; its {n_packs} packs are numbered "
+                        f"{', '.join(runs[:-1])} and {runs[-1]} (pack_index = task × 1000000000 + k); pass one of those\n")
+
+
+def test_pack_numbers_read_as_runs():
+    from packtool.inspection import _number_ranges
+
+    assert _number_ranges([5]) == "5"
+    assert _number_ranges([0, 2, 4]) == "0, 2 and 4"
+    many = [t * 1_000_000_000 + k for t in range(7) for k in range(2)]
+    assert _number_ranges(many) == ("0..1, 1000000000..1000000001, 2000000000..2000000001, 3000000000..3000000001, …, "
+                                    "6000000000..6000000001 (7 runs)")
+
+
+def test_inspect_of_a_packed_dir_without_packs_says_so(demo_dirs, tmp_path):
+    empty = tmp_path / "empty"
+    r = run("pack", str(demo_dirs["tokenized"]), "-o", str(empty), "--max-tokens", "16", "--workers", "1", "-q")
+    assert r.returncode == 0 and r.stdout.startswith("0 samples in 0 packs"), r.stderr
+    r = run("inspect", str(empty))
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Error: {str(empty)!r} holds no packs\n")
+    r = run("inspect", str(empty), "--pack", "0")
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Error: --pack 0: {str(empty)!r} holds no packs\n")
 
 
 # ----------------------------------------------------------------------------------------------

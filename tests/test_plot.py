@@ -1,9 +1,13 @@
-"""`stats --plot`: a real PNG from the demo packs; a clear message without matplotlib."""
+"""`stats --plot`: a real PNG from the demo packs; a clear message without matplotlib, for a name that is
+no figure format, and for a path that cannot be written."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -44,6 +48,20 @@ def test_figure_bytes_depend_only_on_the_data(demo_dirs, tmp_path):
     with Image.open(a) as im:
         assert im.info["Description"] == f"packtool stats figure, data sha256 {figure_digest(data, stats)}"
         assert "Software" not in im.info
+
+
+@pytest.mark.parametrize("suffix", [".svg", ".pdf"])
+def test_svg_and_pdf_bytes_depend_only_on_the_data(demo_dirs, tmp_path, suffix):
+    pytest.importorskip("matplotlib")
+    from packtool.plotting import plot_stats
+
+    data, stats = _demo_pair(demo_dirs)
+    a = plot_stats(data, stats, tmp_path / f"a{suffix}").read_bytes()
+    time.sleep(1.1)  # a timestamp written to the second would differ
+    b = plot_stats(data, stats, tmp_path / f"b{suffix}").read_bytes()
+    assert a == b
+    for stamp in (b"CreationDate", b"Producer", b"<dc:date>", b"Matplotlib v"):  # a date or a version
+        assert stamp not in a, stamp
 
 
 def test_panels_show_sorted_fill_fitted_axes_and_drops_by_reason(demo_dirs, tmp_path):
@@ -87,3 +105,87 @@ def test_missing_matplotlib_names_the_extra(demo_dirs, tmp_path):
     assert r.returncode == 1
     assert r.stderr == "Error: --plot needs matplotlib, an optional extra: pip install packtool[plot]\n"
     assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("name, what", [
+    ("stats.txt", "ends in .txt, which is not a figure format packtool writes"),
+    ("stats.jpg", "ends in .jpg, which is not a figure format packtool writes"),
+    ("stats", "has no suffix to say the figure format"),  # was written as stats.png without a word
+])
+def test_plot_name_without_a_figure_suffix_is_a_usage_error(tmp_path, name, what):
+    out = tmp_path / name
+    # the directory does not exist: the name is refused before any statistics are read
+    r = packtool("stats", tmp_path / "nope", "--plot", out)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines()[-1] == (f"Error: Invalid value for '--plot': {str(out)!r} {what}; "
+                                         "end the name in .png, .svg or .pdf")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_plot_library_call_refuses_a_name_without_a_figure_suffix(demo_dirs, tmp_path):
+    from packtool.errors import ConfigError
+    from packtool.plotting import plot_stats
+
+    data, stats = _demo_pair(demo_dirs)
+    with pytest.raises(ConfigError) as exc:
+        plot_stats(data, stats, tmp_path / "stats.txt")
+    assert str(exc.value) == (f"--plot {str(tmp_path / 'stats.txt')!r} ends in .txt, which is not a figure format "
+                              "packtool writes; end the name in .png, .svg or .pdf")
+
+
+def test_plot_suffix_picks_the_format_in_any_case_and_missing_folders_are_made(demo_dirs, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "a" / "b" / "stats.SVG"
+    r = packtool("stats", demo_dirs["packed"], "--plot", out)
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes().startswith(b"<?xml") and b"<svg" in out.read_bytes()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["stats.SVG"]
+
+
+def test_plot_to_a_directory_is_one_error_line(demo_dirs, tmp_path):
+    pytest.importorskip("matplotlib")
+    d = tmp_path / "d.png"
+    d.mkdir()
+    r = packtool("stats", demo_dirs["packed"], "--plot", d)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == (f"Error: cannot write the plot to {str(d)!r}: it is a directory; name a file in it, "
+                        f"e.g. {str(d / 'stats.png')!r}\n")
+    assert list(d.iterdir()) == []
+
+
+def test_plot_under_a_file_is_one_error_line(demo_dirs, tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "notes").write_text("x")
+    out = tmp_path / "notes" / "figs" / "stats.png"
+    r = packtool("stats", demo_dirs["packed"], "--plot", out)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == (f"Error: cannot write the plot to {str(out)!r}: {str(tmp_path / 'notes')!r} is a file, "
+                        "not a folder; pass --plot a path you can write to\n")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, where every write fails: disk full")
+@pytest.mark.parametrize("suffix", [".png", ".pdf"])  # matplotlib's PDF writer fails on a full disk with its own AttributeError
+def test_plot_to_a_full_disk_is_one_error_line(demo_dirs, tmp_path, suffix):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / f"stats{suffix}"
+    out.symlink_to("/dev/full")
+    r = packtool("stats", demo_dirs["packed"], "--plot", out)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == (f"Error: cannot write the plot to {str(out)!r}: no space left on device; "
+                        "free some space or pass --plot another path\n")
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes through permission bits")
+def test_plot_into_a_folder_without_write_permission_is_one_error_line(demo_dirs, tmp_path):
+    pytest.importorskip("matplotlib")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        r = packtool("stats", demo_dirs["packed"], "--plot", locked / "stats.png")
+    finally:
+        locked.chmod(0o755)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == (f"Error: cannot write the plot to {str(locked / 'stats.png')!r}: permission denied; "
+                        "pass --plot a path you can write to\n")
+    assert list(locked.iterdir()) == []

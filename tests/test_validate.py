@@ -163,6 +163,40 @@ def test_row_counts_and_errors_file_are_checked(packed):
     assert any("unknown reason code" in p["what"] for p in validate_dir(packed)["problems"])
 
 
+@pytest.mark.parametrize("as_json", [False, True])
+def test_qwen3_tokenizer_for_a_qwen2_directory_is_an_error_not_a_damaged_directory(demo_dirs, as_json):
+    d = demo_dirs["packed"]
+    r = run("validate", str(d), "--tokenizer", "qwen3", *(["--json"] if as_json else []))
+    assert (r.returncode, r.stdout) == (1, "")  # no report: nothing was checked, so nothing is "not whole"
+    assert r.stderr == ("Error: --tokenizer 'qwen3': 'qwen3' adds <tool_response>, </tool_response>, <think> and "
+                        "</think> to the 'qwen2' vocabulary the directory was made with; pass --tokenizer qwen2 or "
+                        "leave it out\n")
+    assert run("validate", str(d), "--tokenizer", "qwen2").returncode == 0
+
+
+def test_qwen2_tokenizer_for_a_qwen3_directory_names_the_tokens_it_lacks(demo_dirs, tmp_path):
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    tok = tmp_path / "tok"
+    tokenize_dataset([demo_dirs["sample"] / "data.jsonl"], tok, TokenizeConfig(media_root=str(demo_dirs["sample"]),
+                                                                              tokenizer="qwen3"))
+    r = run("validate", str(tok), "--tokenizer", "qwen2")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == ("Error: --tokenizer 'qwen2': 'qwen2' lacks <tool_response>, </tool_response>, <think> and "
+                        "</think> of the 'qwen3' vocabulary the directory was made with; pass --tokenizer qwen3 or "
+                        "leave it out\n")
+    r = run("validate", str(tok), "--tokenizer", "qwen3")
+    assert r.returncode == 0 and r.stdout.endswith(": OK\n"), r.stdout + r.stderr
+
+
+def test_tokenizer_that_cannot_be_loaded_is_an_error_not_a_damaged_directory(demo_dirs, tmp_path):
+    missing = tmp_path / "no-such-model"
+    r = run("validate", str(demo_dirs["packed"]), "--json", "--tokenizer", str(missing))
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"Error: --tokenizer {str(missing)!r}: no tokenizer.json there; pass the file or a model "
+                        "directory (the directory was made with 'qwen2': pass --tokenizer qwen2 or leave it out)\n")
+
+
 def test_missing_manifest_is_a_problem_not_a_crash(tmp_path):
     r = run("validate", str(tmp_path))
     assert r.returncode == 1
@@ -405,12 +439,22 @@ def test_changed_marker_is_caught_without_the_tokenizer(family_dirs, tmp_path):
 
 
 def test_tokenizer_of_another_vocabulary_is_refused(family_dirs):
+    """A --tokenizer of another vocabulary is a mistake in the command: an error before anything
+    is checked, not a problem of the directory."""
+    from packtool.errors import ConfigError
+    from packtool.tokenization import load_tokenizer
+
     d = family_dirs("qwen2.5-vl")["runs"]
-    report = validate_dir(d, tokenizer="qwen2")
-    assert not report["ok"] and report["rows"] == 0
-    [problem] = report["problems"]
-    assert problem["where"].endswith("manifest.json") and "--tokenizer 'qwen2' is 'qwen2'" in problem["what"]
-    assert "pass that one or none" in problem["what"]
+    recorded = json.loads((d / ".packtool" / "manifest.json").read_text())["tokenizer"]
+    mine = load_tokenizer("qwen2").identity()["vocab_sha256"]
+    want = (f"--tokenizer 'qwen2': 'qwen2' is another vocabulary than the {recorded['name']!r} the directory was made "
+            f"with (sha256 {mine[:12]}… against {recorded['vocab_sha256'][:12]}…); pass the tokenizer it was made "
+            f"with (recorded as {recorded['name']!r}) or leave it out")
+    with pytest.raises(ConfigError) as exc:
+        validate_dir(d, tokenizer="qwen2")
+    assert str(exc.value) == want
+    r = run("validate", str(d), "--json", "--tokenizer", "qwen2")
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Error: {want}\n")
     assert validate_dir(d, tokenizer=str(family_dirs.vocab))["ok"]
 
 
