@@ -847,6 +847,25 @@ def test_output_under_a_read_only_directory(tmp_path, media, capfd, small_fs):
     assert code == 1 and err.startswith("Error: cannot write to") and "-o" in err and "Traceback" not in err, err
 
 
+def test_one_input_file_named_twice_is_refused(tmp_path, media, capfd, monkeypatch):
+    """The same file given twice (again, through a link, or also under a named directory) was
+    read twice: every sample doubled, under duplicate ids, without a word."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    jsonl(tmp_path / "sub" / "d.jsonl", [rec("a"), rec("b")])
+    os.symlink("sub/d.jsonl", tmp_path / "link.jsonl")
+    for args, what in ((["sub/d.jsonl", "sub/d.jsonl"], "is named twice"),
+                       (["sub/d.jsonl", "link.jsonl"], "is the same file as 'sub/d.jsonl'"),
+                       (["sub", "sub/d.jsonl"], "is named twice")):
+        code, out, err = cli(capfd, "tokenize", *args, "-o", "tok", "--media-root", media, "-q")
+        assert (code, out) == (1, ""), (args, err)
+        assert err.startswith(f"Error: input '{args[1]}' {what}, so every record in it would be read twice; name each "
+                              "file once"), (args, err)
+        assert not (tmp_path / "tok").exists()
+    code, out, _ = cli(capfd, "tokenize", "sub", "-o", "tok", "--media-root", media, "--json")
+    assert code == 0 and json.loads(out)["samples"] == 2
+
+
 def test_an_unreadable_input_file_names_it(tmp_path, media, capfd, monkeypatch):
     """Permission bits do not stop root (tests may run as root), so the refusal is injected
     where the file is opened: exactly what the kernel returns to a user without the right."""

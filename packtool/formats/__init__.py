@@ -109,6 +109,13 @@ def expand_inputs(inputs: list[Path], present: set[str] = frozenset()) -> list[P
             raise InputError(f"input {str(p)!r} does not exist")
     if not files:
         raise InputError(f"no input files found in {', '.join(map(str, inputs))}; expected {', '.join(SUFFIXES)}")
+    seen: dict[object, Path] = {}
+    for f in files:  # one file named twice (again, through a link, or under a named directory) would be read twice
+        key = str(f) if str(f) in present else f.resolve()
+        if key in seen:
+            what = "is named twice" if str(seen[key]) == str(f) else f"is the same file as {str(seen[key])!r}"
+            raise InputError(f"input {str(f)!r} {what}, so every record in it would be read twice; name each file once")
+        seen[key] = f
     return files
 
 
