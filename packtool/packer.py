@@ -197,7 +197,7 @@ class RelaxedUnitSolver:
 
 
 def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg: PackConfig, max_units: int,
-               anchor: bool = False) -> PackPlan:
+               anchor: bool = False, name: Callable[[int], str] | None = None) -> PackPlan:
     """Plan packs for samples with the given token and vision-unit counts, in stream order.
 
     The buffer policy (DESIGN.md §4)::
@@ -222,7 +222,8 @@ def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg
     Oversize samples (more tokens or units than a pack holds) follow ``cfg.oversize``:
     ``fail`` raises, ``drop`` drops, ``alone`` gives each its own pack (over capacity, at the
     end), ``truncate`` cuts a sample without media to ``max_tokens`` (a sample with media is
-    dropped instead: cutting could split a vision span).
+    dropped instead: cutting could split a vision span). ``name(i)``, when given, is how the
+    ``fail`` error names sample ``i`` (its id; by default its index).
     """
     tokens = np.asarray(tokens, dtype=np.int64)
     units = np.asarray(units, dtype=np.int64)
@@ -243,7 +244,7 @@ def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg
     for i in np.flatnonzero(~fits).tolist():
         if cfg.oversize == "fail":
             raise OversizeSampleError(
-                f"sample at index {i} needs {tokens[i]:,} tokens and {units[i]:,} vision units but a pack holds "
+                f"{name(i) if name is not None else f'sample at index {i}'} needs {tokens[i]:,} tokens and {units[i]:,} vision units but a pack holds "
                 f"{cfg.max_tokens:,} and {max_units:,}; raise --max-tokens/--max-vision-units or use --oversize drop"
             )
         if cfg.oversize == "truncate" and not too_many_units[i] and not has_media[i]:

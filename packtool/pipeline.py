@@ -1163,17 +1163,18 @@ class _RowStore:
 
 
 def _plan_kept(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, bad: dict, cfg: PackConfig,
-               max_units: int):
+               max_units: int, name: Callable[[int], str] | None = None):
     """``plan_packs`` over the samples not in ``bad`` (media no longer the ones counted); the
-    plan's indices are those of the full arrays."""
+    plan's indices are those of the full arrays, and so are those ``name`` takes."""
     from .packer import plan_packs
 
     if not bad:
-        return plan_packs(tokens, units, has_media, cfg, max_units)
+        return plan_packs(tokens, units, has_media, cfg, max_units, name=name)
     keep = np.ones(len(tokens), dtype=bool)
     keep[list(bad)] = False
     idx = np.flatnonzero(keep)
-    plan = plan_packs(tokens[idx], units[idx], has_media[idx], cfg, max_units)
+    plan = plan_packs(tokens[idx], units[idx], has_media[idx], cfg, max_units,
+                      name=None if name is None else lambda i: name(int(idx[i])))
     plan.order = idx[plan.order]
     plan.dropped, plan.alone, plan.truncated = ([int(idx[i]) for i in part]
                                                 for part in (plan.dropped, plan.alone, plan.truncated))
@@ -1223,7 +1224,11 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
         bad = _media_problems(media, as_root(task.media_root), task.check_mtime)
     except (pa.ArrowException, KeyError) as exc:
         raise shard_error(src, exc) from None
-    plan = _plan_kept(tokens, units, has_media, bad, cfg, task.max_units)
+    def name(row: int) -> str:  # for --oversize fail's error only
+        sid = pf.read(columns=["sample_id"], use_threads=False)["sample_id"][row].as_py()
+        return f"sample {sid!r} (row {row} of {src.name})"
+
+    plan = _plan_kept(tokens, units, has_media, bad, cfg, task.max_units, name)
     if plan.n_packs >= PACK_INDEX_STRIDE:
         raise ConfigError(f"{task.src_file}: {plan.n_packs:,} packs from one tokenized shard; re-run tokenize with a "
                           "smaller --rows-per-shard")

@@ -273,6 +273,17 @@ def test_dry_run_and_sweep_of_an_all_oversize_shard(tmp_path, media, capfd, poli
         assert code == 0 and "Traceback" not in err, (args, err)
 
 
+def test_oversize_fail_names_the_sample_by_its_id(tmp_path, media, capfd):
+    """``--oversize fail`` said "sample at index 1": an index into the shard's kept rows, which
+    the user cannot look up. It names the sample's id and its row of the shard now."""
+    tok = _tokenize(capfd, tmp_path, media, [rec("short"), {"id": "long-one", "conversations": conv("Tell me.", LONG)}])
+    shard = sorted(tok.glob("*.parquet"))[0].name
+    code, out, err = cli(capfd, "pack", tok, "-o", tmp_path / "packed", "--max-tokens", "256", "--oversize", "fail",
+                         "--workers", "1")
+    assert (code, out) == (1, "") and err.startswith(f"Error: sample 'long-one' (row 1 of {shard}) needs "), err
+    assert "raise --max-tokens/--max-vision-units or use --oversize drop" in err
+
+
 # ============================================================================ 5: names from manifests stay inside
 
 
