@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 import typer
 
 from . import __version__
-from .config import LAYOUTS, MEDIA_MODES, OVERSIZE_POLICIES, PackConfig, TokenizeConfig
+from .config import INT32_MAX, LAYOUTS, MEDIA_MODES, OVERSIZE_POLICIES, PackConfig, TokenizeConfig
 from .errors import PacktoolError
 from .formats import FORMATS
 from .mixture import GROUP_BY, SAMPLES_PER_TASK
@@ -26,7 +26,7 @@ from .pipeline import ON_ERROR
 from .shards import ERRORS, MANIFEST
 from .storage import join
 from .templates import TEMPLATES
-from .vision import EXIF_MODES, FAMILIES
+from .vision import EXIF_MODES, FAMILIES, SETTING_LIMITS
 
 __all__ = ["app", "main", "run"]
 
@@ -90,6 +90,7 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print machine-readable JSO
 Overwrite = Annotated[bool, typer.Option(
     "--overwrite",
     help="Replace a run made with other settings (only the files it wrote are removed), or write into a non-empty directory that holds no packtool run.")]
+# Counts end up in int32 columns (config.INT32_MAX); the processor settings have the bounds of vision.SETTING_LIMITS.
 MaxTokens = Annotated[int, typer.Option(min=1, help="Tokens per pack (sequence length).")]
 MaxVisionUnits = Annotated[
     int | None, typer.Option(min=0, help="Vision units per pack (default: the model family's default).")
@@ -152,17 +153,17 @@ def tokenize(
     tokenizer: Annotated[str | None, typer.Option(metavar="<path|hf:ORG/NAME>", help=f"Tokenizer ({TOKENIZER_FORMS}).")] = None,
     format: Annotated[FormatChoice, typer.Option("--format", help="Input record format; auto detects it per record.")] = FormatChoice.auto,
     system_prompt: Annotated[str | None, typer.Option(help="System prompt (default: the template's).")] = None,
-    min_pixels: Annotated[int | None, typer.Option(help="Image pixel floor (families with a pixel budget).")] = None,
-    max_pixels: Annotated[int | None, typer.Option(help="Image pixel cap (families with a pixel budget).")] = None,
-    max_frames: Annotated[int | None, typer.Option(min=1, help="Most frames sampled per video (default: the family's).")] = None,
+    min_pixels: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["min_pixels"], help="Image pixel floor (families with a pixel budget).")] = None,
+    max_pixels: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["max_pixels"], help="Image pixel cap (families with a pixel budget).")] = None,
+    max_frames: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["max_frames"], help="Most frames sampled per video (default: the family's).")] = None,
     fps: Annotated[float | None, typer.Option(min=0.01, help="Video sampling rate (qwen families; default 2).")] = None,
-    max_crops: Annotated[int | None, typer.Option(min=1, help="Molmo2 crops per image (default 8).")] = None,
-    max_num: Annotated[int | None, typer.Option(min=1, help="InternVL tiles per image (default 12).")] = None,
+    max_crops: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["max_crops"], help="Molmo2 crops per image (default 8).")] = None,
+    max_num: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["max_num"], help="InternVL tiles per image (default 12).")] = None,
     exif: Annotated[ExifChoice | None, typer.Option(help="EXIF orientation / video rotation (default: what the family's loader does).")] = None,
     rows_per_shard: Annotated[int, typer.Option(min=1, help="Rows per tokenized shard.")] = 50_000,
     max_errors: Annotated[int | None, typer.Option(min=0, help="Fail when more rows than this are rejected.")] = None,
     max_branches: Annotated[int | None, typer.Option(min=1, help="Branches per message tree; more go to another tree on the same media.")] = None,
-    max_tokens: Annotated[int | None, typer.Option(min=1, help="Tokens per message tree; branches beyond go to another tree on the same media.")] = None,
+    max_tokens: Annotated[int | None, typer.Option(min=1, max=INT32_MAX, help="Tokens per message tree; branches beyond go to another tree on the same media.")] = None,
     group_by_media: Annotated[bool, typer.Option("--group-by-media", help="Merge records that use the same media file into one message tree.")] = False,
     reasoning_loss: Annotated[bool, typer.Option("--reasoning-loss/--no-reasoning-loss", help="Whether kept reasoning (qwen3-vl <think>...</think>) carries loss; the answer always does.")] = True,
     on_error: OnError = "skip",
