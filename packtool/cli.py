@@ -91,10 +91,11 @@ Overwrite = Annotated[bool, typer.Option(
     "--overwrite",
     help="Replace a run made with other settings (only the files it wrote are removed), or write into a non-empty directory that holds no packtool run.")]
 # Counts end up in int32 columns (config.INT32_MAX); the processor settings have the bounds of vision.SETTING_LIMITS.
-MaxTokens = Annotated[int, typer.Option(min=1, help="Tokens per pack (sequence length).")]
+MaxTokens = Annotated[int, typer.Option(min=1, max=INT32_MAX, help="Tokens per pack (sequence length).")]
 MaxVisionUnits = Annotated[
-    int | None, typer.Option(min=0, help="Vision units per pack (default: the model family's default).")
+    int | None, typer.Option(min=0, max=INT32_MAX, help="Vision units per pack (default: the model family's default).")
 ]
+TextWeight = Annotated[int, typer.Option(min=1, max=INT32_MAX, help="Objective weight of a token.")]
 # Where tasks run (executors.ExecutorConfig); none of these changes the output bytes.
 Workers = Annotated[int | None, typer.Option(min=1, help="Parallel tasks on this machine (default: every core; 1: in-process).")]
 Executor = Annotated[ExecutorChoice, typer.Option(help="local: a process pool; ray: Ray tasks (pip install packtool[ray]).")]
@@ -222,8 +223,8 @@ def pack(
     max_tokens: MaxTokens = _PACK_DEFAULTS.max_tokens,
     max_vision_units: MaxVisionUnits = None,
     buffer_size: Annotated[int, typer.Option(min=1, help="Samples the knapsack chooses from per pack.")] = _PACK_DEFAULTS.buffer_size,
-    text_weight: Annotated[int, typer.Option(min=1, help="Objective weight of a token.")] = _PACK_DEFAULTS.text_weight,
-    vision_weight: Annotated[int, typer.Option(min=0, help="Objective weight of a vision unit.")] = _PACK_DEFAULTS.vision_weight,
+    text_weight: TextWeight = _PACK_DEFAULTS.text_weight,
+    vision_weight: Annotated[int, typer.Option(min=0, max=INT32_MAX, help="Objective weight of a vision unit.")] = _PACK_DEFAULTS.vision_weight,
     token_granularity: Annotated[int, typer.Option(min=1, help="Token sizes round up to this in the DP.")] = _PACK_DEFAULTS.token_granularity,
     oversize: Annotated[OversizeChoice, typer.Option(help="Samples that never fit: drop (listed in .packtool/errors.jsonl), truncate (text-only), alone (a pack of their own), fail.")] = "drop",
     max_samples_per_pack: Annotated[int | None, typer.Option(min=1, help="Cap on samples in one pack.")] = None,
@@ -393,7 +394,7 @@ def sweep(
     max_vision_units: Annotated[str | None, typer.Option(help="Comma-separated --max-vision-units values.")] = None,
     buffer_size: Annotated[str, typer.Option(help="Comma-separated --buffer-size values.")] = str(_PACK_DEFAULTS.buffer_size),
     vision_weight: Annotated[str, typer.Option(help="Comma-separated --vision-weight values.")] = "0",
-    text_weight: Annotated[int, typer.Option(min=1, help="Objective weight of a token.")] = 1,
+    text_weight: TextWeight = 1,
     token_granularity: Annotated[int, typer.Option(min=1, help="Token sizes round up to this in the DP.")] = _PACK_DEFAULTS.token_granularity,
     oversize: Annotated[SweepOversizeChoice, typer.Option(help="Samples that never fit.")] = "drop",
     as_json: AsJson = False,

@@ -43,6 +43,8 @@ def check_range(flag: str, value: int, lo: int, hi: int, why: str = "") -> None:
 
 #: Why counts are refused above :data:`INT32_MAX` (the ``why`` of :func:`check_range`).
 INT32_WHY = "the largest int32, the type of the shards' token, unit and size columns"
+#: Why objective weights are: a sample's value, a weight times an int32 count, then fits int64.
+WEIGHT_WHY = "the largest int32, so a sample's value, the weight times an int32 count, fits int64"
 
 
 class _Digestible:
@@ -170,6 +172,11 @@ class PackConfig(_Digestible):
             raise ConfigError("--max-vision-units must be non-negative")
         if self.text_weight < 0 or self.vision_weight < 0:
             raise ConfigError("--text-weight and --vision-weight must be non-negative")
+        check_range("--max-tokens", self.max_tokens, 1, INT32_MAX, INT32_WHY)
+        if self.max_vision_units is not None:
+            check_range("--max-vision-units", self.max_vision_units, 0, INT32_MAX, INT32_WHY)
+        check_range("--text-weight", self.text_weight, 0, INT32_MAX, WEIGHT_WHY)
+        check_range("--vision-weight", self.vision_weight, 0, INT32_MAX, WEIGHT_WHY)
         if self.oversize not in OVERSIZE_POLICIES:
             raise ConfigError(f"--oversize {self.oversize!r}: choose drop, truncate, alone or fail")
         if self.media not in MEDIA_MODES:

@@ -150,3 +150,15 @@ def test_a_model_spec_or_pixel_pair_that_cannot_work_is_refused_before_any_work(
     r = run("tokenize", str(demo_dirs["sample"] / "data.jsonl"), "-o", str(out), "-q", *args)
     assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Error: {message}\n")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("flag", "value", "bound"), [
+    ("--max-vision-units", "99999999999999999999", "less than or equal to 2147483647"),
+    ("--max-tokens", "2147483648", "less than or equal to 2147483647"),
+    ("--text-weight", "99999999999999999999", "less than or equal to 2147483647"),
+    ("--vision-weight", "99999999999999999999", "less than or equal to 2147483647"),
+])
+def test_pack_counts_beyond_int32_are_usage_errors(tmp_path, demo_dirs, flag, value, bound):
+    r = run("pack", str(demo_dirs["tokenized"]), "-o", str(tmp_path / "p"), "-q", flag, value)
+    assert _usage_error(r, "pack", f"Invalid value for '{flag}': Input should be {bound}"), r.stderr
+    assert not (tmp_path / "p").exists()

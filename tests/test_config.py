@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from packtool import TokenizeConfig
+from packtool import PackConfig, TokenizeConfig
 from packtool.errors import ConfigError
 
 INT32 = "choose a value from {lo} to 2,147,483,647 (the largest int32, the type of the shards' token, unit and size columns)"
+WEIGHT = ("choose a value from 0 to 2,147,483,647 (the largest int32, so a sample's value, the weight times an int32 "
+          "count, fits int64)")
 
 
 @pytest.mark.parametrize(("settings", "message"), [
@@ -43,3 +45,19 @@ def test_tokenize_config_takes_the_bounds_themselves():
     TokenizeConfig(model="fixed:2147483647")
     TokenizeConfig(model="internvl", max_num=256, max_frames=65_536)
     TokenizeConfig(model="molmo2", max_crops=256)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"max_tokens": 2**31}, "--max-tokens 2147483648: " + INT32.format(lo=1)),
+    ({"max_vision_units": 10**20}, f"--max-vision-units {10**20}: " + INT32.format(lo=0)),
+    ({"text_weight": 2**31}, "--text-weight 2147483648: " + WEIGHT),
+    ({"vision_weight": 2**63}, f"--vision-weight {2**63}: " + WEIGHT),
+], ids=["max-tokens", "max-vision-units", "text-weight", "vision-weight"])
+def test_pack_config_refuses_counts_beyond_int32(settings, message):
+    with pytest.raises(ConfigError) as err:
+        PackConfig(**settings)
+    assert str(err.value) == message
+
+
+def test_pack_config_takes_int32_counts():
+    PackConfig(max_tokens=2**31 - 1, max_vision_units=2**31 - 1, text_weight=2**31 - 1, vision_weight=2**31 - 1)
