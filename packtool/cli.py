@@ -23,6 +23,7 @@ from .errors import PacktoolError
 from .formats import FORMATS
 from .mixture import GROUP_BY, SAMPLES_PER_TASK
 from .pipeline import ON_ERROR
+from .schema import LAYOUTS as LAYOUT_VERSIONS
 from .shards import ERRORS, MANIFEST
 from .storage import join
 from .templates import TEMPLATES
@@ -232,7 +233,7 @@ def pack(
     media_root: Annotated[str | None, typer.Option(callback=_location, help="Media root (default: the one tokenize used).")] = None,
     packs_per_shard: Annotated[int, typer.Option(min=1, help="Packs per output shard.")] = _PACK_DEFAULTS.packs_per_shard,
     frame_quality: Annotated[int, typer.Option(min=1, max=100, help="JPEG quality of embedded video frames.")] = 90,
-    layout: Annotated[LayoutChoice, typer.Option(help="runs: placeholder runs stored once (schema v4; packtool.reader expands them); full: every token stored (schema v2), for reading the Parquet directly.")] = "runs",
+    layout: Annotated[LayoutChoice, typer.Option(help=f"runs: placeholder runs stored once (schema v{LAYOUT_VERSIONS['runs']}; packtool.reader expands them); full: every token stored (schema v{LAYOUT_VERSIONS['full']}), for reading the Parquet directly.")] = "runs",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan only; print stats, write nothing.")] = False,
     max_errors: MaxErrors = None,
     on_error: OnError = "skip",

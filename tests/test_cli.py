@@ -162,3 +162,13 @@ def test_pack_counts_beyond_int32_are_usage_errors(tmp_path, demo_dirs, flag, va
     r = run("pack", str(demo_dirs["tokenized"]), "-o", str(tmp_path / "p"), "-q", flag, value)
     assert _usage_error(r, "pack", f"Invalid value for '{flag}': Input should be {bound}"), r.stderr
     assert not (tmp_path / "p").exists()
+
+
+def test_pack_help_names_the_schema_versions_each_layout_writes(demo_dirs, capsys):
+    from packtool.shards import read_manifest
+
+    out = _help("pack", capsys=capsys)
+    runs = read_manifest(demo_dirs["packed"], "packed")["schema_version"]
+    full = read_manifest(demo_dirs["packed-full"], "packed")["schema_version"]
+    assert (f"runs: placeholder runs stored once (schema v{runs}; packtool.reader expands them); "
+            f"full: every token stored (schema v{full})") in out
