@@ -376,25 +376,46 @@ def inspect(
     typer.echo(json.dumps(view, indent=2, ensure_ascii=False) if as_json else render_inspection(view))
 
 
-def _int_list(flag: str, text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise PacktoolError(f"{flag} {text!r}: give comma-separated integers, e.g. {flag} 48,256") from None
-    if not values:
-        raise PacktoolError(f"{flag} {text!r}: give at least one value")
-    return values
+def _int_list(lo: int, hi: int | None, example: str):
+    """The callback of a comma-separated list option: its integers, each in ``lo..hi`` (``hi`` None:
+    no upper bound); an empty item, a non-integer or a value out of range is a usage error, as the
+    same value given to ``pack`` is."""
+
+    def parse(text: str | None) -> list[int] | None:
+        if text is None:
+            return None
+        items = [v.strip() for v in text.split(",")]
+        if items == [""]:
+            raise typer.BadParameter(f"give at least one integer, e.g. {example}")
+        if "" in items:
+            raise typer.BadParameter(f"{text!r} has an empty item; give comma-separated integers, e.g. {example}")
+        try:
+            values = [int(v) for v in items]
+        except ValueError:
+            raise typer.BadParameter(f"{text!r}: give comma-separated integers, e.g. {example}") from None
+        for v in values:
+            # worded as typer words the same value given to pack
+            which = "Input" if len(values) == 1 else f"{v} in {text!r}"
+            if v < lo:
+                raise typer.BadParameter(f"{which} should be greater than or equal to {lo}")
+            if hi is not None and v > hi:
+                raise typer.BadParameter(f"{which} should be less than or equal to {hi}")
+        return values
+
+    return parse
 
 
 @app.command()
 def sweep(
     src: Annotated[str, typer.Argument(callback=_location, help="Tokenized directory.")],
-    max_tokens: Annotated[str, typer.Option(help="Comma-separated --max-tokens values.")] = str(_PACK_DEFAULTS.max_tokens),
-    max_vision_units: Annotated[str | None, typer.Option(help="Comma-separated --max-vision-units values.")] = None,
-    buffer_size: Annotated[str, typer.Option(help="Comma-separated --buffer-size values.")] = str(_PACK_DEFAULTS.buffer_size),
-    vision_weight: Annotated[str, typer.Option(help="Comma-separated --vision-weight values.")] = "0",
+    max_tokens: Annotated[str, typer.Option(callback=_int_list(1, INT32_MAX, "8192,16384"),
+                                            help="Comma-separated --max-tokens values.")] = str(_PACK_DEFAULTS.max_tokens),
+    max_vision_units: Annotated[str | None, typer.Option(callback=_int_list(0, INT32_MAX, "64,128"),
+                                                         help="Comma-separated --max-vision-units values.")] = None,
+    buffer_size: Annotated[str, typer.Option(callback=_int_list(1, None, "48,256"),
+                                             help="Comma-separated --buffer-size values.")] = str(_PACK_DEFAULTS.buffer_size),
+    vision_weight: Annotated[str, typer.Option(callback=_int_list(0, INT32_MAX, "0,30"),
+                                               help="Comma-separated --vision-weight values.")] = "0",
     text_weight: TextWeight = 1,
     token_granularity: Annotated[int, typer.Option(min=1, help="Token sizes round up to this in the DP.")] = _PACK_DEFAULTS.token_granularity,
     oversize: Annotated[SweepOversizeChoice, typer.Option(help="Samples that never fit.")] = "drop",
@@ -409,12 +430,12 @@ def sweep(
     from .stats import render_sweep
     from .stats import sweep as sweep_grid
 
-    grid: dict[str, list] = {"max_tokens": _int_list("--max-tokens", max_tokens)}
-    units = _int_list("--max-vision-units", max_vision_units)
-    if units is not None:
-        grid["max_vision_units"] = units
-    grid["buffer_size"] = _int_list("--buffer-size", buffer_size)
-    grid["vision_weight"] = _int_list("--vision-weight", vision_weight)
+    # the list options' callbacks (_int_list) have parsed and checked them
+    grid: dict[str, list] = {"max_tokens": max_tokens}
+    if max_vision_units is not None:
+        grid["max_vision_units"] = max_vision_units
+    grid["buffer_size"] = buffer_size
+    grid["vision_weight"] = vision_weight
     base = PackConfig(text_weight=text_weight, token_granularity=token_granularity, oversize=oversize)
     rows = sweep_grid(src, base, grid)
     typer.echo(json.dumps(rows, indent=2) if as_json else render_sweep(rows))
