@@ -327,10 +327,10 @@ def stats(
     packed: Annotated[str | None, typer.Argument(callback=_location, help="Packed directory made from PATH; the pair is reconciled.")] = None,
     as_json: AsJson = False,
     plot: Annotated[Path | None, typer.Option(help="Also write a figure (PNG) of fill, samples per pack, lengths.")] = None,
-    fail_below_fill: Annotated[float | None, typer.Option(min=0, help="Exit 1 when mean token fill is below this (0..1).")] = None,
-    fail_below_vision_fill: Annotated[float | None, typer.Option(min=0, help="Exit 1 when mean vision fill is below this.")] = None,
+    fail_below_fill: Annotated[float | None, typer.Option(min=0, max=1, help="Exit 1 when mean token fill is below this (0..1).")] = None,
+    fail_below_vision_fill: Annotated[float | None, typer.Option(min=0, max=1, help="Exit 1 when mean vision fill is below this (0..1).")] = None,
     fail_above_ratio: Annotated[float | None, typer.Option(min=0, help="Exit 1 when packs / lower bound is above this.")] = None,
-    fail_above_rejected: Annotated[float | None, typer.Option(min=0, help="Exit 1 when the rejected share of rows is above this.")] = None,
+    fail_above_rejected: Annotated[float | None, typer.Option(min=0, max=1, help="Exit 1 when the rejected share of rows is above this (0..1).")] = None,
 ) -> None:
     """Show fill, packs against the lower bound, padding saved, sources, and drops.
 
