@@ -18,15 +18,16 @@ from typing import Annotated, Literal
 import typer
 
 from . import __version__
-from .config import LAYOUTS, MEDIA_MODES, OVERSIZE_POLICIES, PackConfig, TokenizeConfig
+from .config import INT32_MAX, LAYOUTS, MEDIA_MODES, OVERSIZE_POLICIES, PackConfig, TokenizeConfig
 from .errors import PacktoolError
 from .formats import FORMATS
 from .mixture import GROUP_BY, SAMPLES_PER_TASK
 from .pipeline import ON_ERROR
+from .schema import LAYOUTS as LAYOUT_VERSIONS
 from .shards import ERRORS, MANIFEST
 from .storage import join
 from .templates import TEMPLATES
-from .vision import EXIF_MODES, FAMILIES
+from .vision import EXIF_MODES, FAMILIES, SETTING_LIMITS
 
 __all__ = ["app", "main", "run"]
 
@@ -90,10 +91,12 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print machine-readable JSO
 Overwrite = Annotated[bool, typer.Option(
     "--overwrite",
     help="Replace a run made with other settings (only the files it wrote are removed), or write into a non-empty directory that holds no packtool run.")]
-MaxTokens = Annotated[int, typer.Option(min=1, help="Tokens per pack (sequence length).")]
+# Counts end up in int32 columns (config.INT32_MAX); the processor settings have the bounds of vision.SETTING_LIMITS.
+MaxTokens = Annotated[int, typer.Option(min=1, max=INT32_MAX, help="Tokens per pack (sequence length).")]
 MaxVisionUnits = Annotated[
-    int | None, typer.Option(min=0, help="Vision units per pack (default: the model family's default).")
+    int | None, typer.Option(min=0, max=INT32_MAX, help="Vision units per pack (default: the model family's default).")
 ]
+TextWeight = Annotated[int, typer.Option(min=1, max=INT32_MAX, help="Objective weight of a token.")]
 # Where tasks run (executors.ExecutorConfig); none of these changes the output bytes.
 Workers = Annotated[int | None, typer.Option(min=1, help="Parallel tasks on this machine (default: every core; 1: in-process).")]
 Executor = Annotated[ExecutorChoice, typer.Option(help="local: a process pool; ray: Ray tasks (pip install packtool[ray]).")]
@@ -152,17 +155,17 @@ def tokenize(
     tokenizer: Annotated[str | None, typer.Option(metavar="<path|hf:ORG/NAME>", help=f"Tokenizer ({TOKENIZER_FORMS}).")] = None,
     format: Annotated[FormatChoice, typer.Option("--format", help="Input record format; auto detects it per record.")] = FormatChoice.auto,
     system_prompt: Annotated[str | None, typer.Option(help="System prompt (default: the template's).")] = None,
-    min_pixels: Annotated[int | None, typer.Option(help="Image pixel floor (families with a pixel budget).")] = None,
-    max_pixels: Annotated[int | None, typer.Option(help="Image pixel cap (families with a pixel budget).")] = None,
-    max_frames: Annotated[int | None, typer.Option(min=1, help="Most frames sampled per video (default: the family's).")] = None,
+    min_pixels: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["min_pixels"], help="Image pixel floor (families with a pixel budget).")] = None,
+    max_pixels: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["max_pixels"], help="Image pixel cap (families with a pixel budget).")] = None,
+    max_frames: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["max_frames"], help="Most frames sampled per video (default: the family's).")] = None,
     fps: Annotated[float | None, typer.Option(min=0.01, help="Video sampling rate (qwen families; default 2).")] = None,
-    max_crops: Annotated[int | None, typer.Option(min=1, help="Molmo2 crops per image (default 8).")] = None,
-    max_num: Annotated[int | None, typer.Option(min=1, help="InternVL tiles per image (default 12).")] = None,
+    max_crops: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["max_crops"], help="Molmo2 crops per image (default 8).")] = None,
+    max_num: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["max_num"], help="InternVL tiles per image (default 12).")] = None,
     exif: Annotated[ExifChoice | None, typer.Option(help="EXIF orientation / video rotation (default: what the family's loader does).")] = None,
     rows_per_shard: Annotated[int, typer.Option(min=1, help="Rows per tokenized shard.")] = 50_000,
     max_errors: Annotated[int | None, typer.Option(min=0, help="Fail when more rows than this are rejected.")] = None,
     max_branches: Annotated[int | None, typer.Option(min=1, help="Branches per message tree; more go to another tree on the same media.")] = None,
-    max_tokens: Annotated[int | None, typer.Option(min=1, help="Tokens per message tree; branches beyond go to another tree on the same media.")] = None,
+    max_tokens: Annotated[int | None, typer.Option(min=1, max=INT32_MAX, help="Tokens per message tree; branches beyond go to another tree on the same media.")] = None,
     group_by_media: Annotated[bool, typer.Option("--group-by-media", help="Merge records that use the same media file into one message tree.")] = False,
     reasoning_loss: Annotated[bool, typer.Option("--reasoning-loss/--no-reasoning-loss", help="Whether kept reasoning (qwen3-vl <think>...</think>) carries loss; the answer always does.")] = True,
     on_error: OnError = "skip",
@@ -227,8 +230,8 @@ def pack(
     max_tokens: MaxTokens = _PACK_DEFAULTS.max_tokens,
     max_vision_units: MaxVisionUnits = None,
     buffer_size: Annotated[int, typer.Option(min=1, help="Samples the knapsack chooses from per pack.")] = _PACK_DEFAULTS.buffer_size,
-    text_weight: Annotated[int, typer.Option(min=1, help="Objective weight of a token.")] = _PACK_DEFAULTS.text_weight,
-    vision_weight: Annotated[int, typer.Option(min=0, help="Objective weight of a vision unit.")] = _PACK_DEFAULTS.vision_weight,
+    text_weight: TextWeight = _PACK_DEFAULTS.text_weight,
+    vision_weight: Annotated[int, typer.Option(min=0, max=INT32_MAX, help="Objective weight of a vision unit.")] = _PACK_DEFAULTS.vision_weight,
     token_granularity: Annotated[int, typer.Option(min=1, help="Token sizes round up to this in the DP.")] = _PACK_DEFAULTS.token_granularity,
     oversize: Annotated[OversizeChoice, typer.Option(help="Samples that never fit: drop (listed in .packtool/errors.jsonl), truncate (text-only), alone (a pack of their own), fail.")] = "drop",
     max_samples_per_pack: Annotated[int | None, typer.Option(min=1, help="Cap on samples in one pack.")] = None,
@@ -236,7 +239,7 @@ def pack(
     media_root: Annotated[str | None, typer.Option(callback=_location, help="Media root (default: the one tokenize used).")] = None,
     packs_per_shard: Annotated[int, typer.Option(min=1, help="Packs per output shard.")] = _PACK_DEFAULTS.packs_per_shard,
     frame_quality: Annotated[int, typer.Option(min=1, max=100, help="JPEG quality of embedded video frames.")] = 90,
-    layout: Annotated[LayoutChoice, typer.Option(help="runs: placeholder runs stored once (schema v4; packtool.reader expands them); full: every token stored (schema v2), for reading the Parquet directly.")] = "runs",
+    layout: Annotated[LayoutChoice, typer.Option(help=f"runs: placeholder runs stored once (schema v{LAYOUT_VERSIONS['runs']}; packtool.reader expands them); full: every token stored (schema v{LAYOUT_VERSIONS['full']}), for reading the Parquet directly.")] = "runs",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan only; print stats, write nothing.")] = False,
     max_errors: MaxErrors = None,
     on_error: OnError = "skip",
@@ -344,10 +347,10 @@ def stats(
     plot: Annotated[Path | None, typer.Option(callback=_figure_path, help=(
         "Also write a figure of fill, samples per pack, padding and drops; the suffix picks the format: .png, .svg "
         "or .pdf (missing folders are created)."))] = None,
-    fail_below_fill: Annotated[float | None, typer.Option(min=0, help="Exit 1 when mean token fill is below this (0..1).")] = None,
-    fail_below_vision_fill: Annotated[float | None, typer.Option(min=0, help="Exit 1 when mean vision fill is below this.")] = None,
+    fail_below_fill: Annotated[float | None, typer.Option(min=0, max=1, help="Exit 1 when mean token fill is below this (0..1).")] = None,
+    fail_below_vision_fill: Annotated[float | None, typer.Option(min=0, max=1, help="Exit 1 when mean vision fill is below this (0..1).")] = None,
     fail_above_ratio: Annotated[float | None, typer.Option(min=0, help="Exit 1 when packs / lower bound is above this.")] = None,
-    fail_above_rejected: Annotated[float | None, typer.Option(min=0, help="Exit 1 when the rejected share of rows is above this.")] = None,
+    fail_above_rejected: Annotated[float | None, typer.Option(min=0, max=1, help="Exit 1 when the rejected share of rows is above this (0..1).")] = None,
 ) -> None:
     """Show fill, packs against the lower bound, padding saved, sources, and drops.
 
@@ -395,26 +398,47 @@ def inspect(
     typer.echo(json.dumps(view, indent=2, ensure_ascii=False) if as_json else render_inspection(view))
 
 
-def _int_list(flag: str, text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise PacktoolError(f"{flag} {text!r}: give comma-separated integers, e.g. {flag} 48,256") from None
-    if not values:
-        raise PacktoolError(f"{flag} {text!r}: give at least one value")
-    return values
+def _int_list(lo: int, hi: int | None, example: str):
+    """The callback of a comma-separated list option: its integers, each in ``lo..hi`` (``hi`` None:
+    no upper bound); an empty item, a non-integer or a value out of range is a usage error, as the
+    same value given to ``pack`` is."""
+
+    def parse(text: str | None) -> list[int] | None:
+        if text is None:
+            return None
+        items = [v.strip() for v in text.split(",")]
+        if items == [""]:
+            raise typer.BadParameter(f"give at least one integer, e.g. {example}")
+        if "" in items:
+            raise typer.BadParameter(f"{text!r} has an empty item; give comma-separated integers, e.g. {example}")
+        try:
+            values = [int(v) for v in items]
+        except ValueError:
+            raise typer.BadParameter(f"{text!r}: give comma-separated integers, e.g. {example}") from None
+        for v in values:
+            # worded as typer words the same value given to pack
+            which = "Input" if len(values) == 1 else f"{v} in {text!r}"
+            if v < lo:
+                raise typer.BadParameter(f"{which} should be greater than or equal to {lo}")
+            if hi is not None and v > hi:
+                raise typer.BadParameter(f"{which} should be less than or equal to {hi}")
+        return values
+
+    return parse
 
 
 @app.command()
 def sweep(
     src: Annotated[str, typer.Argument(callback=_location, help="Tokenized directory.")],
-    max_tokens: Annotated[str, typer.Option(help="Comma-separated --max-tokens values.")] = str(_PACK_DEFAULTS.max_tokens),
-    max_vision_units: Annotated[str | None, typer.Option(help="Comma-separated --max-vision-units values.")] = None,
-    buffer_size: Annotated[str, typer.Option(help="Comma-separated --buffer-size values.")] = str(_PACK_DEFAULTS.buffer_size),
-    vision_weight: Annotated[str, typer.Option(help="Comma-separated --vision-weight values.")] = "0",
-    text_weight: Annotated[int, typer.Option(min=1, help="Objective weight of a token.")] = 1,
+    max_tokens: Annotated[str, typer.Option(callback=_int_list(1, INT32_MAX, "8192,16384"),
+                                            help="Comma-separated --max-tokens values.")] = str(_PACK_DEFAULTS.max_tokens),
+    max_vision_units: Annotated[str | None, typer.Option(callback=_int_list(0, INT32_MAX, "64,128"),
+                                                         help="Comma-separated --max-vision-units values.")] = None,
+    buffer_size: Annotated[str, typer.Option(callback=_int_list(1, None, "48,256"),
+                                             help="Comma-separated --buffer-size values.")] = str(_PACK_DEFAULTS.buffer_size),
+    vision_weight: Annotated[str, typer.Option(callback=_int_list(0, INT32_MAX, "0,30"),
+                                               help="Comma-separated --vision-weight values.")] = "0",
+    text_weight: TextWeight = 1,
     token_granularity: Annotated[int, typer.Option(min=1, help="Token sizes round up to this in the DP.")] = _PACK_DEFAULTS.token_granularity,
     oversize: Annotated[SweepOversizeChoice, typer.Option(help="Samples that never fit.")] = "drop",
     as_json: AsJson = False,
@@ -428,12 +452,12 @@ def sweep(
     from .stats import render_sweep
     from .stats import sweep as sweep_grid
 
-    grid: dict[str, list] = {"max_tokens": _int_list("--max-tokens", max_tokens)}
-    units = _int_list("--max-vision-units", max_vision_units)
-    if units is not None:
-        grid["max_vision_units"] = units
-    grid["buffer_size"] = _int_list("--buffer-size", buffer_size)
-    grid["vision_weight"] = _int_list("--vision-weight", vision_weight)
+    # the list options' callbacks (_int_list) have parsed and checked them
+    grid: dict[str, list] = {"max_tokens": max_tokens}
+    if max_vision_units is not None:
+        grid["max_vision_units"] = max_vision_units
+    grid["buffer_size"] = buffer_size
+    grid["vision_weight"] = vision_weight
     base = PackConfig(text_weight=text_weight, token_granularity=token_granularity, oversize=oversize)
     rows = sweep_grid(src, base, grid)
     typer.echo(json.dumps(rows, indent=2) if as_json else render_sweep(rows))

@@ -13,7 +13,11 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
-__all__ = ["TokenizeConfig", "PackConfig", "config_diff", "digest_of"]
+__all__ = ["TokenizeConfig", "PackConfig", "config_diff", "digest_of", "check_range", "INT32_MAX"]
+
+#: The largest int32: shards store token and vision-unit counts, image sizes and grids as int32,
+#: so a setting that ends up in one of those columns is refused above it.
+INT32_MAX = 2**31 - 1
 
 
 def digest_of(config: dict, exclude: tuple[str, ...] = ()) -> str:
@@ -21,6 +25,26 @@ def digest_of(config: dict, exclude: tuple[str, ...] = ()) -> str:
     data = {k: v for k, v in config.items() if k not in exclude}
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def check_range(flag: str, value: int, lo: int, hi: int, why: str = "") -> None:
+    """Refuse ``value`` outside ``lo..hi`` with a :class:`ConfigError` naming ``flag``; ``why`` says
+    where the upper bound comes from.
+
+    Example:
+        >>> check_range("--max-crops", 40000, 1, 256, "far above any released checkpoint's")
+        Traceback (most recent call last):
+        ...
+        packtool.errors.ConfigError: --max-crops 40000: choose a value from 1 to 256 (far above any released checkpoint's)
+    """
+    if not lo <= value <= hi:
+        raise ConfigError(f"{flag} {value}: choose a value from {lo:,} to {hi:,}" + (f" ({why})" if why else ""))
+
+
+#: Why counts are refused above :data:`INT32_MAX` (the ``why`` of :func:`check_range`).
+INT32_WHY = "the largest int32, the type of the shards' token, unit and size columns"
+#: Why objective weights are: a sample's value, a weight times an int32 count, then fits int64.
+WEIGHT_WHY = "the largest int32, so a sample's value, the weight times an int32 count, fits int64"
 
 
 class _Digestible:
@@ -95,11 +119,16 @@ class TokenizeConfig(_Digestible):
             raise ConfigError("--rows-per-shard must be at least 1")
         if self.max_branches is not None and self.max_branches < 1:
             raise ConfigError("--max-branches must be at least 1")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ConfigError("--max-tokens must be at least 1")
+        if self.max_tokens is not None:
+            if self.max_tokens < 1:
+                raise ConfigError("--max-tokens must be at least 1")
+            check_range("--max-tokens", self.max_tokens, 1, INT32_MAX, INT32_WHY)
         from .formats import check_format
+        from .vision import check_settings
 
         check_format(self.format)
+        check_settings(self.model, min_pixels=self.min_pixels, max_pixels=self.max_pixels, max_frames=self.max_frames,
+                       fps=self.fps, max_crops=self.max_crops, max_num=self.max_num, exif=self.exif)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +172,11 @@ class PackConfig(_Digestible):
             raise ConfigError("--max-vision-units must be non-negative")
         if self.text_weight < 0 or self.vision_weight < 0:
             raise ConfigError("--text-weight and --vision-weight must be non-negative")
+        check_range("--max-tokens", self.max_tokens, 1, INT32_MAX, INT32_WHY)
+        if self.max_vision_units is not None:
+            check_range("--max-vision-units", self.max_vision_units, 0, INT32_MAX, INT32_WHY)
+        check_range("--text-weight", self.text_weight, 0, INT32_MAX, WEIGHT_WHY)
+        check_range("--vision-weight", self.vision_weight, 0, INT32_MAX, WEIGHT_WHY)
         if self.oversize not in OVERSIZE_POLICIES:
             raise ConfigError(f"--oversize {self.oversize!r}: choose drop, truncate, alone or fail")
         if self.media not in MEDIA_MODES:

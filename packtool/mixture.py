@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -41,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .config import INT32_MAX
 from .errors import ConfigError
 from .storage import is_url
 
@@ -53,6 +55,10 @@ GROUP_BY = ("none", "source")
 SAMPLES_PER_TASK = 50_000
 #: Keys a mixture file's source may hold.
 _SOURCE_KEYS = {"path", "rate", "samples", "name"}
+#: Bytes :func:`plan_mixture` holds per stream entry at its peak (measured with tracemalloc): each
+#: source's rows (int64) and copies (int32), the interleaving's positions (float64) and order
+#: (int64), then the stream's source (int32), row (int64) and copy (int32) in that order.
+SCHEDULE_BYTES_PER_SAMPLE = 40
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -99,12 +105,19 @@ def _rate(value: object, where: str) -> Fraction:
     if rate <= 0:
         raise ConfigError(f"{where}: rate {_shown(value)} must be above 0; leave the source out instead of giving it "
                           "rate 0")
+    try:
+        float(rate)
+    except OverflowError:  # beyond any float: no finite epoch multiplier (1e400 reads as infinity elsewhere)
+        raise ConfigError(f"{where}: rate {_shown(value)} is not a finite number; give a positive number such as 0.5 "
+                          "or 2.5") from None
     return rate
 
 
 def _shown(value: object) -> str:
     """A value as the user wrote it: ``'lots'`` for text, ``2.5`` for a JSON number read exactly."""
     if isinstance(value, Fraction):
+        if abs(value) >= 10**15:  # 1e400 in a mixture file: not its 401 digits
+            return _amount(int(value))
         return rate_text(value) if value >= 0 else "-" + rate_text(-value)
     return repr(value)
 
@@ -356,6 +369,7 @@ def plan_mixture(mixture: Mixture, available: list[int]) -> MixturePlan:
         ([2, 1], [[0, 1, 0]], [[0, 0, 1]])
     """
     requested = [requested_count(n, s.rate, s.samples) for n, s in zip(available, mixture.sources, strict=True)]
+    _check_schedule(mixture, available, requested)
     rows, copies = [], []
     for i, (n, count) in enumerate(zip(available, requested, strict=True)):
         r, c = select_rows(n, count if n else 0, mixture.seed, i)
@@ -376,6 +390,54 @@ def plan_mixture(mixture: Mixture, available: list[int]) -> MixturePlan:
     for a in range(0, len(src), size):
         plan.tasks.append((src[a:a + size], row[a:a + size], copy[a:a + size]))
     return plan
+
+
+def _memory_bytes() -> int | None:
+    """This machine's physical memory, or ``None`` where the platform does not tell."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _amount(x: int | Decimal, places: int = 0) -> str:
+    """``x`` with thousands separators, or in three significant digits once it has more than 15."""
+    d = Decimal(x)
+    return format(d, f",.{places}f") if d < 10**15 else format(d, ".3g")
+
+
+def _check_schedule(mixture: Mixture, available: list[int], requested: list[int]) -> None:
+    """Refuse, before anything is allocated, a stream :func:`plan_mixture` cannot build: a source
+    copied more often than its int32 copy numbers count, or a schedule larger than this machine's
+    memory (:data:`SCHEDULE_BYTES_PER_SAMPLE` a sample). No cap of its own: a 1:1000 mixture of
+    a million samples a source (a billion entries) needs 37 GiB and is refused only where the
+    machine has less.
+
+    Raises:
+        ConfigError: naming the source that asks for the most samples, and the fix.
+    """
+    counts = [count if n else 0 for n, count in zip(available, requested, strict=True)]
+
+    def source(i: int) -> str:
+        s, n = mixture.sources[i], available[i]
+        if s.rate is None:
+            return f"source {i + 1} ({s.label!r}: a target of {_amount(counts[i])} samples from its {n:,})"
+        return (f"source {i + 1} ({s.label!r}: {n:,} sample{'s' if n != 1 else ''} at rate {_shown(s.rate)} give "
+                f"{_amount(counts[i])})")
+
+    for i, (n, count) in enumerate(zip(available, counts, strict=True)):
+        if n and count // n > INT32_MAX:
+            raise ConfigError(f"mixture {source(i)} copies each sample {_amount(count // n)} times; copy numbers are "
+                              f"int32, at most {INT32_MAX:,}: lower its rate or target")
+    total = sum(counts)
+    need = total * SCHEDULE_BYTES_PER_SAMPLE
+    memory = _memory_bytes()
+    if memory is not None and need > memory:
+        top = counts.index(max(counts))
+        raise ConfigError(f"the mixture asks for {_amount(total)} samples, the most from {source(top)}; listing them "
+                          f"takes {SCHEDULE_BYTES_PER_SAMPLE} bytes a sample, {_amount(Decimal(need) / 2**30, 1)} GiB, "
+                          f"more than this machine's {_amount(Decimal(memory) / 2**30, 1)} GiB of memory: lower the "
+                          "rates or targets")
 
 
 def copy_suffixes(copies: np.ndarray) -> list[str]:

@@ -679,6 +679,18 @@ class Thresholds:
     fail_above_ratio: float | None = None
     fail_above_rejected: float | None = None
 
+    def __post_init__(self) -> None:
+        for flag, value, fraction in (("--fail-below-fill", self.fail_below_fill, True),
+                                      ("--fail-below-vision-fill", self.fail_below_vision_fill, True),
+                                      ("--fail-above-ratio", self.fail_above_ratio, False),
+                                      ("--fail-above-rejected", self.fail_above_rejected, True)):
+            if value is None:
+                continue
+            if fraction and not 0 <= value <= 1:  # also NaN
+                raise ConfigError(f"{flag} {value}: give a fraction from 0 to 1 (0.95 for 95%)")
+            if not fraction and not value >= 0:
+                raise ConfigError(f"{flag} {value}: give a non-negative ratio (1.05 for 5% above the lower bound)")
+
     def any(self) -> bool:
         return any(getattr(self, f) is not None for f in self.__slots__)
 

@@ -110,3 +110,65 @@ def test_rerun_into_finished_output_with_other_config_is_refused(tmp_path, demo_
 def test_version():
     r = run("--version")
     assert r.returncode == 0 and r.stdout.startswith("packtool ")
+
+
+def _usage_error(r, command: str, message: str) -> bool:
+    """Exit 2, nothing on stdout, click's usage lines and then exactly ``Error: message``."""
+    return (r.returncode == 2 and r.stdout == "" and r.stderr.startswith(f"Usage: packtool {command} ")
+            and r.stderr.endswith(f"\n\nError: {message}\n"))
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--max-pixels", "0"], "Invalid value for '--max-pixels': Input should be greater than or equal to 1"),
+    (["--max-pixels", "-5"], "Invalid value for '--max-pixels': Input should be greater than or equal to 1"),
+    (["--min-pixels", "99999999999999999999999"],
+     "Invalid value for '--min-pixels': Input should be less than or equal to 2147483647"),
+    (["--model", "molmo2", "--max-crops", "40000"],
+     "Invalid value for '--max-crops': Input should be less than or equal to 256"),
+    (["--model", "internvl", "--max-num", "1000"],
+     "Invalid value for '--max-num': Input should be less than or equal to 256"),
+    (["--model", "internvl", "--max-frames", "99999999999999999999"],
+     "Invalid value for '--max-frames': Input should be less than or equal to 65536"),
+    (["--max-tokens", "3000000000"], "Invalid value for '--max-tokens': Input should be less than or equal to 2147483647"),
+], ids=["max-pixels-0", "max-pixels-negative", "min-pixels-huge", "max-crops", "max-num", "max-frames", "max-tokens"])
+def test_a_tokenize_setting_out_of_bounds_is_a_usage_error_before_any_work(tmp_path, demo_dirs, args, message):
+    out = tmp_path / "t"
+    r = run("tokenize", str(demo_dirs["sample"] / "data.jsonl"), "-o", str(out), "-q", *args)
+    assert _usage_error(r, "tokenize", message), r.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--model", "fixed:3000000000"], "--model 'fixed:3000000000': fixed:N takes N from 1 to 2,147,483,647 (the "
+                                      "largest int32, the type of the shards' token, unit and size columns), e.g. "
+                                      "fixed:576"),
+    (["--min-pixels", "100000000", "--max-pixels", "10"],
+     "--min-pixels 100000000 is above --max-pixels 10; give a pixel floor no larger than the cap"),
+], ids=["fixed-huge", "min-above-max"])
+def test_a_model_spec_or_pixel_pair_that_cannot_work_is_refused_before_any_work(tmp_path, demo_dirs, args, message):
+    out = tmp_path / "t"
+    r = run("tokenize", str(demo_dirs["sample"] / "data.jsonl"), "-o", str(out), "-q", *args)
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Error: {message}\n")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("flag", "value", "bound"), [
+    ("--max-vision-units", "99999999999999999999", "less than or equal to 2147483647"),
+    ("--max-tokens", "2147483648", "less than or equal to 2147483647"),
+    ("--text-weight", "99999999999999999999", "less than or equal to 2147483647"),
+    ("--vision-weight", "99999999999999999999", "less than or equal to 2147483647"),
+])
+def test_pack_counts_beyond_int32_are_usage_errors(tmp_path, demo_dirs, flag, value, bound):
+    r = run("pack", str(demo_dirs["tokenized"]), "-o", str(tmp_path / "p"), "-q", flag, value)
+    assert _usage_error(r, "pack", f"Invalid value for '{flag}': Input should be {bound}"), r.stderr
+    assert not (tmp_path / "p").exists()
+
+
+def test_pack_help_names_the_schema_versions_each_layout_writes(demo_dirs, capsys):
+    from packtool.shards import read_manifest
+
+    out = _help("pack", capsys=capsys)
+    runs = read_manifest(demo_dirs["packed"], "packed")["schema_version"]
+    full = read_manifest(demo_dirs["packed-full"], "packed")["schema_version"]
+    assert (f"runs: placeholder runs stored once (schema v{runs}; packtool.reader expands them); "
+            f"full: every token stored (schema v{full})") in out

@@ -407,6 +407,10 @@ def test_tasks_run_from_another_directory_open_relative_paths_against_the_driver
     ("1.0,0,0.2", "--rates, input 2: rate '0' must be above 0; leave the source out instead of giving it rate 0"),
     ("1.0,lots,0.2", "--rates, input 2: rate 'lots' is not a number; give a positive number such as 0.5 or 2.5"),
     ("1.0,nan,0.2", "--rates, input 2: rate 'nan' is not a number; give a positive number such as 0.5 or 2.5"),
+    ("1.0,inf,0.2", "--rates, input 2: rate 'inf' is not a number; give a positive number such as 0.5 or 2.5"),
+    ("1e400,1,1", "--rates, input 1: rate '1e400' is not a finite number; give a positive number such as 0.5 or 2.5"),
+    ("1,1,1,", "--rates '1,1,1,' gives 4 rates for 3 inputs; give one rate per input, in order (e.g. --rates "
+               "1.0,1.0,1.0)"),
 ])
 def test_bad_rates_are_refused(sources, tmp_path, rates, message):
     r = run("pack", *(str(sources / f"tok_{n}") for n in SIZES), "-o", str(tmp_path / "x"), "--rates", rates)
@@ -437,10 +441,11 @@ def test_rates_and_mixture_together_and_a_missing_source_are_refused(sources, tm
                                                              "path, rate, samples"),
     ('{"sources": [{"path": "a", "samples": 2.5}]}', "source 1 ('a'): \"samples\" 2.5 must be a whole number"),
     ('{"sources": [{"path": "a", "rate": true}]}', "source 1: rate True is not a number"),
+    ('{"sources": [{"path": "a", "rate": 1e400}]}', "source 1: rate 1.00e+400 is not a finite number"),
     ('{"sources": [], "seed": 3}', "unknown top-level key 'seed'; the file holds \"sources\" only (give --seed and "
                                    "--group-by on the command line)"),
     ('{"sources": []}', 'must hold one object with a non-empty "sources" list'),
-], ids=["json", "shape", "path", "both", "neither", "unknown", "samples", "rate", "top", "empty"])
+], ids=["json", "shape", "path", "both", "neither", "unknown", "samples", "rate", "huge-rate", "top", "empty"])
 def test_malformed_mixture_files_are_refused(tmp_path, body, message):
     spec = tmp_path / "mix.json"
     spec.write_text(body)
@@ -466,6 +471,44 @@ def test_sources_tokenized_differently_are_refused_naming_both(sources, tmp_path
                                                                 tokenizer="qwen2"))
     with pytest.raises(ConfigError, match=r"different chat template \(name: 'chatml' vs 'qwen3-vl'; default_system"):
         pack_dataset([sources / "tok_a", templ], tmp_path / "y", PackConfig())
+
+
+def test_a_stream_larger_than_memory_is_refused_before_anything_is_written(sources, tmp_path, monkeypatch):
+    # 10 samples at rate 1e9 plus 6 + 14: 10,000,000,020 entries of 40 bytes, 372.5 GiB
+    monkeypatch.setattr("packtool.mixture._memory_bytes", lambda: 16 * 2**30)
+    want = ("Error: the mixture asks for 10,000,000,020 samples, the most from source 1 ("
+            f"{str(sources / 'tok_a')!r}: 10 samples at rate 1000000000 give 10,000,000,000); listing them takes 40 "
+            "bytes a sample, 372.5 GiB, more than this machine's 16.0 GiB of memory: lower the rates or targets\n")
+    for extra in (["-o", str(tmp_path / "x")], ["--dry-run"]):
+        r = run("pack", *(str(sources / f"tok_{n}") for n in SIZES), "--rates", "1e9,1,1", *extra)
+        assert (r.returncode, r.stdout, r.stderr) == (1, "", want)
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_schedule_limit_is_what_the_plan_allocates(monkeypatch):
+    # 1:1000 of 1,000 samples each: 1,001,000 entries of 40 bytes
+    mix = Mixture.from_rates(["a", "b"], "1000,1")
+    monkeypatch.setattr("packtool.mixture._memory_bytes", lambda: 40 * 1_001_000)
+    assert plan_mixture(mix, [1000, 1000]).requested == [1_000_000, 1000]
+    monkeypatch.setattr("packtool.mixture._memory_bytes", lambda: 40 * 1_001_000 - 1)
+    with pytest.raises(ConfigError, match=r"^the mixture asks for 1,001,000 samples, the most from source 1 \('a': "
+                                          r"1,000 samples at rate 1000 give 1,000,000\); listing them takes 40 bytes"):
+        plan_mixture(mix, [1000, 1000])
+    monkeypatch.setattr("packtool.mixture._memory_bytes", lambda: None)  # a platform that does not tell
+    assert plan_mixture(mix, [1000, 1000]).requested == [1_000_000, 1000]
+
+
+def test_copy_numbers_beyond_int32_are_refused_whatever_the_memory():
+    from packtool.mixture import MixtureSource
+
+    with pytest.raises(ConfigError) as err:
+        plan_mixture(Mixture.from_rates(["a", "b"], "1,3000000000"), [1, 1])
+    assert str(err.value) == ("mixture source 2 ('b': 1 sample at rate 3000000000 give 3,000,000,000) copies each "
+                              "sample 3,000,000,000 times; copy numbers are int32, at most 2,147,483,647: lower its "
+                              "rate or target")
+    with pytest.raises(ConfigError, match=r"^mixture source 1 \('a': a target of 1.00e\+20 samples from its 3\) "
+                                          r"copies each sample 3.33e\+19 times"):
+        plan_mixture(Mixture((MixtureSource("a", samples=10**20),)), [3])
 
 
 def test_mixture_config_errors_from_the_library():

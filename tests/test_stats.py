@@ -274,6 +274,34 @@ def test_cli_json_and_fill_gate(messy):
     assert json.loads(r.stdout)["thresholds"][0]["passed"] is False
 
 
+@pytest.mark.parametrize(("flag", "value", "bound"), [
+    ("--fail-below-fill", "1.5", "less than or equal to 1"),
+    ("--fail-below-vision-fill", "2", "less than or equal to 1"),
+    ("--fail-above-rejected", "1.01", "less than or equal to 1"),
+    ("--fail-above-ratio", "-1", "greater than or equal to 0"),
+])
+def test_a_gate_outside_its_range_is_a_usage_error(demo_dirs, flag, value, bound):
+    r = run("stats", str(demo_dirs["packed"]), flag, value)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.startswith("Usage: packtool stats ")
+    assert r.stderr.endswith(f"\n\nError: Invalid value for '{flag}': Input should be {bound}\n"), r.stderr
+
+
+@pytest.mark.parametrize(("gates", "message"), [
+    ({"fail_below_fill": 1.5}, "--fail-below-fill 1.5: give a fraction from 0 to 1 (0.95 for 95%)"),
+    ({"fail_above_rejected": float("nan")}, "--fail-above-rejected nan: give a fraction from 0 to 1 (0.95 for 95%)"),
+    ({"fail_above_ratio": -0.5}, "--fail-above-ratio -0.5: give a non-negative ratio (1.05 for 5% above the lower "
+                                 "bound)"),
+])
+def test_thresholds_refuse_a_gate_outside_its_range_from_python(gates, message):
+    from packtool.errors import ConfigError
+    from packtool.stats import Thresholds
+
+    with pytest.raises(ConfigError) as err:
+        Thresholds(**gates)
+    assert str(err.value) == message
+    Thresholds(0, 1, 0, 1)  # the ends of the ranges are gates
+
+
 def test_fill_gate_on_a_tokenized_dir_says_what_to_pass(demo_dirs):
     r = run("stats", str(demo_dirs["tokenized"]), "--fail-below-fill", "0.9")
     assert r.returncode == 1 and "--fail-below-fill needs packs" in r.stderr and "packed directory" in r.stderr

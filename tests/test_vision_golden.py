@@ -171,6 +171,21 @@ def test_unknown_setting_for_family_is_a_config_error():
         get_family("qwen2.5-vl", exif="rotate")
 
 
+def test_settings_out_of_bounds_are_config_errors_before_the_family_is_built():
+    # max_num 5,000 would take hours in the candidate-grid enumeration; refused at once
+    with pytest.raises(ConfigError, match=r"^--max-num 5000: choose a value from 1 to 256 "):
+        get_family("internvl", max_num=5000)
+    with pytest.raises(ConfigError, match=r"^--max-pixels 0: choose a value from 1 to 2,147,483,647 "):
+        get_family("qwen3-vl", max_pixels=0)
+    with pytest.raises(ConfigError, match=r"^--min-pixels 200 is above --max-pixels 100; "):
+        get_family("qwen2-vl", min_pixels=200, max_pixels=100)
+    with pytest.raises(ConfigError, match=r"^--model 'fixed:2147483648': fixed:N takes N from 1 to 2,147,483,647 "):
+        get_family("fixed:2147483648")
+    assert get_family("internvl", max_num=256).max_num == 256
+    # one of the two given: the other is the family's default, whatever their order, as the processor takes them
+    assert get_family("qwen2.5-vl", min_pixels=20_000_000).min_pixels == 20_000_000
+
+
 V30 = VideoMeta(1280, 720, 30.0, 30.0, 900)  # 30 s, 30 fps, 1280x720
 VSHORT = VideoMeta(64, 48, 0.5, 30.0, 15)  # 0.5 s
 VLONG = VideoMeta(32, 32, 600.0, 1.0, 600)  # 10 min at 1 fps

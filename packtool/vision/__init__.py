@@ -32,10 +32,11 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 
+from ..config import INT32_MAX, INT32_WHY, check_range
 from ..errors import ConfigError, SampleError
 
-__all__ = ["VisionLayout", "VideoMeta", "VisionFamily", "get_family", "check_tokenizer", "span_segments", "FAMILIES",
-           "EXIF_MODES"]
+__all__ = ["VisionLayout", "VideoMeta", "VisionFamily", "get_family", "check_settings", "check_tokenizer",
+           "span_segments", "FAMILIES", "EXIF_MODES", "SETTING_LIMITS"]
 
 EXIF_MODES = ("apply", "ignore")
 
@@ -214,22 +215,26 @@ def span_segments(family: VisionFamily, media: dict, n_images: int = 1) -> tuple
     return tuple(out)
 
 
-def get_family(name: str, **settings) -> VisionFamily:
-    """Return the vision family called ``name`` configured with processor ``settings``.
+#: Upper bounds of the processor settings, which :func:`get_family` refuses beyond and the CLI's
+#: options declare. Pixel budgets and ``fixed:N`` end up in int32 columns (an image's resized
+#: size, grid and token count); the others are far above any released checkpoint's setting
+#: (frames: Qwen's 768; crops: Molmo2's 8; tiles: InternVL's 12, about 40 in use), where the
+#: processors' enumerations still take well under a second (InternVL's candidate grids grow
+#: with the cube of ``--max-num``: 0.4 s at 256, 31 s at 1,024).
+SETTING_LIMITS = {"min_pixels": INT32_MAX, "max_pixels": INT32_MAX, "max_frames": 65_536, "max_crops": 256,
+                  "max_num": 256, "fixed": INT32_MAX}
+_LIMIT_WHY = {"min_pixels": INT32_WHY, "max_pixels": INT32_WHY, "fixed": INT32_WHY}
 
-    ``None`` settings are ignored (the family's released-checkpoint default applies).
-    A setting the family does not use is a :class:`ConfigError`, so that, say,
-    ``--max-crops`` with ``qwen2.5-vl`` does not silently do nothing.
 
-    Example:
-        >>> get_family("internvl", max_num=6).max_num
-        6
-    """
+def _checked(name: str, settings: dict) -> tuple[type, tuple, dict, str | None]:
+    """``(family class, positional arguments, settings, exif)`` for ``name`` and ``settings``, every
+    one checked (see :func:`get_family`)."""
     given = {k: v for k, v in settings.items() if v is not None}
     exif = given.pop("exif", None)
     if exif is not None and exif not in EXIF_MODES:
         raise ConfigError(f"--exif {exif!r}: choose apply or ignore")
     key = name.lower()
+    args: tuple = ()
     if key in FAMILIES:
         cls = FAMILIES[key]
         accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
@@ -238,22 +243,63 @@ def get_family(name: str, **settings) -> VisionFamily:
             flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
             raise ConfigError(f"{flags} does not apply to --model {key}; it accepts: "
                               + (", ".join("--" + k.replace("_", "-") for k in sorted(accepted)) or "no settings"))
-        family = cls(**given)
     elif key.startswith("fixed:"):
         from .fixed import Fixed
 
+        cls = Fixed
         try:
             n = int(key.split(":", 1)[1])
         except ValueError:
             n = 0
         if n <= 0:
             raise ConfigError(f"--model {name!r}: fixed:N needs a positive N, e.g. fixed:576")
+        if n > SETTING_LIMITS["fixed"]:
+            raise ConfigError(f"--model {name!r}: fixed:N takes N from 1 to {SETTING_LIMITS['fixed']:,} "
+                              f"({_LIMIT_WHY['fixed']}), e.g. fixed:576")
         extra = sorted(set(given) - {"max_frames"})
         if extra:
             raise ConfigError(f"{', '.join('--' + k.replace('_', '-') for k in extra)} does not apply to --model fixed:N")
-        family = Fixed(n, **given)
+        args = (n,)
     else:
         raise ConfigError(f"unknown --model {name!r}; choose one of: {', '.join(sorted(FAMILIES))}, fixed:N")
+    for k, v in given.items():
+        if k == "fps":
+            if not v > 0:  # also NaN
+                raise ConfigError(f"--fps {v}: give a positive video sampling rate, e.g. 2")
+        elif k in SETTING_LIMITS:
+            check_range("--" + k.replace("_", "-"), v, 1, SETTING_LIMITS[k],
+                        _LIMIT_WHY.get(k, "far above any released checkpoint's setting"))
+    if given.get("min_pixels", 0) > given.get("max_pixels", INT32_MAX):
+        raise ConfigError(f"--min-pixels {given['min_pixels']} is above --max-pixels {given['max_pixels']}; "
+                          "give a pixel floor no larger than the cap")
+    return cls, args, given, exif
+
+
+def check_settings(name: str, **settings) -> None:
+    """Refuse a ``--model`` and processor ``settings`` that :func:`get_family` would refuse, without
+    building the family (``TokenizeConfig`` checks its settings with it).
+
+    Raises:
+        ConfigError: an unknown family or ``fixed:N``, a setting the family does not take, or a
+            value out of its bounds (:data:`SETTING_LIMITS`), naming the flag and the fix.
+    """
+    _checked(name, settings)
+
+
+def get_family(name: str, **settings) -> VisionFamily:
+    """Return the vision family called ``name`` configured with processor ``settings``.
+
+    ``None`` settings are ignored (the family's released-checkpoint default applies).
+    A setting the family does not use is a :class:`ConfigError`, so that, say,
+    ``--max-crops`` with ``qwen2.5-vl`` does not silently do nothing; so is a value
+    out of its bounds (:data:`SETTING_LIMITS`), or ``min_pixels`` above ``max_pixels``.
+
+    Example:
+        >>> get_family("internvl", max_num=6).max_num
+        6
+    """
+    cls, args, given, exif = _checked(name, settings)
+    family = cls(*args, **given)
     family.exif = exif or family.exif_default
     return family
 

@@ -1,0 +1,63 @@
+"""The frozen configs refuse a bad value from Python as the command line does: a ``ConfigError``
+naming the flag and the range, before any work."""
+
+from __future__ import annotations
+
+import pytest
+
+from packtool import PackConfig, TokenizeConfig
+from packtool.errors import ConfigError
+
+INT32 = "choose a value from {lo} to 2,147,483,647 (the largest int32, the type of the shards' token, unit and size columns)"
+WEIGHT = ("choose a value from 0 to 2,147,483,647 (the largest int32, so a sample's value, the weight times an int32 "
+          "count, fits int64)")
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"max_pixels": 0}, "--max-pixels 0: " + INT32.format(lo=1)),
+    ({"max_pixels": -5}, "--max-pixels -5: " + INT32.format(lo=1)),
+    ({"min_pixels": 10**23}, f"--min-pixels {10**23}: " + INT32.format(lo=1)),
+    ({"min_pixels": 100_000_000, "max_pixels": 10},
+     "--min-pixels 100000000 is above --max-pixels 10; give a pixel floor no larger than the cap"),
+    ({"model": "fixed:3000000000"}, "--model 'fixed:3000000000': fixed:N takes N from 1 to 2,147,483,647 (the "
+                                    "largest int32, the type of the shards' token, unit and size columns), e.g. fixed:576"),
+    ({"model": "molmo2", "max_crops": 40000},
+     "--max-crops 40000: choose a value from 1 to 256 (far above any released checkpoint's setting)"),
+    ({"model": "internvl", "max_num": 1000},
+     "--max-num 1000: choose a value from 1 to 256 (far above any released checkpoint's setting)"),
+    ({"model": "internvl", "max_frames": 65537},
+     "--max-frames 65537: choose a value from 1 to 65,536 (far above any released checkpoint's setting)"),
+    ({"fps": float("nan")}, "--fps nan: give a positive video sampling rate, e.g. 2"),
+    ({"max_tokens": 3_000_000_000}, "--max-tokens 3000000000: " + INT32.format(lo=1)),
+    ({"model": "nope"}, "unknown --model 'nope'; choose one of: internvl, llava-ov, molmo2, qwen2-vl, qwen2.5-vl, "
+                        "qwen3-vl, fixed:N"),
+], ids=["max-pixels-0", "max-pixels-negative", "min-pixels-huge", "min-above-max", "fixed-huge", "max-crops",
+        "max-num", "max-frames", "fps-nan", "max-tokens", "unknown-model"])
+def test_tokenize_config_refuses_a_setting_out_of_bounds(settings, message):
+    with pytest.raises(ConfigError) as err:
+        TokenizeConfig(**settings)
+    assert str(err.value) == message
+
+
+def test_tokenize_config_takes_the_bounds_themselves():
+    TokenizeConfig(min_pixels=1, max_pixels=2**31 - 1, max_tokens=2**31 - 1)
+    TokenizeConfig(min_pixels=3136, max_pixels=3136)
+    TokenizeConfig(model="fixed:2147483647")
+    TokenizeConfig(model="internvl", max_num=256, max_frames=65_536)
+    TokenizeConfig(model="molmo2", max_crops=256)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"max_tokens": 2**31}, "--max-tokens 2147483648: " + INT32.format(lo=1)),
+    ({"max_vision_units": 10**20}, f"--max-vision-units {10**20}: " + INT32.format(lo=0)),
+    ({"text_weight": 2**31}, "--text-weight 2147483648: " + WEIGHT),
+    ({"vision_weight": 2**63}, f"--vision-weight {2**63}: " + WEIGHT),
+], ids=["max-tokens", "max-vision-units", "text-weight", "vision-weight"])
+def test_pack_config_refuses_counts_beyond_int32(settings, message):
+    with pytest.raises(ConfigError) as err:
+        PackConfig(**settings)
+    assert str(err.value) == message
+
+
+def test_pack_config_takes_int32_counts():
+    PackConfig(max_tokens=2**31 - 1, max_vision_units=2**31 - 1, text_weight=2**31 - 1, vision_weight=2**31 - 1)
