@@ -489,7 +489,11 @@ def read_manifest(path: Path, kind: str | None = None) -> dict:
     if not isinstance(manifest, dict):
         raise InputError(f"{file}: holds a JSON {type(manifest).__name__}, not a manifest; re-run the command that "
                          "wrote it")
-    readable = READABLE_VERSIONS.get(manifest.get("kind"), (SCHEMA_VERSION,))
+    if manifest.get("kind") not in READABLE_VERSIONS or "schema_version" not in manifest:
+        missing = "kind" if manifest.get("kind") not in READABLE_VERSIONS else "schema_version"
+        raise InputError(f"{file}: not a packtool manifest ({'no' if missing not in manifest else 'an unknown'} "
+                         f"{missing!r}); re-run the command that wrote it")
+    readable = READABLE_VERSIONS[manifest["kind"]]
     if manifest.get("schema_version") not in readable:
         raise InputError(
             f"{file}: {manifest.get('kind')} schema version {manifest.get('schema_version')!r}, this packtool reads "

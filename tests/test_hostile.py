@@ -349,6 +349,18 @@ def test_a_shard_name_that_leaves_its_directory_is_refused_by_every_reader(built
             list(PackedDataset(d["packed"], shuffle=False))
 
 
+@pytest.mark.parametrize(("manifest", "what"), [({}, "no 'kind'"), ({"kind": "weird", "schema_version": 5}, "an unknown 'kind'"),
+                                              ({"kind": "tokenized"}, "no 'schema_version'")])
+def test_a_manifest_without_a_kind_or_version_is_named_not_a_manifest(built, tmp_path, capfd, manifest, what):
+    """A manifest ``{}`` read "None schema version None, this packtool reads 5"."""
+    d = _copy(built, tmp_path)
+    file = d["tok"] / ".packtool" / "manifest.json"
+    file.write_text(json.dumps(manifest))
+    code, out, err = cli(capfd, "stats", d["tok"])
+    assert (code, out) == (1, "")
+    assert err == f"Error: {file}: not a packtool manifest ({what}); re-run the command that wrote it\n"
+
+
 def test_a_shard_that_is_a_link_out_of_its_directory_is_refused(built, tmp_path, capfd):
     d = _copy(built, tmp_path)
     first = json.loads((d["tok"] / ".packtool" / "manifest.json").read_text())["shards"][0]["file"]
