@@ -135,7 +135,15 @@ MAX_TABLE_BYTES = 1 << 30
 
 class TableTooLarge(ValueError):
     """A solve whose tables would pass :data:`MAX_TABLE_BYTES` (the capacity, the item count
-    or the item limit is too large for one table); the message gives the size."""
+    or the item limit is too large for one table): ``items`` of the solve, ``nbytes`` its tables."""
+
+    def __init__(self, message: str, items: int, nbytes: int) -> None:
+        super().__init__(message)
+        self.items, self.nbytes = items, nbytes
+
+    def __reduce__(self):
+        return type(self), (str(self), self.items, self.nbytes)
+
 #: Cells per vector step (32 ``int16`` lanes fill an AVX-512 register); rows carry padding
 #: so that whole steps never leave them.
 VEC = 32
@@ -1333,7 +1341,7 @@ class KnapsackSolver:
         if size > MAX_TABLE_BYTES:
             raise TableTooLarge(
                 f"a knapsack over {n} items needs {size / 2**20:,.0f} MiB of tables; use fewer items "
-                "(a smaller buffer) or a coarser granularity"
+                "(a smaller buffer) or a coarser granularity", n, size
             )
         if cap > self._cap:
             self._cap = cap
@@ -1426,7 +1434,7 @@ class KnapsackSolver:
         if n * cells > MAX_TABLE_BYTES:
             raise TableTooLarge(
                 f"a knapsack over {n} items with at most {limit} per pack needs a {n * cells / 2**20:,.0f} MiB "
-                "table; use fewer items (a smaller buffer) or drop the item limit"
+                "table; use fewer items (a smaller buffer) or drop the item limit", n, n * cells
             )
         fits = (w <= max_w) & (u <= max_u)
         bound = min(int(v[fits].sum()), int(_dantzig(w, v, fits, max_w)), int(_dantzig(u, v, fits, max_u)))

@@ -274,10 +274,10 @@ def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg
         n_flush = packs.pop()
         packs, saved = _reoptimize_tail(packs, n_flush, qw, qu, value, cap_w, cap_u, cfg.max_samples_per_pack, make)
     except TableTooLarge as exc:
-        need = str(exc).split(";")[0].replace("items", "samples")
         raise ConfigError(
             f"--max-tokens {cfg.max_tokens:,} at --token-granularity {g} gives {cap_w:,} token cells a pack, too "
-            f"many for the exact packer: {need} (the limit is {MAX_TABLE_BYTES / 2**20:,.0f} MiB); raise "
+            f"many for the exact packer: a knapsack over {exc.items} samples needs {exc.nbytes / 2**20:,.0f} MiB of "
+            f"tables (the limit is {MAX_TABLE_BYTES / 2**20:,.0f} MiB); raise "
             "--token-granularity (the tables shrink in proportion), or lower --buffer-size or --max-tokens"
         ) from None
     if any(getattr(s, "quantized", 0) for s in made):
