@@ -402,17 +402,19 @@ def _largest_then_fill(items, qw, qu, value, cap_w, cap_u, max_k, make=KnapsackS
 def _gather_runs(src, starts, lengths, dst_starts, add, dst):  # pragma: no cover - compiled
     """``dst[dst_starts[k]:+lengths[k]] = src[starts[k]:+lengths[k]] + add[k]`` for every ``k``."""
     for k in range(starts.shape[0]):
-        a = starts[k]
-        d = dst_starts[k]
         n = lengths[k]
         x = add[k]
-        # explicit loops: numba's slice assignment is a generic strided copy, several times slower
+        # explicit loops over views of the run: numba's slice assignment is a generic strided
+        # copy, and indexing dst and src at offsets keeps LLVM from vectorizing (about 3x slower
+        # per value than the views, measured on 9.4M values in runs of 1-470)
+        s = src[starts[k]:starts[k] + n]
+        o = dst[dst_starts[k]:dst_starts[k] + n]
         if x == 0:
             for j in range(n):
-                dst[d + j] = src[a + j]
+                o[j] = s[j]
         else:
             for j in range(n):
-                dst[d + j] = src[a + j] + x
+                o[j] = s[j] + x
 
 
 def gather_runs(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray, dst_starts: np.ndarray, add: np.ndarray,
