@@ -283,6 +283,35 @@ def test_resume_refuses_another_split(packed, tmp_path):
         PackedDataset(packed, rank=2, world_size=2)
 
 
+@pytest.mark.parametrize("kwargs, name", [
+    ({"rank": "1", "world_size": 2}, "rank"),  # RANK read from the environment is a string
+    ({"rank": 0.5, "world_size": 2}, "rank"),
+    ({"rank": True, "world_size": 2}, "rank"),
+    ({"world_size": 2.0}, "world_size"),
+    ({"seed": None}, "seed"),
+    ({"seed": 1.5}, "seed"),
+])
+def test_non_integer_split_arguments_are_refused(packed, kwargs, name):
+    with pytest.raises(ConfigError, match=rf"^{name} must be an integer, got .*; pass {name}=int"):
+        PackedDataset(packed, **kwargs)
+
+
+def test_numpy_and_torch_integers_are_accepted_and_fractions_refused_everywhere(packed):
+    torch = pytest.importorskip("torch")
+    from packtool.reader.torch import PackedIterableDataset
+
+    ds = PackedDataset(packed, rank=np.int64(1), world_size=torch.tensor(2), seed=np.uint8(7))
+    assert (ds.rank, ds.world_size, ds.seed) == (1, 2, 7)
+    assert ids(ds) == ids(PackedDataset(packed, rank=1, world_size=2, seed=7))
+    with pytest.raises(ConfigError, match="epoch must be an integer"):
+        ds.set_epoch(1.5)
+    with pytest.raises(ConfigError, match="consumed must be an integer"):
+        ds.state_dict(consumed=2.7)  # was cut to 2: the resumed stream repeated a pack
+    assert ds.state_dict(consumed=torch.tensor(3))["consumed"] == 3
+    with pytest.raises(ConfigError, match="batch_size must be an integer"):
+        PackedIterableDataset(packed, batch_size=2.5)  # batches of 3 with consumed 2.5 before
+
+
 def test_torch_dataloader_workers_resume_exactly(packed):
     torch = pytest.importorskip("torch")
     from packtool.reader.torch import PackedIterableDataset

@@ -49,6 +49,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+import operator
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -146,6 +147,9 @@ class PackedDataset:
         cache_bytes: int = 4 << 30,
         prefetch: int = 4,
     ) -> None:
+        world_size = _whole("world_size", world_size)
+        rank = _whole("rank", rank)
+        seed = _whole("seed", seed)
         if world_size < 1:
             raise ConfigError(f"world_size must be at least 1, got {world_size}")
         if not 0 <= rank < world_size:
@@ -190,6 +194,7 @@ class PackedDataset:
         Setting the epoch the dataset is already in keeps its position, so a loop
         ``for e in range(state["epoch"], n): ds.set_epoch(e)`` resumes mid-epoch correctly.
         """
+        epoch = _whole("epoch", epoch)
         if epoch < 0:
             raise ConfigError(f"epoch must be non-negative, got {epoch}")
         if epoch != self.epoch:
@@ -206,10 +211,10 @@ class PackedDataset:
                 (the torch adapter puts it, and ``epoch``, in every batch).
             epoch: the epoch ``consumed`` counts in (default: the current one).
         """
-        c = self.consumed if consumed is None else int(consumed)
+        c = self.consumed if consumed is None else _whole("consumed", consumed)
         if not 0 <= c <= self._len:
             raise ConfigError(f"consumed {c} is outside 0..{self._len} (packs per rank per epoch)")
-        epoch = self.epoch if epoch is None else int(epoch)
+        epoch = self.epoch if epoch is None else _whole("epoch", epoch)
         if c == self._len and self._len > 0:
             epoch, c = epoch + 1, 0  # a finished epoch resumes at the next one
         return {
@@ -265,6 +270,7 @@ class PackedDataset:
         blocks run out, every copy moves on to the next epoch (so persistent DataLoader
         workers, which never see ``set_epoch``, still change order every epoch).
         """
+        worker, num_workers, block = _whole("worker", worker), _whole("num_workers", num_workers), _whole("block", block)
         if block < 1 or not 0 <= worker < num_workers:
             raise ConfigError(f"bad split: worker {worker} of {num_workers}, block {block}")
         epoch, start, in_process = self.epoch, self.consumed, num_workers == 1
@@ -482,6 +488,25 @@ class _Group:
         if "sample_sources" in self.table.column_names:  # a mixture: each sample's source position
             out["sample_sources"] = self.table.column("sample_sources")[i].as_py()
         return out
+
+
+def _whole(name: str, value: Any) -> int:
+    """``value`` as a Python ``int``; a float, string, bool or ``None`` is a :class:`ConfigError`.
+
+    A rank read from the environment is a string, and a float batch size or rank would
+    cut the stream at fractional positions (and resume at the wrong pack).
+
+    Example:
+        >>> _whole("rank", np.int64(3))
+        3
+    """
+    try:
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError
+        return operator.index(value)  # int, numpy and torch integers; never a float or a string
+    except TypeError:
+        raise ConfigError(f"{name} must be an integer, got {value!r} ({type(value).__name__}); pass {name}=int(...) "
+                          "(environment variables such as RANK are strings)") from None
 
 
 def _worker() -> tuple[int, int]:

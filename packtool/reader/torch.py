@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import PackedDataset, collate
+from . import PackedDataset, _whole, collate
 
 __all__ = ["PackedIterableDataset", "to_tensors"]
 
@@ -88,6 +88,7 @@ class PackedIterableDataset(IterableDataset):
                  config: Any = None, **dataset_kwargs: Any) -> None:
         super().__init__()
         self.dataset = source if isinstance(source, PackedDataset) else PackedDataset(source, **dataset_kwargs)
+        batch_size = _whole("batch_size", batch_size)
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.batch_size = batch_size
