@@ -312,6 +312,17 @@ def test_numpy_and_torch_integers_are_accepted_and_fractions_refused_everywhere(
         PackedIterableDataset(packed, batch_size=2.5)  # batches of 3 with consumed 2.5 before
 
 
+def test_split_arguments_beside_a_packed_dataset_are_refused_not_ignored(packed):
+    pytest.importorskip("torch")
+    from packtool.reader.torch import PackedIterableDataset
+
+    ds = PackedDataset(packed, seed=5)
+    # rank 1 of 2 would have read rank 0's slice of world size 1: every rank the same packs
+    with pytest.raises(ConfigError, match="rank=, world_size= would be ignored"):
+        PackedIterableDataset(ds, batch_size=2, rank=1, world_size=2)
+    assert PackedIterableDataset(ds, batch_size=2).dataset is ds
+
+
 def test_torch_dataloader_workers_resume_exactly(packed):
     torch = pytest.importorskip("torch")
     from packtool.reader.torch import PackedIterableDataset
