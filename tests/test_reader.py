@@ -283,6 +283,40 @@ def test_resume_refuses_another_split(packed, tmp_path):
         PackedDataset(packed, rank=2, world_size=2)
 
 
+def test_resume_refuses_an_edited_corpus_repacked_with_the_same_settings(tmp_path):
+    """The same input path and settings give the same config digest, and here the same pack
+    count: only the shards tell the two datasets apart."""
+    import packtool
+    from packtool import PackConfig, TokenizeConfig
+
+    for i, colour in enumerate(["red", "blue"]):
+        Image.new("RGB", (64 + 16 * i, 48), colour).save(tmp_path / f"img{i}.png")
+    data = tmp_path / "data.jsonl"
+
+    def corpus(answer: str, name: str) -> Path:
+        data.write_text("".join(json.dumps({"id": f"s{i}", "image": f"img{i}.png", "conversations": [
+            {"from": "human", "value": "<image>\nWhat colour?"}, {"from": "gpt", "value": f"{answer} {i}."}]}) + "\n"
+            for i in range(2)))
+        packtool.tokenize_dataset([data], tmp_path / f"tok-{name}", TokenizeConfig(media_root=str(tmp_path)))
+        packtool.pack_dataset(tmp_path / f"tok-{name}", tmp_path / name, PackConfig(max_tokens=64))
+        return tmp_path / name
+
+    before, after = corpus("A plain colour", "before"), corpus("One plain colour", "after")
+    old, new = PackedDataset(before, seed=1), PackedDataset(after, seed=1)
+    assert old.n_packs == new.n_packs == 2
+    assert old.manifest["config_digest"] == new.manifest["config_digest"]
+    next(iter(old))
+    state = old.state_dict()
+    with pytest.raises(ResumeMismatchError, match="another packed dataset \\(shards_digest"):
+        new.load_state_dict(state)
+    copy_ = shutil.copytree(before, tmp_path / "copy")  # the same shards elsewhere are the same data
+    PackedDataset(copy_, seed=1).load_state_dict(state)
+    # a state saved before the shards were part of it still loads
+    legacy = {k: v for k, v in state.items() if k != "shards_digest"}
+    new.load_state_dict(legacy)
+    assert new.state_dict()["consumed"] == 1
+
+
 @pytest.mark.parametrize("kwargs, name", [
     ({"rank": "1", "world_size": 2}, "rank"),  # RANK read from the environment is a string
     ({"rank": 0.5, "world_size": 2}, "rank"),

@@ -32,8 +32,9 @@ How the stream is split (what makes resume exact):
 4. **State = (epoch, consumed).** ``consumed`` counts packs of the rank's slice the
    trainer has taken. It is the same on every rank (ranks step together), so saving
    rank 0's state is enough; resuming continues at ``G[r*L + consumed]`` for any number
-   of workers or batch size. The world size, seed, shuffle and ``drop_last`` must match
-   (a mismatch raises :class:`~packtool.errors.ResumeMismatchError`).
+   of workers or batch size. The shards (by their sha256 in the manifest), world size,
+   seed, shuffle and ``drop_last`` must match (a mismatch raises
+   :class:`~packtool.errors.ResumeMismatchError`).
 
 Example::
 
@@ -46,6 +47,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import math
@@ -173,6 +175,9 @@ class PackedDataset:
         self.drop_last = drop_last
         self._shards = list(self.manifest["shards"])
         self._rows = np.array([int(s["rows"]) for s in self._shards], dtype=np.int64)
+        # which shards these are: a corpus edited and re-packed with the same settings keeps its
+        # config digest (inputs are named by path) and often its pack count, never its shards' bytes
+        self._shards_digest = hashlib.sha256("".join(str(s.get("sha256")) for s in self._shards).encode()).hexdigest()[:16]
         self.n_packs = int(self._rows.sum())
         n = self.n_packs
         self._len = n // world_size if drop_last else -(-n // world_size)
@@ -226,6 +231,7 @@ class PackedDataset:
             "drop_last": self.drop_last,
             "n_packs": self.n_packs,
             "config_digest": self.manifest.get("config_digest"),
+            "shards_digest": self._shards_digest,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -234,11 +240,14 @@ class PackedDataset:
         Raises:
             ResumeMismatchError: the state belongs to other data or another split.
         """
-        for key in ("n_packs", "config_digest"):
+        for key in ("n_packs", "config_digest", "shards_digest"):
+            if key == "shards_digest" and key not in state:
+                continue  # a state saved before the shards were part of it
             if state.get(key) != self.state_dict(0)[key]:
                 raise ResumeMismatchError(
                     f"reader state was saved for another packed dataset ({key} {state.get(key)!r}, "
-                    f"{str(self.path)!r} has {self.state_dict(0)[key]!r}); load the matching checkpoint or start afresh"
+                    f"{str(self.path)!r} has {self.state_dict(0)[key]!r}); load the matching checkpoint, point the reader "
+                    "at the packed directory the checkpoint was trained on, or start the data afresh"
                 )
         for key in ("world_size", "seed", "shuffle", "drop_last"):
             mine = getattr(self, key)
