@@ -548,6 +548,25 @@ def test_collate_pads_and_masks(demo):
         collate(rows, pad_to=100, pixels=False)
 
 
+def test_pad_to_the_capacity_names_an_oversize_alone_pack(demo, tmp_path):
+    """``--oversize alone`` packs are longer than ``--max-tokens``: the error must not say that
+    ``pad_to=max_tokens`` is enough (it is what the trainer passed)."""
+    torch = pytest.importorskip("torch")
+    import packtool
+    from packtool import PackConfig
+    from packtool.reader.torch import PackedIterableDataset
+
+    packtool.pack_dataset(demo["tok"], tmp_path / "alone", PackConfig(max_tokens=4096, oversize="alone"))
+    rows = list(PackedDataset(tmp_path / "alone", shuffle=False))
+    big = max(rows, key=lambda r: r["n_tokens"])
+    assert big["n_tokens"] > 4096
+    data = PackedIterableDataset(tmp_path / "alone", batch_size=2, pad_to=4096, masks=False, shuffle=False)
+    with pytest.raises(ConfigError, match=rf"^pack {big['pack_index']} has {big['n_tokens']:,} tokens but pad_to is "
+                                          r"4,096; raise pad_to to the longest pack \(.*--oversize alone"):
+        list(torch.utils.data.DataLoader(data, batch_size=None))
+    assert collate([big], pad_to=big["n_tokens"], pixels=False)["input_ids"].shape == (1, big["n_tokens"])
+
+
 def test_images_decode_from_embedded_bytes_and_references(demo):
     emb = next(iter(PackedDataset(demo["embed"], shuffle=False)))
     ref = next(iter(PackedDataset(demo["ref"], shuffle=False)))

@@ -780,7 +780,13 @@ def collate(rows: Sequence[dict], pad_to: int | None = None, *, pad_token_id: in
     longest = int(lengths.max()) if len(rows) else 0
     width = longest if pad_to is None else int(pad_to)
     if longest > width:
-        raise ConfigError(f"a pack has {longest} tokens but pad_to is {width}; raise pad_to to at least the packs' max_tokens")
+        i = int(np.argmax(lengths))
+        # an --oversize alone pack is longer than --max-tokens, so max_tokens is not always enough
+        raise ConfigError(
+            f"pack {rows[i].get('pack_index', '?')} has {longest:,} tokens but pad_to is {width:,}; raise pad_to to the "
+            "longest pack (packs over --max-tokens hold an --oversize alone sample: re-pack with --oversize drop or "
+            "truncate to keep every pack within --max-tokens)"
+        )
     fills = {"input_ids": pad_token_id, "target_ids": IGNORE_INDEX, "position_ids": 0, "subsegment_ids": PAD_SUBSEGMENT}
     out: dict[str, Any] = {}
     for name, fill in fills.items():
