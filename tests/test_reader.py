@@ -151,6 +151,10 @@ def test_docstring_examples_hold():
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_ranks_cover_every_pack(packed, world_size, drop_last):
     n = 23
+    if drop_last and world_size > n:  # every rank would get nothing: refused (see test_an_epoch_of_nothing_is_refused)
+        with pytest.raises(ConfigError, match="every rank would get none"):
+            PackedDataset(packed, world_size=world_size, drop_last=True)
+        return
     streams = []
     for rank in range(world_size):
         ds = PackedDataset(packed, rank=rank, world_size=world_size, seed=7, drop_last=drop_last)
@@ -315,6 +319,23 @@ def test_resume_refuses_an_edited_corpus_repacked_with_the_same_settings(tmp_pat
     legacy = {k: v for k, v in state.items() if k != "shards_digest"}
     new.load_state_dict(legacy)
     assert new.state_dict()["consumed"] == 1
+
+
+def test_an_epoch_of_nothing_is_refused(packed, tmp_path):
+    """A packed directory of no packs, or drop_last leaving every rank none, used to yield
+    empty epochs: a training loop ran to its end without one step."""
+    (tmp_path / "d.jsonl").write_text(json.dumps({"id": "x", "image": "missing.png", "conversations": [
+        {"from": "human", "value": "<image> Hi"}, {"from": "gpt", "value": "Hello."}]}) + "\n")
+    for cmd in (["tokenize", str(tmp_path / "d.jsonl"), "--media-root", str(tmp_path), "-o", str(tmp_path / "tok")],
+                ["pack", str(tmp_path / "tok"), "-o", str(tmp_path / "packed")]):
+        subprocess.run([sys.executable, "-m", "packtool", *cmd, "--quiet"], check=True, cwd=ROOT)  # both exit 0
+    with pytest.raises(InputError, match="holds no packs .*packtool stats"):
+        PackedDataset(tmp_path / "packed")
+    with pytest.raises(ConfigError, match="drop_last=True splits 23 packs over 24 ranks: every rank would get none; "
+                                          "use drop_last=False"):
+        PackedDataset(packed, rank=3, world_size=24, drop_last=True)
+    assert len(PackedDataset(packed, rank=3, world_size=24)) == 1  # topped up instead
+    assert len(PackedDataset(packed, rank=3, world_size=23, drop_last=True)) == 1
 
 
 @pytest.mark.parametrize("kwargs, name", [

@@ -132,8 +132,8 @@ class PackedDataset:
         prefetch: row groups fetched ahead of the reader (bucket URLs).
 
     Raises:
-        InputError: no manifest, wrong kind, a shard missing or of the wrong size.
-        ConfigError: invalid rank, world size or seed.
+        InputError: no manifest, wrong kind, no packs at all, a shard missing or of the wrong size.
+        ConfigError: invalid rank, world size or seed; ``drop_last=True`` with fewer packs than ranks.
     """
 
     def __init__(
@@ -180,6 +180,13 @@ class PackedDataset:
         self._shards_digest = hashlib.sha256("".join(str(s.get("sha256")) for s in self._shards).encode()).hexdigest()[:16]
         self.n_packs = int(self._rows.sum())
         n = self.n_packs
+        # an epoch of nothing would let a training loop "finish" without a step: refuse it here
+        if n == 0:
+            raise InputError(f"{str(self.path)!r} holds no packs (every sample was rejected or dropped); "
+                             f"see `packtool stats {self.path}` and its tokenized errors.jsonl, fix the inputs and re-pack")
+        if drop_last and n < world_size:
+            raise ConfigError(f"drop_last=True splits {n} packs over {world_size} ranks: every rank would get none; "
+                              "use drop_last=False (the last ranks are topped up with the epoch's first packs) or fewer ranks")
         self._len = n // world_size if drop_last else -(-n // world_size)
         self.epoch = 0
         self.consumed = 0
