@@ -378,6 +378,18 @@ def test_split_arguments_beside_a_packed_dataset_are_refused_not_ignored(packed)
     assert PackedIterableDataset(ds, batch_size=2).dataset is ds
 
 
+def test_state_of_a_batch_whose_position_was_popped_names_the_fix(packed):
+    pytest.importorskip("torch")
+    from packtool.reader.torch import PackedIterableDataset
+
+    data = PackedIterableDataset(packed, batch_size=2, masks=False, seed=5)
+    batch = next(iter(data))
+    position = {"epoch": batch.pop("epoch"), "consumed": batch.pop("consumed")}  # as before model(**batch)
+    with pytest.raises(ConfigError, match=r"no 'epoch' and 'consumed' \(popped before the model call\?\).*state_dict\(position\)"):
+        data.state_dict(batch)  # was KeyError: 'consumed'
+    assert data.state_dict(position)["consumed"] == 2
+
+
 def test_torch_dataloader_workers_resume_exactly(packed):
     torch = pytest.importorskip("torch")
     from packtool.reader.torch import PackedIterableDataset

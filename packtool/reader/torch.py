@@ -138,6 +138,11 @@ class PackedIterableDataset(IterableDataset):
         """
         if batch is None:
             return self.dataset.state_dict()
+        if "consumed" not in batch or "epoch" not in batch:
+            # model_inputs batches lose them when popped before model(**batch), as they must be
+            raise ConfigError("the batch has no 'epoch' and 'consumed' (popped before the model call?); keep them, "
+                              "as in position = {'epoch': b.pop('epoch'), 'consumed': b.pop('consumed')}, and pass "
+                              "state_dict(position)")
         return self.dataset.state_dict(batch["consumed"], batch["epoch"])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
