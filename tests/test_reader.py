@@ -151,6 +151,10 @@ def test_docstring_examples_hold():
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_ranks_cover_every_pack(packed, world_size, drop_last):
     n = 23
+    if drop_last and world_size > n:  # every rank would get nothing: refused (see test_an_epoch_of_nothing_is_refused)
+        with pytest.raises(ConfigError, match="every rank would get none"):
+            PackedDataset(packed, world_size=world_size, drop_last=True)
+        return
     streams = []
     for rank in range(world_size):
         ds = PackedDataset(packed, rank=rank, world_size=world_size, seed=7, drop_last=drop_last)
@@ -281,6 +285,109 @@ def test_resume_refuses_another_split(packed, tmp_path):
         PackedDataset(other, world_size=2, seed=1).load_state_dict(state)
     with pytest.raises(ConfigError, match="rank 2"):
         PackedDataset(packed, rank=2, world_size=2)
+
+
+def test_resume_refuses_an_edited_corpus_repacked_with_the_same_settings(tmp_path):
+    """The same input path and settings give the same config digest, and here the same pack
+    count: only the shards tell the two datasets apart."""
+    import packtool
+    from packtool import PackConfig, TokenizeConfig
+
+    for i, colour in enumerate(["red", "blue"]):
+        Image.new("RGB", (64 + 16 * i, 48), colour).save(tmp_path / f"img{i}.png")
+    data = tmp_path / "data.jsonl"
+
+    def corpus(answer: str, name: str) -> Path:
+        data.write_text("".join(json.dumps({"id": f"s{i}", "image": f"img{i}.png", "conversations": [
+            {"from": "human", "value": "<image>\nWhat colour?"}, {"from": "gpt", "value": f"{answer} {i}."}]}) + "\n"
+            for i in range(2)))
+        packtool.tokenize_dataset([data], tmp_path / f"tok-{name}", TokenizeConfig(media_root=str(tmp_path)))
+        packtool.pack_dataset(tmp_path / f"tok-{name}", tmp_path / name, PackConfig(max_tokens=64))
+        return tmp_path / name
+
+    before, after = corpus("A plain colour", "before"), corpus("One plain colour", "after")
+    old, new = PackedDataset(before, seed=1), PackedDataset(after, seed=1)
+    assert old.n_packs == new.n_packs == 2
+    assert old.manifest["config_digest"] == new.manifest["config_digest"]
+    next(iter(old))
+    state = old.state_dict()
+    with pytest.raises(ResumeMismatchError, match="another packed dataset \\(shards_digest"):
+        new.load_state_dict(state)
+    copy_ = shutil.copytree(before, tmp_path / "copy")  # the same shards elsewhere are the same data
+    PackedDataset(copy_, seed=1).load_state_dict(state)
+    # a state saved before the shards were part of it still loads
+    legacy = {k: v for k, v in state.items() if k != "shards_digest"}
+    new.load_state_dict(legacy)
+    assert new.state_dict()["consumed"] == 1
+
+
+def test_an_epoch_of_nothing_is_refused(packed, tmp_path):
+    """A packed directory of no packs, or drop_last leaving every rank none, used to yield
+    empty epochs: a training loop ran to its end without one step."""
+    (tmp_path / "d.jsonl").write_text(json.dumps({"id": "x", "image": "missing.png", "conversations": [
+        {"from": "human", "value": "<image> Hi"}, {"from": "gpt", "value": "Hello."}]}) + "\n")
+    for cmd in (["tokenize", str(tmp_path / "d.jsonl"), "--media-root", str(tmp_path), "-o", str(tmp_path / "tok")],
+                ["pack", str(tmp_path / "tok"), "-o", str(tmp_path / "packed")]):
+        subprocess.run([sys.executable, "-m", "packtool", *cmd, "--quiet"], check=True, cwd=ROOT)  # both exit 0
+    with pytest.raises(InputError, match="holds no packs .*packtool stats"):
+        PackedDataset(tmp_path / "packed")
+    with pytest.raises(ConfigError, match="drop_last=True splits 23 packs over 24 ranks: every rank would get none; "
+                                          "use drop_last=False"):
+        PackedDataset(packed, rank=3, world_size=24, drop_last=True)
+    assert len(PackedDataset(packed, rank=3, world_size=24)) == 1  # topped up instead
+    assert len(PackedDataset(packed, rank=3, world_size=23, drop_last=True)) == 1
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"rank": "1", "world_size": 2}, "rank"),  # RANK read from the environment is a string
+    ({"rank": 0.5, "world_size": 2}, "rank"),
+    ({"rank": True, "world_size": 2}, "rank"),
+    ({"world_size": 2.0}, "world_size"),
+    ({"seed": None}, "seed"),
+    ({"seed": 1.5}, "seed"),
+])
+def test_non_integer_split_arguments_are_refused(packed, kwargs, name):
+    with pytest.raises(ConfigError, match=rf"^{name} must be an integer, got .*; pass {name}=int"):
+        PackedDataset(packed, **kwargs)
+
+
+def test_numpy_and_torch_integers_are_accepted_and_fractions_refused_everywhere(packed):
+    torch = pytest.importorskip("torch")
+    from packtool.reader.torch import PackedIterableDataset
+
+    ds = PackedDataset(packed, rank=np.int64(1), world_size=torch.tensor(2), seed=np.uint8(7))
+    assert (ds.rank, ds.world_size, ds.seed) == (1, 2, 7)
+    assert ids(ds) == ids(PackedDataset(packed, rank=1, world_size=2, seed=7))
+    with pytest.raises(ConfigError, match="epoch must be an integer"):
+        ds.set_epoch(1.5)
+    with pytest.raises(ConfigError, match="consumed must be an integer"):
+        ds.state_dict(consumed=2.7)  # was cut to 2: the resumed stream repeated a pack
+    assert ds.state_dict(consumed=torch.tensor(3))["consumed"] == 3
+    with pytest.raises(ConfigError, match="batch_size must be an integer"):
+        PackedIterableDataset(packed, batch_size=2.5)  # batches of 3 with consumed 2.5 before
+
+
+def test_split_arguments_beside_a_packed_dataset_are_refused_not_ignored(packed):
+    pytest.importorskip("torch")
+    from packtool.reader.torch import PackedIterableDataset
+
+    ds = PackedDataset(packed, seed=5)
+    # rank 1 of 2 would have read rank 0's slice of world size 1: every rank the same packs
+    with pytest.raises(ConfigError, match="rank=, world_size= would be ignored"):
+        PackedIterableDataset(ds, batch_size=2, rank=1, world_size=2)
+    assert PackedIterableDataset(ds, batch_size=2).dataset is ds
+
+
+def test_state_of_a_batch_whose_position_was_popped_names_the_fix(packed):
+    pytest.importorskip("torch")
+    from packtool.reader.torch import PackedIterableDataset
+
+    data = PackedIterableDataset(packed, batch_size=2, masks=False, seed=5)
+    batch = next(iter(data))
+    position = {"epoch": batch.pop("epoch"), "consumed": batch.pop("consumed")}  # as before model(**batch)
+    with pytest.raises(ConfigError, match=r"no 'epoch' and 'consumed' \(popped before the model call\?\).*state_dict\(position\)"):
+        data.state_dict(batch)  # was KeyError: 'consumed'
+    assert data.state_dict(position)["consumed"] == 2
 
 
 def test_torch_dataloader_workers_resume_exactly(packed):
@@ -472,6 +579,25 @@ def test_collate_pads_and_masks(demo):
     assert fixed["input_ids"].shape == (3, 8192) and "attention_mask" not in fixed
     with pytest.raises(ConfigError, match="pad_to"):
         collate(rows, pad_to=100, pixels=False)
+
+
+def test_pad_to_the_capacity_names_an_oversize_alone_pack(demo, tmp_path):
+    """``--oversize alone`` packs are longer than ``--max-tokens``: the error must not say that
+    ``pad_to=max_tokens`` is enough (it is what the trainer passed)."""
+    torch = pytest.importorskip("torch")
+    import packtool
+    from packtool import PackConfig
+    from packtool.reader.torch import PackedIterableDataset
+
+    packtool.pack_dataset(demo["tok"], tmp_path / "alone", PackConfig(max_tokens=4096, oversize="alone"))
+    rows = list(PackedDataset(tmp_path / "alone", shuffle=False))
+    big = max(rows, key=lambda r: r["n_tokens"])
+    assert big["n_tokens"] > 4096
+    data = PackedIterableDataset(tmp_path / "alone", batch_size=2, pad_to=4096, masks=False, shuffle=False)
+    with pytest.raises(ConfigError, match=rf"^pack {big['pack_index']} has {big['n_tokens']:,} tokens but pad_to is "
+                                          r"4,096; raise pad_to to the longest pack \(.*--oversize alone"):
+        list(torch.utils.data.DataLoader(data, batch_size=None))
+    assert collate([big], pad_to=big["n_tokens"], pixels=False)["input_ids"].shape == (1, big["n_tokens"])
 
 
 def test_images_decode_from_embedded_bytes_and_references(demo):

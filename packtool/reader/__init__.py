@@ -32,8 +32,9 @@ How the stream is split (what makes resume exact):
 4. **State = (epoch, consumed).** ``consumed`` counts packs of the rank's slice the
    trainer has taken. It is the same on every rank (ranks step together), so saving
    rank 0's state is enough; resuming continues at ``G[r*L + consumed]`` for any number
-   of workers or batch size. The world size, seed, shuffle and ``drop_last`` must match
-   (a mismatch raises :class:`~packtool.errors.ResumeMismatchError`).
+   of workers or batch size. The shards (by their sha256 in the manifest), world size,
+   seed, shuffle and ``drop_last`` must match (a mismatch raises
+   :class:`~packtool.errors.ResumeMismatchError`).
 
 Example::
 
@@ -46,9 +47,11 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import math
+import operator
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -129,8 +132,8 @@ class PackedDataset:
         prefetch: row groups fetched ahead of the reader (bucket URLs).
 
     Raises:
-        InputError: no manifest, wrong kind, a shard missing or of the wrong size.
-        ConfigError: invalid rank, world size or seed.
+        InputError: no manifest, wrong kind, no packs at all, a shard missing or of the wrong size.
+        ConfigError: invalid rank, world size or seed; ``drop_last=True`` with fewer packs than ranks.
     """
 
     def __init__(
@@ -146,6 +149,9 @@ class PackedDataset:
         cache_bytes: int = 4 << 30,
         prefetch: int = 4,
     ) -> None:
+        world_size = _whole("world_size", world_size)
+        rank = _whole("rank", rank)
+        seed = _whole("seed", seed)
         if world_size < 1:
             raise ConfigError(f"world_size must be at least 1, got {world_size}")
         if not 0 <= rank < world_size:
@@ -169,8 +175,18 @@ class PackedDataset:
         self.drop_last = drop_last
         self._shards = list(self.manifest["shards"])
         self._rows = np.array([int(s["rows"]) for s in self._shards], dtype=np.int64)
+        # which shards these are: a corpus edited and re-packed with the same settings keeps its
+        # config digest (inputs are named by path) and often its pack count, never its shards' bytes
+        self._shards_digest = hashlib.sha256("".join(str(s.get("sha256")) for s in self._shards).encode()).hexdigest()[:16]
         self.n_packs = int(self._rows.sum())
         n = self.n_packs
+        # an epoch of nothing would let a training loop "finish" without a step: refuse it here
+        if n == 0:
+            raise InputError(f"{str(self.path)!r} holds no packs (every sample was rejected or dropped); "
+                             f"see `packtool stats {self.path}` and its tokenized errors.jsonl, fix the inputs and re-pack")
+        if drop_last and n < world_size:
+            raise ConfigError(f"drop_last=True splits {n} packs over {world_size} ranks: every rank would get none; "
+                              "use drop_last=False (the last ranks are topped up with the epoch's first packs) or fewer ranks")
         self._len = n // world_size if drop_last else -(-n // world_size)
         self.epoch = 0
         self.consumed = 0
@@ -190,6 +206,7 @@ class PackedDataset:
         Setting the epoch the dataset is already in keeps its position, so a loop
         ``for e in range(state["epoch"], n): ds.set_epoch(e)`` resumes mid-epoch correctly.
         """
+        epoch = _whole("epoch", epoch)
         if epoch < 0:
             raise ConfigError(f"epoch must be non-negative, got {epoch}")
         if epoch != self.epoch:
@@ -206,10 +223,10 @@ class PackedDataset:
                 (the torch adapter puts it, and ``epoch``, in every batch).
             epoch: the epoch ``consumed`` counts in (default: the current one).
         """
-        c = self.consumed if consumed is None else int(consumed)
+        c = self.consumed if consumed is None else _whole("consumed", consumed)
         if not 0 <= c <= self._len:
             raise ConfigError(f"consumed {c} is outside 0..{self._len} (packs per rank per epoch)")
-        epoch = self.epoch if epoch is None else int(epoch)
+        epoch = self.epoch if epoch is None else _whole("epoch", epoch)
         if c == self._len and self._len > 0:
             epoch, c = epoch + 1, 0  # a finished epoch resumes at the next one
         return {
@@ -221,6 +238,7 @@ class PackedDataset:
             "drop_last": self.drop_last,
             "n_packs": self.n_packs,
             "config_digest": self.manifest.get("config_digest"),
+            "shards_digest": self._shards_digest,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -229,11 +247,14 @@ class PackedDataset:
         Raises:
             ResumeMismatchError: the state belongs to other data or another split.
         """
-        for key in ("n_packs", "config_digest"):
+        for key in ("n_packs", "config_digest", "shards_digest"):
+            if key == "shards_digest" and key not in state:
+                continue  # a state saved before the shards were part of it
             if state.get(key) != self.state_dict(0)[key]:
                 raise ResumeMismatchError(
                     f"reader state was saved for another packed dataset ({key} {state.get(key)!r}, "
-                    f"{str(self.path)!r} has {self.state_dict(0)[key]!r}); load the matching checkpoint or start afresh"
+                    f"{str(self.path)!r} has {self.state_dict(0)[key]!r}); load the matching checkpoint, point the reader "
+                    "at the packed directory the checkpoint was trained on, or start the data afresh"
                 )
         for key in ("world_size", "seed", "shuffle", "drop_last"):
             mine = getattr(self, key)
@@ -265,6 +286,7 @@ class PackedDataset:
         blocks run out, every copy moves on to the next epoch (so persistent DataLoader
         workers, which never see ``set_epoch``, still change order every epoch).
         """
+        worker, num_workers, block = _whole("worker", worker), _whole("num_workers", num_workers), _whole("block", block)
         if block < 1 or not 0 <= worker < num_workers:
             raise ConfigError(f"bad split: worker {worker} of {num_workers}, block {block}")
         epoch, start, in_process = self.epoch, self.consumed, num_workers == 1
@@ -482,6 +504,25 @@ class _Group:
         if "sample_sources" in self.table.column_names:  # a mixture: each sample's source position
             out["sample_sources"] = self.table.column("sample_sources")[i].as_py()
         return out
+
+
+def _whole(name: str, value: Any) -> int:
+    """``value`` as a Python ``int``; a float, string, bool or ``None`` is a :class:`ConfigError`.
+
+    A rank read from the environment is a string, and a float batch size or rank would
+    cut the stream at fractional positions (and resume at the wrong pack).
+
+    Example:
+        >>> _whole("rank", np.int64(3))
+        3
+    """
+    try:
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError
+        return operator.index(value)  # int, numpy and torch integers; never a float or a string
+    except TypeError:
+        raise ConfigError(f"{name} must be an integer, got {value!r} ({type(value).__name__}); pass {name}=int(...) "
+                          "(environment variables such as RANK are strings)") from None
 
 
 def _worker() -> tuple[int, int]:
@@ -746,7 +787,13 @@ def collate(rows: Sequence[dict], pad_to: int | None = None, *, pad_token_id: in
     longest = int(lengths.max()) if len(rows) else 0
     width = longest if pad_to is None else int(pad_to)
     if longest > width:
-        raise ConfigError(f"a pack has {longest} tokens but pad_to is {width}; raise pad_to to at least the packs' max_tokens")
+        i = int(np.argmax(lengths))
+        # an --oversize alone pack is longer than --max-tokens, so max_tokens is not always enough
+        raise ConfigError(
+            f"pack {rows[i].get('pack_index', '?')} has {longest:,} tokens but pad_to is {width:,}; raise pad_to to the "
+            "longest pack (packs over --max-tokens hold an --oversize alone sample: re-pack with --oversize drop or "
+            "truncate to keep every pack within --max-tokens)"
+        )
     fills = {"input_ids": pad_token_id, "target_ids": IGNORE_INDEX, "position_ids": 0, "subsegment_ids": PAD_SUBSEGMENT}
     out: dict[str, Any] = {}
     for name, fill in fills.items():

@@ -44,7 +44,8 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import PackedDataset, collate
+from ..errors import ConfigError
+from . import PackedDataset, _whole, collate
 
 __all__ = ["PackedIterableDataset", "to_tensors"]
 
@@ -68,7 +69,8 @@ class PackedIterableDataset(IterableDataset):
 
     Args:
         source: a packed directory (then ``dataset_kwargs`` go to
-            :class:`~packtool.reader.PackedDataset`) or a ``PackedDataset``.
+            :class:`~packtool.reader.PackedDataset`) or a ``PackedDataset`` (then
+            ``dataset_kwargs`` must be empty: ``rank=`` and the like are refused, not ignored).
         batch_size: packs per batch; the last batch of an epoch may be smaller.
         pad_to: fixed padded length (static shapes), else the longest pack of the batch.
         masks: include ``attention_mask``.
@@ -87,7 +89,12 @@ class PackedIterableDataset(IterableDataset):
                  media_root: str | Path | None = None, pad_token_id: int = 0, attn_implementation: str | None = None,
                  config: Any = None, **dataset_kwargs: Any) -> None:
         super().__init__()
+        if isinstance(source, PackedDataset) and dataset_kwargs:
+            # they would be ignored: every rank would silently read the dataset's own slice
+            raise ConfigError(f"{', '.join(f'{k}=' for k in dataset_kwargs)} would be ignored: the PackedDataset given "
+                              "is already split; pass them to PackedDataset(...) or give PackedIterableDataset the path")
         self.dataset = source if isinstance(source, PackedDataset) else PackedDataset(source, **dataset_kwargs)
+        batch_size = _whole("batch_size", batch_size)
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.batch_size = batch_size
@@ -131,6 +138,11 @@ class PackedIterableDataset(IterableDataset):
         """
         if batch is None:
             return self.dataset.state_dict()
+        if "consumed" not in batch or "epoch" not in batch:
+            # model_inputs batches lose them when popped before model(**batch), as they must be
+            raise ConfigError("the batch has no 'epoch' and 'consumed' (popped before the model call?); keep them, "
+                              "as in position = {'epoch': b.pop('epoch'), 'consumed': b.pop('consumed')}, and pass "
+                              "state_dict(position)")
         return self.dataset.state_dict(batch["consumed"], batch["epoch"])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
