@@ -1036,6 +1036,38 @@ def _has_media(media) -> np.ndarray:
     return pc.fill_null(pc.list_value_length(media), 0).to_numpy(zero_copy_only=False) > 0
 
 
+def _cut_to_nothing(pf, tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, bad: dict, max_tokens: int,
+                    max_units: int) -> dict[int, tuple[str, str]]:
+    """Rows that ``--oversize truncate`` would cut to no target at all: text-only rows over
+    ``max_tokens`` whose first target (``target_ids != -100``) lies at ``max_tokens - 1`` or
+    later (the last kept token's target is dropped with the cut). Packed, such a row trains
+    nothing, and a pack of only such rows has no loss token, so a trainer dividing by the
+    count gets NaN. Cut rows are rare, so only the row groups holding candidates are read.
+    Returns ``{row: ("no_loss", message)}``.
+    """
+    from .packer import assembly_columns
+    from .runs import expand_table
+
+    rows = np.flatnonzero((tokens > max_tokens) & (units <= max_units) & ~has_media)
+    rows = [int(r) for r in rows if int(r) not in bad]
+    if not rows:
+        return {}
+    meta = pf.metadata
+    starts = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+    group_of = np.searchsorted(starts, rows, side="right") - 1
+    out = {}
+    for g in np.unique(group_of).tolist():
+        table = expand_table(pf.read_row_group(g, columns=assembly_columns(pf.schema_arrow), use_threads=False))
+        targets = table.column("target_ids")
+        for r in (r for r, rg in zip(rows, group_of, strict=True) if rg == g):
+            hit = np.flatnonzero(np.asarray(targets[r - int(starts[g])].values) != -100)
+            if not len(hit) or hit[0] >= max_tokens - 1:
+                first = f"its first target is token {int(hit[0]):,}" if len(hit) else "it has no target"
+                out[r] = ("no_loss", f"cut to --max-tokens {max_tokens:,} (of {int(tokens[r]):,} tokens) it keeps no "
+                                     f"target to train on ({first}); raise --max-tokens, or shorten its prompt")
+    return out
+
+
 def _media_problems(media, media_root: Path, check_mtime: bool) -> dict[int, tuple[str, str]]:
     """Rows of a tokenized shard whose media file is no longer the one tokenize counted
     (``media`` from :func:`_media_leaves`).
@@ -1222,6 +1254,8 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
         media = _media_leaves(pf)
         has_media = _has_media(media)
         bad = _media_problems(media, as_root(task.media_root), task.check_mtime)
+        if cfg.oversize == "truncate":
+            bad.update(_cut_to_nothing(pf, tokens, units, has_media, bad, cfg.max_tokens, task.max_units))
     except (pa.ArrowException, KeyError) as exc:
         raise shard_error(src, exc) from None
     def name(row: int) -> str:  # for --oversize fail's error only

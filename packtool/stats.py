@@ -393,7 +393,7 @@ def plan_stats_data(tokenized: str | Path, result: dict) -> StatsData:
     data.packed_mask = mask
     c = result["counts"]
     data.dropped, data.alone, data.truncated = int(c.get("dropped", 0)), int(c.get("alone", 0)), int(c.get("truncated", 0))
-    data.pack_rejected = {"oversize": data.dropped} if data.dropped else {}
+    data.pack_rejected = dict(c.get("rejected_by_reason") or ({"oversize": data.dropped} if data.dropped else {}))
     return data
 
 

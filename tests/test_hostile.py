@@ -21,6 +21,7 @@ from clirun import packtool
 from PIL import Image
 
 from packtool.cli import main
+from packtool.runs import read_expanded
 
 
 def png_bytes(w: int = 64, h: int = 48) -> bytes:
@@ -227,6 +228,30 @@ def test_pack_a_shard_whose_every_sample_is_oversize(tmp_path, media, capfd, ove
         code, _, err = cli(capfd, *args)
         assert "Traceback" not in err
         assert code == 0 or (args[0] == "inspect" and counts["packs"] == 0 and err.startswith("Error: ")), err
+
+
+def test_truncate_leaves_out_a_sample_whose_cut_keeps_no_target(tmp_path, media, capfd):
+    """A long prompt with a short answer, cut to --max-tokens by --oversize truncate, kept only
+    prompt tokens: its pack had no target at all, so a trainer's loss was 0/0 = NaN. It is a
+    ``no_loss`` row of errors.jsonl now; a long answer that starts before the cut is still cut
+    and packed, and the dry run counts the same."""
+    records = [{"id": "long-prompt", "conversations": conv(LONG, "Yes.")},
+               {"id": "long-answer", "conversations": conv("Tell me.", LONG)}, rec("fits")]
+    tok = _tokenize(capfd, tmp_path, media, records)
+    args = ["--max-tokens", "256", "--oversize", "truncate", "-q", "--workers", "1", "--json", "--media", "reference"]
+    code, out, err = cli(capfd, "pack", tok, "-o", tmp_path / "packed", *args)
+    assert code == 0, err
+    counts = json.loads(out)
+    assert (counts["samples_packed"], counts["truncated"], counts["rejected_by_reason"]) == (2, 1, {"no_loss": 1})
+    (row,) = _errors(tmp_path / "packed")
+    assert (row["sample_id"], row["reason"]) == ("long-prompt", "no_loss")
+    assert "cut to --max-tokens 256" in row["message"] and "raise --max-tokens" in row["message"]
+    packs = [t for f in sorted((tmp_path / "packed").glob("*.parquet"))
+             for t in read_expanded(f, ["target_ids"]).column("target_ids").to_pylist()]
+    assert packs and all(any(t != -100 for t in targets) for targets in packs)
+    code, out, err = cli(capfd, "pack", tok, "--dry-run", *args[:4], "--json")
+    assert code == 0, err
+    assert json.loads(out)["rejected_by_reason"] == {"no_loss": 1}
 
 
 def test_pack_one_row_per_tokenized_shard(tmp_path, media, capfd):
