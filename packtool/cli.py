@@ -217,6 +217,7 @@ def _echo_rejected(counts: dict, output: str | None) -> None:
 
 @app.command()
 def pack(
+    ctx: typer.Context,
     inputs: Annotated[list[str] | None, typer.Argument(
         metavar="TOKENIZED", callback=_location,
         help="Tokenized directory or bucket prefix; several make a mixture (see --rates).")] = None,
@@ -224,7 +225,7 @@ def pack(
                                                help="Output directory or bucket prefix.")] = None,
     rates: Annotated[str | None, typer.Option(help="Epoch multiplier per input, in order, e.g. 1.0,2.5,0.2 (2.5: every sample twice plus a seeded half).")] = None,
     mixture: Annotated[Path | None, typer.Option(help="Mixture JSON file: sources with a rate or a target sample count (instead of inputs and --rates).")] = None,
-    seed: Annotated[int, typer.Option(min=0, help="Seed of a mixture's down-sampled subsets (recorded in the manifest).")] = 0,
+    seed: Annotated[int | None, typer.Option(min=0, help="Seed of a mixture's down-sampled subsets (default 0, recorded in the manifest); a mixture only.")] = None,
     group_by: Annotated[GroupByChoice, typer.Option(help="none: packs mix sources; source: a pack never holds two sources.")] = "none",
     samples_per_task: Annotated[int, typer.Option(min=1, help="Samples of a mixture's stream per pack task (each task packs with its own buffer).")] = SAMPLES_PER_TASK,
     max_tokens: MaxTokens = _PACK_DEFAULTS.max_tokens,
@@ -262,7 +263,7 @@ def pack(
     """
     from .pipeline import pack_dataset
 
-    src = _pack_source(inputs or [], rates, mixture, seed=seed, group_by=group_by, samples_per_task=samples_per_task)
+    src = _pack_source(ctx, inputs or [], rates, mixture, seed=seed, group_by=group_by, samples_per_task=samples_per_task)
     if output is None and not dry_run:
         raise PacktoolError("pack needs -o/--output (or --dry-run to only plan)")
     cfg = PackConfig(max_tokens=max_tokens, max_vision_units=max_vision_units, buffer_size=buffer_size,
@@ -308,22 +309,31 @@ def pack(
         typer.echo(render_mixture(mix))
 
 
-def _pack_source(inputs: list[Path], rates: str | None, mixture: Path | None, **kw):
-    """What ``pack`` packs: one tokenized directory as it is, or a :class:`~packtool.mixture.Mixture`."""
+def _pack_source(ctx: typer.Context, inputs: list[Path], rates: str | None, mixture: Path | None,
+                 seed: int | None, **kw):
+    """What ``pack`` packs: one tokenized directory as it is, or a :class:`~packtool.mixture.Mixture`.
+
+    ``seed`` is ``None`` when not given: a mixture then uses 0, and one directory packed as it
+    is, with nothing random to seed, refuses a given one (a usage error) rather than ignore it.
+    """
     from .errors import ConfigError
     from .mixture import Mixture, load_mixture
 
+    plain = mixture is None and len(inputs) == 1 and rates is None and kw["group_by"] == "none"
+    if plain and seed is not None:
+        ctx.fail("--seed only applies to a mixture (--rates, --mixture FILE or several TOKENIZED inputs), where it "
+                 "picks the down-sampled subsets; one tokenized directory is packed whole, with no random choice: "
+                 "drop --seed, or give --rates to sample it")
+    kw["seed"] = 0 if seed is None else seed
     if mixture is not None:
         if rates is not None or inputs:
             raise ConfigError("--mixture names the sources and their rates itself; drop the TOKENIZED inputs and "
                               "--rates, or drop --mixture")
         return load_mixture(mixture, **kw)
     if not inputs:
-        import click
-
-        raise click.UsageError("Missing argument 'TOKENIZED...': pack needs a tokenized directory (several for a "
-                               "mixture) or --mixture FILE")
-    if len(inputs) == 1 and rates is None and kw["group_by"] == "none":
+        ctx.fail("Missing argument 'TOKENIZED...': pack needs a tokenized directory (several for a mixture) or "
+                 "--mixture FILE")
+    if plain:
         return inputs[0]
     return Mixture.from_rates(inputs, rates, **kw)
 

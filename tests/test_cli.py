@@ -164,6 +164,21 @@ def test_pack_counts_beyond_int32_are_usage_errors(tmp_path, demo_dirs, flag, va
     assert not (tmp_path / "p").exists()
 
 
+SEED_WITHOUT_MIXTURE = ("--seed only applies to a mixture (--rates, --mixture FILE or several TOKENIZED inputs), where "
+                        "it picks the down-sampled subsets; one tokenized directory is packed whole, with no random "
+                        "choice: drop --seed, or give --rates to sample it")
+
+
+@pytest.mark.parametrize("seed", ["5", "0"])
+def test_pack_seed_without_a_mixture_is_a_usage_error(tmp_path, demo_dirs, seed):
+    """Packing one tokenized directory has no randomness, so a --seed there would be silently
+    ignored (a user expecting another shuffle or subset would get the same bytes): it is
+    refused, naming the options that make a mixture, even when it is the default value."""
+    r = run("pack", str(demo_dirs["tokenized"]), "-o", str(tmp_path / "p"), "-q", "--seed", seed)
+    assert _usage_error(r, "pack", SEED_WITHOUT_MIXTURE), r.stderr
+    assert not (tmp_path / "p").exists()
+
+
 def test_pack_help_names_the_schema_versions_each_layout_writes(demo_dirs, capsys):
     from packtool.shards import read_manifest
 
