@@ -187,3 +187,49 @@ def test_pack_help_names_the_schema_versions_each_layout_writes(demo_dirs, capsy
     full = read_manifest(demo_dirs["packed-full"], "packed")["schema_version"]
     assert (f"runs: placeholder runs stored once (schema v{runs}; packtool.reader expands them); "
             f"full: every token stored (schema v{full})") in out
+
+
+def _no_output(tmp_path, state: str) -> tuple:
+    """A directory that holds no finished packtool output, and what it is called in the message."""
+    d = tmp_path / "out"
+    if state == "missing":
+        return d, "the directory does not exist"
+    d.mkdir()
+    if state == "empty":
+        return d, "the directory is empty"
+    (d / "notes.txt").write_text("x")
+    return d, "nor any shard: it is not a packtool output"
+
+
+@pytest.mark.parametrize("command", ["stats", "inspect", "validate"])
+@pytest.mark.parametrize("state", ["missing", "empty", "unrelated"])
+def test_a_directory_with_no_output_says_what_is_missing_and_what_makes_it(tmp_path, command, state):
+    """stats, inspect and validate read a finished run's manifest; on a directory with none
+    (missing, empty, other files) all three say what is missing and the command that writes
+    one, as one ``Error:`` line and exit 1 (validate has nothing to check, so no report)."""
+    d, what = _no_output(tmp_path, state)
+    r = run(command, str(d))
+    assert (r.returncode, r.stdout) == (1, ""), r.stdout
+    assert r.stderr == (f"Error: no .packtool/manifest.json found in {str(d)!r} ({what}); run `packtool tokenize "
+                        f"INPUT -o {d}` or `packtool pack TOKENIZED -o {d}` first\n")
+
+
+@pytest.mark.parametrize("command", ["stats", "inspect", "validate"])
+def test_shards_without_their_manifest_are_named_as_such(tmp_path, demo_dirs, command):
+    """Shards copied without the hidden ``.packtool/`` folder (``cp *.parquet``) are not an
+    empty directory: the message says the manifest was left behind and how to bring it."""
+    import shutil
+
+    d = tmp_path / "copy"
+    d.mkdir()
+    for f in demo_dirs["packed"].glob("part-*.parquet"):
+        shutil.copy(f, d / f.name)
+    n = len(list(d.iterdir()))
+    r = run(command, str(d))
+    message = (f"no .packtool/manifest.json found in {str(d)!r}, though it holds {n} shard file(s): shards are read "
+               "only through the manifest written beside them (were they copied without the hidden .packtool "
+               "folder?); copy .packtool/ along with them, or re-run the command that wrote them")
+    if command == "validate":  # a damaged output: the finding of a report
+        assert r.returncode == 1 and message in r.stdout, r.stdout
+    else:
+        assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Error: {message}\n")
