@@ -143,8 +143,23 @@ def _emit_json(obj: dict) -> None:
     typer.echo(json.dumps(obj, indent=2, sort_keys=False))
 
 
+@contextlib.contextmanager
+def _flag_errors(ctx: typer.Context):
+    """Build a frozen config from the command's flags: a ``ConfigError`` it raises names flags that
+    cannot work as given (an unknown ``--model``, ``--min-pixels`` above ``--max-pixels``), so the
+    command line shows it as a usage error (exit 2, the usage lines), as it shows a value out of
+    a flag's range. From Python the same check is a ``ConfigError``."""
+    from .errors import ConfigError
+
+    try:
+        yield
+    except ConfigError as exc:
+        ctx.fail(str(exc))
+
+
 @app.command()
 def tokenize(
+    ctx: typer.Context,
     inputs: Annotated[list[str], typer.Argument(
         metavar="INPUT", callback=_location, help="Input files or directories (JSON, JSONL, .gz, .zst, Parquet); directories are searched "
         "recursively, skipping hidden entries and packtool outputs.")],
@@ -186,12 +201,13 @@ def tokenize(
     """
     from .pipeline import tokenize_dataset
 
-    cfg = TokenizeConfig(model=model, template=template, tokenizer=tokenizer, format=format.value,
-                         media_root=str(media_root), system_prompt=system_prompt, min_pixels=min_pixels,
-                         max_pixels=max_pixels, max_frames=max_frames, fps=fps, max_crops=max_crops, max_num=max_num,
-                         exif=exif, rows_per_shard=rows_per_shard, max_errors=max_errors,
-                         max_branches=max_branches, max_tokens=max_tokens, group_by_media=group_by_media,
-                         reasoning_loss=reasoning_loss)
+    with _flag_errors(ctx):
+        cfg = TokenizeConfig(model=model, template=template, tokenizer=tokenizer, format=format.value,
+                             media_root=str(media_root), system_prompt=system_prompt, min_pixels=min_pixels,
+                             max_pixels=max_pixels, max_frames=max_frames, fps=fps, max_crops=max_crops,
+                             max_num=max_num, exif=exif, rows_per_shard=rows_per_shard, max_errors=max_errors,
+                             max_branches=max_branches, max_tokens=max_tokens, group_by_media=group_by_media,
+                             reasoning_loss=reasoning_loss)
     with _progress("tokenize", quiet) as bar:
         manifest = tokenize_dataset(inputs, output, cfg, progress=bar, overwrite=overwrite, on_error=on_error,
                                     workers=workers, executor=executor, ray_address=ray_address, rank=rank,
@@ -266,10 +282,11 @@ def pack(
     src = _pack_source(ctx, inputs or [], rates, mixture, seed=seed, group_by=group_by, samples_per_task=samples_per_task)
     if output is None and not dry_run:
         raise PacktoolError("pack needs -o/--output (or --dry-run to only plan)")
-    cfg = PackConfig(max_tokens=max_tokens, max_vision_units=max_vision_units, buffer_size=buffer_size,
-                     text_weight=text_weight, vision_weight=vision_weight, token_granularity=token_granularity,
-                     oversize=oversize, max_samples_per_pack=max_samples_per_pack, media=media,
-                     packs_per_shard=packs_per_shard, frame_quality=frame_quality, layout=layout)
+    with _flag_errors(ctx):
+        cfg = PackConfig(max_tokens=max_tokens, max_vision_units=max_vision_units, buffer_size=buffer_size,
+                         text_weight=text_weight, vision_weight=vision_weight, token_granularity=token_granularity,
+                         oversize=oversize, max_samples_per_pack=max_samples_per_pack, media=media,
+                         packs_per_shard=packs_per_shard, frame_quality=frame_quality, layout=layout)
     with _progress("pack", quiet) as bar:
         result = pack_dataset(src, output or Path("."), cfg, progress=bar, overwrite=overwrite, dry_run=dry_run,
                               media_root=media_root, max_errors=max_errors, on_error=on_error, workers=workers,

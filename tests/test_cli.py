@@ -95,7 +95,7 @@ def test_library_errors_become_one_line_and_exit_1(tmp_path):
 
 def test_bad_flag_value_names_the_flag(tmp_path, demo_dirs):
     r = run("tokenize", str(demo_dirs["sample"] / "data.jsonl"), "-o", str(tmp_path / "t"), "--model", "nope")
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "unknown --model 'nope'" in r.stderr and "qwen2.5-vl" in r.stderr
 
 
@@ -144,11 +144,19 @@ def test_a_tokenize_setting_out_of_bounds_is_a_usage_error_before_any_work(tmp_p
                                       "fixed:576"),
     (["--min-pixels", "100000000", "--max-pixels", "10"],
      "--min-pixels 100000000 is above --max-pixels 10; give a pixel floor no larger than the cap"),
-], ids=["fixed-huge", "min-above-max"])
-def test_a_model_spec_or_pixel_pair_that_cannot_work_is_refused_before_any_work(tmp_path, demo_dirs, args, message):
+    (["--model", "nope"], "unknown --model 'nope'; choose one of: internvl, llava-ov, molmo2, qwen2-vl, qwen2.5-vl, "
+                          "qwen3-vl, fixed:N"),
+    (["--model", "fixed:0"], "--model 'fixed:0': fixed:N needs a positive N, e.g. fixed:576"),
+    (["--max-crops", "4"], "--max-crops does not apply to --model qwen2.5-vl; it accepts: --fps, --max-frames, "
+                           "--max-pixels, --min-pixels"),
+], ids=["fixed-huge", "min-above-max", "unknown-model", "fixed-zero", "setting-of-another-family"])
+def test_a_model_spec_or_pixel_pair_that_cannot_work_is_a_usage_error_before_any_work(tmp_path, demo_dirs, args,
+                                                                                       message):
+    """Like a value out of a flag's range: exit 2 with the usage lines, the message naming the
+    choices or the fix, nothing written (``ConfigError`` from Python, tests/test_config.py)."""
     out = tmp_path / "t"
     r = run("tokenize", str(demo_dirs["sample"] / "data.jsonl"), "-o", str(out), "-q", *args)
-    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Error: {message}\n")
+    assert _usage_error(r, "tokenize", message), r.stderr
     assert not out.exists()
 
 
