@@ -143,8 +143,23 @@ def _emit_json(obj: dict) -> None:
     typer.echo(json.dumps(obj, indent=2, sort_keys=False))
 
 
+@contextlib.contextmanager
+def _flag_errors(ctx: typer.Context):
+    """Build a frozen config from the command's flags: a ``ConfigError`` it raises names flags that
+    cannot work as given (an unknown ``--model``, ``--min-pixels`` above ``--max-pixels``), so the
+    command line shows it as a usage error (exit 2, the usage lines), as it shows a value out of
+    a flag's range. From Python the same check is a ``ConfigError``."""
+    from .errors import ConfigError
+
+    try:
+        yield
+    except ConfigError as exc:
+        ctx.fail(str(exc))
+
+
 @app.command()
 def tokenize(
+    ctx: typer.Context,
     inputs: Annotated[list[str], typer.Argument(
         metavar="INPUT", callback=_location, help="Input files or directories (JSON, JSONL, .gz, .zst, Parquet); directories are searched "
         "recursively, skipping hidden entries and packtool outputs.")],
@@ -186,12 +201,13 @@ def tokenize(
     """
     from .pipeline import tokenize_dataset
 
-    cfg = TokenizeConfig(model=model, template=template, tokenizer=tokenizer, format=format.value,
-                         media_root=str(media_root), system_prompt=system_prompt, min_pixels=min_pixels,
-                         max_pixels=max_pixels, max_frames=max_frames, fps=fps, max_crops=max_crops, max_num=max_num,
-                         exif=exif, rows_per_shard=rows_per_shard, max_errors=max_errors,
-                         max_branches=max_branches, max_tokens=max_tokens, group_by_media=group_by_media,
-                         reasoning_loss=reasoning_loss)
+    with _flag_errors(ctx):
+        cfg = TokenizeConfig(model=model, template=template, tokenizer=tokenizer, format=format.value,
+                             media_root=str(media_root), system_prompt=system_prompt, min_pixels=min_pixels,
+                             max_pixels=max_pixels, max_frames=max_frames, fps=fps, max_crops=max_crops,
+                             max_num=max_num, exif=exif, rows_per_shard=rows_per_shard, max_errors=max_errors,
+                             max_branches=max_branches, max_tokens=max_tokens, group_by_media=group_by_media,
+                             reasoning_loss=reasoning_loss)
     with _progress("tokenize", quiet) as bar:
         manifest = tokenize_dataset(inputs, output, cfg, progress=bar, overwrite=overwrite, on_error=on_error,
                                     workers=workers, executor=executor, ray_address=ray_address, rank=rank,
@@ -217,6 +233,7 @@ def _echo_rejected(counts: dict, output: str | None) -> None:
 
 @app.command()
 def pack(
+    ctx: typer.Context,
     inputs: Annotated[list[str] | None, typer.Argument(
         metavar="TOKENIZED", callback=_location,
         help="Tokenized directory or bucket prefix; several make a mixture (see --rates).")] = None,
@@ -224,7 +241,7 @@ def pack(
                                                help="Output directory or bucket prefix.")] = None,
     rates: Annotated[str | None, typer.Option(help="Epoch multiplier per input, in order, e.g. 1.0,2.5,0.2 (2.5: every sample twice plus a seeded half).")] = None,
     mixture: Annotated[Path | None, typer.Option(help="Mixture JSON file: sources with a rate or a target sample count (instead of inputs and --rates).")] = None,
-    seed: Annotated[int, typer.Option(min=0, help="Seed of a mixture's down-sampled subsets (recorded in the manifest).")] = 0,
+    seed: Annotated[int | None, typer.Option(min=0, help="Seed of a mixture's down-sampled subsets (default 0, recorded in the manifest); a mixture only.")] = None,
     group_by: Annotated[GroupByChoice, typer.Option(help="none: packs mix sources; source: a pack never holds two sources.")] = "none",
     samples_per_task: Annotated[int, typer.Option(min=1, help="Samples of a mixture's stream per pack task (each task packs with its own buffer).")] = SAMPLES_PER_TASK,
     max_tokens: MaxTokens = _PACK_DEFAULTS.max_tokens,
@@ -262,13 +279,14 @@ def pack(
     """
     from .pipeline import pack_dataset
 
-    src = _pack_source(inputs or [], rates, mixture, seed=seed, group_by=group_by, samples_per_task=samples_per_task)
+    src = _pack_source(ctx, inputs or [], rates, mixture, seed=seed, group_by=group_by, samples_per_task=samples_per_task)
     if output is None and not dry_run:
         raise PacktoolError("pack needs -o/--output (or --dry-run to only plan)")
-    cfg = PackConfig(max_tokens=max_tokens, max_vision_units=max_vision_units, buffer_size=buffer_size,
-                     text_weight=text_weight, vision_weight=vision_weight, token_granularity=token_granularity,
-                     oversize=oversize, max_samples_per_pack=max_samples_per_pack, media=media,
-                     packs_per_shard=packs_per_shard, frame_quality=frame_quality, layout=layout)
+    with _flag_errors(ctx):
+        cfg = PackConfig(max_tokens=max_tokens, max_vision_units=max_vision_units, buffer_size=buffer_size,
+                         text_weight=text_weight, vision_weight=vision_weight, token_granularity=token_granularity,
+                         oversize=oversize, max_samples_per_pack=max_samples_per_pack, media=media,
+                         packs_per_shard=packs_per_shard, frame_quality=frame_quality, layout=layout)
     with _progress("pack", quiet) as bar:
         result = pack_dataset(src, output or Path("."), cfg, progress=bar, overwrite=overwrite, dry_run=dry_run,
                               media_root=media_root, max_errors=max_errors, on_error=on_error, workers=workers,
@@ -308,22 +326,31 @@ def pack(
         typer.echo(render_mixture(mix))
 
 
-def _pack_source(inputs: list[Path], rates: str | None, mixture: Path | None, **kw):
-    """What ``pack`` packs: one tokenized directory as it is, or a :class:`~packtool.mixture.Mixture`."""
+def _pack_source(ctx: typer.Context, inputs: list[Path], rates: str | None, mixture: Path | None,
+                 seed: int | None, **kw):
+    """What ``pack`` packs: one tokenized directory as it is, or a :class:`~packtool.mixture.Mixture`.
+
+    ``seed`` is ``None`` when not given: a mixture then uses 0, and one directory packed as it
+    is, with nothing random to seed, refuses a given one (a usage error) rather than ignore it.
+    """
     from .errors import ConfigError
     from .mixture import Mixture, load_mixture
 
+    plain = mixture is None and len(inputs) == 1 and rates is None and kw["group_by"] == "none"
+    if plain and seed is not None:
+        ctx.fail("--seed only applies to a mixture (--rates, --mixture FILE or several TOKENIZED inputs), where it "
+                 "picks the down-sampled subsets; one tokenized directory is packed whole, with no random choice: "
+                 "drop --seed, or give --rates to sample it")
+    kw["seed"] = 0 if seed is None else seed
     if mixture is not None:
         if rates is not None or inputs:
             raise ConfigError("--mixture names the sources and their rates itself; drop the TOKENIZED inputs and "
                               "--rates, or drop --mixture")
         return load_mixture(mixture, **kw)
     if not inputs:
-        import click
-
-        raise click.UsageError("Missing argument 'TOKENIZED...': pack needs a tokenized directory (several for a "
-                               "mixture) or --mixture FILE")
-    if len(inputs) == 1 and rates is None and kw["group_by"] == "none":
+        ctx.fail("Missing argument 'TOKENIZED...': pack needs a tokenized directory (several for a mixture) or "
+                 "--mixture FILE")
+    if plain:
         return inputs[0]
     return Mixture.from_rates(inputs, rates, **kw)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "PacktoolError",
     "InputError",
+    "NoOutputError",
     "ConfigError",
     "OutputError",
     "ResumeMismatchError",
@@ -57,6 +58,11 @@ class PacktoolError(Exception):
 
 class InputError(PacktoolError):
     """An input file or directory cannot be used as given."""
+
+
+class NoOutputError(InputError):
+    """A path holds no packtool output at all (missing, empty, no manifest, run state or shard):
+    there is nothing to read or check, only a run to make."""
 
 
 class ConfigError(PacktoolError):

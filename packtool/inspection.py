@@ -27,7 +27,15 @@ import pyarrow as pa
 from .errors import ConfigError, InputError
 from .runs import TOKEN_COLUMNS, expand_row, is_runs_table, stored_names
 from .schema import MEDIA_FIELDS, PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
-from .shards import ERRORS, is_output_dir, open_shard, read_manifest, read_shard, shard_error
+from .shards import (
+    ERRORS,
+    is_output_dir,
+    open_shard,
+    read_manifest,
+    read_shard,
+    shard_error,
+    why_no_packs,
+)
 from .templates import TEMPLATES, Template
 from .tokenization import Tokenizer, load_recorded_tokenizer, load_tokenizer, vocabulary_difference
 
@@ -437,14 +445,14 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
     elif pack is None:  # the first pack: pack 0 when pack task 0 made any
         first = next((e["file"] for e in manifest["shards"] if e["rows"]), None)
         if first is None:
-            raise InputError(f"{str(path)!r} holds no packs")
+            raise InputError(f"{str(path)!r} holds no packs: {_why_no_packs(manifest)}")
         where = (first, 0)
     else:
         where = _find_row(path, manifest, "pack_index", pack, is_list=False)
         if where is None:
             numbers = _pack_numbers(path, manifest)
             if not numbers:
-                raise InputError(f"--pack {pack}: {str(path)!r} holds no packs")
+                raise InputError(f"--pack {pack}: {str(path)!r} holds no packs: {_why_no_packs(manifest)}")
             count = f"its {len(numbers):,} packs are" if len(numbers) > 1 else "its one pack is"
             raise InputError(f"--pack {pack}: {str(path)!r} has no such pack; {count} numbered "
                              f"{_number_ranges(numbers)} (pack_index = task × 1000000000 + k); pass one of those")
@@ -540,3 +548,8 @@ def render_inspection(view: dict) -> str:
             out.append(f"{head}tokens {_rng(r['tokens']).ljust(width)}  pos {_rng(r['positions']).ljust(pwidth)}  "
                        f"sub {sub_txt}  {r['part']}")
     return "\n".join(out)
+
+
+def _why_no_packs(manifest: dict) -> str:
+    c = manifest.get("counts") or {}
+    return why_no_packs(c.get("samples_in", 0), c.get("dropped", 0), c.get("rejected", 0))

@@ -43,7 +43,7 @@ from .errors import (
     TooManyErrorsError,
 )
 from .executors import ExecutorConfig, default_workers, run_tasks, set_total, worker_place
-from .formats import Rejected, expand_inputs, parse_json_line, parse_record
+from .formats import UTF8_BOM, Rejected, expand_inputs, parse_json_line, parse_record
 from .mixture import Mixture
 from .publication import (
     output_dir,
@@ -424,7 +424,7 @@ def _splittable(path: Path) -> bool:
     if not path.name.endswith(".jsonl"):
         return False
     with open(path, "rb") as fh:
-        head = fh.read(1 << 12).lstrip()
+        head = fh.read(1 << 12).removeprefix(UTF8_BOM).lstrip()
     return not head.startswith(b"[")
 
 
@@ -658,6 +658,8 @@ def _slice_records(sl: Slice) -> Iterator[tuple[int, object]]:
         for line in fh:
             if sl.stop is not None and row >= sl.stop:
                 break
+            if row == 0:  # the file's first line: a byte-order mark before it is skipped, as formats does
+                line = line.removeprefix(UTF8_BOM)
             if line.strip():
                 yield row, parse_json_line(line)
             row += 1

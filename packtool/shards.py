@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from . import __version__
 from .config import config_diff
-from .errors import InputError, OutputError, ResumeMismatchError
+from .errors import InputError, NoOutputError, OutputError, ResumeMismatchError
 from .runs import compact_table, is_runs_table, runs_version
 from .schema import READABLE_VERSIONS, SCHEMA_VERSION, expanded_form
 
@@ -39,6 +39,7 @@ __all__ = [
     "shard_name",
     "write_manifest",
     "read_manifest",
+    "why_no_packs",
     "sha256_file",
     "prepare_run",
     "run_lock",
@@ -481,7 +482,7 @@ def read_manifest(path: Path, kind: str | None = None) -> dict:
     """Read ``path/.packtool/manifest.json`` (or a legacy ``path/manifest.json``) and check its kind and schema version."""
     file = manifest_path(path)
     if not file.is_file():
-        raise InputError(f"{str(path)!r} has no {MANIFEST}; is it the output of packtool tokenize/pack, and did that run finish?")
+        raise _no_manifest(Path(path), kind)
     try:
         manifest = json.loads(file.read_text(encoding="utf-8"))
     except ValueError as exc:
@@ -503,6 +504,51 @@ def read_manifest(path: Path, kind: str | None = None) -> dict:
         raise InputError(f"{str(path)!r} holds {manifest.get('kind')} shards, expected {kind} shards")
     _check_manifest(Path(path), file, manifest)
     return manifest
+
+
+def _no_manifest(path: Path, kind: str | None) -> InputError:
+    """Why ``path`` has no manifest, told from what it does hold, and the command that gives it one.
+
+    A path with no output at all (missing, empty, other files) is a :class:`NoOutputError`; an
+    unfinished run or shards without their manifest are an output in trouble (``InputError``).
+    """
+    makers = {"tokenized": f"`packtool tokenize INPUT -o {path}`", "packed": f"`packtool pack TOKENIZED -o {path}`"}
+    make = makers[kind] if kind in makers else " or ".join(makers.values())
+    where = f"no {MANIFEST} found in {str(path)!r}"
+    if not path.exists():
+        return NoOutputError(f"{where} (the directory does not exist); run {make} first")
+    if not path.is_dir():
+        return NoOutputError(f"{where} (it is a file, not an output directory); pass the -o directory of a finished "
+                             f"run, or run {make} first")
+    if (path / STATE_DIR / RUN_STATE).is_file():
+        return InputError(f"{where}: its run has not finished (the manifest is written last, once every task is "
+                          "done); run the command that started it again to resume it, or, when ranks ran apart, "
+                          f"`packtool merge {path}` once every rank is done")
+    names = os.listdir(path)
+    n_shards = sum(1 for n in names if SHARD_NAME.fullmatch(n))
+    if n_shards:
+        return InputError(f"{where}, though it holds {n_shards} shard file(s): shards are read only through the "
+                          "manifest written beside them (were they copied without the hidden .packtool folder?); "
+                          "copy .packtool/ along with them, or re-run the command that wrote them")
+    what = "the directory is empty" if not names else "nor any shard: it is not a packtool output"
+    return NoOutputError(f"{where} ({what}); run {make} first")
+
+
+def why_no_packs(samples_in: int, dropped: int, rejected: int) -> str:
+    """Why a finished pack run wrote no pack, from its counts, and what to do about it.
+
+    Example:
+        >>> why_no_packs(30, 30, 30)
+        'all 30 of its samples were dropped as oversize (listed in .packtool/errors.jsonl); pack again with a larger --max-tokens or --max-vision-units, or with --oversize alone'
+    """
+    if not samples_in:
+        return ("it was packed from a tokenized directory with no samples; tokenize a corpus with good rows, then "
+                "pack it again")
+    if dropped == samples_in:
+        return (f"all {samples_in:,} of its samples were dropped as oversize (listed in {ERRORS}); pack again with a "
+                "larger --max-tokens or --max-vision-units, or with --oversize alone")
+    return (f"none of its {samples_in:,} samples was packed ({dropped:,} dropped as oversize, {rejected:,} rejected "
+            f"in all; listed in {ERRORS}); fix what it lists and pack again")
 
 
 #: What a shard may be called: ``part-NNNNN.parquet`` or ``part-TTTTT-KKKKK.parquet``, beside its manifest.

@@ -714,6 +714,12 @@ def check_thresholds(stats: dict, th: Thresholds) -> list[str]:
     ):
         if limit is None:
             continue
+        if value is None and stats["kind"] == "packed":  # a packed directory, but its run packed nothing
+            from .shards import why_no_packs
+
+            by_pack = stats["rejected"]["pack"]
+            raise InputError(f"{flag} needs packs, and {stats['packed']!r} holds none: "
+                             + why_no_packs(sum(by_pack.values()), stats["dropped"], sum(by_pack.values())))
         if value is None:
             raise ConfigError(f"{flag} needs packs with that capacity; {stats['kind']} statistics have no {name}; "
                               "pass a packed directory")

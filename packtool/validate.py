@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import REASON_CODES, InputError, SampleError
+from .errors import REASON_CODES, InputError, NoOutputError, SampleError
 from .runs import (
     COMPACT_COLUMNS,
     MIN_RUN,
@@ -547,6 +547,8 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
         # a bucket's output: every shard fetched and checked against the manifest's sha256 first
         path = fetch_output(path)
         manifest = read_manifest(path)
+    except NoOutputError:
+        raise  # no output at all: nothing to check, so no report saying it is "not whole"
     except InputError as exc:
         problems.add(MANIFEST, str(exc))
         return report

@@ -3,6 +3,7 @@ on, and every input row ends in exactly one place. Each fixture is made here, fo
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
@@ -459,3 +460,21 @@ def test_video_containers_on_the_allow_list_pass(tmp_path, container):
             out.mux(p)
     _, errors = run_tokenize(root, tmp_path, [json.dumps(video_rec("v", path.name)).encode()])
     assert "v" not in errors, errors.get("v")
+
+
+def test_a_byte_order_mark_at_the_start_of_an_input_costs_no_row(media, tmp_path):
+    """Files saved by Windows tools start with a UTF-8 byte-order mark: tokenize reads their
+    first record like any other (plain JSONL cut into several tasks, a JSON array, gzip), and
+    only a mark inside a file rejects its line, with its own row number."""
+    bom = b"\xef\xbb\xbf"
+    recs = [json.dumps(image_rec(f"r{i}", "ok.png")).encode() for i in range(5)]
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.jsonl").write_bytes(bom + b"\n".join(recs) + b"\n")
+    (src / "b.json").write_bytes(bom + b"[" + b",".join(recs) + b"]")
+    (src / "c.jsonl.gz").write_bytes(gzip.compress(bom + b"\n".join(recs)))
+    (src / "d.jsonl").write_bytes(bom + recs[0] + b"\n" + bom + recs[1] + b"\n" + recs[2] + b"\n")
+    m = tokenize_dataset([src], tmp_path / "tok", TokenizeConfig(media_root=str(media), rows_per_shard=2), workers=1)
+    errors = [json.loads(line) for line in (tmp_path / "tok" / ".packtool" / "errors.jsonl").read_text().splitlines()]
+    assert [(os.path.basename(e["source"]), e["row"], e["reason"]) for e in errors] == [("d.jsonl", 1, "bad_json")]
+    assert m["counts"]["rows_in"] == 18 and m["counts"]["samples"] == 17

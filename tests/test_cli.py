@@ -95,7 +95,7 @@ def test_library_errors_become_one_line_and_exit_1(tmp_path):
 
 def test_bad_flag_value_names_the_flag(tmp_path, demo_dirs):
     r = run("tokenize", str(demo_dirs["sample"] / "data.jsonl"), "-o", str(tmp_path / "t"), "--model", "nope")
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "unknown --model 'nope'" in r.stderr and "qwen2.5-vl" in r.stderr
 
 
@@ -144,11 +144,19 @@ def test_a_tokenize_setting_out_of_bounds_is_a_usage_error_before_any_work(tmp_p
                                       "fixed:576"),
     (["--min-pixels", "100000000", "--max-pixels", "10"],
      "--min-pixels 100000000 is above --max-pixels 10; give a pixel floor no larger than the cap"),
-], ids=["fixed-huge", "min-above-max"])
-def test_a_model_spec_or_pixel_pair_that_cannot_work_is_refused_before_any_work(tmp_path, demo_dirs, args, message):
+    (["--model", "nope"], "unknown --model 'nope'; choose one of: internvl, llava-ov, molmo2, qwen2-vl, qwen2.5-vl, "
+                          "qwen3-vl, fixed:N"),
+    (["--model", "fixed:0"], "--model 'fixed:0': fixed:N needs a positive N, e.g. fixed:576"),
+    (["--max-crops", "4"], "--max-crops does not apply to --model qwen2.5-vl; it accepts: --fps, --max-frames, "
+                           "--max-pixels, --min-pixels"),
+], ids=["fixed-huge", "min-above-max", "unknown-model", "fixed-zero", "setting-of-another-family"])
+def test_a_model_spec_or_pixel_pair_that_cannot_work_is_a_usage_error_before_any_work(tmp_path, demo_dirs, args,
+                                                                                       message):
+    """Like a value out of a flag's range: exit 2 with the usage lines, the message naming the
+    choices or the fix, nothing written (``ConfigError`` from Python, tests/test_config.py)."""
     out = tmp_path / "t"
     r = run("tokenize", str(demo_dirs["sample"] / "data.jsonl"), "-o", str(out), "-q", *args)
-    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Error: {message}\n")
+    assert _usage_error(r, "tokenize", message), r.stderr
     assert not out.exists()
 
 
@@ -164,6 +172,21 @@ def test_pack_counts_beyond_int32_are_usage_errors(tmp_path, demo_dirs, flag, va
     assert not (tmp_path / "p").exists()
 
 
+SEED_WITHOUT_MIXTURE = ("--seed only applies to a mixture (--rates, --mixture FILE or several TOKENIZED inputs), where "
+                        "it picks the down-sampled subsets; one tokenized directory is packed whole, with no random "
+                        "choice: drop --seed, or give --rates to sample it")
+
+
+@pytest.mark.parametrize("seed", ["5", "0"])
+def test_pack_seed_without_a_mixture_is_a_usage_error(tmp_path, demo_dirs, seed):
+    """Packing one tokenized directory has no randomness, so a --seed there would be silently
+    ignored (a user expecting another shuffle or subset would get the same bytes): it is
+    refused, naming the options that make a mixture, even when it is the default value."""
+    r = run("pack", str(demo_dirs["tokenized"]), "-o", str(tmp_path / "p"), "-q", "--seed", seed)
+    assert _usage_error(r, "pack", SEED_WITHOUT_MIXTURE), r.stderr
+    assert not (tmp_path / "p").exists()
+
+
 def test_pack_help_names_the_schema_versions_each_layout_writes(demo_dirs, capsys):
     from packtool.shards import read_manifest
 
@@ -172,3 +195,49 @@ def test_pack_help_names_the_schema_versions_each_layout_writes(demo_dirs, capsy
     full = read_manifest(demo_dirs["packed-full"], "packed")["schema_version"]
     assert (f"runs: placeholder runs stored once (schema v{runs}; packtool.reader expands them); "
             f"full: every token stored (schema v{full})") in out
+
+
+def _no_output(tmp_path, state: str) -> tuple:
+    """A directory that holds no finished packtool output, and what it is called in the message."""
+    d = tmp_path / "out"
+    if state == "missing":
+        return d, "the directory does not exist"
+    d.mkdir()
+    if state == "empty":
+        return d, "the directory is empty"
+    (d / "notes.txt").write_text("x")
+    return d, "nor any shard: it is not a packtool output"
+
+
+@pytest.mark.parametrize("command", ["stats", "inspect", "validate"])
+@pytest.mark.parametrize("state", ["missing", "empty", "unrelated"])
+def test_a_directory_with_no_output_says_what_is_missing_and_what_makes_it(tmp_path, command, state):
+    """stats, inspect and validate read a finished run's manifest; on a directory with none
+    (missing, empty, other files) all three say what is missing and the command that writes
+    one, as one ``Error:`` line and exit 1 (validate has nothing to check, so no report)."""
+    d, what = _no_output(tmp_path, state)
+    r = run(command, str(d))
+    assert (r.returncode, r.stdout) == (1, ""), r.stdout
+    assert r.stderr == (f"Error: no .packtool/manifest.json found in {str(d)!r} ({what}); run `packtool tokenize "
+                        f"INPUT -o {d}` or `packtool pack TOKENIZED -o {d}` first\n")
+
+
+@pytest.mark.parametrize("command", ["stats", "inspect", "validate"])
+def test_shards_without_their_manifest_are_named_as_such(tmp_path, demo_dirs, command):
+    """Shards copied without the hidden ``.packtool/`` folder (``cp *.parquet``) are not an
+    empty directory: the message says the manifest was left behind and how to bring it."""
+    import shutil
+
+    d = tmp_path / "copy"
+    d.mkdir()
+    for f in demo_dirs["packed"].glob("part-*.parquet"):
+        shutil.copy(f, d / f.name)
+    n = len(list(d.iterdir()))
+    r = run(command, str(d))
+    message = (f"no .packtool/manifest.json found in {str(d)!r}, though it holds {n} shard file(s): shards are read "
+               "only through the manifest written beside them (were they copied without the hidden .packtool "
+               "folder?); copy .packtool/ along with them, or re-run the command that wrote them")
+    if command == "validate":  # a damaged output: the finding of a report
+        assert r.returncode == 1 and message in r.stdout, r.stdout
+    else:
+        assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Error: {message}\n")

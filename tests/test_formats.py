@@ -336,3 +336,57 @@ def test_split_placeholders_matches_its_slow_twin():
         want = [(k, t, n + offsets[k] if k != "text" else n) for k, t, n in split_tags(text)]
         assert got == want, f"seed {seed}, case {case}: {text!r}"
         assert counters == {k: sum(1 for w in want if w[0] == k) for k in ("image", "video")}
+
+
+# --- a UTF-8 byte-order mark -------------------------------------------------------------
+
+BOM = b"\xef\xbb\xbf"
+
+
+BOM_CASES = [(f"a.{kind}{comp}", shape) for comp in ("", ".gz", ".zst") for kind, shape in
+             [("jsonl", "lines"), ("json", "lines"), ("json", "array"), ("json", "object")]]
+
+
+@pytest.mark.parametrize("name,shape", BOM_CASES)
+def test_a_leading_byte_order_mark_is_skipped(tmp_path, name, shape):
+    """Windows tools (Notepad, PowerShell's ``Out-File``, .NET writers) start a UTF-8 file with
+    ``EF BB BF``: the first record is read as if it were not there, in every container, and
+    the rows keep their numbers."""
+    import zstandard
+
+    if shape == "lines":
+        body = "".join(json.dumps(r) + "\n" for r in [LLAVA, MOLMO]).encode()
+    elif shape == "array":
+        body = b" \n" + json.dumps([LLAVA, MOLMO], indent=1).encode()  # whitespace after the mark too
+    else:
+        body = json.dumps(LLAVA, indent=1).encode()
+    data = BOM + body
+    if name.endswith(".gz"):
+        data = gzip.compress(data)
+    elif name.endswith(".zst"):
+        data = zstandard.ZstdCompressor().compress(data)
+    (tmp_path / name).write_bytes(data)
+    got = read_all(tmp_path / name)
+    assert all(isinstance(s, Sample) for s in got), got
+    want = ["000000033471"] if shape == "object" else ["000000033471", "pixmo-17"]
+    assert [s.sample_id for s in got] == want
+    assert [s.source_row for s in got] == list(range(len(want)))
+
+
+def test_a_byte_order_mark_after_the_first_line_is_a_bad_row(tmp_path):
+    """Only the file's first bytes may carry the mark: one inside the file (two files
+    concatenated) rejects its own line, with a message saying what is wrong."""
+    lines = [json.dumps(LLAVA).encode(), BOM + json.dumps(MOLMO).encode(), b"", json.dumps(LLAVA).encode()]
+    path = tmp_path / "cat.jsonl"
+    path.write_bytes(BOM + b"\n".join(lines) + b"\n")
+    got = read_all(path)
+    assert [(g.source_row, g.reason if isinstance(g, Rejected) else g.sample_id) for g in got] == [
+        (0, "000000033471"), (1, "bad_json"), (3, "000000033471")]
+    assert "byte-order mark" in got[1].message
+
+
+def test_a_byte_order_mark_inside_a_json_array_file_is_bad_json(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_bytes(b"[" + BOM + json.dumps(LLAVA).encode() + b"]")
+    [r] = read_all(path)
+    assert isinstance(r, Rejected) and r.reason == "bad_json" and r.source_row == 0

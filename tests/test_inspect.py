@@ -166,9 +166,11 @@ def test_inspect_of_a_packed_dir_without_packs_says_so(demo_dirs, tmp_path):
     r = run("pack", str(demo_dirs["tokenized"]), "-o", str(empty), "--max-tokens", "16", "--workers", "1", "-q")
     assert r.returncode == 0 and r.stdout.startswith("0 samples in 0 packs"), r.stderr
     r = run("inspect", str(empty))
-    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Error: {str(empty)!r} holds no packs\n")
+    why = ("all 30 of its samples were dropped as oversize (listed in .packtool/errors.jsonl); pack again with a "
+           "larger --max-tokens or --max-vision-units, or with --oversize alone")
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Error: {str(empty)!r} holds no packs: {why}\n")
     r = run("inspect", str(empty), "--pack", "0")
-    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Error: --pack 0: {str(empty)!r} holds no packs\n")
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Error: --pack 0: {str(empty)!r} holds no packs: {why}\n")
 
 
 # ----------------------------------------------------------------------------------------------

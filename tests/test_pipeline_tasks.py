@@ -377,3 +377,28 @@ def test_fewer_collections_restores_the_collector_setting():
         assert gc.get_threshold() == (50_000, 5, 5)
     finally:
         gc.set_threshold(*before)
+
+
+def test_a_leading_byte_order_mark_is_read_the_same_cut_or_whole(tmp_path):
+    """A JSONL file that starts with a UTF-8 byte-order mark is cut into tasks at the same
+    byte offsets as without it (shifted by its 3 bytes) and every slice, the first included,
+    reads what the format reader reads: no row lost, row numbers unchanged. A mark inside the
+    file is still a bad row; a ``.jsonl`` file holding a marked JSON array is not cut."""
+    make_corpus(tmp_path, 30, seed=3)
+    f = tmp_path / "data.jsonl"
+    lines = f.read_bytes().splitlines(keepends=True)
+    lines[13] = b"\xef\xbb\xbf" + lines[13]
+    f.write_bytes(b"\xef\xbb\xbf" + b"".join(lines))
+    tasks, total = plan_tokenize_tasks([f], 7)
+    assert total == 30 and [s.offset for t in tasks for s in t] == [0, *(3 + sum(map(len, lines[:k])) for k in (7, 14, 21, 28))]
+    sliced = [parse_record(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
+    whole = list(iter_samples([f]))
+    assert sliced == whole and len(whole) == 30
+    assert [(x.source_row, x.reason) for x in whole if isinstance(x, Rejected)] == [(13, "bad_json")]
+
+    arr = tmp_path / "array.jsonl"
+    arr.write_bytes(b"\xef\xbb\xbf[\n" + b",\n".join(line.rstrip(b"\n") for k, line in enumerate(lines) if k != 13) + b"\n]\n")
+    tasks, total = plan_tokenize_tasks([arr], 7)
+    assert total is None and [(s.start, s.offset) for t in tasks for s in t] == [(0, None)]
+    got = [parse_record(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
+    assert len(got) == 29 and not any(isinstance(x, Rejected) for x in got)

@@ -307,6 +307,21 @@ def test_fill_gate_on_a_tokenized_dir_says_what_to_pass(demo_dirs):
     assert r.returncode == 1 and "--fail-below-fill needs packs" in r.stderr and "packed directory" in r.stderr
 
 
+@pytest.mark.parametrize("flag", ["--fail-below-fill", "--fail-below-vision-fill", "--fail-above-ratio"])
+def test_a_pack_gate_on_a_packed_dir_without_packs_says_why_it_has_none(demo_dirs, tmp_path, flag):
+    """A packed directory whose run packed nothing (every sample oversize here) is a packed
+    directory: the gate says it holds no pack, why, and the fix, not "pass a packed directory"."""
+    empty = tmp_path / "empty"
+    r = run("pack", str(demo_dirs["tokenized"]), "-o", str(empty), "--max-tokens", "16", "--workers", "1", "-q")
+    assert r.returncode == 0 and r.stdout.startswith("0 samples in 0 packs"), r.stderr
+    r = run("stats", str(empty), flag, "0.5")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"Error: {flag} needs packs, and {str(empty)!r} holds none: all 30 of its samples were dropped "
+                        "as oversize (listed in .packtool/errors.jsonl); pack again with a larger --max-tokens or "
+                        "--max-vision-units, or with --oversize alone\n")
+    assert "Traceback" not in r.stderr and run("stats", str(empty)).returncode == 0  # without a gate: the zeros
+
+
 def test_stats_reads_no_token_or_media_bytes(demo_dirs, monkeypatch):
     """Stats stay cheap: only length columns (and one media leaf) are read from the shards."""
     read = []

@@ -198,9 +198,13 @@ def test_tokenizer_that_cannot_be_loaded_is_an_error_not_a_damaged_directory(dem
 
 
 def test_missing_manifest_is_a_problem_not_a_crash(tmp_path):
+    """An unfinished run (its state, no manifest) is a finding of the report; a directory that
+    holds no output at all is an error, with nothing checked (tests/test_cli.py)."""
+    (tmp_path / ".packtool").mkdir()
+    (tmp_path / ".packtool" / "run.json").write_text("{}")
     r = run("validate", str(tmp_path))
     assert r.returncode == 1
-    assert "manifest.json" in r.stdout and "Traceback" not in r.stderr
+    assert "manifest.json" in r.stdout and "its run has not finished" in r.stdout and "Traceback" not in r.stderr
 
 
 def test_schema_version_of_the_shards_is_checked(packed):

@@ -30,7 +30,8 @@ from ..records import Sample
 from . import hf_parquet, llava, molmo, qwen_vl, sharegpt, swift
 from .common import check_sample, printable
 
-__all__ = ["Rejected", "iter_samples", "parse_record", "parse_json_line", "iter_records", "expand_inputs", "PARSERS", "FORMATS", "detect_format", "SUFFIXES"]
+__all__ = ["Rejected", "iter_samples", "parse_record", "parse_json_line", "iter_records", "expand_inputs", "PARSERS",
+           "FORMATS", "detect_format", "SUFFIXES", "UTF8_BOM"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,10 @@ class Rejected:
             "message": self.message,
         }
 
+
+#: The UTF-8 byte-order mark that Windows tools (Notepad, PowerShell, .NET writers) put at the
+#: start of a text file. At a file's first byte it is skipped; anywhere else it is a bad row.
+UTF8_BOM = b"\xef\xbb\xbf"
 
 _JSON_SUFFIXES = (".json", ".jsonl")
 _COMPRESSIONS = ("", ".gz", ".zst")
@@ -248,12 +253,13 @@ def _json_records(path: Path) -> Iterator[tuple[int, object]]:
 
 def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
     with _open_binary(path) as fh:
-        head = fh.peek(1 << 12)[: 1 << 12].lstrip()
+        # a leading byte-order mark is no part of the first record: sniff and read past it
+        head = fh.peek(1 << 12)[: 1 << 12].removeprefix(UTF8_BOM).lstrip()
         whole_json = head.startswith(b"[") or (head.startswith(b"{") and ".jsonl" not in path.name
-                                               and not _looks_like_jsonl(fh.peek(1 << 16)))
+                                               and not _looks_like_jsonl(fh.peek(1 << 16).removeprefix(UTF8_BOM)))
         if whole_json:
             # Invalid UTF-8 becomes lone surrogates, so only the records holding it are rejected.
-            text = fh.read().decode("utf-8", errors="surrogateescape")
+            text = fh.read().removeprefix(UTF8_BOM).decode("utf-8", errors="surrogateescape")
             try:
                 data = json.loads(text)
             except (ValueError, RecursionError) as exc:
@@ -269,6 +275,8 @@ def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
             yield from enumerate(data)
             return
         for row, line in enumerate(fh):
+            if row == 0:
+                line = line.removeprefix(UTF8_BOM)
             if line.strip():
                 yield row, parse_json_line(line)
 
@@ -280,6 +288,9 @@ def parse_json_line(line: bytes) -> object:
     except UnicodeDecodeError as exc:
         return SampleError("bad_encoding", f"line is not valid UTF-8: {exc}")
     except (ValueError, RecursionError) as exc:
+        if line.startswith(UTF8_BOM):  # json's own words ("decode using utf-8-sig") do not help here
+            return SampleError("bad_json", "line starts with a UTF-8 byte-order mark, which only the first line of a "
+                                           "file may carry (two files joined?); remove the mark (bytes EF BB BF)")
         return SampleError("bad_json", f"line is not valid JSON: {str(exc)[:200]}")
 
 
