@@ -562,6 +562,13 @@ def _check_manifest(path: Path, file: Path, manifest: object) -> None:
     for key in ("counts", "capacities", "vision", "tokenizer", "template", "source"):
         if manifest.get(key) is not None and not isinstance(manifest[key], dict):
             raise bad(f"{key!r} is not an object")
+    # every count is a whole number, or a table of them (rejected_by_reason): stats and validate
+    # add and format them
+    for key, value in (manifest.get("counts") or {}).items():
+        items = [(f"{key}.{k}", v) for k, v in value.items()] if isinstance(value, dict) else [(key, value)]
+        for name, v in items:
+            if not _is_count(v):
+                raise bad(f"counts.{name} is {json.dumps(v)[:40]}, not a whole number")
     for i, entry in enumerate(manifest["shards"]):
         if not isinstance(entry, dict):
             raise bad(f"shard {i} is not an object")
