@@ -695,6 +695,37 @@ def _run_diff(old: dict, new: dict) -> list[str]:
     return diff
 
 
+def _live_ranks(out_dir: Path) -> list[dict]:
+    """The holders of other ranks' run locks in ``out_dir`` that are alive now (a held ``flock``),
+    each with its ``rank`` and, as its lock file records them, ``pid``, ``host`` and ``started``.
+    This process's own lock is left out (it is the one asking)."""
+    import fcntl
+
+    live = []
+    for path in sorted((Path(out_dir) / STATE_DIR).glob("rank-*.lock")):
+        if not re.fullmatch(r"rank-\d+\.lock", path.name):
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            try:
+                holder = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+            except ValueError:
+                holder = {}
+            holder = holder if isinstance(holder, dict) else {}
+            if holder.get("pid") == os.getpid() and holder.get("host") == _HOST:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                live.append({**holder, "rank": int(path.stem.split("-")[-1])})
+        finally:
+            os.close(fd)  # releases the probe's shared lock, if it took one
+    return live
+
+
 @contextlib.contextmanager
 def run_lock(out_dir: Path, rank: int = 0) -> Iterator[None]:
     """Hold the output directory for one run of ``rank`` (ranks of one run share it).
@@ -845,14 +876,18 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
     elif state_file.is_file():
         old = _read_state(state_file)
         diff = _run_diff(old, run)
-        if diff and not any((out_dir / STATE_DIR).glob("task-*.json")):
-            # a run that stopped before finishing any task (a failed start) holds nothing to keep
+        live = _live_ranks(out_dir) if diff else []
+        if diff and not live and not any((out_dir / STATE_DIR).glob("task-*.json")):
+            # a run that stopped before finishing any task (a failed start) holds nothing to keep;
+            # one whose other ranks are still running has simply not finished a task yet
             log.info("%s: replacing an unfinished run that finished no task (%s)", out_dir, "; ".join(diff))
             _wipe(out_dir)
             diff = []
         if diff and not overwrite:
+            running = (f"; its rank {live[0]['rank']} is running now (pid {live[0].get('pid', '?')} on "
+                       f"{live[0].get('host', '?')})" if live else "")
             raise ResumeMismatchError(
-                f"{str(out_dir)!r} holds an unfinished run with other settings ({'; '.join(diff)}); "
+                f"{str(out_dir)!r} holds an unfinished run with other settings ({'; '.join(diff)}){running}; "
                 "resume it with the same command, use another -o, or pass --overwrite to start over"
             )
         if diff:
