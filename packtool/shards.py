@@ -32,6 +32,7 @@ from .config import config_diff
 from .errors import InputError, OutputError, ResumeMismatchError
 from .runs import compact_table, is_runs_table, runs_version
 from .schema import READABLE_VERSIONS, SCHEMA_VERSION, expanded_form
+from .storage import join
 
 __all__ = [
     "ShardWriter",
@@ -910,11 +911,13 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
     return None
 
 
-def read_run(out_dir: Path) -> dict:
-    """The ``run.json`` of an output directory (for ``merge``)."""
+def read_run(out_dir: Path, shown: str | None = None) -> dict:
+    """The ``run.json`` of an output directory (for ``merge``); messages name it ``shown``
+    (default: ``out_dir``), the URL when ``out_dir`` is a bucket's local mirror."""
+    shown = str(out_dir) if shown is None else shown
     state_file = Path(out_dir) / STATE_DIR / RUN_STATE
     if not state_file.is_file():
-        raise InputError(f"{str(out_dir)!r} holds no packtool run ({STATE_DIR}/{RUN_STATE} missing); "
+        raise InputError(f"{shown!r} holds no packtool run ({STATE_DIR}/{RUN_STATE} missing); "
                          "run tokenize or pack into it first")
     run = _read_state(state_file)
     extra = run.get("manifest")
@@ -923,7 +926,7 @@ def read_run(out_dir: Path) -> dict:
             ("tokenized", "packed") and isinstance(run.get("config"), dict) and isinstance(extra, dict)
             and (run["kind"] == "tokenized" or isinstance(caps, dict) and _is_count(caps.get("max_tokens"))
                  and _is_count(caps.get("max_vision_units")))):
-        raise InputError(f"{str(state_file)!r} is damaged; run the tokenize or pack command again (it resumes, "
+        raise InputError(f"{str(join(shown, STATE_DIR, RUN_STATE))!r} is damaged; run the tokenize or pack command again (it resumes, "
                          "or pass --overwrite to start over)")
     return run
 

@@ -484,6 +484,25 @@ def test_missing_bucket_credentials_and_endpoint_are_one_error_line(s3, tmp_path
                                            "output of packtool tokenize/pack, and did that run finish?\n")
 
 
+def test_merge_of_a_bucket_names_the_url_not_its_local_mirror(s3, tmp_path):
+    """``merge s3://...`` named the mirror folder it ran on (``~/.cache/packtool/mirror/<key>-<host>-<pid>``,
+    gone when the command ends) in its errors."""
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    tokenize_dataset([sample / "data.jsonl"], tmp_path / "part", TokenizeConfig(media_root=str(sample), rows_per_shard=10),
+                     rank=0, world_size=2, workers=1)
+    prefix = f"merge-{tmp_path.name}"
+    upload_dir(s3.client(), tmp_path / "part", BUCKET, prefix)
+    r = cli(s3, "merge", f"s3://{BUCKET}/{prefix}/", "--json", cache=tmp_path / "cache", check=False)
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"Error: 's3://{BUCKET}/{prefix}/': 1 of 3 tasks are not finished (first: [1]); run rank 1 of "
+                        "--world-size 2 (the same command resumes) and merge again\n")
+    r = cli(s3, "merge", f"s3://{BUCKET}/no-run-here", cache=tmp_path / "cache", check=False)
+    assert (r.returncode, r.stderr) == (1, f"Error: 's3://{BUCKET}/no-run-here' holds no packtool run (.packtool/run.json "
+                                           "missing); run tokenize or pack into it first\n")
+
+
 # --------------------------------------------------------------------------- media probes
 
 
