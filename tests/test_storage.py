@@ -503,6 +503,23 @@ def test_merge_of_a_bucket_names_the_url_not_its_local_mirror(s3, tmp_path):
                                            "missing); run tokenize or pack into it first\n")
 
 
+def test_inspect_of_a_bucket_names_the_url_not_its_local_copy(s3, tmp_path):
+    """``inspect s3://...`` gave ``"dir": "~/.cache/packtool/outputs/<key>"`` in --json and named that
+    folder in its errors."""
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    tokenize_dataset([sample / "data.jsonl"], tmp_path / "tok", TokenizeConfig(media_root=str(sample)), workers=1)
+    pack_dataset(tmp_path / "tok", tmp_path / "packed", PackConfig(max_tokens=8192, media="reference"), workers=1)
+    url = f"s3://{BUCKET}/inspect-{tmp_path.name}/packed"
+    upload_dir(s3.client(), tmp_path / "packed", BUCKET, url.split("/", 3)[3])
+    r = cli(s3, "inspect", url, "--json", cache=tmp_path / "cache")
+    assert json.loads(r.stdout)["dir"] == url
+    r = cli(s3, "inspect", url, "--pack", "9", cache=tmp_path / "cache", check=False)
+    assert (r.returncode, r.stderr) == (1, f"Error: --pack 9: {url!r} has no such pack; its 4 packs are numbered 0..3 "
+                                           "(pack_index = task × 1000000000 + k); pass one of those\n")
+
+
 # --------------------------------------------------------------------------- media probes
 
 
