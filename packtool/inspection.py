@@ -402,6 +402,7 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
     """
     from .storage import fetch_output, is_url
 
+    shown = str(path)  # what messages and the view name: the URL, not the local copy of a bucket's output
     path = fetch_output(path)  # a bucket's output is read from a checked local copy
     manifest = read_manifest(path)
     kind = manifest.get("kind")
@@ -418,43 +419,43 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
     media_cols = _MEDIA_LEAVES + (["media.list.element.sample_index"] if kind == "packed" else [])
     if kind == "tokenized":
         if pack is not None:
-            raise ConfigError(f"{str(path)!r} is a tokenized directory; it has samples, not packs: use --sample ID")
+            raise ConfigError(f"{shown!r} is a tokenized directory; it has samples, not packs: use --sample ID")
         if sample is None:
             if not manifest["shards"]:
-                raise InputError(f"{str(path)!r} holds no samples")
+                raise InputError(f"{shown!r} holds no samples")
             where = (manifest["shards"][0]["file"], 0)
         else:
             where = _find_row(path, manifest, "sample_id", sample, is_list=False)
             if where is None:
                 ex = ", ".join(repr(x) for x in _examples(path, manifest, "sample_id", False))
-                raise InputError(f"sample {sample!r} is not in {str(path)!r} (e.g. {ex})")
+                raise InputError(f"sample {sample!r} is not in {shown!r} (e.g. {ex})")
         cols = ["sample_id", "source", "source_row", "n_tokens", "n_vision_units", "n_branches"] + _TOKEN_COLUMNS + media_cols
         row = _read_row(path, manifest, where[0], where[1], cols)
         view = _sample_view(row, 0, len(row["input_ids"]), None, row["media"], dec)
         view.update(sample_id=row["sample_id"], source=row["source"], source_row=row["source_row"],
                     n_vision_units=row["n_vision_units"])
-        return {"kind": "sample", "dir": str(path), "file": where[0], "row": where[1],
+        return {"kind": "sample", "dir": shown, "file": where[0], "row": where[1],
                 "tokenizer": dec.tok.name, "template": dec.template.name if dec.template else None,
                 "vision_unit": (manifest.get("vision") or {}).get("unit"), "samples": [view]}
     if sample is not None:
         where = _find_row(path, manifest, "sample_ids", sample, is_list=True)
         if where is None:
             ex = ", ".join(repr(x) for x in _examples(path, manifest, "sample_ids", True))
-            raise InputError(f"sample {sample!r} is in no pack of {str(path)!r} (e.g. {ex}); "
+            raise InputError(f"sample {sample!r} is in no pack of {shown!r} (e.g. {ex}); "
                              f"a dropped sample is listed in {ERRORS}")
     elif pack is None:  # the first pack: pack 0 when pack task 0 made any
         first = next((e["file"] for e in manifest["shards"] if e["rows"]), None)
         if first is None:
-            raise InputError(f"{str(path)!r} holds no packs: {_why_no_packs(manifest)}")
+            raise InputError(f"{shown!r} holds no packs: {_why_no_packs(manifest)}")
         where = (first, 0)
     else:
         where = _find_row(path, manifest, "pack_index", pack, is_list=False)
         if where is None:
             numbers = _pack_numbers(path, manifest)
             if not numbers:
-                raise InputError(f"--pack {pack}: {str(path)!r} holds no packs: {_why_no_packs(manifest)}")
+                raise InputError(f"--pack {pack}: {shown!r} holds no packs: {_why_no_packs(manifest)}")
             count = f"its {len(numbers):,} packs are" if len(numbers) > 1 else "its one pack is"
-            raise InputError(f"--pack {pack}: {str(path)!r} has no such pack; {count} numbered "
+            raise InputError(f"--pack {pack}: {shown!r} has no such pack; {count} numbered "
                              f"{_number_ranges(numbers)} (pack_index = task × 1000000000 + k); pass one of those")
     mixture = manifest.get("mixture")
     cols = (["pack_index", "n_tokens", "n_vision_units", "sample_ids", "cu_seqlens"] + _TOKEN_COLUMNS + media_cols
@@ -473,7 +474,7 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
             v["mixture_source"] = src.get("name") or src["path"]
         views.append(v)
     caps = manifest.get("capacities") or {}
-    return {"kind": "pack", "dir": str(path), "file": where[0], "row": where[1], "pack_index": row["pack_index"],
+    return {"kind": "pack", "dir": shown, "file": where[0], "row": where[1], "pack_index": row["pack_index"],
             "n_tokens": row["n_tokens"], "max_tokens": caps.get("max_tokens"), "n_vision_units": row["n_vision_units"],
             "max_vision_units": caps.get("max_vision_units"), "n_samples": len(row["sample_ids"]),
             "tokenizer": dec.tok.name, "template": dec.template.name if dec.template else None,

@@ -326,9 +326,13 @@ def merge_output(out_dir: str | Path) -> dict:
     """
     if is_url(str(out_dir)):
         with output_dir(str(out_dir), None) as mirror:
-            return merge_output(mirror)
-    out = Path(out_dir)
-    run = read_run(out)
+            return _merge(mirror, str(out_dir))
+    return _merge(Path(out_dir), str(out_dir))
+
+
+def _merge(out: Path, shown: str) -> dict:
+    """:func:`merge_output` on the folder holding the run's state; messages name it ``shown``."""
+    run = read_run(out, shown)
     digest = run["config_digest"]
     markers = [read_marker(out, t, digest) for t in range(run["n_tasks"])]
     missing = [t for t, m in enumerate(markers) if m is None]
@@ -336,7 +340,7 @@ def merge_output(out_dir: str | Path) -> dict:
         ws = run.get("world_size", 1)
         ranks = sorted({t % ws for t in missing})
         raise InputError(
-            f"{str(out)!r}: {len(missing)} of {run['n_tasks']} tasks are not finished (first: {missing[:5]}); "
+            f"{shown!r}: {len(missing)} of {run['n_tasks']} tasks are not finished (first: {missing[:5]}); "
             f"run rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks[:10]))} of --world-size {ws} "
             "(the same command resumes) and merge again"
         )

@@ -32,6 +32,7 @@ from .config import config_diff
 from .errors import InputError, NoOutputError, OutputError, ResumeMismatchError
 from .runs import compact_table, is_runs_table, runs_version
 from .schema import READABLE_VERSIONS, SCHEMA_VERSION, expanded_form
+from .storage import join
 
 __all__ = [
     "ShardWriter",
@@ -608,6 +609,13 @@ def _check_manifest(path: Path, file: Path, manifest: object) -> None:
     for key in ("counts", "capacities", "vision", "tokenizer", "template", "source"):
         if manifest.get(key) is not None and not isinstance(manifest[key], dict):
             raise bad(f"{key!r} is not an object")
+    # every count is a whole number, or a table of them (rejected_by_reason): stats and validate
+    # add and format them
+    for key, value in (manifest.get("counts") or {}).items():
+        items = [(f"{key}.{k}", v) for k, v in value.items()] if isinstance(value, dict) else [(key, value)]
+        for name, v in items:
+            if not _is_count(v):
+                raise bad(f"counts.{name} is {json.dumps(v)[:40]}, not a whole number")
     for i, entry in enumerate(manifest["shards"]):
         if not isinstance(entry, dict):
             raise bad(f"shard {i} is not an object")
@@ -732,6 +740,37 @@ def _run_diff(old: dict, new: dict) -> list[str]:
     if not diff and old.get("tasks_digest") != new.get("tasks_digest"):
         diff.append("the task split differs")
     return diff
+
+
+def _live_ranks(out_dir: Path) -> list[dict]:
+    """The holders of other ranks' run locks in ``out_dir`` that are alive now (a held ``flock``),
+    each with its ``rank`` and, as its lock file records them, ``pid``, ``host`` and ``started``.
+    This process's own lock is left out (it is the one asking)."""
+    import fcntl
+
+    live = []
+    for path in sorted((Path(out_dir) / STATE_DIR).glob("rank-*.lock")):
+        if not re.fullmatch(r"rank-\d+\.lock", path.name):
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            try:
+                holder = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+            except ValueError:
+                holder = {}
+            holder = holder if isinstance(holder, dict) else {}
+            if holder.get("pid") == os.getpid() and holder.get("host") == _HOST:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                live.append({**holder, "rank": int(path.stem.split("-")[-1])})
+        finally:
+            os.close(fd)  # releases the probe's shared lock, if it took one
+    return live
 
 
 @contextlib.contextmanager
@@ -884,14 +923,18 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
     elif state_file.is_file():
         old = _read_state(state_file)
         diff = _run_diff(old, run)
-        if diff and not any((out_dir / STATE_DIR).glob("task-*.json")):
-            # a run that stopped before finishing any task (a failed start) holds nothing to keep
+        live = _live_ranks(out_dir) if diff else []
+        if diff and not live and not any((out_dir / STATE_DIR).glob("task-*.json")):
+            # a run that stopped before finishing any task (a failed start) holds nothing to keep;
+            # one whose other ranks are still running has simply not finished a task yet
             log.info("%s: replacing an unfinished run that finished no task (%s)", out_dir, "; ".join(diff))
             _wipe(out_dir)
             diff = []
         if diff and not overwrite:
+            running = (f"; its rank {live[0]['rank']} is running now (pid {live[0].get('pid', '?')} on "
+                       f"{live[0].get('host', '?')})" if live else "")
             raise ResumeMismatchError(
-                f"{str(out_dir)!r} holds an unfinished run with other settings ({'; '.join(diff)}); "
+                f"{str(out_dir)!r} holds an unfinished run with other settings ({'; '.join(diff)}){running}; "
                 "resume it with the same command, use another -o, or pass --overwrite to start over"
             )
         if diff:
@@ -914,11 +957,13 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
     return None
 
 
-def read_run(out_dir: Path) -> dict:
-    """The ``run.json`` of an output directory (for ``merge``)."""
+def read_run(out_dir: Path, shown: str | None = None) -> dict:
+    """The ``run.json`` of an output directory (for ``merge``); messages name it ``shown``
+    (default: ``out_dir``), the URL when ``out_dir`` is a bucket's local mirror."""
+    shown = str(out_dir) if shown is None else shown
     state_file = Path(out_dir) / STATE_DIR / RUN_STATE
     if not state_file.is_file():
-        raise InputError(f"{str(out_dir)!r} holds no packtool run ({STATE_DIR}/{RUN_STATE} missing); "
+        raise InputError(f"{shown!r} holds no packtool run ({STATE_DIR}/{RUN_STATE} missing); "
                          "run tokenize or pack into it first")
     run = _read_state(state_file)
     extra = run.get("manifest")
@@ -927,7 +972,7 @@ def read_run(out_dir: Path) -> dict:
             ("tokenized", "packed") and isinstance(run.get("config"), dict) and isinstance(extra, dict)
             and (run["kind"] == "tokenized" or isinstance(caps, dict) and _is_count(caps.get("max_tokens"))
                  and _is_count(caps.get("max_vision_units")))):
-        raise InputError(f"{str(state_file)!r} is damaged; run the tokenize or pack command again (it resumes, "
+        raise InputError(f"{str(join(shown, STATE_DIR, RUN_STATE))!r} is damaged; run the tokenize or pack command again (it resumes, "
                          "or pass --overwrite to start over)")
     return run
 

@@ -648,12 +648,16 @@ def _check_errors_file(path: Path, counts: dict, problems: _Problems) -> None:
         return
     n = 0
     by_reason: dict[str, int] = {}
-    with open(f, encoding="utf-8") as fh:
+    # read as bytes: a line that is not UTF-8 is a finding of its own, not a decoding error
+    with open(f, "rb") as fh:
         for i, line in enumerate(fh):
             try:
                 rec = json.loads(line)
-            except ValueError:
+            except ValueError:  # UnicodeDecodeError included
                 problems.add(f"{ERRORS}: line {i}", "not valid JSON")
+                return
+            if not isinstance(rec, dict):
+                problems.add(f"{ERRORS}: line {i}", f"a JSON {type(rec).__name__}, not a rejected row (an object)")
                 return
             if rec.get("reason") not in REASON_CODES:
                 problems.add(f"{ERRORS}: line {i}", f"unknown reason code {rec.get('reason')!r}")

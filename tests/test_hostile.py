@@ -386,6 +386,24 @@ def test_a_manifest_without_a_kind_or_version_is_named_not_a_manifest(built, tmp
     assert err == f"Error: {file}: not a packtool manifest ({what}); re-run the command that wrote it\n"
 
 
+@pytest.mark.parametrize("which", ["tok", "packed"])
+@pytest.mark.parametrize(("key", "value", "shown"), [("rejected", "x", "rejected is \"x\""),
+                                                     ("tokens", None, "tokens is null"),
+                                                     ("rejected_by_reason", [1], "rejected_by_reason is [1]"),
+                                                     ("rejected_by_reason", {"bad_json": -1}, "rejected_by_reason.bad_json is -1")])
+def test_a_count_of_the_wrong_type_is_a_damaged_manifest_to_every_reader(built, tmp_path, capfd, which, key, value, shown):
+    """``counts.rejected: "x"`` made validate raise ValueError (a format spec) and stats TypeError."""
+    d = _copy(built, tmp_path)
+    file = d[which] / ".packtool" / "manifest.json"
+    manifest = json.loads(file.read_text())
+    manifest["counts"][key] = value
+    file.write_text(json.dumps(manifest))
+    for args in _readers(d, which, tmp_path):
+        code, out, err = cli(capfd, *args)
+        assert code == 1 and "Traceback" not in err, (args, err)
+        assert f"counts.{shown}, not a whole number; the manifest is damaged" in out + err, (args, out, err)
+
+
 def test_a_shard_that_is_a_link_out_of_its_directory_is_refused(built, tmp_path, capfd):
     d = _copy(built, tmp_path)
     first = json.loads((d["tok"] / ".packtool" / "manifest.json").read_text())["shards"][0]["file"]

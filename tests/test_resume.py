@@ -116,6 +116,33 @@ def test_other_world_size_is_refused(corpus, tmp_path):
     assert done["counts"]["rows_in"] == 400 and "partial" not in done
 
 
+def test_a_rank_of_other_settings_does_not_replace_a_running_rank_that_finished_no_task_yet(corpus, tmp_path):
+    """Rank 1 started with another --model while rank 0 was on its first task took rank 0's run
+    for a failed start, wiped it and went on; rank 0's tasks were lost to the merge."""
+    import subprocess
+
+    out = tmp_path / "tok"
+    tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), rank=0, world_size=2, workers=1)
+    for marker in (out / STATE_DIR).glob("task-*.json"):  # rank 0 as it is while on its first task
+        marker.unlink()
+    hold = ("import fcntl, json, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "os.ftruncate(fd, 0); os.pwrite(fd, json.dumps({'pid': os.getpid(), 'host': 'node7'}).encode(), 0); "
+            "print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(out / STATE_DIR / "rank-00000.lock")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(ResumeMismatchError, match=rf"unfinished run with other settings \(model: 'qwen2.5-vl' -> "
+                                                      rf"'qwen2-vl'\); its rank 0 is running now \(pid {holder.pid} on node7\)"):
+            tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus, model="qwen2-vl"), rank=1, world_size=2, workers=1)
+        assert json.loads((out / STATE_DIR / "run.json").read_text())["config"]["model"] == "qwen2.5-vl"
+    finally:
+        holder.communicate("")
+    # rank 0 gone without finishing a task: a failed start, replaced as before
+    part = tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus, model="qwen2-vl"), rank=1, world_size=2, workers=1)
+    assert part["partial"] and json.loads((out / STATE_DIR / "run.json").read_text())["config"]["model"] == "qwen2-vl"
+
+
 def test_changed_input_is_refused(corpus, tmp_path):
     src = tmp_path / "data.jsonl"
     src.write_bytes((corpus / "data.jsonl").read_bytes())

@@ -484,6 +484,42 @@ def test_missing_bucket_credentials_and_endpoint_are_one_error_line(s3, tmp_path
                                            "output of packtool tokenize/pack, and did that run finish?\n")
 
 
+def test_merge_of_a_bucket_names_the_url_not_its_local_mirror(s3, tmp_path):
+    """``merge s3://...`` named the mirror folder it ran on (``~/.cache/packtool/mirror/<key>-<host>-<pid>``,
+    gone when the command ends) in its errors."""
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    tokenize_dataset([sample / "data.jsonl"], tmp_path / "part", TokenizeConfig(media_root=str(sample), rows_per_shard=10),
+                     rank=0, world_size=2, workers=1)
+    prefix = f"merge-{tmp_path.name}"
+    upload_dir(s3.client(), tmp_path / "part", BUCKET, prefix)
+    r = cli(s3, "merge", f"s3://{BUCKET}/{prefix}/", "--json", cache=tmp_path / "cache", check=False)
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"Error: 's3://{BUCKET}/{prefix}/': 1 of 3 tasks are not finished (first: [1]); run rank 1 of "
+                        "--world-size 2 (the same command resumes) and merge again\n")
+    r = cli(s3, "merge", f"s3://{BUCKET}/no-run-here", cache=tmp_path / "cache", check=False)
+    assert (r.returncode, r.stderr) == (1, f"Error: 's3://{BUCKET}/no-run-here' holds no packtool run (.packtool/run.json "
+                                           "missing); run tokenize or pack into it first\n")
+
+
+def test_inspect_of_a_bucket_names_the_url_not_its_local_copy(s3, tmp_path):
+    """``inspect s3://...`` gave ``"dir": "~/.cache/packtool/outputs/<key>"`` in --json and named that
+    folder in its errors."""
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    tokenize_dataset([sample / "data.jsonl"], tmp_path / "tok", TokenizeConfig(media_root=str(sample)), workers=1)
+    pack_dataset(tmp_path / "tok", tmp_path / "packed", PackConfig(max_tokens=8192, media="reference"), workers=1)
+    url = f"s3://{BUCKET}/inspect-{tmp_path.name}/packed"
+    upload_dir(s3.client(), tmp_path / "packed", BUCKET, url.split("/", 3)[3])
+    r = cli(s3, "inspect", url, "--json", cache=tmp_path / "cache")
+    assert json.loads(r.stdout)["dir"] == url
+    r = cli(s3, "inspect", url, "--pack", "9", cache=tmp_path / "cache", check=False)
+    assert (r.returncode, r.stderr) == (1, f"Error: --pack 9: {url!r} has no such pack; its 4 packs are numbered 0..3 "
+                                           "(pack_index = task × 1000000000 + k); pass one of those\n")
+
+
 # --------------------------------------------------------------------------- media probes
 
 

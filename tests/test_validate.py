@@ -163,6 +163,18 @@ def test_row_counts_and_errors_file_are_checked(packed):
     assert any("unknown reason code" in p["what"] for p in validate_dir(packed)["problems"])
 
 
+@pytest.mark.parametrize(("line", "what"), [
+    (b"3\n", "a JSON int, not a rejected row (an object)"),
+    (b'["bad_json"]\n', "a JSON list, not a rejected row (an object)"),
+    (b'{"reason": "bad_json", "message": "caf\xe9"}\n', "not valid JSON"),  # Latin-1, not UTF-8
+])
+def test_errors_file_lines_that_are_no_rejected_rows_are_problems_not_a_crash(packed, line, what):
+    (packed / ".packtool" / "errors.jsonl").write_bytes(line)
+    r = run("validate", str(packed), "--json")
+    assert r.returncode == 1 and r.stderr == f"Error: {packed} is not whole: 1 problem(s) listed above\n"
+    assert json.loads(r.stdout)["problems"] == [{"where": ".packtool/errors.jsonl: line 0", "what": what}]
+
+
 @pytest.mark.parametrize("as_json", [False, True])
 def test_qwen3_tokenizer_for_a_qwen2_directory_is_an_error_not_a_damaged_directory(demo_dirs, as_json):
     d = demo_dirs["packed"]
