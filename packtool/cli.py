@@ -243,7 +243,7 @@ def pack(
     mixture: Annotated[Path | None, typer.Option(help="Mixture JSON file: sources with a rate or a target sample count (instead of inputs and --rates).")] = None,
     seed: Annotated[int | None, typer.Option(min=0, help="Seed of a mixture's down-sampled subsets (default 0, recorded in the manifest); a mixture only.")] = None,
     group_by: Annotated[GroupByChoice, typer.Option(help="none: packs mix sources; source: a pack never holds two sources.")] = "none",
-    samples_per_task: Annotated[int, typer.Option(min=1, help="Samples of a mixture's stream per pack task (each task packs with its own buffer).")] = SAMPLES_PER_TASK,
+    samples_per_task: Annotated[int | None, typer.Option(min=1, help=f"Samples of a mixture's stream per pack task (each task packs with its own buffer; default {SAMPLES_PER_TASK:,}); a mixture only.")] = None,
     max_tokens: MaxTokens = _PACK_DEFAULTS.max_tokens,
     max_vision_units: MaxVisionUnits = None,
     buffer_size: Annotated[int, typer.Option(min=1, help="Samples the knapsack chooses from per pack.")] = _PACK_DEFAULTS.buffer_size,
@@ -327,13 +327,13 @@ def pack(
 
 
 def _pack_source(ctx: typer.Context, inputs: list[Path], rates: str | None, mixture: Path | None,
-                 seed: int | None, **kw):
+                 seed: int | None, samples_per_task: int | None, **kw):
     """What ``pack`` packs: one tokenized directory as it is, or a :class:`~packtool.mixture.Mixture`.
 
-    ``seed`` is ``None`` when not given: a mixture then uses 0, and one directory packed as it
-    is, with nothing random to seed, refuses a given one (a usage error) rather than ignore it.
+    ``seed`` and ``samples_per_task`` are ``None`` when not given: a mixture then uses 0 and
+    ``SAMPLES_PER_TASK``, and one directory packed as it is (nothing random to seed, its tasks
+    are its shards) refuses a given one (a usage error) rather than ignore it.
     """
-    from .errors import ConfigError
     from .mixture import Mixture, load_mixture
 
     plain = mixture is None and len(inputs) == 1 and rates is None and kw["group_by"] == "none"
@@ -341,11 +341,16 @@ def _pack_source(ctx: typer.Context, inputs: list[Path], rates: str | None, mixt
         ctx.fail("--seed only applies to a mixture (--rates, --mixture FILE or several TOKENIZED inputs), where it "
                  "picks the down-sampled subsets; one tokenized directory is packed whole, with no random choice: "
                  "drop --seed, or give --rates to sample it")
+    if plain and samples_per_task is not None:
+        ctx.fail("--samples-per-task only applies to a mixture (--rates, --mixture FILE or several TOKENIZED "
+                 "inputs); one tokenized directory is packed one task per tokenized shard: drop --samples-per-task, "
+                 "or re-run tokenize with another --rows-per-shard")
     kw["seed"] = 0 if seed is None else seed
+    kw["samples_per_task"] = SAMPLES_PER_TASK if samples_per_task is None else samples_per_task
     if mixture is not None:
         if rates is not None or inputs:
-            raise ConfigError("--mixture names the sources and their rates itself; drop the TOKENIZED inputs and "
-                              "--rates, or drop --mixture")
+            ctx.fail("--mixture names the sources and their rates itself; drop the TOKENIZED inputs and --rates, or "
+                     "drop --mixture")
         return load_mixture(mixture, **kw)
     if not inputs:
         ctx.fail("Missing argument 'TOKENIZED...': pack needs a tokenized directory (several for a mixture) or "

@@ -223,7 +223,7 @@ def load_mixture(file: str | Path, **kw) -> Mixture:
     """
     file = Path(file)
     try:
-        text = file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors) is no part of the JSON
     except OSError as exc:
         raise ConfigError(f"--mixture {str(file)!r} cannot be read ({exc.strerror}); give the path of a mixture "
                           "JSON file") from None

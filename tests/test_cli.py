@@ -187,6 +187,16 @@ def test_pack_seed_without_a_mixture_is_a_usage_error(tmp_path, demo_dirs, seed)
     assert not (tmp_path / "p").exists()
 
 
+def test_pack_samples_per_task_without_a_mixture_is_a_usage_error(tmp_path, demo_dirs):
+    """One tokenized directory is packed one task per tokenized shard, so --samples-per-task
+    (a mixture's stream cut) would be ignored: it is refused, naming what sets the tasks there."""
+    r = run("pack", str(demo_dirs["tokenized"]), "-o", str(tmp_path / "p"), "-q", "--samples-per-task", "6")
+    assert _usage_error(r, "pack", "--samples-per-task only applies to a mixture (--rates, --mixture FILE or several "
+                        "TOKENIZED inputs); one tokenized directory is packed one task per tokenized shard: drop "
+                        "--samples-per-task, or re-run tokenize with another --rows-per-shard"), r.stderr
+    assert not (tmp_path / "p").exists()
+
+
 def test_pack_help_names_the_schema_versions_each_layout_writes(demo_dirs, capsys):
     from packtool.shards import read_manifest
 

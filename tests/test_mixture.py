@@ -295,6 +295,15 @@ def test_mixture_file_keeps_bucket_urls_as_written(tmp_path):
     assert [s.path for s in load_mixture(spec).sources] == ["s3://data/tok", str(tmp_path / "tok_b")]
 
 
+def test_mixture_file_with_a_byte_order_mark_is_read(tmp_path):
+    """Windows editors start a UTF-8 file with a byte-order mark; the mixture file is the same JSON."""
+    from packtool.mixture import load_mixture
+
+    spec = tmp_path / "mix.json"
+    spec.write_bytes(b"\xef\xbb\xbf" + json.dumps({"sources": [{"path": "tok_a", "rate": 1}]}).encode())
+    assert [s.path for s in load_mixture(spec).sources] == [str(tmp_path / "tok_a")]
+
+
 @pytest.mark.jit
 def test_stats_warns_when_oversize_drops_cut_a_sources_share(sources, tmp_path):
     r = run("pack", *(str(sources / f"tok_{n}") for n in SIZES), "-o", str(tmp_path / "p"), "--max-tokens", "2048",
@@ -422,8 +431,9 @@ def test_rates_and_mixture_together_and_a_missing_source_are_refused(sources, tm
     spec = tmp_path / "mix.json"
     spec.write_text(json.dumps({"sources": [{"path": "nowhere", "rate": 1}]}))
     r = run("pack", str(sources / "tok_a"), "--mixture", str(spec), "--rates", "1", "-o", str(tmp_path / "x"))
-    assert (r.returncode, r.stderr) == (1, "Error: --mixture names the sources and their rates itself; drop the "
-                                           "TOKENIZED inputs and --rates, or drop --mixture\n")
+    assert (r.returncode, r.stdout) == (2, "") and r.stderr.startswith("Usage: packtool pack ")
+    assert r.stderr.endswith("\n\nError: --mixture names the sources and their rates itself; drop the TOKENIZED inputs "
+                             "and --rates, or drop --mixture\n"), r.stderr
     r = run("pack", "--mixture", str(spec), "-o", str(tmp_path / "x"))
     assert (r.returncode, r.stderr) == (1, f"Error: mixture source {str(tmp_path / 'nowhere')!r} is not a directory; "
                                            "give the output directory of packtool tokenize (mixture-file paths are "
