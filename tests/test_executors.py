@@ -115,17 +115,43 @@ def test_workers_start_with_what_their_stage_preloads(preload, kernels, vocabula
 
 
 @pytest.mark.parametrize("preload", ["packtool.preload.packing", "packtool.preload.tokenization"])
-def test_ctrl_c_during_a_forkserver_preload_prints_no_traceback(preload):
+def test_ctrl_c_during_a_forkserver_preload_prints_no_traceback(preload, tmp_path):
     """Ctrl-C goes to the whole process group, the forkserver too; during its preload (the first
     second or two of a run with workers) it printed a KeyboardInterrupt traceback beside the
     driver's ``Error: interrupted``. The interrupt arrives here mid-preload, after the package
     is imported and before the stage's steps have run."""
-    code = f"import packtool.preload; print('ready', flush=True); import {preload}; print('done', flush=True)"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the real forkserver loop, its preload list put between the package and the stage by a
+    # module that says "ready" and waits: the interrupt lands mid-preload, every time
+    (tmp_path / "ready_then_wait.py").write_text("import sys\nprint('ready', flush=True)\nsys.stdin.readline()\n")
+    code = ("import os, socket, sys\n"
+            "from multiprocessing import forkserver\n"
+            "listener = socket.socket(socket.AF_UNIX)\n"
+            "listener.bind('')  # an abstract address (a temporary folder's path can pass AF_UNIX's 108 bytes)\n"
+            "listener.listen()\n"
+            "alive_r, alive_w = os.pipe()\n"
+            "os.close(alive_w)  # the loop ends at once after the preload: no driver holds it open\n"
+            f"sys.path.insert(0, {str(tmp_path)!r})\n"
+            f"forkserver.main(listener.fileno(), alive_r, ['packtool.preload', 'ready_then_wait', {preload!r}])\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "ready\n"
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    assert (proc.returncode, out, err) == (0, "done\n", "")
+    out, err = proc.communicate("go\n", timeout=120)
+    assert (proc.returncode, out, err) == (0, "", "")
+
+
+def test_importing_the_preload_package_outside_a_forkserver_keeps_ctrl_c():
+    """``pkgutil.walk_packages`` over packtool imports every subpackage (documentation tools and
+    the docstring tests do): that import set SIGINT to ignored in the walking process, and every
+    command it started then ignored Ctrl-C too."""
+    code = ("import pkgutil, signal, subprocess, sys, packtool\n"
+            "list(pkgutil.walk_packages(packtool.__path__, 'packtool.'))\n"
+            "assert 'packtool.preload' in sys.modules\n"
+            "child = subprocess.run([sys.executable, '-c', 'import signal; print(signal.getsignal(signal.SIGINT))'],"
+            " capture_output=True, text=True).stdout.strip()\n"
+            "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler, child)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "True <built-in function default_int_handler>\n", "")
 
 
 def test_pool_workers_see_the_drivers_environment_as_each_pool_starts(monkeypatch, tmp_path):

@@ -18,16 +18,30 @@ Ctrl-C reaches the forkserver with the rest of the terminal's process group. The
 ignores it once its preload is done (the driver stops the run and says so), but not during
 it, so an interrupt in the first seconds of a run with workers printed a ``KeyboardInterrupt``
 traceback from the preload beside the driver's ``Error: interrupted``. This package ignores
-the interrupt from the moment it is imported, which is only ever in a forkserver.
+the interrupt from the moment a forkserver imports it. Imported anywhere else (``pkgutil``
+walking packtool imports every subpackage, as documentation tools do) it changes nothing: an
+ignored SIGINT would also be inherited by every command that process starts.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Callable
 
-if threading.current_thread() is threading.main_thread():
+
+def _in_forkserver() -> bool:
+    """Whether this import runs inside ``multiprocessing.forkserver.main`` (its preload)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "main" and frame.f_globals.get("__name__") == "multiprocessing.forkserver":
+            return True
+        frame = frame.f_back
+    return False
+
+
+if threading.current_thread() is threading.main_thread() and _in_forkserver():
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
