@@ -287,21 +287,23 @@ def load_stats_data(path: str | Path, packed: str | Path | None = None) -> Stats
     Raises:
         InputError: a directory is not a finished packtool output, or the pair does not match.
     """
-    path = fetch_output(path)  # a bucket's output is read from a checked local copy
+    # messages name the paths as given: a bucket's output is read from a checked local copy
+    shown, shown_packed = str(path), None if packed is None else str(packed)
+    path = fetch_output(path)
     first = read_manifest(path)
     if packed is not None:
         if first.get("kind") != "tokenized":
-            raise InputError(f"{str(path)!r} holds {first.get('kind')} shards; `stats TOKENIZED PACKED` takes the tokenized directory first")
+            raise InputError(f"{shown!r} holds {first.get('kind')} shards; `stats TOKENIZED PACKED` takes the tokenized directory first")
         tok_path, tok_manifest = path, first
         packed_path = fetch_output(packed)
         packed_manifest = read_manifest(packed_path, "packed")
         if "mixture" in packed_manifest:
-            raise InputError(f"{str(packed_path)!r} is a mixture of {len(packed_manifest['mixture']['sources'])} "
-                             f"tokenized directories; run `packtool stats {packed_path}` for its per-source shares")
+            raise InputError(f"{shown_packed!r} is a mixture of {len(packed_manifest['mixture']['sources'])} "
+                             f"tokenized directories; run `packtool stats {shown_packed}` for its per-source shares")
         want = (packed_manifest.get("source") or {}).get("config_digest") or packed_manifest["config"].get("source_digest")
         if want and want != tok_manifest.get("config_digest"):
             raise InputError(
-                f"{str(packed_path)!r} was packed from a tokenized run with config digest {want}, but {str(tok_path)!r} "
+                f"{shown_packed!r} was packed from a tokenized run with config digest {want}, but {shown!r} "
                 f"has {tok_manifest.get('config_digest')}; pass the tokenized directory it was made from"
             )
     elif first.get("kind") == "packed":

@@ -520,6 +520,22 @@ def test_inspect_of_a_bucket_names_the_url_not_its_local_copy(s3, tmp_path):
                                            "(pack_index = task × 1000000000 + k); pass one of those\n")
 
 
+def test_stats_of_a_bucket_pair_in_the_wrong_order_names_the_url(s3, tmp_path):
+    """``stats PACKED TOKENIZED`` with bucket URLs named the packed output's local copy in its
+    error; it names the URL as given."""
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    tokenize_dataset([sample / "data.jsonl"], tmp_path / "tok", TokenizeConfig(media_root=str(sample)), workers=1)
+    pack_dataset(tmp_path / "tok", tmp_path / "packed", PackConfig(max_tokens=8192, media="reference"), workers=1)
+    base = f"s3://{BUCKET}/stats-{tmp_path.name}"
+    for name in ("tok", "packed"):
+        upload_dir(s3.client(), tmp_path / name, BUCKET, f"{base}/{name}".split("/", 3)[3])
+    r = cli(s3, "stats", f"{base}/packed", f"{base}/tok", cache=tmp_path / "cache", check=False)
+    assert (r.returncode, r.stderr) == (1, f"Error: {base + '/packed'!r} holds packed shards; `stats TOKENIZED PACKED` "
+                                           "takes the tokenized directory first\n")
+
+
 # --------------------------------------------------------------------------- media probes
 
 
