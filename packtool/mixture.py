@@ -263,6 +263,8 @@ def load_mixture(file: str | Path, **kw) -> Mixture:
             path = path if path.is_absolute() else file.parent / path
         if "samples" in s:
             n = s["samples"]
+            if isinstance(n, Fraction) and n.denominator == 1:  # 20000.0, 2e4: JSON has one number type
+                n = int(n)
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ConfigError(f"{where} ({s['path']!r}): \"samples\" {_shown(n)} must be a whole number of at least 1")
             sources.append(MixtureSource(str(path), samples=n, name=name))

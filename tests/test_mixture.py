@@ -304,6 +304,17 @@ def test_mixture_file_with_a_byte_order_mark_is_read(tmp_path):
     assert [s.path for s in load_mixture(spec).sources] == [str(tmp_path / "tok_a")]
 
 
+
+def test_a_whole_target_written_as_a_decimal_is_that_count(tmp_path):
+    """``json.dump`` writes a computed target as ``20000.0``: it was refused as '"samples" 20000
+    must be a whole number of at least 1'. A whole value is that count; 2.5 is still refused."""
+    from packtool.mixture import load_mixture
+
+    spec = tmp_path / "mix.json"
+    spec.write_text('{"sources": [{"path": "a", "samples": 20000.0}, {"path": "b", "samples": 2e1}]}')
+    got = [s.samples for s in load_mixture(spec).sources]
+    assert got == [20000, 20] and all(type(n) is int for n in got)
+
 @pytest.mark.jit
 def test_stats_warns_when_oversize_drops_cut_a_sources_share(sources, tmp_path):
     r = run("pack", *(str(sources / f"tok_{n}") for n in SIZES), "-o", str(tmp_path / "p"), "--max-tokens", "2048",
