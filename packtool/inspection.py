@@ -428,7 +428,8 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
             where = _find_row(path, manifest, "sample_id", sample, is_list=False)
             if where is None:
                 ex = ", ".join(repr(x) for x in _examples(path, manifest, "sample_id", False))
-                raise InputError(f"sample {sample!r} is not in {shown!r} (e.g. {ex})")
+                raise InputError(f"sample {sample!r} is not in {shown!r} " + (f"(e.g. {ex})" if ex else
+                                                                              "(it holds no samples)"))
         cols = ["sample_id", "source", "source_row", "n_tokens", "n_vision_units", "n_branches"] + _TOKEN_COLUMNS + media_cols
         row = _read_row(path, manifest, where[0], where[1], cols)
         view = _sample_view(row, 0, len(row["input_ids"]), None, row["media"], dec)
@@ -441,6 +442,9 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
         where = _find_row(path, manifest, "sample_ids", sample, is_list=True)
         if where is None:
             ex = ", ".join(repr(x) for x in _examples(path, manifest, "sample_ids", True))
+            if not ex:
+                raise InputError(f"sample {sample!r} is in no pack of {shown!r}, which holds no packs: "
+                                 f"{_why_no_packs(manifest)}")
             raise InputError(f"sample {sample!r} is in no pack of {shown!r} (e.g. {ex}); "
                              f"a dropped sample is listed in {ERRORS}")
     elif pack is None:  # the first pack: pack 0 when pack task 0 made any

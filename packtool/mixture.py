@@ -6,17 +6,19 @@ sample count**, and a seed. The mixture step turns it into one stream of sample 
 sample counts, the rates and the seed, never on workers or ranks::
 
     source a: n=4, rate 1.0  ─▶ a0 a1 a2 a3
-    source b: n=2, rate 2.5  ─▶ b0 b1 │ b0#1 b1#1 │ b1#2          (two full copies + a seeded half)
+    source b: n=2, rate 2.5  ─▶ b0 b1 │ b0#c1 b1#c1 │ b1#c2       (two full copies + a seeded half)
     source c: n=5, rate 0.2  ─▶ c3                               (a seeded fifth)
-    interleave by position (j + ½) / count ─▶ b0 a0 b1 a1 c3 b0#1 a2 b1#1 a3 b1#2
+    interleave by position (j + ½) / count ─▶ b0 a0 b1 a1 c3 b0#c1 a2 b1#c1 a3 b1#c2
     cut into tasks of samples_per_task ─▶ task 0, task 1, ...    (--group-by source: per source)
 
 **The rounding rule.** A source of ``n`` samples at rate ``r`` contributes
 ``count = floor(r * n + 1/2)`` samples (the exact product of the rate as written, rounded half
 up): ``k = count // n`` full copies of every sample, then ``m = count % n`` samples chosen by
 the seed. A target count ``T`` is taken as it is (``k = T // n``, ``m = T % n``), so a target
-above ``n`` up-samples. Copy ``c`` of sample ``x`` is named ``x`` for ``c == 0`` and ``x#c``
-after, so a derived id always starts with the original one.
+above ``n`` up-samples. Copy ``c`` of sample ``x`` is named ``x`` for ``c == 0`` and ``x#c1``,
+``x#c2``, ... after, so a derived id always starts with the original one and never equals the
+``x#1`` of a message tree that tokenize split off ``x`` (copy 1 of ``x`` and the first copy of
+``x#1`` would both be ``x#1``).
 
 **The seeded subset.** The ``m`` samples of the partial copy are the rows with the smallest
 ``splitmix64(base + row * 0x9E3779B97F4A7C15)``, where ``base`` is ``splitmix64`` of
@@ -261,6 +263,8 @@ def load_mixture(file: str | Path, **kw) -> Mixture:
             path = path if path.is_absolute() else file.parent / path
         if "samples" in s:
             n = s["samples"]
+            if isinstance(n, Fraction) and n.denominator == 1:  # 20000.0, 2e4: JSON has one number type
+                n = int(n)
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ConfigError(f"{where} ({s['path']!r}): \"samples\" {_shown(n)} must be a whole number of at least 1")
             sources.append(MixtureSource(str(path), samples=n, name=name))
@@ -441,10 +445,10 @@ def _check_schedule(mixture: Mixture, available: list[int], requested: list[int]
 
 
 def copy_suffixes(copies: np.ndarray) -> list[str]:
-    """The id suffix of each copy number: ``""`` for copy 0, ``"#c"`` after.
+    """The id suffix of each copy number: ``""`` for copy 0, ``"#c1"``, ``"#c2"``, ... after.
 
     Example:
         >>> copy_suffixes(np.array([0, 2, 1]))
-        ['', '#2', '#1']
+        ['', '#c2', '#c1']
     """
-    return ["" if c == 0 else f"#{c}" for c in np.asarray(copies).tolist()]
+    return ["" if c == 0 else f"#c{c}" for c in np.asarray(copies).tolist()]

@@ -1407,7 +1407,7 @@ def pack_dataset(
     turns rates or target counts into one stream of sample references, which is cut into tasks
     of ``samples_per_task`` entries; each task packs its slice with its own buffer, so the
     bytes depend only on the mixture and its seed, never on workers or ranks. Copies get ids
-    ``id#c``; packed rows hold ``sample_sources`` (schema ``PACKED_MIXTURE``); the manifest's
+    ``id#c1``, ``id#c2``, ...; packed rows hold ``sample_sources`` (schema ``PACKED_MIXTURE``); the manifest's
     ``mixture`` records each source's rate or target, ``available``, ``requested``,
     ``selected`` and ``realised`` counts (samples, tokens, vision units; loss tokens realised)
     and the seed. A single directory given as such is packed exactly as before.
@@ -1630,7 +1630,7 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
     """One mixture pack task: its stream slice → planned packs → ``part-TTTTT-*.parquet`` + marker.
 
     Like :func:`_pack_task`, but the samples come from several shards of several sources, a
-    sample may appear more than once (its copies get ids ``id#c``), and each packed row carries
+    sample may appear more than once (its copies get ids ``id#c1``, ...), and each packed row carries
     ``sample_sources``. Counts are kept per source for the manifest's ``mixture`` record.
     """
     shards = _MixShards(task, verify=task.out_dir is not None)
@@ -1785,7 +1785,7 @@ def _source_name(task: _MixTask, s: int) -> str:
 
 
 def _mixture_columns(table, src: np.ndarray, copy: np.ndarray, schema):
-    """``table`` (``PACKED``) with copies' ids suffixed ``#c`` and a ``sample_sources`` column."""
+    """``table`` (``PACKED``) with copies' ids suffixed ``#c1``, ``#c2``, ... and a ``sample_sources`` column."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

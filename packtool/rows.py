@@ -18,7 +18,8 @@ A sample's branches may become **several trees on the same media** (never droppe
 * branches whose media sit at different token positions (records merged by
   ``--group-by-media`` that place the image differently) cannot share one prefix, so
   each placement gets its own tree;
-* ``--max-branches`` caps branches per tree, and ``--max-tokens`` caps a tree's tokens
+* ``--max-branches`` caps branches per tree (10,000 at most whatever it says: a branch's
+  subsegment id must stay below the prefix's ``PREFIX_SUBSEGMENT``), and ``--max-tokens`` caps a tree's tokens
   (prefix once plus every branch's rest): branches are taken in order and a new tree is
   started when the next branch would break either cap. A single branch longer than
   ``--max-tokens`` still becomes a tree of its own; the packer's ``--oversize`` policy
@@ -63,7 +64,7 @@ class EncodeContext:
     """Everything :func:`encode_samples` needs besides the samples.
 
     Attributes:
-        max_branches: most branches in one tree (``None``: no cap).
+        max_branches: most branches in one tree (``None``, or above 10,000: 10,000).
         max_tokens: most tokens in one tree (``None``: no cap); branches beyond it go
             to another tree on the same media.
         probe_cache: media probes by path (or inline bytes), shared across batches;
@@ -775,6 +776,9 @@ def _split_trees(seqs, max_branches: int | None, max_tokens: int | None) -> list
         key = (tuple(spans), ids[:end].tobytes(), loss[:end].tobytes())
         clusters.setdefault(key, []).append(seq)
     trees: list[list] = []
+    # branch b of a tree has subsegment id b, which must stay below the shared prefix's
+    # PREFIX_SUBSEGMENT (branch 10000 would read as prefix, and the branches after it lose the media)
+    max_branches = min(max_branches or PREFIX_SUBSEGMENT, PREFIX_SUBSEGMENT)
     for members in clusters.values():
         p = _common_prefix(members) if len(members) > 1 else len(members[0][0])
         if p < _media_end(members[0][2]):
@@ -782,14 +786,14 @@ def _split_trees(seqs, max_branches: int | None, max_tokens: int | None) -> list
             # prefix can hold the media, so every branch is its own tree
             trees.extend([m] for m in members)
             continue
-        if max_branches is None and max_tokens is None:
+        if len(members) <= max_branches and max_tokens is None:
             trees.append(members)
             continue
         current: list = []
         size = p
         for seq in members:
             rest = len(seq[0]) - p
-            full = max_branches is not None and len(current) >= max_branches
+            full = len(current) >= max_branches
             too_long = max_tokens is not None and current and size + rest > max_tokens
             if current and (full or too_long):
                 trees.append(current)

@@ -673,7 +673,8 @@ class Thresholds:
         fail_below_fill: minimum mean token fill (0..1).
         fail_below_vision_fill: minimum mean vision fill (0..1).
         fail_above_ratio: maximum packs / lower bound.
-        fail_above_rejected: maximum fraction of input rows rejected or dropped.
+        fail_above_rejected: maximum fraction of input rows rejected or dropped (pack drops as their
+            share of the tokenized samples, so a row split into trees is not counted once a tree).
     """
 
     fail_below_fill: float | None = None
@@ -707,7 +708,11 @@ def check_thresholds(stats: dict, th: Thresholds) -> list[str]:
     fill = (stats.get("token_fill") or {}).get("mean")
     vfill = (stats.get("vision_fill") or {}).get("mean")
     rows = stats.get("rows_in") or (stats["samples"] + stats["rejected"]["total"])
-    rejected_frac = stats["rejected"]["total"] / rows if rows else 0.0
+    tok_rej, pack_rej = (sum(stats["rejected"][k].values()) for k in ("tokenize", "pack"))
+    # pack drops samples, not rows: once a row is split into trees (or records merged into one),
+    # a drop is the share of the tokenized samples it took, of the rows tokenize kept
+    tokenized = stats["reconcile"]["samples_tokenized"] if stats.get("reconcile") else stats["samples"] + pack_rej
+    rejected_frac = (tok_rej / rows if rows else 0.0) + (pack_rej / tokenized * (1 - tok_rej / rows) if tokenized else 0.0)
     for flag, name, limit, value, below in (
         ("--fail-below-fill", "token_fill_mean", th.fail_below_fill, fill, True),
         ("--fail-below-vision-fill", "vision_fill_mean", th.fail_below_vision_fill, vfill, True),

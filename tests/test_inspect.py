@@ -171,6 +171,10 @@ def test_inspect_of_a_packed_dir_without_packs_says_so(demo_dirs, tmp_path):
     assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Error: {str(empty)!r} holds no packs: {why}\n")
     r = run("inspect", str(empty), "--pack", "0")
     assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Error: --pack 0: {str(empty)!r} holds no packs: {why}\n")
+    # --sample: it said "is in no pack of … (e.g. ); a dropped sample is listed in …"
+    r = run("inspect", str(empty), "--sample", "demo-000")
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Error: sample 'demo-000' is in no pack of {str(empty)!r}, "
+                                                         f"which holds no packs: {why}\n")
 
 
 # ----------------------------------------------------------------------------------------------

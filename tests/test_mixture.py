@@ -172,9 +172,9 @@ def test_three_sources_at_rates_give_exact_counts_unique_ids_and_the_same_bytes_
     a, b, c = (tok_ids(sources, n) for n in SIZES)
     by_source = {s: sorted(i for i, x in zip(got["ids"], got["sources"].tolist(), strict=True) if x == s) for s in range(3)}
     assert by_source[0] == sorted(a)
-    # two full copies (x, x#1) and the seeded half as x#2, every derived id starting with its original
-    half = [b[r] + "#2" for r in naive_subset(6, 3, seed=0, position=1)]
-    assert by_source[1] == sorted(b + [x + "#1" for x in b] + half)
+    # two full copies (x, x#c1) and the seeded half as x#c2, every derived id starting with its original
+    half = [b[r] + "#c2" for r in naive_subset(6, 3, seed=0, position=1)]
+    assert by_source[1] == sorted(b + [x + "#c1" for x in b] + half)
     assert by_source[2] == sorted(c[r] for r in naive_subset(14, 3, seed=0, position=2))
     # packs mix sources by default
     assert (got["manifest"]["counts"]["tasks"], got["manifest"]["counts"]["samples_packed"]) == (5, 28)
@@ -189,8 +189,8 @@ def test_three_sources_at_rates_give_exact_counts_unique_ids_and_the_same_bytes_
     pack_cli(sources, tmp_path / "s1", "--rates", "1.0,2.5,0.2", "--samples-per-task", "6", "--seed", "1")
     other = packed_rows(tmp_path / "s1")
     assert Counter(other["sources"].tolist()) == {0: 10, 1: 15, 2: 3}
-    assert sorted(i for i in other["ids"] if i.endswith("#2")) == sorted(
-        b[r] + "#2" for r in naive_subset(6, 3, seed=1, position=1))
+    assert sorted(i for i in other["ids"] if i.endswith("#c2")) == sorted(
+        b[r] + "#c2" for r in naive_subset(6, 3, seed=1, position=1))
     assert other["manifest"]["mixture"]["seed"] == 1
 
 
@@ -239,7 +239,7 @@ def test_validate_inspect_and_the_reader_know_the_source_column(sources, mixed):
     got = packed_rows(mixed)
     assert [s for r in rows for s in r["sample_sources"]] == got["sources"].tolist()
     assert collate(rows[:2])["sample_sources"] == [rows[0]["sample_sources"], rows[1]["sample_sources"]]
-    copy = next(i for i in got["ids"] if i.endswith("#2"))
+    copy = next(i for i in got["ids"] if i.endswith("#c2"))
     r = run("inspect", str(mixed), "--sample", copy, "--json")
     assert r.returncode == 0, r.stderr
     view = json.loads(r.stdout)["samples"]
@@ -278,7 +278,7 @@ def test_mixture_file_with_rates_and_targets_resolves_paths_against_itself(sourc
     assert Counter(got["sources"].tolist()) == {0: 5, 1: 20}
     c = tok_ids(sources, "c")
     assert sorted(i for i, s in zip(got["ids"], got["sources"].tolist(), strict=True) if s == 1) == sorted(
-        c + [c[r] + "#1" for r in naive_subset(14, 6, seed=5, position=1)])
+        c + [c[r] + "#c1" for r in naive_subset(14, 6, seed=5, position=1)])
     s = json.loads(run("stats", str(out), "--json").stdout)["mixture"]
     assert [(x["source"], x["rate"], x["target_samples"]) for x in s["sources"]] == [("alpha", "0.5", None),
                                                                                      ("gamma", None, 20)]
@@ -303,6 +303,17 @@ def test_mixture_file_with_a_byte_order_mark_is_read(tmp_path):
     spec.write_bytes(b"\xef\xbb\xbf" + json.dumps({"sources": [{"path": "tok_a", "rate": 1}]}).encode())
     assert [s.path for s in load_mixture(spec).sources] == [str(tmp_path / "tok_a")]
 
+
+
+def test_a_whole_target_written_as_a_decimal_is_that_count(tmp_path):
+    """``json.dump`` writes a computed target as ``20000.0``: it was refused as '"samples" 20000
+    must be a whole number of at least 1'. A whole value is that count; 2.5 is still refused."""
+    from packtool.mixture import load_mixture
+
+    spec = tmp_path / "mix.json"
+    spec.write_text('{"sources": [{"path": "a", "samples": 20000.0}, {"path": "b", "samples": 2e1}]}')
+    got = [s.samples for s in load_mixture(spec).sources]
+    assert got == [20000, 20] and all(type(n) is int for n in got)
 
 @pytest.mark.jit
 def test_stats_warns_when_oversize_drops_cut_a_sources_share(sources, tmp_path):
@@ -608,3 +619,17 @@ def test_warnings_name_every_source_whose_request_was_not_met():
     line = next(x for x in text.splitlines() if x.startswith("wanted"))
     assert line.split() == ["wanted", "50", "samples", "0", "->", "0", "0.0%", "->", "0.0%", "0.0%", "->", "0.0%",
                             "0.0%", "->", "0.0%", "0.0%"]
+
+
+def test_copies_of_split_trees_keep_ids_unique_within_their_source(tmp_path):
+    """tokenize names the trees it splits off ``x`` ``x#1``, ``x#2``; a copy suffix of ``#1``
+    made copy 1 of ``x`` and copy 0 of the tree ``x#1`` the same id in one source."""
+    record = {"id": "t", "image": "images/img00.png",
+              "message_list": [{"question": f"Q{i}?", "answer": f"A{i}."} for i in range(3)]}
+    (tmp_path / "trees.jsonl").write_text(json.dumps(record) + "\n")
+    tok = tmp_path / "tok"
+    tokenize_dataset([tmp_path / "trees.jsonl"], tok, TokenizeConfig(media_root=str(SAMPLE), max_branches=1))
+    out = tmp_path / "packed"
+    pack_dataset(Mixture.from_rates([str(tok)], "2"), out, PackConfig(max_tokens=8192))
+    ids = packed_rows(out)["ids"]
+    assert sorted(ids) == ["t", "t#1", "t#1#c1", "t#2", "t#2#c1", "t#c1"]

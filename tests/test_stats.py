@@ -432,3 +432,30 @@ def test_pair_stats_stay_linear_in_the_samples(tmp_path):
     assert s["samples"] == 40_000 and s["reconcile"]["balanced"]
     assert sum(x["packed"] for x in s["sources"]) == 40_000
     assert seconds < 12, f"stats took {seconds:.1f} s for 40,000 samples"
+
+
+def test_rejected_share_counts_a_dropped_tree_as_its_share_of_the_row(tmp_path):
+    """A row split into trees (``--max-branches 1``) loses one tree at pack: the gate's share is
+    the rows tokenize rejected plus that tree's share of the rows it kept, never above 1. Pack
+    drops counted as rows put 1 of 3 trees of one row (and one rejected row of two) at 1.0, and
+    every tree of one row at 3.0: "rejected_fraction 3 is above --fail-above-rejected 0.25"."""
+    record = {"id": "t", "image": "images/img00.png", "message_list": [
+        {"question": "Short?", "answer": "Yes."}, {"question": "Long?", "answer": " ".join(["word"] * 400)},
+        {"question": "Again?", "answer": "No."}]}
+    gone = {"id": "gone", "image": "images/none.png",
+            "conversations": [{"from": "human", "value": "<image>\nQ?"}, {"from": "gpt", "value": "A."}]}
+    (tmp_path / "in.jsonl").write_text(json.dumps(record) + "\n" + json.dumps(gone) + "\n")
+    tok, packed = tmp_path / "tok", tmp_path / "packed"
+    tokenize_dataset([tmp_path / "in.jsonl"], tok, TokenizeConfig(media_root=str(ROOT / "examples" / "sample"),
+                                                                   max_branches=1))
+    counts = pack_dataset(tok, packed, PackConfig(max_tokens=600))["counts"]
+    assert (counts["samples_in"], counts["dropped"]) == (3, 1)
+    r = run("stats", str(packed), "--json", "--fail-above-rejected", "0.7")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    validate(s)
+    assert (s["rows_in"], s["rejected"]["total"], s["reconcile"]["balanced"]) == (2, 2, True)
+    assert s["thresholds"][0]["value"] == round(1 / 2 + 1 / 3 * 1 / 2, 4)
+    pack_dataset(tok, tmp_path / "none", PackConfig(max_tokens=300))  # every tree dropped: all of the row
+    r = run("stats", str(tmp_path / "none"), "--fail-above-rejected", "0.99")
+    assert (r.returncode, r.stderr) == (1, "Error: rejected_fraction 1 is above --fail-above-rejected 0.99\n")

@@ -130,6 +130,21 @@ def test_max_branches_splits_into_trees_on_the_same_media(root):
     assert counts == Counter(trees=2, branches=3, split_extra_trees=1)
 
 
+
+@pytest.mark.parametrize("max_branches", [None, 20_000])
+def test_a_tree_holds_at_most_ten_thousand_branches(root, max_branches):
+    """Branch b's subsegment id is b and the prefix's is 10000: a tree of 10,001 annotations
+    gave its last branch the prefix's id, so the branches after it could not see the image
+    (validate: "its shared prefix (subsegment 10000) is not at its start")."""
+    record = {**TREE, "message_list": [{"question": f"Q{i}?", "answer": "A."} for i in range(PREFIX_SUBSEGMENT + 1)]}
+    counts = Counter()
+    rows = encode([molmo.parse(record, "t.jsonl", 0)], ctx_for(root, max_branches=max_branches), counts)
+    assert [(r["sample_id"], r["n_branches"]) for r in rows] == [("pixmo-17", PREFIX_SUBSEGMENT), ("pixmo-17#1", 1)]
+    sub = rows[0]["subsegment_ids"]
+    assert np.count_nonzero(sub == PREFIX_SUBSEGMENT) == np.argmax(sub != PREFIX_SUBSEGMENT)  # the prefix, first
+    assert sub[-1] == PREFIX_SUBSEGMENT - 1 and (rows[1]["subsegment_ids"] == PREFIX_SUBSEGMENT).all()
+    assert counts["split_extra_trees"] == 1
+
 def test_max_tokens_splits_branches_that_would_not_fit(root):
     sample = molmo.parse(TREE, "t.jsonl", 0)
     [whole] = encode([sample], ctx_for(root))
