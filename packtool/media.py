@@ -387,11 +387,13 @@ def probe_image(source: Path | bytes, exif: str = "ignore", verify: bool = True)
                 width, height = im.size
                 fmt = im.format or ""
                 orientation = 1
-                if exif == "apply" and ("exif" in im.info or fmt in ("TIFF", "MPO", "WEBP", "PNG")):
+                # exif_transpose also reads an XMP tiff:Orientation when there is no EXIF (Adobe exports)
+                if exif == "apply" and ("exif" in im.info or "xmp" in im.info or fmt in ("TIFF", "MPO", "WEBP", "PNG")):
                     try:
                         orientation = int(im.getexif().get(_EXIF_ORIENTATION, 1) or 1)
                     except (ValueError, TypeError, SyntaxError, OSError):
                         orientation = 1  # unreadable EXIF: loaders ignore it too
+                upright = fmt == "TIFF" and (width, height) != (im.tag_v2.get(256), im.tag_v2.get(257))
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise SampleError(
             "image_too_large", f"image exceeds Pillow's decompression-bomb limit ({Image.MAX_IMAGE_PIXELS:,} px): {exc}"
@@ -406,7 +408,8 @@ def probe_image(source: Path | bytes, exif: str = "ignore", verify: bool = True)
         raise SampleError("corrupt_image", f"image declares a zero size ({width}x{height})")
     if verify:
         verify_complete(source, fmt)
-    if orientation in (5, 6, 7, 8):
+    # recent Pillow opens a TIFF already turned upright (its size is the upright one), loader or not
+    if orientation in (5, 6, 7, 8) and not upright:
         width, height = height, width
     return ImageInfo(width, height, fmt, orientation)
 
