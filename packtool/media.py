@@ -567,15 +567,22 @@ def extract_frames(media_root: Path, media: dict, quality: int = 90) -> list[byt
         first = None
         out: list[Image.Image | None] = [None] * len(times)
         order = sorted(range(len(times)), key=lambda i: times[i])
-        dense = len(times) < 2 or (max(times) - min(times)) / (len(times) - 1) < 2.0
+        # a raw H.264 stream carries no frame times: frame n is at n / rate, as probe_video counted it
+        # (and nothing to seek by, so it is always decoded in one pass)
+        raw = container.format.name == "h264"
+        rate = float(stream.average_rate or stream.guessed_rate or stream.base_rate or 0) if raw else 0.0
+        dense = raw or len(times) < 2 or (max(times) - min(times)) / (len(times) - 1) < 2.0
         eps = 1e-6
         if dense:
             k = 0
             prev = None
-            for frame in container.decode(stream):
-                if frame.pts is None:
+            for n, frame in enumerate(container.decode(stream)):
+                if raw and rate > 0:
+                    t = n / rate
+                elif frame.pts is None:
                     continue
-                t = frame.pts * tb
+                else:
+                    t = frame.pts * tb
                 if first is None:
                     first, rotation = t, int(round(frame.rotation or 0)) % 360
                 while k < len(order) and first + times[order[k]] + eps < t:
