@@ -387,11 +387,13 @@ def probe_image(source: Path | bytes, exif: str = "ignore", verify: bool = True)
                 width, height = im.size
                 fmt = im.format or ""
                 orientation = 1
-                if exif == "apply" and ("exif" in im.info or fmt in ("TIFF", "MPO", "WEBP", "PNG")):
+                # exif_transpose also reads an XMP tiff:Orientation when there is no EXIF (Adobe exports)
+                if exif == "apply" and ("exif" in im.info or "xmp" in im.info or fmt in ("TIFF", "MPO", "WEBP", "PNG")):
                     try:
                         orientation = int(im.getexif().get(_EXIF_ORIENTATION, 1) or 1)
                     except (ValueError, TypeError, SyntaxError, OSError):
                         orientation = 1  # unreadable EXIF: loaders ignore it too
+                upright = fmt == "TIFF" and (width, height) != (im.tag_v2.get(256), im.tag_v2.get(257))
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise SampleError(
             "image_too_large", f"image exceeds Pillow's decompression-bomb limit ({Image.MAX_IMAGE_PIXELS:,} px): {exc}"
@@ -406,7 +408,8 @@ def probe_image(source: Path | bytes, exif: str = "ignore", verify: bool = True)
         raise SampleError("corrupt_image", f"image declares a zero size ({width}x{height})")
     if verify:
         verify_complete(source, fmt)
-    if orientation in (5, 6, 7, 8):
+    # recent Pillow opens a TIFF already turned upright (its size is the upright one), loader or not
+    if orientation in (5, 6, 7, 8) and not upright:
         width, height = height, width
     return ImageInfo(width, height, fmt, orientation)
 
@@ -564,15 +567,22 @@ def extract_frames(media_root: Path, media: dict, quality: int = 90) -> list[byt
         first = None
         out: list[Image.Image | None] = [None] * len(times)
         order = sorted(range(len(times)), key=lambda i: times[i])
-        dense = len(times) < 2 or (max(times) - min(times)) / (len(times) - 1) < 2.0
+        # a raw H.264 stream carries no frame times: frame n is at n / rate, as probe_video counted it
+        # (and nothing to seek by, so it is always decoded in one pass)
+        raw = container.format.name == "h264"
+        rate = float(stream.average_rate or stream.guessed_rate or stream.base_rate or 0) if raw else 0.0
+        dense = raw or len(times) < 2 or (max(times) - min(times)) / (len(times) - 1) < 2.0
         eps = 1e-6
         if dense:
             k = 0
             prev = None
-            for frame in container.decode(stream):
-                if frame.pts is None:
+            for n, frame in enumerate(container.decode(stream)):
+                if raw and rate > 0:
+                    t = n / rate
+                elif frame.pts is None:
                     continue
-                t = frame.pts * tb
+                else:
+                    t = frame.pts * tb
                 if first is None:
                     first, rotation = t, int(round(frame.rotation or 0)) % 360
                 while k < len(order) and first + times[order[k]] + eps < t:

@@ -988,6 +988,10 @@ class _MediaLoader:
         try:
             return extract_frames(self.media_root, m, quality=self.frame_quality)
         except SampleError as err:
+            if err.reason == "corrupt_video":  # there and unchanged, but its frames do not decode: a re-run fails again
+                where = f"{m['path']!r}" if m.get("path") else "held inline by a tokenized row"
+                raise InputError(f"video {where} has frames that do not decode ({err.message}); tokenize reads only "
+                                 "its headers: replace the file, or drop its rows and tokenize again") from None
             raise _unreadable(err, checked=m.get("size_bytes") is not None) from None
 
 

@@ -11,7 +11,7 @@ Three layers, cheapest first; the first problems found are reported, never raise
    sample and its prefix or branch, prefix first; positions continue across a branch
    start from the prefix length; a target is ``-100`` or the next token of the same
    branch, so nothing is predicted across a sample or branch boundary; capacities hold;
-   media spans lie inside their sample, carry no loss, add up to the row's vision units
+   media spans lie inside their sample, are never a target, add up to the row's vision units
    and hold what the family lays out for the item (:func:`span_problem`);
 3. **embedded media decodes** (packed, ``--media embed``): each image and video frame
    opens and decodes with Pillow.
@@ -313,8 +313,10 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
         if what:
             model = f"{family.name} " if family is not None else ""
             out.append(f"media {j}: {m['kind']} span {off}..{off + cnt} is not the {model}placeholder layout: {what}")
-        if np.any(tgt[off:off + cnt] != IGNORE) or (off > 0 and tgt[off - 1] != IGNORE):
-            out.append(f"media {j}: placeholder tokens carry loss")
+        # targets are pre-shifted: positions off-1 .. off+cnt-2 predict the span's tokens; the last
+        # one predicts the token after the span, which may be an answer (LLaVA's `plain` pretraining)
+        if np.any(tgt[max(off - 1, 0):off + cnt - 1] != IGNORE):
+            out.append(f"media {j}: placeholder tokens are targets")
         k = int(m.get("sample_index", 0) or 0)
         if k + 1 >= len(cu) or not (cu[k] <= off and off + cnt <= cu[k + 1]):
             out.append(f"media {j}: span {off}..{off + cnt} is not inside its sample {k}")

@@ -50,6 +50,36 @@ def test_exif_apply_matches_pillow_transpose(tmp_path):
     assert (info.width, info.height) == upright == (100, 300)
 
 
+_XMP_ORIENTATION_6 = (b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
+                      b'<rdf:Description xmlns:tiff="http://ns.adobe.com/tiff/1.0/" tiff:Orientation="6"/>'
+                      b'</rdf:RDF></x:xmpmeta>')
+
+
+def _turned(fmt: str) -> bytes:
+    """A 300x100 image stored with orientation 6: TIFF in its own tag, JPEG in XMP only (no EXIF)."""
+    buf = io.BytesIO()
+    img = Image.new("RGB", (300, 100), (5, 50, 150))
+    if fmt == "TIFF":
+        exif = Image.Exif()
+        exif[0x0112] = 6
+        img.save(buf, format="TIFF", exif=exif)
+    else:
+        img.save(buf, format="JPEG", xmp=_XMP_ORIENTATION_6)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["TIFF", "JPEG-XMP"])
+@pytest.mark.parametrize("exif", ["apply", "ignore"])
+def test_orientation_outside_exif_probes_as_the_loader_sees_it(fmt, exif):
+    from PIL import ImageOps
+
+    data = _turned(fmt.split("-")[0])
+    with Image.open(io.BytesIO(data)) as im:
+        seen = (ImageOps.exif_transpose(im) if exif == "apply" else im.convert("RGB")).size
+    info = probe_image(data, exif=exif)
+    assert (info.width, info.height) == seen
+
+
 def test_png_and_file_paths(tmp_path):
     path = tmp_path / "a.png"
     path.write_bytes(_png(33, 17))

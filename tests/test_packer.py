@@ -497,3 +497,21 @@ def test_a_capacity_too_fine_for_the_tables_is_a_config_error_naming_the_options
         plan_packs(tokens, units, media, cfg, 16_384)
     plan = plan_packs(tokens, units, media, PackConfig(max_tokens=1_048_576, token_granularity=1024), 16_384)
     assert sorted(plan.order.tolist()) == list(range(200)), f"seed {seed}"
+
+
+def test_a_video_whose_frames_do_not_decode_is_named(tmp_path):
+    """Tokenize reads a video's headers only; a file whose frame data is damaged stops pack at
+    embedding, and the error must say which file (a re-run fails the same way)."""
+    from video_fixtures import write_video
+
+    from packtool.errors import InputError
+    from packtool.pipeline import _media_loader
+
+    video = bytearray(write_video(tmp_path / "zeroed.mp4", 30).read_bytes())
+    at = video.find(b"mdat")
+    size = int.from_bytes(video[at - 4:at], "big")
+    video[at + 4:at - 4 + size] = bytes(size - 8)  # the frames zeroed, the headers intact
+    (tmp_path / "zeroed.mp4").write_bytes(bytes(video))
+    item = {"kind": "video", "path": "zeroed.mp4", "timestamps": [0.0, 0.5], "size_bytes": len(video)}
+    with pytest.raises(InputError, match="video 'zeroed.mp4' has frames that do not decode .*replace the file"):
+        _media_loader(tmp_path)(item)

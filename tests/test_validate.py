@@ -122,6 +122,34 @@ def test_loss_across_a_sample_boundary_is_caught(packed):
     assert any("target_ids[" in p["what"] and "boundary" in p["what"] for p in report["problems"])
 
 
+def test_an_answer_right_after_the_media_is_no_loss_on_placeholders(tmp_path):
+    """LLaVA pretraining (``plain``, ``fixed:N``): the answer follows the image's pad run with no
+    end marker, so the span's last position predicts the answer's first token. That is the
+    answer's loss, not the placeholder's; a target on a placeholder is still caught."""
+    from PIL import Image
+
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+
+    Image.new("RGB", (64, 48), (9, 99, 199)).save(tmp_path / "a.png")
+    src = tmp_path / "pre.jsonl"
+    src.write_text(json.dumps({"id": "pre", "image": "a.png", "conversations": [
+        {"from": "human", "value": "<image>\n"}, {"from": "gpt", "value": "A blue box."}]}) + "\n")
+    tokenize_dataset([src], tmp_path / "tok", TokenizeConfig(media_root=str(tmp_path), model="fixed:4",
+                                                             template="plain"), workers=1)
+    pack_dataset(tmp_path / "tok", tmp_path / "packed", PackConfig(max_tokens=64), workers=1)
+    for d in ("tok", "packed"):
+        report = validate_dir(tmp_path / d)
+        assert (report["ok"], report["problems"]) == (True, []), d
+
+    def edit(row):
+        off = row["media"][0]["token_offset"]
+        row["target_ids"][off + 1] = row["input_ids"][off + 2]  # predict the image's third pad token
+
+    rewrite_row(tmp_path / "packed", edit)
+    report = validate_dir(tmp_path / "packed")
+    assert [p["what"] for p in report["problems"]] == ["media 0: placeholder tokens are targets"]
+
+
 def test_media_span_off_its_placeholders_is_caught(packed):
     def edit(row):
         row["media"][0]["token_offset"] -= 1  # now starts on <|vision_start|>

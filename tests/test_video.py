@@ -129,3 +129,14 @@ def test_packed_shard_embeds_the_recorded_frames(videos, tmp_path):
     assert prow["media"][0]["timestamps"] == media["timestamps"]
     levels = [round(grey_level(f) / 8) for f in frames]
     assert levels == [round(t * 30) * 8 % 256 // 8 for t in media["timestamps"]]
+
+
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "molmo2", "internvl"])
+def test_frames_of_a_raw_stream_are_extracted_by_position(videos, family):
+    """A raw H.264 stream has no frame times; probe counts frame n at n / rate, and so does extraction
+    (it used to skip every frame as untimed, and pack stopped)."""
+    lay = get_family(family).video(probe_video(videos / "nodur.h264"))
+    jpegs = extract_frames(videos, {"path": "nodur.h264", "timestamps": list(lay.timestamps), "width": 64, "height": 48})
+    rate = probe_video(videos / "nodur.h264").fps
+    assert [round(grey_level(j) / 8) for j in jpegs] == [min(int(t * rate + 1e-6), 44) * 8 % 256 // 8
+                                                         for t in lay.timestamps]
