@@ -280,8 +280,8 @@ def pack(
     from .pipeline import pack_dataset
 
     src = _pack_source(ctx, inputs or [], rates, mixture, seed=seed, group_by=group_by, samples_per_task=samples_per_task)
-    if output is None and not dry_run:
-        raise PacktoolError("pack needs -o/--output (or --dry-run to only plan)")
+    if output is None and not dry_run:  # -o is optional only for --dry-run: missing, it is a usage error
+        ctx.fail("pack needs -o/--output (or --dry-run to only plan)")
     with _flag_errors(ctx):
         cfg = PackConfig(max_tokens=max_tokens, max_vision_units=max_vision_units, buffer_size=buffer_size,
                          text_weight=text_weight, vision_weight=vision_weight, token_granularity=token_granularity,

@@ -93,6 +93,12 @@ def test_library_errors_become_one_line_and_exit_1(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+def test_pack_without_output_is_a_usage_error(demo_dirs):
+    """A missing -o is a bad command line (exit 2, as for tokenize), not a library error."""
+    r = run("pack", str(demo_dirs["tokenized"]), "--max-tokens", "8192", "-q")
+    assert _usage_error(r, "pack", "pack needs -o/--output (or --dry-run to only plan)"), r.stderr
+
+
 def test_bad_flag_value_names_the_flag(tmp_path, demo_dirs):
     r = run("tokenize", str(demo_dirs["sample"] / "data.jsonl"), "-o", str(tmp_path / "t"), "--model", "nope")
     assert r.returncode == 2
