@@ -72,7 +72,9 @@ class TokenizeConfig(_Digestible):
     Attributes:
         model: vision family (``qwen2.5-vl``, ``fixed:576`` ...).
         template: chat template name.
-        tokenizer: ``None`` for the embedded Qwen2 vocabulary, else a path.
+        tokenizer: ``None`` for the template's default (the embedded Qwen2 vocabulary; ``qwen3``
+            under ``qwen3-vl``), ``qwen2`` or ``qwen3`` for an embedded one, ``hf:ORG/NAME``
+            from the local Hugging Face cache, else a path.
         format: input format or ``auto``.
         media_root: directory media paths resolve under.
         system_prompt: ``None`` for the template's default.
@@ -142,6 +144,8 @@ class PackConfig(_Digestible):
         text_weight, vision_weight: the objective ``text_weight*tokens + vision_weight*units``.
         token_granularity: token sizes are rounded *up* to a multiple of this for the DP table.
         oversize: what to do with a sample that can never fit: ``drop``, ``truncate``, ``alone``, ``fail``.
+        max_samples_per_pack: most samples in one pack, an exact constraint of the knapsack
+            (``None``: no cap).
         media: ``embed`` original bytes into packed rows, or ``reference`` paths only.
         packs_per_shard: packed rows per output shard.
         frame_quality: JPEG quality of embedded video frames (1-100).
