@@ -1,7 +1,8 @@
 """The Arrow schemas of tokenized and packed shards, written out once (DESIGN.md §3).
 
-``python -m packtool.schema DIR`` writes ``DIR/tokenized.vN.json`` and
-``DIR/packed.vN.json`` (N = ``SCHEMA_VERSION``); a test fails when the committed files drift from this module.
+``python -m packtool.schema DIR`` writes ``DIR/tokenized.vN.json``, ``DIR/packed.vN.json`` and
+``DIR/packed-mixture.vN.json`` for N = 5 (``SCHEMA_VERSION``), 4 and 3, and 2 (``FULL_VERSION``);
+a test fails when the committed files drift from this module.
 """
 
 from __future__ import annotations
