@@ -785,7 +785,7 @@ def _tasks_digest(tasks) -> str:
 
 @_environment_errors
 def tokenize_dataset(
-    inputs: list[str | Path],
+    inputs: str | os.PathLike | Iterable[str | os.PathLike],
     out_dir: str | Path,
     cfg: TokenizeConfig,
     progress: Progress = None,
@@ -810,8 +810,12 @@ def tokenize_dataset(
     Returns the manifest (``counts``: ``rows_in``, ``samples``, ``rejected``,
     ``rejected_by_reason``, ``tokens``, ``vision_units``, ``tasks``); with several ranks,
     a rank that is not the last to finish returns its own share with ``partial: True``.
+
+    ``inputs`` is one file, directory or URL, or any iterable of them (a list, a generator).
     """
     _check_on_error(on_error)
+    # one path given alone is one input, not the characters of its name ("/" among them: the whole disk)
+    inputs = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     ex = _executor(ex, workers, executor, ray_address, rank, world_size)
     # inputs in a bucket are listed, not fetched: a rank that reads a stored plan fetches only
     # the inputs of its own tasks

@@ -20,6 +20,7 @@ from packtool import (  # noqa: E402
     pipeline,  # noqa: E402
     tokenize_dataset,
 )
+from packtool.errors import InputError  # noqa: E402
 from packtool.formats import Rejected, iter_samples, parse_record  # noqa: E402
 from packtool.pipeline import Slice, _line_offsets, _slice_records, plan_tokenize_tasks  # noqa: E402
 
@@ -402,3 +403,18 @@ def test_a_leading_byte_order_mark_is_read_the_same_cut_or_whole(tmp_path):
     assert total is None and [(s.start, s.offset) for t in tasks for s in t] == [(0, None)]
     got = [parse_record(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
     assert len(got) == 29 and not any(isinstance(x, Rejected) for x in got)
+
+
+def test_one_input_path_given_alone_is_one_input_not_the_characters_of_its_name(tmp_path, monkeypatch):
+    # "data.jsonl" iterated is "d", "a", ... and "." (the whole working directory); "/x.jsonl" would be the disk
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "data.jsonl", ['{"id": "a", "conversations": [{"from": "human", "value": "hi"}, '
+                                    '{"from": "gpt", "value": "yes"}]}'])
+    cfg = TokenizeConfig(media_root=str(tmp_path))
+    listed = tokenize_dataset(["data.jsonl"], tmp_path / "listed", cfg)
+    sha = [s["sha256"] for s in listed["shards"]]
+    for name, inputs in [("str", "data.jsonl"), ("path", Path("data.jsonl")), ("gen", (p for p in ["data.jsonl"]))]:
+        got = tokenize_dataset(inputs, tmp_path / name, cfg)
+        assert got["counts"]["samples"] == 1 and [s["sha256"] for s in got["shards"]] == sha, name
+    with pytest.raises(InputError, match="no inputs given"):
+        tokenize_dataset([], tmp_path / "none", cfg)
