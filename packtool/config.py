@@ -166,6 +166,8 @@ class TokenizeConfig(_Digestible):
         check_types(self)
         if self.rows_per_shard < 1:
             raise ConfigError("--rows-per-shard must be at least 1")
+        if self.max_errors is not None and self.max_errors < 0:
+            raise ConfigError(f"--max-errors {self.max_errors}: choose 0 or more (None: no limit)")
         if self.max_branches is not None and self.max_branches < 1:
             raise ConfigError("--max-branches must be at least 1")
         if self.max_tokens is not None:

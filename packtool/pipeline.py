@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import math
+import operator
 import os
 import re
 from collections import Counter
@@ -182,6 +183,26 @@ def _executor(ex: ExecutorConfig | None, workers, executor, ray_address, rank, w
 def _check_on_error(on_error: str) -> None:
     if on_error not in ON_ERROR:
         raise ConfigError(f"--on-error {on_error!r}: choose skip or fail")
+
+
+def _check_call(cfg: object, kind: type, max_errors: object = None) -> int | None:
+    """Refuse a stage's config of another class (a ``TokenizeConfig`` given to pack, a dict, a
+    number) and a ``max_errors`` that is not a count, before anything is read or written;
+    return ``max_errors`` as a plain ``int`` (it is stored in the run's JSON state)."""
+    if not isinstance(cfg, kind):
+        raise ConfigError(f"cfg must be a packtool.{kind.__name__}, got {type(cfg).__name__} ({cfg!r:.60}); "
+                          f"build one with packtool.{kind.__name__}(...)")
+    if max_errors is None:
+        return None
+    try:
+        if isinstance(max_errors, (bool, np.bool_)):
+            raise TypeError
+        count = operator.index(max_errors)
+    except TypeError:
+        count = -1
+    if count < 0:
+        raise ConfigError(f"--max-errors {max_errors!r}: choose an integer of 0 or more (None: no limit)")
+    return count
 
 
 class _TaskErrors:
@@ -814,6 +835,7 @@ def tokenize_dataset(
     ``inputs`` is one file, directory or URL, or any iterable of them (a list, a generator).
     """
     _check_on_error(on_error)
+    _check_call(cfg, TokenizeConfig)
     # one path given alone is one input, not the characters of its name ("/" among them: the whole disk)
     inputs = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     ex = _executor(ex, workers, executor, ray_address, rank, world_size)
@@ -1378,7 +1400,7 @@ def _layout_record(cfg: PackConfig) -> dict:
 
 @_environment_errors
 def pack_dataset(
-    src: str | Path | list[str | Path] | Mixture,
+    src: str | os.PathLike | Iterable[str | os.PathLike] | Mixture,
     out_dir: str | Path,
     cfg: PackConfig,
     progress: Progress = None,
@@ -1421,9 +1443,11 @@ def pack_dataset(
     and the seed. A single directory given as such is packed exactly as before.
     """
     _check_on_error(on_error)
+    max_errors = _check_call(cfg, PackConfig, max_errors)
     ex = _executor(ex, workers, executor, ray_address, rank, world_size)
-    if isinstance(src, (list, tuple)):
-        src = Mixture.from_rates(list(src)) if len(src) != 1 else src[0]
+    if not isinstance(src, (str, os.PathLike, Mixture)):  # a list, a tuple, a generator of directories
+        src = list(src)
+        src = Mixture.from_rates(src) if len(src) != 1 else src[0]
     if not dry_run:
         _not_an_input(out_dir, [s.path for s in src.sources] if isinstance(src, Mixture) else [src])
     if isinstance(src, Mixture):
