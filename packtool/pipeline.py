@@ -832,7 +832,23 @@ def tokenize_dataset(
     ``rejected_by_reason``, ``tokens``, ``vision_units``, ``tasks``); with several ranks,
     a rank that is not the last to finish returns its own share with ``partial: True``.
 
-    ``inputs`` is one file, directory or URL, or any iterable of them (a list, a generator).
+    Args:
+        inputs: one file, directory or URL, or any iterable of them (a list, a generator).
+        out_dir: the output directory (or bucket prefix).
+        cfg: the :class:`~packtool.config.TokenizeConfig`.
+        progress: called in this process with the number of input rows just read (an
+            increment, not a running total); ``progress.set_total(n)``, where it has one, gets
+            the rows to expect. An exception it raises stops the run as an interrupt does.
+        overwrite: replace a run made with other settings (only the files it wrote), or
+            write into a non-empty directory that holds no packtool run.
+        workers, executor, ray_address, rank, world_size: where the tasks run (``--workers``
+            ... ``--world-size``); ``ex``: the same as one
+            :class:`~packtool.executors.ExecutorConfig`, which then replaces them.
+        on_error: ``skip`` records a bad row in ``.packtool/errors.jsonl``; ``fail`` stops.
+
+    Raises:
+        PacktoolError: a problem the user can fix (its message names the fix); a bad
+            setting is a :class:`~packtool.errors.ConfigError` before anything is written.
     """
     _check_on_error(on_error)
     _check_call(cfg, TokenizeConfig)
@@ -1441,6 +1457,27 @@ def pack_dataset(
     ``mixture`` records each source's rate or target, ``available``, ``requested``,
     ``selected`` and ``realised`` counts (samples, tokens, vision units; loss tokens realised)
     and the seed. A single directory given as such is packed exactly as before.
+
+    Args:
+        src: a tokenized directory (or bucket prefix), a list of them (a mixture at rate 1
+            each), or a :class:`~packtool.mixture.Mixture`.
+        out_dir: the output directory (or bucket prefix); unused with ``dry_run``.
+        cfg: the :class:`~packtool.config.PackConfig`.
+        progress: called in this process with the number of samples just packed (an
+            increment); ``progress.set_total(n)``, where it has one, gets the samples to expect.
+        overwrite: replace a run made with other settings (only the files it wrote), or
+            write into a non-empty directory that holds no packtool run.
+        dry_run: plan only, write nothing (see above).
+        media_root: where the media are now (default: the root tokenize counted from).
+        workers, executor, ray_address, rank, world_size: where the tasks run (``--workers``
+            ... ``--world-size``); ``ex``: the same as one
+            :class:`~packtool.executors.ExecutorConfig`, which then replaces them.
+        max_errors: fail once more rows than this are rejected (``None``: no limit).
+        on_error: ``skip`` records a rejected row in ``.packtool/errors.jsonl``; ``fail`` stops.
+
+    Raises:
+        PacktoolError: a problem the user can fix (its message names the fix); a bad
+            setting is a :class:`~packtool.errors.ConfigError` before anything is written.
     """
     _check_on_error(on_error)
     max_errors = _check_call(cfg, PackConfig, max_errors)
