@@ -9,11 +9,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import numbers
+import operator
+import os
 from dataclasses import dataclass
+
+import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["TokenizeConfig", "PackConfig", "config_diff", "digest_of", "check_range", "INT32_MAX"]
+__all__ = ["TokenizeConfig", "PackConfig", "config_diff", "digest_of", "check_range", "check_types", "INT32_MAX"]
 
 #: The largest int32: shards store token and vision-unit counts, image sizes and grids as int32,
 #: so a setting that ends up in one of those columns is refused above it.
@@ -45,6 +50,49 @@ def check_range(flag: str, value: int, lo: int, hi: int, why: str = "") -> None:
 INT32_WHY = "the largest int32, the type of the shards' token, unit and size columns"
 #: Why objective weights are: a sample's value, a weight times an int32 count, then fits int64.
 WEIGHT_WHY = "the largest int32, so a sample's value, the weight times an int32 count, fits int64"
+
+
+def check_types(config: object) -> None:
+    """Refuse a field of the dataclass ``config`` of the wrong type with a :class:`ConfigError`
+    naming it, and store numpy numbers and paths as the plain ``int``, ``float`` and ``str``
+    the CLI passes (annotations ``int``, ``float``, ``bool``, ``str``, each maybe ``| None``).
+
+    Called from Python a count often comes from numpy (``np.int64``, which JSON cannot
+    write into the manifest) or a computation (``8192.0``, ``"8192"`` from the environment);
+    stored as given, these either failed deep in a run or gave another digest than the
+    same flags, so a resume was refused.
+    """
+    for field in dataclasses.fields(config):  # type: ignore[arg-type]
+        value = getattr(config, field.name)
+        kinds = str(field.type).split(" | ")
+        if value is None and "None" in kinds:
+            continue
+        kind = kinds[0]
+        try:
+            if isinstance(value, (bool, np.bool_)) and kind != "bool":
+                raise TypeError
+            if kind == "int":
+                plain: object = operator.index(value)  # int and numpy integers; never a float or a string
+            elif kind == "float":
+                if not isinstance(value, numbers.Real):
+                    raise TypeError
+                plain = float(value)
+            elif kind == "bool":
+                if not isinstance(value, (bool, np.bool_)):
+                    raise TypeError
+                plain = bool(value)
+            else:
+                plain = os.fspath(value) if isinstance(value, os.PathLike) else value
+                if not isinstance(plain, str):
+                    raise TypeError
+        except TypeError:
+            allowed = " or ".join(("an integer" if k == "int" else "a number" if k == "float" else
+                                   "True or False" if k == "bool" else "None" if k == "None" else "a string")
+                                  for k in kinds)
+            raise ConfigError(f"{type(config).__name__}({field.name}=...) must be {allowed}, got {value!r} "
+                              f"({type(value).__name__})") from None
+        if plain is not value:
+            object.__setattr__(config, field.name, plain)
 
 
 class _Digestible:
@@ -117,8 +165,11 @@ class TokenizeConfig(_Digestible):
     _not_digested = ("max_errors",)
 
     def __post_init__(self) -> None:
+        check_types(self)
         if self.rows_per_shard < 1:
             raise ConfigError("--rows-per-shard must be at least 1")
+        if self.max_errors is not None and self.max_errors < 0:
+            raise ConfigError(f"--max-errors {self.max_errors}: choose 0 or more (None: no limit)")
         if self.max_branches is not None and self.max_branches < 1:
             raise ConfigError("--max-branches must be at least 1")
         if self.max_tokens is not None:
@@ -167,6 +218,7 @@ class PackConfig(_Digestible):
     layout: str = "runs"
 
     def __post_init__(self) -> None:
+        check_types(self)
         if self.layout not in LAYOUTS:
             raise ConfigError(f"--layout {self.layout!r}: choose {' or '.join(LAYOUTS)}")
         for name in ("max_tokens", "buffer_size", "token_granularity", "packs_per_shard"):

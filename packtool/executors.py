@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .config import check_types
 from .errors import ConfigError, PacktoolError
 
 __all__ = ["ExecutorConfig", "run_tasks", "default_workers", "Reporter", "set_total", "worker_place",
@@ -80,6 +81,7 @@ class ExecutorConfig:
     world_size: int = 1
 
     def __post_init__(self) -> None:
+        check_types(self)  # a rank read from the environment is a string
         if self.executor not in ("local", "ray"):
             raise ConfigError(f"--executor {self.executor!r}: choose local or ray")
         if self.workers is not None and self.workers < 1:

@@ -36,7 +36,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
+import operator
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -115,6 +118,16 @@ def _rate(value: object, where: str) -> Fraction:
     return rate
 
 
+def _count(value: object, flag: str) -> int:
+    """``value`` as a plain ``int`` (numpy integers too); a float, a string or a bool is a ConfigError."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise ConfigError(f"{flag} {value!r}: give a non-negative integer") from None
+
+
 def _shown(value: object) -> str:
     """A value as the user wrote it: ``'lots'`` for text, ``2.5`` for a JSON number read exactly."""
     if isinstance(value, Fraction):
@@ -179,14 +192,27 @@ class Mixture:
             raise ConfigError("a mixture needs at least one source")
         if self.group_by not in GROUP_BY:
             raise ConfigError(f"--group-by {self.group_by!r}: choose none or source")
+        # numpy integers are stored as the int the flag gives (the seed goes into the manifest's JSON)
+        object.__setattr__(self, "samples_per_task", _count(self.samples_per_task, "samples_per_task"))
         if self.samples_per_task < 1:
             raise ConfigError("samples_per_task must be at least 1")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+        seed = _count(self.seed, "--seed")
+        if seed < 0:
             raise ConfigError(f"--seed {self.seed!r}: give a non-negative integer")
+        object.__setattr__(self, "seed", seed)
 
     @classmethod
-    def from_rates(cls, paths: list, rates: str | None = None, **kw) -> Mixture:
-        """Sources from positional inputs and ``--rates`` (one per input, in order; ``None``: all 1)."""
+    def from_rates(cls, paths: str | os.PathLike | Iterable[str | os.PathLike],
+                   rates: str | float | Iterable[float | str] | None = None, **kw) -> Mixture:
+        """Sources from positional inputs and ``--rates`` (one per input, in order; ``None``: all 1).
+
+        ``rates`` is the flag's text, ``"1.0,2.5"``, or one rate per input, ``[1.0, 2.5]`` (a
+        float means the number its shortest form shows: ``0.1`` is 1/10, as ``--rates 0.1``).
+        """
+        paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)  # one path is one input
+        if rates is not None and not isinstance(rates, str):
+            # str() of a float (numpy's too) is its shortest form, the text the flag would hold
+            rates = ",".join(str(v) for v in ([rates] if isinstance(rates, numbers.Number) else rates))
         values = ["1"] * len(paths) if rates is None else parse_rates(rates, len(paths))
         return cls(tuple(MixtureSource(str(p), rate=_rate(v, f"--rates, input {i + 1}"))
                          for i, (p, v) in enumerate(zip(paths, values, strict=True))), **kw)

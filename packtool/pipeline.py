@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import math
+import operator
 import os
 import re
 from collections import Counter
@@ -182,6 +183,26 @@ def _executor(ex: ExecutorConfig | None, workers, executor, ray_address, rank, w
 def _check_on_error(on_error: str) -> None:
     if on_error not in ON_ERROR:
         raise ConfigError(f"--on-error {on_error!r}: choose skip or fail")
+
+
+def _check_call(cfg: object, kind: type, max_errors: object = None) -> int | None:
+    """Refuse a stage's config of another class (a ``TokenizeConfig`` given to pack, a dict, a
+    number) and a ``max_errors`` that is not a count, before anything is read or written;
+    return ``max_errors`` as a plain ``int`` (it is stored in the run's JSON state)."""
+    if not isinstance(cfg, kind):
+        raise ConfigError(f"cfg must be a packtool.{kind.__name__}, got {type(cfg).__name__} ({cfg!r:.60}); "
+                          f"build one with packtool.{kind.__name__}(...)")
+    if max_errors is None:
+        return None
+    try:
+        if isinstance(max_errors, (bool, np.bool_)):
+            raise TypeError
+        count = operator.index(max_errors)
+    except TypeError:
+        count = -1
+    if count < 0:
+        raise ConfigError(f"--max-errors {max_errors!r}: choose an integer of 0 or more (None: no limit)")
+    return count
 
 
 class _TaskErrors:
@@ -785,7 +806,7 @@ def _tasks_digest(tasks) -> str:
 
 @_environment_errors
 def tokenize_dataset(
-    inputs: list[str | Path],
+    inputs: str | os.PathLike | Iterable[str | os.PathLike],
     out_dir: str | Path,
     cfg: TokenizeConfig,
     progress: Progress = None,
@@ -810,8 +831,29 @@ def tokenize_dataset(
     Returns the manifest (``counts``: ``rows_in``, ``samples``, ``rejected``,
     ``rejected_by_reason``, ``tokens``, ``vision_units``, ``tasks``); with several ranks,
     a rank that is not the last to finish returns its own share with ``partial: True``.
+
+    Args:
+        inputs: one file, directory or URL, or any iterable of them (a list, a generator).
+        out_dir: the output directory (or bucket prefix).
+        cfg: the :class:`~packtool.config.TokenizeConfig`.
+        progress: called in this process with the number of input rows just read (an
+            increment, not a running total); ``progress.set_total(n)``, where it has one, gets
+            the rows to expect. An exception it raises stops the run as an interrupt does.
+        overwrite: replace a run made with other settings (only the files it wrote), or
+            write into a non-empty directory that holds no packtool run.
+        workers, executor, ray_address, rank, world_size: where the tasks run (``--workers``
+            ... ``--world-size``); ``ex``: the same as one
+            :class:`~packtool.executors.ExecutorConfig`, which then replaces them.
+        on_error: ``skip`` records a bad row in ``.packtool/errors.jsonl``; ``fail`` stops.
+
+    Raises:
+        PacktoolError: a problem the user can fix (its message names the fix); a bad
+            setting is a :class:`~packtool.errors.ConfigError` before anything is written.
     """
     _check_on_error(on_error)
+    _check_call(cfg, TokenizeConfig)
+    # one path given alone is one input, not the characters of its name ("/" among them: the whole disk)
+    inputs = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     ex = _executor(ex, workers, executor, ray_address, rank, world_size)
     # inputs in a bucket are listed, not fetched: a rank that reads a stored plan fetches only
     # the inputs of its own tasks
@@ -1374,7 +1416,7 @@ def _layout_record(cfg: PackConfig) -> dict:
 
 @_environment_errors
 def pack_dataset(
-    src: str | Path | list[str | Path] | Mixture,
+    src: str | os.PathLike | Iterable[str | os.PathLike] | Mixture,
     out_dir: str | Path,
     cfg: PackConfig,
     progress: Progress = None,
@@ -1415,11 +1457,34 @@ def pack_dataset(
     ``mixture`` records each source's rate or target, ``available``, ``requested``,
     ``selected`` and ``realised`` counts (samples, tokens, vision units; loss tokens realised)
     and the seed. A single directory given as such is packed exactly as before.
+
+    Args:
+        src: a tokenized directory (or bucket prefix), a list of them (a mixture at rate 1
+            each), or a :class:`~packtool.mixture.Mixture`.
+        out_dir: the output directory (or bucket prefix); unused with ``dry_run``.
+        cfg: the :class:`~packtool.config.PackConfig`.
+        progress: called in this process with the number of samples just packed (an
+            increment); ``progress.set_total(n)``, where it has one, gets the samples to expect.
+        overwrite: replace a run made with other settings (only the files it wrote), or
+            write into a non-empty directory that holds no packtool run.
+        dry_run: plan only, write nothing (see above).
+        media_root: where the media are now (default: the root tokenize counted from).
+        workers, executor, ray_address, rank, world_size: where the tasks run (``--workers``
+            ... ``--world-size``); ``ex``: the same as one
+            :class:`~packtool.executors.ExecutorConfig`, which then replaces them.
+        max_errors: fail once more rows than this are rejected (``None``: no limit).
+        on_error: ``skip`` records a rejected row in ``.packtool/errors.jsonl``; ``fail`` stops.
+
+    Raises:
+        PacktoolError: a problem the user can fix (its message names the fix); a bad
+            setting is a :class:`~packtool.errors.ConfigError` before anything is written.
     """
     _check_on_error(on_error)
+    max_errors = _check_call(cfg, PackConfig, max_errors)
     ex = _executor(ex, workers, executor, ray_address, rank, world_size)
-    if isinstance(src, (list, tuple)):
-        src = Mixture.from_rates(list(src)) if len(src) != 1 else src[0]
+    if not isinstance(src, (str, os.PathLike, Mixture)):  # a list, a tuple, a generator of directories
+        src = list(src)
+        src = Mixture.from_rates(src) if len(src) != 1 else src[0]
     if not dry_run:
         _not_an_input(out_dir, [s.path for s in src.sources] if isinstance(src, Mixture) else [src])
     if isinstance(src, Mixture):

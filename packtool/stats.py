@@ -566,7 +566,12 @@ def summarize(data: StatsData) -> dict:
 def compute_stats(path: str | Path, packed: str | Path | None = None) -> dict:
     """Statistics of a tokenized or packed directory, or of a (tokenized, packed) pair.
 
-    See :func:`load_stats_data` for the arguments and ``schemas/stats.v1.json`` for the shape.
+    Args:
+        path: a tokenized or packed directory.
+        packed: with ``path`` tokenized, the packed directory made from it (see
+            :func:`load_stats_data`).
+
+    Returns the report; ``schemas/stats.v1.json`` gives its shape.
     """
     return summarize(load_stats_data(path, packed))
 

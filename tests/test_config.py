@@ -61,3 +61,53 @@ def test_pack_config_refuses_counts_beyond_int32(settings, message):
 
 def test_pack_config_takes_int32_counts():
     PackConfig(max_tokens=2**31 - 1, max_vision_units=2**31 - 1, text_weight=2**31 - 1, vision_weight=2**31 - 1)
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: PackConfig(max_tokens="8192"), "PackConfig(max_tokens=...) must be an integer, got '8192' (str)"),
+    (lambda: PackConfig(max_tokens=8192.5), "PackConfig(max_tokens=...) must be an integer, got 8192.5 (float)"),
+    (lambda: PackConfig(buffer_size=True), "PackConfig(buffer_size=...) must be an integer, got True (bool)"),
+    (lambda: PackConfig(vision_weight=0.5), "PackConfig(vision_weight=...) must be an integer, got 0.5 (float)"),
+    (lambda: PackConfig(max_vision_units="128"),
+     "PackConfig(max_vision_units=...) must be an integer or None, got '128' (str)"),
+    (lambda: PackConfig(oversize=None), "PackConfig(oversize=...) must be a string, got None (NoneType)"),
+    (lambda: TokenizeConfig(rows_per_shard=None),
+     "TokenizeConfig(rows_per_shard=...) must be an integer, got None (NoneType)"),
+    (lambda: TokenizeConfig(max_errors="5"), "TokenizeConfig(max_errors=...) must be an integer or None, got '5' (str)"),
+    (lambda: TokenizeConfig(fps="2"), "TokenizeConfig(fps=...) must be a number or None, got '2' (str)"),
+    (lambda: TokenizeConfig(group_by_media="no"), "TokenizeConfig(group_by_media=...) must be True or False, got 'no' (str)"),
+    (lambda: TokenizeConfig(model=None), "TokenizeConfig(model=...) must be a string, got None (NoneType)"),
+], ids=["str", "float", "bool", "float-weight", "str-or-none", "none", "tok-none", "tok-str", "fps-str", "bool-str",
+        "model-none"])
+def test_a_setting_of_the_wrong_type_is_a_config_error_naming_it(make, message):
+    with pytest.raises(ConfigError) as err:
+        make()
+    assert str(err.value) == message
+
+
+def test_numpy_numbers_and_paths_are_the_settings_the_flags_give(tmp_path):
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    from packtool import pack_dataset, tokenize_dataset
+
+    cfg = PackConfig(max_tokens=np.int64(8192), buffer_size=np.int32(8), max_samples_per_pack=np.uint8(4))
+    assert cfg == PackConfig(max_tokens=8192, buffer_size=8, max_samples_per_pack=4)
+    assert type(cfg.max_tokens) is int and cfg.digest() == PackConfig(max_tokens=8192, buffer_size=8,
+                                                                       max_samples_per_pack=4).digest()
+    tok = TokenizeConfig(media_root=tmp_path, tokenizer=None, fps=np.float32(2), max_tokens=np.int64(100),
+                         group_by_media=np.bool_(True))
+    assert tok == TokenizeConfig(media_root=str(tmp_path), fps=2.0, max_tokens=100, group_by_media=True)
+    assert type(tok.fps) is float and type(tok.group_by_media) is bool
+    # a whole run with numpy settings writes its manifest (np.int64 is no JSON) and resumes with plain ints
+    (tmp_path / "data.jsonl").write_text('{"conversations": [{"from": "human", "value": "hi"}, '
+                                         '{"from": "gpt", "value": "yes"}]}\n')
+    tokenize_dataset([tmp_path / "data.jsonl"], tmp_path / "tok", TokenizeConfig(media_root=tmp_path,
+                                                                                 rows_per_shard=np.int64(10)))
+    first = pack_dataset(tmp_path / "tok", tmp_path / "packed", cfg)
+    assert json.loads((tmp_path / "packed" / ".packtool" / "manifest.json").read_text())["config"]["max_tokens"] == 8192
+    again = pack_dataset(Path(tmp_path / "tok"), tmp_path / "packed", PackConfig(max_tokens=8192, buffer_size=8,
+                                                                                 max_samples_per_pack=4))
+    assert again["config_digest"] == first["config_digest"]

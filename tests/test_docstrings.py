@@ -47,3 +47,14 @@ def test_the_examples_are_found():
     attempted = {name: doctest.testmod(importlib.import_module(name), report=False).attempted
                  for name in ("packtool.runs", "packtool.vision.qwen", "packtool.stats")}
     assert all(n > 0 for n in attempted.values()), attempted
+
+
+@pytest.mark.parametrize("name", ["tokenize_dataset", "pack_dataset", "compute_stats"])
+def test_help_of_a_library_entry_point_names_every_parameter(name):
+    import inspect
+    import re
+
+    fn = getattr(packtool, name)
+    doc = inspect.getdoc(fn)
+    missing = [p for p in inspect.signature(fn).parameters if not re.search(rf"\b{p}\b", doc)]
+    assert not missing, f"help(packtool.{name}) does not mention {missing}"

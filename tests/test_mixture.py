@@ -633,3 +633,21 @@ def test_copies_of_split_trees_keep_ids_unique_within_their_source(tmp_path):
     pack_dataset(Mixture.from_rates([str(tok)], "2"), out, PackConfig(max_tokens=8192))
     ids = packed_rows(out)["ids"]
     assert sorted(ids) == ["t", "t#1", "t#1#c1", "t#2", "t#2#c1", "t#c1"]
+
+
+def test_from_rates_takes_what_python_holds_as_the_flags_would():
+    flags = Mixture.from_rates(["a", "b", "c"], "1.0,0.1,2.5", seed=3, samples_per_task=6)
+    for paths, rates in [(["a", "b", "c"], [1.0, 0.1, 2.5]), ((p for p in "abc"), np.array([1.0, 0.1, 2.5])),
+                         ([Path("a"), Path("b"), Path("c")], [1, Fraction(1, 10), "2.5"]),
+                         (["a", "b", "c"], [np.float32(1), np.float32(0.1), np.float64(2.5)])]:
+        assert Mixture.from_rates(paths, rates, seed=np.int64(3), samples_per_task=np.int32(6)) == flags
+    one = Mixture.from_rates("tok_a", 2.5)  # one path given alone is one source, not its characters
+    assert [s.to_dict() for s in one.sources] == [{"path": "tok_a", "rate": "2.5"}]
+    assert type(Mixture.from_rates(["a"], seed=np.uint64(7)).seed) is int
+    for kw, message in [({"rates": [1.0]}, "--rates '1.0' gives 1 rate for 2 inputs"),
+                        ({"rates": [1.0, True]}, "input 2: rate 'True' is not a number"),
+                        ({"rates": [1.0, float("nan")]}, "input 2: rate 'nan' is not a number"),
+                        ({"samples_per_task": 10.5}, "samples_per_task 10.5: give a non-negative integer"),
+                        ({"seed": "0"}, "--seed '0': give a non-negative integer")]:
+        with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+            Mixture.from_rates(["a", "b"], **kw)

@@ -20,6 +20,7 @@ from packtool import (  # noqa: E402
     pipeline,  # noqa: E402
     tokenize_dataset,
 )
+from packtool.errors import InputError  # noqa: E402
 from packtool.formats import Rejected, iter_samples, parse_record  # noqa: E402
 from packtool.pipeline import Slice, _line_offsets, _slice_records, plan_tokenize_tasks  # noqa: E402
 
@@ -402,3 +403,47 @@ def test_a_leading_byte_order_mark_is_read_the_same_cut_or_whole(tmp_path):
     assert total is None and [(s.start, s.offset) for t in tasks for s in t] == [(0, None)]
     got = [parse_record(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
     assert len(got) == 29 and not any(isinstance(x, Rejected) for x in got)
+
+
+def test_one_input_path_given_alone_is_one_input_not_the_characters_of_its_name(tmp_path, monkeypatch):
+    # "data.jsonl" iterated is "d", "a", ... and "." (the whole working directory); "/x.jsonl" would be the disk
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "data.jsonl", ['{"id": "a", "conversations": [{"from": "human", "value": "hi"}, '
+                                    '{"from": "gpt", "value": "yes"}]}'])
+    cfg = TokenizeConfig(media_root=str(tmp_path))
+    listed = tokenize_dataset(["data.jsonl"], tmp_path / "listed", cfg)
+    sha = [s["sha256"] for s in listed["shards"]]
+    for name, inputs in [("str", "data.jsonl"), ("path", Path("data.jsonl")), ("gen", (p for p in ["data.jsonl"]))]:
+        got = tokenize_dataset(inputs, tmp_path / name, cfg)
+        assert got["counts"]["samples"] == 1 and [s["sha256"] for s in got["shards"]] == sha, name
+    with pytest.raises(InputError, match="no inputs given"):
+        tokenize_dataset([], tmp_path / "none", cfg)
+
+
+def test_a_stage_called_with_arguments_of_the_wrong_kind_says_which_before_writing(demo_dirs, tmp_path):
+    from packtool.errors import ConfigError
+
+    tok, out = demo_dirs["tokenized"], tmp_path / "out"
+    sample = demo_dirs["sample"]
+    cases = [
+        (lambda: tokenize_dataset([sample / "data.jsonl"], out, {"media_root": str(sample)}),
+         "cfg must be a packtool.TokenizeConfig, got dict"),
+        (lambda: tokenize_dataset([sample / "data.jsonl"], out, PackConfig()),
+         "cfg must be a packtool.TokenizeConfig, got PackConfig"),
+        (lambda: pack_dataset(tok, out, TokenizeConfig()), "cfg must be a packtool.PackConfig, got TokenizeConfig"),
+        (lambda: pack_dataset(tok, out, 8192), "cfg must be a packtool.PackConfig, got int"),
+        (lambda: pack_dataset(tok, out, PackConfig(), max_errors=-1), "--max-errors -1: choose an integer of 0 or more"),
+        (lambda: pack_dataset(tok, out, PackConfig(), max_errors="3"), "--max-errors '3': choose an integer of 0 or"),
+        (lambda: pack_dataset(tok, out, PackConfig(), rank="0", world_size=2),
+         r"ExecutorConfig\(rank=...\) must be an integer, got '0' \(str\)"),
+        (lambda: pack_dataset(tok, out, PackConfig(), workers=2.0), r"\(workers=...\) must be an integer or None"),
+        (lambda: TokenizeConfig(max_errors=-1), "--max-errors -1: choose 0 or more"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            call()
+        assert not out.exists()
+    # a generator of one directory is that directory; numpy counts are counts
+    one = pack_dataset((d for d in [tok]), tmp_path / "gen", PackConfig(max_tokens=8192), max_errors=np.int64(0))
+    assert [s["sha256"] for s in one["shards"]] == [s["sha256"] for s in pack_dataset(
+        tok, tmp_path / "dir", PackConfig(max_tokens=8192))["shards"]]

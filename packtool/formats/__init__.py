@@ -99,6 +99,8 @@ def expand_inputs(inputs: list[Path], present: set[str] = frozenset()) -> list[P
     """
     from ..shards import is_output_dir
 
+    if not inputs:
+        raise InputError("no inputs given; name at least one input file or directory")
     files: list[Path] = []
     for p in inputs:
         if str(p) in present:
