@@ -7,7 +7,8 @@ Three layers, cheapest first; the first problems found are reported, never raise
    ``.packtool/errors.jsonl`` holds known reason codes and as many lines as the counts say;
 2. **every row's invariants** (DESIGN.md §3.2): equal column lengths; ``cu_seqlens``
    starts at 0, rises, ends at the row length and agrees with ``position_ids``
-   (which restart at 0 exactly at each sample start); subsegment ids name the row's
+   (which restart at 0 exactly at each sample start, and at each branch of a tree
+   whose branches share no prefix); subsegment ids name the row's
    sample and its prefix or branch, prefix first; positions continue across a branch
    start from the prefix length; a target is ``-100`` or the next token of the same
    branch, so nothing is predicted across a sample or branch boundary; capacities hold;
@@ -232,8 +233,13 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
             return out
     else:
         cu = np.array([0, n])
+    local = sub % SUBSEGMENT_STRIDE
     starts = np.zeros(n, dtype=bool)
     starts[cu[:-1]] = True
+    # a tree whose branches share no token (text only, differing from the first one, as in the
+    # `plain` template) has no prefix, so each of its branches starts at position 0
+    no_prefix = np.repeat(local[cu[:-1]] != PREFIX_SUBSEGMENT, np.diff(cu))
+    starts[1:] |= no_prefix[1:] & (sub[1:] != sub[:-1])
     resets = pos == 0
     if np.any(resets != starts):
         t = int(np.flatnonzero(resets != starts)[0])
@@ -242,7 +248,6 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
     if kind == "packed" and np.any(sub // SUBSEGMENT_STRIDE != sample_of):
         t = int(np.flatnonzero(sub // SUBSEGMENT_STRIDE != sample_of)[0])
         out.append(f"subsegment id {int(sub[t])} at token {t} does not name its sample {int(sample_of[t])}")
-    local = sub % SUBSEGMENT_STRIDE
     for k in range(len(cu) - 1):
         a, b = int(cu[k]), int(cu[k + 1])
         loc = local[a:b]

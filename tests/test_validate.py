@@ -150,6 +150,30 @@ def test_an_answer_right_after_the_media_is_no_loss_on_placeholders(tmp_path):
     assert [p["what"] for p in report["problems"]] == ["media 0: placeholder tokens are targets"]
 
 
+def test_a_tree_with_no_shared_prefix_restarts_positions_at_each_branch(tmp_path):
+    """A text-only tree under ``plain`` (no BOS, no system turn) whose questions differ from their
+    first token has an empty prefix: each branch continues from the prefix length 0. That is
+    not a position restart inside a sample; a restart inside a branch still is."""
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+
+    src = tmp_path / "tree.jsonl"
+    src.write_text(json.dumps({"id": "t", "message_list": [{"question": "Colour?", "answer": "Red."},
+                                                            {"question": "Shape?", "answer": "Round."}]}) + "\n")
+    tokenize_dataset([src], tmp_path / "tok", TokenizeConfig(template="plain"), workers=1)
+    pack_dataset(tmp_path / "tok", tmp_path / "packed", PackConfig(max_tokens=64), workers=1)
+    for d in ("tok", "packed"):
+        report = validate_dir(tmp_path / d)
+        assert (report["ok"], report["problems"]) == (True, []), d
+
+    def edit(row):
+        assert row["subsegment_ids"][0] == 0, "the tree has no prefix"
+        row["position_ids"][2] = 0
+
+    rewrite_row(tmp_path / "packed", edit)
+    whats = [p["what"] for p in validate_dir(tmp_path / "packed")["problems"]]
+    assert any("position_ids restart at 0 where cu_seqlens does not start a sample" in w for w in whats), whats
+
+
 def test_media_span_off_its_placeholders_is_caught(packed):
     def edit(row):
         row["media"][0]["token_offset"] -= 1  # now starts on <|vision_start|>
