@@ -12,7 +12,8 @@ Three layers, cheapest first; the first problems found are reported, never raise
    sample and its prefix or branch, prefix first; positions continue across a branch
    start from the prefix length; a target is ``-100`` or the next token of the same
    branch, so nothing is predicted across a sample or branch boundary; capacities hold;
-   media spans lie inside their sample, are never a target, add up to the row's vision units
+   media spans lie inside their sample, in row order without overlap, are never a target,
+   add up to the row's vision units
    and hold what the family lays out for the item (:func:`span_problem`);
 3. **embedded media decodes** (packed, ``--media embed``): each image and video frame
    opens and decodes with Pillow.
@@ -290,12 +291,18 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
         if m["kind"] == "image":
             k = int(m.get("sample_index", 0) or 0)
             n_images[k] = n_images.get(k, 0) + 1
+    end = 0  # where the span before ends
     for j, m in enumerate(row["media"]):
         off, cnt = int(m["token_offset"]), int(m["n_tokens"])
         units += int(m["vision_units"])
         if off < 0 or cnt <= 0 or off + cnt > n:
             out.append(f"media {j}: span {off}..{off + cnt} outside the row of {n} tokens")
             continue
+        # pixels are handed over in media order and the model fills the placeholders in row order
+        if off < end:
+            out.append(f"media {j}: span {off}..{off + cnt} starts before the span before it ends, at {end} "
+                       "(spans overlap or are not in row order)")
+        end = off + cnt
         span = ids[off:off + cnt]
         what = None
         if family is not None:

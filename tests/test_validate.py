@@ -174,6 +174,34 @@ def test_a_tree_with_no_shared_prefix_restarts_positions_at_each_branch(tmp_path
     assert any("position_ids restart at 0 where cu_seqlens does not start a sample" in w for w in whats), whats
 
 
+@pytest.mark.parametrize("change", ["swap", "overlap"])
+def test_media_spans_out_of_row_order_or_overlapping_are_caught(tmp_path, change):
+    """Two images of one layout: every span alone holds a right layout, but the trainer hands
+    pixels over in media order and the model fills placeholders in row order, so spans listed
+    out of row order (or one span claimed twice, the other image's placeholders by none) are damage."""
+    from PIL import Image
+
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+
+    for name, colour in (("a.png", (9, 99, 199)), ("b.png", (199, 99, 9))):
+        Image.new("RGB", (64, 48), colour).save(tmp_path / name)
+    src = tmp_path / "two.jsonl"
+    src.write_text(json.dumps({"id": "two", "image": ["a.png", "b.png"], "conversations": [
+        {"from": "human", "value": "<image> and <image>?"}, {"from": "gpt", "value": "Two boxes."}]}) + "\n")
+    tokenize_dataset([src], tmp_path / "tok", TokenizeConfig(media_root=str(tmp_path), model="fixed:4"), workers=1)
+    pack_dataset(tmp_path / "tok", tmp_path / "packed", PackConfig(max_tokens=128), workers=1)
+    assert validate_dir(tmp_path / "packed")["ok"]
+
+    def edit(row):
+        a, b = row["media"]
+        a["token_offset"], b["token_offset"] = (b["token_offset"], a["token_offset"]) if change == "swap" else (
+            a["token_offset"], a["token_offset"])
+
+    rewrite_row(tmp_path / "packed", edit)
+    whats = [p["what"] for p in validate_dir(tmp_path / "packed")["problems"]]
+    assert len(whats) == 1 and whats[0].startswith("media 1: span ") and "not in row order" in whats[0], whats
+
+
 def test_media_span_off_its_placeholders_is_caught(packed):
     def edit(row):
         row["media"][0]["token_offset"] -= 1  # now starts on <|vision_start|>
