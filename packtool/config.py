@@ -243,7 +243,30 @@ class PackConfig(_Digestible):
             raise ConfigError("--max-samples-per-pack must be at least 1")
 
 
-def config_diff(old: dict, new: dict) -> list[str]:
-    """Human-readable differences between two config dicts (for resume refusals)."""
-    keys = sorted(set(old) | set(new))
-    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+def config_diff(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Human-readable differences between two config dicts (for resume refusals).
+
+    Nested settings are named by their path, so a mixture resumed with another seed reads
+    ``mixture.seed: 0 -> 1``, not as both whole mixtures; an entry one side lacks is ``None``,
+    and an entry with another ``path`` (a mixture's sources in another order) is named by it alone.
+
+    Example:
+        >>> config_diff({"max_tokens": 8192, "mixture": {"seed": 0, "sources": [{"rate": "1"}]}},
+        ...             {"max_tokens": 8192, "mixture": {"seed": 1, "sources": [{"rate": "2.5"}]}})
+        ['mixture.seed: 0 -> 1', "mixture.sources[0].rate: '1' -> '2.5'"]
+    """
+    out = []
+    for k in sorted(set(old) | set(new)):  # one type a dict: names, or a list's indices
+        a, b = old.get(k), new.get(k)
+        if a == b:
+            continue
+        name = f"{prefix}.{k}" if prefix and isinstance(k, str) else f"{prefix}[{k}]" if prefix else str(k)
+        if isinstance(a, list) and isinstance(b, list):
+            a, b = dict(enumerate(a)), dict(enumerate(b))
+        if isinstance(a, dict) and isinstance(b, dict) and a.get("path") != b.get("path"):
+            out.append(f"{name}.path: {a.get('path')!r} -> {b.get('path')!r}")  # another source: its settings differ too
+        elif isinstance(a, dict) and isinstance(b, dict):
+            out += config_diff(a, b, name)
+        else:
+            out.append(f"{name}: {a!r} -> {b!r}")
+    return out

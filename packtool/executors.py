@@ -34,10 +34,12 @@ import logging
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,7 +194,6 @@ def _pool_init(q, driver: int, env: dict[str, str]) -> None:
         os.environ.clear()
         os.environ.update(env)
     # Workers leave the interrupt to the driver, which terminates the pool.
-    import signal
     import threading
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -290,6 +291,40 @@ class _MainHidden:
             setattr(self.main, k, v)
 
 
+@contextmanager
+def _interrupt_held() -> Iterator[None]:
+    """Hold Ctrl-C back while the pool starts its processes; it arrives when they are started.
+
+    Ctrl-C reaches the whole process group. A process the pool was starting then printed a
+    traceback beside the driver's ``Error: interrupted``: the forkserver while it imported
+    its preload (before it ignores SIGINT), or a worker the interrupt caught between its fork
+    and the pool's record of it, which was not stopped with the others and failed to unpickle
+    its start data once the stopping driver had removed the queue's semaphore. Here SIGINT is
+    blocked, so the processes started meanwhile inherit the block and never see it (CPython
+    starts its resource tracker the same way), and the driver's handler only notes it (another
+    thread of the driver may take the signal), to raise it once every worker is recorded.
+    """
+    import threading
+
+    if not hasattr(signal, "pthread_sigmask"):  # no signal masks (Windows): as before
+        yield
+        return
+    caught: list[int] = []
+    # only the main thread sets handlers; None: a handler Python did not install, left alone
+    old = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if old is not None:
+        signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        if old is not None:
+            signal.signal(signal.SIGINT, old)
+        if caught:
+            signal.raise_signal(signal.SIGINT)  # through the handler in place again: KeyboardInterrupt
+
+
 def _run_pool(fn, tasks, workers, progress, collect, preload: str) -> None:
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
@@ -302,7 +337,7 @@ def _run_pool(fn, tasks, workers, progress, collect, preload: str) -> None:
                                initargs=(q, os.getpid(), dict(os.environ)))
     ok = False
     try:
-        with _MainHidden():
+        with _MainHidden(), _interrupt_held():  # submit starts the forkserver and the workers
             futures = {pool.submit(_pool_entry, fn, task, os.getpid()): i for i, task in enumerate(tasks)}
         drained = reported = 0
         while futures:

@@ -731,7 +731,8 @@ def _run_diff(old: dict, new: dict) -> list[str]:
     if old.get("kind") != new.get("kind"):
         diff.append(f"kind: {old.get('kind')} -> {new.get('kind')}")
     # max_errors decides when to stop, not what is written: a resume may change it
-    diff += [d for d in config_diff(old.get("config", {}), new.get("config", {})) if not d.startswith("max_errors:")]
+    settings = [d for d in config_diff(old.get("config", {}), new.get("config", {})) if not d.startswith("max_errors:")]
+    diff += settings[:5] + ([f"and {len(settings) - 5} more settings"] if len(settings) > 5 else [])
     if old.get("world_size") != new.get("world_size"):
         diff.append(f"world_size: {old.get('world_size')} -> {new.get('world_size')}")
     changed = _changed_inputs(old.get("inputs"), new.get("inputs"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -138,6 +139,40 @@ def test_ctrl_c_during_a_forkserver_preload_prints_no_traceback(preload, tmp_pat
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate("go\n", timeout=120)
     assert (proc.returncode, out, err) == (0, "", "")
+
+
+def test_ctrl_c_while_a_pool_starts_reaches_only_the_driver(tmp_path):
+    """Ctrl-C reaches the whole process group. While a pool started (its forkserver importing
+    the preload, up to seconds on a busy machine; a worker being forked) the processes being
+    started printed tracebacks beside the driver's ``Error: interrupted``: the forkserver's
+    ``KeyboardInterrupt`` from its imports, and a worker forked after the driver stopped its
+    pool, which died unpickling the queue's semaphore the stopping driver had removed. The
+    interrupt lands here while the forkserver's preload waits, every time."""
+    (tmp_path / "ready_then_wait.py").write_text("import sys\nprint('ready', flush=True)\nsys.stdin.readline()\n"
+                                                 "import packtool.preload.packing  # noqa: E402, F401\n")
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            "from test_executors import square\n"
+            "from packtool.executors import ExecutorConfig, run_tasks\n"
+            "try:\n"
+            "    run_tasks(square, [1, 2, 3, 4], ExecutorConfig(workers=2), preload='ready_then_wait')\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted', flush=True)\n")
+    # the forkserver imports its preload from the path it starts with, not the driver's sys.path
+    path = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env={**os.environ, "PYTHONPATH": path})
+    try:
+        assert proc.stdout.readline() == "ready\n"  # the forkserver, mid-preload; the driver waits for its workers
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole process group
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+        # reaped before reading to the end: a worker left running stops once its driver is gone
+        assert proc.wait(timeout=120) == 0
+        assert (proc.stdout.read(), proc.stderr.read()) == ("interrupted\n", "")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def test_importing_the_preload_package_outside_a_forkserver_keeps_ctrl_c():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from collections import Counter
 from fractions import Fraction
@@ -381,6 +382,28 @@ def test_ranks_then_merge_give_the_same_bytes_and_a_resume_keeps_the_mixture(sou
     assert r.returncode == 1
     assert "holds a finished run of these settings, but input files changed since" in r.stderr
     assert str(changed / "part-00000-00000.parquet") in r.stderr
+
+
+@pytest.mark.jit
+def test_a_resume_with_another_seed_rates_or_source_order_is_refused_naming_what_differs(sources, mixed, tmp_path):
+    """The refusal printed both whole mixtures (every source's path, rate, digest and counts,
+    twice) instead of the setting that differs."""
+    out = tmp_path / "mixed"
+    shutil.copytree(mixed, out)
+    (out / ".packtool" / "manifest.json").unlink()  # killed after task 0, before the manifest
+    for marker in sorted((out / ".packtool").glob("task-*.json"))[1:]:
+        marker.unlink()
+    a, b, c = (str(sources / f"tok_{n}") for n in SIZES)
+    for args, named in [((a, b, c, "--rates", "1.0,2.5,0.2", "--seed", "1"), "mixture.seed: 0 -> 1"),
+                        ((a, b, c, "--rates", "1.0,2.5,0.3"), "mixture.sources[2].rate: '0.2' -> '0.3'; "
+                                                              "mixture.sources[2].requested: 3 -> 4"),
+                        ((b, a, c, "--rates", "2.5,1.0,0.2"), f"mixture.sources[0].path: {a!r} -> {b!r}; "
+                                                              f"mixture.sources[1].path: {b!r} -> {a!r}")]:
+        r = run("pack", *args, "-o", str(out), "--max-tokens", "8192", "--samples-per-task", "6", "--quiet")
+        assert r.returncode == 1, r.stderr
+        assert f"holds an unfinished run with other settings ({named}); resume it with the same command" in r.stderr
+    pack_cli(sources, out, "--rates", "1.0,2.5,0.2", "--samples-per-task", "6")
+    assert (out / ".packtool" / "manifest.json").read_bytes() == (mixed / ".packtool" / "manifest.json").read_bytes()
 
 
 @pytest.mark.jit
