@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["TokenizeConfig", "PackConfig", "config_diff", "digest_of", "check_range", "check_types", "INT32_MAX"]
+__all__ = ["TokenizeConfig", "PackConfig", "config_diff", "digest_of", "check_range", "check_types", "whole_number", "INT32_MAX"]
 
 #: The largest int32: shards store token and vision-unit counts, image sizes and grids as int32,
 #: so a setting that ends up in one of those columns is refused above it.
@@ -52,6 +52,20 @@ INT32_WHY = "the largest int32, the type of the shards' token, unit and size col
 WEIGHT_WHY = "the largest int32, so a sample's value, the weight times an int32 count, fits int64"
 
 
+def whole_number(value: object) -> int:
+    """``value`` as a plain ``int``: an ``int`` or a numpy or torch integer, never a bool, a
+    float or a string (``TypeError``). Settings from Python often come from numpy or the
+    environment; each caller words the error for its own argument.
+
+    Example:
+        >>> whole_number(np.int64(3)), type(whole_number(np.int64(3))).__name__
+        (3, 'int')
+    """
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{value!r} is a bool, not a count")
+    return operator.index(value)  # type: ignore[arg-type]
+
+
 def check_types(config: object) -> None:
     """Refuse a field of the dataclass ``config`` of the wrong type with a :class:`ConfigError`
     naming it, and store numpy numbers and paths as the plain ``int``, ``float`` and ``str``
@@ -72,7 +86,7 @@ def check_types(config: object) -> None:
             if isinstance(value, (bool, np.bool_)) and kind != "bool":
                 raise TypeError
             if kind == "int":
-                plain: object = operator.index(value)  # int and numpy integers; never a float or a string
+                plain: object = whole_number(value)
             elif kind == "float":
                 if not isinstance(value, numbers.Real):
                     raise TypeError

@@ -37,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import json
 import numbers
-import operator
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -47,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import INT32_MAX
+from .config import INT32_MAX, whole_number
 from .errors import ConfigError
 from .storage import is_url
 
@@ -121,9 +120,7 @@ def _rate(value: object, where: str) -> Fraction:
 def _count(value: object, flag: str) -> int:
     """``value`` as a plain ``int`` (numpy integers too); a float, a string or a bool is a ConfigError."""
     try:
-        if isinstance(value, bool):
-            raise TypeError
-        return operator.index(value)  # type: ignore[arg-type]
+        return whole_number(value)
     except TypeError:
         raise ConfigError(f"{flag} {value!r}: give a non-negative integer") from None
 

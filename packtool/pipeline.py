@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import math
-import operator
 import os
 import re
 from collections import Counter
@@ -34,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import PackConfig, TokenizeConfig, digest_of
+from .config import PackConfig, TokenizeConfig, digest_of, whole_number
 from .errors import (
     ConfigError,
     InputError,
@@ -195,9 +194,7 @@ def _check_call(cfg: object, kind: type, max_errors: object = None) -> int | Non
     if max_errors is None:
         return None
     try:
-        if isinstance(max_errors, (bool, np.bool_)):
-            raise TypeError
-        count = operator.index(max_errors)
+        count = whole_number(max_errors)
     except TypeError:
         count = -1
     if count < 0:

@@ -51,7 +51,6 @@ import hashlib
 import io
 import logging
 import math
-import operator
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -62,6 +61,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from ..config import whole_number
 from ..errors import ConfigError, InputError, ResumeMismatchError
 from ..runs import expand_table
 from ..schema import PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
@@ -517,9 +517,7 @@ def _whole(name: str, value: Any) -> int:
         3
     """
     try:
-        if isinstance(value, (bool, np.bool_)):
-            raise TypeError
-        return operator.index(value)  # int, numpy and torch integers; never a float or a string
+        return whole_number(value)
     except TypeError:
         raise ConfigError(f"{name} must be an integer, got {value!r} ({type(value).__name__}); pass {name}=int(...) "
                           "(environment variables such as RANK are strings)") from None
