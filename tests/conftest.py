@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "examples" / "sample"
+
+
+def pytest_configure(config):
+    """A test run started as a background job of a non-interactive shell (``cmd &`` in a
+    script) inherits SIGINT ignored, and so would every command its tests start: the tests of
+    Ctrl-C (SIGINT sent to a command) would see it ignored. The run takes the default back."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
