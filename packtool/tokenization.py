@@ -243,6 +243,7 @@ class HFTokenizer(Tokenizer):
         # special-token strings typed in user text must stay ordinary text: only the
         # template places special tokens (by id)
         self._tok.encode_special_tokens = True
+        self._mark_qwen_tags_special()
         self.name = name or str(file.parent.name if path.is_dir() else file.name)
         self._special: dict[str, int] = {}
         #: role → token text from tokenizer_config.json (``bos_token``, ``eos_token`` ...)
@@ -262,6 +263,25 @@ class HFTokenizer(Tokenizer):
                     text = value.get("content") if isinstance(value, dict) else value
                     if isinstance(text, str):
                         self.named_tokens[key] = text
+
+    def _mark_qwen_tags_special(self) -> None:
+        """Mark Qwen's tags that a ``tokenizer.json`` lists as ordinary added tokens as special.
+
+        Qwen's files flag ``<tool_call>``, ``<think>``, ``<|fim_prefix|>`` … ``"special": false``,
+        and ``encode_special_tokens`` skips only special ones, so a user typing ``<tool_call>``
+        got the tag's id, where the embedded vocabulary (the same ids) gives ordinary text.
+        Only the tags of :data:`QWEN2_SPECIAL_TOKENS` and :data:`QWEN3_ADDED_TOKENS` are
+        marked: other vocabularies' ordinary added tokens (words, HTML tags) stay tokens.
+        Ids are unchanged; the template still places these tags by id.
+        """
+        from tokenizers import AddedToken
+
+        tags = [t for t in self._tok.get_added_tokens_decoder().values()
+                if not t.special and (t.content in QWEN2_SPECIAL_TOKENS or t.content in QWEN3_ADDED_TOKENS)]
+        if tags:
+            self._tok.add_special_tokens([AddedToken(t.content, single_word=t.single_word, lstrip=t.lstrip,
+                                                     rstrip=t.rstrip, normalized=t.normalized, special=True)
+                                          for t in tags])
 
     def _encode_many(self, texts: list[str]) -> list[list[int]]:
         # add_special_tokens=False: the template places BOS/EOS itself.

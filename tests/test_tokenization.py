@@ -43,6 +43,26 @@ def test_tokenizer_json_file_and_model_dir(tmp_path):
         by_dir.special_id("<|im_start|>")
 
 
+def test_qwen_tags_listed_as_ordinary_added_tokens_stay_text_when_typed(tmp_path):
+    """Qwen's tokenizer.json flags <tool_call>, <think> … as non-special added tokens; typed in a
+    turn they are ordinary text, as with the embedded vocabulary, and the template still places
+    them by id. Another vocabulary's ordinary added token (here an HTML tag) stays a token."""
+    from tokenizers import AddedToken, Tokenizer
+
+    d = trained_tokenizer(tmp_path / "m", ["<|im_start|>", "<|im_end|>"])
+    raw = Tokenizer.from_file(str(d / "tokenizer.json"))
+    raw.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("<tool_call>", "<think>", "<table>")])
+    raw.save(str(d / "tokenizer.json"))
+    tok = HFTokenizer(d)
+    call, think, table = (tok.special_id(t) for t in ("<tool_call>", "<think>", "<table>"))
+    assert (call, think, table) == (raw.token_to_id("<tool_call>"), raw.token_to_id("<think>"), raw.token_to_id("<table>"))
+    text = "say <tool_call> or <think> in a <table>"
+    ids = tok.encode(text)
+    assert call not in ids and think not in ids and table in ids
+    assert tok.decode(ids) == text
+    assert tok.identity()["vocab_size"] == raw.get_vocab_size()
+
+
 def test_model_dir_special_tokens_from_tokenizer_config(tmp_path):
     d = trained_tokenizer(tmp_path / "m", SPECIALS)
     # a model dir whose config maps an extra special token onto an existing id
