@@ -36,7 +36,8 @@ ChatML (Qwen2-VL / Qwen2.5-VL), one image, one turn::
     <|im_start|>assistant\\nA cat.<|im_end|>\\n
                           ^^^^^^^^^^^^^^^^^^ loss
 
-``llama3`` opens every sequence with ``<|begin_of_text|>``; ``molmo2`` with the Molmo2
+``llama3`` opens every sequence with ``<|begin_of_text|>`` and strips whitespace from both ends of
+every turn's content, as Llama 3's template does (``message['content'] | trim``); ``molmo2`` with the Molmo2
 tokenizer's BOS (its generation config sets ``bos_token_id`` to ``<|im_end|>``'s id) and
 moves every media item to the start of the first user turn, where the Molmo2 processor
 puts the image tokens.
@@ -82,7 +83,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .errors import ConfigError, SampleError
-from .records import Message, ToolCall
+from .records import Message, Part, ToolCall
 
 __all__ = ["Template", "get_template", "TEMPLATES", "Segment", "tojson"]
 
@@ -138,6 +139,8 @@ class Template:
         model: the model family the template is for, named in messages.
         default_tokenizer: the embedded vocabulary used when ``--tokenizer`` is not given
             (``qwen3-vl``: ``qwen3``, whose tool and think tags are single tokens).
+        trim_content: strip whitespace from both ends of every turn's content, as Llama 3's
+            template does (``message['content'] | trim``).
     """
 
     name: str
@@ -155,6 +158,7 @@ class Template:
     reasoning: bool = False
     model: str = ""
     default_tokenizer: str | None = None
+    trim_content: bool = False
 
     def render(self, messages: tuple[Message, ...], system_prompt: str | None = None, tools: tuple[dict, ...] = (),
                reasoning_loss: bool = True) -> list[Segment]:
@@ -184,6 +188,8 @@ class Template:
         """:meth:`render` of any conversation (tools, reasoning, hoisted media, every error)."""
         if not messages:
             raise SampleError("empty_conversation", "the conversation has no turns")
+        if self.trim_content:
+            messages, system_prompt = _trimmed_all(messages, system_prompt)
         msgs = list(messages)
         self._check_tools(msgs, tools)
         segs: list[Segment] = []
@@ -244,6 +250,8 @@ class Template:
         """
         if self.hoist_media:
             return None
+        if self.trim_content:
+            messages, system_prompt = _trimmed_all(messages, system_prompt)
         ends = _role_ends(self)
         segs: list[Segment] = [("special", self.bos, 1, False)] if self.bos else []
         if messages[0].role != "system":
@@ -415,6 +423,33 @@ def _body(msg: Message, loss: bool, body: list[Segment] | None = None) -> list[S
     return body
 
 
+def _trimmed_all(messages: tuple[Message, ...], system_prompt: str | None) -> tuple[tuple[Message, ...], str | None]:
+    """Every turn :func:`_trimmed`, and the system prompt stripped (it is a turn's content too)."""
+    return tuple(map(_trimmed, messages)), (system_prompt.strip() if system_prompt is not None else None)
+
+
+def _trimmed(msg: Message) -> Message:
+    """``msg`` with the whitespace at both ends of its content removed (Jinja's ``trim``, which is
+    ``str.strip``); media parts are not whitespace, so only text before the first and after the
+    last media part is touched.
+
+    Example: parts ``(" ", "\\nHi ", <image>, " ok\\n")`` → ``("Hi ", <image>, " ok")``.
+    """
+    parts = list(msg.parts)
+    for step in (1, -1):
+        k = 0 if step == 1 else len(parts) - 1
+        while 0 <= k < len(parts) and parts[k].kind == "text":
+            text = parts[k].text.lstrip() if step == 1 else parts[k].text.rstrip()
+            if text:
+                parts[k] = Part.of_text(text)
+                break
+            del parts[k]
+            k = 0 if step == 1 else len(parts) - 1
+    if len(parts) == len(msg.parts) and all(a is b for a, b in zip(parts, msg.parts, strict=True)):
+        return msg
+    return Message(msg.role, tuple(parts), msg.tool_calls, msg.reasoning, msg.tool_call_id)
+
+
 def _split_reasoning(msg: Message) -> tuple[str, str]:
     """``(reasoning, answer)`` of an assistant turn, split as Qwen3's template splits it.
 
@@ -508,6 +543,7 @@ TEMPLATES: dict[str, Template] = {
         turn_newline="",
         bos="<|begin_of_text|>",
         model="Llama 3",
+        trim_content=True,
     ),
     "molmo2": Template(
         name="molmo2",

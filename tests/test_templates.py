@@ -228,3 +228,42 @@ def test_one_pass_render_matches_the_general_path(name):
         assert got == want, f"seed {seed}, case {case}: {msgs!r}"
     # molmo2 moves media: always the general path
     assert (taken == 0) if template.hoist_media else (taken > 50), f"seed {seed}: the one-pass render took {taken} of 600"
+
+
+#: Meta-Llama-3-8B-Instruct's ``chat_template`` (tokenizer_config.json), word for word.
+LLAMA3_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+
+
+def test_llama3_trims_each_turn_as_the_published_template(media_root):
+    """Llama 3's template writes ``message['content'] | trim``: whitespace at a turn's edges is dropped
+    (it was kept, and trained on, before). Checked against the published template, seeded."""
+    import random
+
+    from tokenizers import Tokenizer
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    rng = random.Random(1700)
+    pieces = ["", " ", "\n", "\n\n", "\t", " Hi", "Hi ", "A cat.", "a\n b", "  \n"]
+    tok = load_tokenizer(str(media_root / "tiny-llama3"))
+    ctx = EncodeContext(tok, get_template("llama3"), get_family("fixed:3"), media_root)
+    compiled = _compile_jinja_template(LLAMA3_TEMPLATE)
+    whole = Tokenizer.from_file(str(media_root / "tiny-llama3" / "tokenizer.json"))  # parses the template's specials
+    for case in range(40):
+        roles = (["system"] if rng.random() < 0.5 else []) + ["user", "assistant"] * rng.randint(1, 2)
+        turns = [(role, "".join(rng.choice(pieces) for _ in range(3)) or "x") for role in roles]
+        sample = Sample("s", "src", 0, (), (tuple(Message(r, (Part.of_text(t),)) for r, t in turns),))
+        [row], [] = encode_samples([sample], ctx)
+        text = compiled.render(messages=[{"role": r, "content": t} for r, t in turns], bos_token="<|begin_of_text|>",
+                               add_generation_prompt=False)
+        assert row["input_ids"].tolist() == whole.encode(text, add_special_tokens=False).ids, f"case {case}: {turns!r}"
+    # media are not whitespace: only the text outside them is trimmed
+    img = Message("user", (Part.of_text(" \n"), Part.media("image", 0), Part.of_text(" What is it? \n")))
+    _, [row], _ = encode("llama3", media_root, two_turns(img, Message("assistant", (Part.of_text("\nA cat.\n"),))))
+    assert tok.decode(row["input_ids"].tolist()) == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n<|image_pad|><|image_pad|><|image_pad|> What is "
+        "it?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nA cat.<|eot_id|>")
