@@ -242,6 +242,28 @@ def test_gzip_and_zstd_jsonl(tmp_path):
     assert all(isinstance(s, Sample) for s in got)
 
 
+@pytest.mark.parametrize("name", ["inline.json", "inline.json.gz"])
+def test_jsonl_named_json_with_lines_longer_than_a_peek(tmp_path, name):
+    """JSONL saved as ``.json`` whose records carry inline images (data URIs of 100+ KiB): each
+    line is its own row, not the whole file one ``bad_json`` row telling the user to convert to
+    the JSONL it already is."""
+    import numpy as np
+
+    noise = np.random.default_rng(7).integers(0, 256, (200, 200, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(noise).save(buf, format="PNG")
+    uri = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    assert len(uri) > 1 << 16
+    records = [{"id": f"s{i}", "messages": [{"role": "user", "content": "<image>What is it?"},
+                                            {"role": "assistant", "content": "Noise."}], "images": [uri]}
+               for i in range(3)]
+    body = "".join(json.dumps(r) + "\n" for r in records).encode()
+    (tmp_path / name).write_bytes(gzip.compress(body) if name.endswith(".gz") else body)
+    got = read_all(tmp_path / name)
+    assert [(s.sample_id, s.source_row) for s in got] == [("s0", 0), ("s1", 1), ("s2", 2)], got
+    assert all(s.media[0].data == buf.getvalue() for s in got)
+
+
 def test_zstd_missing_names_the_extra(tmp_path, monkeypatch):
     import sys
 
