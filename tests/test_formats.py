@@ -164,6 +164,27 @@ def test_swift_paths_data_uris_and_typed_parts(tmp_path):
     assert s2.branches[0] == (U(IMG("image", 0), T("Colour?")), A("Red."))
 
 
+def test_typed_parts_that_name_their_own_media(tmp_path):
+    """A part naming its image under transformers' ``url`` / ``path`` / ``base64`` keys or
+    OpenAI's ``image_url`` (string or ``{"url", "detail"}``) is that image: not a tag for an
+    ``images`` list the record does not have (``placeholder_mismatch``), nor an unknown part."""
+    raw = png_bytes(33, 21)
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "b.png").write_bytes(png_bytes(52, 18))
+    b64 = base64.b64encode(raw).decode()
+    parts = [{"type": "image", "url": "images/b.png"}, {"type": "image", "path": "images/b.png"},
+             {"type": "image", "base64": b64}, {"type": "image", "image": None, "url": None, "path": "images/b.png"},
+             {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64, "detail": "high"}},
+             {"type": "image_url", "image_url": "images/b.png"}]
+    recs = [{"messages": [{"role": "user", "content": [part, {"type": "text", "text": "Size?"}]},
+                          {"role": "assistant", "content": "Small."}]} for part in parts]
+    got = read_all(write_jsonl(tmp_path / "parts.jsonl", recs))
+    assert all(isinstance(s, Sample) for s in got), got
+    assert [s.media for s in got] == [(MediaRef("image", "images/b.png"),)] * 2 + [(MediaRef("image", None, raw),)] + [
+        (MediaRef("image", "images/b.png"),), (MediaRef("image", None, raw),), (MediaRef("image", "images/b.png"),)]
+    assert all(s.branches[0][0] == U(IMG("image", 0), T("Size?")) for s in got)
+
+
 def test_swift_remote_url_is_missing_media(tmp_path):
     rec = {"messages": [{"role": "user", "content": "<image>Hi"}, {"role": "assistant", "content": "Hello"}],
            "images": ["https://example.com/cat.jpg"]}
