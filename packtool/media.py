@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import stat
 import warnings
 from dataclasses import dataclass
@@ -331,12 +332,50 @@ def _tail(source: Path | bytes, n: int = _TAIL) -> tuple[bytes, int]:
         return fh.read(), size
 
 
+def _whole(source: Path | bytes) -> bytes:
+    if isinstance(source, bytes):
+        return source
+    with _open_rb(source) as fh:
+        return fh.read()
+
+
+#: A JPEG marker other than a stuffed ``FF00``, a restart ``FFD0``-``FFD7`` or ``TEM`` (none of
+#: which ends a scan), after any ``FF`` fill bytes.
+_JPEG_MARKER = re.compile(rb"\xff+([^\x00\x01\xd0-\xd7\xff])")
+
+
+def _jpeg_end(data: bytes) -> int | None:
+    """The offset just past a JPEG's end-of-image marker, found by walking its segments from the
+    start, or ``None`` when the file ends first (truncated).
+
+    Marker segments are skipped by their lengths, so an ``FFD9`` inside one (the end of an EXIF
+    thumbnail) is not taken for the end; entropy-coded scan data runs to the next marker.
+
+    Example:
+        >>> _jpeg_end(b"\\xff\\xd8\\xff\\xe0\\x00\\x04\\xff\\xd9\\xff\\xda\\x00\\x02\\x12\\xff\\x00\\xff\\xd9MP4...")
+        17
+    """
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    i = 2
+    while (m := _JPEG_MARKER.search(data, i)) is not None:
+        i = m.end()
+        if m.group(1) == b"\xd9":
+            return i
+        if i + 2 > len(data):
+            return None
+        i += int.from_bytes(data[i : i + 2], "big")  # the length counts its own two bytes
+    return None
+
+
 def verify_complete(source: Path | bytes, fmt: str) -> None:
     """Cheap truncation check from the file's tail (no decode).
 
-    JPEG must hold the end-of-image marker ``FFD9`` in its last 4 KiB (trailing bytes
-    after it are tolerated, as decoders do), PNG an ``IEND`` chunk, GIF ends with the
-    ``;`` trailer, WebP's RIFF size must fit the file. Other formats are not checked.
+    JPEG must hold the end-of-image marker ``FFD9`` in its last 4 KiB, or else (a phone's
+    motion photo, an MP4 appended after the picture) its segments, walked from the start,
+    must reach one: bytes after it are tolerated, as decoders do. PNG needs an ``IEND``
+    chunk, GIF ends with the ``;`` trailer, WebP's RIFF size must fit the file. Other
+    formats are not checked.
 
     Raises:
         SampleError: ``corrupt_image`` naming what is missing.
@@ -345,7 +384,7 @@ def verify_complete(source: Path | bytes, fmt: str) -> None:
     if fmt not in ("JPEG", "MPO", "PNG", "GIF", "WEBP"):
         return
     tail, size = _tail(source)
-    if fmt in ("JPEG", "MPO") and b"\xff\xd9" not in tail:
+    if fmt in ("JPEG", "MPO") and b"\xff\xd9" not in tail and _jpeg_end(_whole(source)) is None:
         raise SampleError("corrupt_image", f"truncated JPEG: no end-of-image marker in the last {_TAIL} bytes of {size:,}")
     if fmt == "PNG" and b"IEND" not in tail[-64:]:
         raise SampleError("corrupt_image", f"truncated PNG: no IEND chunk at the end of {size:,} bytes")

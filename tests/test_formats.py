@@ -164,6 +164,27 @@ def test_swift_paths_data_uris_and_typed_parts(tmp_path):
     assert s2.branches[0] == (U(IMG("image", 0), T("Colour?")), A("Red."))
 
 
+def test_typed_parts_that_name_their_own_media(tmp_path):
+    """A part naming its image under transformers' ``url`` / ``path`` / ``base64`` keys or
+    OpenAI's ``image_url`` (string or ``{"url", "detail"}``) is that image: not a tag for an
+    ``images`` list the record does not have (``placeholder_mismatch``), nor an unknown part."""
+    raw = png_bytes(33, 21)
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "b.png").write_bytes(png_bytes(52, 18))
+    b64 = base64.b64encode(raw).decode()
+    parts = [{"type": "image", "url": "images/b.png"}, {"type": "image", "path": "images/b.png"},
+             {"type": "image", "base64": b64}, {"type": "image", "image": None, "url": None, "path": "images/b.png"},
+             {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64, "detail": "high"}},
+             {"type": "image_url", "image_url": "images/b.png"}]
+    recs = [{"messages": [{"role": "user", "content": [part, {"type": "text", "text": "Size?"}]},
+                          {"role": "assistant", "content": "Small."}]} for part in parts]
+    got = read_all(write_jsonl(tmp_path / "parts.jsonl", recs))
+    assert all(isinstance(s, Sample) for s in got), got
+    assert [s.media for s in got] == [(MediaRef("image", "images/b.png"),)] * 2 + [(MediaRef("image", None, raw),)] + [
+        (MediaRef("image", "images/b.png"),), (MediaRef("image", None, raw),), (MediaRef("image", "images/b.png"),)]
+    assert all(s.branches[0][0] == U(IMG("image", 0), T("Size?")) for s in got)
+
+
 def test_swift_remote_url_is_missing_media(tmp_path):
     rec = {"messages": [{"role": "user", "content": "<image>Hi"}, {"role": "assistant", "content": "Hello"}],
            "images": ["https://example.com/cat.jpg"]}
@@ -240,6 +261,28 @@ def test_gzip_and_zstd_jsonl(tmp_path):
     got = list(iter_samples(files))
     assert [s.sample_id for s in got] == ["000000033471", "pixmo-17"] * 2 + ["000000033471"]
     assert all(isinstance(s, Sample) for s in got)
+
+
+@pytest.mark.parametrize("name", ["inline.json", "inline.json.gz"])
+def test_jsonl_named_json_with_lines_longer_than_a_peek(tmp_path, name):
+    """JSONL saved as ``.json`` whose records carry inline images (data URIs of 100+ KiB): each
+    line is its own row, not the whole file one ``bad_json`` row telling the user to convert to
+    the JSONL it already is."""
+    import numpy as np
+
+    noise = np.random.default_rng(7).integers(0, 256, (200, 200, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(noise).save(buf, format="PNG")
+    uri = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    assert len(uri) > 1 << 16
+    records = [{"id": f"s{i}", "messages": [{"role": "user", "content": "<image>What is it?"},
+                                            {"role": "assistant", "content": "Noise."}], "images": [uri]}
+               for i in range(3)]
+    body = "".join(json.dumps(r) + "\n" for r in records).encode()
+    (tmp_path / name).write_bytes(gzip.compress(body) if name.endswith(".gz") else body)
+    got = read_all(tmp_path / name)
+    assert [(s.sample_id, s.source_row) for s in got] == [("s0", 0), ("s1", 1), ("s2", 2)], got
+    assert all(s.media[0].data == buf.getvalue() for s in got)
 
 
 def test_zstd_missing_names_the_extra(tmp_path, monkeypatch):

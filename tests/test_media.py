@@ -105,6 +105,53 @@ def test_jpeg_with_trailing_bytes_after_eoi_passes():
     assert probe_image(_jpeg(64, 64) + b"\x00" * 100).width == 64
 
 
+def _noise_jpeg(seed: int, **save) -> bytes:
+    import numpy as np
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (120, 160, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="JPEG", **save)
+    return buf.getvalue()
+
+
+def _noise_mp4(seed: int) -> bytes:
+    import av
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as out:
+        st = out.add_stream("libx264", rate=10)
+        st.width, st.height, st.pix_fmt = 64, 48, "yuv420p"
+        for _ in range(10):
+            frame = av.VideoFrame.from_ndarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), format="rgb24")
+            for pkt in st.encode(frame):
+                out.mux(pkt)
+        for pkt in st.encode():
+            out.mux(pkt)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+def test_a_motion_photo_with_its_video_after_the_picture_passes(tmp_path, progressive):
+    """Phone motion photos (Google ``.MP.jpg``, Samsung) append an MP4 after the JPEG's end-of-image
+    marker; decoders show the picture and ignore the rest, so probing must not call it truncated."""
+    jpeg = _noise_jpeg(11, progressive=progressive, comment=b"thumb \xff\xd9 end")
+    data = jpeg + _noise_mp4(12)
+    assert b"\xff\xd9" not in data[-4096:]  # the marker is far from the tail
+    with Image.open(io.BytesIO(data)) as im:
+        im.load()
+        assert im.size == (160, 120)
+    path = tmp_path / "PXL_0001.MP.jpg"
+    path.write_bytes(data)
+    assert (probe_image(data).width, probe_image(path).height) == (160, 120)
+    # the walk from the start is no looser than the tail check: a JPEG cut in its scan data is
+    # truncated, even with an FFD9 earlier in the file (inside its comment segment)
+    with pytest.raises(SampleError) as err:
+        probe_image(jpeg[: len(jpeg) - 4200])
+    assert err.value.reason == "corrupt_image" and "truncated" in err.value.message
+
+
 def test_garbage_is_corrupt():
     with pytest.raises(SampleError) as err:
         probe_image(b"not an image at all")

@@ -619,6 +619,40 @@ def test_images_decode_from_embedded_bytes_and_references(demo):
         decode_image({**ref["media"][0], "path": "../../etc/passwd"}, media_root=SAMPLE)
 
 
+def _transparent(mode: str) -> bytes:
+    """A seeded 64x48 image in ``mode`` whose left half is transparent over hidden noise."""
+    rng = np.random.default_rng(5)
+    rgba = rng.integers(0, 256, (48, 64, 4), dtype=np.uint8)
+    rgba[:, :32, 3] = 0
+    im = Image.fromarray(rgba)
+    buf = io.BytesIO()
+    if mode == "P":  # a palette PNG whose colour 0 is transparent (icons, GIF-era art)
+        im.convert("RGB").quantize(16, dither=Image.Dither.NONE).save(buf, format="PNG", transparency=0)
+    else:
+        im.convert(mode).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P"])
+def test_transparent_images_decode_as_the_models_processor_sees_them(mode):
+    """Transparency is laid over white, as transformers' image processors do with the original file;
+    a plain ``convert("RGB")`` gave the hidden colours (black in most files) in the model's pixels."""
+    pytest.importorskip("transformers")
+    from transformers import Qwen2VLImageProcessor
+    from transformers.image_transforms import convert_to_rgb
+
+    data = _transparent(mode)
+    processor = Qwen2VLImageProcessor()
+    with Image.open(io.BytesIO(data)) as original:
+        assert "A" in original.getbands() or "transparency" in original.info
+        want = np.asarray(convert_to_rgb(original))  # what every image processor applies first
+        want_pixels = processor(images=[original], return_tensors="np")["pixel_values"]
+    got = decode_image({"kind": "image", "data": data})
+    assert got.mode == "RGB" and got.size == (64, 48)
+    assert np.array_equal(np.asarray(got), want)
+    assert np.array_equal(processor(images=[got], return_tensors="np")["pixel_values"], want_pixels)
+
+
 COLOURS = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0)]
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import json
 import logging
 import os
@@ -257,11 +258,17 @@ def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
     with _open_binary(path) as fh:
         # a leading byte-order mark is no part of the first record: sniff and read past it
         head = fh.peek(1 << 12)[: 1 << 12].removeprefix(UTF8_BOM).lstrip()
-        whole_json = head.startswith(b"[") or (head.startswith(b"{") and ".jsonl" not in path.name
-                                               and not _looks_like_jsonl(fh.peek(1 << 16).removeprefix(UTF8_BOM)))
+        first = b""
+        if head.startswith(b"{") and ".jsonl" not in path.name:
+            # one object (pretty-printed or on one line) or JSONL under another name: the whole first
+            # line tells, however long (a record with an inline image runs past any peek)
+            first = fh.readline()
+            whole_json = not _looks_like_jsonl(first.removeprefix(UTF8_BOM))
+        else:
+            whole_json = head.startswith(b"[")
         if whole_json:
             # Invalid UTF-8 becomes lone surrogates, so only the records holding it are rejected.
-            text = fh.read().removeprefix(UTF8_BOM).decode("utf-8", errors="surrogateescape")
+            text = (first + fh.read()).removeprefix(UTF8_BOM).decode("utf-8", errors="surrogateescape")
             try:
                 data = json.loads(text)
             except (ValueError, RecursionError) as exc:
@@ -276,7 +283,7 @@ def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
                 return
             yield from enumerate(data)
             return
-        for row, line in enumerate(fh):
+        for row, line in enumerate(itertools.chain((first,), fh) if first else fh):
             if row == 0:
                 line = line.removeprefix(UTF8_BOM)
             if line.strip():

@@ -13,7 +13,9 @@ the start of the first user turn; a record with some tags must tag every item.
 
 Content may also be a list of typed parts (``{"type": "text", "text"}``,
 ``{"type": "image"}``, ``{"type": "video"}``), the OpenAI / transformers chat style;
-each image or video part stands for the next item of ``images`` / ``videos``.
+each image or video part stands for the next item of ``images`` / ``videos``, unless it
+names its own media as Qwen-VL, transformers and OpenAI write it (``{"type": "image",
+"image" | "url" | "path" | "base64": ...}``, ``{"type": "image_url", "image_url": {"url"}}``).
 
 Tool use: ms-swift's ``tool_call`` / ``tool_response`` roles and OpenAI's assistant
 ``tool_calls`` with ``role: "tool"`` results, the function schemas in ``tools`` (a list
@@ -32,6 +34,27 @@ from .tools import parse_tools
 __all__ = ["parse"]
 
 
+def _part_media(part: dict, kind: str):
+    """The media entry a typed part names itself, or ``None`` when it stands for the next listed item.
+
+    Qwen-VL and transformers' chat templates name it under the kind (``"image"``), ``"url"``,
+    ``"path"`` or ``"base64"``; OpenAI and qwen-vl-utils under ``"image_url"``, a string or
+    ``{"url", "detail"}``. A key holding null (a Parquet struct's other fields) names nothing.
+
+    Example:
+        >>> _part_media({"type": "image_url", "image_url": {"url": "a.jpg", "detail": "low"}}, "image")
+        'a.jpg'
+    """
+    for key in (kind, f"{kind}_url", "url", "path"):
+        value = part.get(key)
+        if isinstance(value, dict) and key == f"{kind}_url":
+            value = value.get("url")
+        if value is not None:
+            return value
+    data = part.get("base64")
+    return None if data is None else {"bytes": data}
+
+
 def _content_text(content, i: int, images: list, videos: list) -> str:
     """Content as text with tags; typed-part lists become ``<image>``/``<video>`` tags."""
     if isinstance(content, str):
@@ -43,8 +66,9 @@ def _content_text(content, i: int, images: list, videos: list) -> str:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text":
             out.append(check_text(part.get("text"), f"message {i} text part"))
-        elif kind in ("image", "video"):
-            inline = part.get(kind)
+        elif kind in ("image", "video", "image_url", "video_url"):
+            kind = kind.removesuffix("_url")
+            inline = _part_media(part, kind)
             if inline is not None:  # the part names its own media
                 (images if kind == "image" else videos).append(media_ref(kind, inline))
             out.append(f"<{kind}>")

@@ -679,14 +679,21 @@ def decode_image(item: dict, media_root: str | Path | None = None, *, exif: bool
     """The RGB ``PIL.Image`` of one image media item (embedded bytes, else ``media_root/path``).
 
     ``exif=True`` turns the image by its EXIF orientation first, as families whose
-    loader does so were counted (the manifest's ``vision.exif == "apply"``).
+    loader does so were counted (the manifest's ``vision.exif == "apply"``). Transparency
+    (an alpha band, a palette's transparent colour) is laid over white, as ``transformers``'
+    ``convert_to_rgb`` and qwen-vl-utils do: a plain ``convert("RGB")`` would show whatever
+    colour the transparent pixels hide (usually black), not what the model's processor shows.
     """
-    from PIL import ImageOps
+    from PIL import Image, ImageOps
 
     data = item.get("data")
     src = io.BytesIO(data) if data else _media_file(item, media_root)
     with _open_image(src) as im:
-        return (ImageOps.exif_transpose(im) if exif else im).convert("RGB")
+        im = ImageOps.exif_transpose(im) if exif else im
+        if "A" not in im.getbands() and im.info.get("transparency") is None:
+            return im.convert("RGB")
+        rgba = im.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
 
 
 def _open_image(src):
