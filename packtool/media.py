@@ -9,7 +9,8 @@ Tokenize only needs dimensions and video metadata:
   a fixed order (see :func:`probe_video`); only a demux of packet headers, never a
   decode, is needed for streams that lack a duration or frame count.
 
-Pack extracts the exact frames a tokenized row recorded (:func:`extract_frames`).
+Pack extracts the exact frames a tokenized row recorded (:func:`extract_frames`), and the reader
+decodes a video packed by reference with the same rule (:func:`counted_frames`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "verify_complete",
     "probe_video",
     "extract_frames",
+    "counted_frames",
     "read_media_bytes",
 ]
 
@@ -579,6 +581,23 @@ def _encode_jpeg(img: Image.Image, quality: int) -> bytes:
 def extract_frames(media_root: Path, media: dict, quality: int = 90) -> list[bytes]:
     """JPEG bytes of the frames a tokenized video entry recorded (``media["timestamps"]``).
 
+    The frames are those of :func:`counted_frames`, which the trainer-side reader also
+    uses for videos packed by reference, so both media modes feed a model the same frames.
+
+    Example:
+        For a 30 fps clip and timestamps ``[0.0, 0.5]`` this returns the JPEGs of
+        frames 0 and 15.
+    """
+    if not media.get("timestamps"):
+        return []
+    data = media.get("data")
+    source = data if data is not None else resolve_media_path(media.get("path") or "", media_root)
+    return [_encode_jpeg(img, quality) for img in counted_frames(source, media)]
+
+
+def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
+    """The frames of the video ``source`` at the times a tokenized entry recorded (``media["timestamps"]``).
+
     Frame ``t`` is the frame on screen at ``start + t``: the last frame whose
     presentation time is at or before it (times past the end give the last frame).
     Dense requests (on average less than 2 s apart) are served by one linear decode;
@@ -587,15 +606,12 @@ def extract_frames(media_root: Path, media: dict, quality: int = 90) -> list[byt
     When the row recorded the video with a 90/270 degree rotation applied (its width
     and height are the coded size swapped), frames are rotated the same way.
 
-    Example:
-        For a 30 fps clip and timestamps ``[0.0, 0.5]`` this returns the JPEGs of
-        frames 0 and 15.
+    Raises:
+        SampleError: the file is not a readable video, or has no frame at a recorded time.
     """
     times = list(media.get("timestamps") or [])
     if not times:
         return []
-    data = media.get("data")
-    source = data if data is not None else resolve_media_path(media.get("path") or "", media_root)
     container = _open_video(source)
     try:
         stream = container.streams.video[0]
@@ -659,7 +675,7 @@ def extract_frames(media_root: Path, media: dict, quality: int = 90) -> list[byt
         raise SampleError("corrupt_video", "video has no decodable frame at a recorded time")
     if rotate and rotation in _ROTATE:
         out = [img.transpose(_ROTATE[rotation]) for img in out]  # type: ignore[union-attr]
-    return [_encode_jpeg(img, quality) for img in out]  # type: ignore[arg-type]
+    return out  # type: ignore[return-value]
 
 
 # display rotation (counterclockwise degrees) -> PIL transpose that shows the frame upright

@@ -691,6 +691,29 @@ def test_video_frames_embedded_and_by_reference(tmp_path):
         decode_video({**item, "frames": [jpeg(c) for c in want[:2]]})
 
 
+def test_video_by_reference_gives_the_frames_pack_embeds(tmp_path):
+    """Timestamps count from the stream's first frame and a rotated video's frames are turned, as tokenize
+    counted and pack embeds them. A clip whose stream starts at 1 s used to give frames 0, 0, 3, 9 by
+    reference (its timestamps read as absolute times) where the embedded pack holds frames 0, 6, 13, 19;
+    a video with display rotation came back unturned, in another shape than counted."""
+    from video_fixtures import write_video
+
+    from packtool.media import extract_frames
+
+    write_video(tmp_path / "late.mp4", n_frames=20, fps=10, step=12, pts=[1000 + 100 * i for i in range(20)])
+    write_video(tmp_path / "turned.mp4", n_frames=20, fps=10, step=12, rotation=90)
+    stamps = [0.0, 0.6, 1.3, 1.9]
+    for name, size in (("late.mp4", (64, 48)), ("turned.mp4", (48, 64))):
+        item = {"kind": "video", "path": name, "timestamps": stamps, "data": None, "frames": None, "width": size[0],
+                "height": size[1], "token_offset": 0, "n_tokens": 4}
+        by_reference = decode_video(item, media_root=tmp_path)
+        embedded = decode_video({**item, "frames": extract_frames(tmp_path, item)})
+        for got in (by_reference, embedded):
+            levels = [float(np.asarray(f.convert("L")).mean()) for f in got.frames]
+            assert np.allclose(levels, [0, 72, 156, 228], atol=3), (name, levels)
+            assert [f.size for f in got.frames] == [size] * 4, name
+
+
 # --------------------------------------------------------------------------- README
 
 

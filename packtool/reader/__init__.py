@@ -50,7 +50,6 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import math
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -712,8 +711,10 @@ def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrame
     """The frames of one video media item with their timestamps.
 
     Embedded videos carry one JPEG per counted timestamp. For videos packed by
-    reference the file under ``media_root`` is decoded with PyAV and, for each
-    timestamp, the frame nearest to it (by presentation time) is taken.
+    reference the file under ``media_root`` is decoded with PyAV and the frames are
+    picked by the rule pack embeds with (:func:`packtool.media.counted_frames`: the
+    frame on screen at each timestamp after the stream's first frame, turned by the
+    rotation tokenize counted), so both media modes give the same frames.
     """
     stamps = tuple(float(t) for t in (item.get("timestamps") or ()))
     data = item.get("frames")
@@ -725,26 +726,15 @@ def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrame
         if stamps and len(stamps) != len(frames):
             raise InputError(f"video {item.get('path')!r} has {len(frames)} embedded frames but {len(stamps)} timestamps; re-run packtool pack")
         return VideoFrames(tuple(frames), stamps)
-    import av
-
-    from ..media import VIDEO_CONTAINERS, video_demuxer
+    from ..errors import SampleError
+    from ..media import counted_frames
 
     file = _media_file(item, media_root)
-    best: list[tuple[float, Any]] = [(math.inf, None)] * len(stamps)
-    with open(file, "rb") as fh:
-        demuxer = video_demuxer(fh.read(189))
-    if demuxer is None:  # never let FFmpeg probe a playlist or concat list, which open other files
-        raise InputError(f"video {str(file)!r} is not a container packtool reads ({VIDEO_CONTAINERS})")
-    with av.open(str(file), format=demuxer) as container:
-        stream = container.streams.video[0]
-        for frame in container.decode(stream):
-            t = float(frame.time) if frame.time is not None else 0.0
-            for i, s in enumerate(stamps):
-                if abs(t - s) < best[i][0]:
-                    best[i] = (abs(t - s), frame)
-    if any(f is None for _, f in best):
-        raise InputError(f"video {str(file)!r} yields no frames; re-check the file or re-pack with --media embed")
-    return VideoFrames(tuple(f.to_image().convert("RGB") for _, f in best), stamps)
+    try:
+        frames = counted_frames(file, item)
+    except SampleError as err:
+        raise InputError(f"video {str(file)!r}: {err.message}; re-check the file or re-pack with --media embed") from None
+    return VideoFrames(tuple(f.convert("RGB") for f in frames), stamps)
 
 
 def decode_media(row: dict, media_root: str | Path | None = None) -> list:
