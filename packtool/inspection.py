@@ -301,28 +301,43 @@ def _take_header(pieces: list[dict], dec: _Decoder) -> tuple[str | None, list[di
     return m.group("role"), rest
 
 
-def _turns(pieces: list[dict], dec: _Decoder, prev_role: str | None) -> list[dict]:
-    """Split pieces at turn-start tokens; read each turn's role from the template's header."""
+def _turns(pieces: list[dict], dec: _Decoder, prev_role: str | None = None, open_header: list[dict] | None = None,
+           is_prefix: bool = False) -> tuple[list[dict], str | None, list[dict] | None]:
+    """Split pieces at turn-start tokens; read each turn's role from the template's header.
+
+    A tree's shared prefix ends before the first token any branch needs loss on, which for
+    branches that answer the same question is inside the answer's header (``<|im_start|>assistant``
+    | ``\n``). The prefix (``is_prefix``) leaves such a header open: it shows no turn for it and
+    hands its pieces on, and each branch reads them together with its own first pieces
+    (``open_header``), so the branch's first turn gets its role.
+
+    Returns the turns, the role the pieces after these continue, and the pieces of a header left
+    open at the end (``None`` when none is).
+    """
     tpl = dec.template
     if tpl is None or dec.turn_start is None:
-        return [{"role": None, "continued": False, "text": _text_of(pieces), "segments": _segments(pieces)}]
-    groups: list[tuple[bool, list[dict]]] = [(True, [])]
+        return [{"role": None, "continued": False, "text": _text_of(pieces), "segments": _segments(pieces)}], None, None
+    groups: list[tuple[bool, list[dict]]] = [(open_header is None, list(open_header or []))]
     for p in pieces:
         if p["kind"] == "special" and p["id"] == dec.turn_start:
             groups.append((False, []))
         else:
             groups[-1][1].append(p)
     turns = []
-    for continued, body in groups:
-        role = prev_role
+    role = prev_role
+    for i, (continued, body) in enumerate(groups):
         if not continued:
-            role, body = _take_header(body, dec)
+            role, rest = _take_header(body, dec)
+            if is_prefix and i == len(groups) - 1 and (role is None or not rest):
+                # the header (or all of it that is here) ends the prefix: the branches finish it
+                return turns, role, (None if role else body)
+            body = rest if role is not None else body
         # the newline after the end-of-turn token is layout, not content
         if body and body[-1]["kind"] == "text" and body[-1]["text"] == tpl.turn_newline and not body[-1]["loss"]:
             body = body[:-1]
         if body:
             turns.append({"role": role, "continued": continued, "text": _text_of(body), "segments": _segments(body)})
-    return turns
+    return turns, role, None
 
 
 def _segments(pieces: list[dict]) -> list[dict]:
@@ -358,14 +373,16 @@ def _sample_view(row: dict, a: int, b: int, k: int | None, media: list[dict], de
         spans[off] = v
     single = len(starts) == 1
     ruler, parts = [], []
-    prev_role = None
+    prev_role, open_header = None, None
     for s, e in zip(starts, ends, strict=True):
         name = "sample" if single else _part_name(int(sub[s]))
         ruler.append({"part": name, "tokens": [int(s), int(e - 1)], "positions": [int(pos[s]), int(pos[e - 1])],
                       "subsegment": int(sub[s])})
-        turns = _turns(_pieces(ids, carries, int(s), int(e), spans, dec), dec, prev_role if name != "prefix" else None)
+        pieces = _pieces(ids, carries, int(s), int(e), spans, dec)
         if name == "prefix":
-            prev_role = turns[-1]["role"] if turns else None
+            turns, prev_role, open_header = _turns(pieces, dec, is_prefix=True)
+        else:
+            turns = _turns(pieces, dec, prev_role, open_header)[0]
         parts.append({"part": name, "turns": turns})
     return {
         "index": k,

@@ -222,6 +222,36 @@ def test_tree_shows_prefix_then_each_branch(tree_dir):
     assert "3 branches" in text
 
 
+def test_tree_of_answers_to_one_question_names_each_branch_role(tmp_path):
+    # branches that share the whole question split inside the answer's header
+    # (<|im_start|>assistant | \n): the prefix showed a role-less "assistant" line and every branch
+    # a role-less answer
+    img = Part.media("image", 0)
+    answers = ["Red.", "It is a red circle.", "A circle, coloured red."]
+    branches = tuple((_msg("user", img, _text("Describe it.")), _msg("assistant", _text(a))) for a in answers)
+    follow_up = (_msg("user", img, _text("Describe it.")), _msg("assistant", _text("Round.")),
+                 _msg("user", _text("Any text?")), _msg("assistant", _text("No.")))
+    tree = Sample("same-q", "mem.jsonl", 0, (MediaRef("image", "images/img00.png"),), (*branches, follow_up))
+    ctx = EncodeContext(load_tokenizer(), get_template("chatml"), get_family("qwen2.5-vl"), SAMPLE)
+    rows, rejected = encode_samples([tree], ctx)
+    assert not rejected and rows[0]["n_branches"] == 4
+    view = inspect_dir(_write_tokenized(tmp_path / "tok", rows, "qwen2.5-vl", SAMPLE), sample="same-q")
+    s = view["samples"][0]
+    prefix, *parts = s["parts"]
+    assert [(t["role"], t["text"]) for t in prefix["turns"]] == [
+        ("system", "You are a helpful assistant.<|im_end|>"),
+        ("user", "<image 1: 644×476, 391 tokens>Describe it.<|im_end|>")]
+    for a, part in zip(answers, parts, strict=False):
+        assert [(t["role"], t["continued"], t["text"]) for t in part["turns"]] == [
+            ("assistant", False, f"{LOSS_OPEN}{a}<|im_end|>{LOSS_CLOSE}")]
+    assert [(t["role"], t["text"]) for t in parts[3]["turns"]] == [
+        ("assistant", f"{LOSS_OPEN}Round.<|im_end|>{LOSS_CLOSE}"), ("user", "Any text?<|im_end|>"),
+        ("assistant", f"{LOSS_OPEN}No.<|im_end|>{LOSS_CLOSE}")]
+    text = render_inspection(view)
+    assert f"  branch 1:\n    assistant    {LOSS_OPEN}It is a red circle.<|im_end|>{LOSS_CLOSE}\n" in text
+    assert "\n                 assistant\n" not in text
+
+
 def test_tree_stats_count_branches(tree_dir):
     from packtool.stats import compute_stats
 
