@@ -244,6 +244,29 @@ def test_packed_dir_without_its_tokenized_dir_still_reports(messy, tmp_path):
         assert s[key] == full[key], key
 
 
+def test_packed_dir_whose_tokenized_dir_was_tokenized_again_says_so(messy, tmp_path):
+    # the note said "tokenized directory not found ... pass it first", and passing it failed on its digest
+    import shutil
+
+    tok, packed = tmp_path / "tok", tmp_path / "packed"
+    shutil.copytree(messy["tokenized"], tok)
+    pack_dataset(tok, packed, PackConfig(max_tokens=2048, buffer_size=8))
+    was = json.loads((tok / ".packtool" / "manifest.json").read_text())["config_digest"]
+    tokenize_dataset([messy["base"] / "b.jsonl"], tok, TokenizeConfig(media_root=str(ROOT / "examples" / "sample"),
+                                                                      max_pixels=200_000), overwrite=True)
+    now = json.loads((tok / ".packtool" / "manifest.json").read_text())["config_digest"]
+    assert now != was
+    r = run("stats", str(packed))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == (
+        f"note: the tokenized directory {str(tok)!r} was tokenized again since (config digest {now}; these packs were "
+        f"made from {was}): no input order, sources, branches or reconciliation; to have them, pass the tokenized "
+        "directory it was packed from first: packtool stats TOKENIZED PACKED")
+    s = compute_stats(packed)
+    validate(s)
+    assert s["tokenized"] is None and s["reconcile"] is None and s["samples"] == compute_stats(messy["packed"])["samples"]
+
+
 def test_dry_run_plan_stats_equal_the_written_packs(messy):
     cfg = PackConfig(max_tokens=2048, buffer_size=8)
     result = pack_dataset(messy["tokenized"], messy["base"] / "unused", cfg, dry_run=True)
