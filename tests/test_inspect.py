@@ -109,6 +109,10 @@ def test_cli_inspect_sample_in_a_pack_and_errors(demo_dirs):
     assert r.returncode == 1 and "'nope' is in no pack" in r.stderr and "errors.jsonl" in r.stderr
     r = run("inspect", str(demo_dirs["tokenized"]), "--pack", "0")
     assert r.returncode == 1 and "use --sample" in r.stderr
+    # flags that contradict each other are a usage error (it exited 1, as a failed run does)
+    r = run("inspect", str(demo_dirs["packed"]), "--pack", "0", "--sample", "demo-010")
+    assert (r.returncode, r.stdout) == (2, "") and r.stderr.startswith("Usage: packtool inspect ")
+    assert r.stderr.endswith("\n\nError: give --pack or --sample, not both\n")
     r = run("inspect", str(demo_dirs["packed"]), "--tokenizer", "qwen3")  # the same check as validate's
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == ("Error: --tokenizer 'qwen3': 'qwen3' adds <tool_response>, </tool_response>, <think> and "
