@@ -747,6 +747,13 @@ def check_thresholds(stats: dict, th: Thresholds) -> list[str]:
         if value is None:
             raise ConfigError(f"{flag} needs packs with that capacity; {stats['kind']} statistics have no {name}; "
                               "pass a packed directory")
+        if name == "rejected_fraction" and stats["kind"] == "packed" and stats["tokenized"] is None \
+                and not stats.get("mixture"):
+            # without the tokenized directory the rows tokenize rejected are unknown: the share would
+            # count pack drops only and pass a run that should fail
+            raise InputError(f"{flag} counts the rows tokenize rejected, which only the tokenized directory knows, "
+                             f"and the one {stats['packed']!r} was packed from is not where its manifest says (or was "
+                             f"tokenized again since); pass it first: packtool stats TOKENIZED {stats['packed']}")
         passed = value >= limit if below else value <= limit
         checks.append({"name": name, "flag": flag, "limit": limit, "value": value, "passed": bool(passed)})
     stats["thresholds"] = checks
