@@ -17,6 +17,7 @@ checked against the vocabulary fingerprint recorded there.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -29,6 +30,7 @@ from .runs import TOKEN_COLUMNS, expand_row, is_runs_table, stored_names
 from .schema import MEDIA_FIELDS, PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
 from .shards import (
     ERRORS,
+    errors_path,
     is_output_dir,
     open_shard,
     read_manifest,
@@ -36,6 +38,7 @@ from .shards import (
     shard_error,
     why_no_packs,
 )
+from .storage import join
 from .templates import TEMPLATES, Template
 from .tokenization import Tokenizer, load_recorded_tokenizer, load_tokenizer, vocabulary_difference
 
@@ -119,6 +122,21 @@ def _number_ranges(numbers: list[int], most: int = 6) -> str:
     if len(text) > most:
         return ", ".join(text[:most - 2] + ["…", text[-1]]) + f" ({len(text)} runs)"
     return text[0] if len(text) == 1 else ", ".join(text[:-1]) + " and " + text[-1]
+
+
+def _rejection(path: Path, shown: str, sample: str, what: str) -> str | None:
+    """Why ``sample`` is not in the directory, when its rejected-rows file lists it: ``what`` (who
+    left it out), the reason code and message, and where the input row was."""
+    file = errors_path(path)
+    if not file.is_file():
+        return None
+    with open(file, encoding="utf-8") as fh:
+        for line in fh:
+            e = json.loads(line) if line.strip() else {}
+            if e.get("sample_id") == sample:
+                return (f"{what} ({e.get('reason')}: {e.get('message')}; {e.get('source')} row {e.get('row')}), "
+                        f"as {join(shown, ERRORS)} lists")
+    return None
 
 
 def _examples(path: Path, manifest: dict, column: str, is_list: bool, n: int = 3) -> list:
@@ -444,9 +462,10 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
         else:
             where = _find_row(path, manifest, "sample_id", sample, is_list=False)
             if where is None:
+                why = _rejection(path, shown, sample, "tokenize rejected it")
                 ex = ", ".join(repr(x) for x in _examples(path, manifest, "sample_id", False))
-                raise InputError(f"sample {sample!r} is not in {shown!r} " + (f"(e.g. {ex})" if ex else
-                                                                              "(it holds no samples)"))
+                raise InputError(f"sample {sample!r} is not in {shown!r}" + (
+                    f": {why}" if why else f" (e.g. {ex})" if ex else " (it holds no samples)"))
         cols = ["sample_id", "source", "source_row", "n_tokens", "n_vision_units", "n_branches"] + _TOKEN_COLUMNS + media_cols
         row = _read_row(path, manifest, where[0], where[1], cols)
         view = _sample_view(row, 0, len(row["input_ids"]), None, row["media"], dec)
@@ -462,8 +481,12 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
             if not ex:
                 raise InputError(f"sample {sample!r} is in no pack of {shown!r}, which holds no packs: "
                                  f"{_why_no_packs(manifest)}")
-            raise InputError(f"sample {sample!r} is in no pack of {shown!r} (e.g. {ex}); "
-                             f"a dropped sample is listed in {ERRORS}")
+            src = (manifest.get("source") or {}).get("path")
+            why = _rejection(path, shown, sample, "pack dropped it") or (
+                _rejection(Path(src), src, sample, "tokenize rejected it")
+                if src and not is_url(src) and is_output_dir(src) else None)
+            raise InputError(f"sample {sample!r} is in no pack of {shown!r}" + (
+                f": {why}" if why else f" (e.g. {ex}); a dropped sample is listed in {ERRORS}"))
     elif pack is None:  # the first pack: pack 0 when pack task 0 made any
         first = next((e["file"] for e in manifest["shards"] if e["rows"]), None)
         if first is None:

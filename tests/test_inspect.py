@@ -123,6 +123,35 @@ def test_cli_inspect_sample_in_a_pack_and_errors(demo_dirs):
     assert view["kind"] == "sample" and view["samples"][0]["sample_id"] == "demo-003"
 
 
+def test_a_sample_tokenize_rejected_or_pack_dropped_is_refused_with_its_reason(tmp_path):
+    # it said only "sample 'gone' is not in 'tok' (e.g. 'demo-000', ...)", and of a packed directory
+    # "a dropped sample is listed in errors.jsonl", leaving the reason to be looked up
+    lines = (SAMPLE / "data.jsonl").read_text().splitlines()[:8]
+    lines.append(json.dumps({"id": "gone", "image": "images/nope.png",
+                             "conversations": [{"from": "human", "value": "<image>\nHi"}, {"from": "gpt", "value": "Hello."}]}))
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    tok, packed = tmp_path / "tok", tmp_path / "packed"
+    tokenize_dataset([tmp_path / "in.jsonl"], tok, TokenizeConfig(media_root=str(SAMPLE)))
+    pack_dataset(tok, packed, PackConfig(max_tokens=2048))
+    (missing,) = [json.loads(x) for x in (tok / ".packtool" / "errors.jsonl").read_text().splitlines()]
+    dropped = json.loads((packed / ".packtool" / "errors.jsonl").read_text().splitlines()[0])
+    assert missing["sample_id"] == "gone" and dropped["reason"] == "oversize"
+    rejected = (f"tokenize rejected it (missing_media: {missing['message']}; {tmp_path / 'in.jsonl'} row 8), "
+                f"as {tok / '.packtool' / 'errors.jsonl'} lists")
+    r = run("inspect", str(tok), "--sample", "gone")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == f"Error: sample 'gone' is not in {str(tok)!r}: {rejected}\n"
+    r = run("inspect", str(packed), "--sample", "gone")
+    assert r.stderr == f"Error: sample 'gone' is in no pack of {str(packed)!r}: {rejected}\n"
+    r = run("inspect", str(packed), "--sample", dropped["sample_id"])
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"Error: sample {dropped['sample_id']!r} is in no pack of {str(packed)!r}: pack dropped it "
+                        f"(oversize: {dropped['message']}; {dropped['source']} row {dropped['row']}), as "
+                        f"{packed / '.packtool' / 'errors.jsonl'} lists\n")
+    r = run("inspect", str(packed), "--sample", "never-was")  # in no list: examples, as before
+    assert r.stderr.startswith(f"Error: sample 'never-was' is in no pack of {str(packed)!r} (e.g. 'demo-")
+
+
 @pytest.fixture(scope="module")
 def three_tasks(tmp_path_factory) -> Path:
     """The demo corpus tokenized 10 rows a shard and packed: three pack tasks, so pack numbers
