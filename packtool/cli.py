@@ -408,6 +408,7 @@ def stats(
 
 @app.command()
 def inspect(
+    ctx: typer.Context,
     path: Annotated[str, typer.Argument(callback=_location, help="Packed or tokenized directory.")],
     pack: Annotated[int | None, typer.Option("--pack", min=0, help=(
         "Pack to show, by its pack_index: task × 1000000000 + k for the k-th pack of pack task task "
@@ -426,6 +427,8 @@ def inspect(
     """
     from .inspection import inspect_dir, render_inspection
 
+    if pack is not None and sample is not None:  # the command line contradicts itself: a usage error
+        ctx.fail("give --pack or --sample, not both")
     view = inspect_dir(path, pack=pack, sample=sample, tokenizer=tokenizer)
     typer.echo(json.dumps(view, indent=2, ensure_ascii=False) if as_json else render_inspection(view))
 

@@ -17,6 +17,7 @@ checked against the vocabulary fingerprint recorded there.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -29,6 +30,7 @@ from .runs import TOKEN_COLUMNS, expand_row, is_runs_table, stored_names
 from .schema import MEDIA_FIELDS, PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
 from .shards import (
     ERRORS,
+    errors_path,
     is_output_dir,
     open_shard,
     read_manifest,
@@ -36,6 +38,7 @@ from .shards import (
     shard_error,
     why_no_packs,
 )
+from .storage import join
 from .templates import TEMPLATES, Template
 from .tokenization import Tokenizer, load_recorded_tokenizer, load_tokenizer, vocabulary_difference
 
@@ -119,6 +122,21 @@ def _number_ranges(numbers: list[int], most: int = 6) -> str:
     if len(text) > most:
         return ", ".join(text[:most - 2] + ["…", text[-1]]) + f" ({len(text)} runs)"
     return text[0] if len(text) == 1 else ", ".join(text[:-1]) + " and " + text[-1]
+
+
+def _rejection(path: Path, shown: str, sample: str, what: str) -> str | None:
+    """Why ``sample`` is not in the directory, when its rejected-rows file lists it: ``what`` (who
+    left it out), the reason code and message, and where the input row was."""
+    file = errors_path(path)
+    if not file.is_file():
+        return None
+    with open(file, encoding="utf-8") as fh:
+        for line in fh:
+            e = json.loads(line) if line.strip() else {}
+            if e.get("sample_id") == sample:
+                return (f"{what} ({e.get('reason')}: {e.get('message')}; {e.get('source')} row {e.get('row')}), "
+                        f"as {join(shown, ERRORS)} lists")
+    return None
 
 
 def _examples(path: Path, manifest: dict, column: str, is_list: bool, n: int = 3) -> list:
@@ -301,28 +319,43 @@ def _take_header(pieces: list[dict], dec: _Decoder) -> tuple[str | None, list[di
     return m.group("role"), rest
 
 
-def _turns(pieces: list[dict], dec: _Decoder, prev_role: str | None) -> list[dict]:
-    """Split pieces at turn-start tokens; read each turn's role from the template's header."""
+def _turns(pieces: list[dict], dec: _Decoder, prev_role: str | None = None, open_header: list[dict] | None = None,
+           is_prefix: bool = False) -> tuple[list[dict], str | None, list[dict] | None]:
+    """Split pieces at turn-start tokens; read each turn's role from the template's header.
+
+    A tree's shared prefix ends before the first token any branch needs loss on, which for
+    branches that answer the same question is inside the answer's header (``<|im_start|>assistant``
+    | ``\n``). The prefix (``is_prefix``) leaves such a header open: it shows no turn for it and
+    hands its pieces on, and each branch reads them together with its own first pieces
+    (``open_header``), so the branch's first turn gets its role.
+
+    Returns the turns, the role the pieces after these continue, and the pieces of a header left
+    open at the end (``None`` when none is).
+    """
     tpl = dec.template
     if tpl is None or dec.turn_start is None:
-        return [{"role": None, "continued": False, "text": _text_of(pieces), "segments": _segments(pieces)}]
-    groups: list[tuple[bool, list[dict]]] = [(True, [])]
+        return [{"role": None, "continued": False, "text": _text_of(pieces), "segments": _segments(pieces)}], None, None
+    groups: list[tuple[bool, list[dict]]] = [(open_header is None, list(open_header or []))]
     for p in pieces:
         if p["kind"] == "special" and p["id"] == dec.turn_start:
             groups.append((False, []))
         else:
             groups[-1][1].append(p)
     turns = []
-    for continued, body in groups:
-        role = prev_role
+    role = prev_role
+    for i, (continued, body) in enumerate(groups):
         if not continued:
-            role, body = _take_header(body, dec)
+            role, rest = _take_header(body, dec)
+            if is_prefix and i == len(groups) - 1 and (role is None or not rest):
+                # the header (or all of it that is here) ends the prefix: the branches finish it
+                return turns, role, (None if role else body)
+            body = rest if role is not None else body
         # the newline after the end-of-turn token is layout, not content
         if body and body[-1]["kind"] == "text" and body[-1]["text"] == tpl.turn_newline and not body[-1]["loss"]:
             body = body[:-1]
         if body:
             turns.append({"role": role, "continued": continued, "text": _text_of(body), "segments": _segments(body)})
-    return turns
+    return turns, role, None
 
 
 def _segments(pieces: list[dict]) -> list[dict]:
@@ -358,14 +391,16 @@ def _sample_view(row: dict, a: int, b: int, k: int | None, media: list[dict], de
         spans[off] = v
     single = len(starts) == 1
     ruler, parts = [], []
-    prev_role = None
+    prev_role, open_header = None, None
     for s, e in zip(starts, ends, strict=True):
         name = "sample" if single else _part_name(int(sub[s]))
         ruler.append({"part": name, "tokens": [int(s), int(e - 1)], "positions": [int(pos[s]), int(pos[e - 1])],
                       "subsegment": int(sub[s])})
-        turns = _turns(_pieces(ids, carries, int(s), int(e), spans, dec), dec, prev_role if name != "prefix" else None)
+        pieces = _pieces(ids, carries, int(s), int(e), spans, dec)
         if name == "prefix":
-            prev_role = turns[-1]["role"] if turns else None
+            turns, prev_role, open_header = _turns(pieces, dec, is_prefix=True)
+        else:
+            turns = _turns(pieces, dec, prev_role, open_header)[0]
         parts.append({"part": name, "turns": turns})
     return {
         "index": k,
@@ -427,9 +462,10 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
         else:
             where = _find_row(path, manifest, "sample_id", sample, is_list=False)
             if where is None:
+                why = _rejection(path, shown, sample, "tokenize rejected it")
                 ex = ", ".join(repr(x) for x in _examples(path, manifest, "sample_id", False))
-                raise InputError(f"sample {sample!r} is not in {shown!r} " + (f"(e.g. {ex})" if ex else
-                                                                              "(it holds no samples)"))
+                raise InputError(f"sample {sample!r} is not in {shown!r}" + (
+                    f": {why}" if why else f" (e.g. {ex})" if ex else " (it holds no samples)"))
         cols = ["sample_id", "source", "source_row", "n_tokens", "n_vision_units", "n_branches"] + _TOKEN_COLUMNS + media_cols
         row = _read_row(path, manifest, where[0], where[1], cols)
         view = _sample_view(row, 0, len(row["input_ids"]), None, row["media"], dec)
@@ -445,8 +481,12 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
             if not ex:
                 raise InputError(f"sample {sample!r} is in no pack of {shown!r}, which holds no packs: "
                                  f"{_why_no_packs(manifest)}")
-            raise InputError(f"sample {sample!r} is in no pack of {shown!r} (e.g. {ex}); "
-                             f"a dropped sample is listed in {ERRORS}")
+            src = (manifest.get("source") or {}).get("path")
+            why = _rejection(path, shown, sample, "pack dropped it") or (
+                _rejection(Path(src), src, sample, "tokenize rejected it")
+                if src and not is_url(src) and is_output_dir(src) else None)
+            raise InputError(f"sample {sample!r} is in no pack of {shown!r}" + (
+                f": {why}" if why else f" (e.g. {ex}); a dropped sample is listed in {ERRORS}"))
     elif pack is None:  # the first pack: pack 0 when pack task 0 made any
         first = next((e["file"] for e in manifest["shards"] if e["rows"]), None)
         if first is None:

@@ -69,6 +69,12 @@ def _empty(ax, title: str, why: str) -> None:
 COLOURS = {"tokens": "#4C72B0", "vision": "#DD8452", "samples": "#55A868", "padding": "#8172B3", "drops": "#C44E52"}
 
 
+def _whole_numbers():
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
+
+
 def _fill_sorted(ax, data: StatsData, stats: dict) -> None:
     """Each pack's fill, fullest first: the tail of badly filled packs is the right end."""
     title = "fill per pack, sorted"
@@ -89,6 +95,7 @@ def _fill_sorted(ax, data: StatsData, stats: dict) -> None:
                 label=f"{unit} of {max_u:,} (mean {vis.mean():.1f}%)")
     ax.axhline(100, color="0.6", lw=0.8)
     ax.set_xlim(0.5, n + 0.5)
+    ax.xaxis.set_major_locator(_whole_numbers())  # pack ranks
     ax.set_ylim(0, max(105.0, float(tok.max()) + 5))
     ax.set_title(title)
     ax.set_xlabel("pack (fullest first)")
@@ -104,6 +111,7 @@ def _samples_per_pack(ax, data: StatsData) -> None:
     ax.bar(values, counts, color=COLOURS["samples"], width=0.8)
     ax.set_xlim(values.min() - 0.6, values.max() + 0.6)  # fitted to the data, not to a fixed range
     ax.set_xticks(values if len(values) <= 12 else np.linspace(values.min(), values.max(), 12).round())
+    ax.yaxis.set_major_locator(_whole_numbers())  # counts of packs
     ax.set_title(f"samples per pack (mean {data.pack_samples.mean():.1f})")
     ax.set_xlabel("samples")
     ax.set_ylabel("packs")
@@ -140,9 +148,11 @@ def _drops(ax, stats: dict) -> None:
     if stats.get("truncated"):
         rows.append(("pack: truncated", stats["truncated"]))
     rows_in = stats.get("rows_in")
-    title = "rejected and dropped rows" + (f" (of {rows_in:,} rows in)" if rows_in else "")
+    # the count of rows in goes under the panel: a title wider than the panel runs off the figure
+    title, of = "rejected and dropped rows", f" (of {rows_in:,} rows in)" if rows_in else ""
     if not rows:
-        _empty(ax, title, "none: every row was packed")
+        done = "tokenized" if stats.get("kind") == "tokenized" else "packed"  # a tokenized directory has no packs
+        _empty(ax, title, f"none: all {rows_in:,} rows were {done}" if rows_in else f"none: every row was {done}")
         return
     y = np.arange(len(rows))[::-1]
     counts = np.array([r[1] for r in rows])
@@ -152,7 +162,7 @@ def _drops(ax, stats: dict) -> None:
     ax.set_yticks(y, [r[0] for r in rows])
     ax.set_xlim(0, counts.max() * 1.25)
     ax.set_title(title)
-    ax.set_xlabel("rows")
+    ax.set_xlabel("rows" + of)
 
 
 def figure_digest(data: StatsData, stats: dict) -> str:
@@ -164,6 +174,27 @@ def figure_digest(data: StatsData, stats: dict) -> str:
                                       "rejected", "alone", "truncated", "rows_in")}
     h.update(json.dumps(keep, sort_keys=True).encode())
     return h.hexdigest()
+
+
+#: The settings every figure is drawn and saved with (a fixed SVG id salt: the same bytes each time).
+FIGURE_RC = {"svg.hashsalt": "packtool", "font.size": 9}
+
+
+def _figure(plt, data: StatsData, stats: dict, dpi: int):
+    """The 2×2 figure of :func:`plot_stats`, laid out, not yet saved (drawn under :data:`FIGURE_RC`)."""
+    fig, axes = plt.subplots(2, 2, figsize=(9, 6), dpi=dpi)
+    (a_fill, a_spp), (a_pad, a_drop) = axes
+    _fill_sorted(a_fill, data, stats)
+    _samples_per_pack(a_spp, data)
+    _padding(a_pad, stats)
+    _drops(a_drop, stats)
+    where = stats.get("packed") or stats.get("tokenized") or ""
+    head = f"{Path(where).name or where}: {stats['samples']:,} samples"
+    if stats.get("packs") is not None:
+        head += f" in {stats['packs']:,} packs (lower bound {stats['lower_bound']:,})"
+    fig.suptitle(head, fontsize=11)
+    fig.tight_layout()
+    return fig
 
 
 def plot_stats(data: StatsData, stats: dict, out: str | Path, dpi: int = 80) -> Path:
@@ -195,23 +226,8 @@ def plot_stats(data: StatsData, stats: dict, out: str | Path, dpi: int = 80) -> 
     plt = _pyplot()
     import matplotlib
 
-    with matplotlib.rc_context({"svg.hashsalt": "packtool", "font.size": 9}):
-        fig, axes = plt.subplots(2, 2, figsize=(9, 6), dpi=dpi)
-        (a_fill, a_spp), (a_pad, a_drop) = axes
-        _fill_sorted(a_fill, data, stats)
-        _samples_per_pack(a_spp, data)
-        _padding(a_pad, stats)
-        _drops(a_drop, stats)
-        from matplotlib.ticker import MaxNLocator
-
-        a_spp.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts are whole numbers
-        a_fill.xaxis.set_major_locator(MaxNLocator(integer=True))  # pack ranks too
-        where = stats.get("packed") or stats.get("tokenized") or ""
-        head = f"{Path(where).name or where}: {stats['samples']:,} samples"
-        if stats.get("packs") is not None:
-            head += f" in {stats['packs']:,} packs (lower bound {stats['lower_bound']:,})"
-        fig.suptitle(head, fontsize=11)
-        fig.tight_layout()
+    with matplotlib.rc_context(FIGURE_RC):
+        fig = _figure(plt, data, stats, dpi)
         suffix = out.suffix.lower()
         # no timestamps or software versions: each backend names them differently
         metadata = {

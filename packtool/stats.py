@@ -291,6 +291,7 @@ def load_stats_data(path: str | Path, packed: str | Path | None = None) -> Stats
     shown, shown_packed = str(path), None if packed is None else str(packed)
     path = fetch_output(path)
     first = read_manifest(path)
+    changed = None  # what the tokenized directory a packed one names holds now, when it is not what was packed
     if packed is not None:
         if first.get("kind") != "tokenized":
             raise InputError(f"{shown!r} holds {first.get('kind')} shards; `stats TOKENIZED PACKED` takes the tokenized directory first")
@@ -313,7 +314,12 @@ def load_stats_data(path: str | Path, packed: str | Path | None = None) -> Stats
         if tok_path is not None:
             tok_manifest = read_manifest(tok_path)
             want = (first.get("source") or {}).get("config_digest")
-            if tok_manifest.get("kind") != "tokenized" or (want and want != tok_manifest.get("config_digest")):
+            if tok_manifest.get("kind") != "tokenized":
+                changed = f"now holds {tok_manifest.get('kind')} shards"
+            elif want and want != tok_manifest.get("config_digest"):
+                changed = (f"was tokenized again since (config digest {tok_manifest.get('config_digest')}; "
+                           f"these packs were made from {want})")
+            if changed:
                 tok_path, tok_manifest = None, None
     else:
         data = StatsData("tokenized")
@@ -327,8 +333,14 @@ def load_stats_data(path: str | Path, packed: str | Path | None = None) -> Stats
                           "are per directory: packtool stats TOKENIZED")
         return data
     if tok_path is None:
-        data.notes.append("tokenized directory not found: no input order, sources, branches or reconciliation; "
-                          "pass it first: packtool stats TOKENIZED PACKED")
+        src = (packed_manifest.get("source") or {}).get("path")
+        if changed:  # re-tokenized in place since: naming it as the fix would only fail on the digest
+            data.notes.append(f"the tokenized directory {src!r} {changed}: no input order, sources, branches or "
+                              "reconciliation; to have them, pass the tokenized directory it was packed from "
+                              "first: packtool stats TOKENIZED PACKED")
+        else:
+            data.notes.append("tokenized directory not found: no input order, sources, branches or reconciliation; "
+                              "pass it first: packtool stats TOKENIZED PACKED")
         return data
     _load_tokenized(data, tok_path, tok_manifest)
     data.packed_mask = is_in(data.sample_id, data.pack_sample_ids)
@@ -735,6 +747,13 @@ def check_thresholds(stats: dict, th: Thresholds) -> list[str]:
         if value is None:
             raise ConfigError(f"{flag} needs packs with that capacity; {stats['kind']} statistics have no {name}; "
                               "pass a packed directory")
+        if name == "rejected_fraction" and stats["kind"] == "packed" and stats["tokenized"] is None \
+                and not stats.get("mixture"):
+            # without the tokenized directory the rows tokenize rejected are unknown: the share would
+            # count pack drops only and pass a run that should fail
+            raise InputError(f"{flag} counts the rows tokenize rejected, which only the tokenized directory knows, "
+                             f"and the one {stats['packed']!r} was packed from is not where its manifest says (or was "
+                             f"tokenized again since); pass it first: packtool stats TOKENIZED {stats['packed']}")
         passed = value >= limit if below else value <= limit
         checks.append({"name": name, "flag": flag, "limit": limit, "value": value, "passed": bool(passed)})
     stats["thresholds"] = checks

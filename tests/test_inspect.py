@@ -109,6 +109,10 @@ def test_cli_inspect_sample_in_a_pack_and_errors(demo_dirs):
     assert r.returncode == 1 and "'nope' is in no pack" in r.stderr and "errors.jsonl" in r.stderr
     r = run("inspect", str(demo_dirs["tokenized"]), "--pack", "0")
     assert r.returncode == 1 and "use --sample" in r.stderr
+    # flags that contradict each other are a usage error (it exited 1, as a failed run does)
+    r = run("inspect", str(demo_dirs["packed"]), "--pack", "0", "--sample", "demo-010")
+    assert (r.returncode, r.stdout) == (2, "") and r.stderr.startswith("Usage: packtool inspect ")
+    assert r.stderr.endswith("\n\nError: give --pack or --sample, not both\n")
     r = run("inspect", str(demo_dirs["packed"]), "--tokenizer", "qwen3")  # the same check as validate's
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == ("Error: --tokenizer 'qwen3': 'qwen3' adds <tool_response>, </tool_response>, <think> and "
@@ -117,6 +121,35 @@ def test_cli_inspect_sample_in_a_pack_and_errors(demo_dirs):
     r = run("inspect", str(demo_dirs["tokenized"]), "--sample", "demo-003", "--json")
     view = json.loads(r.stdout)
     assert view["kind"] == "sample" and view["samples"][0]["sample_id"] == "demo-003"
+
+
+def test_a_sample_tokenize_rejected_or_pack_dropped_is_refused_with_its_reason(tmp_path):
+    # it said only "sample 'gone' is not in 'tok' (e.g. 'demo-000', ...)", and of a packed directory
+    # "a dropped sample is listed in errors.jsonl", leaving the reason to be looked up
+    lines = (SAMPLE / "data.jsonl").read_text().splitlines()[:8]
+    lines.append(json.dumps({"id": "gone", "image": "images/nope.png",
+                             "conversations": [{"from": "human", "value": "<image>\nHi"}, {"from": "gpt", "value": "Hello."}]}))
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    tok, packed = tmp_path / "tok", tmp_path / "packed"
+    tokenize_dataset([tmp_path / "in.jsonl"], tok, TokenizeConfig(media_root=str(SAMPLE)))
+    pack_dataset(tok, packed, PackConfig(max_tokens=2048))
+    (missing,) = [json.loads(x) for x in (tok / ".packtool" / "errors.jsonl").read_text().splitlines()]
+    dropped = json.loads((packed / ".packtool" / "errors.jsonl").read_text().splitlines()[0])
+    assert missing["sample_id"] == "gone" and dropped["reason"] == "oversize"
+    rejected = (f"tokenize rejected it (missing_media: {missing['message']}; {tmp_path / 'in.jsonl'} row 8), "
+                f"as {tok / '.packtool' / 'errors.jsonl'} lists")
+    r = run("inspect", str(tok), "--sample", "gone")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == f"Error: sample 'gone' is not in {str(tok)!r}: {rejected}\n"
+    r = run("inspect", str(packed), "--sample", "gone")
+    assert r.stderr == f"Error: sample 'gone' is in no pack of {str(packed)!r}: {rejected}\n"
+    r = run("inspect", str(packed), "--sample", dropped["sample_id"])
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"Error: sample {dropped['sample_id']!r} is in no pack of {str(packed)!r}: pack dropped it "
+                        f"(oversize: {dropped['message']}; {dropped['source']} row {dropped['row']}), as "
+                        f"{packed / '.packtool' / 'errors.jsonl'} lists\n")
+    r = run("inspect", str(packed), "--sample", "never-was")  # in no list: examples, as before
+    assert r.stderr.startswith(f"Error: sample 'never-was' is in no pack of {str(packed)!r} (e.g. 'demo-")
 
 
 @pytest.fixture(scope="module")
@@ -220,6 +253,36 @@ def test_tree_shows_prefix_then_each_branch(tree_dir):
     assert "  prefix:" in text and "  branch 2:" in text and "user (cont.)" in text
     assert "sub 10000  prefix" in text and "sub 2  branch 2" in text
     assert "3 branches" in text
+
+
+def test_tree_of_answers_to_one_question_names_each_branch_role(tmp_path):
+    # branches that share the whole question split inside the answer's header
+    # (<|im_start|>assistant | \n): the prefix showed a role-less "assistant" line and every branch
+    # a role-less answer
+    img = Part.media("image", 0)
+    answers = ["Red.", "It is a red circle.", "A circle, coloured red."]
+    branches = tuple((_msg("user", img, _text("Describe it.")), _msg("assistant", _text(a))) for a in answers)
+    follow_up = (_msg("user", img, _text("Describe it.")), _msg("assistant", _text("Round.")),
+                 _msg("user", _text("Any text?")), _msg("assistant", _text("No.")))
+    tree = Sample("same-q", "mem.jsonl", 0, (MediaRef("image", "images/img00.png"),), (*branches, follow_up))
+    ctx = EncodeContext(load_tokenizer(), get_template("chatml"), get_family("qwen2.5-vl"), SAMPLE)
+    rows, rejected = encode_samples([tree], ctx)
+    assert not rejected and rows[0]["n_branches"] == 4
+    view = inspect_dir(_write_tokenized(tmp_path / "tok", rows, "qwen2.5-vl", SAMPLE), sample="same-q")
+    s = view["samples"][0]
+    prefix, *parts = s["parts"]
+    assert [(t["role"], t["text"]) for t in prefix["turns"]] == [
+        ("system", "You are a helpful assistant.<|im_end|>"),
+        ("user", "<image 1: 644×476, 391 tokens>Describe it.<|im_end|>")]
+    for a, part in zip(answers, parts, strict=False):
+        assert [(t["role"], t["continued"], t["text"]) for t in part["turns"]] == [
+            ("assistant", False, f"{LOSS_OPEN}{a}<|im_end|>{LOSS_CLOSE}")]
+    assert [(t["role"], t["text"]) for t in parts[3]["turns"]] == [
+        ("assistant", f"{LOSS_OPEN}Round.<|im_end|>{LOSS_CLOSE}"), ("user", "Any text?<|im_end|>"),
+        ("assistant", f"{LOSS_OPEN}No.<|im_end|>{LOSS_CLOSE}")]
+    text = render_inspection(view)
+    assert f"  branch 1:\n    assistant    {LOSS_OPEN}It is a red circle.<|im_end|>{LOSS_CLOSE}\n" in text
+    assert "\n                 assistant\n" not in text
 
 
 def test_tree_stats_count_branches(tree_dir):

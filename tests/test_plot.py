@@ -189,3 +189,59 @@ def test_plot_into_a_folder_without_write_permission_is_one_error_line(demo_dirs
     assert r.stderr == (f"Error: cannot write the plot to {str(locked / 'stats.png')!r}: permission denied; "
                         "pass --plot a path you can write to\n")
     assert list(locked.iterdir()) == []
+
+
+def _drawn(data, stats):
+    """The figure as plot_stats lays it out, drawn, with its four panels."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    import matplotlib
+
+    from packtool.plotting import FIGURE_RC, _figure
+
+    with matplotlib.rc_context(FIGURE_RC):
+        fig = _figure(plt, data, stats, 80)
+        fig.canvas.draw()
+    return fig, fig.axes
+
+
+def test_panels_of_a_tokenized_dir_have_no_stray_ticks_and_say_what_it_holds(demo_dirs):
+    # the empty fill and samples-per-pack panels showed ticks 0 and 1 (the whole-number locators were
+    # set after the panels were emptied), and the drops panel said "none: every row was packed" of a
+    # directory that holds no packs
+    from packtool.stats import load_stats_data, summarize
+
+    data = load_stats_data(demo_dirs["tokenized"])
+    fig, (a_fill, a_spp, _, a_drop) = _drawn(data, summarize(data))
+    for ax in (a_fill, a_spp, a_drop):
+        assert (list(ax.get_xticks()), list(ax.get_yticks())) == ([], [])
+    assert [t.get_text() for t in a_drop.texts] == ["none: all 30 rows were tokenized"]
+    _, (_, _, _, a_drop) = _drawn(*_demo_pair(demo_dirs))
+    assert [t.get_text() for t in a_drop.texts] == ["none: all 30 rows were packed"]
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
+def test_every_title_and_label_of_a_run_with_rejections_lies_inside_the_figure(demo_dirs):
+    # with rejections by reason, "rejected and dropped rows (of 65 rows in)" was wider than its
+    # panel and ran off the right edge of the figure
+    data, stats = _demo_pair(demo_dirs)
+    messy = {**stats, "rows_in": 65, "alone": 2, "truncated": 1,
+             "rejected": {"total": 5, "tokenize": {"bad_json": 1, "missing_media": 1}, "pack": {"oversize": 3}}}
+    fig, axes = _drawn(data, messy)
+    renderer = fig.canvas.get_renderer()
+    width, height = fig.bbox.width, fig.bbox.height
+    texts = [fig._suptitle] + [t for ax in axes for t in (ax.title, ax.xaxis.label, ax.yaxis.label,
+                                                          *ax.get_yticklabels(), *ax.texts)]
+    for t in texts:
+        if t.get_text():
+            box = t.get_window_extent(renderer)
+            assert box.x0 >= 0 and box.x1 <= width and box.y0 >= 0 and box.y1 <= height, (t.get_text(), box.bounds)
+    a_drop = axes[3]
+    assert a_drop.get_title() == "rejected and dropped rows" and a_drop.get_xlabel() == "rows (of 65 rows in)"
+    assert [t.get_text() for t in a_drop.get_yticklabels()] == [
+        "tokenize: bad_json", "tokenize: missing_media", "pack: oversize", "pack: alone (over capacity)",
+        "pack: truncated"]
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)

@@ -244,6 +244,53 @@ def test_packed_dir_without_its_tokenized_dir_still_reports(messy, tmp_path):
         assert s[key] == full[key], key
 
 
+def test_packed_dir_whose_tokenized_dir_was_tokenized_again_says_so(messy, tmp_path):
+    # the note said "tokenized directory not found ... pass it first", and passing it failed on its digest
+    import shutil
+
+    tok, packed = tmp_path / "tok", tmp_path / "packed"
+    shutil.copytree(messy["tokenized"], tok)
+    pack_dataset(tok, packed, PackConfig(max_tokens=2048, buffer_size=8))
+    was = json.loads((tok / ".packtool" / "manifest.json").read_text())["config_digest"]
+    tokenize_dataset([messy["base"] / "b.jsonl"], tok, TokenizeConfig(media_root=str(ROOT / "examples" / "sample"),
+                                                                      max_pixels=200_000), overwrite=True)
+    now = json.loads((tok / ".packtool" / "manifest.json").read_text())["config_digest"]
+    assert now != was
+    r = run("stats", str(packed))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == (
+        f"note: the tokenized directory {str(tok)!r} was tokenized again since (config digest {now}; these packs were "
+        f"made from {was}): no input order, sources, branches or reconciliation; to have them, pass the tokenized "
+        "directory it was packed from first: packtool stats TOKENIZED PACKED")
+    s = compute_stats(packed)
+    validate(s)
+    assert s["tokenized"] is None and s["reconcile"] is None and s["samples"] == compute_stats(messy["packed"])["samples"]
+
+
+def test_rejected_gate_without_the_tokenized_dir_refuses_rather_than_count_pack_drops_alone(messy, tmp_path):
+    # it measured pack drops over packed + dropped samples (the rows tokenize rejected unknown),
+    # a lower share than the pair's, and passed a run the pair fails
+    import shutil
+
+    moved = tmp_path / "packed-alone"
+    shutil.copytree(messy["packed"], moved)
+    manifest = json.loads((moved / ".packtool" / "manifest.json").read_text())
+    manifest["source"]["path"] = str(tmp_path / "not-there")
+    (moved / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
+    pair = compute_stats(messy["tokenized"], messy["packed"])
+    share = round(2 / 20 + pair["dropped"] / 18 * (18 / 20), 4)  # 2 of 20 rows rejected, then drops of 18 samples
+    limit = f"{share - 0.01:.4f}"
+    r = run("stats", str(messy["tokenized"]), str(messy["packed"]), "--fail-above-rejected", limit)
+    assert r.returncode == 1 and r.stderr == f"Error: rejected_fraction {share:.4g} is above --fail-above-rejected {float(limit):.4g}\n"
+    r = run("stats", str(moved), "--fail-above-rejected", limit)
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"Error: --fail-above-rejected counts the rows tokenize rejected, which only the tokenized "
+                        f"directory knows, and the one {str(moved)!r} was packed from is not where its manifest says "
+                        f"(or was tokenized again since); pass it first: packtool stats TOKENIZED {moved}\n")
+    r = run("stats", str(moved), "--fail-below-fill", "0.01")  # the other gates need only the packs
+    assert r.returncode == 0, r.stderr
+
+
 def test_dry_run_plan_stats_equal_the_written_packs(messy):
     cfg = PackConfig(max_tokens=2048, buffer_size=8)
     result = pack_dataset(messy["tokenized"], messy["base"] / "unused", cfg, dry_run=True)
