@@ -31,14 +31,13 @@ from .schema import MEDIA_FIELDS, PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
 from .shards import (
     ERRORS,
     errors_path,
-    is_output_dir,
     open_shard,
     read_manifest,
     read_shard,
     shard_error,
     why_no_packs,
 )
-from .storage import join
+from .storage import join, source_dir
 from .templates import TEMPLATES, Template
 from .tokenization import Tokenizer, load_recorded_tokenizer, load_tokenizer, vocabulary_difference
 
@@ -435,7 +434,7 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
         InputError: no such pack or sample.
         ConfigError: ``--pack`` on a tokenized directory, or a tokenizer that does not match.
     """
-    from .storage import fetch_output, is_url
+    from .storage import fetch_output
 
     shown = str(path)  # what messages and the view name: the URL, not the local copy of a bucket's output
     path = fetch_output(path)  # a bucket's output is read from a checked local copy
@@ -444,12 +443,9 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
     if pack is not None and sample is not None:
         raise ConfigError("give --pack or --sample, not both")
     tok_manifest = manifest if kind == "tokenized" else None
-    if kind == "packed":
-        src = (manifest.get("source") or {}).get("path")
-        if src and is_url(src) and tokenizer is None:
-            tok_manifest = read_manifest(fetch_output(src))
-        elif src and is_output_dir(src) and tokenizer is None:
-            tok_manifest = read_manifest(Path(src))
+    src_dir = source_dir(path, manifest) if kind == "packed" else None
+    if src_dir is not None and tokenizer is None:
+        tok_manifest = read_manifest(src_dir)
     dec = _Decoder(_resolve_tokenizer(manifest, tok_manifest, tokenizer), _template(manifest))
     media_cols = _MEDIA_LEAVES + (["media.list.element.sample_index"] if kind == "packed" else [])
     if kind == "tokenized":
@@ -483,8 +479,7 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
                                  f"{_why_no_packs(manifest)}")
             src = (manifest.get("source") or {}).get("path")
             why = _rejection(path, shown, sample, "pack dropped it") or (
-                _rejection(Path(src), src, sample, "tokenize rejected it")
-                if src and not is_url(src) and is_output_dir(src) else None)
+                _rejection(src_dir, src, sample, "tokenize rejected it") if src_dir is not None else None)
             raise InputError(f"sample {sample!r} is in no pack of {shown!r}" + (
                 f": {why}" if why else f" (e.g. {ex}); a dropped sample is listed in {ERRORS}"))
     elif pack is None:  # the first pack: pack 0 when pack task 0 made any

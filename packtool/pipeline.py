@@ -1531,7 +1531,8 @@ def pack_dataset(
                 "vision": tok_manifest.get("vision"), "shards": [], "plans": [r["plan"] for r in results]}
     manifest_extra = {**_layout_record(cfg), "capacities": capacities, "tokenizer": tok_manifest.get("tokenizer"),
                       "vision": tok_manifest.get("vision"), "template": tok_manifest.get("template"),
-                      "source": {"path": src_name, "config_digest": tok_manifest["config_digest"]}}
+                      "source": {"path": src_name, "config_digest": tok_manifest["config_digest"],
+                                 **({} if remote_src else {"absolute": str(Path(src).resolve())})}}
     run = {"kind": "packed", "config": config, "config_digest": digest, "world_size": ex.world_size,
            "n_tasks": len(entries), "tasks_digest": digest_of({"shards": [e["file"] for e in entries]}),
            "inputs": {e["file"]: e["sha256"] for e in entries}, "manifest": manifest_extra, "max_errors": max_errors}

@@ -34,8 +34,8 @@ import pyarrow.compute as pc
 
 from .errors import ConfigError, InputError
 from .pipeline import lower_bound
-from .shards import errors_path, is_output_dir, read_manifest, read_shard
-from .storage import fetch_output, is_url, source_name
+from .shards import errors_path, read_manifest, read_shard
+from .storage import fetch_output, source_dir, source_name
 
 __all__ = [
     "STATS_VERSION",
@@ -259,22 +259,6 @@ def _load_packed(data: StatsData, path: Path, manifest: dict) -> None:
     data.pack_errors = _read_errors(path)
 
 
-def _find_source(packed: Path, manifest: dict) -> Path | None:
-    """The tokenized directory a packed one was made from, when it is still where it was."""
-    src = (manifest.get("source") or {}).get("path")
-    if not src:
-        return None
-    if is_url(src):
-        try:
-            return fetch_output(src, "tokenized")
-        except InputError:  # moved or removed since: stats go on without it
-            return None
-    for cand in (Path(src), packed / src):
-        if is_output_dir(cand):
-            return cand
-    return None
-
-
 def load_stats_data(path: str | Path, packed: str | Path | None = None) -> StatsData:
     """Read the arrays for statistics.
 
@@ -309,7 +293,7 @@ def load_stats_data(path: str | Path, packed: str | Path | None = None) -> Stats
             )
     elif first.get("kind") == "packed":
         packed_path, packed_manifest = path, first
-        tok_path = _find_source(path, first)
+        tok_path = source_dir(path, first)
         tok_manifest = None
         if tok_path is not None:
             tok_manifest = read_manifest(tok_path)

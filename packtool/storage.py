@@ -836,6 +836,27 @@ def input_copy(path: str) -> str:
         return str(_get_input(fs, url, fs.info(key)))
 
 
+def source_dir(packed: Path, manifest: dict) -> Path | None:
+    """The tokenized directory a packed one (``manifest``) was made from, when it is still where
+    it was: its URL (a checked local copy), the path as it was typed (from here, or from the packed
+    directory), or the absolute path pack recorded, so the pair is found from any directory."""
+    from .shards import is_output_dir
+
+    record = manifest.get("source") or {}
+    src, absolute = record.get("path"), record.get("absolute")
+    if not src:
+        return None
+    if is_url(src):
+        try:
+            return fetch_output(src, "tokenized")
+        except InputError:  # moved or removed since: the caller goes on without it
+            return None
+    for cand in (Path(src), Path(packed) / src, *([Path(absolute)] if absolute else [])):
+        if is_output_dir(cand):
+            return cand
+    return None
+
+
 def fetch_output(url: str | Path, kind: str | None = None) -> Path:
     """A local copy of a finished packtool output under ``url`` (its manifest, errors and shards),
     for the commands that read an output whole (``stats``, ``inspect``, ``validate``, ``pack``'s input).

@@ -233,7 +233,7 @@ def test_packed_dir_without_its_tokenized_dir_still_reports(messy, tmp_path):
     moved = tmp_path / "packed-alone"
     shutil.copytree(messy["packed"], moved)
     manifest = json.loads((moved / ".packtool" / "manifest.json").read_text())
-    manifest["source"]["path"] = str(tmp_path / "not-there")
+    manifest["source"].update(path=str(tmp_path / "not-there"), absolute=str(tmp_path / "not-there"))
     (moved / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     s = compute_stats(moved)
     validate(s)
@@ -242,6 +242,25 @@ def test_packed_dir_without_its_tokenized_dir_still_reports(messy, tmp_path):
     assert s["padding"]["order"] == "pack" and s["notes"]
     for key in ("packs", "samples", "tokens", "token_fill", "vision_fill", "samples_per_pack", "sample_tokens"):
         assert s[key] == full[key], key
+
+
+def test_a_pair_packed_with_relative_paths_is_found_from_any_directory(messy, tmp_path):
+    # the manifest named the tokenized directory only as typed ("tok"): from another directory
+    # stats lost its reconciliation and inspect its tokenizer record
+    import shutil
+
+    shutil.copytree(messy["tokenized"], tmp_path / "tok")
+    r = packtool("pack", "tok", "-o", "packed", "--max-tokens", "2048", "--buffer-size", "8", "-q", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    source = json.loads((tmp_path / "packed" / ".packtool" / "manifest.json").read_text())["source"]
+    assert source["path"] == "tok" and source["absolute"] == str((tmp_path / "tok").resolve())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = packtool("stats", str(tmp_path / "packed"), "--json", cwd=elsewhere)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["reconcile"] == compute_stats(messy["tokenized"], messy["packed"])["reconcile"] and s["reconcile"]["balanced"]
+    assert s["tokenized"] is not None and not s["notes"]
 
 
 def test_packed_dir_whose_tokenized_dir_was_tokenized_again_says_so(messy, tmp_path):
@@ -275,7 +294,7 @@ def test_rejected_gate_without_the_tokenized_dir_refuses_rather_than_count_pack_
     moved = tmp_path / "packed-alone"
     shutil.copytree(messy["packed"], moved)
     manifest = json.loads((moved / ".packtool" / "manifest.json").read_text())
-    manifest["source"]["path"] = str(tmp_path / "not-there")
+    manifest["source"].update(path=str(tmp_path / "not-there"), absolute=str(tmp_path / "not-there"))
     (moved / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     pair = compute_stats(messy["tokenized"], messy["packed"])
     share = round(2 / 20 + pair["dropped"] / 18 * (18 / 20), 4)  # 2 of 20 rows rejected, then drops of 18 samples
