@@ -1085,6 +1085,13 @@ def _has_media(media) -> np.ndarray:
     return pc.fill_null(pc.list_value_length(media), 0).to_numpy(zero_copy_only=False) > 0
 
 
+def _group_starts(pf) -> np.ndarray:
+    """The first row of each row group of an open Parquet file, then its row count
+    (``len`` is groups + 1), so ``searchsorted(starts, row, side="right") - 1`` is a row's group."""
+    meta = pf.metadata
+    return np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)], dtype=np.int64)
+
+
 def _cut_to_nothing(pf, tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, bad: dict, max_tokens: int,
                     max_units: int) -> dict[int, tuple[str, str]]:
     """Rows that ``--oversize truncate`` would cut to no target at all: text-only rows over
@@ -1101,8 +1108,7 @@ def _cut_to_nothing(pf, tokens: np.ndarray, units: np.ndarray, has_media: np.nda
     rows = [int(r) for r in rows if int(r) not in bad]
     if not rows:
         return {}
-    meta = pf.metadata
-    starts = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+    starts = _group_starts(pf)
     group_of = np.searchsorted(starts, rows, side="right") - 1
     out = {}
     for g in np.unique(group_of).tolist():
@@ -1181,11 +1187,10 @@ class _RowStore:
     def __init__(self, pf, never: list[int] | None = None, file: Path = Path("?")) -> None:
         import pyarrow as pa
 
-        meta = pf.metadata
         self.pf = pf
         self.file = file
         self._arrow_errors = (pa.ArrowException, OSError)
-        self.starts = np.concatenate([[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])])
+        self.starts = _group_starts(pf)
         self.loaded = 0  # row groups read so far
         # group -> [table, shard row of each held row (ascending), packed flags]
         self.held: dict[int, list] = {}
@@ -1632,9 +1637,7 @@ class _MixShards:
         pf = self.open.get((s, k))
         if pf is None:
             pf = self._open(s, k)
-            meta = pf.metadata
-            self.group_starts[(s, k)] = np.concatenate(
-                [[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])]).astype(np.int64)
+            self.group_starts[(s, k)] = _group_starts(pf)
             self.open[(s, k)] = pf
         return pf
 
