@@ -156,7 +156,8 @@ def resolve_media_path(path: str, media_root: Path) -> Path:
     """Resolve ``path`` under ``media_root``; refuse anything that escapes it.
 
     ``..`` components, absolute paths elsewhere and symlinks that point outside the
-    root all raise ``path_outside_root``; a path that does not exist raises ``missing_media``.
+    root all raise ``path_outside_root``; a path that does not exist, or is not a file (a
+    directory, a pipe), raises ``missing_media``.
     """
     if not isinstance(media_root, Path):  # a bucket: storage.RemoteRoot resolves keys the same way
         return media_root.file(path)
@@ -172,6 +173,10 @@ def resolve_media_path(path: str, media_root: Path) -> Path:
         if resolved != root and root not in resolved.parents:
             raise SampleError("path_outside_root", f"media path {shown!r} resolves outside --media-root {str(root)!r}")
         if not resolved.is_file():
+            if resolved.exists():  # a directory named like a file (``x.png/``), a pipe, a device
+                what = "a directory" if resolved.is_dir() else "a pipe, socket or device"
+                raise SampleError("missing_media", f"media path {shown!r} under --media-root {str(root)!r} is {what}, "
+                                                   "not a file; name the media file itself")
             raise SampleError("missing_media", f"media file {shown!r} not found under --media-root {str(root)!r}")
     except (OSError, ValueError) as exc:  # a name too long, a loop of links, an undecodable name
         raise SampleError("missing_media", f"media file {shown!r} cannot be looked up under --media-root "
