@@ -431,6 +431,21 @@ def test_a_directory_or_pipe_named_like_an_image_is_said_to_be_no_file(tmp_path)
     assert "is a pipe, socket or device, not a file" in errors["pipe"]["message"]
 
 
+@pytest.mark.parametrize("container", ["mp4", "avi", "mkv", "ts"])
+def test_a_video_given_as_an_image_says_to_list_it_as_a_video(tmp_path, container):
+    """A video in an image slot was a ``corrupt_image`` ("not an image Pillow can identify");
+    the file is fine, only referenced as the wrong kind."""
+    root = tmp_path / "m"
+    root.mkdir()
+    (root / "ok.png").write_bytes(png_bytes(64, 48))
+    video(root / f"clip.{container}")
+    e = assert_rejected(root, tmp_path, image_rec("clip", f"clip.{container}"), "unsupported_media")
+    assert "the image is a video" in e["message"] and "list it as a video" in e["message"], e
+    (tmp_path / "as-video").mkdir()
+    _, errors = run_tokenize(root, tmp_path / "as-video", [json.dumps(video_rec("clip", f"clip.{container}")).encode()])
+    assert "clip" not in errors, errors.get("clip")
+
+
 VIDEO_TRICKS = {
     # an HLS playlist naming a file outside the media root
     "playlist.m3u8": b"#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10,\n../outside.mp4\n#EXT-X-ENDLIST\n",
