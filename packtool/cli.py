@@ -222,6 +222,10 @@ def tokenize(
         return
     typer.echo(f"{c['samples']:,} samples from {c['rows_in']:,} rows in {len(manifest['shards'])} shards -> {output}")
     _echo_rejected(c, output)
+    if c.get("repeated_ids"):
+        n = c["repeated_ids"]
+        typer.echo(f"warning: {n:,} {'sample repeats' if n == 1 else 'samples repeat'} an id stored before in the same "
+                   "task (input slice); stats and errors.jsonl name samples by id: give each record its own")
 
 
 def _echo_rejected(counts: dict, output: str | None) -> None:

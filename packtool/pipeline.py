@@ -750,6 +750,11 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
                           else replace(task.cfg, tokenizer=_at(own, task.cwd)))
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     n_rows = n_samples = n_tokens = n_units = 0
+    # ids stored so far: a repeat is counted, not refused (stats and errors.jsonl name samples
+    # by id, so a user wants to know); within the task, as --group-by-media merges, since a
+    # run-wide check would read every id again after the last task
+    ids_seen: set[str] = set()
+    n_repeated = 0
     tree_counts: Counter[str] = Counter()
     stream = _task_samples(task)
     if task.cfg.group_by_media:
@@ -775,6 +780,10 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
                     errors.add(rej)
                 if table.num_rows:
                     writer.write_table(table)
+                    ids = table.column("sample_id").to_pylist()
+                    before = len(ids_seen)
+                    ids_seen.update(ids)
+                    n_repeated += len(ids) - (len(ids_seen) - before)
                 n_rows += len(batch) + sum(len(s.meta.get("merged", ())) for s in samples)
                 n_samples += table.num_rows
                 n_tokens += int(table.column("n_tokens").to_numpy().sum())
@@ -788,6 +797,8 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
               "rejected_by_reason": dict(sorted(errors.by_reason.items())), "tokens": n_tokens, "vision_units": n_units,
               "branches": tree_counts["branches"], "split_extra_trees": tree_counts["split_extra_trees"],
               "merged_records": tree_counts["merged_records"]}
+    if n_repeated:  # only when there are any: the counts of a run without repeats stay as they were
+        counts["repeated_ids"] = n_repeated
     record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts,
               "ran_on": worker_place()}
     publish_task(task.out_dir, out, task.index, record)
