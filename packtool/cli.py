@@ -20,6 +20,7 @@ import typer
 from . import __version__
 from .config import INT32_MAX, LAYOUTS, MEDIA_MODES, OVERSIZE_POLICIES, PackConfig, TokenizeConfig
 from .errors import PacktoolError
+from .executors import ExecutorConfig
 from .formats import FORMATS
 from .mixture import GROUP_BY, SAMPLES_PER_TASK
 from .pipeline import ON_ERROR
@@ -208,10 +209,10 @@ def tokenize(
                              max_num=max_num, exif=exif, rows_per_shard=rows_per_shard, max_errors=max_errors,
                              max_branches=max_branches, max_tokens=max_tokens, group_by_media=group_by_media,
                              reasoning_loss=reasoning_loss)
+        ex = ExecutorConfig(executor=executor, workers=workers, ray_address=ray_address, rank=rank,
+                            world_size=world_size)
     with _progress("tokenize", quiet) as bar:
-        manifest = tokenize_dataset(inputs, output, cfg, progress=bar, overwrite=overwrite, on_error=on_error,
-                                    workers=workers, executor=executor, ray_address=ray_address, rank=rank,
-                                    world_size=world_size)
+        manifest = tokenize_dataset(inputs, output, cfg, progress=bar, overwrite=overwrite, on_error=on_error, ex=ex)
     if manifest.get("partial"):
         _emit_json(manifest) if as_json else typer.echo(_rank_line(manifest, output))
         return
@@ -221,6 +222,10 @@ def tokenize(
         return
     typer.echo(f"{c['samples']:,} samples from {c['rows_in']:,} rows in {len(manifest['shards'])} shards -> {output}")
     _echo_rejected(c, output)
+    if c.get("repeated_ids"):
+        n = c["repeated_ids"]
+        typer.echo(f"warning: {n:,} {'sample repeats' if n == 1 else 'samples repeat'} an id stored before in the same "
+                   "task (input slice); stats and errors.jsonl name samples by id: give each record its own")
 
 
 def _echo_rejected(counts: dict, output: str | None) -> None:
@@ -287,10 +292,11 @@ def pack(
                          text_weight=text_weight, vision_weight=vision_weight, token_granularity=token_granularity,
                          oversize=oversize, max_samples_per_pack=max_samples_per_pack, media=media,
                          packs_per_shard=packs_per_shard, frame_quality=frame_quality, layout=layout)
+        ex = ExecutorConfig(executor=executor, workers=workers, ray_address=ray_address, rank=rank,
+                            world_size=world_size)
     with _progress("pack", quiet) as bar:
         result = pack_dataset(src, output or Path("."), cfg, progress=bar, overwrite=overwrite, dry_run=dry_run,
-                              media_root=media_root, max_errors=max_errors, on_error=on_error, workers=workers,
-                              executor=executor, ray_address=ray_address, rank=rank, world_size=world_size)
+                              media_root=media_root, max_errors=max_errors, on_error=on_error, ex=ex)
     if result.get("partial"):
         _emit_json(result) if as_json else typer.echo(_rank_line(result, output))
         return

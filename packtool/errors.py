@@ -37,7 +37,7 @@ REASON_CODES: dict[str, str] = {
     "tools_unsupported": "the sample uses tools, which the template's model has no format for",
     "reasoning_unsupported": "the sample has reasoning_content, which the template's model has no format for",
     "placeholder_mismatch": "the number of <image>/<video> tags differs from the number of media",
-    "missing_media": "a media file does not exist",
+    "missing_media": "a media file does not exist, or its path is a directory or other non-file",
     "path_outside_root": "a media path escapes --media-root",
     "unsupported_media": "a media file is in a format packtool does not open (e.g. EPS, PDF, a playlist)",
     "corrupt_image": "the image header cannot be read or the file is truncated",

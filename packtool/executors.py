@@ -30,6 +30,7 @@ the pool starts (not the forkserver's, which is the driver's when its first pool
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import multiprocessing as mp
 import os
@@ -63,6 +64,10 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+#: What ``--executor ray`` says where Ray is not installed.
+RAY_MISSING = "--executor ray needs Ray; run `pip install packtool[ray]`"
+
+
 @dataclass(frozen=True, slots=True)
 class ExecutorConfig:
     """Where and how widely the tasks of one stage run; none of this changes the output.
@@ -94,6 +99,8 @@ class ExecutorConfig:
             raise ConfigError(f"--rank {self.rank} is outside 0..{self.world_size - 1}; ranks count from 0 below --world-size")
         if self.ray_address is not None and self.executor != "ray":
             raise ConfigError("--ray-address needs --executor ray")
+        if self.executor == "ray" and importlib.util.find_spec("ray") is None:  # found, not imported
+            raise ConfigError(RAY_MISSING)
 
     def my_tasks(self, n_tasks: int) -> list[int]:
         """Task indices this rank runs: ``range(rank, n_tasks, world_size)``.
@@ -414,7 +421,7 @@ def _run_ray(fn, tasks, ex: ExecutorConfig, progress, collect) -> None:
         import ray
         from ray.util.queue import Queue
     except ImportError:
-        raise ConfigError("--executor ray needs Ray; run `pip install packtool[ray]`") from None
+        raise ConfigError(RAY_MISSING) from None
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from .storage import forwarded_env

@@ -82,23 +82,52 @@ def open_image(source: Path | bytes | io.IOBase) -> Image.Image:
     try:
         return Image.open(fp, formats=IMAGE_FORMATS)
     except Image.UnidentifiedImageError:
-        other = _other_format(source)
+        head = _head(source)
+        container = _video_container(head)
+        if container is not None:
+            named = {"mov": "MP4/MOV", "matroska": "Matroska/WebM"}.get(container, container.upper())
+            raise SampleError("unsupported_media", f"the image is a video ({named} container), not an image; "
+                                                   "list it as a video (under the record's video or videos "
+                                                   "key, with a <video> tag)") from None
+        other = _other_format(source, head)
         if other is not None:
             raise _unsupported(f"the image is {other}") from None
         raise
 
 
-def _other_format(source: Path | bytes | io.IOBase) -> str | None:
-    """The format of an image outside the allow-list, or ``None`` when nothing knows it."""
+def _head(source: Path | bytes | io.IOBase, n: int = 377) -> bytes:
+    """The first ``n`` bytes of a media file (enough for :func:`_video_container`)."""
     if isinstance(source, bytes):
-        head = source[:64]
-    elif isinstance(source, io.IOBase):
+        return source[:n]
+    if isinstance(source, io.IOBase):
         source.seek(0)
-        head = source.read(64)
+        head = source.read(n)
         source.seek(0)
-    else:
-        with _open_rb(source) as fh:
-            head = fh.read(64)
+        return head
+    with _open_rb(source) as fh:
+        return fh.read(n)
+
+
+def _video_container(head: bytes) -> str | None:
+    """The demuxer of a file that is surely a video (:func:`video_demuxer`), or ``None``.
+
+    Stricter than :func:`video_demuxer`, which is only asked about files given as videos:
+    raw H.264's start code is a few zero bytes, and one MPEG-TS sync byte is a ``G``, so
+    neither alone says that a broken image (``GIF8…``) is a video; three TS packets in a row do.
+
+    Example:
+        >>> _video_container(b"\\x00\\x00\\x00\\x18ftypmp42"), _video_container(b"GIF89a")
+        ('mov', None)
+    """
+    demuxer = video_demuxer(head)
+    if demuxer == "h264" or (demuxer == "mpegts" and head[188:189] + head[376:377] != b"GG"):
+        return None
+    return demuxer
+
+
+def _other_format(source: Path | bytes | io.IOBase, head: bytes) -> str | None:
+    """The format of an image outside the allow-list (``head``: its first bytes), or ``None``
+    when nothing knows it."""
     if head.lstrip().startswith(_DOCUMENTS):
         return "a document (PDF, PostScript or SVG)"
     try:
@@ -159,7 +188,8 @@ def resolve_media_path(path: str, media_root: Path) -> Path:
     """Resolve ``path`` under ``media_root``; refuse anything that escapes it.
 
     ``..`` components, absolute paths elsewhere and symlinks that point outside the
-    root all raise ``path_outside_root``; a path that does not exist raises ``missing_media``.
+    root all raise ``path_outside_root``; a path that does not exist, or is not a file (a
+    directory, a pipe), raises ``missing_media``.
     """
     if not isinstance(media_root, Path):  # a bucket: storage.RemoteRoot resolves keys the same way
         return media_root.file(path)
@@ -175,6 +205,10 @@ def resolve_media_path(path: str, media_root: Path) -> Path:
         if resolved != root and root not in resolved.parents:
             raise SampleError("path_outside_root", f"media path {shown!r} resolves outside --media-root {str(root)!r}")
         if not resolved.is_file():
+            if resolved.exists():  # a directory named like a file (``x.png/``), a pipe, a device
+                what = "a directory" if resolved.is_dir() else "a pipe, socket or device"
+                raise SampleError("missing_media", f"media path {shown!r} under --media-root {str(root)!r} is {what}, "
+                                                   "not a file; name the media file itself")
             raise SampleError("missing_media", f"media file {shown!r} not found under --media-root {str(root)!r}")
     except (OSError, ValueError) as exc:  # a name too long, a loop of links, an undecodable name
         raise SampleError("missing_media", f"media file {shown!r} cannot be looked up under --media-root "

@@ -187,6 +187,16 @@ class Mixture:
     def __post_init__(self) -> None:
         if not self.sources:
             raise ConfigError("a mixture needs at least one source")
+        # the same directory twice (``pack A A``, a glob that matched it twice) packed each sample
+        # twice under one id and showed two rows the table could not tell apart: a rate says it
+        seen: dict[str, int] = {}
+        for i, src in enumerate(self.sources):
+            key = src.path.rstrip("/") if is_url(src.path) else os.path.realpath(src.path)
+            if key in seen:
+                raise ConfigError(f"mixture sources {seen[key] + 1} and {i + 1} are the same tokenized directory "
+                                  f"{src.path!r}; give it once, at the sum of their rates or samples (a rate of 2 "
+                                  "takes every sample twice)")
+            seen[key] = i
         if self.group_by not in GROUP_BY:
             raise ConfigError(f"--group-by {self.group_by!r}: choose none or source")
         # numpy integers are stored as the int the flag gives (the seed goes into the manifest's JSON)

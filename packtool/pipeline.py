@@ -750,6 +750,11 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
                           else replace(task.cfg, tokenizer=_at(own, task.cwd)))
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     n_rows = n_samples = n_tokens = n_units = 0
+    # ids stored so far: a repeat is counted, not refused (stats and errors.jsonl name samples
+    # by id, so a user wants to know); within the task, as --group-by-media merges, since a
+    # run-wide check would read every id again after the last task
+    ids_seen: set[str] = set()
+    n_repeated = 0
     tree_counts: Counter[str] = Counter()
     stream = _task_samples(task)
     if task.cfg.group_by_media:
@@ -775,6 +780,10 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
                     errors.add(rej)
                 if table.num_rows:
                     writer.write_table(table)
+                    ids = table.column("sample_id").to_pylist()
+                    before = len(ids_seen)
+                    ids_seen.update(ids)
+                    n_repeated += len(ids) - (len(ids_seen) - before)
                 n_rows += len(batch) + sum(len(s.meta.get("merged", ())) for s in samples)
                 n_samples += table.num_rows
                 n_tokens += int(table.column("n_tokens").to_numpy().sum())
@@ -788,6 +797,8 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
               "rejected_by_reason": dict(sorted(errors.by_reason.items())), "tokens": n_tokens, "vision_units": n_units,
               "branches": tree_counts["branches"], "split_extra_trees": tree_counts["split_extra_trees"],
               "merged_records": tree_counts["merged_records"]}
+    if n_repeated:  # only when there are any: the counts of a run without repeats stay as they were
+        counts["repeated_ids"] = n_repeated
     record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts,
               "ran_on": worker_place()}
     publish_task(task.out_dir, out, task.index, record)
@@ -1085,6 +1096,13 @@ def _has_media(media) -> np.ndarray:
     return pc.fill_null(pc.list_value_length(media), 0).to_numpy(zero_copy_only=False) > 0
 
 
+def _group_starts(pf) -> np.ndarray:
+    """The first row of each row group of an open Parquet file, then its row count
+    (``len`` is groups + 1), so ``searchsorted(starts, row, side="right") - 1`` is a row's group."""
+    meta = pf.metadata
+    return np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)], dtype=np.int64)
+
+
 def _cut_to_nothing(pf, tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, bad: dict, max_tokens: int,
                     max_units: int) -> dict[int, tuple[str, str]]:
     """Rows that ``--oversize truncate`` would cut to no target at all: text-only rows over
@@ -1101,8 +1119,7 @@ def _cut_to_nothing(pf, tokens: np.ndarray, units: np.ndarray, has_media: np.nda
     rows = [int(r) for r in rows if int(r) not in bad]
     if not rows:
         return {}
-    meta = pf.metadata
-    starts = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+    starts = _group_starts(pf)
     group_of = np.searchsorted(starts, rows, side="right") - 1
     out = {}
     for g in np.unique(group_of).tolist():
@@ -1181,11 +1198,10 @@ class _RowStore:
     def __init__(self, pf, never: list[int] | None = None, file: Path = Path("?")) -> None:
         import pyarrow as pa
 
-        meta = pf.metadata
         self.pf = pf
         self.file = file
         self._arrow_errors = (pa.ArrowException, OSError)
-        self.starts = np.concatenate([[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])])
+        self.starts = _group_starts(pf)
         self.loaded = 0  # row groups read so far
         # group -> [table, shard row of each held row (ascending), packed flags]
         self.held: dict[int, list] = {}
@@ -1633,9 +1649,7 @@ class _MixShards:
         pf = self.open.get((s, k))
         if pf is None:
             pf = self._open(s, k)
-            meta = pf.metadata
-            self.group_starts[(s, k)] = np.concatenate(
-                [[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])]).astype(np.int64)
+            self.group_starts[(s, k)] = _group_starts(pf)
             self.open[(s, k)] = pf
         return pf
 

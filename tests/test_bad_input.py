@@ -417,6 +417,35 @@ def test_image_formats_on_the_allow_list_pass(tmp_path, name):
     assert name not in errors
 
 
+def test_a_directory_or_pipe_named_like_an_image_is_said_to_be_no_file(tmp_path):
+    """A directory ``x.png/`` given as an image was reported "not found": it is there, only not a file."""
+    root = tmp_path / "m"
+    root.mkdir()
+    (root / "ok.png").write_bytes(png_bytes(64, 48))
+    (root / "x.png").mkdir()
+    os.mkfifo(root / "pipe.png")
+    _, errors = run_tokenize(root, tmp_path, [json.dumps(image_rec("dir", "x.png")).encode(),
+                                              json.dumps(image_rec("pipe", "pipe.png")).encode()])
+    assert (errors["dir"]["reason"], errors["pipe"]["reason"]) == ("missing_media", "missing_media")
+    assert "'x.png'" in errors["dir"]["message"] and "is a directory, not a file" in errors["dir"]["message"]
+    assert "is a pipe, socket or device, not a file" in errors["pipe"]["message"]
+
+
+@pytest.mark.parametrize("container", ["mp4", "avi", "mkv", "ts"])
+def test_a_video_given_as_an_image_says_to_list_it_as_a_video(tmp_path, container):
+    """A video in an image slot was a ``corrupt_image`` ("not an image Pillow can identify");
+    the file is fine, only referenced as the wrong kind."""
+    root = tmp_path / "m"
+    root.mkdir()
+    (root / "ok.png").write_bytes(png_bytes(64, 48))
+    video(root / f"clip.{container}")
+    e = assert_rejected(root, tmp_path, image_rec("clip", f"clip.{container}"), "unsupported_media")
+    assert "the image is a video" in e["message"] and "list it as a video" in e["message"], e
+    (tmp_path / "as-video").mkdir()
+    _, errors = run_tokenize(root, tmp_path / "as-video", [json.dumps(video_rec("clip", f"clip.{container}")).encode()])
+    assert "clip" not in errors, errors.get("clip")
+
+
 VIDEO_TRICKS = {
     # an HLS playlist naming a file outside the media root
     "playlist.m3u8": b"#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10,\n../outside.mp4\n#EXT-X-ENDLIST\n",

@@ -68,6 +68,31 @@ def test_every_command_help_shows_an_example(command, capsys):
     assert "Example:" in out and f"packtool {command}" in out
 
 
+def test_tokenize_counts_repeated_sample_ids_within_a_task(tmp_path, demo_dirs):
+    """Records sharing an id were stored without a word; the repeats within a task (one input
+    slice of --rows-per-shard rows) are counted in the manifest and the summary says so."""
+    sample = demo_dirs["sample"]
+    lines = (sample / "data.jsonl").read_text().splitlines()[:5]
+    records = [json.loads(line) for line in lines]
+    for rec, rid in zip(records, ["a", "a", "b", "a", "c"], strict=True):
+        rec["id"] = rid
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tok = tmp_path / "tok"
+    r = run("tokenize", str(src), "--media-root", str(sample), "-o", str(tok), "--quiet", "--rows-per-shard", "3")
+    assert r.returncode == 0, r.stderr
+    # tasks [a a b] and [a c]: one repeat within a task; the a of the second task is not compared
+    assert r.stdout == (f"5 samples from 5 rows in 2 shards -> {tok}\n"
+                        "warning: 1 sample repeats an id stored before in the same task (input slice); stats and "
+                        "errors.jsonl name samples by id: give each record its own\n")
+    assert json.loads((tok / ".packtool" / "manifest.json").read_text())["counts"]["repeated_ids"] == 1
+    r = run("tokenize", str(src), "--media-root", str(sample), "-o", str(tmp_path / "json"), "--quiet", "--json")
+    assert json.loads(r.stdout)["repeated_ids"] == 2
+    r = run("tokenize", str(sample / "data.jsonl"), "--media-root", str(sample), "-o", str(tmp_path / "unique"),
+            "--quiet", "--json")
+    assert "repeated_ids" not in json.loads(r.stdout)
+
+
 def test_tokenize_pack_stats_exact_output(tmp_path, demo_dirs):
     sample = demo_dirs["sample"]
     tok, packed = tmp_path / "tok", tmp_path / "packed"

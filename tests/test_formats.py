@@ -355,6 +355,25 @@ def test_bad_rows_get_reason_codes(tmp_path):
     assert [g.source_row for g in got] == list(range(9))
 
 
+@pytest.mark.parametrize("fmt", ["llava", "sharegpt", "swift", "molmo"])
+def test_sample_ids_are_strings_or_whole_numbers(tmp_path, fmt):
+    """An id ``true`` was stored as ``"True"``, ``3.0`` as ``"3.0"``, a list as its Python repr;
+    a whole number is its decimal digits, anything else but a string is a ``bad_record`` row."""
+    turns = [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}]
+    body = {"llava": {"conversations": turns}, "sharegpt": {"conversations": turns, "system": "Be brief."},
+            "swift": {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]},
+            "molmo": {"message_list": [{"question": "Colour?", "answer": "Red."}]}}[fmt]
+    ids = ["a", 17, -3, 10**20, True, False, 3.0, [1], {"k": 1}, None]
+    records = [{"id": i, **body} for i in ids] + [{"sample_id": 5, **body}]
+    got = read_all(write_jsonl(tmp_path / "ids.jsonl", records), fmt)
+    assert [g.reason if isinstance(g, Rejected) else g.sample_id for g in got] == [
+        "a", "17", "-3", "100000000000000000000", *["bad_record"] * 5, "ids.jsonl:9", "5"]
+    messages = [g.message for g in got if isinstance(g, Rejected)]
+    assert messages[0] == "sample id true is true/false, not a string; write ids as strings (or whole numbers)"
+    assert [m.split(" is ")[1].split(",")[0] for m in messages[2:]] == ["a decimal number", "a list", "an object"]
+    assert all(g.sample_id is None for g in got if isinstance(g, Rejected))
+
+
 def test_unknown_format_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="--format"):
         read_all(write_jsonl(tmp_path / "a.jsonl", [LLAVA]), "alpaca")

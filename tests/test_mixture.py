@@ -475,6 +475,33 @@ def test_rates_and_mixture_together_and_a_missing_source_are_refused(sources, tm
     assert not (tmp_path / "x").exists()
 
 
+def test_the_same_source_twice_is_refused_and_a_rate_says_it(sources, tmp_path):
+    """``pack A A`` packed every sample of A twice under one id, in a mixture table of two rows
+    that read alike; the same directory however written (a trailing slash, ``./``, a link) is
+    refused, naming both positions and the rate that takes it twice."""
+    a = sources / "tok_a"
+    os.symlink(a, tmp_path / "link")
+    spec = tmp_path / "mix.json"
+    spec.write_text(json.dumps({"sources": [{"path": str(a), "rate": 1}, {"path": str(sources / "tok_b"), "rate": 1},
+                                            {"path": os.path.relpath(a, tmp_path), "samples": 3}]}))
+    for args, first, second in (([str(a), str(a)], 1, 2), ([str(a), f"{a}/"], 1, 2),
+                                ([str(sources / "tok_b"), str(a), str(sources / "." / "tok_a")], 2, 3),
+                                ([str(a), str(tmp_path / "link")], 1, 2), (["--mixture", str(spec)], 1, 3)):
+        r = run("pack", *args, "-o", str(tmp_path / "x"))
+        assert (r.returncode, r.stdout) == (1, ""), r.stderr
+        assert r.stderr.startswith(f"Error: mixture sources {first} and {second} are the same tokenized directory ")
+        assert r.stderr.endswith("; give it once, at the sum of their rates or samples (a rate of 2 takes every "
+                                 "sample twice)\n"), r.stderr
+        assert not (tmp_path / "x").exists()
+    with pytest.raises(ConfigError, match="mixture sources 1 and 2 are the same"):
+        Mixture.from_rates(["s3://bucket/tok", "s3://bucket/tok/"])
+    r = run("pack", str(a), "--rates", "2", "-o", str(tmp_path / "twice"), "--max-tokens", "8192", "--quiet")
+    assert r.returncode == 0, r.stderr
+    ids = packed_rows(tmp_path / "twice")["ids"]
+    assert len(ids) == 20 and len(set(ids)) == 20 and Counter(i.split("#c")[0] for i in ids) == Counter(
+        tok_ids(sources, "a") * 2)
+
+
 @pytest.mark.parametrize(("body", "message"), [
     ("{not json", "is not valid JSON"),
     ("[]", 'must hold one object with a non-empty "sources" list'),

@@ -61,15 +61,32 @@ def test_on_error_fail_and_max_errors_exit_1_with_the_row(corpus, tmp_path):
 
 
 @pytest.mark.parametrize(("flags", "code", "message"), [
-    (["--rank", "2", "--world-size", "2"], 1, "Error: --rank 2 is outside 0..1"),
+    # flags that cannot work together are usage errors too (they were exit 1, as a failed run)
+    (["--rank", "2", "--world-size", "2"], 2, "Error: --rank 2 is outside 0..1"),
+    (["--ray-address", "10.0.0.1:6379"], 2, "Error: --ray-address needs --executor ray"),
     # enumerated options are checked by the parser, which lists the choices (a usage error)
     (["--executor", "spark"], 2, "'spark' is not one of 'local', 'ray'"),
     (["--on-error", "ignore"], 2, "'ignore' is not one of 'skip', 'fail'"),
 ])
-def test_bad_flags_name_the_fix(corpus, tmp_path, flags, code, message):
+@pytest.mark.parametrize("stage", ["tokenize", "pack"])
+def test_bad_flags_name_the_fix(corpus, demo_dirs, tmp_path, stage, flags, code, message):
     src, sample = corpus
-    r = run("tokenize", str(src), "--media-root", str(sample), "-o", str(tmp_path / "t"), "--quiet", *flags)
+    args = [str(src), "--media-root", str(sample)] if stage == "tokenize" else [str(demo_dirs["tokenized"])]
+    r = run(stage, *args, "-o", str(tmp_path / "t"), "--quiet", *flags)
     assert r.returncode == code and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("Usage: ") and not (tmp_path / "t").exists()
+
+
+def test_executor_ray_without_ray_installed_is_a_usage_error(demo_dirs, tmp_path):
+    """Without Ray, ``--executor ray`` failed as a run (exit 1) once the output was prepared.
+    Ray is hidden from a fresh interpreter the way Python documents (``sys.modules[name] = None``)."""
+    code = ("import sys; sys.modules['ray'] = None; from packtool.cli import main; "
+            f"sys.exit(main(['pack', {str(demo_dirs['tokenized'])!r}, '-o', {str(tmp_path / 'p')!r}, "
+            "'--executor', 'ray', '--ray-address', '10.0.0.1:6379', '--quiet']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert "Error: --executor ray needs Ray; run `pip install packtool[ray]`" in r.stderr
+    assert not (tmp_path / "p").exists()
 
 
 def test_resume_refusal_names_the_setting(demo_dirs, tmp_path):

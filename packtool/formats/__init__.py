@@ -29,7 +29,7 @@ from pathlib import Path
 from ..errors import ConfigError, InputError, SampleError
 from ..records import Sample
 from . import hf_parquet, llava, molmo, qwen_vl, sharegpt, swift
-from .common import check_sample, printable
+from .common import check_sample, printable, record_id
 
 __all__ = ["Rejected", "iter_samples", "parse_record", "parse_json_line", "iter_records", "expand_inputs", "PARSERS",
            "FORMATS", "detect_format", "SUFFIXES", "UTF8_BOM"]
@@ -357,8 +357,10 @@ def check_format(fmt: str) -> None:
 def parse_record(rec: object, source: str, row: int, fmt: str = "auto") -> Sample | Rejected:
     """One record (or the SampleError its line raised) as a Sample or a Rejected row."""
     source = printable(source)
-    sid = rec.get("id", rec.get("sample_id")) if isinstance(rec, dict) else None
-    sid = str(sid) if sid is not None else None
+    try:
+        sid = record_id(rec) if isinstance(rec, dict) else None
+    except SampleError:  # the parser rejects the record for its id, below
+        sid = None
     try:
         if isinstance(rec, SampleError):
             raise rec

@@ -24,8 +24,8 @@ from ..errors import SampleError
 from ..records import MediaRef, Message, Part, Sample, ToolCall
 from .tools import CALL_ROLES, RESULT_ROLES, parse_call_text, parse_tool_call
 
-__all__ = ["media_ref", "media_refs", "as_list", "check_text", "check_sample", "printable", "sample_id_of",
-           "split_placeholders", "build_sample", "Turn", "read_turns"]
+__all__ = ["media_ref", "media_refs", "as_list", "check_text", "check_sample", "printable", "record_id",
+           "sample_id_of", "split_placeholders", "build_sample", "Turn", "read_turns"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,11 +237,36 @@ def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[st
     return turns
 
 
-def sample_id_of(record: dict, source: str, row: int) -> str:
+def record_id(record: dict) -> str | None:
+    """A record's own id (``id``, else ``sample_id``) as packtool stores it, or ``None`` when
+    it has none: a string as it is, a whole number as its decimal digits.
+
+    Example:
+        >>> record_id({"id": "coco-1"}), record_id({"id": 17}), record_id({"sample_id": "a"}), record_id({})
+        ('coco-1', '17', 'a', None)
+
+    Raises:
+        SampleError: ``bad_record`` for an id that is ``true``/``false``, a decimal number, a list
+            or an object: ``str`` of them (``"True"``, ``"1.0"``, ``"[1]"``) is no id a user wrote.
+    """
     sid = record.get("id")
     if sid is None:
         sid = record.get("sample_id")
-    return str(sid) if sid is not None else f"{Path(source).name}:{row}"
+    if sid is None or isinstance(sid, str):
+        return sid
+    if isinstance(sid, int) and not isinstance(sid, bool):
+        return str(sid)
+    kind = {bool: "true/false", float: "a decimal number", list: "a list", dict: "an object"}.get(type(sid),
+                                                                                                  type(sid).__name__)
+    shown = json.dumps(sid, default=str)
+    raise SampleError("bad_record", f"sample id {shown[:80]} is {kind}, not a string; write ids as strings "
+                                    "(or whole numbers)")
+
+
+def sample_id_of(record: dict, source: str, row: int) -> str:
+    """:func:`record_id`, or ``FILE:ROW`` for a record without one."""
+    sid = record_id(record)
+    return sid if sid is not None else f"{Path(source).name}:{row}"
 
 
 _TAG = re.compile(r"<(image|video)>")
