@@ -496,10 +496,13 @@ def read_manifest(path: Path, kind: str | None = None) -> dict:
         raise InputError(f"{file}: not a packtool manifest ({'no' if missing not in manifest else 'an unknown'} "
                          f"{missing!r}); re-run the command that wrote it")
     readable = READABLE_VERSIONS[manifest["kind"]]
-    if manifest.get("schema_version") not in readable:
+    version = manifest.get("schema_version")
+    if version not in readable:
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > max(readable)
+        fix = (f"a newer packtool wrote it: upgrade packtool (this is {__version__}) to read it" if newer
+               else "re-run the stage that wrote it with this packtool")
         raise InputError(
-            f"{file}: {manifest.get('kind')} schema version {manifest.get('schema_version')!r}, this packtool reads "
-            f"{either(readable)}; re-run the stage with this version"
+            f"{file}: {manifest.get('kind')} schema version {version!r}, this packtool reads {either(readable)}; {fix}"
         )
     if kind is not None and manifest.get("kind") != kind:
         raise InputError(f"{str(path)!r} holds {manifest.get('kind')} shards, expected {kind} shards")

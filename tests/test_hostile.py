@@ -386,6 +386,26 @@ def test_a_manifest_without_a_kind_or_version_is_named_not_a_manifest(built, tmp
     assert err == f"Error: {file}: not a packtool manifest ({what}); re-run the command that wrote it\n"
 
 
+@pytest.mark.parametrize(("version", "fix"), [(99, "a newer packtool wrote it: upgrade packtool (this is {v}) to read it"),
+                                              (0, "re-run the stage that wrote it with this packtool")])
+def test_a_schema_version_this_packtool_cannot_read_names_the_right_fix(built, tmp_path, capfd, version, fix):
+    """A directory from a newer packtool was told to "re-run the stage with this version"."""
+    from packtool import __version__
+    from packtool.schema import READABLE_VERSIONS
+
+    d = _copy(built, tmp_path)
+    file = d["packed"] / ".packtool" / "manifest.json"
+    manifest = json.loads(file.read_text())
+    manifest["schema_version"] = version
+    file.write_text(json.dumps(manifest))
+    code, out, err = cli(capfd, "stats", d["packed"])
+    assert (code, out) == (1, "")
+    readable = READABLE_VERSIONS["packed"]
+    listed = ", ".join(str(v) for v in readable[:-1]) + f" or {readable[-1]}"
+    assert err == (f"Error: {file}: packed schema version {version}, this packtool reads {listed}; "
+                   f"{fix.format(v=__version__)}\n")
+
+
 @pytest.mark.parametrize("which", ["tok", "packed"])
 @pytest.mark.parametrize(("key", "value", "shown"), [("rejected", "x", "rejected is \"x\""),
                                                      ("tokens", None, "tokens is null"),
