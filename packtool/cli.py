@@ -470,6 +470,7 @@ def _int_list(lo: int, hi: int | None, example: str):
 
 @app.command()
 def sweep(
+    ctx: typer.Context,
     src: Annotated[str, typer.Argument(callback=_location, help="Tokenized directory.")],
     max_tokens: Annotated[str, typer.Option(callback=_int_list(1, INT32_MAX, "8192,16384"),
                                             help="Comma-separated --max-tokens values.")] = str(_PACK_DEFAULTS.max_tokens),
@@ -499,8 +500,9 @@ def sweep(
         grid["max_vision_units"] = max_vision_units
     grid["buffer_size"] = buffer_size
     grid["vision_weight"] = vision_weight
-    base = PackConfig(text_weight=text_weight, token_granularity=token_granularity, oversize=oversize)
-    rows = sweep_grid(src, base, grid)
+    with _flag_errors(ctx):  # a setting no cell can plan is a usage error, found before any cell is planned
+        base = PackConfig(text_weight=text_weight, token_granularity=token_granularity, oversize=oversize)
+        rows = sweep_grid(src, base, grid)
     typer.echo(json.dumps(rows, indent=2) if as_json else render_sweep(rows))
 
 

@@ -243,6 +243,9 @@ class PackConfig(_Digestible):
         if self.text_weight < 0 or self.vision_weight < 0:
             raise ConfigError("--text-weight and --vision-weight must be non-negative")
         check_range("--max-tokens", self.max_tokens, 1, INT32_MAX, INT32_WHY)
+        if self.token_granularity > self.max_tokens:
+            raise ConfigError(f"--token-granularity {self.token_granularity} exceeds --max-tokens {self.max_tokens}; "
+                              "lower the granularity")
         if self.max_vision_units is not None:
             check_range("--max-vision-units", self.max_vision_units, 0, INT32_MAX, INT32_WHY)
         check_range("--text-weight", self.text_weight, 0, INT32_MAX, WEIGHT_WHY)

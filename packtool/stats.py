@@ -873,9 +873,11 @@ def sweep(tokenized: str | Path, base, grid: dict[str, list[int]]) -> list[dict]
     from .pipeline import pack_dataset
 
     keys = list(grid)
+    # every setting is checked (a ConfigError) before any is planned, and a value given twice is planned once
+    cells = [(values, dataclasses.replace(base, **dict(zip(keys, values, strict=True))))
+             for values in itertools.product(*(dict.fromkeys(grid[k]) for k in keys))]
     out = []
-    for values in itertools.product(*(grid[k] for k in keys)):
-        cfg = dataclasses.replace(base, **dict(zip(keys, values, strict=True)))
+    for values, cfg in cells:
         t0 = time.perf_counter()
         result = pack_dataset(tokenized, Path("."), cfg, dry_run=True)
         seconds = time.perf_counter() - t0

@@ -72,6 +72,27 @@ def test_a_bad_list_value_is_a_usage_error_as_it_is_for_pack(demo_dirs, flag, va
     assert r.stderr.endswith(f"\n\nError: Invalid value for '{flag}': {message}\n"), r.stderr
 
 
+def test_a_granularity_above_a_max_tokens_is_a_usage_error_before_anything_is_planned(demo_dirs, tmp_path, monkeypatch):
+    """It planned every cell before it (and pack ran its tasks) to fail with exit 1."""
+    import packtool.pipeline as pipeline
+
+    planned = []
+    real = pipeline.pack_dataset
+    monkeypatch.setattr(pipeline, "pack_dataset", lambda *a, **k: planned.append(a[3] if len(a) > 3 else k) or real(*a, **k))
+    want = "--token-granularity 2048 exceeds --max-tokens 1024; lower the granularity"
+    r = run("sweep", str(demo_dirs["tokenized"]), "--max-tokens", "16384,1024", "--token-granularity", "2048")
+    assert (r.returncode, r.stdout, planned) == (2, "", []) and r.stderr.endswith(f"Error: {want}\n"), r.stderr
+    r = run("pack", str(demo_dirs["tokenized"]), "-o", str(tmp_path / "p"), "--max-tokens", "1024",
+            "--token-granularity", "2048")
+    assert r.returncode == 2 and r.stderr.endswith(f"Error: {want}\n") and not (tmp_path / "p").exists(), r.stderr
+
+
+def test_a_value_given_twice_is_planned_once(demo_dirs):
+    r = run("sweep", str(demo_dirs["tokenized"]), "--max-tokens", "8192,4096,8192", "--buffer-size", "8,8", "--json")
+    assert r.returncode == 0, r.stderr
+    assert [(x["max_tokens"], x["buffer_size"]) for x in json.loads(r.stdout)] == [(8192, 8), (4096, 8)]
+
+
 def test_pack_dry_run_prints_the_stats_of_the_plan(demo_dirs, tmp_path):
     r = run("pack", str(demo_dirs["tokenized"]), "--dry-run", "--max-tokens", "8192", "-q")
     assert r.returncode == 0, r.stderr
