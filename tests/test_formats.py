@@ -22,6 +22,7 @@ from PIL import Image
 from packtool.errors import ConfigError, InputError
 from packtool.formats import FORMATS, PARSERS, Rejected, detect_format, expand_inputs, iter_samples
 from packtool.records import MediaRef, Message, Part, Sample
+from packtool.runs import read_expanded
 
 
 def png_bytes(w: int = 40, h: int = 30, color=(200, 30, 30)) -> bytes:
@@ -92,6 +93,44 @@ def test_llava_video_tag(tmp_path):
     [s] = read_all(write_jsonl(tmp_path / "v.jsonl", [rec]))
     assert s.media == (MediaRef("video", "clip.mp4"),)
     assert s.branches[0][0] == U(IMG("video", 0), T("What happens?"))
+
+
+def test_llava_video_record_tagged_image_is_its_video(tmp_path):
+    """LLaVA-NeXT / LLaVA-Video-178K write ``<image>`` for a record's video: with videos and no
+    image, one ``<image>`` per video reads as ``<video>`` and tokenizes to the same row."""
+    from video_fixtures import write_video
+
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    write_video(tmp_path / "clip.mp4", 12)
+    write_video(tmp_path / "clip2.mp4", 12)
+
+    def rec(rid, prompt, **media):
+        return {"id": rid, **media, "conversations": [{"from": "human", "value": prompt},
+                                                      {"from": "gpt", "value": "A ball rolls."}]}
+
+    recs = [rec("image-tag", "<image>\nWhat happens?", video="clip.mp4"),
+            rec("video-tag", "<video>\nWhat happens?", video="clip.mp4"),
+            rec("two", "<image>\nFirst.<image>\nThen?", video=["clip.mp4", "clip2.mp4"]),
+            rec("tags-short", "<image>\nWhat happens?", video=["clip.mp4", "clip2.mp4"]),
+            rec("tags-over", "<image><image>\nWhat happens?", video="clip.mp4"),
+            rec("with-image", "<image><image>\nWhat happens?", video="clip.mp4", image="clip.png")]
+    s = read_all(write_jsonl(tmp_path / "v.jsonl", recs))
+    assert s[0].media == (MediaRef("video", "clip.mp4"),)
+    assert s[0].branches == s[1].branches
+    assert s[2].branches[0][0] == U(IMG("video", 0), T("First."), IMG("video", 1), T("Then?"))
+    assert [(r.sample_id, r.reason) for r in s[3:]] == [(i, "placeholder_mismatch")
+                                                        for i in ("tags-short", "tags-over", "with-image")]
+    # the Qwen-VL finetune format keeps its strict one-tag-per-item rule
+    [strict] = read_all(tmp_path / "v.jsonl", "qwen-vl")[:1]
+    assert isinstance(strict, Rejected) and strict.message == "1 <image> and 0 <video> tags for 0 images and 1 videos"
+
+    m = tokenize_dataset([tmp_path / "v.jsonl"], tmp_path / "tok", TokenizeConfig(media_root=str(tmp_path)), workers=1)
+    assert m["counts"]["samples"] == 3 and m["counts"]["rejected_by_reason"] == {"placeholder_mismatch": 3}
+    rows = {r["sample_id"]: r for r in read_expanded(next((tmp_path / "tok").glob("part-*.parquet"))).to_pylist()}
+    assert [x["kind"] for x in rows["image-tag"]["media"]] == ["video"]
+    assert rows["image-tag"]["input_ids"] == rows["video-tag"]["input_ids"]
+    assert [x["kind"] for x in rows["two"]["media"]] == ["video", "video"]
 
 
 # --- ShareGPT (LLaMA-Factory) --------------------------------------------------------

@@ -17,7 +17,7 @@ import binascii
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import SampleError
@@ -300,12 +300,16 @@ def build_sample(
     strict: bool = False,
     system: str | None = None,
     tools: tuple[dict, ...] = (),
+    image_tags_for_video: bool = False,
 ) -> Sample:
     """One single-branch sample from ``(role, text)`` turns (or :class:`Turn` s) with ``<image>``/``<video>`` tags.
 
     With ``strict`` the tag count must equal the media count (Qwen-VL finetune,
     ms-swift, LLaMA-Factory); otherwise media without any tag go to the start of the
-    first user turn, as LLaVA does.
+    first user turn, as LLaVA does. With ``image_tags_for_video``, a record with videos,
+    no image and no ``<video>`` tag may mark its videos with ``<image>`` tags, one per
+    video: LLaVA-NeXT / LLaVA-OneVision training code (and so LLaVA-Video-178K) writes
+    ``<image>`` for a video.
 
     Raises:
         SampleError: ``empty_conversation``, ``placeholder_mismatch``.
@@ -336,6 +340,11 @@ def build_sample(
         lead = tuple(Part.media(m.kind, i) for i, m in enumerate(media))
         msg = messages[first_user]
         messages[first_user] = Message(msg.role, lead + msg.parts, msg.tool_calls, msg.reasoning, msg.tool_call_id)
+    elif (image_tags_for_video and videos and not images and not counters["video"]
+          and counters["image"] == len(videos)):
+        # with no image, an image tag's media index (offset 0) is the video's: only the kind changes
+        messages = [replace(m, parts=tuple(Part.media("video", p.index) if p.kind == "image" else p for p in m.parts))
+                    for m in messages]
     elif counters["image"] != len(images) or counters["video"] != len(videos):
         raise SampleError(
             "placeholder_mismatch",
