@@ -367,6 +367,31 @@ def test_hf_parquet_messages_with_image_list(tmp_path):
     assert s.branches[0][1] == A("They're Kane and Gretzka from Bayern Munich.")
 
 
+def test_hf_parquet_raw_binary_image_columns(tmp_path):
+    """Some HF datasets store an image as a plain ``binary`` column (or a list of them), not an
+    ``{bytes, path}`` struct: the bytes are the image, read inline."""
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    red, blue = png_bytes(40, 30, (255, 0, 0)), png_bytes(64, 32, (0, 0, 255))
+    conv = [{"from": "human", "value": "<image>\nColour?"}, {"from": "gpt", "value": "Red."}]
+    pq.write_table(pa.table({"id": ["one", "empty"], "image": pa.array([red, b""], pa.binary()),
+                             "conversations": pa.array([conv, conv], pa.list_(TURN))}), tmp_path / "a.parquet")
+    msg = pa.struct([("role", pa.string()), ("content", pa.string())])
+    pq.write_table(pa.table({"id": ["two"], "messages": pa.array([MLLM_DEMO["messages"]], pa.list_(msg)),
+                             "images": pa.array([[blue]], pa.list_(pa.large_binary()))}), tmp_path / "b.parquet")
+    one, empty, two = iter_samples([tmp_path / "a.parquet", tmp_path / "b.parquet"])
+    assert one.media == (MediaRef("image", None, red),) and two.media == (MediaRef("image", None, blue),)
+    assert (empty.reason, empty.message) == ("missing_media", "image bytes are empty")
+
+    m = tokenize_dataset([tmp_path / "a.parquet", tmp_path / "b.parquet"], tmp_path / "tok",
+                         TokenizeConfig(media_root=str(tmp_path)), workers=1)
+    assert m["counts"]["samples"] == 2 and m["counts"]["rejected_by_reason"] == {"missing_media": 1}
+    rows = {r["sample_id"]: r for f in sorted((tmp_path / "tok").glob("part-*.parquet"))
+            for r in pq.read_table(f, columns=["sample_id", "media"]).to_pylist()}
+    assert [(x["kind"], x["width"], x["height"]) for x in rows["one"]["media"]] == [("image", 40, 30)]
+    assert [(x["kind"], x["width"], x["height"]) for x in rows["two"]["media"]] == [("image", 64, 32)]
+
+
 # --- bad rows ---------------------------------------------------------------------------
 
 def test_bad_rows_get_reason_codes(tmp_path):

@@ -6,6 +6,7 @@ A media entry in the wild is one of:
 * a data URI (``"data:image/png;base64,iVBOR..."``), decoded to inline bytes;
 * a Hugging Face ``Image`` struct ``{"bytes": b"...", "path": "cat.jpg"}`` (Parquet
   image columns, ms-swift); the bytes win when present, else the path is used.
+* the file's raw bytes (a Parquet ``binary`` column, as some datasets store images).
 
 Remote URLs are rejected: packtool works offline.
 """
@@ -61,7 +62,7 @@ def _decode_data_uri(uri: str) -> bytes:
 
 
 def media_ref(kind: str, entry) -> MediaRef:
-    """One media entry (path, data URI or ``{bytes, path}`` struct) as a :class:`MediaRef`."""
+    """One media entry (path, data URI, ``{bytes, path}`` struct or raw bytes) as a :class:`MediaRef`."""
     if isinstance(entry, str):
         if not entry:
             raise SampleError("missing_media", f"empty {kind} path")
@@ -82,9 +83,14 @@ def media_ref(kind: str, entry) -> MediaRef:
         if isinstance(path, str) and path:
             return media_ref(kind, path)
         raise SampleError("missing_media", f"{kind} struct has neither bytes nor a path")
+    if isinstance(entry, (bytes, bytearray, memoryview)):  # a Parquet binary column: the file's bytes
+        if not len(entry):
+            raise SampleError("missing_media", f"{kind} bytes are empty")
+        return MediaRef(kind, None, bytes(entry))
     if entry is None:
         raise SampleError("missing_media", f"{kind} entry is null")
-    raise SampleError("bad_record", f"{kind} entries must be paths, data URIs or {{bytes, path}} structs, got {type(entry).__name__}")
+    raise SampleError("bad_record", f"{kind} entries must be paths, data URIs, {{bytes, path}} structs or raw bytes, "
+                                    f"got {type(entry).__name__}")
 
 
 def media_refs(record: dict, image_keys: tuple[str, ...], video_keys: tuple[str, ...]) -> tuple[list[MediaRef], list[MediaRef]]:
