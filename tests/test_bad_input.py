@@ -77,6 +77,8 @@ def video(path: Path, n_frames: int = 12, audio_only: bool = False) -> Path:
 def media(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("media")
     (root / "ok.png").write_bytes(png_bytes(64, 48))
+    (root / "with space").mkdir()
+    (root / "with space" / "a b.png").write_bytes(png_bytes(40, 30))
     jpg = jpeg_bytes()
     (root / "truncated.jpg").write_bytes(jpg[: len(jpg) // 2])
     (root / "wrong-header.png").write_bytes(b"GIF89a" + png_bytes(64, 48)[6:])
@@ -152,6 +154,32 @@ def test_absolute_path_outside_root(media, tmp_path):
     outside = media.parent / f"{media.name}-outside" / "secret.png"
     e = assert_rejected(media, tmp_path, image_rec("abs", str(outside)), "path_outside_root")
     assert "outside --media-root" in e["message"]
+
+
+def test_file_uris_are_decoded_and_stay_under_the_root(media, tmp_path):
+    """``file://`` URIs name local files: percent-escapes decoded, ``localhost`` (or no host)
+    accepted, and the path held to --media-root like any absolute path."""
+    root = media.resolve().as_posix()
+    outside = f"{root}-outside/secret.png"
+    recs = [image_rec("escaped", f"file://{root}/with%20space/a%20b.png"),
+            image_rec("localhost", f"file://localhost{root}/ok.png"),
+            image_rec("outside", f"file://{outside}"),
+            image_rec("dotdot", f"file://{root}/%2E%2E/{media.name}-outside/secret.png"),
+            image_rec("other-host", f"file://fileserver{root}/ok.png"),
+            image_rec("not-utf8", f"file://{root}/%FF.png")]
+    m, errors = run_tokenize(media, tmp_path, [json.dumps(r).encode() for r in recs])
+    assert m["counts"]["samples"] == 4  # the two good records around them, "escaped" and "localhost"
+    assert {k: e["reason"] for k, e in errors.items()} == {
+        "outside": "path_outside_root", "dotdot": "path_outside_root", "other-host": "missing_media",
+        "not-utf8": "bad_encoding"}
+    assert errors["outside"]["message"] == f"media path {outside!r} resolves outside --media-root {root!r}"
+    assert errors["other-host"]["message"] == (
+        f"image 'file://fileserver{root}/ok.png' names the host 'fileserver', not this machine; write "
+        "file:///absolute/path, or a path relative to --media-root")
+    rows = {r["sample_id"]: r for f in (tmp_path / "tok").glob("part-*.parquet")
+            for r in pq.read_table(f, columns=["sample_id", "media"]).to_pylist()}
+    assert [(x["width"], x["height"]) for x in rows["escaped"]["media"]] == [(40, 30)]
+    assert [(x["width"], x["height"]) for x in rows["localhost"]["media"]] == [(64, 48)]
 
 
 VIDEO_CASES = {
@@ -395,6 +423,8 @@ def test_image_formats_outside_the_allow_list_are_unsupported(media, tmp_path, n
     root = tmp_path / "m"
     root.mkdir()
     (root / "ok.png").write_bytes(png_bytes(64, 48))
+    (root / "with space").mkdir()
+    (root / "with space" / "a b.png").write_bytes(png_bytes(40, 30))
     (root / name).write_bytes(UNSUPPORTED_IMAGES[name]())
     e = assert_rejected(root, tmp_path, image_rec(name, name), "unsupported_media")
     assert "JPEG" in e["message"] and "PNG" in e["message"]
@@ -412,6 +442,8 @@ def test_image_formats_on_the_allow_list_pass(tmp_path, name):
     root = tmp_path / "m"
     root.mkdir()
     (root / "ok.png").write_bytes(png_bytes(64, 48))
+    (root / "with space").mkdir()
+    (root / "with space" / "a b.png").write_bytes(png_bytes(40, 30))
     (root / name).write_bytes(SUPPORTED_IMAGES[name]())
     _, errors = run_tokenize(root, tmp_path, [json.dumps(image_rec(name, name)).encode()])
     assert name not in errors
@@ -433,6 +465,8 @@ def test_video_files_that_are_not_video_containers(media, tmp_path, name):
     root = tmp_path / "m"
     root.mkdir()
     (root / "ok.png").write_bytes(png_bytes(64, 48))
+    (root / "with space").mkdir()
+    (root / "with space" / "a b.png").write_bytes(png_bytes(40, 30))
     video(tmp_path / "outside.mp4")
     (root / name).write_bytes(VIDEO_TRICKS[name] if VIDEO_TRICKS[name] is not None else png_bytes(64, 48))
     assert_rejected(root, tmp_path, video_rec(name, name), "unsupported_media")
@@ -446,6 +480,8 @@ def test_video_containers_on_the_allow_list_pass(tmp_path, container):
     root = tmp_path / "m"
     root.mkdir()
     (root / "ok.png").write_bytes(png_bytes(64, 48))
+    (root / "with space").mkdir()
+    (root / "with space" / "a b.png").write_bytes(png_bytes(40, 30))
     path = root / f"v.{container}"
     codec = "libvpx" if container == "webm" else "mpeg4"
     if codec not in av.codecs_available:

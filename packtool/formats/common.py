@@ -2,10 +2,11 @@
 
 A media entry in the wild is one of:
 
-* a path string, relative to ``--media-root`` (``"images/cat.jpg"``);
+* a path string, relative to ``--media-root`` (``"images/cat.jpg"``), or a ``file://`` URI
+  (``file:///data/a%20b.jpg``, ``file://localhost/data/c.jpg``) of a file under it;
 * a data URI (``"data:image/png;base64,iVBOR..."``), decoded to inline bytes;
 * a Hugging Face ``Image`` struct ``{"bytes": b"...", "path": "cat.jpg"}`` (Parquet
-  image columns, ms-swift); the bytes win when present, else the path is used.
+  image columns, ms-swift); the bytes win when present, else the path is used;
 * the file's raw bytes (a Parquet ``binary`` column, as some datasets store images).
 
 Remote URLs are rejected: packtool works offline.
@@ -20,6 +21,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import unquote
 
 from ..errors import SampleError
 from ..records import MediaRef, Message, Part, Sample, ToolCall
@@ -61,6 +63,27 @@ def _decode_data_uri(uri: str) -> bytes:
         raise SampleError("bad_record", f"data URI payload is not valid base64: {exc}") from None
 
 
+def _file_uri_path(uri: str, kind: str) -> str:
+    """The local path a ``file://`` URI names: percent-escapes decoded, the host empty or ``localhost``.
+
+    The path is absolute, so it must still lie under ``--media-root`` (else ``path_outside_root``).
+
+    Example:
+        >>> _file_uri_path("file:///data/a%20b.jpg", "image")
+        '/data/a b.jpg'
+        >>> _file_uri_path("file://localhost/data/c.jpg", "image")
+        '/data/c.jpg'
+    """
+    host, _, path = uri[len("file://"):].partition("/")
+    if host.lower() not in ("", "localhost"):
+        raise SampleError("missing_media", f"{kind} {uri[:80]!r} names the host {host[:40]!r}, not this machine; write "
+                                           "file:///absolute/path, or a path relative to --media-root")
+    try:
+        return unquote("/" + path, errors="strict")
+    except UnicodeDecodeError:
+        raise SampleError("bad_encoding", f"{kind} {uri[:80]!r} has percent-escapes that are not UTF-8") from None
+
+
 def media_ref(kind: str, entry) -> MediaRef:
     """One media entry (path, data URI, ``{bytes, path}`` struct or raw bytes) as a :class:`MediaRef`."""
     if isinstance(entry, str):
@@ -71,7 +94,7 @@ def media_ref(kind: str, entry) -> MediaRef:
         if entry.startswith(("http://", "https://", "s3://", "gs://")):
             raise SampleError("missing_media", f"{kind} {entry[:80]!r} is a remote URL; download it under --media-root first")
         if entry.startswith("file://"):
-            entry = entry[len("file://"):]
+            entry = _file_uri_path(entry, kind)
         return MediaRef(kind, entry, None)
     if isinstance(entry, dict):
         data = entry.get("bytes")
