@@ -182,6 +182,37 @@ def test_file_uris_are_decoded_and_stay_under_the_root(media, tmp_path):
     assert [(x["width"], x["height"]) for x in rows["localhost"]["media"]] == [(64, 48)]
 
 
+def test_windows_separators_name_the_file_when_unambiguous(media, tmp_path):
+    """``with space\\a b.png`` reads ``with space/a b.png`` when no file has the backslashed name
+    itself, through tokenize and pack; the ``/`` form is held to --media-root, and a path found
+    neither way says that it uses backslashes."""
+    recs = [image_rec("backslashed", "with space\\a b.png"),
+            image_rec("escapes", f"..\\{media.name}-outside\\secret.png"),
+            image_rec("nowhere", "imgs\\nope.png")]
+    m, errors = run_tokenize(media, tmp_path, [json.dumps(r).encode() for r in recs])
+    assert {k: e["reason"] for k, e in errors.items()} == {"escapes": "path_outside_root", "nowhere": "missing_media"}
+    root = str(media.resolve())
+    assert errors["nowhere"]["message"] == (
+        f"media file 'imgs\\\\nope.png' not found under --media-root {root!r}, nor 'imgs/nope.png': the path uses "
+        "Windows backslashes; write it with '/' separators, relative to --media-root")
+    pack_dataset(tmp_path / "tok", tmp_path / "packed", PackConfig(max_tokens=8192))
+    [packed] = [r for f in (tmp_path / "packed").glob("part-*.parquet")
+                for r in pq.read_table(f, columns=["sample_ids", "media"]).to_pylist() if "backslashed" in r["sample_ids"]]
+    [item] = [x for x in packed["media"] if x["sample_index"] == packed["sample_ids"].index("backslashed")]
+    assert item["data"] == (media / "with space" / "a b.png").read_bytes()
+
+
+def test_a_file_named_with_a_backslash_wins(tmp_path):
+    from packtool.media import resolve_media_path
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "b.png").write_bytes(b"slash")
+    (tmp_path / "a\\b.png").write_bytes(b"backslash")
+    assert resolve_media_path("a\\b.png", tmp_path).read_bytes() == b"backslash"
+    (tmp_path / "a\\b.png").unlink()
+    assert resolve_media_path("a\\b.png", tmp_path).read_bytes() == b"slash"
+
+
 VIDEO_CASES = {
     "video_without_video_stream": ("audio-only.mp4", "corrupt_video"),
     "video_with_zero_frames": ("zero-frames.avi", "corrupt_video"),
