@@ -392,6 +392,30 @@ def test_hf_parquet_raw_binary_image_columns(tmp_path):
     assert [(x["kind"], x["width"], x["height"]) for x in rows["two"]["media"]] == [("image", 64, 32)]
 
 
+def test_hf_parquet_turns_stored_as_json_text(tmp_path):
+    """A ``conversations`` / ``messages`` column of JSON text reads as the list it holds (each
+    tag style detected as from a list); a string that is not a JSON list says so."""
+    conv = [{"from": "human", "value": "<image>\nColour?"}, {"from": "gpt", "value": "Red."}]
+    pq.write_table(pa.table({
+        "id": ["llava", "not-json", "object"],
+        "image": pa.array([png_bytes()] * 3, pa.binary()),
+        "conversations": [json.dumps(conv), "<image>\nColour? Red.", json.dumps({"from": "human"})]}),
+        tmp_path / "conv.parquet")
+    pq.write_table(pa.table({"id": ["swift", "sharegpt"],
+                             "messages": [json.dumps(MLLM_DEMO["messages"]), json.dumps(conv)],
+                             "images": pa.array([[png_bytes()]] * 2, pa.list_(pa.binary()))}),
+                   tmp_path / "msgs.parquet")
+    llava, not_json, obj, swift, sharegpt = iter_samples([tmp_path / "conv.parquet", tmp_path / "msgs.parquet"])
+    assert llava.branches[0] == (U(IMG("image", 0), T("Colour?")), A("Red."))
+    assert sharegpt.branches == llava.branches
+    assert swift.branches[0][:2] == (U(IMG("image", 0), T("Who are they?")), A("They're Kane and Gretzka from Bayern Munich."))
+    assert [(r.sample_id, r.reason, r.message) for r in (not_json, obj)] == [
+        ("not-json", "bad_record", "'conversations' is a string that is not a JSON list ('<image>\\nColour? Red.'); "
+                                   "store the turns as a list, or as the JSON text of one"),
+        ("object", "bad_record", "'conversations' is a string that is not a JSON list ('{\"from\": \"human\"}'); "
+                                 "store the turns as a list, or as the JSON text of one")]
+
+
 # --- bad rows ---------------------------------------------------------------------------
 
 def test_bad_rows_get_reason_codes(tmp_path):

@@ -29,7 +29,7 @@ from pathlib import Path
 from ..errors import ConfigError, InputError, SampleError
 from ..records import Sample
 from . import hf_parquet, llava, molmo, qwen_vl, sharegpt, swift
-from .common import check_sample, printable
+from .common import check_sample, decode_turn_fields, printable
 
 __all__ = ["Rejected", "iter_samples", "parse_record", "parse_json_line", "iter_records", "expand_inputs", "PARSERS",
            "FORMATS", "detect_format", "SUFFIXES", "UTF8_BOM"]
@@ -364,6 +364,7 @@ def parse_record(rec: object, source: str, row: int, fmt: str = "auto") -> Sampl
             raise rec
         if not isinstance(rec, dict):
             raise SampleError("bad_record", f"record is a {type(rec).__name__}, not an object")
+        rec = decode_turn_fields(rec)
         parser = PARSERS[detect_format(rec) if fmt == "auto" else fmt]
         return check_sample(parser(rec, source, row))
     except SampleError as err:

@@ -28,7 +28,7 @@ from ..records import MediaRef, Message, Part, Sample, ToolCall
 from .tools import CALL_ROLES, RESULT_ROLES, parse_call_text, parse_tool_call
 
 __all__ = ["media_ref", "media_refs", "as_list", "check_text", "check_sample", "printable", "sample_id_of",
-           "split_placeholders", "build_sample", "Turn", "read_turns"]
+           "split_placeholders", "build_sample", "Turn", "read_turns", "decode_turn_fields", "TURN_FIELDS"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +264,35 @@ def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[st
             continue
         turns.append(Turn("assistant", text, calls, reasoning))
     return turns
+
+
+#: Fields that hold a record's turns (or Molmo's entries): a list, or, as some Parquet writers
+#: store them, a string column of JSON text holding the list.
+TURN_FIELDS = ("conversations", "messages", "message_list")
+
+
+def decode_turn_fields(record: dict) -> dict:
+    """``record`` with a turn field (:data:`TURN_FIELDS`) stored as JSON text parsed into its list.
+
+    Example:
+        >>> decode_turn_fields({"conversations": '[{"from": "human", "value": "Hi"}]'})
+        {'conversations': [{'from': 'human', 'value': 'Hi'}]}
+
+    Raises:
+        SampleError: ``bad_record`` when such a string is not a JSON list.
+    """
+    for key in TURN_FIELDS:
+        text = record.get(key)
+        if isinstance(text, str):
+            try:
+                value = json.loads(text)
+            except (ValueError, RecursionError):
+                value = text
+            if not isinstance(value, list):
+                raise SampleError("bad_record", f"{key!r} is a string that is not a JSON list ({text[:60]!r}); store "
+                                                "the turns as a list, or as the JSON text of one")
+            record = {**record, key: value}
+    return record
 
 
 def sample_id_of(record: dict, source: str, row: int) -> str:
