@@ -416,6 +416,46 @@ def test_hf_parquet_turns_stored_as_json_text(tmp_path):
                                  "store the turns as a list, or as the JSON text of one")]
 
 
+def test_directory_inputs_match_suffixes_in_any_case_and_read_ndjson(tmp_path):
+    """``.ndjson`` is JSONL, and ``.JSONL`` / ``.PARQUET`` / ``.JSON`` are what their lower-case
+    names are; a directory that yields no input file says what it skipped and why."""
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (tmp_path / "a.png").write_bytes(png_bytes())
+    rec = {"image": "a.png", "conversations": LLAVA["conversations"][:2]}
+    write_jsonl(data / "a.ndjson", [{"id": "ndjson0", **rec}, {"id": "ndjson1", **rec}])
+    write_jsonl(data / "B.JSONL", [{"id": "upper-jsonl", **rec}])
+    (data / "C.JSON").write_text(json.dumps({"id": "upper-json", **rec}), encoding="utf-8")
+    (data / "d.NDJSON.GZ").write_bytes(gzip.compress(json.dumps({"id": "gz", **rec}).encode()))
+    pq.write_table(pa.table({"id": ["upper-parquet"], "image": ["a.png"],
+                             "conversations": pa.array([rec["conversations"]], pa.list_(TURN))}), data / "E.PARQUET")
+    (data / "README.md").write_text("# a corpus")
+    files = expand_inputs([data])
+    assert [f.name for f in files] == ["B.JSONL", "C.JSON", "E.PARQUET", "a.ndjson", "d.NDJSON.GZ"]
+    assert [s.sample_id for s in iter_samples(files)] == ["upper-jsonl", "upper-json", "upper-parquet", "ndjson0",
+                                                         "ndjson1", "gz"]
+    # tokenize cuts an uncompressed .ndjson by lines, as it does .jsonl
+    m = tokenize_dataset([data], tmp_path / "tok", TokenizeConfig(media_root=str(tmp_path), rows_per_shard=1), workers=1)
+    assert (m["counts"]["samples"], m["counts"]["rejected"], m["counts"]["tasks"]) == (6, 0, 6)
+
+    skipped = tmp_path / "skipped"
+    (skipped / "tok" / ".packtool").mkdir(parents=True)  # an earlier run's output
+    (skipped / "tok" / ".packtool" / "manifest.json").write_text("{}")
+    (skipped / ".train.jsonl").write_text("{}")
+    (skipped / "train.csv").write_text("a,b")
+    with pytest.raises(InputError) as err:
+        expand_inputs([data, skipped])
+    assert str(err.value) == (
+        f"no input files found in {str(skipped)!r} (skipped '.train.jsonl' (hidden), 'tok' (a packtool output "
+        "directory), 'train.csv' (not an input file suffix)); expected .json, .json.gz, .json.zst, .jsonl, .jsonl.gz, "
+        ".jsonl.zst, .ndjson, .ndjson.gz, .ndjson.zst, .parquet, in any case")
+    (skipped / "empty").mkdir()
+    with pytest.raises(InputError, match=r"no input files found in '.*empty' \(it is empty\)"):
+        expand_inputs([skipped / "empty"])
+
+
 # --- bad rows ---------------------------------------------------------------------------
 
 def test_bad_rows_get_reason_codes(tmp_path):
