@@ -190,6 +190,10 @@ def resolve_media_path(path: str, media_root: Path) -> Path:
     ``..`` components, absolute paths elsewhere and symlinks that point outside the
     root all raise ``path_outside_root``; a path that does not exist, or is not a file (a
     directory, a pipe), raises ``missing_media``.
+
+    A path written with Windows separators (``imgs\\sub\\e.jpg``) names that file when no file
+    has the name itself (on POSIX a backslash is a legal name character, so such a file wins);
+    the ``/`` form then obeys the same rules (``..\\x.jpg`` is outside the root).
     """
     if not isinstance(media_root, Path):  # a bucket: storage.RemoteRoot resolves keys the same way
         return media_root.file(path)
@@ -205,6 +209,8 @@ def resolve_media_path(path: str, media_root: Path) -> Path:
         if resolved != root and root not in resolved.parents:
             raise SampleError("path_outside_root", f"media path {shown!r} resolves outside --media-root {str(root)!r}")
         if not resolved.is_file():
+            if "\\" in path and os.sep == "/":
+                return _resolve_backslashed(path, root, shown)
             if resolved.exists():  # a directory named like a file (``x.png/``), a pipe, a device
                 what = "a directory" if resolved.is_dir() else "a pipe, socket or device"
                 raise SampleError("missing_media", f"media path {shown!r} under --media-root {str(root)!r} is {what}, "
@@ -214,6 +220,20 @@ def resolve_media_path(path: str, media_root: Path) -> Path:
         raise SampleError("missing_media", f"media file {shown!r} cannot be looked up under --media-root "
                                            f"{str(root)!r}: {getattr(exc, 'strerror', None) or exc}") from None
     return resolved
+
+
+def _resolve_backslashed(path: str, root: Path, shown: str) -> Path:
+    """:func:`resolve_media_path` of ``path`` with its backslashes read as separators; a
+    ``missing_media`` error says what was tried and how to write the path."""
+    posix = path.replace("\\", "/")
+    try:
+        return resolve_media_path(posix, root)
+    except SampleError as err:
+        if err.reason != "missing_media":
+            raise
+        raise SampleError("missing_media", f"media file {shown!r} not found under --media-root {str(root)!r}, nor "
+                                           f"{posix[:200]!r}: the path uses Windows backslashes; write it with '/' "
+                                           f"separators, relative to --media-root") from None
 
 
 class MediaPathResolver:

@@ -43,7 +43,15 @@ from .errors import (
     TooManyErrorsError,
 )
 from .executors import ExecutorConfig, default_workers, run_tasks, set_total, worker_place
-from .formats import UTF8_BOM, Rejected, expand_inputs, parse_json_line, parse_record
+from .formats import (
+    UTF8_BOM,
+    Rejected,
+    expand_inputs,
+    is_jsonl_name,
+    is_parquet_name,
+    parse_json_line,
+    parse_record,
+)
 from .mixture import Mixture
 from .publication import (
     output_dir,
@@ -443,7 +451,7 @@ def _at(path: str, cwd: str) -> str:
 
 
 def _splittable(path: Path) -> bool:
-    if not path.name.endswith(".jsonl"):
+    if not is_jsonl_name(path.name, compressed=False):
         return False
     with open(path, "rb") as fh:
         head = fh.read(1 << 12).removeprefix(UTF8_BOM).lstrip()
@@ -456,7 +464,7 @@ def _is_whole(sl: Slice) -> bool:
 
 def _parquet_groups(path: Path) -> list[int] | None:
     """Rows per row group of a Parquet input, or ``None`` when it is not one (or unreadable)."""
-    if not path.name.endswith(".parquet"):
+    if not is_parquet_name(path.name):
         return None
     import pyarrow.parquet as pq
 

@@ -758,7 +758,7 @@ def fetch_inputs(inputs: list[str | Path], fetch: bool = True) -> list[str | Pat
     :func:`input_stat` answers from the listing, :func:`fetch_listed` fetches them when a
     process needs their bytes (the one that plans the run, or a rank for its own tasks).
     """
-    from .formats import SUFFIXES
+    from .formats import SUFFIXES, is_input_name
 
     out: list[str | Path] = []
     for item in inputs:
@@ -773,7 +773,7 @@ def fetch_inputs(inputs: list[str | Path], fetch: bool = True) -> list[str | Pat
                 found = fs.find(path, detail=True)
                 entries = [e for k, e in sorted(found.items()) if e.get("type") == "file"
                            and not any(part.startswith(".") for part in k[len(path):].split("/"))
-                           and k.endswith(tuple(SUFFIXES))]
+                           and is_input_name(k)]
                 if not entries:
                     raise InputError(f"no input files found under {text!r}; expected {', '.join(SUFFIXES)}")
             elif fs.exists(path):

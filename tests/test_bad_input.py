@@ -77,6 +77,8 @@ def video(path: Path, n_frames: int = 12, audio_only: bool = False) -> Path:
 def media(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("media")
     (root / "ok.png").write_bytes(png_bytes(64, 48))
+    (root / "with space").mkdir()
+    (root / "with space" / "a b.png").write_bytes(png_bytes(40, 30))
     jpg = jpeg_bytes()
     (root / "truncated.jpg").write_bytes(jpg[: len(jpg) // 2])
     (root / "wrong-header.png").write_bytes(b"GIF89a" + png_bytes(64, 48)[6:])
@@ -152,6 +154,63 @@ def test_absolute_path_outside_root(media, tmp_path):
     outside = media.parent / f"{media.name}-outside" / "secret.png"
     e = assert_rejected(media, tmp_path, image_rec("abs", str(outside)), "path_outside_root")
     assert "outside --media-root" in e["message"]
+
+
+def test_file_uris_are_decoded_and_stay_under_the_root(media, tmp_path):
+    """``file://`` URIs name local files: percent-escapes decoded, ``localhost`` (or no host)
+    accepted, and the path held to --media-root like any absolute path."""
+    root = media.resolve().as_posix()
+    outside = f"{root}-outside/secret.png"
+    recs = [image_rec("escaped", f"file://{root}/with%20space/a%20b.png"),
+            image_rec("localhost", f"file://localhost{root}/ok.png"),
+            image_rec("outside", f"file://{outside}"),
+            image_rec("dotdot", f"file://{root}/%2E%2E/{media.name}-outside/secret.png"),
+            image_rec("other-host", f"file://fileserver{root}/ok.png"),
+            image_rec("not-utf8", f"file://{root}/%FF.png")]
+    m, errors = run_tokenize(media, tmp_path, [json.dumps(r).encode() for r in recs])
+    assert m["counts"]["samples"] == 4  # the two good records around them, "escaped" and "localhost"
+    assert {k: e["reason"] for k, e in errors.items()} == {
+        "outside": "path_outside_root", "dotdot": "path_outside_root", "other-host": "missing_media",
+        "not-utf8": "bad_encoding"}
+    assert errors["outside"]["message"] == f"media path {outside!r} resolves outside --media-root {root!r}"
+    assert errors["other-host"]["message"] == (
+        f"image 'file://fileserver{root}/ok.png' names the host 'fileserver', not this machine; write "
+        "file:///absolute/path, or a path relative to --media-root")
+    rows = {r["sample_id"]: r for f in (tmp_path / "tok").glob("part-*.parquet")
+            for r in pq.read_table(f, columns=["sample_id", "media"]).to_pylist()}
+    assert [(x["width"], x["height"]) for x in rows["escaped"]["media"]] == [(40, 30)]
+    assert [(x["width"], x["height"]) for x in rows["localhost"]["media"]] == [(64, 48)]
+
+
+def test_windows_separators_name_the_file_when_unambiguous(media, tmp_path):
+    """``with space\\a b.png`` reads ``with space/a b.png`` when no file has the backslashed name
+    itself, through tokenize and pack; the ``/`` form is held to --media-root, and a path found
+    neither way says that it uses backslashes."""
+    recs = [image_rec("backslashed", "with space\\a b.png"),
+            image_rec("escapes", f"..\\{media.name}-outside\\secret.png"),
+            image_rec("nowhere", "imgs\\nope.png")]
+    m, errors = run_tokenize(media, tmp_path, [json.dumps(r).encode() for r in recs])
+    assert {k: e["reason"] for k, e in errors.items()} == {"escapes": "path_outside_root", "nowhere": "missing_media"}
+    root = str(media.resolve())
+    assert errors["nowhere"]["message"] == (
+        f"media file 'imgs\\\\nope.png' not found under --media-root {root!r}, nor 'imgs/nope.png': the path uses "
+        "Windows backslashes; write it with '/' separators, relative to --media-root")
+    pack_dataset(tmp_path / "tok", tmp_path / "packed", PackConfig(max_tokens=8192))
+    [packed] = [r for f in (tmp_path / "packed").glob("part-*.parquet")
+                for r in pq.read_table(f, columns=["sample_ids", "media"]).to_pylist() if "backslashed" in r["sample_ids"]]
+    [item] = [x for x in packed["media"] if x["sample_index"] == packed["sample_ids"].index("backslashed")]
+    assert item["data"] == (media / "with space" / "a b.png").read_bytes()
+
+
+def test_a_file_named_with_a_backslash_wins(tmp_path):
+    from packtool.media import resolve_media_path
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "b.png").write_bytes(b"slash")
+    (tmp_path / "a\\b.png").write_bytes(b"backslash")
+    assert resolve_media_path("a\\b.png", tmp_path).read_bytes() == b"backslash"
+    (tmp_path / "a\\b.png").unlink()
+    assert resolve_media_path("a\\b.png", tmp_path).read_bytes() == b"slash"
 
 
 VIDEO_CASES = {
@@ -395,6 +454,8 @@ def test_image_formats_outside_the_allow_list_are_unsupported(media, tmp_path, n
     root = tmp_path / "m"
     root.mkdir()
     (root / "ok.png").write_bytes(png_bytes(64, 48))
+    (root / "with space").mkdir()
+    (root / "with space" / "a b.png").write_bytes(png_bytes(40, 30))
     (root / name).write_bytes(UNSUPPORTED_IMAGES[name]())
     e = assert_rejected(root, tmp_path, image_rec(name, name), "unsupported_media")
     assert "JPEG" in e["message"] and "PNG" in e["message"]
@@ -412,6 +473,8 @@ def test_image_formats_on_the_allow_list_pass(tmp_path, name):
     root = tmp_path / "m"
     root.mkdir()
     (root / "ok.png").write_bytes(png_bytes(64, 48))
+    (root / "with space").mkdir()
+    (root / "with space" / "a b.png").write_bytes(png_bytes(40, 30))
     (root / name).write_bytes(SUPPORTED_IMAGES[name]())
     _, errors = run_tokenize(root, tmp_path, [json.dumps(image_rec(name, name)).encode()])
     assert name not in errors
@@ -462,6 +525,8 @@ def test_video_files_that_are_not_video_containers(media, tmp_path, name):
     root = tmp_path / "m"
     root.mkdir()
     (root / "ok.png").write_bytes(png_bytes(64, 48))
+    (root / "with space").mkdir()
+    (root / "with space" / "a b.png").write_bytes(png_bytes(40, 30))
     video(tmp_path / "outside.mp4")
     (root / name).write_bytes(VIDEO_TRICKS[name] if VIDEO_TRICKS[name] is not None else png_bytes(64, 48))
     assert_rejected(root, tmp_path, video_rec(name, name), "unsupported_media")
@@ -475,6 +540,8 @@ def test_video_containers_on_the_allow_list_pass(tmp_path, container):
     root = tmp_path / "m"
     root.mkdir()
     (root / "ok.png").write_bytes(png_bytes(64, 48))
+    (root / "with space").mkdir()
+    (root / "with space" / "a b.png").write_bytes(png_bytes(40, 30))
     path = root / f"v.{container}"
     codec = "libvpx" if container == "webm" else "mpeg4"
     if codec not in av.codecs_available:

@@ -22,6 +22,7 @@ from PIL import Image
 from packtool.errors import ConfigError, InputError
 from packtool.formats import FORMATS, PARSERS, Rejected, detect_format, expand_inputs, iter_samples
 from packtool.records import MediaRef, Message, Part, Sample
+from packtool.runs import read_expanded
 
 
 def png_bytes(w: int = 40, h: int = 30, color=(200, 30, 30)) -> bytes:
@@ -92,6 +93,44 @@ def test_llava_video_tag(tmp_path):
     [s] = read_all(write_jsonl(tmp_path / "v.jsonl", [rec]))
     assert s.media == (MediaRef("video", "clip.mp4"),)
     assert s.branches[0][0] == U(IMG("video", 0), T("What happens?"))
+
+
+def test_llava_video_record_tagged_image_is_its_video(tmp_path):
+    """LLaVA-NeXT / LLaVA-Video-178K write ``<image>`` for a record's video: with videos and no
+    image, one ``<image>`` per video reads as ``<video>`` and tokenizes to the same row."""
+    from video_fixtures import write_video
+
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    write_video(tmp_path / "clip.mp4", 12)
+    write_video(tmp_path / "clip2.mp4", 12)
+
+    def rec(rid, prompt, **media):
+        return {"id": rid, **media, "conversations": [{"from": "human", "value": prompt},
+                                                      {"from": "gpt", "value": "A ball rolls."}]}
+
+    recs = [rec("image-tag", "<image>\nWhat happens?", video="clip.mp4"),
+            rec("video-tag", "<video>\nWhat happens?", video="clip.mp4"),
+            rec("two", "<image>\nFirst.<image>\nThen?", video=["clip.mp4", "clip2.mp4"]),
+            rec("tags-short", "<image>\nWhat happens?", video=["clip.mp4", "clip2.mp4"]),
+            rec("tags-over", "<image><image>\nWhat happens?", video="clip.mp4"),
+            rec("with-image", "<image><image>\nWhat happens?", video="clip.mp4", image="clip.png")]
+    s = read_all(write_jsonl(tmp_path / "v.jsonl", recs))
+    assert s[0].media == (MediaRef("video", "clip.mp4"),)
+    assert s[0].branches == s[1].branches
+    assert s[2].branches[0][0] == U(IMG("video", 0), T("First."), IMG("video", 1), T("Then?"))
+    assert [(r.sample_id, r.reason) for r in s[3:]] == [(i, "placeholder_mismatch")
+                                                        for i in ("tags-short", "tags-over", "with-image")]
+    # the Qwen-VL finetune format keeps its strict one-tag-per-item rule
+    [strict] = read_all(tmp_path / "v.jsonl", "qwen-vl")[:1]
+    assert isinstance(strict, Rejected) and strict.message == "1 <image> and 0 <video> tags for 0 images and 1 videos"
+
+    m = tokenize_dataset([tmp_path / "v.jsonl"], tmp_path / "tok", TokenizeConfig(media_root=str(tmp_path)), workers=1)
+    assert m["counts"]["samples"] == 3 and m["counts"]["rejected_by_reason"] == {"placeholder_mismatch": 3}
+    rows = {r["sample_id"]: r for r in read_expanded(next((tmp_path / "tok").glob("part-*.parquet"))).to_pylist()}
+    assert [x["kind"] for x in rows["image-tag"]["media"]] == ["video"]
+    assert rows["image-tag"]["input_ids"] == rows["video-tag"]["input_ids"]
+    assert [x["kind"] for x in rows["two"]["media"]] == ["video", "video"]
 
 
 # --- ShareGPT (LLaMA-Factory) --------------------------------------------------------
@@ -326,6 +365,95 @@ def test_hf_parquet_messages_with_image_list(tmp_path):
     [s] = read_all(tmp_path / "train.parquet")
     assert s.media[0].path == "1.jpg" and s.media[0].data[:4] == b"\x89PNG"
     assert s.branches[0][1] == A("They're Kane and Gretzka from Bayern Munich.")
+
+
+def test_hf_parquet_raw_binary_image_columns(tmp_path):
+    """Some HF datasets store an image as a plain ``binary`` column (or a list of them), not an
+    ``{bytes, path}`` struct: the bytes are the image, read inline."""
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    red, blue = png_bytes(40, 30, (255, 0, 0)), png_bytes(64, 32, (0, 0, 255))
+    conv = [{"from": "human", "value": "<image>\nColour?"}, {"from": "gpt", "value": "Red."}]
+    pq.write_table(pa.table({"id": ["one", "empty"], "image": pa.array([red, b""], pa.binary()),
+                             "conversations": pa.array([conv, conv], pa.list_(TURN))}), tmp_path / "a.parquet")
+    msg = pa.struct([("role", pa.string()), ("content", pa.string())])
+    pq.write_table(pa.table({"id": ["two"], "messages": pa.array([MLLM_DEMO["messages"]], pa.list_(msg)),
+                             "images": pa.array([[blue]], pa.list_(pa.large_binary()))}), tmp_path / "b.parquet")
+    one, empty, two = iter_samples([tmp_path / "a.parquet", tmp_path / "b.parquet"])
+    assert one.media == (MediaRef("image", None, red),) and two.media == (MediaRef("image", None, blue),)
+    assert (empty.reason, empty.message) == ("missing_media", "image bytes are empty")
+
+    m = tokenize_dataset([tmp_path / "a.parquet", tmp_path / "b.parquet"], tmp_path / "tok",
+                         TokenizeConfig(media_root=str(tmp_path)), workers=1)
+    assert m["counts"]["samples"] == 2 and m["counts"]["rejected_by_reason"] == {"missing_media": 1}
+    rows = {r["sample_id"]: r for f in sorted((tmp_path / "tok").glob("part-*.parquet"))
+            for r in pq.read_table(f, columns=["sample_id", "media"]).to_pylist()}
+    assert [(x["kind"], x["width"], x["height"]) for x in rows["one"]["media"]] == [("image", 40, 30)]
+    assert [(x["kind"], x["width"], x["height"]) for x in rows["two"]["media"]] == [("image", 64, 32)]
+
+
+def test_hf_parquet_turns_stored_as_json_text(tmp_path):
+    """A ``conversations`` / ``messages`` column of JSON text reads as the list it holds (each
+    tag style detected as from a list); a string that is not a JSON list says so."""
+    conv = [{"from": "human", "value": "<image>\nColour?"}, {"from": "gpt", "value": "Red."}]
+    pq.write_table(pa.table({
+        "id": ["llava", "not-json", "object"],
+        "image": pa.array([png_bytes()] * 3, pa.binary()),
+        "conversations": [json.dumps(conv), "<image>\nColour? Red.", json.dumps({"from": "human"})]}),
+        tmp_path / "conv.parquet")
+    pq.write_table(pa.table({"id": ["swift", "sharegpt"],
+                             "messages": [json.dumps(MLLM_DEMO["messages"]), json.dumps(conv)],
+                             "images": pa.array([[png_bytes()]] * 2, pa.list_(pa.binary()))}),
+                   tmp_path / "msgs.parquet")
+    llava, not_json, obj, swift, sharegpt = iter_samples([tmp_path / "conv.parquet", tmp_path / "msgs.parquet"])
+    assert llava.branches[0] == (U(IMG("image", 0), T("Colour?")), A("Red."))
+    assert sharegpt.branches == llava.branches
+    assert swift.branches[0][:2] == (U(IMG("image", 0), T("Who are they?")), A("They're Kane and Gretzka from Bayern Munich."))
+    assert [(r.sample_id, r.reason, r.message) for r in (not_json, obj)] == [
+        ("not-json", "bad_record", "'conversations' is a string that is not a JSON list ('<image>\\nColour? Red.'); "
+                                   "store the turns as a list, or as the JSON text of one"),
+        ("object", "bad_record", "'conversations' is a string that is not a JSON list ('{\"from\": \"human\"}'); "
+                                 "store the turns as a list, or as the JSON text of one")]
+
+
+def test_directory_inputs_match_suffixes_in_any_case_and_read_ndjson(tmp_path):
+    """``.ndjson`` is JSONL, and ``.JSONL`` / ``.PARQUET`` / ``.JSON`` are what their lower-case
+    names are; a directory that yields no input file says what it skipped and why."""
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (tmp_path / "a.png").write_bytes(png_bytes())
+    rec = {"image": "a.png", "conversations": LLAVA["conversations"][:2]}
+    write_jsonl(data / "a.ndjson", [{"id": "ndjson0", **rec}, {"id": "ndjson1", **rec}])
+    write_jsonl(data / "B.JSONL", [{"id": "upper-jsonl", **rec}])
+    (data / "C.JSON").write_text(json.dumps({"id": "upper-json", **rec}), encoding="utf-8")
+    (data / "d.NDJSON.GZ").write_bytes(gzip.compress(json.dumps({"id": "gz", **rec}).encode()))
+    pq.write_table(pa.table({"id": ["upper-parquet"], "image": ["a.png"],
+                             "conversations": pa.array([rec["conversations"]], pa.list_(TURN))}), data / "E.PARQUET")
+    (data / "README.md").write_text("# a corpus")
+    files = expand_inputs([data])
+    assert [f.name for f in files] == ["B.JSONL", "C.JSON", "E.PARQUET", "a.ndjson", "d.NDJSON.GZ"]
+    assert [s.sample_id for s in iter_samples(files)] == ["upper-jsonl", "upper-json", "upper-parquet", "ndjson0",
+                                                         "ndjson1", "gz"]
+    # tokenize cuts an uncompressed .ndjson by lines, as it does .jsonl
+    m = tokenize_dataset([data], tmp_path / "tok", TokenizeConfig(media_root=str(tmp_path), rows_per_shard=1), workers=1)
+    assert (m["counts"]["samples"], m["counts"]["rejected"], m["counts"]["tasks"]) == (6, 0, 6)
+
+    skipped = tmp_path / "skipped"
+    (skipped / "tok" / ".packtool").mkdir(parents=True)  # an earlier run's output
+    (skipped / "tok" / ".packtool" / "manifest.json").write_text("{}")
+    (skipped / ".train.jsonl").write_text("{}")
+    (skipped / "train.csv").write_text("a,b")
+    with pytest.raises(InputError) as err:
+        expand_inputs([data, skipped])
+    assert str(err.value) == (
+        f"no input files found in {str(skipped)!r} (skipped '.train.jsonl' (hidden), 'tok' (a packtool output "
+        "directory), 'train.csv' (not an input file suffix)); expected .json, .json.gz, .json.zst, .jsonl, .jsonl.gz, "
+        ".jsonl.zst, .ndjson, .ndjson.gz, .ndjson.zst, .parquet, in any case")
+    (skipped / "empty").mkdir()
+    with pytest.raises(InputError, match=r"no input files found in '.*empty' \(it is empty\)"):
+        expand_inputs([skipped / "empty"])
 
 
 # --- bad rows ---------------------------------------------------------------------------

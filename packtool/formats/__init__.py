@@ -2,9 +2,10 @@
 
 Two layers:
 
-* **containers** hold records: JSON arrays, JSONL, gzip / zstd compressed JSON and JSONL
-  (``.gz``, ``.zst``; zstd needs ``pip install packtool[zstd]``), and Hugging Face
-  Parquet files (read in record batches; directories of shards are expanded);
+* **containers** hold records: JSON arrays, JSONL (``.jsonl`` or ``.ndjson``), gzip / zstd
+  compressed JSON and JSONL (``.gz``, ``.zst``; zstd needs ``pip install packtool[zstd]``),
+  and Hugging Face Parquet files (read in record batches; directories of shards are
+  expanded); suffixes match in any case;
 * **record formats** turn one record into a sample: ``llava``, ``qwen-vl``,
   ``sharegpt`` (LLaMA-Factory), ``swift`` (ms-swift) and ``molmo`` (PixMo
   ``message_list`` → one message tree).
@@ -29,10 +30,10 @@ from pathlib import Path
 from ..errors import ConfigError, InputError, SampleError
 from ..records import Sample
 from . import hf_parquet, llava, molmo, qwen_vl, sharegpt, swift
-from .common import check_sample, printable, record_id
+from .common import check_sample, decode_turn_fields, printable, record_id
 
 __all__ = ["Rejected", "iter_samples", "parse_record", "parse_json_line", "iter_records", "expand_inputs", "PARSERS",
-           "FORMATS", "detect_format", "SUFFIXES", "UTF8_BOM"]
+           "FORMATS", "detect_format", "SUFFIXES", "UTF8_BOM", "is_input_name", "is_parquet_name", "is_jsonl_name"]
 
 log = logging.getLogger(__name__)
 
@@ -72,31 +73,71 @@ class Rejected:
 #: start of a text file. At a file's first byte it is skipped; anywhere else it is a bad row.
 UTF8_BOM = b"\xef\xbb\xbf"
 
-_JSON_SUFFIXES = (".json", ".jsonl")
+#: JSON Lines under either of its names (``.ndjson`` is the same format).
+_JSONL_SUFFIXES = (".jsonl", ".ndjson")
+_JSON_SUFFIXES = (".json", *_JSONL_SUFFIXES)
 _COMPRESSIONS = ("", ".gz", ".zst")
+#: Input file suffixes, matched in any case (``TRAIN.JSONL``, ``part-0.PARQUET``).
 SUFFIXES = tuple(s + c for s in _JSON_SUFFIXES for c in _COMPRESSIONS) + hf_parquet.SUFFIXES
 
 
-def _scan_dir(root: Path) -> list[Path]:
+def is_input_name(name: str) -> bool:
+    """Whether a file name ends in one of :data:`SUFFIXES`, in any case.
+
+    Example:
+        >>> is_input_name("TRAIN.JSONL"), is_input_name("a.ndjson.gz"), is_input_name("README.md")
+        (True, True, False)
+    """
+    return name.lower().endswith(SUFFIXES)
+
+
+def is_parquet_name(name: str) -> bool:
+    """Whether a file name says Parquet, in any case."""
+    return name.lower().endswith(hf_parquet.SUFFIXES)
+
+
+def is_jsonl_name(name: str, compressed: bool = True) -> bool:
+    """Whether a file name says JSON Lines (``.jsonl``, ``.ndjson``), in any case; with
+    ``compressed`` also under ``.gz`` / ``.zst``.
+
+    Example:
+        >>> is_jsonl_name("a.NDJSON.gz"), is_jsonl_name("a.jsonl.gz", compressed=False)
+        (True, False)
+    """
+    name = name.lower()
+    if compressed:
+        name = name.removesuffix(".gz").removesuffix(".zst")
+    return name.endswith(_JSONL_SUFFIXES)
+
+
+def _scan_dir(root: Path, skipped: list[tuple[str, str]] | None = None) -> list[Path]:
     """The supported files under ``root``, sorted; hidden entries and packtool outputs are skipped.
 
     A corpus directory often holds earlier results (``tokenize data -o data/tok`` run twice):
     their shards are packtool's own rows, not input records, so a directory holding a packtool
     run (a ``.packtool/`` state folder or a manifest) is left out with everything under it, and
-    so is every entry whose name starts with ``.`` (``.git``, editor and OS files).
+    so is every entry whose name starts with ``.`` (``.git``, editor and OS files). Each entry
+    left out, and why, is appended to ``skipped`` when given.
     """
-    return sorted(f for f in _walk(root) if f.name.endswith(SUFFIXES))
+    files = []
+    for f in _walk(root, skipped):
+        if is_input_name(f.name):
+            files.append(f)
+        elif skipped is not None:
+            skipped.append((str(f), "not an input file suffix"))
+    return sorted(files)
 
 
 def expand_inputs(inputs: list[Path], present: set[str] = frozenset()) -> list[Path]:
     """Files named directly, plus the supported files under named directories, sorted.
 
-    Under a directory, hidden entries and packtool output directories are skipped
-    (see :func:`_scan_dir`); a named file is always read. Paths in ``present`` are files
-    known to exist elsewhere (objects listed in a bucket, fetched when read).
+    Under a directory, hidden entries, packtool output directories and files without an input
+    suffix are skipped (see :func:`_scan_dir`); a named file is always read. Paths in ``present``
+    are files known to exist elsewhere (objects listed in a bucket, fetched when read).
 
     Raises:
-        InputError: an input does not exist, is itself a packtool output, or holds no input files.
+        InputError: an input does not exist, is itself a packtool output, or is a directory holding
+            no input file (the message lists what was skipped there, and why).
     """
     from ..shards import is_output_dir
 
@@ -110,7 +151,14 @@ def expand_inputs(inputs: list[Path], present: set[str] = frozenset()) -> list[P
             if is_output_dir(p):
                 raise InputError(f"input {str(p)!r} is a packtool output directory, not raw records; "
                                  "pass the corpus it was made from (pack takes a tokenized directory)")
-            files.extend(_scan_dir(p))
+            skipped: list[tuple[str, str]] = []
+            found = _scan_dir(p, skipped)
+            if not found:
+                raise InputError(f"no input files found in {str(p)!r} ({_skipped_summary(p, skipped)}); expected "
+                                 f"{', '.join(SUFFIXES)}, in any case")
+            if skipped:
+                log.info("%s: %d entries skipped (%s)", p, len(skipped), _skipped_summary(p, skipped))
+            files.extend(found)
         elif p.is_file():
             files.append(p)
         else:
@@ -125,6 +173,15 @@ def expand_inputs(inputs: list[Path], present: set[str] = frozenset()) -> list[P
             raise InputError(f"input {str(f)!r} {what}, so every record in it would be read twice; name each file once")
         seen[key] = f
     return files
+
+
+def _skipped_summary(root: Path, skipped: list[tuple[str, str]], limit: int = 5) -> str:
+    """What a directory scan left out, for a message: ``'notes.txt' (not an input file suffix), ...``."""
+    if not skipped:
+        return "it is empty"
+    shown = ", ".join(f"{printable(os.path.relpath(path, root))!r} ({why})" for path, why in sorted(skipped)[:limit])
+    more = len(skipped) - limit
+    return f"skipped {shown}" + (f" and {more} more" if more > 0 else "")
 
 
 class _ZstdStream(io.RawIOBase):
@@ -167,8 +224,9 @@ class _ZstdStream(io.RawIOBase):
         super().close()
 
 
-def _walk(root: Path) -> Iterator[Path]:
-    """Every file under ``root`` but hidden entries and packtool output directories (see :func:`_scan_dir`).
+def _walk(root: Path, skipped: list[tuple[str, str]] | None = None) -> Iterator[Path]:
+    """Every file under ``root`` but hidden entries and packtool output directories (see :func:`_scan_dir`),
+    which are appended to ``skipped`` with the reason when it is given.
 
     A directory that cannot be listed is an error, not a silent gap (``os.walk`` and
     ``Path.rglob`` skip unreadable directories without a word); a link back up the tree
@@ -191,10 +249,14 @@ def _walk(root: Path) -> Iterator[Path]:
                              "readable or leave it out of the inputs") from None
         for e in entries:
             if e.name.startswith("."):
+                if skipped is not None:
+                    skipped.append((e.path, "hidden"))
                 continue
             if e.is_dir():
                 if is_output_dir(Path(e.path)):
                     log.info("skipping %s: a packtool output directory, not input", e.path)
+                    if skipped is not None:
+                        skipped.append((e.path, "a packtool output directory"))
                     continue
                 stack.append(Path(e.path))
             elif e.is_file():
@@ -203,7 +265,7 @@ def _walk(root: Path) -> Iterator[Path]:
 
 def _open_binary(path: Path):
     """A buffered binary stream of the file's (decompressed) bytes, with ``peek``."""
-    name = path.name
+    name = path.name.lower()
     if name.endswith(".gz"):
         return io.BufferedReader(gzip.open(path, "rb"), buffer_size=1 << 16)
     if name.endswith(".zst"):
@@ -232,7 +294,8 @@ def _decode_errors() -> tuple[type[BaseException], ...]:
 
 
 def _corrupt_file(path: Path, exc: BaseException) -> SampleError:
-    kind = "zstd" if path.name.endswith(".zst") else "gzip" if path.name.endswith(".gz") else "file"
+    name = path.name.lower()
+    kind = "zstd" if name.endswith(".zst") else "gzip" if name.endswith(".gz") else "file"
     if isinstance(exc, EOFError):
         what = f"the {kind} stream is truncated ({exc})"
     else:
@@ -259,7 +322,7 @@ def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
         # a leading byte-order mark is no part of the first record: sniff and read past it
         head = fh.peek(1 << 12)[: 1 << 12].removeprefix(UTF8_BOM).lstrip()
         first = b""
-        if head.startswith(b"{") and ".jsonl" not in path.name:
+        if head.startswith(b"{") and not is_jsonl_name(path.name):
             # one object (pretty-printed or on one line) or JSONL under another name: the whole first
             # line tells, however long (a record with an inline image runs past any peek)
             first = fh.readline()
@@ -317,7 +380,7 @@ def _looks_like_jsonl(head: bytes) -> bool:
 
 def iter_records(path: Path) -> Iterator[tuple[int, object]]:
     """``(row, record_or_SampleError)`` for every record of one input file."""
-    if path.name.endswith(hf_parquet.SUFFIXES):
+    if is_parquet_name(path.name):
         return hf_parquet.iter_records(path)
     return _json_records(path)
 
@@ -366,6 +429,7 @@ def parse_record(rec: object, source: str, row: int, fmt: str = "auto") -> Sampl
             raise rec
         if not isinstance(rec, dict):
             raise SampleError("bad_record", f"record is a {type(rec).__name__}, not an object")
+        rec = decode_turn_fields(rec)
         parser = PARSERS[detect_format(rec) if fmt == "auto" else fmt]
         return check_sample(parser(rec, source, row))
     except SampleError as err:

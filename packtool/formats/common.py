@@ -2,10 +2,12 @@
 
 A media entry in the wild is one of:
 
-* a path string, relative to ``--media-root`` (``"images/cat.jpg"``);
+* a path string, relative to ``--media-root`` (``"images/cat.jpg"``), or a ``file://`` URI
+  (``file:///data/a%20b.jpg``, ``file://localhost/data/c.jpg``) of a file under it;
 * a data URI (``"data:image/png;base64,iVBOR..."``), decoded to inline bytes;
 * a Hugging Face ``Image`` struct ``{"bytes": b"...", "path": "cat.jpg"}`` (Parquet
-  image columns, ms-swift); the bytes win when present, else the path is used.
+  image columns, ms-swift); the bytes win when present, else the path is used;
+* the file's raw bytes (a Parquet ``binary`` column, as some datasets store images).
 
 Remote URLs are rejected: packtool works offline.
 """
@@ -17,15 +19,17 @@ import binascii
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import unquote
 
 from ..errors import SampleError
 from ..records import MediaRef, Message, Part, Sample, ToolCall
 from .tools import CALL_ROLES, RESULT_ROLES, parse_call_text, parse_tool_call
 
 __all__ = ["media_ref", "media_refs", "as_list", "check_text", "check_sample", "printable", "record_id",
-           "sample_id_of", "split_placeholders", "build_sample", "Turn", "read_turns"]
+           "sample_id_of", "split_placeholders", "build_sample", "Turn", "read_turns", "decode_turn_fields",
+           "TURN_FIELDS"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +64,29 @@ def _decode_data_uri(uri: str) -> bytes:
         raise SampleError("bad_record", f"data URI payload is not valid base64: {exc}") from None
 
 
+def _file_uri_path(uri: str, kind: str) -> str:
+    """The local path a ``file://`` URI names: percent-escapes decoded, the host empty or ``localhost``.
+
+    The path is absolute, so it must still lie under ``--media-root`` (else ``path_outside_root``).
+
+    Example:
+        >>> _file_uri_path("file:///data/a%20b.jpg", "image")
+        '/data/a b.jpg'
+        >>> _file_uri_path("file://localhost/data/c.jpg", "image")
+        '/data/c.jpg'
+    """
+    host, _, path = uri[len("file://"):].partition("/")
+    if host.lower() not in ("", "localhost"):
+        raise SampleError("missing_media", f"{kind} {uri[:80]!r} names the host {host[:40]!r}, not this machine; write "
+                                           "file:///absolute/path, or a path relative to --media-root")
+    try:
+        return unquote("/" + path, errors="strict")
+    except UnicodeDecodeError:
+        raise SampleError("bad_encoding", f"{kind} {uri[:80]!r} has percent-escapes that are not UTF-8") from None
+
+
 def media_ref(kind: str, entry) -> MediaRef:
-    """One media entry (path, data URI or ``{bytes, path}`` struct) as a :class:`MediaRef`."""
+    """One media entry (path, data URI, ``{bytes, path}`` struct or raw bytes) as a :class:`MediaRef`."""
     if isinstance(entry, str):
         if not entry:
             raise SampleError("missing_media", f"empty {kind} path")
@@ -70,7 +95,7 @@ def media_ref(kind: str, entry) -> MediaRef:
         if entry.startswith(("http://", "https://", "s3://", "gs://")):
             raise SampleError("missing_media", f"{kind} {entry[:80]!r} is a remote URL; download it under --media-root first")
         if entry.startswith("file://"):
-            entry = entry[len("file://"):]
+            entry = _file_uri_path(entry, kind)
         return MediaRef(kind, entry, None)
     if isinstance(entry, dict):
         data = entry.get("bytes")
@@ -82,9 +107,14 @@ def media_ref(kind: str, entry) -> MediaRef:
         if isinstance(path, str) and path:
             return media_ref(kind, path)
         raise SampleError("missing_media", f"{kind} struct has neither bytes nor a path")
+    if isinstance(entry, (bytes, bytearray, memoryview)):  # a Parquet binary column: the file's bytes
+        if not len(entry):
+            raise SampleError("missing_media", f"{kind} bytes are empty")
+        return MediaRef(kind, None, bytes(entry))
     if entry is None:
         raise SampleError("missing_media", f"{kind} entry is null")
-    raise SampleError("bad_record", f"{kind} entries must be paths, data URIs or {{bytes, path}} structs, got {type(entry).__name__}")
+    raise SampleError("bad_record", f"{kind} entries must be paths, data URIs, {{bytes, path}} structs or raw bytes, "
+                                    f"got {type(entry).__name__}")
 
 
 def media_refs(record: dict, image_keys: tuple[str, ...], video_keys: tuple[str, ...]) -> tuple[list[MediaRef], list[MediaRef]]:
@@ -237,6 +267,35 @@ def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[st
     return turns
 
 
+#: Fields that hold a record's turns (or Molmo's entries): a list, or, as some Parquet writers
+#: store them, a string column of JSON text holding the list.
+TURN_FIELDS = ("conversations", "messages", "message_list")
+
+
+def decode_turn_fields(record: dict) -> dict:
+    """``record`` with a turn field (:data:`TURN_FIELDS`) stored as JSON text parsed into its list.
+
+    Example:
+        >>> decode_turn_fields({"conversations": '[{"from": "human", "value": "Hi"}]'})
+        {'conversations': [{'from': 'human', 'value': 'Hi'}]}
+
+    Raises:
+        SampleError: ``bad_record`` when such a string is not a JSON list.
+    """
+    for key in TURN_FIELDS:
+        text = record.get(key)
+        if isinstance(text, str):
+            try:
+                value = json.loads(text)
+            except (ValueError, RecursionError):
+                value = text
+            if not isinstance(value, list):
+                raise SampleError("bad_record", f"{key!r} is a string that is not a JSON list ({text[:60]!r}); store "
+                                                "the turns as a list, or as the JSON text of one")
+            record = {**record, key: value}
+    return record
+
+
 def record_id(record: dict) -> str | None:
     """A record's own id (``id``, else ``sample_id``) as packtool stores it, or ``None`` when
     it has none: a string as it is, a whole number as its decimal digits.
@@ -325,12 +384,16 @@ def build_sample(
     strict: bool = False,
     system: str | None = None,
     tools: tuple[dict, ...] = (),
+    image_tags_for_video: bool = False,
 ) -> Sample:
     """One single-branch sample from ``(role, text)`` turns (or :class:`Turn` s) with ``<image>``/``<video>`` tags.
 
     With ``strict`` the tag count must equal the media count (Qwen-VL finetune,
     ms-swift, LLaMA-Factory); otherwise media without any tag go to the start of the
-    first user turn, as LLaVA does.
+    first user turn, as LLaVA does. With ``image_tags_for_video``, a record with videos,
+    no image and no ``<video>`` tag may mark its videos with ``<image>`` tags, one per
+    video: LLaVA-NeXT / LLaVA-OneVision training code (and so LLaVA-Video-178K) writes
+    ``<image>`` for a video.
 
     Raises:
         SampleError: ``empty_conversation``, ``placeholder_mismatch``.
@@ -361,6 +424,11 @@ def build_sample(
         lead = tuple(Part.media(m.kind, i) for i, m in enumerate(media))
         msg = messages[first_user]
         messages[first_user] = Message(msg.role, lead + msg.parts, msg.tool_calls, msg.reasoning, msg.tool_call_id)
+    elif (image_tags_for_video and videos and not images and not counters["video"]
+          and counters["image"] == len(videos)):
+        # with no image, an image tag's media index (offset 0) is the video's: only the kind changes
+        messages = [replace(m, parts=tuple(Part.media("video", p.index) if p.kind == "image" else p for p in m.parts))
+                    for m in messages]
     elif counters["image"] != len(images) or counters["video"] != len(videos):
         raise SampleError(
             "placeholder_mismatch",

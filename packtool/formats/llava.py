@@ -1,7 +1,9 @@
 """LLaVA JSON/JSONL: ``{"id", "image": str | [str], "video", "conversations": [{"from", "value"}]}``.
 
 ``<image>`` / ``<video>`` tags mark where media go, in order. A record with media but
-no tags gets its media at the start of the first user turn, as LLaVA does.
+no tags gets its media at the start of the first user turn, as LLaVA does. A record with
+videos and no image may tag its videos ``<image>``, as LLaVA-NeXT / LLaVA-OneVision training
+code does (LLaVA-Video-178K is written so), one tag per video.
 
     {"id": "0", "image": "coco/1.jpg",
      "conversations": [{"from": "human", "value": "<image>\\nWhat is this?"},
@@ -50,4 +52,5 @@ def parse(record: dict, source: str, row: int, strict: bool = False) -> Sample:
     """A LLaVA record as a single-branch sample; ``strict`` demands one tag per media item."""
     turns = parse_turns(record.get("conversations"))
     images, videos = media_refs(record, ("image", "images"), ("video", "videos"))
-    return build_sample(turns, images, videos, sample_id_of(record, source, row), source, row, strict=strict)
+    return build_sample(turns, images, videos, sample_id_of(record, source, row), source, row, strict=strict,
+                        image_tags_for_video=not strict)
