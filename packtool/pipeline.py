@@ -1436,6 +1436,15 @@ def _layout_record(cfg: PackConfig) -> dict:
 
 
 @_environment_errors
+def _relative_source(src: str, out_dir: str | Path) -> dict:
+    """``{"relative": ...}``: a local tokenized directory as seen from the local packed directory
+    (``../tok``), so readers of the pair find it from any working directory, and again once
+    both are moved together; ``{}`` when either is in a bucket."""
+    if is_url(src) or is_url(str(out_dir)):
+        return {}
+    return {"relative": os.path.relpath(Path(src).resolve(), Path(out_dir).resolve())}
+
+
 def pack_dataset(
     src: str | os.PathLike | Iterable[str | os.PathLike] | Mixture,
     out_dir: str | Path,
@@ -1556,7 +1565,7 @@ def pack_dataset(
     manifest_extra = {**_layout_record(cfg), "capacities": capacities, "tokenizer": tok_manifest.get("tokenizer"),
                       "vision": tok_manifest.get("vision"), "template": tok_manifest.get("template"),
                       "source": {"path": src_name, "config_digest": tok_manifest["config_digest"],
-                                 **({} if remote_src else {"absolute": str(Path(src).resolve())})}}
+                                 **_relative_source(src_name, out_dir)}}
     run = {"kind": "packed", "config": config, "config_digest": digest, "world_size": ex.world_size,
            "n_tasks": len(entries), "tasks_digest": digest_of({"shards": [e["file"] for e in entries]}),
            "inputs": {e["file"]: e["sha256"] for e in entries}, "manifest": manifest_extra, "max_errors": max_errors}

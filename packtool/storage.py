@@ -839,11 +839,12 @@ def input_copy(path: str) -> str:
 def source_dir(packed: Path, manifest: dict) -> Path | None:
     """The tokenized directory a packed one (``manifest``) was made from, when it is still where
     it was: its URL (a checked local copy), the path as it was typed (from here, or from the packed
-    directory), or the absolute path pack recorded, so the pair is found from any directory."""
+    directory), or the path from the packed directory that pack recorded (``relative``), so the
+    pair is found from any working directory."""
     from .shards import is_output_dir
 
     record = manifest.get("source") or {}
-    src, absolute = record.get("path"), record.get("absolute")
+    src, relative = record.get("path"), record.get("relative")
     if not src:
         return None
     if is_url(src):
@@ -851,7 +852,7 @@ def source_dir(packed: Path, manifest: dict) -> Path | None:
             return fetch_output(src, "tokenized")
         except InputError:  # moved or removed since: the caller goes on without it
             return None
-    for cand in (Path(src), Path(packed) / src, *([Path(absolute)] if absolute else [])):
+    for cand in (Path(src), Path(packed) / src, *([Path(packed) / relative] if isinstance(relative, str) else [])):
         if is_output_dir(cand):
             return cand
     return None

@@ -233,7 +233,7 @@ def test_packed_dir_without_its_tokenized_dir_still_reports(messy, tmp_path):
     moved = tmp_path / "packed-alone"
     shutil.copytree(messy["packed"], moved)
     manifest = json.loads((moved / ".packtool" / "manifest.json").read_text())
-    manifest["source"].update(path=str(tmp_path / "not-there"), absolute=str(tmp_path / "not-there"))
+    manifest["source"].update(path=str(tmp_path / "not-there"), relative="../not-there")
     (moved / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     s = compute_stats(moved)
     validate(s)
@@ -253,10 +253,13 @@ def test_a_pair_packed_with_relative_paths_is_found_from_any_directory(messy, tm
     r = packtool("pack", "tok", "-o", "packed", "--max-tokens", "2048", "--buffer-size", "8", "-q", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     source = json.loads((tmp_path / "packed" / ".packtool" / "manifest.json").read_text())["source"]
-    assert source["path"] == "tok" and source["absolute"] == str((tmp_path / "tok").resolve())
+    assert source["path"] == "tok" and source["relative"] == "../tok"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    r = packtool("stats", str(tmp_path / "packed"), "--json", cwd=elsewhere)
+    (tmp_path / "moved").mkdir()  # and once both are moved together
+    for name in ("tok", "packed"):
+        shutil.copytree(tmp_path / name, tmp_path / "moved" / name)
+    r = packtool("stats", str(tmp_path / "moved" / "packed"), "--json", cwd=elsewhere)
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     assert s["reconcile"] == compute_stats(messy["tokenized"], messy["packed"])["reconcile"] and s["reconcile"]["balanced"]
@@ -294,7 +297,7 @@ def test_rejected_gate_without_the_tokenized_dir_refuses_rather_than_count_pack_
     moved = tmp_path / "packed-alone"
     shutil.copytree(messy["packed"], moved)
     manifest = json.loads((moved / ".packtool" / "manifest.json").read_text())
-    manifest["source"].update(path=str(tmp_path / "not-there"), absolute=str(tmp_path / "not-there"))
+    manifest["source"].update(path=str(tmp_path / "not-there"), relative="../not-there")
     (moved / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     pair = compute_stats(messy["tokenized"], messy["packed"])
     share = round(2 / 20 + pair["dropped"] / 18 * (18 / 20), 4)  # 2 of 20 rows rejected, then drops of 18 samples
