@@ -30,7 +30,7 @@ def _steps(path: Path, root: Path, n: int, out: Path) -> Counter:
     from packtool.pipeline import BATCH, _batched, _encode_context, _fewer_collections
     from packtool.rows import encode_stored
     from packtool.schema import TOKENIZED
-    from packtool.shards import _WRITE_OPTS
+    from packtool.shards import writer_options
 
     cfg = TokenizeConfig(media_root=str(root.resolve()))
     ctx = _encode_context(cfg)
@@ -40,7 +40,7 @@ def _steps(path: Path, root: Path, n: int, out: Path) -> Counter:
     with _fewer_collections():  # as a tokenize task runs
         samples = [parse_record(rec, str(path), row, cfg.format) for row, rec in iter_records(path)][:n]
     split["read + parse"] += cpu() - t
-    with _fewer_collections(), pq.ParquetWriter(out, TOKENIZED, **_WRITE_OPTS) as writer:
+    with _fewer_collections(), pq.ParquetWriter(out, TOKENIZED, **writer_options(TOKENIZED, TOKENIZED.empty_table())) as writer:
         for batch in _batched(samples, BATCH):
             t = cpu()
             table, _ = encode_stored(batch, ctx, Counter())

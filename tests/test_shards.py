@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from packtool.schema import TOKENIZED_ROWS
+from packtool.schema import TOKENIZED_ROWS, packed_schema
 from packtool.shards import rows_table
 
 
@@ -35,7 +35,6 @@ def test_rows_table_equals_from_pylist():
 
 def _packed_media_table(blobs: list[bytes | None], frames: list[list[bytes] | None] | None = None) -> pa.Table:
     """A one-column table of the packed media type, one media item per blob."""
-    from packtool.schema import packed_schema
 
     schema = pa.schema([packed_schema("runs").field("media")])
     frames = frames or [None] * len(blobs)
@@ -48,7 +47,13 @@ def test_payload_leaves_are_stored_as_they_are_only_when_zstd_cannot_shrink_them
     """Incompressible image bytes or frames (real JPEGs) are written uncompressed; bytes that
     compress (flat images), no bytes at all (``--media reference``) and tables without media
     keep the one zstd setting every other column has."""
-    from packtool.shards import _WRITE_OPTS, PAYLOAD_LEAVES, PAYLOAD_SAMPLE_BYTES, writer_options
+    from packtool.shards import (
+        _WRITE_OPTS,
+        FAST_LEAVES,
+        PAYLOAD_LEAVES,
+        PAYLOAD_SAMPLE_BYTES,
+        writer_options,
+    )
 
     seed = 21
     rng = np.random.default_rng(seed)
@@ -61,6 +66,9 @@ def test_payload_leaves_are_stored_as_they_are_only_when_zstd_cannot_shrink_them
     assert opts["compression"][frames] == "zstd"  # no frames in the group: nothing says they would not shrink
     assert {k for k, v in opts["compression"].items() if v == "zstd"} == set(opts["compression_level"])
     assert all(v == "zstd" for k, v in opts["compression"].items() if k not in PAYLOAD_LEAVES)
+    tokens = packed_schema("runs")
+    both = writer_options(tokens, tokens.empty_table())["compression"]
+    assert [k for k, v in both.items() if v != "zstd"] == [FAST_LEAVES[0]] and both[FAST_LEAVES[0]] == "lz4"
     assert {k: v for k, v in opts.items() if k not in ("compression", "compression_level")} == \
         {k: v for k, v in _WRITE_OPTS.items() if k not in ("compression", "compression_level")}
     videos = _packed_media_table([None] * 8, [noise[5 * i:5 * i + 5] for i in range(8)])
@@ -101,7 +109,7 @@ def test_the_payload_sample_is_the_first_bytes_of_the_values_in_row_order():
 
 def test_a_pack_of_real_images_stores_their_bytes_uncompressed_and_the_same_on_any_workers(tmp_path):
     """End to end: distinct photo-like JPEGs embed into a column Parquet does not compress (the
-    other columns stay zstd), read back as the files' bytes, and the shards are the same bytes
+    other columns stay zstd but the token id blob, LZ4), read back as the files' bytes, and the shards are the same bytes
     on one worker and two; a corpus of flat images keeps zstd for the same column."""
     import json
 
@@ -110,7 +118,7 @@ def test_a_pack_of_real_images_stores_their_bytes_uncompressed_and_the_same_on_a
 
     from bench.bench_media import photo_like_jpeg
     from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
-    from packtool.shards import read_manifest
+    from packtool.shards import FAST_LEAVES, read_manifest
 
     seed = 8
     rng = np.random.default_rng(seed)
@@ -144,7 +152,8 @@ def test_a_pack_of_real_images_stores_their_bytes_uncompressed_and_the_same_on_a
                     if col.path_in_schema == "media.list.element.data":
                         codecs[kind].add(col.compression)
                     elif not col.path_in_schema.startswith("media.list.element.frames"):
-                        assert col.compression == "ZSTD", (kind, col.path_in_schema)
+                        want = "LZ4" if col.path_in_schema in FAST_LEAVES else "ZSTD"
+                        assert col.compression == want, (kind, col.path_in_schema)
         embedded = [m for f in files for r in pq.read_table(f, columns=["media"])["media"].to_pylist() for m in r]
         assert len(embedded) == 12
         assert all(m["data"] == (root / m["path"]).read_bytes() for m in embedded), kind
