@@ -894,7 +894,10 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
         >>> prepare_run(Path("tok"), run, overwrite=False)   # doctest: +SKIP
         None   # ready: run the tasks that have no marker
     """
+    from .publication import task_target
+
     out_dir = Path(out_dir)
+    shown = task_target(out_dir)  # the URL when out_dir is a bucket's local mirror
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputError(f"output {str(out_dir)!r} exists and is not a directory; choose another -o")
     manifest_file = manifest_path(out_dir)
@@ -911,13 +914,13 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
             return old
         if same and not overwrite:
             raise ResumeMismatchError(
-                f"{str(out_dir)!r} holds a finished run of these settings, but input files changed since "
+                f"{shown!r} holds a finished run of these settings, but input files changed since "
                 f"(size or modification time): {_some(changed)}; pass --overwrite to redo it, or use another -o"
             )
         if not same and not overwrite:
             diff = _run_diff(old, {k: v for k, v in run.items() if k in ("kind", "config")})
             raise ResumeMismatchError(
-                f"{str(out_dir)!r} already holds a finished run with a different configuration "
+                f"{shown!r} already holds a finished run with a different configuration "
                 f"({'; '.join(diff) or 'config digest'}); use another -o, or pass --overwrite to replace it"
             )
         _wipe(out_dir)
@@ -935,7 +938,7 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
             running = (f"; its rank {live[0]['rank']} is running now (pid {live[0].get('pid', '?')} on "
                        f"{live[0].get('host', '?')})" if live else "")
             raise ResumeMismatchError(
-                f"{str(out_dir)!r} holds an unfinished run with other settings ({'; '.join(diff)}){running}; "
+                f"{shown!r} holds an unfinished run with other settings ({'; '.join(diff)}){running}; "
                 "resume it with the same command, use another -o, or pass --overwrite to start over"
             )
         if diff:

@@ -520,6 +520,31 @@ def test_inspect_of_a_bucket_names_the_url_not_its_local_copy(s3, tmp_path):
                                            "(pack_index = task × 1000000000 + k); pass one of those\n")
 
 
+def test_a_finished_bucket_run_refused_on_rerun_names_the_url_not_its_local_mirror(s3, tmp_path):
+    """Re-running into a bucket prefix that holds a finished run with other settings, or whose
+    inputs changed since, named ``~/.cache/packtool/mirror/<key>-<host>-<pid>`` (gone when the
+    command ends) instead of the -o the user gave."""
+    import shutil
+
+    from packtool import TokenizeConfig, tokenize_dataset
+    from packtool.errors import ResumeMismatchError
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    shutil.copy(sample / "data.jsonl", tmp_path / "data.jsonl")
+    url = f"s3://{BUCKET}/rerun-{tmp_path.name}/tok"
+    cfg = TokenizeConfig(media_root=str(sample))
+    tokenize_dataset([tmp_path / "data.jsonl"], url, cfg, workers=1)
+    with pytest.raises(ResumeMismatchError) as err:
+        tokenize_dataset([tmp_path / "data.jsonl"], url + "/", TokenizeConfig(media_root=str(sample), rows_per_shard=7),
+                         workers=1)
+    assert str(err.value) == (f"{url!r} already holds a finished run with a different configuration (rows_per_shard: "
+                              "50000 -> 7); use another -o, or pass --overwrite to replace it")
+    os.utime(tmp_path / "data.jsonl", ns=(1, 1))
+    with pytest.raises(ResumeMismatchError) as err:
+        tokenize_dataset([tmp_path / "data.jsonl"], url, cfg, workers=1)
+    assert str(err.value).startswith(f"{url!r} holds a finished run of these settings, but input files changed since")
+
+
 def test_stats_of_a_bucket_pair_in_the_wrong_order_names_the_url(s3, tmp_path):
     """``stats PACKED TOKENIZED`` with bucket URLs named the packed output's local copy in its
     error; it names the URL as given."""
