@@ -76,6 +76,8 @@ log = logging.getLogger(__name__)
 
 #: URL schemes packtool reads and writes, with the fsspec package that serves each.
 SCHEMES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
+#: How a bucket URL starts (a media path in a record may be one).
+BUCKET_URLS = tuple(f"{s}://" for s in SCHEMES)
 _URL = re.compile(r"^(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*)://(?P<rest>.*)$")
 OPTIONS_ENV = "PACKTOOL_STORAGE_OPTIONS"
 CACHE_ENV = "PACKTOOL_CACHE"

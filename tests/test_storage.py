@@ -545,6 +545,43 @@ def test_a_finished_bucket_run_refused_on_rerun_names_the_url_not_its_local_mirr
     assert str(err.value).startswith(f"{url!r} holds a finished run of these settings, but input files changed since")
 
 
+def test_bucket_urls_in_records_resolve_under_a_bucket_media_root(s3, tmp_path):
+    """A record naming its image by ``s3://`` URL under a bucket --media-root was rejected as
+    ``missing_media`` ("is a remote URL; download it under --media-root first") before the root
+    was asked, though the URL lies under it."""
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    images = Path(__file__).resolve().parents[1] / "examples" / "sample" / "images"
+    prefix = f"urls-{tmp_path.name}"
+    client = s3.client()
+    for name, key in (("img00.png", "media/img00.png"), ("img01.jpg", "media/img01.jpg"), ("img02.png", "other/img02.png")):
+        client.upload_file(str(images / name), BUCKET, f"{prefix}/{key}")
+    media = [f"s3://{BUCKET}/{prefix}/media/img00.png", "img01.jpg", f"s3://{BUCKET}/{prefix}/other/img02.png"]
+    with open(tmp_path / "data.jsonl", "w", encoding="utf-8") as fh:
+        for i, m in enumerate(media):
+            fh.write(json.dumps({"id": f"u{i}", "image": m, "conversations": [
+                {"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": f"Shape {i}."}]}) + "\n")
+
+    def rejected(out: Path) -> dict[str, tuple[str, str]]:
+        lines = (out / ".packtool" / "errors.jsonl").read_text(encoding="utf-8").splitlines()
+        return {e["sample_id"]: (e["reason"], e["message"]) for e in map(json.loads, lines)}
+
+    m = tokenize_dataset([tmp_path / "data.jsonl"], tmp_path / "tok",
+                         TokenizeConfig(media_root=f"s3://{BUCKET}/{prefix}/media"), workers=1)
+    assert m["counts"]["samples"] == 2
+    assert rejected(tmp_path / "tok") == {"u2": ("path_outside_root", f"media path {media[2]!r} resolves outside "
+                                                                      f"--media-root 's3://{BUCKET}/{prefix}/media'")}
+    # a local root: the URLs are refused, naming the fix
+    m = tokenize_dataset([tmp_path / "data.jsonl"], tmp_path / "tok-local", TokenizeConfig(media_root=str(images)),
+                         workers=1)
+    assert m["counts"]["samples"] == 1
+    got = rejected(tmp_path / "tok-local")
+    assert sorted(got) == ["u0", "u2"] and {r for r, _ in got.values()} == {"missing_media"}
+    assert got["u0"][1] == (f"media {media[0]!r} is a bucket URL but --media-root {str(images.resolve())!r} is a local "
+                            "directory; pass the bucket prefix holding it as --media-root, or download it under "
+                            "--media-root")
+
+
 def test_stats_of_a_bucket_pair_in_the_wrong_order_names_the_url(s3, tmp_path):
     """``stats PACKED TOKENIZED`` with bucket URLs named the packed output's local copy in its
     error; it names the URL as given."""
