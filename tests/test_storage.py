@@ -582,6 +582,47 @@ def test_bucket_urls_in_records_resolve_under_a_bucket_media_root(s3, tmp_path):
                             "--media-root")
 
 
+def test_the_reader_decodes_media_packed_by_reference_under_a_bucket_media_root(s3, tmp_path):
+    """``decode_media(row, media_root="s3://...")`` for a run packed with --media reference
+    looked for the files under the local folder ``./s3:/...`` and said "not found under
+    media_root '/cwd/s3:/...'; pass the right media_root" though the right one was passed."""
+    import shutil
+
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+    from packtool.errors import InputError
+    from packtool.reader import decode_media
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    write_video(tmp_path / "clip.mp4", 30, fps=15, size=(96, 64))
+    prefix = f"ref-{tmp_path.name}"
+    upload_dir(s3.client(), sample / "images", BUCKET, f"{prefix}/images")
+    s3.client().upload_file(str(tmp_path / "clip.mp4"), BUCKET, f"{prefix}/clip.mp4")
+    lines = (sample / "data.jsonl").read_text(encoding="utf-8").splitlines()[:4]
+    lines.append(json.dumps({"id": "v0", "video": "clip.mp4", "conversations": [
+        {"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "Grey frames."}]}))
+    (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    root = f"s3://{BUCKET}/{prefix}"
+    tokenize_dataset([tmp_path / "data.jsonl"], tmp_path / "tok", TokenizeConfig(media_root=root), workers=1)
+    pack_dataset(tmp_path / "tok", tmp_path / "packed", PackConfig(max_tokens=16384, media="reference"), workers=1)
+    rows = list(PackedDataset(tmp_path / "packed"))
+    assert sum(len(r["media"]) for r in rows) == 5 and {m["kind"] for r in rows for m in r["media"]} == {"image", "video"}
+    # the same pixels as from local copies of the files
+    shutil.copytree(sample / "images", tmp_path / "local" / "images")
+    shutil.copy(tmp_path / "clip.mp4", tmp_path / "local" / "clip.mp4")
+    for row in rows:
+        remote, local = decode_media(row, root + "/"), decode_media(row, tmp_path / "local")
+        for a, b in zip(remote, local, strict=True):
+            if hasattr(a, "frames"):
+                assert a.timestamps == b.timestamps and len(a.frames) == len(b.frames) > 1
+                a, b = a.frames[-1], b.frames[-1]
+            assert a.size == b.size and a.tobytes() == b.tobytes()
+    with pytest.raises(InputError) as err:
+        decode_media(rows[0], f"s3://{BUCKET}/no-{prefix}")
+    path = rows[0]["media"][0]["path"]
+    assert str(err.value) == (f"media file {path!r} not found under media_root 's3://{BUCKET}/no-{prefix}'; pass the "
+                              "right media_root")
+
+
 def test_stats_of_a_bucket_pair_in_the_wrong_order_names_the_url(s3, tmp_path):
     """``stats PACKED TOKENIZED`` with bucket URLs named the packed output's local copy in its
     error; it names the URL as given."""
