@@ -287,6 +287,11 @@ def storage_error(exc: BaseException, url: str, writing: bool = False) -> Packto
     name = type(exc).__name__
     text = str(exc)
     flag = "-o" if writing else "the input path"
+    if name == "ProfileNotFound":
+        profile = getattr(exc, "kwargs", {}).get("profile") or os.environ.get("AWS_PROFILE")
+        return StorageError(f"AWS profile {profile!r} (AWS_PROFILE or --storage-option profile=...) is not defined in "
+                            "~/.aws/config or ~/.aws/credentials (AWS_CONFIG_FILE, AWS_SHARED_CREDENTIALS_FILE); name "
+                            f"a profile defined there, or unset it and {_fix_for(scheme).replace(' (or AWS_PROFILE)', '')}")
     if name in ("NoCredentialsError", "PartialCredentialsError", "DefaultCredentialsError") \
             or "credentials" in text.lower() and "invalid" not in text.lower():
         return StorageError(f"no credentials for {url!r}; {_fix_for(scheme)}")

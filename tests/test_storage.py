@@ -484,6 +484,20 @@ def test_missing_bucket_credentials_and_endpoint_are_one_error_line(s3, tmp_path
                                            "output of packtool tokenize/pack, and did that run finish?\n")
 
 
+def test_an_undefined_aws_profile_is_one_error_line_naming_the_fix(s3, tmp_path):
+    """``AWS_PROFILE`` naming a profile the AWS config files lack gave "object store error ...:
+    ProfileNotFound ...; fix the cause and run the same command again (finished tasks are kept)"."""
+    env = {k: v for k, v in s3.env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    env.update(AWS_PROFILE="nope", AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_EC2_METADATA_DISABLED="true")
+    r = cli(s3, "stats", f"s3://{BUCKET}/packed", cache=tmp_path / "cache", check=False, env=env)
+    assert (r.returncode, r.stderr) == (1, "Error: AWS profile 'nope' (AWS_PROFILE or --storage-option profile=...) is "
+                                           "not defined in ~/.aws/config or ~/.aws/credentials (AWS_CONFIG_FILE, "
+                                           "AWS_SHARED_CREDENTIALS_FILE); name a profile defined there, or unset it "
+                                           "and set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or pass "
+                                           "--storage-option key=... --storage-option secret=...\n")
+
+
 def test_merge_of_a_bucket_names_the_url_not_its_local_mirror(s3, tmp_path):
     """``merge s3://...`` named the mirror folder it ran on (``~/.cache/packtool/mirror/<key>-<host>-<pid>``,
     gone when the command ends) in its errors."""
