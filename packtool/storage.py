@@ -615,7 +615,10 @@ class RemoteRoot:
     def is_dir(self) -> bool:
         fs, path = filesystem(self.url)
         with storage_errors(self.url):
-            return bool(fs.isdir(path))
+            found = bool(fs.isdir(path))
+        if not found:
+            _missing_bucket(self.url)
+        return found
 
     def _listing(self, directory: str) -> dict[str, dict]:
         with self._lock:
@@ -786,6 +789,7 @@ def fetch_inputs(inputs: list[str | Path], fetch: bool = True) -> list[str | Pat
             elif fs.exists(path):
                 entries = [fs.info(path)]
             else:
+                _missing_bucket(text)
                 raise InputError(f"input {text!r} does not exist")
             for e in entries:
                 url = f"{scheme}://{e['name']}"

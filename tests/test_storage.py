@@ -484,6 +484,23 @@ def test_missing_bucket_credentials_and_endpoint_are_one_error_line(s3, tmp_path
                                            "output of packtool tokenize/pack, and did that run finish?\n")
 
 
+def test_inputs_and_media_root_in_a_missing_bucket_name_the_bucket(s3, tmp_path):
+    """An input or --media-root in a bucket that does not exist gave "input ... does not exist" /
+    "--media-root ... is not a directory", not the missing bucket that -o and pack name."""
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    r = cli(s3, "tokenize", "s3://no-such-bucket/corpus/data.jsonl", "--media-root", str(sample), "-o",
+            str(tmp_path / "tok"), "--quiet", cache=tmp_path / "cache", check=False)
+    assert (r.returncode, r.stderr) == (1, "Error: bucket 'no-such-bucket' does not exist "
+                                           "('s3://no-such-bucket/corpus/data.jsonl'); create it or fix the path\n")
+    r = cli(s3, "tokenize", str(sample / "data.jsonl"), "--media-root", "s3://no-such-bucket/corpus", "-o",
+            str(tmp_path / "tok"), "--quiet", cache=tmp_path / "cache", check=False)
+    assert (r.returncode, r.stderr) == (1, "Error: bucket 'no-such-bucket' does not exist ('s3://no-such-bucket/corpus'); "
+                                           "create it or fix the path\n")
+    r = cli(s3, "tokenize", f"s3://{BUCKET}/no-such-key.jsonl", "--media-root", str(sample), "-o",
+            str(tmp_path / "tok"), "--quiet", cache=tmp_path / "cache", check=False)
+    assert (r.returncode, r.stderr) == (1, f"Error: input 's3://{BUCKET}/no-such-key.jsonl' does not exist\n")
+
+
 def test_an_undefined_aws_profile_is_one_error_line_naming_the_fix(s3, tmp_path):
     """``AWS_PROFILE`` naming a profile the AWS config files lack gave "object store error ...:
     ProfileNotFound ...; fix the cause and run the same command again (finished tasks are kept)"."""
