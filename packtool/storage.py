@@ -45,6 +45,7 @@ from .errors import ConfigError, InputError, PacktoolError, SampleError
 __all__ = [
     "is_url",
     "split_url",
+    "place",
     "join",
     "set_options",
     "storage_options",
@@ -123,6 +124,18 @@ def split_url(url: str) -> tuple[str, str, str]:
     if not bucket:
         raise ConfigError(f"{url!r} names no bucket; write {scheme}://BUCKET/PREFIX")
     return scheme, bucket, key.strip("/")
+
+
+def place(url: str) -> tuple[str, str, str]:
+    """``(protocol, bucket, key)``: the objects a URL addresses, however it is spelled (the
+    ``s3a://`` / ``gcs://`` aliases, a capital scheme, a trailing slash), as :func:`filesystem` reaches them.
+
+    Example:
+        >>> place("S3A://data/tok/") == place("s3://data/tok")
+        True
+    """
+    scheme, bucket, key = split_url(url)
+    return {"s3a": "s3", "gcs": "gs"}.get(scheme, scheme), bucket, key
 
 
 def join(base: str | Path, *parts: str) -> str | Path:

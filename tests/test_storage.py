@@ -484,6 +484,22 @@ def test_missing_bucket_credentials_and_endpoint_are_one_error_line(s3, tmp_path
                                            "output of packtool tokenize/pack, and did that run finish?\n")
 
 
+def test_pack_into_its_own_input_spelled_another_way_is_refused_and_deletes_nothing(s3, tmp_path):
+    """``pack s3://b/tok -o s3a://b/tok --overwrite`` (or ``S3://b/tok/``, ``s3://b//tok``) was not
+    seen to be the input: the run replaced the tokenized run there, deleting its shards, and then
+    failed on the shard it had deleted."""
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    tokenize_dataset([sample / "data.jsonl"], tmp_path / "tok", TokenizeConfig(media_root=str(sample)), workers=1)
+    prefix = f"self-{tmp_path.name}/tok"
+    n = upload_dir(s3.client(), tmp_path / "tok", BUCKET, prefix)
+    for out in (f"s3a://{BUCKET}/{prefix}", f"S3://{BUCKET}/{prefix}/", f"s3://{BUCKET}//{prefix}"):
+        with pytest.raises(ConfigError, match=r"is the tokenized directory being packed; pack into another directory"):
+            pack_dataset(f"s3://{BUCKET}/{prefix}", out, PackConfig(max_tokens=8192), overwrite=True, workers=1)
+    assert len(objects(s3, prefix)) == n
+
+
 def test_inputs_and_media_root_in_a_missing_bucket_name_the_bucket(s3, tmp_path):
     """An input or --media-root in a bucket that does not exist gave "input ... does not exist" /
     "--media-root ... is not a directory", not the missing bucket that -o and pack name."""
