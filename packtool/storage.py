@@ -267,6 +267,8 @@ def filesystem(url: str):
         if protocol == "s3" and "endpoint_url" not in options and os.environ.get("AWS_ENDPOINT_URL"):
             # botocore reads it too; passing it keeps older botocore releases on the same endpoint
             options["endpoint_url"] = os.environ["AWS_ENDPOINT_URL"]
+        if protocol == "gs":
+            _check_gcs_key_file(options.get("token"))
         try:
             if protocol == "gs" and os.environ.get("STORAGE_EMULATOR_HOST"):
                 # an emulator serves the JSON API only; gcsfs's default class first asks the gRPC
@@ -280,6 +282,20 @@ def filesystem(url: str):
             raise ConfigError(f"--storage-option: {exc}; see the {package} documentation for its options") from None
         _FILESYSTEMS[(protocol, os.getpid())] = fs
     return fs, f"{bucket}/{key}" if key else bucket
+
+
+def _check_gcs_key_file(token: object) -> None:
+    """Refuse a GCS key file that is not there before gcsfs sees it: gcsfs takes a ``token``
+    that names no file for a raw access token and asks Google to check it (a traceback, offline
+    or online), and skips a missing ``GOOGLE_APPLICATION_CREDENTIALS`` for anonymous access."""
+    if isinstance(token, str) and (token.endswith(".json") or "/" in token or os.sep in token) \
+            and not os.path.isfile(token):
+        raise ConfigError(f"--storage-option token={token!r}: no such file; pass the path of a service-account key "
+                          "file (JSON), or token=anon for public buckets")
+    key = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    if token is None and key and not os.path.isfile(key):
+        raise ConfigError(f"GOOGLE_APPLICATION_CREDENTIALS={key!r}: no such file; point it at a service-account key "
+                          "file (JSON), or unset it")
 
 
 def _fix_for(scheme: str) -> str:

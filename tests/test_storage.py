@@ -85,6 +85,27 @@ def test_gs_urls_need_gcsfs_or_get_its_file_system(monkeypatch):
         assert "gs" in fs.protocol and path == "bucket/tok"
 
 
+def test_a_gcs_key_file_that_is_not_there_is_one_error_line(monkeypatch, tmp_path):
+    """``--storage-option token=key.json`` naming no file gave a traceback: gcsfs took the path
+    for a raw access token and asked Google to check it; a ``GOOGLE_APPLICATION_CREDENTIALS``
+    naming no file was skipped for anonymous access, failing later as access denied."""
+    pytest.importorskip("gcsfs")
+    monkeypatch.setattr(storage, "_FILESYSTEMS", {})
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    missing = str(tmp_path / "key.json")
+    monkeypatch.setenv(storage.OPTIONS_ENV, json.dumps({"token": missing}))
+    with pytest.raises(ConfigError) as err:
+        storage.filesystem("gs://bucket/tok")
+    assert str(err.value) == (f"--storage-option token={missing!r}: no such file; pass the path of a service-account "
+                              "key file (JSON), or token=anon for public buckets")
+    monkeypatch.setenv(storage.OPTIONS_ENV, "{}")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", missing)
+    with pytest.raises(ConfigError) as err:
+        storage.filesystem("gs://bucket/tok")
+    assert str(err.value) == (f"GOOGLE_APPLICATION_CREDENTIALS={missing!r}: no such file; point it at a "
+                              "service-account key file (JSON), or unset it")
+
+
 def test_source_names_map_fetched_copies_back_to_their_urls(monkeypatch, tmp_path):
     monkeypatch.setenv(storage.CACHE_ENV, str(tmp_path))
     assert storage.source_name(tmp_path / "inputs" / "s3" / "data" / "corpus" / "a.jsonl") == "s3://data/corpus/a.jsonl"
