@@ -326,9 +326,10 @@ def storage_error(exc: BaseException, url: str, writing: bool = False) -> Packto
         return StorageError(f"no credentials for {url!r}; {_fix_for(scheme)}")
     if name in ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ConnectionError") \
             or isinstance(exc, ConnectionError) or "Could not connect" in text:
-        where = storage_options().get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL") or "the default endpoint"
+        variable = "AWS_ENDPOINT_URL" if scheme.startswith("s3") else "STORAGE_EMULATOR_HOST"
+        where = storage_options().get("endpoint_url") or os.environ.get(variable) or "the default endpoint"
         return StorageError(f"cannot reach the object store for {url!r} at {where} ({text[:200]}); check the endpoint "
-                            "(AWS_ENDPOINT_URL or --storage-option endpoint_url=...) and the network")
+                            f"({variable} or --storage-option endpoint_url=...) and the network")
     if "NoSuchBucket" in text or "bucket does not exist" in text.lower() \
             or isinstance(exc, FileNotFoundError) and not _bucket_exists(url):
         return StorageError(f"bucket {bucket!r} does not exist ({url!r}); create it or fix {flag}")

@@ -106,6 +106,24 @@ def test_a_gcs_key_file_that_is_not_there_is_one_error_line(monkeypatch, tmp_pat
                               "service-account key file (JSON), or unset it")
 
 
+@pytest.mark.slow  # gcsfs retries a refused connection six times, backing off: about 35 s
+def test_an_unreachable_gcs_endpoint_is_one_error_line_naming_its_variable(tmp_path):
+    """A gs:// endpoint that refuses connections printed gcsfs's logged traceback, then an error
+    naming the S3 endpoint (AWS_ENDPOINT_URL's value) and the S3 variable as the fix."""
+    pytest.importorskip("gcsfs")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}", "AWS_ENDPOINT_URL": "http://127.0.0.1:1",
+           storage.CACHE_ENV: str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "packtool", "--storage-option", "token=anon", "stats", "gs://data/x"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"Error: cannot reach the object store for 'gs://data/x' at http://127.0.0.1:{port} (")
+    assert r.stderr.endswith("); check the endpoint (STORAGE_EMULATOR_HOST or --storage-option endpoint_url=...) and "
+                             "the network\n")
+
+
 def test_source_names_map_fetched_copies_back_to_their_urls(monkeypatch, tmp_path):
     monkeypatch.setenv(storage.CACHE_ENV, str(tmp_path))
     assert storage.source_name(tmp_path / "inputs" / "s3" / "data" / "corpus" / "a.jsonl") == "s3://data/corpus/a.jsonl"
