@@ -479,13 +479,21 @@ def either(items) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
 
 
-def read_manifest(path: Path, kind: str | None = None) -> dict:
-    """Read ``path/.packtool/manifest.json`` (or a legacy ``path/manifest.json``) and check its kind and schema version."""
-    file = manifest_path(path)
-    if not file.is_file():
+def read_manifest(path: Path, kind: str | None = None, shown: str | None = None) -> dict:
+    """Read ``path/.packtool/manifest.json`` (or a legacy ``path/manifest.json``) and check its kind and schema version.
+
+    Messages name the directory ``shown``: by default ``path``, or the URL a fetched copy of a
+    bucket's output came from.
+    """
+    from .storage import source_name
+
+    local = manifest_path(path)
+    if not local.is_file():
         raise _no_manifest(Path(path), kind)
+    shown = source_name(path) if shown is None else shown
+    file = local if shown == str(path) else f"{shown.rstrip('/')}/{local.relative_to(path).as_posix()}"
     try:
-        manifest = json.loads(file.read_text(encoding="utf-8"))
+        manifest = json.loads(local.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise InputError(f"{file}: manifest is not valid JSON ({exc}); re-run the command that wrote it") from None
     if not isinstance(manifest, dict):
@@ -502,7 +510,7 @@ def read_manifest(path: Path, kind: str | None = None) -> dict:
             f"{either(readable)}; re-run the stage with this version"
         )
     if kind is not None and manifest.get("kind") != kind:
-        raise InputError(f"{str(path)!r} holds {manifest.get('kind')} shards, expected {kind} shards")
+        raise InputError(f"{shown!r} holds {manifest.get('kind')} shards, expected {kind} shards")
     _check_manifest(Path(path), file, manifest)
     return manifest
 
@@ -596,7 +604,7 @@ def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _check_manifest(path: Path, file: Path, manifest: object) -> None:
+def _check_manifest(path: Path, file: Path | str, manifest: object) -> None:
     """The fields every reader relies on, with their types; each shard name inside ``path``."""
     def bad(what: str) -> InputError:
         return InputError(f"{file}: {what}; the manifest is damaged: re-run the stage that wrote it")

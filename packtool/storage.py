@@ -907,7 +907,7 @@ def fetch_output(url: str | Path, kind: str | None = None) -> Path:
             _missing_bucket(url)
             raise InputError(f"{url!r} has no {MANIFEST}; is it the output of packtool tokenize/pack, and did that "
                              "run finish?")
-        manifest = read_manifest(local, kind)
+        manifest = read_manifest(local, kind, shown=url)
         for entry in manifest["shards"]:
             target = local / entry["file"]
             if target.is_file() and target.stat().st_size == entry["bytes"] and sha256_file(target) == entry["sha256"]:
@@ -991,4 +991,4 @@ def fetch_manifest(url: str, kind: str | None = None) -> dict:
                              "run finish?") from None
     RequestCounter.add(len(data))
     (local / MANIFEST).write_bytes(data)
-    return read_manifest(local, kind)
+    return read_manifest(local, kind, shown=url)

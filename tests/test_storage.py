@@ -709,6 +709,37 @@ def test_the_reader_decodes_media_packed_by_reference_under_a_bucket_media_root(
                               "right media_root")
 
 
+def test_a_damaged_or_other_kind_of_manifest_in_a_bucket_names_the_url_not_its_local_copy(s3, tmp_path):
+    """A bucket manifest that is not valid JSON, lacks a field or is of the other kind was named
+    by its local copy (``~/.cache/packtool/outputs/<key>/.packtool/manifest.json``, or
+    ``.../manifests/<key>`` for pack's input and the reader)."""
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+    from packtool.errors import InputError
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    tokenize_dataset([sample / "data.jsonl"], tmp_path / "tok", TokenizeConfig(media_root=str(sample)), workers=1)
+    base = f"manifests-{tmp_path.name}"
+    upload_dir(s3.client(), tmp_path / "tok", BUCKET, f"{base}/tok")
+    s3.client().put_object(Bucket=BUCKET, Key=f"{base}/cut/.packtool/manifest.json", Body=b'{"kind": "pack')
+    s3.client().put_object(Bucket=BUCKET, Key=f"{base}/bare/.packtool/manifest.json",
+                           Body=b'{"kind": "tokenized", "schema_version": 5}')
+    url = f"s3://{BUCKET}/{base}"
+    with pytest.raises(InputError, match=f"^{url}/cut/.packtool/manifest.json: manifest is not valid JSON"):
+        storage.fetch_output(f"{url}/cut")
+    with pytest.raises(InputError, match=f"^{url}/cut/.packtool/manifest.json: manifest is not valid JSON"):
+        PackedDataset(f"{url}/cut")
+    with pytest.raises(InputError) as err:
+        storage.fetch_output(f"{url}/bare/")
+    assert str(err.value) == (f"{url}/bare/.packtool/manifest.json: 'config' is missing or not a dict; the manifest is "
+                              "damaged: re-run the stage that wrote it")
+    with pytest.raises(InputError) as err:
+        PackedDataset(f"{url}/tok")
+    assert str(err.value) == f"'{url}/tok' holds tokenized shards, expected packed shards"
+    with pytest.raises(InputError) as err:
+        pack_dataset(f"{url}/bare", tmp_path / "packed", PackConfig(max_tokens=8192), workers=1)
+    assert str(err.value).startswith(f"{url}/bare/.packtool/manifest.json: 'config' is missing")
+
+
 def test_stats_of_a_bucket_pair_in_the_wrong_order_names_the_url(s3, tmp_path):
     """``stats PACKED TOKENIZED`` with bucket URLs named the packed output's local copy in its
     error; it names the URL as given."""
