@@ -811,9 +811,14 @@ def fetch_inputs(inputs: list[str | Path], fetch: bool = True) -> list[str | Pat
         with storage_errors(text):
             if fs.isdir(path):
                 found = fs.find(path, detail=True)
+                outputs = _output_prefixes(found)
+                if path in outputs:
+                    raise InputError(f"input {text!r} is a packtool output directory, not raw records; pass the corpus "
+                                     "it was made from (pack takes a tokenized directory)")
+                # as under a local directory: hidden entries and packtool outputs are not inputs
                 entries = [e for k, e in sorted(found.items()) if e.get("type") == "file"
                            and not any(part.startswith(".") for part in k[len(path):].split("/"))
-                           and k.endswith(tuple(SUFFIXES))]
+                           and k.endswith(tuple(SUFFIXES)) and not any(k.startswith(d + "/") for d in outputs)]
                 if not entries:
                     raise InputError(f"no input files found under {text!r}; expected {', '.join(SUFFIXES)}")
             elif fs.exists(path):
@@ -826,6 +831,15 @@ def fetch_inputs(inputs: list[str | Path], fetch: bool = True) -> list[str | Pat
                 _LISTED[str(_cached_name(url))] = (url, e)
                 out.append(_get_input(fs, url, e) if fetch else _cached_name(url))
     return out
+
+
+def _output_prefixes(keys) -> set[str]:
+    """The prefixes among listed ``keys`` that hold a packtool output (finished or not): what
+    ``shards.is_output_dir`` says of a local directory."""
+    from .shards import LEGACY_MANIFEST, MANIFEST, RUN_STATE, STATE_DIR
+
+    marks = (f"/{STATE_DIR}/{RUN_STATE}", f"/{MANIFEST}", f"/{LEGACY_MANIFEST}")
+    return {k[:-len(m)] for k in keys for m in marks if k.endswith(m)}
 
 
 def is_listed(path: str | Path) -> bool:

@@ -740,6 +740,27 @@ def test_a_damaged_or_other_kind_of_manifest_in_a_bucket_names_the_url_not_its_l
     assert str(err.value).startswith(f"{url}/bare/.packtool/manifest.json: 'config' is missing")
 
 
+def test_a_bucket_prefix_of_inputs_skips_packtool_outputs_under_it_as_a_local_directory_does(s3, tmp_path):
+    """``tokenize s3://b/corpus/`` read the shards of a run written into ``s3://b/corpus/tok`` as
+    Parquet records (each rejected as ``bad_record``), and ``tokenize s3://b/corpus/tok`` was not
+    refused; a local directory skips outputs under it and refuses to be one."""
+    from packtool import TokenizeConfig, tokenize_dataset
+    from packtool.errors import InputError
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    tokenize_dataset([sample / "data.jsonl"], tmp_path / "tok", TokenizeConfig(media_root=str(sample)), workers=1)
+    prefix = f"nested-{tmp_path.name}/corpus"
+    s3.client().upload_file(str(sample / "data.jsonl"), BUCKET, f"{prefix}/data.jsonl")
+    upload_dir(s3.client(), tmp_path / "tok", BUCKET, f"{prefix}/tok")
+    url = f"s3://{BUCKET}/{prefix}"
+    found = storage.fetch_inputs([url + "/"], fetch=False)
+    assert [storage.source_name(f) for f in found] == [f"{url}/data.jsonl"]
+    with pytest.raises(InputError) as err:
+        storage.fetch_inputs([f"{url}/tok"], fetch=False)
+    assert str(err.value) == (f"input '{url}/tok' is a packtool output directory, not raw records; pass the corpus it "
+                              "was made from (pack takes a tokenized directory)")
+
+
 def test_stats_of_a_bucket_pair_in_the_wrong_order_names_the_url(s3, tmp_path):
     """``stats PACKED TOKENIZED`` with bucket URLs named the packed output's local copy in its
     error; it names the URL as given."""
