@@ -587,6 +587,11 @@ def test_merge_of_a_bucket_names_the_url_not_its_local_mirror(s3, tmp_path):
     r = cli(s3, "merge", f"s3://{BUCKET}/no-run-here", cache=tmp_path / "cache", check=False)
     assert (r.returncode, r.stderr) == (1, f"Error: 's3://{BUCKET}/no-run-here' holds no packtool run (.packtool/run.json "
                                            "missing); run tokenize or pack into it first\n")
+    from packtool.pipeline import merge_output
+
+    with pytest.raises(storage.StorageError) as err:  # it said "holds no packtool run"
+        merge_output("s3://no-such-bucket/tok")
+    assert str(err.value) == "bucket 'no-such-bucket' does not exist ('s3://no-such-bucket/tok'); create it or fix the path"
 
 
 def test_inspect_of_a_bucket_names_the_url_not_its_local_copy(s3, tmp_path):
