@@ -573,6 +573,10 @@ def _root(
         set_options(storage_option)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    if not verbose:
+        # gcsfs logs each request it gives up on with a traceback; the error then reaches
+        # main(), which shows it as one line naming the fix
+        logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
 
 
 def _click_exceptions() -> tuple[type[BaseException], ...]:

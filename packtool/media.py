@@ -28,6 +28,7 @@ from PIL import Image
 
 from .errors import SampleError
 from .records import MediaRef
+from .storage import BUCKET_URLS
 from .vision import VideoMeta
 
 __all__ = [
@@ -201,6 +202,10 @@ def resolve_media_path(path: str, media_root: Path) -> Path:
     if "\x00" in path:
         raise SampleError("bad_record", f"media path {shown!r} holds a NUL byte, which no file name can")
     root = media_root.resolve()
+    if path.startswith(BUCKET_URLS):
+        raise SampleError("missing_media", f"media {shown!r} is a bucket URL but --media-root {str(root)!r} is a local "
+                                           "directory; pass the bucket prefix holding it as --media-root, or download "
+                                           "it under --media-root")
     candidate = Path(path)
     if not candidate.is_absolute():
         candidate = root / candidate

@@ -93,6 +93,7 @@ from .storage import (
     is_listed,
     is_url,
     join,
+    place,
     source_name,
 )
 
@@ -1414,7 +1415,7 @@ def _check_media_root(root, given, tok_manifest: dict) -> None:
 def _same_place(a: str | Path, b: str | Path) -> bool:
     a, b = str(a), str(b)
     if is_url(a) or is_url(b):
-        return a.rstrip("/") == b.rstrip("/")
+        return is_url(a) and is_url(b) and place(a) == place(b)
     return Path(a).resolve() == Path(b).resolve()
 
 

@@ -29,6 +29,7 @@ from .storage import (
     _HOST,
     RequestCounter,
     _alive,
+    _missing_bucket,
     _url_key,
     cache_dir,
     filesystem,
@@ -354,6 +355,7 @@ class RemoteOutput:
         try:
             top = self.fs.ls(self.root, detail=True, refresh=True)
         except FileNotFoundError:
+            _missing_bucket(self.url)
             top = []
         RequestCounter.add(0)
         sizes, foreign = {}, []

@@ -489,13 +489,21 @@ def either(items) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
 
 
-def read_manifest(path: Path, kind: str | None = None) -> dict:
-    """Read ``path/.packtool/manifest.json`` (or a legacy ``path/manifest.json``) and check its kind and schema version."""
-    file = manifest_path(path)
-    if not file.is_file():
+def read_manifest(path: Path, kind: str | None = None, shown: str | None = None) -> dict:
+    """Read ``path/.packtool/manifest.json`` (or a legacy ``path/manifest.json``) and check its kind and schema version.
+
+    Messages name the directory ``shown``: by default ``path``, or the URL a fetched copy of a
+    bucket's output came from.
+    """
+    from .storage import source_name
+
+    local = manifest_path(path)
+    if not local.is_file():
         raise _no_manifest(Path(path), kind)
+    shown = source_name(path) if shown is None else shown
+    file = local if shown == str(path) else f"{shown.rstrip('/')}/{local.relative_to(path).as_posix()}"
     try:
-        manifest = json.loads(file.read_text(encoding="utf-8"))
+        manifest = json.loads(local.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise InputError(f"{file}: manifest is not valid JSON ({exc}); re-run the command that wrote it") from None
     if not isinstance(manifest, dict):
@@ -515,7 +523,7 @@ def read_manifest(path: Path, kind: str | None = None) -> dict:
             f"{file}: {manifest.get('kind')} schema version {version!r}, this packtool reads {either(readable)}; {fix}"
         )
     if kind is not None and manifest.get("kind") != kind:
-        raise InputError(f"{str(path)!r} holds {manifest.get('kind')} shards, expected {kind} shards")
+        raise InputError(f"{shown!r} holds {manifest.get('kind')} shards, expected {kind} shards")
     _check_manifest(Path(path), file, manifest)
     return manifest
 
@@ -609,7 +617,7 @@ def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _check_manifest(path: Path, file: Path, manifest: object) -> None:
+def _check_manifest(path: Path, file: Path | str, manifest: object) -> None:
     """The fields every reader relies on, with their types; each shard name inside ``path``."""
     def bad(what: str) -> InputError:
         return InputError(f"{file}: {what}; the manifest is damaged: re-run the stage that wrote it")
@@ -907,7 +915,10 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
         >>> prepare_run(Path("tok"), run, overwrite=False)   # doctest: +SKIP
         None   # ready: run the tasks that have no marker
     """
+    from .publication import task_target
+
     out_dir = Path(out_dir)
+    shown = task_target(out_dir)  # the URL when out_dir is a bucket's local mirror
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputError(f"output {str(out_dir)!r} exists and is not a directory; choose another -o")
     manifest_file = manifest_path(out_dir)
@@ -924,13 +935,13 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
             return old
         if same and not overwrite:
             raise ResumeMismatchError(
-                f"{str(out_dir)!r} holds a finished run of these settings, but input files changed since "
+                f"{shown!r} holds a finished run of these settings, but input files changed since "
                 f"(size or modification time): {_some(changed)}; pass --overwrite to redo it, or use another -o"
             )
         if not same and not overwrite:
             diff = _run_diff(old, {k: v for k, v in run.items() if k in ("kind", "config")})
             raise ResumeMismatchError(
-                f"{str(out_dir)!r} already holds a finished run with a different configuration "
+                f"{shown!r} already holds a finished run with a different configuration "
                 f"({'; '.join(diff) or 'config digest'}); use another -o, or pass --overwrite to replace it"
             )
         _wipe(out_dir)
@@ -948,7 +959,7 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
             running = (f"; its rank {live[0]['rank']} is running now (pid {live[0].get('pid', '?')} on "
                        f"{live[0].get('host', '?')})" if live else "")
             raise ResumeMismatchError(
-                f"{str(out_dir)!r} holds an unfinished run with other settings ({'; '.join(diff)}){running}; "
+                f"{shown!r} holds an unfinished run with other settings ({'; '.join(diff)}){running}; "
                 "resume it with the same command, use another -o, or pass --overwrite to start over"
             )
         if diff:

@@ -45,6 +45,7 @@ from .errors import ConfigError, InputError, PacktoolError, SampleError
 __all__ = [
     "is_url",
     "split_url",
+    "place",
     "join",
     "set_options",
     "storage_options",
@@ -76,6 +77,8 @@ log = logging.getLogger(__name__)
 
 #: URL schemes packtool reads and writes, with the fsspec package that serves each.
 SCHEMES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
+#: How a bucket URL starts (a media path in a record may be one).
+BUCKET_URLS = tuple(f"{s}://" for s in SCHEMES)
 _URL = re.compile(r"^(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*)://(?P<rest>.*)$")
 OPTIONS_ENV = "PACKTOOL_STORAGE_OPTIONS"
 CACHE_ENV = "PACKTOOL_CACHE"
@@ -121,6 +124,18 @@ def split_url(url: str) -> tuple[str, str, str]:
     if not bucket:
         raise ConfigError(f"{url!r} names no bucket; write {scheme}://BUCKET/PREFIX")
     return scheme, bucket, key.strip("/")
+
+
+def place(url: str) -> tuple[str, str, str]:
+    """``(protocol, bucket, key)``: the objects a URL addresses, however it is spelled (the
+    ``s3a://`` / ``gcs://`` aliases, a capital scheme, a trailing slash), as :func:`filesystem` reaches them.
+
+    Example:
+        >>> place("S3A://data/tok/") == place("s3://data/tok")
+        True
+    """
+    scheme, bucket, key = split_url(url)
+    return {"s3a": "s3", "gcs": "gs"}.get(scheme, scheme), bucket, key
 
 
 def join(base: str | Path, *parts: str) -> str | Path:
@@ -252,6 +267,8 @@ def filesystem(url: str):
         if protocol == "s3" and "endpoint_url" not in options and os.environ.get("AWS_ENDPOINT_URL"):
             # botocore reads it too; passing it keeps older botocore releases on the same endpoint
             options["endpoint_url"] = os.environ["AWS_ENDPOINT_URL"]
+        if protocol == "gs":
+            _check_gcs_key_file(options.get("token"))
         try:
             if protocol == "gs" and os.environ.get("STORAGE_EMULATOR_HOST"):
                 # an emulator serves the JSON API only; gcsfs's default class first asks the gRPC
@@ -265,6 +282,20 @@ def filesystem(url: str):
             raise ConfigError(f"--storage-option: {exc}; see the {package} documentation for its options") from None
         _FILESYSTEMS[(protocol, os.getpid())] = fs
     return fs, f"{bucket}/{key}" if key else bucket
+
+
+def _check_gcs_key_file(token: object) -> None:
+    """Refuse a GCS key file that is not there before gcsfs sees it: gcsfs takes a ``token``
+    that names no file for a raw access token and asks Google to check it (a traceback, offline
+    or online), and skips a missing ``GOOGLE_APPLICATION_CREDENTIALS`` for anonymous access."""
+    if isinstance(token, str) and (token.endswith(".json") or "/" in token or os.sep in token) \
+            and not os.path.isfile(token):
+        raise ConfigError(f"--storage-option token={token!r}: no such file; pass the path of a service-account key "
+                          "file (JSON), or token=anon for public buckets")
+    key = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    if token is None and key and not os.path.isfile(key):
+        raise ConfigError(f"GOOGLE_APPLICATION_CREDENTIALS={key!r}: no such file; point it at a service-account key "
+                          "file (JSON), or unset it")
 
 
 def _fix_for(scheme: str) -> str:
@@ -285,14 +316,20 @@ def storage_error(exc: BaseException, url: str, writing: bool = False) -> Packto
     name = type(exc).__name__
     text = str(exc)
     flag = "-o" if writing else "the input path"
+    if name == "ProfileNotFound":
+        profile = getattr(exc, "kwargs", {}).get("profile") or os.environ.get("AWS_PROFILE")
+        return StorageError(f"AWS profile {profile!r} (AWS_PROFILE or --storage-option profile=...) is not defined in "
+                            "~/.aws/config or ~/.aws/credentials (AWS_CONFIG_FILE, AWS_SHARED_CREDENTIALS_FILE); name "
+                            f"a profile defined there, or unset it and {_fix_for(scheme).replace(' (or AWS_PROFILE)', '')}")
     if name in ("NoCredentialsError", "PartialCredentialsError", "DefaultCredentialsError") \
             or "credentials" in text.lower() and "invalid" not in text.lower():
         return StorageError(f"no credentials for {url!r}; {_fix_for(scheme)}")
     if name in ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ConnectionError") \
             or isinstance(exc, ConnectionError) or "Could not connect" in text:
-        where = storage_options().get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL") or "the default endpoint"
+        variable = "AWS_ENDPOINT_URL" if scheme.startswith("s3") else "STORAGE_EMULATOR_HOST"
+        where = storage_options().get("endpoint_url") or os.environ.get(variable) or "the default endpoint"
         return StorageError(f"cannot reach the object store for {url!r} at {where} ({text[:200]}); check the endpoint "
-                            "(AWS_ENDPOINT_URL or --storage-option endpoint_url=...) and the network")
+                            f"({variable} or --storage-option endpoint_url=...) and the network")
     if "NoSuchBucket" in text or "bucket does not exist" in text.lower() \
             or isinstance(exc, FileNotFoundError) and not _bucket_exists(url):
         return StorageError(f"bucket {bucket!r} does not exist ({url!r}); create it or fix {flag}")
@@ -608,7 +645,10 @@ class RemoteRoot:
     def is_dir(self) -> bool:
         fs, path = filesystem(self.url)
         with storage_errors(self.url):
-            return bool(fs.isdir(path))
+            found = bool(fs.isdir(path))
+        if not found:
+            _missing_bucket(self.url)
+        return found
 
     def _listing(self, directory: str) -> dict[str, dict]:
         with self._lock:
@@ -771,20 +811,35 @@ def fetch_inputs(inputs: list[str | Path], fetch: bool = True) -> list[str | Pat
         with storage_errors(text):
             if fs.isdir(path):
                 found = fs.find(path, detail=True)
+                outputs = _output_prefixes(found)
+                if path in outputs:
+                    raise InputError(f"input {text!r} is a packtool output directory, not raw records; pass the corpus "
+                                     "it was made from (pack takes a tokenized directory)")
+                # as under a local directory: hidden entries and packtool outputs are not inputs
                 entries = [e for k, e in sorted(found.items()) if e.get("type") == "file"
                            and not any(part.startswith(".") for part in k[len(path):].split("/"))
-                           and is_input_name(k)]
+                           and is_input_name(k) and not any(k.startswith(d + "/") for d in outputs)]
                 if not entries:
                     raise InputError(f"no input files found under {text!r}; expected {', '.join(SUFFIXES)}")
             elif fs.exists(path):
                 entries = [fs.info(path)]
             else:
+                _missing_bucket(text)
                 raise InputError(f"input {text!r} does not exist")
             for e in entries:
                 url = f"{scheme}://{e['name']}"
                 _LISTED[str(_cached_name(url))] = (url, e)
                 out.append(_get_input(fs, url, e) if fetch else _cached_name(url))
     return out
+
+
+def _output_prefixes(keys) -> set[str]:
+    """The prefixes among listed ``keys`` that hold a packtool output (finished or not): what
+    ``shards.is_output_dir`` says of a local directory."""
+    from .shards import LEGACY_MANIFEST, MANIFEST, RUN_STATE, STATE_DIR
+
+    marks = (f"/{STATE_DIR}/{RUN_STATE}", f"/{MANIFEST}", f"/{LEGACY_MANIFEST}")
+    return {k[:-len(m)] for k in keys for m in marks if k.endswith(m)}
 
 
 def is_listed(path: str | Path) -> bool:
@@ -888,7 +943,7 @@ def fetch_output(url: str | Path, kind: str | None = None) -> Path:
             _missing_bucket(url)
             raise InputError(f"{url!r} has no {MANIFEST}; is it the output of packtool tokenize/pack, and did that "
                              "run finish?")
-        manifest = read_manifest(local, kind)
+        manifest = read_manifest(local, kind, shown=url)
         for entry in manifest["shards"]:
             target = local / entry["file"]
             if target.is_file() and target.stat().st_size == entry["bytes"] and sha256_file(target) == entry["sha256"]:
@@ -972,4 +1027,4 @@ def fetch_manifest(url: str, kind: str | None = None) -> dict:
                              "run finish?") from None
     RequestCounter.add(len(data))
     (local / MANIFEST).write_bytes(data)
-    return read_manifest(local, kind)
+    return read_manifest(local, kind, shown=url)

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -83,6 +84,45 @@ def test_gs_urls_need_gcsfs_or_get_its_file_system(monkeypatch):
         monkeypatch.setenv(storage.OPTIONS_ENV, '{"token": "anon"}')
         fs, path = storage.filesystem("gs://bucket/tok")
         assert "gs" in fs.protocol and path == "bucket/tok"
+
+
+def test_a_gcs_key_file_that_is_not_there_is_one_error_line(monkeypatch, tmp_path):
+    """``--storage-option token=key.json`` naming no file gave a traceback: gcsfs took the path
+    for a raw access token and asked Google to check it; a ``GOOGLE_APPLICATION_CREDENTIALS``
+    naming no file was skipped for anonymous access, failing later as access denied."""
+    pytest.importorskip("gcsfs")
+    monkeypatch.setattr(storage, "_FILESYSTEMS", {})
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    missing = str(tmp_path / "key.json")
+    monkeypatch.setenv(storage.OPTIONS_ENV, json.dumps({"token": missing}))
+    with pytest.raises(ConfigError) as err:
+        storage.filesystem("gs://bucket/tok")
+    assert str(err.value) == (f"--storage-option token={missing!r}: no such file; pass the path of a service-account "
+                              "key file (JSON), or token=anon for public buckets")
+    monkeypatch.setenv(storage.OPTIONS_ENV, "{}")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", missing)
+    with pytest.raises(ConfigError) as err:
+        storage.filesystem("gs://bucket/tok")
+    assert str(err.value) == (f"GOOGLE_APPLICATION_CREDENTIALS={missing!r}: no such file; point it at a "
+                              "service-account key file (JSON), or unset it")
+
+
+@pytest.mark.slow  # gcsfs retries a refused connection six times, backing off: about 35 s
+def test_an_unreachable_gcs_endpoint_is_one_error_line_naming_its_variable(tmp_path):
+    """A gs:// endpoint that refuses connections printed gcsfs's logged traceback, then an error
+    naming the S3 endpoint (AWS_ENDPOINT_URL's value) and the S3 variable as the fix."""
+    pytest.importorskip("gcsfs")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}", "AWS_ENDPOINT_URL": "http://127.0.0.1:1",
+           storage.CACHE_ENV: str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "packtool", "--storage-option", "token=anon", "stats", "gs://data/x"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"Error: cannot reach the object store for 'gs://data/x' at http://127.0.0.1:{port} (")
+    assert r.stderr.endswith("); check the endpoint (STORAGE_EMULATOR_HOST or --storage-option endpoint_url=...) and "
+                             "the network\n")
 
 
 def test_source_names_map_fetched_copies_back_to_their_urls(monkeypatch, tmp_path):
@@ -367,12 +407,14 @@ def test_ranks_on_machines_of_their_own_plan_once_through_the_bucket(s3, bucket_
 @pytest.mark.slow  # two mixture packs of the real CLI
 def test_a_mixture_from_and_into_the_bucket_writes_the_bytes_of_the_local_mixture(s3, local_run, bucket_run, tmp_path):
     # two sources: the bucket's own tokenized run (media in the bucket) and a copy of the local
-    # run's (media on local disk), against the local run's directory twice
+    # run's (media on local disk), against the local run's directory and a copy of it (the same
+    # directory twice is refused)
     upload_dir(s3.client(), local_run / "tok", BUCKET, "tok-l")
+    shutil.copytree(local_run / "tok", tmp_path / "tok-copy")
     mix = ["--rates", "1.0,0.5", "--samples-per-task", "250", "--max-tokens", "4096", "--packs-per-shard", "20",
            "--workers", "2", "--quiet"]
     local = tmp_path / "mixed"
-    cli(s3, "pack", str(local_run / "tok"), str(local_run / "tok"), "-o", str(local), *mix, cache=tmp_path / "c1")
+    cli(s3, "pack", str(local_run / "tok"), str(tmp_path / "tok-copy"), "-o", str(local), *mix, cache=tmp_path / "c1")
     r = cli(s3, "pack", f"s3://{BUCKET}/tok", f"s3://{BUCKET}/tok-l", "-o", f"s3://{BUCKET}/mixed", *mix, "--json",
             cache=tmp_path / "c2")
     want = json.loads((local / ".packtool" / "manifest.json").read_text())
@@ -484,6 +526,53 @@ def test_missing_bucket_credentials_and_endpoint_are_one_error_line(s3, tmp_path
                                            "output of packtool tokenize/pack, and did that run finish?\n")
 
 
+def test_pack_into_its_own_input_spelled_another_way_is_refused_and_deletes_nothing(s3, tmp_path):
+    """``pack s3://b/tok -o s3a://b/tok --overwrite`` (or ``S3://b/tok/``, ``s3://b//tok``) was not
+    seen to be the input: the run replaced the tokenized run there, deleting its shards, and then
+    failed on the shard it had deleted."""
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    tokenize_dataset([sample / "data.jsonl"], tmp_path / "tok", TokenizeConfig(media_root=str(sample)), workers=1)
+    prefix = f"self-{tmp_path.name}/tok"
+    n = upload_dir(s3.client(), tmp_path / "tok", BUCKET, prefix)
+    for out in (f"s3a://{BUCKET}/{prefix}", f"S3://{BUCKET}/{prefix}/", f"s3://{BUCKET}//{prefix}"):
+        with pytest.raises(ConfigError, match=r"is the tokenized directory being packed; pack into another directory"):
+            pack_dataset(f"s3://{BUCKET}/{prefix}", out, PackConfig(max_tokens=8192), overwrite=True, workers=1)
+    assert len(objects(s3, prefix)) == n
+
+
+def test_inputs_and_media_root_in_a_missing_bucket_name_the_bucket(s3, tmp_path):
+    """An input or --media-root in a bucket that does not exist gave "input ... does not exist" /
+    "--media-root ... is not a directory", not the missing bucket that -o and pack name."""
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    r = cli(s3, "tokenize", "s3://no-such-bucket/corpus/data.jsonl", "--media-root", str(sample), "-o",
+            str(tmp_path / "tok"), "--quiet", cache=tmp_path / "cache", check=False)
+    assert (r.returncode, r.stderr) == (1, "Error: bucket 'no-such-bucket' does not exist "
+                                           "('s3://no-such-bucket/corpus/data.jsonl'); create it or fix the path\n")
+    r = cli(s3, "tokenize", str(sample / "data.jsonl"), "--media-root", "s3://no-such-bucket/corpus", "-o",
+            str(tmp_path / "tok"), "--quiet", cache=tmp_path / "cache", check=False)
+    assert (r.returncode, r.stderr) == (1, "Error: bucket 'no-such-bucket' does not exist ('s3://no-such-bucket/corpus'); "
+                                           "create it or fix the path\n")
+    r = cli(s3, "tokenize", f"s3://{BUCKET}/no-such-key.jsonl", "--media-root", str(sample), "-o",
+            str(tmp_path / "tok"), "--quiet", cache=tmp_path / "cache", check=False)
+    assert (r.returncode, r.stderr) == (1, f"Error: input 's3://{BUCKET}/no-such-key.jsonl' does not exist\n")
+
+
+def test_an_undefined_aws_profile_is_one_error_line_naming_the_fix(s3, tmp_path):
+    """``AWS_PROFILE`` naming a profile the AWS config files lack gave "object store error ...:
+    ProfileNotFound ...; fix the cause and run the same command again (finished tasks are kept)"."""
+    env = {k: v for k, v in s3.env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    env.update(AWS_PROFILE="nope", AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_EC2_METADATA_DISABLED="true")
+    r = cli(s3, "stats", f"s3://{BUCKET}/packed", cache=tmp_path / "cache", check=False, env=env)
+    assert (r.returncode, r.stderr) == (1, "Error: AWS profile 'nope' (AWS_PROFILE or --storage-option profile=...) is "
+                                           "not defined in ~/.aws/config or ~/.aws/credentials (AWS_CONFIG_FILE, "
+                                           "AWS_SHARED_CREDENTIALS_FILE); name a profile defined there, or unset it "
+                                           "and set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or pass "
+                                           "--storage-option key=... --storage-option secret=...\n")
+
+
 def test_merge_of_a_bucket_names_the_url_not_its_local_mirror(s3, tmp_path):
     """``merge s3://...`` named the mirror folder it ran on (``~/.cache/packtool/mirror/<key>-<host>-<pid>``,
     gone when the command ends) in its errors."""
@@ -501,6 +590,11 @@ def test_merge_of_a_bucket_names_the_url_not_its_local_mirror(s3, tmp_path):
     r = cli(s3, "merge", f"s3://{BUCKET}/no-run-here", cache=tmp_path / "cache", check=False)
     assert (r.returncode, r.stderr) == (1, f"Error: 's3://{BUCKET}/no-run-here' holds no packtool run (.packtool/run.json "
                                            "missing); run tokenize or pack into it first\n")
+    from packtool.pipeline import merge_output
+
+    with pytest.raises(storage.StorageError) as err:  # it said "holds no packtool run"
+        merge_output("s3://no-such-bucket/tok")
+    assert str(err.value) == "bucket 'no-such-bucket' does not exist ('s3://no-such-bucket/tok'); create it or fix the path"
 
 
 def test_inspect_of_a_bucket_names_the_url_not_its_local_copy(s3, tmp_path):
@@ -518,6 +612,160 @@ def test_inspect_of_a_bucket_names_the_url_not_its_local_copy(s3, tmp_path):
     r = cli(s3, "inspect", url, "--pack", "9", cache=tmp_path / "cache", check=False)
     assert (r.returncode, r.stderr) == (1, f"Error: --pack 9: {url!r} has no such pack; its 4 packs are numbered 0..3 "
                                            "(pack_index = task × 1000000000 + k); pass one of those\n")
+
+
+def test_a_finished_bucket_run_refused_on_rerun_names_the_url_not_its_local_mirror(s3, tmp_path):
+    """Re-running into a bucket prefix that holds a finished run with other settings, or whose
+    inputs changed since, named ``~/.cache/packtool/mirror/<key>-<host>-<pid>`` (gone when the
+    command ends) instead of the -o the user gave."""
+
+    from packtool import TokenizeConfig, tokenize_dataset
+    from packtool.errors import ResumeMismatchError
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    shutil.copy(sample / "data.jsonl", tmp_path / "data.jsonl")
+    url = f"s3://{BUCKET}/rerun-{tmp_path.name}/tok"
+    cfg = TokenizeConfig(media_root=str(sample))
+    tokenize_dataset([tmp_path / "data.jsonl"], url, cfg, workers=1)
+    with pytest.raises(ResumeMismatchError) as err:
+        tokenize_dataset([tmp_path / "data.jsonl"], url + "/", TokenizeConfig(media_root=str(sample), rows_per_shard=7),
+                         workers=1)
+    assert str(err.value) == (f"{url!r} already holds a finished run with a different configuration (rows_per_shard: "
+                              "50000 -> 7); use another -o, or pass --overwrite to replace it")
+    os.utime(tmp_path / "data.jsonl", ns=(1, 1))
+    with pytest.raises(ResumeMismatchError) as err:
+        tokenize_dataset([tmp_path / "data.jsonl"], url, cfg, workers=1)
+    assert str(err.value).startswith(f"{url!r} holds a finished run of these settings, but input files changed since")
+
+
+def test_bucket_urls_in_records_resolve_under_a_bucket_media_root(s3, tmp_path):
+    """A record naming its image by ``s3://`` URL under a bucket --media-root was rejected as
+    ``missing_media`` ("is a remote URL; download it under --media-root first") before the root
+    was asked, though the URL lies under it."""
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    images = Path(__file__).resolve().parents[1] / "examples" / "sample" / "images"
+    prefix = f"urls-{tmp_path.name}"
+    client = s3.client()
+    for name, key in (("img00.png", "media/img00.png"), ("img01.jpg", "media/img01.jpg"), ("img02.png", "other/img02.png")):
+        client.upload_file(str(images / name), BUCKET, f"{prefix}/{key}")
+    media = [f"s3://{BUCKET}/{prefix}/media/img00.png", "img01.jpg", f"s3://{BUCKET}/{prefix}/other/img02.png"]
+    with open(tmp_path / "data.jsonl", "w", encoding="utf-8") as fh:
+        for i, m in enumerate(media):
+            fh.write(json.dumps({"id": f"u{i}", "image": m, "conversations": [
+                {"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": f"Shape {i}."}]}) + "\n")
+
+    def rejected(out: Path) -> dict[str, tuple[str, str]]:
+        lines = (out / ".packtool" / "errors.jsonl").read_text(encoding="utf-8").splitlines()
+        return {e["sample_id"]: (e["reason"], e["message"]) for e in map(json.loads, lines)}
+
+    m = tokenize_dataset([tmp_path / "data.jsonl"], tmp_path / "tok",
+                         TokenizeConfig(media_root=f"s3://{BUCKET}/{prefix}/media"), workers=1)
+    assert m["counts"]["samples"] == 2
+    assert rejected(tmp_path / "tok") == {"u2": ("path_outside_root", f"media path {media[2]!r} resolves outside "
+                                                                      f"--media-root 's3://{BUCKET}/{prefix}/media'")}
+    # a local root: the URLs are refused, naming the fix
+    m = tokenize_dataset([tmp_path / "data.jsonl"], tmp_path / "tok-local", TokenizeConfig(media_root=str(images)),
+                         workers=1)
+    assert m["counts"]["samples"] == 1
+    got = rejected(tmp_path / "tok-local")
+    assert sorted(got) == ["u0", "u2"] and {r for r, _ in got.values()} == {"missing_media"}
+    assert got["u0"][1] == (f"media {media[0]!r} is a bucket URL but --media-root {str(images.resolve())!r} is a local "
+                            "directory; pass the bucket prefix holding it as --media-root, or download it under "
+                            "--media-root")
+
+
+def test_the_reader_decodes_media_packed_by_reference_under_a_bucket_media_root(s3, tmp_path):
+    """``decode_media(row, media_root="s3://...")`` for a run packed with --media reference
+    looked for the files under the local folder ``./s3:/...`` and said "not found under
+    media_root '/cwd/s3:/...'; pass the right media_root" though the right one was passed."""
+    import shutil
+
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+    from packtool.errors import InputError
+    from packtool.reader import decode_media
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    write_video(tmp_path / "clip.mp4", 30, fps=15, size=(96, 64))
+    prefix = f"ref-{tmp_path.name}"
+    upload_dir(s3.client(), sample / "images", BUCKET, f"{prefix}/images")
+    s3.client().upload_file(str(tmp_path / "clip.mp4"), BUCKET, f"{prefix}/clip.mp4")
+    lines = (sample / "data.jsonl").read_text(encoding="utf-8").splitlines()[:4]
+    lines.append(json.dumps({"id": "v0", "video": "clip.mp4", "conversations": [
+        {"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "Grey frames."}]}))
+    (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    root = f"s3://{BUCKET}/{prefix}"
+    tokenize_dataset([tmp_path / "data.jsonl"], tmp_path / "tok", TokenizeConfig(media_root=root), workers=1)
+    pack_dataset(tmp_path / "tok", tmp_path / "packed", PackConfig(max_tokens=16384, media="reference"), workers=1)
+    rows = list(PackedDataset(tmp_path / "packed"))
+    assert sum(len(r["media"]) for r in rows) == 5 and {m["kind"] for r in rows for m in r["media"]} == {"image", "video"}
+    # the same pixels as from local copies of the files
+    shutil.copytree(sample / "images", tmp_path / "local" / "images")
+    shutil.copy(tmp_path / "clip.mp4", tmp_path / "local" / "clip.mp4")
+    for row in rows:
+        remote, local = decode_media(row, root + "/"), decode_media(row, tmp_path / "local")
+        for a, b in zip(remote, local, strict=True):
+            if hasattr(a, "frames"):
+                assert a.timestamps == b.timestamps and len(a.frames) == len(b.frames) > 1
+                a, b = a.frames[-1], b.frames[-1]
+            assert a.size == b.size and a.tobytes() == b.tobytes()
+    with pytest.raises(InputError) as err:
+        decode_media(rows[0], f"s3://{BUCKET}/no-{prefix}")
+    path = rows[0]["media"][0]["path"]
+    assert str(err.value) == (f"media file {path!r} not found under media_root 's3://{BUCKET}/no-{prefix}'; pass the "
+                              "right media_root")
+
+
+def test_a_damaged_or_other_kind_of_manifest_in_a_bucket_names_the_url_not_its_local_copy(s3, tmp_path):
+    """A bucket manifest that is not valid JSON, lacks a field or is of the other kind was named
+    by its local copy (``~/.cache/packtool/outputs/<key>/.packtool/manifest.json``, or
+    ``.../manifests/<key>`` for pack's input and the reader)."""
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+    from packtool.errors import InputError
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    tokenize_dataset([sample / "data.jsonl"], tmp_path / "tok", TokenizeConfig(media_root=str(sample)), workers=1)
+    base = f"manifests-{tmp_path.name}"
+    upload_dir(s3.client(), tmp_path / "tok", BUCKET, f"{base}/tok")
+    s3.client().put_object(Bucket=BUCKET, Key=f"{base}/cut/.packtool/manifest.json", Body=b'{"kind": "pack')
+    s3.client().put_object(Bucket=BUCKET, Key=f"{base}/bare/.packtool/manifest.json",
+                           Body=b'{"kind": "tokenized", "schema_version": 5}')
+    url = f"s3://{BUCKET}/{base}"
+    with pytest.raises(InputError, match=f"^{url}/cut/.packtool/manifest.json: manifest is not valid JSON"):
+        storage.fetch_output(f"{url}/cut")
+    with pytest.raises(InputError, match=f"^{url}/cut/.packtool/manifest.json: manifest is not valid JSON"):
+        PackedDataset(f"{url}/cut")
+    with pytest.raises(InputError) as err:
+        storage.fetch_output(f"{url}/bare/")
+    assert str(err.value) == (f"{url}/bare/.packtool/manifest.json: 'config' is missing or not a dict; the manifest is "
+                              "damaged: re-run the stage that wrote it")
+    with pytest.raises(InputError) as err:
+        PackedDataset(f"{url}/tok")
+    assert str(err.value) == f"'{url}/tok' holds tokenized shards, expected packed shards"
+    with pytest.raises(InputError) as err:
+        pack_dataset(f"{url}/bare", tmp_path / "packed", PackConfig(max_tokens=8192), workers=1)
+    assert str(err.value).startswith(f"{url}/bare/.packtool/manifest.json: 'config' is missing")
+
+
+def test_a_bucket_prefix_of_inputs_skips_packtool_outputs_under_it_as_a_local_directory_does(s3, tmp_path):
+    """``tokenize s3://b/corpus/`` read the shards of a run written into ``s3://b/corpus/tok`` as
+    Parquet records (each rejected as ``bad_record``), and ``tokenize s3://b/corpus/tok`` was not
+    refused; a local directory skips outputs under it and refuses to be one."""
+    from packtool import TokenizeConfig, tokenize_dataset
+    from packtool.errors import InputError
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    tokenize_dataset([sample / "data.jsonl"], tmp_path / "tok", TokenizeConfig(media_root=str(sample)), workers=1)
+    prefix = f"nested-{tmp_path.name}/corpus"
+    s3.client().upload_file(str(sample / "data.jsonl"), BUCKET, f"{prefix}/data.jsonl")
+    upload_dir(s3.client(), tmp_path / "tok", BUCKET, f"{prefix}/tok")
+    url = f"s3://{BUCKET}/{prefix}"
+    found = storage.fetch_inputs([url + "/"], fetch=False)
+    assert [storage.source_name(f) for f in found] == [f"{url}/data.jsonl"]
+    with pytest.raises(InputError) as err:
+        storage.fetch_inputs([f"{url}/tok"], fetch=False)
+    assert str(err.value) == (f"input '{url}/tok' is a packtool output directory, not raw records; pass the corpus it "
+                              "was made from (pack takes a tokenized directory)")
 
 
 def test_stats_of_a_bucket_pair_in_the_wrong_order_names_the_url(s3, tmp_path):

@@ -92,8 +92,9 @@ def media_ref(kind: str, entry) -> MediaRef:
             raise SampleError("missing_media", f"empty {kind} path")
         if entry.startswith("data:"):
             return MediaRef(kind, None, _decode_data_uri(entry))
-        if entry.startswith(("http://", "https://", "s3://", "gs://")):
+        if entry.startswith(("http://", "https://")):
             raise SampleError("missing_media", f"{kind} {entry[:80]!r} is a remote URL; download it under --media-root first")
+        # a bucket URL (s3://, gs://) is a path: a bucket --media-root takes it when it lies under the root
         if entry.startswith("file://"):
             entry = _file_uri_path(entry, kind)
         return MediaRef(kind, entry, None)

@@ -658,13 +658,30 @@ class VideoFrames:
     timestamps: tuple[float, ...]
 
 
-def _media_file(item: dict, media_root: str | Path | None) -> Path:
+#: Bucket media roots of this process (each keeps its directory listings): URL -> RemoteRoot.
+_REMOTE_ROOTS: dict = {}
+
+
+def _media_file(item: dict, media_root: str | Path | None):
+    """The file a media item packed by reference names: a ``Path``, or under a bucket
+    ``media_root`` (``s3://``, ``gs://``) a ``storage.RemoteFile``."""
     path = item.get("path")
     if media_root is None or path is None:
         raise InputError(
             f"{item.get('kind', 'media')} {path!r} is stored by reference (packed with --media reference); "
             "pass media_root= the --media-root used at tokenize time, or re-pack with --media embed"
         )
+    from ..storage import RemoteRoot, is_url
+
+    if is_url(str(media_root)):
+        from ..errors import SampleError
+
+        url = str(media_root).rstrip("/")
+        root = _REMOTE_ROOTS.get(url) or _REMOTE_ROOTS.setdefault(url, RemoteRoot(url))
+        try:
+            return root.file(path)
+        except SampleError as err:
+            raise InputError(f"{err.message.replace('--media-root', 'media_root')}; pass the right media_root") from None
     root = Path(media_root).resolve()
     file = Path(os.path.realpath(root / path))
     if file != root and root not in file.parents:
@@ -687,6 +704,8 @@ def decode_image(item: dict, media_root: str | Path | None = None, *, exif: bool
 
     data = item.get("data")
     src = io.BytesIO(data) if data else _media_file(item, media_root)
+    if not isinstance(src, io.BytesIO | Path):  # in a bucket: the whole image in one GET
+        src = io.BytesIO(src.read_bytes())
     with _open_image(src) as im:
         im = ImageOps.exif_transpose(im) if exif else im
         if "A" not in im.getbands() and im.info.get("transparency") is None:
@@ -731,7 +750,8 @@ def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrame
 
     file = _media_file(item, media_root)
     try:
-        frames = counted_frames(file, item)
+        # in a bucket: every frame is decoded, so the whole file in one GET
+        frames = counted_frames(file if isinstance(file, Path) else file.read_bytes(), item)
     except SampleError as err:
         raise InputError(f"video {str(file)!r}: {err.message}; re-check the file or re-pack with --media embed") from None
     return VideoFrames(tuple(f.convert("RGB") for f in frames), stamps)
