@@ -308,7 +308,7 @@ def test_schema_version_of_the_shards_is_checked(packed):
     manifest["shards"][0].update(bytes=f.stat().st_size, sha256=sha256_file(f))
     (packed / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     report = validate_dir(packed)
-    assert [p["what"] for p in report["problems"]] == ["written with schema version '0', this packtool reads 2, 3, 4 or 5"]
+    assert [p["what"] for p in report["problems"]] == ["written with schema version '0', this packtool reads 2, 3, 4, 5, 6 or 7"]
     manifest["schema_version"] = 0
     (packed / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     assert "schema version 0" in validate_dir(packed)["problems"][0]["what"]
@@ -392,17 +392,17 @@ def test_a_directory_of_schema_version_3_validates(packed):
         g = packed / entry["file"]
         pq.write_table(list_form(pq.read_table(g)).cast(PACKED_V3), g)
         relist(packed, g)
-    assert validate_dir(packed)["problems"][0] == {"where": f.name, "what": "written with schema version 3, the manifest says 5"}
+    assert validate_dir(packed)["problems"][0] == {"where": f.name, "what": "written with schema version 3, the manifest says 6"}
     manifest = json.loads((packed / ".packtool" / "manifest.json").read_text())
     manifest["schema_version"] = 3
     (packed / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     report = validate_dir(packed)
     assert report["ok"] and report["problems"] == [], report["problems"]
     assert report["rows"] == sum(e["rows"] for e in manifest["shards"]) > 0
-    # a v4 shard among them, listed as version 3: named, with both versions
+    # a v6 shard among them, listed as version 3: named, with both versions
     pq.write_table(blob_table(pq.read_table(f)).cast(PACKED), f)
     relist(packed, f)
-    assert validate_dir(packed)["problems"][0] == {"where": f.name, "what": "written with schema version 5, the manifest says 3"}
+    assert validate_dir(packed)["problems"][0] == {"where": f.name, "what": "written with schema version 6, the manifest says 3"}
 
 
 def test_a_blob_column_must_say_its_encoding(packed):
