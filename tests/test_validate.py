@@ -599,3 +599,18 @@ def test_qwen3_video_segments_from_recorded_times_match_the_processor_times(n_fr
     want = [f"<{t:.1f} seconds>" for t in frame_pair_times(idx, fps)]
     assert [v for k, v, _ in fam.video_segments(lay.grid, lay.timestamps) if k == "text"] == want
     assert len(want) == lay.grid[0]
+
+
+def test_video_source_fields_are_checked():
+    """``source_fps`` / ``source_frames`` (schema version 6): a video's pair, or nulls (packed from
+    version 5); set on an image, one without the other, or a rate no video has, is named."""
+    from packtool.validate import _source_problem
+
+    video = {"kind": "video", "timestamps": [0.0, 0.5, 0.9, 1.4]}
+    assert _source_problem({**video, "source_fps": 10.0, "source_frames": 15}) is None
+    assert _source_problem({**video, "source_fps": None, "source_frames": None}) is None
+    assert _source_problem(video) is None  # a shard of version 5 or older has no such fields
+    assert "only videos record them" in _source_problem({"kind": "image", "source_fps": 10.0, "source_frames": 15})
+    assert "one without the other" in _source_problem({**video, "source_fps": 10.0, "source_frames": None})
+    assert "no video has them" in _source_problem({**video, "source_fps": 0.0, "source_frames": 15})
+    assert "no video has them" in _source_problem({**video, "source_fps": float("nan"), "source_frames": 15})
