@@ -259,8 +259,8 @@ def write_tokenized(out_dir: str | Path, mix: str, n: int, seed: int = 0, rows_p
                     max_vision_units: int = 128, expanded: bool = False) -> dict:
     """Write ``n`` samples of ``mix`` as tokenized shards with a manifest; returns the manifest.
 
-    Shards are in runs form (schema version 5, what ``tokenize`` writes), or with
-    ``expanded`` every token stored (version 2, what it wrote before). A finished directory
+    Shards are in runs form (schema version 6, what ``tokenize`` writes), or with
+    ``expanded`` every token stored (version 2, what it wrote before the runs form). A finished directory
     with the same ``(mix, n, seed, rows_per_shard, expanded)`` is reused.
     """
     from packtool.config import digest_of
@@ -273,9 +273,9 @@ def write_tokenized(out_dir: str | Path, mix: str, n: int, seed: int = 0, rows_p
               "layout": "full" if expanded else "runs"}
     # the schema version is part of the digest: a corpus cached by an older packtool (another
     # stored form) is written again, so a bench never measures reading an old layout
-    from packtool.schema import FULL_VERSION, SCHEMA_VERSION
+    from packtool.schema import FULL_V2_VERSION, SCHEMA_VERSION
 
-    config["schema_version"] = FULL_VERSION if expanded else SCHEMA_VERSION
+    config["schema_version"] = FULL_V2_VERSION if expanded else SCHEMA_VERSION
     digest = digest_of(config)
     if is_output_dir(out):
         old = read_manifest(out, "tokenized")
@@ -292,19 +292,22 @@ def write_tokenized(out_dir: str | Path, mix: str, n: int, seed: int = 0, rows_p
     else:
         tokens, units, vt, kind = sample_lengths(mix, n, seed)
     rng = np.random.default_rng(seed + 1)
-    from packtool.schema import TOKENIZED, TOKENIZED_ROWS
+    from packtool.schema import TOKENIZED, TOKENIZED_ROWS_V2, with_media_type
 
-    with ShardWriter(out, TOKENIZED_ROWS if expanded else TOKENIZED, rows_per_shard=rows_per_shard) as writer:
+    with ShardWriter(out, TOKENIZED_ROWS_V2 if expanded else TOKENIZED, rows_per_shard=rows_per_shard) as writer:
         for a in range(0, n, 4096):
             b = min(n, a + 4096)
             part = None if split is None else (split[0][a:b], split[1][a:b])
-            writer.write_table(_batch_table(tokens[a:b], units[a:b], vt[a:b], kind[a:b], a, rng, mix, part, pool))
+            table = _batch_table(tokens[a:b], units[a:b], vt[a:b], kind[a:b], a, rng, mix, part, pool)
+            if expanded:  # version 2's media struct: no source_* fields
+                table = with_media_type(table, TOKENIZED_ROWS_V2.field("media").type)
+            writer.write_table(table)
     counts = {"rows_in": n, "samples": n, "rejected": 0, "rejected_by_reason": {}, "tokens": int(tokens.sum()),
               "vision_units": int(units.sum())}
     if mix == "qwen-images":
         vision = {"family": "qwen2.5-vl", "unit": "patches", "default_max_vision_units": max_vision_units}
     else:
         vision = {"family": "molmo2-generated", "unit": "crop", "default_max_vision_units": max_vision_units}
-    return write_manifest(out, "tokenized", config, digest, writer.shards, FULL_VERSION if expanded else SCHEMA_VERSION,
+    return write_manifest(out, "tokenized", config, digest, writer.shards, FULL_V2_VERSION if expanded else SCHEMA_VERSION,
                           vision=vision, counts=counts,
                           tokenizer={"name": "generated"}, template={"name": "generated"})

@@ -214,8 +214,8 @@ class PackConfig(_Digestible):
         media: ``embed`` original bytes into packed rows, or ``reference`` paths only.
         packs_per_shard: packed rows per output shard.
         frame_quality: JPEG quality of embedded video frames (1-100).
-        layout: ``runs`` (placeholder runs stored once, schema version 5) or ``full``
-            (every token stored, schema version 2); see README "Output layout".
+        layout: ``runs`` (placeholder runs stored once, schema version 6) or ``full``
+            (every token stored, schema version 7); see README "Output layout".
     """
 
     max_tokens: int = 16384

@@ -9,7 +9,8 @@ formats it. For each sample of a pack (or the one sample of a tokenized row):
   ``target_ids[t-1]`` is not -100);
 * for a message tree, the shared prefix and then each branch, as stored;
 * a compact ruler: runs of equal subsegment id with their token and position ranges;
-* the media list: kind, path, original and resized size, grid, tokens, units, timestamps.
+* the media list: kind, path, original and resized size, grid, tokens, units, timestamps
+  (and, for videos, the source's frame count and rate).
 
 The tokenizer is the one the manifests name (the embedded Qwen2 vocabulary by default),
 checked against the vocabulary fingerprint recorded there.
@@ -76,6 +77,9 @@ def _read_row(path: Path, manifest: dict, file: str, row: int, columns: list[str
     if is_runs_table(pf.schema_arrow):
         run_table = stored_names(pf.schema_arrow, TOKEN_COLUMNS[:1])[1:]  # read even when no token column is asked for
         columns = list(dict.fromkeys([*stored_names(pf.schema_arrow, columns), *run_table]))
+    # media leaves a shard of an older schema version lacks (the source_* fields before version 6)
+    leaves = set(pf.schema.names) | {c.path for c in (pf.schema.column(i) for i in range(len(pf.schema)))}
+    columns = [c for c in columns if not c.startswith("media.") or c in leaves]
     start = 0
     for rg in range(pf.metadata.num_row_groups):
         n = pf.metadata.row_group(rg).num_rows
@@ -244,6 +248,8 @@ def _media_view(m: dict, label: str, offset_in_sample: int) -> dict:
         "token_offset": offset_in_sample,
         "vision_units": m["vision_units"],
         "timestamps": m.get("timestamps"),
+        "source_fps": m.get("source_fps"),
+        "source_frames": m.get("source_frames"),
     }
 
 
@@ -539,6 +545,8 @@ def _media_line(m: dict, unit: str) -> str:
     if ts:
         shown = ts if len(ts) <= 8 else ts[:4] + ["..."] + ts[-3:]
         line += f"  {len(ts)} frames at " + ", ".join(x if isinstance(x, str) else f"{x:g}" for x in shown) + " s"
+        if m.get("source_frames") is not None and m.get("source_fps") is not None:
+            line += f" (of {m['source_frames']:,} at {m['source_fps']:g} fps)"
     return line
 
 

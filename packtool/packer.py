@@ -38,7 +38,7 @@ from .runs import (
     swap_against,
     swap_next,
 )
-from .schema import SUBSEGMENT_STRIDE, packed_schema
+from .schema import SUBSEGMENT_STRIDE, TOKENIZED, packed_schema, with_media_type
 
 __all__ = ["PackPlan", "plan_packs", "assemble_packs", "gather_runs", "unit_granularity", "unit_axis", "RelaxedUnitSolver",
            "MAX_UNIT_CELLS", "TAIL_PACKS", "ASSEMBLY_COLUMNS", "ASSEMBLY_COLUMNS_RUNS", "assembly_columns"]
@@ -50,7 +50,7 @@ MAX_UNIT_CELLS = 1024
 #: The tokenized columns :func:`assemble_packs` reads (a reader need not decode the others).
 ASSEMBLY_COLUMNS = ["sample_id", "n_tokens", "n_vision_units", "media", "input_ids", "target_ids", "position_ids",
                     "subsegment_ids"]
-#: The same from tokenized shards in runs form (schema version 5).
+#: The same from tokenized shards in runs form (schema versions 5 and 6).
 ASSEMBLY_COLUMNS_RUNS = ["sample_id", "n_tokens", "n_vision_units", "media", *COMPACT_COLUMNS, *RUN_COLUMNS]
 #: ... in the runs form of schema version 4,
 _ASSEMBLY_COLUMNS_V4 = ["sample_id", "n_tokens", "n_vision_units", "media", *V4_COMPACT_COLUMNS, *RUN_COLUMNS]
@@ -492,9 +492,9 @@ def assemble_packs(
 ) -> pa.Table:
     """Build packed rows (``schema.packed_schema(layout)``) from tokenized rows and a plan.
 
-    Tokenized rows may be in runs form (schema version 5, or 3 and 4 turned into 5's form
+    Tokenized rows may be in runs form (schema version 6 or 5, or 3 and 4 turned into 5's form
     first) or expanded (versions 1 and 2, compacted here first: a pure function of the row, so
-    the packs are the same bytes). Stored targets are copied as they are (each is stored
+    the packs are the same bytes); media of versions 1 to 5 get null ``source_*`` fields. Stored targets are copied as they are (each is stored
     against the next input, ``runs.swap_next``), except each sample's last one, whose next
     input in the pack is the next sample's first: it is stored against that.
     A pack's compact row is its samples' compact rows end to end: compact columns and
@@ -502,7 +502,7 @@ def assemble_packs(
     sample's start in the pack's compact row, so the placeholders are never materialised;
     subsegment ids are renumbered ``k * 100000 + id`` for the pack's ``k``-th sample;
     media spans, ``n_tokens`` and ``cu_seqlens`` count expanded tokens. ``layout="full"``
-    expands the packs at the end (schema version 2, every token stored).
+    expands the packs at the end (schema version 7, every token stored).
     ``media_data(media_struct)`` returns the bytes to embed for one media item (``None``
     keeps media by reference).
 
@@ -519,7 +519,9 @@ def assemble_packs(
     ``loaders[which[k]]``.
     """
     schema = packed_schema(layout)
-    tables = [table] if isinstance(table, pa.Table) else list(table)
+    # rows of schema version 5 or older have no media source_* fields: they pack with nulls there
+    media_type = TOKENIZED.field("media").type
+    tables = [with_media_type(t, media_type) for t in ([table] if isinstance(table, pa.Table) else list(table))]
     order = np.asarray(plan.order, dtype=np.int64)
     row_start = np.cumsum([0] + [t.num_rows for t in tables])
     small = [t.select(["sample_id", "n_tokens", "n_vision_units", "media"]) for t in tables]

@@ -994,7 +994,12 @@ def _prefetch_media(media_root, tables, where: np.ndarray) -> None:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    media = pa.chunked_array([t.column("media") for t in tables]).combine_chunks().take(pa.array(where))
+    from .schema import TOKENIZED, with_media_type
+
+    # tables of two schema versions (a mixture of old and new tokenized directories) differ in media fields
+    media_type = TOKENIZED.field("media").type
+    media = pa.chunked_array([with_media_type(t, media_type).column("media") for t in tables],
+                             type=media_type).combine_chunks().take(pa.array(where))
     flat = pc.list_flatten(media)
     paths = [p for k, p in zip(flat.field("kind").to_pylist(), flat.field("path").to_pylist(), strict=True)
              if k == "image" and p]
@@ -1430,7 +1435,7 @@ def _not_an_input(out_dir: str | Path, inputs: list) -> None:
 
 
 def _layout_record(cfg: PackConfig) -> dict:
-    """The packed manifest's schema version and layout (``runs``: version 5, ``full``: version 2)."""
+    """The packed manifest's schema version and layout (``runs``: version 6, ``full``: version 7)."""
     from .schema import LAYOUTS
 
     return {"schema_version": LAYOUTS[cfg.layout], "layout": cfg.layout}

@@ -90,6 +90,8 @@ class _Probed:
     height: int
     layout: VisionLayout
     stat: tuple[int, int] | None = None  # (size_bytes, mtime_ns) of the file counted; None: inline bytes
+    #: a video's (fps, n_frames) as its frame sampler read them (``VideoMeta``); None for images
+    source: tuple[float, int] | None = None
     #: the layout as segments for :func:`_stage_into` (``("pad", name, n, False)`` for placeholder runs)
     segments: tuple = field(init=False, repr=False, compare=False)
     #: the fields of its ``media`` entry but ``token_offset`` and ``n_tokens``, in schema order (:data:`_MEDIA_STATIC`)
@@ -100,11 +102,13 @@ class _Probed:
         lay = self.layout
         object.__setattr__(self, "static", (
             lay.kind, self.ref.path, self.width, self.height, lay.resized[1], lay.resized[0], *lay.grid, lay.units,
-            list(lay.timestamps) if lay.kind == "video" else None, self.ref.data,
+            list(lay.timestamps) if lay.kind == "video" else None,
+            self.source[0] if self.source else None, self.source[1] if self.source else None, self.ref.data,
             self.stat[0] if self.stat else None, self.stat[1] if self.stat else None))
 
 
-def _probe_uncached(ref: MediaRef, ctx: EncodeContext, n_images: int) -> tuple[int, int, VisionLayout]:
+def _probe_uncached(ref: MediaRef, ctx: EncodeContext, n_images: int) -> tuple:
+    """``(width, height, layout, stat, source)`` of one media item (see :class:`_Probed`)."""
     if ref.kind not in ("image", "video"):
         raise SampleError("bad_record", f"unknown media kind {ref.kind!r}")
     if ref.data is None and not ref.path:
@@ -117,11 +121,13 @@ def _probe_uncached(ref: MediaRef, ctx: EncodeContext, n_images: int) -> tuple[i
         stat = (st.st_size, st.st_mtime_ns)
     if ref.kind == "image":
         info = probe_image(src, exif=ctx.family.exif)
-        return info.width, info.height, ctx.family.image_in_sample(info.height, info.width, n_images), stat
+        return info.width, info.height, ctx.family.image_in_sample(info.height, info.width, n_images), stat, None
     from .media import probe_video
 
     meta = probe_video(src, apply_rotation=ctx.family.exif == "apply")
-    return meta.width, meta.height, ctx.family.video(meta), stat
+    # the rate and count the sampler read: with the sampled frames they give the sampled rate a
+    # processor derives the video's time step from (Qwen2.5-VL's second_per_grid_ts)
+    return meta.width, meta.height, ctx.family.video(meta), stat, (float(meta.fps), int(meta.n_frames))
 
 
 def _probe(ref: MediaRef, ctx: EncodeContext, n_images: int = 1) -> _Probed:
@@ -152,7 +158,7 @@ def _probe(ref: MediaRef, ctx: EncodeContext, n_images: int = 1) -> _Probed:
         raise SampleError(hit.reason, hit.message)
     if ref.data is not None and hit.ref is not ref:
         # inline bytes are keyed by the bytes alone; the entry names this sample's path
-        return _Probed(ref, hit.width, hit.height, hit.layout, hit.stat)
+        return _Probed(ref, hit.width, hit.height, hit.layout, hit.stat, hit.source)
     return hit  # a path's entry is the same for every sample (nothing changes a _Probed)
 
 
@@ -858,6 +864,8 @@ def _media_entry(pr: _Probed, start: int, n: int) -> dict:
         "grid_w": lay.grid[2],
         "vision_units": lay.units,
         "timestamps": list(lay.timestamps) if lay.kind == "video" else None,
+        "source_fps": pr.source[0] if pr.source else None,
+        "source_frames": pr.source[1] if pr.source else None,
         "data": pr.ref.data,
         "size_bytes": pr.stat[0] if pr.stat else None,
         "mtime_ns": pr.stat[1] if pr.stat else None,

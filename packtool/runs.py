@@ -14,7 +14,7 @@ only a run's first token and says how long the run is::
                                               run_starts  [1]   (index in the compact row)
                                               run_lengths [5]   (tokens the run stands for)
 
-How a shard stores it (schema version 5): each of the six stored columns is a ``binary``
+How a shard stores it (schema version 5, and 6, which changed only the media struct): each of the six stored columns is a ``binary``
 column whose row is the row's values as little-endian int32 bytes (``compact_input_ids_i32le``,
 ``compact_target_ids_i32next``, ``compact_position_ids_i32le``, ``compact_subsegment_ids_i32le``,
 ``run_starts_i32le``, ``run_lengths_i32le``; each field says what its bytes are in its

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,6 @@ from .runs import (
     runs_version,
 )
 from .schema import (
-    LIST_RUNS_VERSION,
     PREFIX_SUBSEGMENT,
     READABLE_VERSIONS,
     SCHEMA_VERSION,
@@ -325,6 +325,9 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
         if what:
             model = f"{family.name} " if family is not None else ""
             out.append(f"media {j}: {m['kind']} span {off}..{off + cnt} is not the {model}placeholder layout: {what}")
+        source = _source_problem(m)
+        if source:
+            out.append(f"media {j}: {m['kind']} {source}")
         # targets are pre-shifted: positions off-1 .. off+cnt-2 predict the span's tokens; the last
         # one predicts the token after the span, which may be an answer (LLaVA's `plain` pretraining)
         if np.any(tgt[max(off - 1, 0):off + cnt - 1] != IGNORE):
@@ -343,6 +346,24 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
         if caps.get("max_vision_units") and row["n_vision_units"] > caps["max_vision_units"] and not alone_ok:
             out.append(f"{row['n_vision_units']:,} vision units, more than the pack capacity {caps['max_vision_units']:,}")
     return out
+
+
+def _source_problem(m: dict) -> str | None:
+    """What is wrong with an item's ``source_fps`` / ``source_frames`` (schema version 6 on): set
+    for an image, one without the other, or a rate, count or frame number no video has. Both
+    null on a video is right (packed from a tokenized directory of version 5 or older). Frame
+    counts are not compared: a time-based sampler (Molmo2) may take more frames than a short
+    video has."""
+    fps, frames = m.get("source_fps"), m.get("source_frames")
+    if fps is None and frames is None:
+        return None
+    if m["kind"] != "video":
+        return f"has source_fps {fps} and source_frames {frames}; only videos record them"
+    if fps is None or frames is None:
+        return f"has source_fps {fps} but source_frames {frames}: one without the other"
+    if not (math.isfinite(fps) and fps > 0) or frames < 1:
+        return f"has source_fps {fps} and source_frames {frames}: no video has them"
+    return None
 
 
 def _check_media_bytes(m: dict) -> str | None:
@@ -614,9 +635,9 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
         meta = {k.decode(): v.decode() for k, v in (pf.schema_arrow.metadata or {}).items()}
         readable = [str(v) for v in READABLE_VERSIONS.get(kind, (SCHEMA_VERSION,))]
         written = meta.get("packtool.schema_version")
-        if written in readable and written != str(version) and {written, str(version)} & {str(SCHEMA_VERSION),
-                                                                                          str(LIST_RUNS_VERSION)}:
-            # a runs-form shard (version 3 or 4) is read by its own version's rules only
+        if written in readable and written != str(version) and {written, str(version)} - {"1", "2"}:
+            # a shard of version 3 on is read by its own version's rules only (tokenized version 1
+            # shards carry version 2's schema)
             schema_msg = f"written with schema version {written}, the manifest says {version}"
         else:
             schema_msg = _schema_problem(pf.schema_arrow, expected)

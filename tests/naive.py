@@ -128,13 +128,34 @@ def _plain_targets(table) -> list[list[int]]:
                                                   _blob_rows(table["compact_input_ids_i32le"]), strict=True)]
 
 
+def v5_media(table):
+    """A table of schema version 6 with version 5's media struct (no ``source_*`` fields), as
+    every packtool before version 6 wrote it."""
+    from packtool.schema import PACKED_V5, TOKENIZED_V5, has_source_fields, with_media_type
+
+    if not has_source_fields(table.schema):
+        return table
+    like = PACKED_V5 if "pack_index" in table.column_names else TOKENIZED_V5
+    return with_media_type(table, like.field("media").type)
+
+
+def v5_form(table):
+    """A runs-form table of schema version 6 as version 5 stored it: no media ``source_*`` fields."""
+    table = v5_media(table)
+    meta = dict(table.schema.metadata or {})
+    if b"packtool.schema_version" in meta:
+        meta[b"packtool.schema_version"] = b"5"
+    return table.replace_schema_metadata(meta or None)
+
+
 def plain_target_form(table):
-    """A runs-form table of schema version 5 as version 4 stored it: the target blob holds the
+    """A runs-form table of schema version 5 or 6 as version 4 stored it: the target blob holds the
     targets as they are, under ``compact_target_ids_i32le`` (one value at a time with ``struct``)."""
     import struct
 
     import pyarrow as pa
 
+    table = v5_media(table)
     rows = _plain_targets(table)
     col = pa.array([struct.pack(f"<{len(r)}i", *r) for r in rows], pa.binary())
     at = table.column_names.index("compact_target_ids_i32next")
@@ -146,11 +167,12 @@ def plain_target_form(table):
 
 
 def list_form(table):
-    """A runs-form table of schema version 4 or 5 (int32 blobs) as version 3 stored it
+    """A runs-form table of schema version 4, 5 or 6 (int32 blobs) as version 3 stored it
     (``list<int32>`` columns under the names without ``_i32le``, targets as they are), one
     value at a time with ``struct``: the twin of ``runs.blob_table`` run backwards."""
     import pyarrow as pa
 
+    table = v5_media(table)
     names, cols = [], []
     for name, col in zip(table.column_names, table.columns, strict=True):
         if name == "compact_target_ids_i32next":

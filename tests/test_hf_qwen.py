@@ -213,3 +213,154 @@ def test_loss_normalises_by_loss_tokens(packs):
 
 def test_rtol_is_tight():
     assert RTOL <= 1e-5
+
+
+# --------------------------------------------------------------------------- video time steps (Qwen2.5-VL)
+
+#: (frames, fps) of each fixture video, tokenized with --max-frames 6: 15 frames at 10 fps sample 3
+#: frames at 2 fps, raised to the minimum 4; 50 frames give 10, capped at 6; 25 give 5, rounded to 4
+VIDEOS = {"short.mp4": (15, 10), "capped.mp4": (50, 10), "odd.mp4": (25, 10)}
+
+
+@pytest.fixture(scope="module")
+def video_packs(tmp_path_factory) -> dict:
+    from hf_harness import write_jsonl
+    from video_fixtures import write_video
+
+    root = tmp_path_factory.mktemp("fps-corpus")
+    for name, (n, fps) in VIDEOS.items():
+        write_video(root / name, n_frames=n, fps=fps, size=(56, 28))
+    records = [
+        {"id": "short", "video": "short.mp4", "conversations": [
+            {"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "It brightens."}]},
+        {"id": "two", "video": ["capped.mp4", "odd.mp4"], "conversations": [
+            {"from": "human", "value": "<video> then <video>: which is longer?"}, {"from": "gpt", "value": "The first."}]},
+    ]
+    tmp = tmp_path_factory.mktemp("fps")
+    tok = byte_tokenizer(tmp / "tok", SPECIALS)
+    packed = build(tmp, [write_jsonl(root / "videos.jsonl", records)], root, max_tokens=4096,
+                   tokenize={"model": "qwen2.5-vl", "template": "chatml", "tokenizer": str(tok), "max_frames": 6})
+    return {"packed": packed, "tokenized": tmp / "packed-tok", "tokenizer": tok, "root": root}
+
+
+def _processor(tok: Path):
+    """The real ``Qwen2_5_VLProcessor``; frames arrive sampled and at the counted size, as the reader feeds them."""
+    from transformers import (
+        PreTrainedTokenizerFast,
+        Qwen2_5_VLProcessor,
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+    )
+
+    video = Qwen2VLVideoProcessor(do_resize=False, do_sample_frames=False, cap_pixels_per_frame=True, patch_size=14,
+                                  merge_size=2, temporal_patch_size=2)
+    return Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(), video_processor=video,
+                               tokenizer=PreTrainedTokenizerFast(tokenizer_file=str(tok)))
+
+
+def _processed(processor, m: dict, root: Path) -> dict:
+    """The processor's outputs for one video: its decoded frames and the file's own frame count and
+    rate (the fixture's, not what packtool recorded) with the indices of the frames it took."""
+    from transformers.video_utils import VideoMetadata
+
+    from packtool.reader import decode_video
+
+    n_frames, fps = VIDEOS[m["path"]]
+    frames = [f.resize((m["resized_width"], m["resized_height"])) for f in decode_video(m, root).frames]
+    video = torch.stack([torch.from_numpy(np.array(f.convert("RGB"))).permute(2, 0, 1) for f in frames])
+    meta = VideoMetadata(total_num_frames=n_frames, fps=float(fps), frames_indices=[round(t * fps) for t in m["timestamps"]])
+    out = processor(text=["<|vision_start|><|video_pad|><|vision_end|>"], videos=[video], video_metadata=[meta],
+                    return_tensors="pt")
+    assert tuple(out["video_grid_thw"][0].tolist()) == (m["grid_t"], m["grid_h"], m["grid_w"])
+    return out
+
+
+def test_qwen25_video_time_steps_are_the_processors(video_packs):
+    """For a clip raised to the 4-frame minimum, one capped by --max-frames and one whose count was
+    rounded to even, ``second_per_grid_ts`` is what ``Qwen2_5_VLProcessor`` computes from the sampled
+    frames' rate (0.75, 1.6667, 1.25 s; the configured 2 fps would say 1.0 for all three), and the
+    3-D positions are what the model's ``get_rope_index`` puts there with it, sample by sample."""
+    from hf_harness import alone_rows
+
+    tok = video_packs["tokenizer"]
+    rows = list(PackedDataset(video_packs["packed"], shuffle=False))
+    model = tiny_model("qwen2.5-vl", tok)
+    inputs = model_inputs(rows, config=model.config)
+    processor = _processor(tok)
+    media = [m for r in rows for m in sorted(r["media"], key=lambda m: m["token_offset"])]
+    assert sorted(m["path"] for m in media) == sorted(VIDEOS)
+    assert {m["path"]: len(m["timestamps"]) for m in media} == {"short.mp4": 4, "capped.mp4": 6, "odd.mp4": 4}
+    for m in media:  # what tokenize recorded: the file's frame count and rate
+        assert (m["source_frames"], m["source_fps"]) == VIDEOS[m["path"]]
+    want = torch.cat([_processed(processor, m, video_packs["root"])["second_per_grid_ts"] for m in media])
+    assert want.tolist() == pytest.approx([0.75, 2 / 1.2, 1.25])
+    assert torch.equal(inputs["second_per_grid_ts"], want)
+
+    video_id = token_id(tok, "<|video_pad|>")
+    for i, row in enumerate(rows):
+        for idx, alone in alone_rows(row):
+            videos = sorted(alone["media"], key=lambda m: m["token_offset"])
+            outs = [_processed(processor, m, video_packs["root"]) for m in videos]
+            ids = torch.from_numpy(alone["input_ids"])[None]
+            kw = {"input_ids": ids, "mm_token_type_ids": (ids == video_id).long() * 2,
+                  "video_grid_thw": torch.cat([o["video_grid_thw"] for o in outs])}
+            pos, _ = model.model.get_rope_index(**kw, second_per_grid_ts=torch.cat([o["second_per_grid_ts"] for o in outs]))
+            assert torch.equal(inputs["position_ids"][1:, i, torch.from_numpy(idx)], pos[:, 0]), alone["sample_ids"]
+            # the time step of the configured fps (what packtool used before) puts other positions there
+            old, _ = model.model.get_rope_index(**kw, second_per_grid_ts=torch.ones(len(videos)))
+            assert not torch.equal(old, pos)
+
+
+def _as_v5(directory: Path) -> None:
+    """Rewrite a directory's shards and manifest as packtool wrote schema version 5 (no media source_* fields)."""
+    import json
+
+    import pyarrow.parquet as pq
+    from naive import v5_form
+
+    from packtool.shards import MANIFEST, read_manifest, sha256_file
+
+    manifest = read_manifest(directory)
+    for entry in manifest["shards"]:
+        f = directory / entry["file"]
+        pq.write_table(v5_form(pq.read_table(f)), f)
+        entry.update(bytes=f.stat().st_size, sha256=sha256_file(f))
+    manifest["schema_version"] = 5
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_v5_directories_still_read_and_pack_with_one_warning(video_packs, tmp_path, monkeypatch, caplog):
+    """A packed directory of schema version 5 reads (videos get the configured fps's time step and a
+    warning naming the fix, once); a tokenized one packs into version 6 with null source fields."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    import packtool.reader.hf.qwen as qwen
+    from packtool import PackConfig, pack_dataset
+    from packtool.schema import PACKED, PACKED_V5
+    from packtool.shards import read_manifest
+    from packtool.validate import validate_dir
+
+    packed, tok = tmp_path / "packed", tmp_path / "tok"
+    shutil.copytree(video_packs["packed"], packed)
+    shutil.copytree(video_packs["tokenized"], tok)
+    _as_v5(packed)
+    _as_v5(tok)
+    assert validate_dir(packed)["ok"] and validate_dir(tok)["ok"]
+    assert pq.read_schema(next(packed.glob("part-*.parquet"))).remove_metadata().equals(PACKED_V5.remove_metadata())
+    monkeypatch.setattr(qwen, "_warned_no_source", False)
+    with caplog.at_level("WARNING", logger=qwen.__name__):
+        rows = list(PackedDataset(packed, shuffle=False))
+        for _ in range(2):
+            out = model_inputs(rows)
+    assert out["second_per_grid_ts"].tolist() == [1.0, 1.0, 1.0]
+    warned = [r.getMessage() for r in caplog.records if r.name == qwen.__name__]
+    assert len(warned) == 1 and "re-run tokenize and pack with this packtool version" in warned[0]
+
+    again = tmp_path / "packed-again"
+    pack_dataset(tok, again, PackConfig(max_tokens=4096))
+    assert read_manifest(again)["schema_version"] == 6 and validate_dir(again)["ok"]
+    assert pq.read_schema(next(again.glob("part-*.parquet"))).remove_metadata().equals(PACKED.remove_metadata())
+    media = [m for r in PackedDataset(again, shuffle=False) for m in r["media"]]
+    assert len(media) == 3 and all(m["source_fps"] is None and m["source_frames"] is None for m in media)

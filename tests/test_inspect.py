@@ -344,6 +344,8 @@ def test_pack_with_video_lists_frames_and_collapses_placeholders(video_pack):
         (m,) = s["media"]
         assert m["label"] == "video 1" and m["kind"] == "video" and m["path"] == "clip.mp4"
         assert m["timestamps"] == m_row["timestamps"] and len(m["timestamps"]) == len(m_row["frames"]) > 1
+        assert (m["source_frames"], m["source_fps"]) == (m_row["source_frames"], m_row["source_fps"])
+        assert m["source_frames"] >= len(m["timestamps"]) and m["source_fps"] > 0
         assert (m["width"], m["height"]) == (96, 64) and m["n_tokens"] == m_row["n_tokens"]
         assert m["grid"] == [m_row["grid_t"], m_row["grid_h"], m_row["grid_w"]]
         assert m["token_offset"] == m_row["token_offset"] - s["start"]
@@ -359,6 +361,8 @@ def test_pack_with_video_lists_frames_and_collapses_placeholders(video_pack):
     ts = view["samples"][0]["media"][0]["timestamps"]
     assert f"media  video 1  clip.mp4  96×64 -> {row['media'][0]['resized_width']}×{row['media'][0]['resized_height']}" in text
     assert f"{len(ts)} frames at " + ", ".join(f"{x:g}" for x in ts[:4]) in text
+    m0 = row["media"][0]
+    assert f" s (of {m0['source_frames']:,} at {m0['source_fps']:g} fps)" in text
     assert "sub 1*100000+10000  sample" in text
     assert "<|video_pad|>" not in text and "<|vision_start|>" not in text
 

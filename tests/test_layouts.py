@@ -36,13 +36,13 @@ def test_runs_and_full_layouts_give_the_reader_the_same_rows(setup, family):
     tok = base / "tok"
     tokenize_dataset(corpus["inputs"], tok, TokenizeConfig(media_root=str(corpus["root"]), model=family,
                                                            tokenizer=str(setup["tok"]), **FAMILIES[family]))
-    assert read_manifest(tok)["schema_version"] == 5
+    assert read_manifest(tok)["schema_version"] == 6
     outs = {}
     for layout in ("runs", "full"):
         outs[layout] = base / layout
         pack_dataset(tok, outs[layout], PackConfig(max_tokens=1024, layout=layout))
         manifest = read_manifest(outs[layout])
-        assert (manifest["schema_version"], manifest["layout"]) == ({"runs": 5, "full": 2}[layout], layout)
+        assert (manifest["schema_version"], manifest["layout"]) == ({"runs": 6, "full": 7}[layout], layout)
     # validate reads both layouts alike, and every family's spans (markers inside included) are whole
     reports = {layout: validate_dir(out, tokenizer=str(setup["tok"])) for layout, out in outs.items()}
     assert reports["runs"]["ok"] and reports["full"]["ok"], (reports["runs"]["problems"], reports["full"]["problems"])
@@ -72,7 +72,7 @@ def test_expanded_tokenized_shards_pack_to_the_same_bytes(tmp_path, mix):
     for expanded in (False, True, "v3", "v4"):
         tok = tmp_path / f"tok-{expanded}"
         manifest = write_tokenized(tok, mix, 600, seed=1, rows_per_shard=250, expanded=expanded is True)
-        assert manifest["schema_version"] == (2 if expanded is True else 5)
+        assert manifest["schema_version"] == (2 if expanded is True else 6)
         if expanded in ("v3", "v4"):
             _as_older_version(tok, int(expanded[1]))
         for layout in ("runs", "full"):

@@ -308,7 +308,7 @@ def test_schema_version_of_the_shards_is_checked(packed):
     manifest["shards"][0].update(bytes=f.stat().st_size, sha256=sha256_file(f))
     (packed / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     report = validate_dir(packed)
-    assert [p["what"] for p in report["problems"]] == ["written with schema version '0', this packtool reads 2, 3, 4 or 5"]
+    assert [p["what"] for p in report["problems"]] == ["written with schema version '0', this packtool reads 2, 3, 4, 5, 6 or 7"]
     manifest["schema_version"] = 0
     (packed / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     assert "schema version 0" in validate_dir(packed)["problems"][0]["what"]
@@ -392,17 +392,17 @@ def test_a_directory_of_schema_version_3_validates(packed):
         g = packed / entry["file"]
         pq.write_table(list_form(pq.read_table(g)).cast(PACKED_V3), g)
         relist(packed, g)
-    assert validate_dir(packed)["problems"][0] == {"where": f.name, "what": "written with schema version 3, the manifest says 5"}
+    assert validate_dir(packed)["problems"][0] == {"where": f.name, "what": "written with schema version 3, the manifest says 6"}
     manifest = json.loads((packed / ".packtool" / "manifest.json").read_text())
     manifest["schema_version"] = 3
     (packed / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
     report = validate_dir(packed)
     assert report["ok"] and report["problems"] == [], report["problems"]
     assert report["rows"] == sum(e["rows"] for e in manifest["shards"]) > 0
-    # a v4 shard among them, listed as version 3: named, with both versions
+    # a v6 shard among them, listed as version 3: named, with both versions
     pq.write_table(blob_table(pq.read_table(f)).cast(PACKED), f)
     relist(packed, f)
-    assert validate_dir(packed)["problems"][0] == {"where": f.name, "what": "written with schema version 5, the manifest says 3"}
+    assert validate_dir(packed)["problems"][0] == {"where": f.name, "what": "written with schema version 6, the manifest says 3"}
 
 
 def test_a_blob_column_must_say_its_encoding(packed):
@@ -599,3 +599,18 @@ def test_qwen3_video_segments_from_recorded_times_match_the_processor_times(n_fr
     want = [f"<{t:.1f} seconds>" for t in frame_pair_times(idx, fps)]
     assert [v for k, v, _ in fam.video_segments(lay.grid, lay.timestamps) if k == "text"] == want
     assert len(want) == lay.grid[0]
+
+
+def test_video_source_fields_are_checked():
+    """``source_fps`` / ``source_frames`` (schema version 6): a video's pair, or nulls (packed from
+    version 5); set on an image, one without the other, or a rate no video has, is named."""
+    from packtool.validate import _source_problem
+
+    video = {"kind": "video", "timestamps": [0.0, 0.5, 0.9, 1.4]}
+    assert _source_problem({**video, "source_fps": 10.0, "source_frames": 15}) is None
+    assert _source_problem({**video, "source_fps": None, "source_frames": None}) is None
+    assert _source_problem(video) is None  # a shard of version 5 or older has no such fields
+    assert "only videos record them" in _source_problem({"kind": "image", "source_fps": 10.0, "source_frames": 15})
+    assert "one without the other" in _source_problem({**video, "source_fps": 10.0, "source_frames": None})
+    assert "no video has them" in _source_problem({**video, "source_fps": 0.0, "source_frames": 15})
+    assert "no video has them" in _source_problem({**video, "source_fps": float("nan"), "source_frames": 15})

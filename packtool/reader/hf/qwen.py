@@ -11,9 +11,14 @@ class's ``get_rope_index`` applies it to one sequence (``m`` = spatial merge, 2)
                                  ti < t, hi < h/m, wi < w/m (row-major)
 
 ``dt`` is 1 except for Qwen2.5-VL videos, where it is ``tokens_per_second *
-second_per_grid_t`` (seconds per temporal patch: ``temporal_patch_size / fps``, the
-processor's own rule). Qwen3-VL lays a video out as one vision run per temporal patch
-(with ``<t seconds>`` text between them), each with ``t = 1``.
+second_per_grid_t``: seconds per temporal patch, ``temporal_patch_size / sampled_fps``
+with the rate of the frames actually sampled, ``len(timestamps) / source_frames *
+source_fps`` (the processor's own rule, ``VideoMetadata.sampled_fps``; qwen-vl-utils'
+``sample_fps``), per video. It differs from the configured 2 fps whenever the frame
+count was raised to the minimum, capped by ``--max-frames`` or rounded to even. As the
+model does, the product is taken in float32 and truncated. Qwen3-VL lays a video out as
+one vision run per temporal patch (with ``<t seconds>`` text between them), each with
+``t = 1``.
 
 A packed row holds several samples and message trees, so the rule runs per sample and
 per branch: every sample starts at ``cur = 0``; every branch of a tree starts at the
@@ -29,7 +34,8 @@ Passed as ``position_ids`` of shape ``(4, B, L)``: row 0 is the 1-D text positio
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +47,12 @@ from . import FamilyInputs, media_sample_id, sample_spans
 
 __all__ = ["Qwen2VLInputs", "Qwen25VLInputs", "Qwen3VLInputs", "mrope_positions"]
 
+log = logging.getLogger(__name__)
+
 # the released checkpoints' vision config (used when model_inputs is given no config)
 _TOKENS_PER_SECOND = 2
+# packs without the media source_* fields are told about once per process
+_warned_no_source = False
 
 
 def _pad_runs(ids: np.ndarray, start: int, n: int) -> list[tuple[int, int]]:
@@ -53,13 +63,15 @@ def _pad_runs(ids: np.ndarray, start: int, n: int) -> list[tuple[int, int]]:
     return [(start + int(a), start + int(b)) for a, b in zip(edges[0::2], edges[1::2], strict=True)]
 
 
-def mrope_positions(row: dict, *, merge: int = 2, video_dt: float = 1.0, split_video_frames: bool = False) -> np.ndarray:
+def mrope_positions(row: dict, *, merge: int = 2, video_dt: float | Callable[[dict], float] = 1.0,
+                    split_video_frames: bool = False) -> np.ndarray:
     """``(3, L)`` mRoPE positions of one packed row (see the module docstring).
 
     Args:
         row: a packed row (``input_ids``, ``subsegment_ids``, ``cu_seqlens``, ``media``).
         merge: the vision tower's spatial merge size.
-        video_dt: temporal position step per temporal patch of a video.
+        video_dt: temporal position step per temporal patch of a video, or a function of the
+            video's media entry giving it (Qwen2.5-VL: one per video).
         split_video_frames: Qwen3-VL: each temporal patch is its own vision run.
 
     Example:
@@ -84,7 +96,7 @@ def mrope_positions(row: dict, *, merge: int = 2, video_dt: float = 1.0, split_v
             if video and split_video_frames:
                 grids = [(1, 1.0)] * len(runs)
             else:
-                grids = [(gt, video_dt if video else 1.0)]
+                grids = [(gt, (video_dt(m) if callable(video_dt) else video_dt) if video else 1.0)]
             if len(grids) != len(runs) or any(e - s != t * gh * gw for (s, e), (t, _) in zip(runs, grids, strict=True)):
                 raise InputError(
                     f"pack {row.get('pack_index', '?')}: {m['kind']} at token {m['token_offset']} has placeholder runs "
@@ -95,7 +107,8 @@ def mrope_positions(row: dict, *, merge: int = 2, video_dt: float = 1.0, split_v
                 n_text = s - pos
                 out[:, pos:s] = np.arange(cur, cur + n_text)
                 cur += n_text
-                tt = (np.arange(t) * dt).astype(np.int64) + cur
+                # float32 and truncation, as the model's get_rope_index computes it
+                tt = (np.arange(t, dtype=np.float32) * np.float32(dt)).astype(np.int64) + cur
                 out[0, s:e] = np.repeat(tt, gh * gw)
                 out[1, s:e] = np.tile(np.repeat(np.arange(gh), gw), t) + cur
                 out[2, s:e] = np.tile(np.arange(gw), t * gh) + cur
@@ -136,7 +149,8 @@ class Qwen2VLInputs(FamilyInputs):
 
     # ---- positions
 
-    def video_dt(self) -> float:
+    def video_dt(self, m: dict) -> float:
+        """Temporal position step per temporal patch of video ``m``."""
         return 1.0
 
     def positions(self, rows: Sequence[dict], width: int) -> np.ndarray:
@@ -144,7 +158,7 @@ class Qwen2VLInputs(FamilyInputs):
         for i, r in enumerate(rows):
             n = len(r["input_ids"])
             out[0, i, :n] = r["position_ids"]
-            out[1:, i, :n] = mrope_positions(r, merge=self.merge_size, video_dt=self.video_dt(),
+            out[1:, i, :n] = mrope_positions(r, merge=self.merge_size, video_dt=self.video_dt,
                                              split_video_frames=self.split_video_frames)
         return out
 
@@ -200,7 +214,7 @@ class Qwen2VLInputs(FamilyInputs):
     def pixels(self, rows: Sequence[dict], media_root: str | Path | None) -> dict[str, Any]:
         import torch
 
-        images, image_media, videos, grids_v = [], [], [], []
+        images, image_media, videos, grids_v, video_media = [], [], [], [], []
         for r in rows:
             for m in sorted(r["media"], key=lambda m: int(m["token_offset"])):
                 if m["kind"] == "video":
@@ -208,6 +222,7 @@ class Qwen2VLInputs(FamilyInputs):
                     self._check(r, m, out["video_grid_thw"][0])
                     videos.append(out["pixel_values_videos"])
                     grids_v.append(out["video_grid_thw"])
+                    video_media.append(m)
                 else:
                     images.append(self.image(m, media_root))
                     image_media.append((r, m))
@@ -221,10 +236,11 @@ class Qwen2VLInputs(FamilyInputs):
         if videos:
             kw["pixel_values_videos"] = torch.cat(videos)
             kw["video_grid_thw"] = torch.cat(grids_v)
-            kw.update(self._video_extra(len(videos)))
+            kw.update(self._video_extra(video_media))
         return kw
 
-    def _video_extra(self, n_videos: int) -> dict[str, Any]:
+    def _video_extra(self, video_media: list[dict]) -> dict[str, Any]:
+        """What the processor returns beside a batch's video pixels (``video_media`` in pixel order)."""
         return {}
 
     def _check(self, row: dict, m: dict, grid) -> None:
@@ -252,17 +268,46 @@ class Qwen25VLInputs(Qwen2VLInputs):
         vc = getattr(config, "vision_config", None)
         self.tokens_per_second = int(getattr(vc, "tokens_per_second", _TOKENS_PER_SECOND))
 
-    def second_per_grid(self) -> float:
-        """Seconds per temporal patch: ``temporal_patch_size / fps`` as the processor computes it."""
-        return self.temporal_patch_size / float(self.vision.get("fps", 2.0))
+    def second_per_grid(self, m: dict) -> float:
+        """Seconds per temporal patch of video ``m``: ``temporal_patch_size / sampled_fps``, the
+        rate of the frames sampled, computed as the processor computes it
+        (``len(frames_indices) / total_num_frames * fps``).
 
-    def video_dt(self) -> float:
-        return self.tokens_per_second * self.second_per_grid()
+        Packs from a packtool before schema version 6 lack ``source_fps`` / ``source_frames``;
+        they get ``temporal_patch_size / fps`` (the configured rate, right only for videos whose
+        frame count was not clamped or rounded) and a warning, once.
 
-    def _video_extra(self, n_videos: int) -> dict[str, Any]:
+        Example:
+            >>> inputs = Qwen25VLInputs({"fps": 2.0})
+            >>> inputs.second_per_grid({"timestamps": [0.0, 0.4, 0.9, 1.4], "source_fps": 10.0, "source_frames": 15})
+            0.75
+        """
+        fps, frames, ts = m.get("source_fps"), m.get("source_frames"), m.get("timestamps")
+        if fps is None or not frames or not ts:
+            _warn_no_source()
+            return self.temporal_patch_size / float(self.vision.get("fps", 2.0))
+        sampled_fps = len(ts) / int(frames) * float(fps)
+        return self.temporal_patch_size / sampled_fps
+
+    def video_dt(self, m: dict) -> float:
+        # what the model computes: tokens_per_second times the float32 second_per_grid_ts entry
+        return float(np.float32(self.tokens_per_second) * np.float32(self.second_per_grid(m)))
+
+    def _video_extra(self, video_media: list[dict]) -> dict[str, Any]:
         import torch
 
-        return {"second_per_grid_ts": torch.full((n_videos,), self.second_per_grid())}
+        # float32, as the processor's BatchFeature holds it (the model multiplies in that type)
+        return {"second_per_grid_ts": torch.tensor([self.second_per_grid(m) for m in video_media], dtype=torch.float32)}
+
+
+def _warn_no_source() -> None:
+    global _warned_no_source
+    if not _warned_no_source:
+        _warned_no_source = True
+        log.warning("packed videos without source_fps / source_frames (packed by a packtool before schema version 6): "
+                    "Qwen2.5-VL video time positions and second_per_grid_ts use the configured fps, which is wrong "
+                    "for videos whose frame count was raised to the minimum, capped by --max-frames or rounded to "
+                    "even; re-run tokenize and pack with this packtool version")
 
 
 class Qwen3VLInputs(Qwen2VLInputs):
