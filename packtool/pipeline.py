@@ -1441,7 +1441,6 @@ def _layout_record(cfg: PackConfig) -> dict:
     return {"schema_version": LAYOUTS[cfg.layout], "layout": cfg.layout}
 
 
-@_environment_errors
 def _relative_source(src: str, out_dir: str | Path) -> dict:
     """``{"relative": ...}``: a local tokenized directory as seen from the local packed directory
     (``../tok``), so readers of the pair find it from any working directory, and again once
@@ -1451,6 +1450,7 @@ def _relative_source(src: str, out_dir: str | Path) -> dict:
     return {"relative": os.path.relpath(Path(src).resolve(), Path(out_dir).resolve())}
 
 
+@_environment_errors
 def pack_dataset(
     src: str | os.PathLike | Iterable[str | os.PathLike] | Mixture,
     out_dir: str | Path,

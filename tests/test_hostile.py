@@ -482,7 +482,7 @@ def test_the_reader_and_validate_refuse_embedded_eps(tmp_path, monkeypatch):
     with pytest.raises(InputError, match="PostScript"):
         decode_video({"kind": "video", "frames": [_eps()], "timestamps": [0.0]})
     (tmp_path / "list.mp4").write_bytes(b"ffconcat version 1.0\nfile x.png\n")
-    with pytest.raises(InputError, match="not a container"):
+    with pytest.raises(InputError, match="not a video container packtool reads"):
         decode_video({"kind": "video", "path": "list.mp4", "data": None, "timestamps": [0.0]}, tmp_path)
     problem = _check_media_bytes({"kind": "image", "data": _eps(), "width": 20, "height": 10})
     assert problem and "refused" in problem
