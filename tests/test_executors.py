@@ -220,6 +220,8 @@ def test_reporter_batches_and_flushes():
 
 @pytest.mark.slow  # starting a Ray cluster: 15 s on an idle machine, a minute on a busy one
 def test_ray_output_is_identical_to_the_local_executor(tmp_path):
+    import shutil
+
     ray = pytest.importorskip("ray")
     from bench.corpus import make_corpus
     from packtool import Mixture, PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
@@ -236,8 +238,11 @@ def test_ray_output_is_identical_to_the_local_executor(tmp_path):
             tokenize_dataset([corpus / "data.jsonl"], tmp_path / name / "tok", tcfg, progress=seen.append, **kw)
             assert sum(seen) == 600  # progress streams back from every task
             pack_dataset(tmp_path / name / "tok", tmp_path / name / "packed", pcfg, **kw)
-            # a mixture (the corpus twice, the second at half rate) in tasks of 250 samples
-            mixture = Mixture.from_rates([tmp_path / name / "tok"] * 2, "1.0,0.5", samples_per_task=250)
+            # a mixture (the corpus and a copy of it at half rate; the same directory twice is
+            # refused) in tasks of 250 samples
+            shutil.copytree(tmp_path / name / "tok", tmp_path / name / "tok-copy")
+            mixture = Mixture.from_rates([tmp_path / name / "tok", tmp_path / name / "tok-copy"], "1.0,0.5",
+                                         samples_per_task=250)
             pack_dataset(mixture, tmp_path / name / "mixed", pcfg, **kw)
             hashes[name] = {stage: {s["file"]: s["sha256"] for s in
                                     json.loads((tmp_path / name / stage / ".packtool" / "manifest.json").read_text())["shards"]}
