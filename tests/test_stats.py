@@ -227,7 +227,8 @@ def test_pair_from_another_tokenized_run_is_refused(messy, demo_dirs):
     assert r.stderr.startswith("Error: ") and "config digest" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_packed_dir_without_its_tokenized_dir_still_reports(messy, tmp_path):
+def _orphan(messy, tmp_path: Path) -> Path:
+    """A copy of the messy packed directory whose manifest names a tokenized directory that is not there."""
     import shutil
 
     moved = tmp_path / "packed-alone"
@@ -235,6 +236,11 @@ def test_packed_dir_without_its_tokenized_dir_still_reports(messy, tmp_path):
     manifest = json.loads((moved / ".packtool" / "manifest.json").read_text())
     manifest["source"].update(path=str(tmp_path / "not-there"), relative="../not-there")
     (moved / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
+    return moved
+
+
+def test_packed_dir_without_its_tokenized_dir_still_reports(messy, tmp_path):
+    moved = _orphan(messy, tmp_path)
     s = compute_stats(moved)
     validate(s)
     full = compute_stats(messy["packed"])
@@ -292,13 +298,7 @@ def test_packed_dir_whose_tokenized_dir_was_tokenized_again_says_so(messy, tmp_p
 def test_rejected_gate_without_the_tokenized_dir_refuses_rather_than_count_pack_drops_alone(messy, tmp_path):
     # it measured pack drops over packed + dropped samples (the rows tokenize rejected unknown),
     # a lower share than the pair's, and passed a run the pair fails
-    import shutil
-
-    moved = tmp_path / "packed-alone"
-    shutil.copytree(messy["packed"], moved)
-    manifest = json.loads((moved / ".packtool" / "manifest.json").read_text())
-    manifest["source"].update(path=str(tmp_path / "not-there"), relative="../not-there")
-    (moved / ".packtool" / "manifest.json").write_text(json.dumps(manifest))
+    moved = _orphan(messy, tmp_path)
     pair = compute_stats(messy["tokenized"], messy["packed"])
     share = round(2 / 20 + pair["dropped"] / 18 * (18 / 20), 4)  # 2 of 20 rows rejected, then drops of 18 samples
     limit = f"{share - 0.01:.4f}"
