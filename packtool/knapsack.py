@@ -1326,6 +1326,15 @@ class KnapsackSolver:
         no search ran): 8-bit tails where the prices are whole numbers and the deficits small."""
         return int(self._ints[_M_TAILS, -1])
 
+    def workspace(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The compiled solve's workspace and table (``_solve``'s ``ws`` and ``tabs``), with room
+        for ``n`` items, for a compiled caller that solves in place (``packer._stream_packs``):
+        what that solve cannot answer (a first call, a table of another type) it hands back to
+        :meth:`solve`, which allocates what is needed."""
+        if n > self._cap:
+            self._allocate(n)
+        return self._ws, self._table
+
     def reset(self) -> None:
         """Forget the previous call, so the next one solves from scratch (keeps the workspace)."""
         self._ints[_M_PREV_N, -1] = -1

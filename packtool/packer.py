@@ -21,7 +21,7 @@ from numba import njit
 
 from .config import PackConfig
 from .errors import ConfigError, OversizeSampleError
-from .knapsack import MAX_TABLE_BYTES, KnapsackSolver, TableTooLarge
+from .knapsack import MAX_TABLE_BYTES, KnapsackSolver, TableTooLarge, _solve
 from .runs import (
     COMPACT_COLUMNS,
     RUN_COLUMNS,
@@ -297,9 +297,16 @@ def _buffer_packs(stream, qw, qu, value, cap_w, cap_u, buffer_size, max_k, ancho
     With ``anchor`` the largest buffered sample (by the larger of its two relative sizes;
     the oldest among equals) is put in each pack first and the exact knapsack fills the
     capacity it leaves.
+
+    With a plain :class:`~packtool.knapsack.KnapsackSolver` (no anchor, no item limit: the
+    defaults) the loop runs compiled (:func:`_stream_packs`), calling the same compiled solve
+    with the same items in the same order, so the packs are the same; the Python loop below
+    cost about four times the solves themselves.
     """
     limit = max_k if max_k is None or not anchor else max_k - 1
     solver = make(cap_w, cap_u, limit)
+    if not anchor and type(solver) is KnapsackSolver and solver.max_items is None and len(stream):
+        return _compiled_buffer_packs(solver, np.ascontiguousarray(stream, dtype=np.int64), qw, qu, value, buffer_size)
     packs: list = []
     buf = np.zeros(0, dtype=np.int64)
     pos = 0
@@ -325,6 +332,94 @@ def _buffer_packs(stream, qw, qu, value, cap_w, cap_u, buffer_size, max_k, ancho
         buf = buf[~chosen]
     packs.append(n_flush)
     return packs
+
+
+def _compiled_buffer_packs(solver: KnapsackSolver, stream, qw, qu, value, buffer_size: int) -> list:
+    """:func:`_buffer_packs` by :func:`_stream_packs`; a buffer the compiled solve cannot answer
+    in place (the first, or one that needs a table of a wider type) is solved by
+    ``solver.solve`` and handed back as the next buffer's choice."""
+    qw, qu, value = (np.ascontiguousarray(x, dtype=np.int64) for x in (qw, qu, value))
+    size = min(int(buffer_size), len(stream))
+    state = np.zeros(_LOOP_STATE, dtype=np.int64)
+    buf = np.empty(size, dtype=np.int64)
+    chosen = np.empty(size, dtype=np.bool_)
+    order = np.empty(len(stream), dtype=np.int64)
+    ends = np.zeros(len(stream) + 1, dtype=np.int64)
+    while True:
+        ws, table = solver.workspace(size)
+        if _stream_packs(stream, qw, qu, value, solver.max_w, solver.max_u, size, ws, table, state, buf, chosen,
+                         order, ends) == 0:
+            break
+        held = buf[:state[_NBUF]]
+        _, ch = solver.solve(qw[held], qu[held], value[held])  # raises on negative values
+        chosen[:len(ch)] = ch
+        state[_GIVEN] = 1
+    n_packs = int(state[_NPACKS])
+    packs: list = np.split(order, ends[1:n_packs])
+    packs.append(int(state[_NFLUSH]))
+    return packs
+
+
+#: :func:`_stream_packs`'s state between calls: stream position, samples buffered, samples
+#: emitted, packs, flush packs, whether ``chosen`` already holds the buffer's choice.
+_POS, _NBUF, _NOUT, _NPACKS, _NFLUSH, _GIVEN = range(6)
+_LOOP_STATE = 6
+
+
+@njit(cache=True)
+def _stream_packs(stream, qw, qu, value, cap_w, cap_u, size, ws, tabs, state, buf, chosen, order, ends):  # pragma: no cover - compiled
+    """The buffer loop of :func:`_buffer_packs` in one compiled call: refill the buffer from
+    ``stream`` (arrival order), solve it with :func:`~packtool.knapsack._solve`, emit the
+    chosen samples as a pack (``order[ends[p]:ends[p + 1]]``), keep the rest in order.
+    Returns 0 when the stream is packed, or the solve's negative code for a buffer it could
+    not answer, leaving that buffer in ``buf[:state[_NBUF]]``; the caller puts its choice in
+    ``chosen`` and sets ``state[_GIVEN]``."""
+    pos, nbuf, n_out, n_packs, n_flush = state[_POS], state[_NBUF], state[_NOUT], state[_NPACKS], state[_NFLUSH]
+    n = stream.shape[0]
+    w = np.empty(size, dtype=np.int64)
+    u = np.empty(size, dtype=np.int64)
+    v = np.empty(size, dtype=np.int64)
+    # a step known only at run time types the item views as the solver's compiled entry takes
+    # them (any layout), so this calls that very compilation
+    one = max(1, size // max(1, size))
+    while pos < n or nbuf > 0:
+        if state[_GIVEN]:
+            state[_GIVEN] = 0  # this buffer was refilled (and counted) before the caller solved it
+        else:
+            if nbuf < size and pos < n:
+                take = min(size - nbuf, n - pos)
+                for j in range(take):
+                    buf[nbuf + j] = stream[pos + j]
+                nbuf += take
+                pos += take
+            for j in range(nbuf):
+                w[j] = qw[buf[j]]
+                u[j] = qu[buf[j]]
+                v[j] = value[buf[j]]
+            code = _solve(w[0:nbuf:one], u[0:nbuf:one], v[0:nbuf:one], cap_w, cap_u, ws, tabs, chosen[:nbuf])
+            if code < 0:
+                state[_POS], state[_NBUF], state[_NOUT], state[_NPACKS], state[_NFLUSH] = pos, nbuf, n_out, n_packs, n_flush
+                return code
+        if pos == n:
+            n_flush += 1
+        any_chosen = False
+        for j in range(nbuf):
+            any_chosen = any_chosen or chosen[j]
+        if not any_chosen:  # only with zero values; keeps the loop finite
+            chosen[0] = True
+        kept = 0
+        for j in range(nbuf):
+            if chosen[j]:
+                order[n_out] = buf[j]
+                n_out += 1
+            else:
+                buf[kept] = buf[j]
+                kept += 1
+        nbuf = kept
+        n_packs += 1
+        ends[n_packs] = n_out
+    state[_POS], state[_NBUF], state[_NOUT], state[_NPACKS], state[_NFLUSH] = pos, nbuf, n_out, n_packs, n_flush
+    return 0
 
 
 def _reoptimize_tail(packs, n_flush, qw, qu, value, cap_w, cap_u, max_k, make=KnapsackSolver) -> tuple[list, int]:

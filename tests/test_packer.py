@@ -116,6 +116,32 @@ def test_tail_reoptimization_never_worse_and_sometimes_better():
     assert saved >= 0
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_compiled_buffer_loop_makes_the_python_loops_packs(seed):
+    """The compiled buffer loop (the default solver) and the Python loop (any other solver)
+    call the same solve on the same buffers: the same packs and flush count, through zero
+    values (the forced first pick) and values that need an int32 or int64 table mid-stream."""
+    from packtool.packer import _buffer_packs
+
+    class PythonLoop(KnapsackSolver):  # any subclass takes the Python loop
+        pass
+
+    rng = np.random.default_rng(seed)
+    for trial in range(8 if JIT else 2):
+        n = int(rng.integers(1, 300 if JIT else 40))
+        cap_w, cap_u = int(rng.integers(8, 400)), int(rng.choice([0, int(rng.integers(1, 200))]))
+        qw = rng.integers(0, cap_w + 1, n)
+        qu = rng.integers(0, cap_u + 1, n) if cap_u else np.zeros(n, dtype=np.int64)
+        v = [rng.integers(0, 50, n) * (rng.random(n) < 0.9), qw * 1000 + qu, rng.integers(0, 2**40, n),
+             np.zeros(n, dtype=np.int64)][trial % 4]
+        stream = np.flatnonzero(rng.random(n) < 0.9)
+        size = int(rng.integers(1, 70))
+        got = _buffer_packs(stream, qw, qu, v, cap_w, cap_u, size, None)
+        want = _buffer_packs(stream, qw, qu, v, cap_w, cap_u, size, None, make=PythonLoop)
+        assert got[-1] == want[-1], f"seed {seed} trial {trial}: flush packs differ"
+        assert [p.tolist() for p in got[:-1]] == [p.tolist() for p in want[:-1]], f"seed {seed} trial {trial}"
+
+
 def test_unit_granularity_keeps_packs_within_large_capacities():
     assert unit_granularity(128) == 1 and unit_granularity(1024) == 1 and unit_granularity(16384) == 16
     if not JIT:
