@@ -495,7 +495,12 @@ def _largest_then_fill(items, qw, qu, value, cap_w, cap_u, max_k, make=KnapsackS
 
 @njit(cache=True)
 def _gather_runs(src, starts, lengths, dst_starts, add, dst):  # pragma: no cover - compiled
-    """``dst[dst_starts[k]:+lengths[k]] = src[starts[k]:+lengths[k]] + add[k]`` for every ``k``."""
+    """``dst[dst_starts[k]:+lengths[k]] = src[starts[k]:+lengths[k]] + add[k]`` for every ``k``;
+    -1, or the first run that lies outside ``src`` or ``dst`` (then nothing is written)."""
+    for k in range(starts.shape[0]):
+        if (lengths[k] < 0 or starts[k] < 0 or dst_starts[k] < 0 or starts[k] + lengths[k] > src.shape[0]
+                or dst_starts[k] + lengths[k] > dst.shape[0]):
+            return k
     for k in range(starts.shape[0]):
         n = lengths[k]
         x = add[k]
@@ -510,6 +515,7 @@ def _gather_runs(src, starts, lengths, dst_starts, add, dst):  # pragma: no cove
         else:
             for j in range(n):
                 o[j] = s[j] + x
+    return -1
 
 
 def gather_runs(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray, dst_starts: np.ndarray, add: np.ndarray,
@@ -531,10 +537,8 @@ def gather_runs(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray, dst_st
     k = len(starts)
     if not (len(lengths) == len(dst_starts) == len(add) == k):
         raise ValueError("starts, lengths, dst_starts and add must have the same length")
-    if k and (lengths.min() < 0 or starts.min() < 0 or dst_starts.min() < 0
-              or (starts + lengths).max() > len(src) or (dst_starts + lengths).max() > len(dst)):
+    if _gather_runs(src, starts, lengths, dst_starts, add, dst) >= 0:
         raise ValueError("a run lies outside src or dst")
-    _gather_runs(src, starts, lengths, dst_starts, add, dst)
 
 
 def _token_columns(tables: list[pa.Table], name: str) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -299,32 +299,59 @@ def row_bytes(table: pa.Table) -> np.ndarray:
 
 
 def _array_bytes(arr: pa.Array) -> np.ndarray:
-    import pyarrow.compute as pc
-
+    """:func:`row_bytes` of one array, from its offsets and validity (no value is visited)."""
     t = arr.type
     if len(arr) == 0:  # e.g. the media structs of a chunk of text-only rows: no field to visit
         return np.zeros(0, dtype=np.int64)
-    if (pa.types.is_binary(t) or pa.types.is_string(t)) and not arr.null_count:  # the offsets say it
-        off = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset:arr.offset + len(arr) + 1]
-        return np.diff(off).astype(np.int64)
+    if t.id in _BINARY_TYPE_IDS:  # the offsets say it (a null counts 0)
+        width = np.int64 if pa.types.is_large_binary(t) or pa.types.is_large_string(t) else np.int32
+        off = np.frombuffer(arr.buffers()[1], dtype=width)[arr.offset:arr.offset + len(arr) + 1]
+        return _zero_nulls(arr, np.diff(off).astype(np.int64))
     if pa.types.is_list(t) or pa.types.is_large_list(t):
-        lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        off = np.frombuffer(arr.buffers()[1], dtype=np.int64 if pa.types.is_large_list(t) else np.int32)
+        off = off[arr.offset:arr.offset + len(arr) + 1].astype(np.int64)
         vt = t.value_type
-        if pa.types.is_integer(vt) or pa.types.is_floating(vt):  # fixed width: no need to look inside
-            return lengths * (vt.bit_width // 8)
-        inner = _array_bytes(pc.list_flatten(arr))
-        ends = np.cumsum(lengths)
-        csum = np.concatenate([[0], np.cumsum(inner)])
-        return csum[ends] - csum[ends - lengths]
+        if pa.types.is_integer(vt) or pa.types.is_floating(vt):
+            return _zero_nulls(arr, np.diff(off) * (vt.bit_width // 8))
+        first, n = int(off[0]), int(off[-1] - off[0])
+        inner = _array_bytes(arr.values.slice(first, n)) if n else np.zeros(0, dtype=np.int64)
+        csum = np.concatenate([[0], np.cumsum(inner)])  # bytes of the values before each one
+        return _zero_nulls(arr, csum[off[1:] - first] - csum[off[:-1] - first])
     if pa.types.is_struct(t):
-        out = np.zeros(len(arr), dtype=np.int64)
-        for i in range(t.num_fields):
+        fixed, variable = _struct_parts(t)
+        out = np.full(len(arr), fixed, dtype=np.int64)
+        for i in variable:
             out += _array_bytes(arr.field(i))
         return out
-    if pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_string(t):
-        return pc.fill_null(pc.binary_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     width = getattr(t, "bit_width", 64)
     return np.full(len(arr), max(1, width // 8), dtype=np.int64)
+
+
+def _zero_nulls(arr: pa.Array, sizes: np.ndarray) -> np.ndarray:
+    """``sizes`` with 0 at ``arr``'s null slots (whose offsets Arrow leaves unspecified)."""
+    if arr.null_count:
+        bits = np.unpackbits(np.frombuffer(arr.buffers()[0], dtype=np.uint8), bitorder="little")
+        sizes[~bits[arr.offset:arr.offset + len(arr)].astype(bool)] = 0
+    return sizes
+
+
+def _struct_parts(t: pa.StructType) -> tuple[int, list[int]]:
+    """A struct type's bytes per value over its fixed-width fields, and its other fields' indices
+    (one pass over the field types; a packed row's media struct has 18 fields, 13 fixed)."""
+    fixed, variable = 0, []
+    for i, f in enumerate(t):
+        ft = f.type
+        if ft.id in _VARIABLE_TYPE_IDS:
+            variable.append(i)
+        else:
+            fixed += max(1, getattr(ft, "bit_width", 64) // 8)
+    return fixed, variable
+
+
+_BINARY_TYPE_IDS = {x.id for x in (pa.binary(), pa.string(), pa.large_binary(), pa.large_string())}
+_VARIABLE_TYPE_IDS = {x.id for x in (pa.binary(), pa.string(), pa.large_binary(), pa.large_string(), pa.list_(pa.int8()),
+                                     pa.large_list(pa.int8()), pa.list_(pa.int8(), 1), pa.struct([]),
+                                     pa.map_(pa.int8(), pa.int8()))}
 
 
 def rows_table(rows: list[dict], schema: pa.Schema) -> pa.Table:

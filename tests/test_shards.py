@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from packtool.schema import TOKENIZED_ROWS, packed_schema
 from packtool.shards import rows_table
@@ -158,3 +159,43 @@ def test_a_pack_of_real_images_stores_their_bytes_uncompressed_and_the_same_on_a
         assert len(embedded) == 12
         assert all(m["data"] == (root / m["path"]).read_bytes() for m in embedded), kind
     assert codecs == {"photo": {"UNCOMPRESSED"}, "flat": {"ZSTD"}}, f"seed {seed}"
+
+
+def _value_bytes(value, t: pa.DataType) -> int:
+    """:func:`row_bytes`'s rule on one Python value: binaries at their length, list values at
+    theirs, struct fields summed, any other value at its type's width (null: 0 for a binary or
+    list, the width for a fixed-width field)."""
+    if pa.types.is_binary(t) or pa.types.is_string(t):
+        return 0 if value is None else len(value if isinstance(value, bytes) else value.encode())
+    if pa.types.is_list(t):
+        return 0 if value is None else sum(_value_bytes(x, t.value_type) for x in value)
+    if pa.types.is_struct(t):
+        return sum(_value_bytes(None if value is None else value[f.name], f.type) for f in t)
+    return max(1, t.bit_width // 8)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_row_bytes_follows_its_rule_through_nulls_slices_and_nesting(seed):
+    from packtool.shards import row_bytes
+
+    rng = np.random.default_rng(seed)
+    item = pa.struct([("kind", pa.string()), ("n", pa.int32()), ("ok", pa.bool_()), ("ts", pa.list_(pa.float64())),
+                      ("data", pa.binary()), ("frames", pa.list_(pa.binary()))])
+    schema = pa.schema([("id", pa.string()), ("ids", pa.list_(pa.int32())), ("media", pa.list_(item))])
+
+    def maybe(make):
+        return None if rng.random() < 0.25 else make()
+
+    def media():
+        return {"kind": maybe(lambda: "image"), "n": int(rng.integers(9)), "ok": bool(rng.random() < 0.5),
+                "ts": maybe(lambda: rng.random(int(rng.integers(4))).tolist()),
+                "data": maybe(lambda: rng.bytes(int(rng.integers(20)))),
+                "frames": maybe(lambda: [rng.bytes(int(rng.integers(5))) for _ in range(int(rng.integers(3)))])}
+
+    rows = [{"id": maybe(lambda: "x" * int(rng.integers(6))), "ids": maybe(lambda: list(range(int(rng.integers(5))))),
+             "media": maybe(lambda: [maybe(media) for _ in range(int(rng.integers(4)))])} for _ in range(40)]
+    table = pa.Table.from_pylist(rows, schema=schema)
+    for lo, n in [(0, 40), (7, 20), (39, 1), (13, 0)]:
+        part = table.slice(lo, n)
+        want = [sum(_value_bytes(r[f.name], f.type) for f in schema) for r in part.to_pylist()]
+        assert row_bytes(part).tolist() == want, f"seed {seed}, rows {lo}..{lo + n}"
