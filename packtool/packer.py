@@ -355,7 +355,7 @@ def _compiled_buffer_packs(solver: KnapsackSolver, stream, qw, qu, value, buffer
         chosen[:len(ch)] = ch
         state[_GIVEN] = 1
     n_packs = int(state[_NPACKS])
-    packs: list = np.split(order, ends[1:n_packs])
+    packs: list = [order[a:b] for a, b in zip(ends[:n_packs].tolist(), ends[1:n_packs + 1].tolist(), strict=True)]
     packs.append(int(state[_NFLUSH]))
     return packs
 

@@ -1388,7 +1388,8 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
                 rows = plan.order[plan.offsets[p0]:plan.offsets[p1]]
                 tables, where = store.take(rows)
                 sub = PackPlan(where, plan.offsets[p0:p1 + 1] - plan.offsets[p0],
-                               truncated=[int(where[k]) for k, r in enumerate(rows.tolist()) if r in truncated])
+                               truncated=[int(where[k]) for k, r in enumerate(rows.tolist()) if r in truncated]
+                               if truncated else [])
                 first = task.index * PACK_INDEX_STRIDE + p0
                 if loader is not None and not isinstance(root, Path):
                     _prefetch_media(root, tables, where)
@@ -1866,7 +1867,8 @@ def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShard
                     if not isinstance(root, Path) and (task.src[rows] == s).any():
                         _prefetch_media(root, tables, where[task.src[rows] == s])
                 sub = PackPlan(where, plan.offsets[p0:p1 + 1] - plan.offsets[p0],
-                               truncated=[int(where[k]) for k, r in enumerate(rows.tolist()) if r in truncated])
+                               truncated=[int(where[k]) for k, r in enumerate(rows.tolist()) if r in truncated]
+                               if truncated else [])
                 table = assemble_packs(tables, sub, task.index * PACK_INDEX_STRIDE + p0, None, cfg.max_tokens, layout=cfg.layout,
                                        media_loaders=None if loaders is None else (loaders, task.src[rows]))
                 writer.write_table(_mixture_columns(table, task.src[rows], task.copy[rows], schema))
