@@ -583,6 +583,8 @@ def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> Vid
             raise SampleError("corrupt_video", "file has no video stream")
         stream = container.streams.video[0]
         cc = stream.codec_context
+        if cc is None:  # a header cut or damaged before the stream's codec is described
+            raise SampleError("corrupt_video", "video stream names no codec FFmpeg knows (a truncated or damaged header)")
         width, height = int(cc.width or 0), int(cc.height or 0)
         if width <= 0 or height <= 0:
             raise SampleError("corrupt_video", f"video stream declares no frame size ({width}x{height})")

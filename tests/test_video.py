@@ -140,3 +140,17 @@ def test_frames_of_a_raw_stream_are_extracted_by_position(videos, family):
     rate = probe_video(videos / "nodur.h264").fps
     assert [round(grey_level(j) / 8) for j in jpegs] == [min(int(t * rate + 1e-6), 44) * 8 % 256 // 8
                                                          for t in lay.timestamps]
+
+
+def test_probe_of_a_video_cut_anywhere_is_a_row_error(videos):
+    """A file cut short at any byte, inside the header too (where a stream may be listed with
+    no codec yet), probes or raises ``SampleError``: never another exception that stops the run."""
+    whole = (videos / "cfr.mp4").read_bytes()
+    outcomes = set()
+    for n in range(0, len(whole), 3):
+        try:
+            probe_video(whole[:n])
+            outcomes.add("probed")
+        except SampleError as err:
+            outcomes.add(err.reason)
+    assert outcomes <= {"probed", "corrupt_video", "unsupported_media"}
