@@ -117,6 +117,8 @@ class Qwen2VL(VisionFamily):
     default_max_vision_units = 65536
     # qwen-vl-utils opens images with PIL and converts to RGB; no EXIF transpose
     exif_default = "ignore"
+    #: the least --max-frames that leaves a video one temporal patch (every video is refused below it)
+    min_max_frames = FRAME_FACTOR
 
     def __init__(self, min_pixels: int = 3136, max_pixels: int = 12845056, max_frames: int = FPS_MAX_FRAMES,
                  fps: float = FPS) -> None:
