@@ -46,7 +46,9 @@ def smart_resize(
 
     Rounding is Python's ``round`` (banker's rounding), exactly as the processor does.
     As in qwen-vl-utils, a side never rounds below one ``factor`` (the transformers
-    copy lets it reach 0 first; the two differ only for sides under ``factor / 2`` px).
+    copy lets it reach 0 first; the two differ only for sides under ``factor / 2`` px, and
+    ``packtool.reader.hf`` resizes such an image to this size before the processor, as
+    qwen-vl-utils does).
 
     Example:
         >>> smart_resize(1080, 1920, 28, 3136, 12845056)
