@@ -660,7 +660,8 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
     """The frames of the video ``source`` at the times a tokenized entry recorded (``media["timestamps"]``).
 
     Frame ``t`` is the frame on screen at ``start + t``: the last frame whose
-    presentation time is at or before it (times past the end give the last frame).
+    presentation time is at or before it, to one tick of the stream's clock (times
+    past the end give the last frame).
     Dense requests (on average less than 2 s apart) are served by one linear decode;
     sparse ones seek to the keyframe before each time and decode forward.
 
@@ -688,7 +689,10 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
         raw = container.format.name == "h264"
         rate = float(stream.average_rate or stream.guessed_rate or stream.base_rate or 0) if raw else 0.0
         dense = raw or len(times) < 2 or (max(times) - min(times)) / (len(times) - 1) < 2.0
-        eps = 1e-6
+        # a frame time is rounded to its stream's clock: Matroska, WebM and FLV count milliseconds, so
+        # frame 20 of a 30 fps clip is stored at 0.667 s, after the 0.6667 s it stands for; within one
+        # tick (at most 1 ms) a frame is at the recorded time, else the frame before it was taken
+        eps = max(1e-6, min(tb, 1e-3))
         if dense:
             k = 0
             prev = None

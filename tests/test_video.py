@@ -109,6 +109,18 @@ def test_extracted_frames_are_the_recorded_times(videos):
     assert len(got) == 128 and all(abs(g - e) <= 3 for g, e in zip(got, expect, strict=True)), list(zip(got, expect, strict=True))
 
 
+@pytest.mark.parametrize(("fmt", "codec"), [("matroska", "libx264"), ("flv", "flv")])
+def test_frames_of_a_millisecond_clock_are_the_counted_indices(tmp_path, fmt, codec):
+    """Matroska (WebM too) and FLV store frame times in milliseconds: frame 2 of a 30 fps clip at
+    0.067 s, after the 0.0667 s its index stands for. The frame taken at ``i / 30`` is still frame
+    ``i`` (it was frame ``i - 1``, one early, for every third frame), on the dense and the sparse path."""
+    path = write_video(tmp_path / f"clip.{fmt}", 64, 30, fmt=fmt, codec=codec, step=4)
+    for idx in ([0, 2, 5, 8, 14, 21, 41], [2, 62]):  # dense, then sparse (2 s apart: a seek per time)
+        jpegs = extract_frames(tmp_path, {"path": path.name, "timestamps": [i / 30 for i in idx], "width": 64,
+                                          "height": 48})
+        assert [round(grey_level(j) / 4) for j in jpegs] == idx
+
+
 def test_packed_shard_embeds_the_recorded_frames(videos, tmp_path):
     from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
 
