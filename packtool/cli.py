@@ -174,7 +174,7 @@ def tokenize(
     min_pixels: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["min_pixels"], help="Image pixel floor (families with a pixel budget).")] = None,
     max_pixels: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["max_pixels"], help="Image pixel cap (families with a pixel budget).")] = None,
     max_frames: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["max_frames"], help="Most frames sampled per video (default: the family's).")] = None,
-    fps: Annotated[float | None, typer.Option(min=0.01, help="Video sampling rate (qwen families; default 2).")] = None,
+    fps: Annotated[float | None, typer.Option(min=0.01, max=SETTING_LIMITS["fps"], help="Video sampling rate (qwen families; default 2).")] = None,
     max_crops: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["max_crops"], help="Molmo2 crops per image (default 8).")] = None,
     max_num: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["max_num"], help="InternVL tiles per image (default 12).")] = None,
     exif: Annotated[ExifChoice | None, typer.Option(help="EXIF orientation / video rotation (default: what the family's loader does).")] = None,

@@ -583,6 +583,8 @@ def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> Vid
             raise SampleError("corrupt_video", "file has no video stream")
         stream = container.streams.video[0]
         cc = stream.codec_context
+        if cc is None:  # a header cut or damaged before the stream's codec is described
+            raise SampleError("corrupt_video", "video stream names no codec FFmpeg knows (a truncated or damaged header)")
         width, height = int(cc.width or 0), int(cc.height or 0)
         if width <= 0 or height <= 0:
             raise SampleError("corrupt_video", f"video stream declares no frame size ({width}x{height})")
@@ -658,7 +660,8 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
     """The frames of the video ``source`` at the times a tokenized entry recorded (``media["timestamps"]``).
 
     Frame ``t`` is the frame on screen at ``start + t``: the last frame whose
-    presentation time is at or before it (times past the end give the last frame).
+    presentation time is at or before it, to one tick of the stream's clock (times
+    past the end give the last frame).
     Dense requests (on average less than 2 s apart) are served by one linear decode;
     sparse ones seek to the keyframe before each time and decode forward.
 
@@ -686,7 +689,10 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
         raw = container.format.name == "h264"
         rate = float(stream.average_rate or stream.guessed_rate or stream.base_rate or 0) if raw else 0.0
         dense = raw or len(times) < 2 or (max(times) - min(times)) / (len(times) - 1) < 2.0
-        eps = 1e-6
+        # a frame time is rounded to its stream's clock: Matroska, WebM and FLV count milliseconds, so
+        # frame 20 of a 30 fps clip is stored at 0.667 s, after the 0.6667 s it stands for; within one
+        # tick (at most 1 ms) a frame is at the recorded time, else the frame before it was taken
+        eps = max(1e-6, min(tb, 1e-3))
         if dense:
             k = 0
             prev = None

@@ -28,11 +28,15 @@ WEIGHT = ("choose a value from 0 to 2,147,483,647 (the largest int32, so a sampl
     ({"model": "internvl", "max_frames": 65537},
      "--max-frames 65537: choose a value from 1 to 65,536 (far above any released checkpoint's setting)"),
     ({"fps": float("nan")}, "--fps nan: give a positive video sampling rate, e.g. 2"),
+    ({"model": "qwen3-vl", "fps": float("inf")},
+     "--fps inf: give a video sampling rate up to 1,000 frames per second (far above any video's frame rate), e.g. 2"),
+    ({"max_frames": 1}, "--max-frames 1: --model qwen2.5-vl samples video frames in pairs (temporal patch 2), so "
+                        "every video would be rejected; give 2 or more"),
     ({"max_tokens": 3_000_000_000}, "--max-tokens 3000000000: " + INT32.format(lo=1)),
     ({"model": "nope"}, "unknown --model 'nope'; choose one of: internvl, llava-ov, molmo2, qwen2-vl, qwen2.5-vl, "
                         "qwen3-vl, fixed:N"),
 ], ids=["max-pixels-0", "max-pixels-negative", "min-pixels-huge", "min-above-max", "fixed-huge", "max-crops",
-        "max-num", "max-frames", "fps-nan", "max-tokens", "unknown-model"])
+        "max-num", "max-frames", "fps-nan", "fps-inf", "qwen-one-frame", "max-tokens", "unknown-model"])
 def test_tokenize_config_refuses_a_setting_out_of_bounds(settings, message):
     with pytest.raises(ConfigError) as err:
         TokenizeConfig(**settings)
@@ -45,6 +49,8 @@ def test_tokenize_config_takes_the_bounds_themselves():
     TokenizeConfig(model="fixed:2147483647")
     TokenizeConfig(model="internvl", max_num=256, max_frames=65_536)
     TokenizeConfig(model="molmo2", max_crops=256)
+    TokenizeConfig(model="qwen3-vl", max_frames=2, fps=1000)
+    TokenizeConfig(model="molmo2", max_frames=1)
 
 
 @pytest.mark.parametrize(("settings", "message"), [

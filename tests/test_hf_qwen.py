@@ -26,6 +26,7 @@ from hf_harness import (  # noqa: E402
     standard_corpus,
     token_id,
     vocab_size,
+    write_jsonl,
 )
 
 from packtool.errors import ConfigError, InputError  # noqa: E402
@@ -364,3 +365,30 @@ def test_v5_directories_still_read_and_pack_with_one_warning(video_packs, tmp_pa
     assert pq.read_schema(next(again.glob("part-*.parquet"))).remove_metadata().equals(PACKED.remove_metadata())
     media = [m for r in PackedDataset(again, shuffle=False) for m in r["media"]]
     assert len(media) == 3 and all(m["source_fps"] is None and m["source_frames"] is None for m in media)
+
+
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "qwen3-vl"])
+def test_a_strip_thinner_than_half_a_block_gets_the_counted_grid(tmp_path, family):
+    """tokenize counts with qwen-vl-utils' resize rule (no side rounds below one 28-px block); the
+    copy in ``transformers`` makes another grid when a side is under half a block (a 1000x5 strip:
+    2x58 patches where 2x72 were counted), which stopped training with 'the media or the processor
+    settings changed'. The reader resizes such an image to the counted size first, as qwen-vl-utils does."""
+    from PIL import Image
+
+    root = tmp_path / "media"
+    root.mkdir()
+    Image.new("RGB", (1000, 5), "red").save(root / "strip.png")
+    Image.new("RGB", (3, 400), "blue").save(root / "tall.png")
+    Image.new("RGB", (64, 48), "green").save(root / "ok.png")
+    conv = [{"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": "A strip."}]
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": name, "image": f"{name}.png", "conversations": conv}
+                                              for name in ("strip", "tall", "ok")])
+    packed = build(tmp_path, [src], root, max_tokens=4096, tokenize={"model": family})
+    rows = list(PackedDataset(packed, shuffle=False))
+    counted = [(m["grid_t"], m["grid_h"], m["grid_w"]) for r in rows
+               for m in sorted(r["media"], key=lambda m: m["token_offset"])]
+    out = model_inputs(rows)
+    assert [tuple(g) for g in out["image_grid_thw"].tolist()] == counted
+    assert out["pixel_values"].shape[0] == sum(t * h * w for t, h, w in counted)
+    if family == "qwen2.5-vl":
+        assert (1, 2, 72) in counted  # the strip, as qwen-vl-utils sizes it (28x1008 px)

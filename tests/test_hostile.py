@@ -74,6 +74,8 @@ USAGE_CASES = {
     "unknown_option": (["stats", "packed", "--fill"], "No such option: --fill"),
     "option_without_value": (["tokenize", "in.jsonl", "-o"], "-o"),
     "frame_quality_above_100": (["pack", "tok", "-o", "out", "--frame-quality", "101"], "--frame-quality"),
+    "fps_infinite": (["tokenize", "in.jsonl", "-o", "out", "--model", "qwen3-vl", "--fps", "inf"], "--fps"),
+    "qwen_one_frame": (["tokenize", "in.jsonl", "-o", "out", "--max-frames", "1"], "--max-frames 1: --model qwen2.5-vl"),
 }
 
 

@@ -109,6 +109,18 @@ def test_extracted_frames_are_the_recorded_times(videos):
     assert len(got) == 128 and all(abs(g - e) <= 3 for g, e in zip(got, expect, strict=True)), list(zip(got, expect, strict=True))
 
 
+@pytest.mark.parametrize(("fmt", "codec"), [("matroska", "libx264"), ("flv", "flv")])
+def test_frames_of_a_millisecond_clock_are_the_counted_indices(tmp_path, fmt, codec):
+    """Matroska (WebM too) and FLV store frame times in milliseconds: frame 2 of a 30 fps clip at
+    0.067 s, after the 0.0667 s its index stands for. The frame taken at ``i / 30`` is still frame
+    ``i`` (it was frame ``i - 1``, one early, for every third frame), on the dense and the sparse path."""
+    path = write_video(tmp_path / f"clip.{fmt}", 64, 30, fmt=fmt, codec=codec, step=4)
+    for idx in ([0, 2, 5, 8, 14, 21, 41], [2, 62]):  # dense, then sparse (2 s apart: a seek per time)
+        jpegs = extract_frames(tmp_path, {"path": path.name, "timestamps": [i / 30 for i in idx], "width": 64,
+                                          "height": 48})
+        assert [round(grey_level(j) / 4) for j in jpegs] == idx
+
+
 def test_packed_shard_embeds_the_recorded_frames(videos, tmp_path):
     from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
 
@@ -140,3 +152,17 @@ def test_frames_of_a_raw_stream_are_extracted_by_position(videos, family):
     rate = probe_video(videos / "nodur.h264").fps
     assert [round(grey_level(j) / 8) for j in jpegs] == [min(int(t * rate + 1e-6), 44) * 8 % 256 // 8
                                                          for t in lay.timestamps]
+
+
+def test_probe_of_a_video_cut_anywhere_is_a_row_error(videos):
+    """A file cut short at any byte, inside the header too (where a stream may be listed with
+    no codec yet), probes or raises ``SampleError``: never another exception that stops the run."""
+    whole = (videos / "cfr.mp4").read_bytes()
+    outcomes = set()
+    for n in range(0, len(whole), 3):
+        try:
+            probe_video(whole[:n])
+            outcomes.add("probed")
+        except SampleError as err:
+            outcomes.add(err.reason)
+    assert outcomes <= {"probed", "corrupt_video", "unsupported_media"}

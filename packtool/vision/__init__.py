@@ -220,9 +220,11 @@ def span_segments(family: VisionFamily, media: dict, n_images: int = 1) -> tuple
 #: size, grid and token count); the others are far above any released checkpoint's setting
 #: (frames: Qwen's 768; crops: Molmo2's 8; tiles: InternVL's 12, about 40 in use), where the
 #: processors' enumerations still take well under a second (InternVL's candidate grids grow
-#: with the cube of ``--max-num``: 0.4 s at 256, 31 s at 1,024).
+#: with the cube of ``--max-num``: 0.4 s at 256, 31 s at 1,024). ``--fps`` (a float) is capped
+#: far above any video's frame rate: beyond a video's own rate every frame is sampled anyway, and
+#: an infinite rate made the frame count infinite.
 SETTING_LIMITS = {"min_pixels": INT32_MAX, "max_pixels": INT32_MAX, "max_frames": 65_536, "max_crops": 256,
-                  "max_num": 256, "fixed": INT32_MAX}
+                  "max_num": 256, "fixed": INT32_MAX, "fps": 1000}
 _LIMIT_WHY = {"min_pixels": INT32_WHY, "max_pixels": INT32_WHY, "fixed": INT32_WHY}
 
 
@@ -266,9 +268,16 @@ def _checked(name: str, settings: dict) -> tuple[type, tuple, dict, str | None]:
         if k == "fps":
             if not v > 0:  # also NaN
                 raise ConfigError(f"--fps {v}: give a positive video sampling rate, e.g. 2")
+            if not v <= SETTING_LIMITS["fps"]:  # also infinity
+                raise ConfigError(f"--fps {v}: give a video sampling rate up to {SETTING_LIMITS['fps']:,} frames per "
+                                  "second (far above any video's frame rate), e.g. 2")
         elif k in SETTING_LIMITS:
             check_range("--" + k.replace("_", "-"), v, 1, SETTING_LIMITS[k],
                         _LIMIT_WHY.get(k, "far above any released checkpoint's setting"))
+    min_frames = getattr(cls, "min_max_frames", 1)
+    if given.get("max_frames", min_frames) < min_frames:
+        raise ConfigError(f"--max-frames {given['max_frames']}: --model {key} samples video frames in pairs "
+                          f"(temporal patch {min_frames}), so every video would be rejected; give {min_frames} or more")
     if given.get("min_pixels", 0) > given.get("max_pixels", INT32_MAX):
         raise ConfigError(f"--min-pixels {given['min_pixels']} is above --max-pixels {given['max_pixels']}; "
                           "give a pixel floor no larger than the cap")

@@ -46,7 +46,9 @@ def smart_resize(
 
     Rounding is Python's ``round`` (banker's rounding), exactly as the processor does.
     As in qwen-vl-utils, a side never rounds below one ``factor`` (the transformers
-    copy lets it reach 0 first; the two differ only for sides under ``factor / 2`` px).
+    copy lets it reach 0 first; the two differ only for sides under ``factor / 2`` px, and
+    ``packtool.reader.hf`` resizes such an image to this size before the processor, as
+    qwen-vl-utils does).
 
     Example:
         >>> smart_resize(1080, 1920, 28, 3136, 12845056)
@@ -117,6 +119,8 @@ class Qwen2VL(VisionFamily):
     default_max_vision_units = 65536
     # qwen-vl-utils opens images with PIL and converts to RGB; no EXIF transpose
     exif_default = "ignore"
+    #: the least --max-frames that leaves a video one temporal patch (every video is refused below it)
+    min_max_frames = FRAME_FACTOR
 
     def __init__(self, min_pixels: int = 3136, max_pixels: int = 12845056, max_frames: int = FPS_MAX_FRAMES,
                  fps: float = FPS) -> None:

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import InputError
+from ...errors import InputError, SampleError
 from .. import decode_video
 from . import FamilyInputs, media_sample_id, sample_spans
 
@@ -211,6 +211,35 @@ class Qwen2VLInputs(FamilyInputs):
         video = F.resize(video, size, interpolation=F.InterpolationMode.BICUBIC, antialias=True)
         return self.video_processor()(videos=[video], return_tensors="pt")
 
+    def _counted_image(self, m: dict, media_root: str | Path | None):
+        """Image ``m`` as the processor must get it to make the counted grid.
+
+        tokenize counts with qwen-vl-utils' resize rule, under which no side rounds below one
+        ``patch * merge`` block; the copy of the rule in ``transformers`` lets a side under half a
+        block round to 0 first and then lands on another size (a 1000x5 strip: 28x812 px, where
+        tokenize counted 28x1008). Such an image is resized to the counted size first, as
+        qwen-vl-utils' ``fetch_image`` does (PIL's bicubic), and the processor keeps that size;
+        any other image goes to the processor as decoded, and any other disagreement is left to
+        :meth:`_check`.
+        """
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import (
+            smart_resize as hf_smart_resize,
+        )
+
+        from ...vision.qwen import smart_resize
+
+        img = self.image(m, media_root)
+        counted = (int(m["resized_height"]), int(m["resized_width"]))
+        factor = self.patch_size * self.merge_size
+        lo, hi = int(self.vision["min_pixels"]), int(self.vision["max_pixels"])
+        try:
+            if (smart_resize(img.height, img.width, factor, lo, hi) == counted
+                    and hf_smart_resize(img.height, img.width, factor, lo, hi) != counted):
+                img = img.resize((counted[1], counted[0]), resample=3)  # PIL.Image.BICUBIC
+        except (ValueError, SampleError):  # a size either rule refuses: the processor says so below
+            pass
+        return img
+
     def pixels(self, rows: Sequence[dict], media_root: str | Path | None) -> dict[str, Any]:
         import torch
 
@@ -224,7 +253,7 @@ class Qwen2VLInputs(FamilyInputs):
                     grids_v.append(out["video_grid_thw"])
                     video_media.append(m)
                 else:
-                    images.append(self.image(m, media_root))
+                    images.append(self._counted_image(m, media_root))
                     image_media.append((r, m))
         kw: dict[str, Any] = {}
         if images:
