@@ -619,6 +619,28 @@ def test_images_decode_from_embedded_bytes_and_references(demo):
         decode_image({**ref["media"][0], "path": "../../etc/passwd"}, media_root=SAMPLE)
 
 
+def test_a_reference_tokenize_accepted_is_found_by_the_reader(tmp_path):
+    """tokenize finds ``imgs\\sub\\e.jpg`` (Windows separators) under the media root and records the path as
+    written; packed by reference, the reader said 'not found under media_root' for the very root it was
+    tokenized with, where the embedded pack decoded."""
+    import packtool
+    from packtool import PackConfig, TokenizeConfig
+
+    (tmp_path / "imgs" / "sub").mkdir(parents=True)
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(tmp_path / "imgs" / "sub" / "e.png")
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "a", "image": "imgs\\sub\\e.png", "conversations": [
+        {"from": "human", "value": "<image>\nWhat colour?"}, {"from": "gpt", "value": "Red."}]}) + "\n")
+    packtool.tokenize_dataset([data], tmp_path / "tok", TokenizeConfig(media_root=str(tmp_path)))
+    packtool.pack_dataset(tmp_path / "tok", tmp_path / "ref", PackConfig(max_tokens=256, media="reference"))
+    row = next(iter(PackedDataset(tmp_path / "ref")))
+    assert row["media"][0]["path"] == "imgs\\sub\\e.png"
+    (im,) = decode_media(row, media_root=tmp_path)
+    assert im.size == (64, 48) and im.getpixel((5, 5)) == (200, 30, 30)
+    with pytest.raises(InputError, match=r"^media file .* not found under media_root .*; pass the right media_root$"):
+        decode_media(row, media_root=tmp_path / "imgs")
+
+
 def _transparent(mode: str) -> bytes:
     """A seeded 64x48 image in ``mode`` whose left half is transparent over hidden noise."""
     rng = np.random.default_rng(5)
