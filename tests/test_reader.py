@@ -453,6 +453,15 @@ def test_shard_checks(packed, tmp_path):
         PackedDataset(tmp_path)
 
 
+def test_a_tokenized_directory_is_refused_naming_the_step_missing(demo):
+    """The reader given the tokenized directory said only 'holds tokenized shards, expected packed shards'."""
+    with pytest.raises(InputError) as err:
+        PackedDataset(demo["tok"])
+    tok = str(demo["tok"])
+    assert str(err.value) == (f"{tok!r} holds tokenized shards, expected packed shards; pack it first "
+                              f"(`packtool pack {tok} -o PACKED`) and pass the packed directory")
+
+
 def test_plain_pyarrow_reads_shards(demo):
     import pyarrow.dataset as pads
 
