@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from naive import list_form
-from PIL import Image
+from PIL import Image, ImageOps
 
 from packtool.errors import ConfigError, InputError, ResumeMismatchError
 from packtool.reader import (
@@ -648,6 +648,32 @@ def test_a_reference_tokenize_accepted_is_found_by_the_reader(tmp_path):
     assert im.size == (64, 48) and im.getpixel((5, 5)) == (200, 30, 30)
     with pytest.raises(InputError, match=r"^media file .* not found under media_root .*; pass the right media_root$"):
         decode_media(row, media_root=tmp_path / "imgs")
+
+
+def test_collate_turns_images_as_tokenize_counted_them(tmp_path):
+    """Packs tokenized with --exif apply (Molmo2's default) count a photo whose EXIF says 'rotate 90' turned:
+    its media item says 40x60. collate's ``pixel`` and decode_media gave it unturned (60x40), another size
+    than its vision tokens were counted for."""
+    import packtool
+    from packtool import PackConfig, TokenizeConfig
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees
+    rng = np.random.default_rng(3)
+    Image.fromarray(rng.integers(0, 256, (40, 60, 3), dtype=np.uint8)).save(tmp_path / "turned.jpg", exif=exif.tobytes())
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "a", "image": "turned.jpg", "conversations": [
+        {"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": "Noise."}]}) + "\n")
+    packtool.tokenize_dataset([data], tmp_path / "tok", TokenizeConfig(media_root=str(tmp_path), exif="apply"))
+    with Image.open(tmp_path / "turned.jpg") as im:
+        want = np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
+    for media in ("embed", "reference"):
+        packtool.pack_dataset(tmp_path / "tok", tmp_path / media, PackConfig(max_tokens=512, media=media))
+        row = next(iter(PackedDataset(tmp_path / media)))
+        assert row["vision"]["exif"] == "apply" and (row["media"][0]["width"], row["media"][0]["height"]) == (40, 60)
+        (got,) = collate([row], media_root=tmp_path)["pixel"][0]
+        assert got.size == (40, 60) and np.array_equal(np.asarray(got), want), media
+        assert decode_media(row, tmp_path)[0].size == (40, 60)
 
 
 def _transparent(mode: str) -> bytes:

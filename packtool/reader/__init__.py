@@ -753,8 +753,15 @@ def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrame
 
 
 def decode_media(row: dict, media_root: str | Path | None = None) -> list:
-    """Every media item of a row, in row order: ``PIL.Image`` for images, :class:`VideoFrames` for videos."""
-    return [decode_video(m, media_root) if m["kind"] == "video" else decode_image(m, media_root) for m in row["media"]]
+    """Every media item of a row, in row order: ``PIL.Image`` for images, :class:`VideoFrames` for videos.
+
+    Images are turned by their EXIF orientation when the pack's family settings say tokenize
+    counted them so (``row["vision"]["exif"] == "apply"``: Molmo2's default, or ``--exif apply``),
+    so each image has the size its media item records and its vision tokens were counted for.
+    """
+    exif = (row.get("vision") or {}).get("exif") == "apply"
+    return [decode_video(m, media_root) if m["kind"] == "video" else decode_image(m, media_root, exif=exif)
+            for m in row["media"]]
 
 
 # --------------------------------------------------------------------------- batches
