@@ -550,7 +550,9 @@ def read_manifest(path: Path, kind: str | None = None, shown: str | None = None)
             f"{file}: {manifest.get('kind')} schema version {version!r}, this packtool reads {either(readable)}; {fix}"
         )
     if kind is not None and manifest.get("kind") != kind:
-        raise InputError(f"{shown!r} holds {manifest.get('kind')} shards, expected {kind} shards")
+        fix = (f"pack it first (`packtool pack {shown} -o PACKED`) and pass the packed directory" if kind == "packed"
+               else "pass the tokenized directory it was packed from")
+        raise InputError(f"{shown!r} holds {manifest.get('kind')} shards, expected {kind} shards; {fix}")
     _check_manifest(Path(path), file, manifest)
     return manifest
 

@@ -300,3 +300,26 @@ def test_grid_choice_matches_transformers():
         for w, h in sizes:
             cols, rows, _ = fam.tiles(h, w)
             assert (cols, rows) == tuple(get_optimal_tiled_canvas((h, w), (448, 448), 1, max_num)), (max_num, w, h)
+
+
+def test_a_transparent_image_turned_by_exif_gives_its_counted_tiles(tmp_path):
+    """With --exif apply, a transparent PNG whose EXIF says 'rotate 90' was counted turned (300x500, a 2x3
+    grid) but fed to the processor unturned (500x300: the EXIF was lost when transparency was laid over
+    white, before the turn): model_inputs refused every such pack."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    rgba = rng.integers(0, 256, (300, 500, 4), dtype=np.uint8)
+    rgba[:50, :, 3] = 0
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "turned.png", exif=exif.tobytes())
+    data = write_jsonl(tmp_path / "d.jsonl", [{"id": "turned", "image": "turned.png", "conversations": [
+        {"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": "Noise."}]}])
+    tok = byte_tokenizer(tmp_path / "tok", SPECIALS)
+    packed = build(tmp_path, [data], tmp_path, max_tokens=4096,
+                   tokenize={"model": "internvl", "tokenizer": str(tok), "max_num": MAX_NUM, "exif": "apply"})
+    [row] = list(PackedDataset(packed))
+    m = row["media"][0]
+    assert (m["width"], m["height"], m["vision_units"]) == (300, 500, 3)  # 1x2 grid + thumbnail
+    assert model_inputs([row])["pixel_values"].shape == (3, 3, 448, 448)

@@ -314,3 +314,28 @@ def test_no_positions_or_extras(packs):
 
 def test_docstring_examples():
     assert doctest.testmod(llava_ov).failed == 0
+
+
+def test_an_image_turned_by_exif_is_fed_turned(tmp_path):
+    """With --exif apply, a photo whose EXIF says 'rotate 90' was counted turned (300x700: 2,025 tokens) but
+    decoded unturned for the processor (700x300: 1,994 tokens): model_inputs refused the pack, and an image
+    whose turn kept the count (a square) would have reached the model on its side."""
+    from PIL import Image, ImageOps
+
+    rng = np.random.default_rng(0)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees
+    Image.fromarray(rng.integers(0, 256, (300, 700, 3), dtype=np.uint8)).save(tmp_path / "turned.jpg", exif=exif.tobytes())
+    data = write_jsonl(tmp_path / "d.jsonl", [{"id": "turned", "image": "turned.jpg", "conversations": [
+        {"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": "Noise."}]}])
+    tok = byte_tokenizer(tmp_path / "tok", SPECIALS)
+    packed = build(tmp_path, [data], tmp_path, max_tokens=4096,
+                   tokenize={"model": "llava-ov", "template": "chatml", "tokenizer": str(tok), "exif": "apply"})
+    [row] = list(PackedDataset(packed))
+    assert (row["media"][0]["width"], row["media"][0]["height"], row["media"][0]["n_tokens"]) == (300, 700, 2025)
+    got = model_inputs([row])
+    with Image.open(tmp_path / "turned.jpg") as im:
+        want = get_family_inputs(row["vision"]).image_processor()(images=[[ImageOps.exif_transpose(im).convert("RGB")]],
+                                                                 return_tensors="pt")
+    assert got["image_sizes"].tolist() == [[700, 300]]
+    assert torch.equal(got["pixel_values"], want["pixel_values"][0])

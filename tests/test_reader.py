@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from naive import list_form
-from PIL import Image
+from PIL import Image, ImageOps
 
 from packtool.errors import ConfigError, InputError, ResumeMismatchError
 from packtool.reader import (
@@ -453,6 +453,15 @@ def test_shard_checks(packed, tmp_path):
         PackedDataset(tmp_path)
 
 
+def test_a_tokenized_directory_is_refused_naming_the_step_missing(demo):
+    """The reader given the tokenized directory said only 'holds tokenized shards, expected packed shards'."""
+    with pytest.raises(InputError) as err:
+        PackedDataset(demo["tok"])
+    tok = str(demo["tok"])
+    assert str(err.value) == (f"{tok!r} holds tokenized shards, expected packed shards; pack it first "
+                              f"(`packtool pack {tok} -o PACKED`) and pass the packed directory")
+
+
 def test_plain_pyarrow_reads_shards(demo):
     import pyarrow.dataset as pads
 
@@ -617,6 +626,54 @@ def test_images_decode_from_embedded_bytes_and_references(demo):
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(by_ref, pixels, strict=True))
     with pytest.raises(InputError, match="outside"):
         decode_image({**ref["media"][0], "path": "../../etc/passwd"}, media_root=SAMPLE)
+
+
+def test_a_reference_tokenize_accepted_is_found_by_the_reader(tmp_path):
+    """tokenize finds ``imgs\\sub\\e.jpg`` (Windows separators) under the media root and records the path as
+    written; packed by reference, the reader said 'not found under media_root' for the very root it was
+    tokenized with, where the embedded pack decoded."""
+    import packtool
+    from packtool import PackConfig, TokenizeConfig
+
+    (tmp_path / "imgs" / "sub").mkdir(parents=True)
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(tmp_path / "imgs" / "sub" / "e.png")
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "a", "image": "imgs\\sub\\e.png", "conversations": [
+        {"from": "human", "value": "<image>\nWhat colour?"}, {"from": "gpt", "value": "Red."}]}) + "\n")
+    packtool.tokenize_dataset([data], tmp_path / "tok", TokenizeConfig(media_root=str(tmp_path)))
+    packtool.pack_dataset(tmp_path / "tok", tmp_path / "ref", PackConfig(max_tokens=256, media="reference"))
+    row = next(iter(PackedDataset(tmp_path / "ref")))
+    assert row["media"][0]["path"] == "imgs\\sub\\e.png"
+    (im,) = decode_media(row, media_root=tmp_path)
+    assert im.size == (64, 48) and im.getpixel((5, 5)) == (200, 30, 30)
+    with pytest.raises(InputError, match=r"^media file .* not found under media_root .*; pass the right media_root$"):
+        decode_media(row, media_root=tmp_path / "imgs")
+
+
+def test_collate_turns_images_as_tokenize_counted_them(tmp_path):
+    """Packs tokenized with --exif apply (Molmo2's default) count a photo whose EXIF says 'rotate 90' turned:
+    its media item says 40x60. collate's ``pixel`` and decode_media gave it unturned (60x40), another size
+    than its vision tokens were counted for."""
+    import packtool
+    from packtool import PackConfig, TokenizeConfig
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees
+    rng = np.random.default_rng(3)
+    Image.fromarray(rng.integers(0, 256, (40, 60, 3), dtype=np.uint8)).save(tmp_path / "turned.jpg", exif=exif.tobytes())
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "a", "image": "turned.jpg", "conversations": [
+        {"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": "Noise."}]}) + "\n")
+    packtool.tokenize_dataset([data], tmp_path / "tok", TokenizeConfig(media_root=str(tmp_path), exif="apply"))
+    with Image.open(tmp_path / "turned.jpg") as im:
+        want = np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
+    for media in ("embed", "reference"):
+        packtool.pack_dataset(tmp_path / "tok", tmp_path / media, PackConfig(max_tokens=512, media=media))
+        row = next(iter(PackedDataset(tmp_path / media)))
+        assert row["vision"]["exif"] == "apply" and (row["media"][0]["width"], row["media"][0]["height"]) == (40, 60)
+        (got,) = collate([row], media_root=tmp_path)["pixel"][0]
+        assert got.size == (40, 60) and np.array_equal(np.asarray(got), want), media
+        assert decode_media(row, tmp_path)[0].size == (40, 60)
 
 
 def _transparent(mode: str) -> bytes:

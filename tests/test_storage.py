@@ -741,7 +741,8 @@ def test_a_damaged_or_other_kind_of_manifest_in_a_bucket_names_the_url_not_its_l
                               "damaged: re-run the stage that wrote it")
     with pytest.raises(InputError) as err:
         PackedDataset(f"{url}/tok")
-    assert str(err.value) == f"'{url}/tok' holds tokenized shards, expected packed shards"
+    assert str(err.value) == (f"'{url}/tok' holds tokenized shards, expected packed shards; pack it first "
+                              f"(`packtool pack {url}/tok -o PACKED`) and pass the packed directory")
     with pytest.raises(InputError) as err:
         pack_dataset(f"{url}/bare", tmp_path / "packed", PackConfig(max_tokens=8192), workers=1)
     assert str(err.value).startswith(f"{url}/bare/.packtool/manifest.json: 'config' is missing")

@@ -671,24 +671,19 @@ def _media_file(item: dict, media_root: str | Path | None):
             f"{item.get('kind', 'media')} {path!r} is stored by reference (packed with --media reference); "
             "pass media_root= the --media-root used at tokenize time, or re-pack with --media embed"
         )
+    from ..errors import SampleError
+    from ..media import resolve_media_path
     from ..storage import RemoteRoot, is_url
 
-    if is_url(str(media_root)):
-        from ..errors import SampleError
-
-        url = str(media_root).rstrip("/")
-        root = _REMOTE_ROOTS.get(url) or _REMOTE_ROOTS.setdefault(url, RemoteRoot(url))
-        try:
+    try:
+        if is_url(str(media_root)):
+            url = str(media_root).rstrip("/")
+            root = _REMOTE_ROOTS.get(url) or _REMOTE_ROOTS.setdefault(url, RemoteRoot(url))
             return root.file(path)
-        except SampleError as err:
-            raise InputError(f"{err.message.replace('--media-root', 'media_root')}; pass the right media_root") from None
-    root = Path(media_root).resolve()
-    file = Path(os.path.realpath(root / path))
-    if file != root and root not in file.parents:
-        raise InputError(f"media path {path!r} resolves outside media_root {str(root)!r}")
-    if not file.is_file():
-        raise InputError(f"media file {path!r} not found under media_root {str(root)!r}; pass the right media_root")
-    return file
+        # tokenize's own rules, so every path it accepted is found again (``imgs\a.jpg`` included)
+        return resolve_media_path(path, Path(media_root))
+    except SampleError as err:
+        raise InputError(f"{err.message.replace('--media-root', 'media_root')}; pass the right media_root") from None
 
 
 def decode_image(item: dict, media_root: str | Path | None = None, *, exif: bool = False):
@@ -758,8 +753,15 @@ def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrame
 
 
 def decode_media(row: dict, media_root: str | Path | None = None) -> list:
-    """Every media item of a row, in row order: ``PIL.Image`` for images, :class:`VideoFrames` for videos."""
-    return [decode_video(m, media_root) if m["kind"] == "video" else decode_image(m, media_root) for m in row["media"]]
+    """Every media item of a row, in row order: ``PIL.Image`` for images, :class:`VideoFrames` for videos.
+
+    Images are turned by their EXIF orientation when the pack's family settings say tokenize
+    counted them so (``row["vision"]["exif"] == "apply"``: Molmo2's default, or ``--exif apply``),
+    so each image has the size its media item records and its vision tokens were counted for.
+    """
+    exif = (row.get("vision") or {}).get("exif") == "apply"
+    return [decode_video(m, media_root) if m["kind"] == "video" else decode_image(m, media_root, exif=exif)
+            for m in row["media"]]
 
 
 # --------------------------------------------------------------------------- batches

@@ -43,7 +43,7 @@ import numpy as np
 
 from ...errors import ConfigError, InputError
 from ...vision.internvl import InternVL
-from .. import decode_image, decode_video
+from .. import decode_video
 from . import FamilyInputs, media_sample_id
 
 __all__ = ["InternVLInputs"]
@@ -180,11 +180,8 @@ class InternVLInputs(FamilyInputs):
         """The decoded image, oriented as ``tokenize`` measured it, with its grid checked against the counted one."""
         from transformers.models.got_ocr2.image_processing_got_ocr2 import get_optimal_tiled_canvas
 
-        im = decode_image(m, media_root)
-        if self.vision.get("exif") == "apply":
-            from PIL import ImageOps
-
-            im = ImageOps.exif_transpose(im)
+        # turned before transparency is laid over white: the composite keeps no EXIF to turn by
+        im = self.image(m, media_root)
         want = (int(m["resized_width"]) // self.tile, int(m["resized_height"]) // self.tile)
         got = get_optimal_tiled_canvas((im.height, im.width), (self.tile, self.tile), 1, self.max_num)
         if (im.width, im.height) != (int(m["width"]), int(m["height"])) or tuple(got) != want:

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ConfigError, InputError
-from .. import decode_image, decode_video
+from .. import decode_video
 from . import FamilyInputs, media_sample_id
 
 __all__ = ["LlavaOnevisionInputs"]
@@ -205,7 +205,7 @@ class LlavaOnevisionInputs(FamilyInputs):
                 if current != k:
                     groups.append([])
                     current = k
-                groups[-1].append(decode_image(m, media_root))
+                groups[-1].append(self.image(m, media_root))  # turned by EXIF when tokenize counted it so
                 image_media.append((r, m, per_sample[k] == 1))
         kw: dict[str, Any] = {}
         if groups:
