@@ -6,8 +6,8 @@ Tokenize only needs dimensions and video metadata:
   tail check (JPEG end-of-image marker, PNG ``IEND`` chunk, GIF trailer, WebP RIFF
   size) catches truncated files without decoding a pixel;
 * videos: PyAV reads the container and stream headers; missing fields fall back in
-  a fixed order (see :func:`probe_video`); only a demux of packet headers, never a
-  decode, is needed for streams that lack a duration or frame count.
+  a fixed order (see :func:`probe_video`); a file that stores no exact frame count
+  (all but a constant-rate MP4/MOV) is demuxed, never decoded, to count its frames.
 
 Pack extracts the exact frames a tokenized row recorded (:func:`extract_frames`), and the reader
 decodes a video packed by reference with the same rule (:func:`counted_frames`).
@@ -555,22 +555,64 @@ def _display_rotation(container, stream) -> int:
     return 0
 
 
+def _steady_rate(stream) -> bool:
+    """Whether an MP4/MOV stream's average rate is its base rate: a constant-rate stream,
+    whose frame ``i`` is at ``i / fps`` (a variable-rate one has a base rate of its
+    shortest frame gap, well above the average)."""
+    avg, base = stream.average_rate, stream.guessed_rate or stream.base_rate
+    return bool(avg and base) and abs(float(avg) - float(base)) <= 1e-3 * float(base)
+
+
+def _demux_frames(container, stream, tb: float) -> tuple[int, list[float] | None, float]:
+    """``(frames, times, end)`` of the video stream by demuxing packet headers (no decode).
+
+    ``frames`` counts packets that hold data (one coded frame each, as decord, torchcodec
+    and a full decode count them); ``times`` are their presentation times in seconds,
+    sorted (``None`` when a packet carries none: a raw stream); ``end`` is the end of
+    the last frame (``pts + duration``).
+    """
+    count, times, end = 0, [], 0.0
+    for pkt in container.demux(stream):
+        if pkt.size == 0:
+            continue
+        count += 1
+        if pkt.pts is None:
+            times = None
+            continue
+        end = max(end, (pkt.pts + (pkt.duration or 0)) * tb)
+        if times is not None:
+            times.append(pkt.pts * tb)
+    if times is not None:
+        times.sort()
+    return count, times, end
+
+
 def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> VideoMeta:
-    """Duration, frame rate, frame count, start time and rotation of a video, from headers.
+    """Duration, frame rate, frame count, start time and rotation of a video, without decoding.
 
-    Fallbacks for streams that lack metadata (WebM, MKV, MPEG-TS, raw streams):
+    The frame count is what a frame-indexed reader (decord, torchcodec, a full decode)
+    counts. MP4/MOV store it with every frame's time; a constant-rate MP4 is read from
+    its headers alone. Other containers (Matroska/WebM, MPEG-TS, FLV, AVI, ...) store no
+    count, or one that counts dropped frames, so their packet headers are demuxed: one
+    pass over the file, no decode. A variable-rate MP4 is demuxed too.
 
-    * fps: stream average rate -> guessed rate -> base rate;
-    * duration: stream duration -> container duration -> end of the last packet
-      (``pts + duration``), each minus the first frame's start time;
-    * frame count: the stream's frame count -> ``round(duration * fps)`` -> packets counted.
+    * fps: the stream's average rate (guessed rate, base rate when absent); for a
+      variable-rate stream, frames over the time from the first frame to the end of the
+      last (the headers' rate of a Matroska or TS stream is a nominal one);
+    * duration: stream duration -> container duration -> end of the last packet,
+      each minus the first frame's start time; a raw stream's is frames / rate;
+    * frame times (:attr:`VideoMeta.frame_times`): recorded only when some frame ``i``
+      is further than one tick of the stream's clock (at least 1 ms) from ``i / fps``,
+      so that a family that samples frames by index records the times they are shown at.
 
     ``start_s`` is the first frame's presentation time (non-zero in many TS files);
     frame times recorded by a family are relative to it.
 
     Example:
         A 30 s, 30 fps, 1280x720 MP4 probes as
-        ``VideoMeta(1280, 720, 30.0, 30.0, 900, 0.0, 0)``.
+        ``VideoMeta(1280, 720, 30.0, 30.0, 900, 0.0, 0)``; a Matroska file of 20 frames
+        shown at irregular times over 2.033 s probes as 20 frames at 9.84 fps with
+        the 20 frame times.
 
     Raises:
         SampleError: ``corrupt_video`` when the file cannot be opened or has no video stream.
@@ -601,27 +643,30 @@ def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> Vid
             c_start = container.start_time / av.time_base if container.start_time is not None else 0.0
             duration = container.duration / av.time_base - (start - c_start)
         n_frames = int(stream.frames or 0)
-        if (duration is None or n_frames <= 0) and (duration is None or fps <= 0):
-            # last resort: walk packet headers (demux only, no decode)
-            end, count = 0.0, 0
-            for pkt in container.demux(stream):
-                if pkt.size == 0:
-                    continue
-                count += 1
-                if pkt.pts is not None:
-                    end = max(end, (pkt.pts + (pkt.duration or 0)) * tb)
-            if duration is None:
-                duration = end - start
-            if n_frames <= 0:
+        mov = any(n in container.format.name for n in ("mov", "mp4"))
+        # only MP4/MOV carry rotation (and always a duration); read before a demux moves to the end
+        rotation = _display_rotation(container, stream) if mov and stream.duration else 0
+        frame_times: tuple[float, ...] = ()
+        if not (mov and n_frames > 0 and _steady_rate(stream)):
+            if mov and stream.duration:
+                container.seek(0, stream=stream)  # the rotation read decoded the first frame
+            count, times, end = _demux_frames(container, stream, tb)
+            if count:
                 n_frames = count
+            if times:
+                first = times[0]
+                if duration is None:
+                    duration = end - first
+                tick = max(tb, 1e-3)
+                if fps <= 0 or any(abs(t - first - i / fps) > tick for i, t in enumerate(times)):
+                    frame_times = tuple(t - first for t in times)
+                    span = end - first if end > first else duration
+                    if span and span > 0:
+                        fps = count / span
         if not duration and n_frames and fps > 0:
             duration = n_frames / fps  # raw streams carry no timing at all
-        if n_frames <= 0 and duration and fps > 0:
-            n_frames = int(round(duration * fps))
         if fps <= 0 and duration and n_frames:
             fps = n_frames / duration
-        # a demuxed container is at its end; only MP4/MOV carry rotation and they always have a duration
-        rotation = _display_rotation(container, stream) if stream.duration else 0
     except SampleError:
         raise
     except (av.error.FFmpegError, OSError, ValueError) as exc:
@@ -630,7 +675,7 @@ def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> Vid
         container.close()
     if apply_rotation and rotation in (90, 270):
         width, height = height, width
-    return VideoMeta(width, height, float(duration or 0.0), fps, n_frames, float(start), rotation)
+    return VideoMeta(width, height, float(duration or 0.0), fps, n_frames, float(start), rotation, frame_times)
 
 
 def _encode_jpeg(img: Image.Image, quality: int) -> bytes:

@@ -309,7 +309,7 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
             n_img = n_images.get(int(m.get("sample_index", 0) or 0), 1)
             # rows repeat media sizes, so layouts are rebuilt once per distinct item
             key = ("segments", m["kind"], m["width"], m["height"], m["grid_t"], m["grid_h"], m["grid_w"],
-                   tuple(m.get("timestamps") or ()), n_img)
+                   tuple(m.get("timestamps") or ()), m.get("source_fps"), m.get("source_frames"), n_img)
             try:
                 segs = known[key] if key in known else known.setdefault(key, span_segments(family, m, n_img))
             except ValueError as exc:

@@ -392,3 +392,55 @@ def test_a_strip_thinner_than_half_a_block_gets_the_counted_grid(tmp_path, famil
     assert out["pixel_values"].shape[0] == sum(t * h * w for t, h, w in counted)
     if family == "qwen2.5-vl":
         assert (1, 2, 72) in counted  # the strip, as qwen-vl-utils sizes it (28x1008 px)
+
+
+# --------------------------------------------------------------------------- variable-rate Matroska (Qwen3-VL)
+
+#: presentation times (ms) of a variable-rate clip: 20 frames over 2 s, nominally 30 fps
+VFR_MS = [0, 10, 20, 100, 110, 400, 410, 420, 900, 1000, 1010, 1500, 1600, 1700, 1710, 1720, 1800, 1900, 1950, 2000]
+
+
+def test_qwen3_frames_of_a_variable_rate_mkv_are_the_processors(tmp_path):
+    """A variable-rate MKV (no frame count in the file) of 20 frames: tokenize samples the number of
+    frames ``Qwen3VLVideoProcessor.sample_frames`` samples from the decoded count and the stream's
+    average rate, the reader hands over the decoded frames at the indices it picks, pixel for pixel,
+    and the timestamp text is the processor's ``_calculate_timestamps`` (the probe counted 61 frames
+    at the nominal 30 fps, and the frames taken were not those indices)."""
+    import json
+    from fractions import Fraction
+
+    import av
+    import pyarrow.parquet as pq
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+    from transformers.video_utils import VideoMetadata
+    from video_fixtures import write_video
+
+    from packtool import TokenizeConfig, tokenize_dataset
+    from packtool.reader import decode_video
+    from packtool.vision import get_family
+
+    write_video(tmp_path / "vfr.mkv", 20, 30, fmt="matroska", pts=VFR_MS, time_base=Fraction(1, 1000), step=12)
+    with av.open(str(tmp_path / "vfr.mkv")) as c:  # the truth: a full decode, as torchcodec or decord index it
+        s = c.streams.video[0]
+        packets = [p for p in c.demux(s) if p.size]
+        end = max((p.pts + p.duration) * s.time_base for p in packets) - min(p.pts * s.time_base for p in packets)
+    with av.open(str(tmp_path / "vfr.mkv")) as c:
+        decoded = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    fps = len(decoded) / float(end)  # torchcodec's average_fps: frames over the scanned span
+    want = Qwen3VLVideoProcessor().sample_frames(VideoMetadata(total_num_frames=len(decoded), fps=fps), fps=2)
+
+    rec = {"id": "v", "video": "vfr.mkv", "conversations": [{"from": "human", "value": "<video>\nWhat happens?"},
+                                                           {"from": "gpt", "value": "It flickers."}]}
+    (tmp_path / "d.jsonl").write_text(json.dumps(rec) + "\n")
+    tokenize_dataset([tmp_path / "d.jsonl"], tmp_path / "tok", TokenizeConfig(model="qwen3-vl", media_root=str(tmp_path)))
+    m = pq.read_table(next((tmp_path / "tok").glob("**/*.parquet"))).to_pylist()[0]["media"][0]
+    assert (m["source_frames"], len(m["timestamps"])) == (len(decoded), len(want))
+    assert m["source_fps"] == pytest.approx(fps)
+    got = decode_video(m, tmp_path).frames  # packed by reference: the reader decodes the file
+    for img, i in zip(got, want.tolist(), strict=True):
+        assert np.array_equal(np.asarray(img), decoded[i]), i
+    fam = get_family("qwen3-vl")
+    text = [s[1] for s in fam.video_segments((m["grid_t"], 1, 1), fam.segment_times(m)) if s[0] == "text"]
+    stamps = Qwen3VLProcessor._calculate_timestamps(None, want.tolist(), fps)
+    assert text == [f"<{t:.1f} seconds>" for t in stamps]

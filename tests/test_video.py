@@ -166,3 +166,89 @@ def test_probe_of_a_video_cut_anywhere_is_a_row_error(videos):
         except SampleError as err:
             outcomes.add(err.reason)
     assert outcomes <= {"probed", "corrupt_video", "unsupported_media"}
+
+
+# --------------------------------------------------------------------------- containers, constant and variable rate
+
+#: (extension, PyAV format, codec) of each container; Matroska, WebM, MPEG-TS and FLV store no frame
+#: count and AVI one that counts the empty chunks it pads a variable-rate stream with
+CONTAINERS = [("mp4", "mp4", "libx264"), ("mkv", "matroska", "libx264"), ("webm", "webm", "libvpx-vp9"),
+              ("ts", "mpegts", "libx264"), ("flv", "flv", "flv"), ("avi", "avi", "mpeg4")]
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    """Per container a constant-rate clip (36 frames at 12 fps) and a variable-rate one (the 20
+    frames of ``VFR_PTS``, nominally 30 fps), each with the grey level of every decoded frame."""
+    import av
+
+    d = tmp_path_factory.mktemp("clips")
+    out = {}
+    for ext, fmt, codec in CONTAINERS:
+        if codec not in av.codecs_available:
+            continue
+        write_video(d / f"cfr.{ext}", 36, 12, fmt=fmt, codec=codec, step=7)
+        write_video(d / f"vfr.{ext}", 20, 30, fmt=fmt, codec=codec, pts=VFR_PTS, time_base=Fraction(1, 1000), step=12)
+        for name, step in ((f"cfr.{ext}", 7), (f"vfr.{ext}", 12)):
+            with av.open(str(d / name)) as c:  # the truth: every frame a full decode gives, in display order
+                out[name] = [round(float(f.to_ndarray(format="gray").mean()) / step) for f in c.decode(video=0)]
+    return d, out
+
+
+@pytest.mark.parametrize("name", [f"{k}.{ext}" for ext, _, _ in CONTAINERS for k in ("cfr", "vfr")])
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "qwen3-vl", "internvl"])
+def test_counted_frames_are_the_decoded_frames_at_the_sampled_indices(clips, name, family):
+    """The probe counts the frames a decode gives (a variable-rate Matroska clip of 20 frames probed
+    as 61, MPEG-TS as 201, AVI as 2,033), and the frames pack extracts are the decoded frames at
+    the indices the family's processor samples, in every container at either rate (a variable-rate
+    MP4 gave frames 0, 7, 10, 17 for 0, 6, 13, 19)."""
+    from packtool.vision.internvl import internvl_frame_indices
+    from packtool.vision.qwen import uniform_indices
+
+    d, truth = clips
+    if name not in truth:
+        pytest.skip("codec not in this PyAV build")
+    step = 7 if name.startswith("cfr") else 12
+    meta = probe_video(d / name)
+    assert meta.n_frames == len(truth[name]) == (36 if name.startswith("cfr") else 20)
+    if name.startswith("cfr"):
+        assert (meta.fps, meta.frame_times) == (12.0, ())  # constant rate: i / fps, the header's rate
+    else:
+        assert meta.fps == pytest.approx(20 / meta.duration_s, rel=0.02)  # the average, not the nominal 30
+        assert meta.frame_times == pytest.approx([t / 1000 for t in VFR_PTS], abs=1e-3)
+    lay = get_family(family).video(meta)
+    n = len(lay.timestamps)
+    idx = (internvl_frame_indices(meta.n_frames, n) if family == "internvl"
+           else uniform_indices(meta.n_frames, n).tolist())
+    jpegs = extract_frames(d, {"path": name, "timestamps": list(lay.timestamps), "width": 64, "height": 48})
+    assert [round(grey_level(j) / step) for j in jpegs] == [truth[name][i] for i in idx]
+    if family == "qwen3-vl":  # the timestamp text is the processor's: index / fps of each frame pair
+        from packtool.vision.qwen3 import frame_pair_times
+
+        text = [s[1] for s in lay.segments if s[0] == "text"]
+        assert text == [f"<{t:.1f} seconds>" for t in frame_pair_times(idx, meta.fps)]
+
+
+def test_a_variable_rate_matroska_clip_tokenizes_packs_and_validates(clips, tmp_path):
+    """Tokenize -> pack --media embed -> validate of a variable-rate MKV under qwen3-vl: the packed
+    frames are the decoded frames at the processor's indices, and the timestamp text rebuilt from
+    the recorded row is the one tokenize wrote (validate finds nothing)."""
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+    from packtool.validate import validate_dir
+    from packtool.vision.qwen import uniform_indices
+
+    d, truth = clips
+    rec = {"id": "v", "video": "vfr.mkv", "conversations": [{"from": "human", "value": "<video>\nWhat happens?"},
+                                                           {"from": "gpt", "value": "It flickers."}]}
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps(rec) + "\n")
+    tok, packed = tmp_path / "tok", tmp_path / "packed"
+    tokenize_dataset([data], tok, TokenizeConfig(model="qwen3-vl", media_root=str(d)))
+    media = pq.read_table(next(tok.glob("**/*.parquet"))).to_pylist()[0]["media"][0]
+    assert (media["source_frames"], len(media["timestamps"])) == (20, 4)
+    pack_dataset(tok, packed, PackConfig(max_tokens=4096, media="embed"))
+    frames = pq.read_table(next(packed.glob("**/part-*.parquet"))).to_pylist()[0]["media"][0]["frames"]
+    assert [round(grey_level(f) / 12) for f in frames] == [truth["vfr.mkv"][i] for i in uniform_indices(20, 4)]
+    for out in (tok, packed):
+        report = validate_dir(out)
+        assert report["ok"], report

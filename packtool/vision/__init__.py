@@ -53,6 +53,9 @@ class VideoMeta:
         n_frames: number of frames (as a frame-indexed reader such as decord counts them).
         start_s: presentation time of the first frame (non-zero in many TS/MKV files).
         rotation: display rotation in degrees (0, 90, 180, 270) from the container.
+        frame_times: for a variable-rate stream, every frame's presentation time in
+            seconds from the first frame, in display order; empty when frame ``i`` is
+            at ``i / fps`` (to one tick of the stream's clock).
     """
 
     width: int
@@ -62,6 +65,20 @@ class VideoMeta:
     n_frames: int
     start_s: float = 0.0
     rotation: int = 0
+    frame_times: tuple[float, ...] = ()
+
+    def frame_time(self, index: int) -> float:
+        """The time (seconds from the first frame) at which frame ``index`` is shown: the
+        time a family records for a frame it samples by index, so that the frame taken at
+        that time (:func:`packtool.media.counted_frames`) is frame ``index`` itself.
+
+        Example:
+            >>> VideoMeta(64, 48, 2.0, 10.0, 20).frame_time(5)
+            0.5
+            >>> VideoMeta(64, 48, 0.3, 10.0, 3, frame_times=(0.0, 0.01, 0.25)).frame_time(2)
+            0.25
+        """
+        return self.frame_times[index] if self.frame_times else index / self.fps
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +137,12 @@ class VisionFamily:
         (what :meth:`video` puts in :attr:`VisionLayout.segments`; validation rebuilds a
         recorded video's span with it)."""
         raise NotImplementedError
+
+    def segment_times(self, media: dict) -> tuple[float, ...]:
+        """The frame times :meth:`video_segments` lays out a recorded video's span with
+        (``media``: a row's media entry): its recorded timestamps, unless the family
+        writes other times into the text (Qwen3-VL)."""
+        return tuple(media.get("timestamps") or ())
 
     def image_in_sample(self, height: int, width: int, n_images: int) -> VisionLayout:
         """Layout of one image in a sample that holds ``n_images`` images (videos not counted).
@@ -198,7 +221,7 @@ def span_segments(family: VisionFamily, media: dict, n_images: int = 1) -> tuple
     """
     grid = (int(media["grid_t"]), int(media["grid_h"]), int(media["grid_w"]))
     if media["kind"] == "video":
-        segs = family.video_segments(grid, tuple(media.get("timestamps") or ()))
+        segs = family.video_segments(grid, family.segment_times(media))
     else:
         lay = family.image_in_sample(int(media["height"]), int(media["width"]), n_images)
         if tuple(lay.grid) != grid:

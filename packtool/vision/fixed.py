@@ -36,7 +36,7 @@ class Fixed(VisionFamily):
     def video(self, meta: VideoMeta) -> VisionLayout:
         check_video(meta, self.name)
         n = min(self.max_frames, meta.n_frames)
-        times = tuple(float(i) / meta.fps for i in uniform_indices(meta.n_frames, n))
+        times = tuple(meta.frame_time(int(i)) for i in uniform_indices(meta.n_frames, n))
         grid = (1, 1, self.n_tokens)
         return VisionLayout("video", self.n_tokens, 1, grid, (meta.height, meta.width), self.video_segments(grid, times), times)
 

@@ -113,7 +113,7 @@ class InternVL(VisionFamily):
         check_video(meta, self.name)
         idx = internvl_frame_indices(meta.n_frames, self.max_frames)
         n = len(idx) * self.tokens_per_tile
-        times = tuple(float(i) / meta.fps for i in idx)
+        times = tuple(meta.frame_time(int(i)) for i in idx)
         grid = (len(idx), 16, 16)
         return VisionLayout("video", n, len(idx), grid, (self.tile, self.tile), self.video_segments(grid, times), times)
 

@@ -141,7 +141,7 @@ class LlavaOneVision(VisionFamily):
         idx = np.linspace(0, meta.n_frames - 1, n, dtype=int)
         g = math.ceil(self.patches / 2)  # 14
         tokens = n * g * g + 1
-        times = tuple(float(i) / meta.fps for i in idx)
+        times = tuple(meta.frame_time(int(i)) for i in idx)
         return VisionLayout("video", tokens, n, (n, g, g), (self.tile, self.tile),
                             self.video_segments((n, g, g), times), times)
 

@@ -173,7 +173,7 @@ class Qwen2VL(VisionFamily):
         gt = math.ceil(n / self.temporal_patch)
         gh, gw = rh // self.patch, rw // self.patch
         tokens = gt * gh * gw // (self.merge * self.merge)
-        times = tuple(float(i) / meta.fps for i in idx)
+        times = tuple(meta.frame_time(int(i)) for i in idx)
         return VisionLayout("video", tokens, gt * gh * gw, (gt, gh, gw), (rh, rw),
                             self.video_segments((gt, gh, gw), times), times)
 

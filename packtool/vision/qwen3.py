@@ -113,15 +113,34 @@ class Qwen3VL(Qwen2VL):
         gt = math.ceil(n / self.temporal_patch)
         gh, gw = rh // self.patch, rw // self.patch
         per_t = gh * gw // (self.merge * self.merge)
-        times = tuple(i / meta.fps for i in idx)
+        # the timestamp text is the processor's (index / fps); the recorded times are when those
+        # frames are shown, which differ from it in a variable-rate video
+        text_times = tuple(i / meta.fps for i in idx)
+        times = tuple(meta.frame_time(i) for i in idx)
         return VisionLayout("video", gt * per_t, gt * gh * gw, (gt, gh, gw), (rh, rw),
-                            self.video_segments((gt, gh, gw), times), times)
+                            self.video_segments((gt, gh, gw), text_times), times)
+
+    def segment_times(self, media: dict) -> tuple[float, ...]:
+        """The times the timestamp text of a recorded video is written from: ``index / fps``
+        of its sampled frames, rebuilt from the recorded frame count and rate (the recorded
+        timestamps are when the frames are shown, which differ in a variable-rate video).
+
+        Example:
+            >>> Qwen3VL().segment_times({"timestamps": [0.0, 0.01, 0.9, 2.0], "source_fps": 10.0,
+            ...                          "source_frames": 20})
+            (0.0, 0.6, 1.3, 1.9)
+        """
+        ts = tuple(media.get("timestamps") or ())
+        fps, n_frames = media.get("source_fps"), media.get("source_frames")
+        if not ts or not fps or not n_frames:  # a schema 5 row: its timestamps are index / fps
+            return ts
+        return tuple(int(i) / float(fps) for i in uniform_indices(int(n_frames), len(ts)))
 
     def video_segments(self, grid: tuple[int, int, int], timestamps: tuple[float, ...]) -> tuple:
         """Per temporal patch: its mean time as text, then its ``<|video_pad|>`` run between markers.
 
-        ``timestamps`` are the sampled frames' times (``index / fps``), so the pair means equal
-        :func:`frame_pair_times` of the indices.
+        ``timestamps`` are the sampled frames' ``index / fps`` (:meth:`segment_times` of a
+        recorded video), so the pair means equal :func:`frame_pair_times` of the indices.
 
         Example:
             >>> [s[1] for s in Qwen3VL().video_segments((1, 2, 2), (0.0, 0.5))]
