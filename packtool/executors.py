@@ -209,24 +209,49 @@ def _pool_init(q, driver: int, env: dict[str, str]) -> None:
 
 def _exit_with_driver(driver: int) -> None:
     """A worker whose driver was killed (kill -9, node lost) stops within a second instead
-    of finishing its task unseen."""
+    of finishing its task unseen.
+
+    Ended means ended, not reaped: a killed driver stays a zombie, still answering
+    ``kill(pid, 0)``, until its parent reaps it, and ``subprocess.run(..., capture_output=True)``
+    reaps only once the output pipes close, which these workers hold open. So the wait is on a
+    pidfd (readable once the process ends), else on ``/proc``'s state, else on ``kill``.
+    """
+    import select
+
+    try:
+        fd = os.pidfd_open(driver)
+    except ProcessLookupError:
+        os._exit(1)
+    except (AttributeError, OSError):  # not Linux, or a kernel before 5.3
+        fd = None
+    if fd is not None:
+        select.select([fd], [], [])
+        os._exit(1)
     while True:
         time.sleep(1.0)
-        try:
-            os.kill(driver, 0)
-        except ProcessLookupError:
+        if _ended(driver):
             os._exit(1)
-        except PermissionError:
-            pass
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended: gone, or a zombie waiting to be reaped."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            # pid (comm) state ...: comm may hold spaces and parentheses, the state follows the last ")"
+            return fh.read().rpartition(b")")[2].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
 
 
 def _pool_entry(fn, task, driver: int) -> tuple[dict, int]:
-    try:
-        os.kill(driver, 0)
-    except ProcessLookupError:  # the driver is gone: start nothing new
+    if _ended(driver):  # the driver is gone: start nothing new
         os._exit(1)
-    except PermissionError:
-        pass
     rep = Reporter(_QUEUE.put)
     try:
         res = fn(task, rep)
