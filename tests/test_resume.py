@@ -179,3 +179,38 @@ def test_max_errors_holds_for_the_whole_run_across_ranks(corpus, tmp_path):
     assert not (out / ".packtool" / "manifest.json").exists() and not (out / ".packtool" / "errors.jsonl").exists()
     m = tokenize_dataset([src], out, tcfg(corpus, max_errors=2), rank=1, world_size=2, workers=1)
     assert m["counts"]["rejected_by_reason"] == {"bad_json": 2}
+
+
+@pytest.mark.jit
+def test_a_finished_run_is_held_to_the_error_limits_of_the_command_that_finds_it(corpus, tmp_path):
+    """A CI gate (``--max-errors 0``, ``--on-error fail``) passed when the output held a finished
+    run already: the run was returned as done, its rejected rows never compared with the limit
+    that fails the same command on an empty -o (or on an unfinished run of the same settings)."""
+    from packtool.errors import TooManyErrorsError
+
+    src = tmp_path / "in.jsonl"
+    lines = (corpus / "data.jsonl").read_text().splitlines()
+    lines[10] = lines[150] = "{broken"
+    src.write_text("\n".join(lines) + "\n")
+    tok = tmp_path / "tok"
+    first = tokenize_dataset([src], tok, tcfg(corpus), workers=1)
+    assert first["counts"]["rejected"] == 2
+    with pytest.raises(TooManyErrorsError, match=r"^2 input rows rejected, more than --max-errors 1 \(see .*errors\.jsonl\)"):
+        tokenize_dataset([src], tok, tcfg(corpus, max_errors=1), workers=1)
+    with pytest.raises(TooManyErrorsError, match=r"--on-error fail"):
+        tokenize_dataset([src], tok, tcfg(corpus), workers=1, on_error="fail")
+    assert tokenize_dataset([src], tok, tcfg(corpus, max_errors=2), workers=1) == first  # within the limit: as it was
+    # an unfinished run resumed under --on-error fail: the rows its finished tasks rejected count too
+    (tok / STATE_DIR / "manifest.json").unlink()
+    (tok / STATE_DIR / "task-00003.json").unlink()
+    with pytest.raises(TooManyErrorsError, match=r"--on-error fail"):
+        tokenize_dataset([src], tok, tcfg(corpus), workers=1, on_error="fail")
+    assert tokenize_dataset([src], tok, tcfg(corpus), workers=1) == first
+    # pack: an oversize sample dropped is a rejected row
+    cfg = PackConfig(max_tokens=1200, media="reference")
+    packed = pack_dataset(tok, tmp_path / "packed", cfg, workers=1)
+    n = packed["counts"]["rejected"]
+    assert n > 0
+    with pytest.raises(TooManyErrorsError, match=rf"^{n:,} input rows rejected, more than --max-errors 0"):
+        pack_dataset(tok, tmp_path / "packed", cfg, workers=1, max_errors=0)
+    assert pack_dataset(tok, tmp_path / "packed", cfg, workers=1, max_errors=n) == packed
