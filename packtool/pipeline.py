@@ -263,6 +263,18 @@ def _none_allowed(total: int, detail: str) -> str:
             "fix the input and start over with --overwrite, or use --on-error skip")
 
 
+def _planned(counts: dict, max_errors: int | None, on_error: str) -> None:
+    """A dry run's counts held to the limits that would fail the run itself."""
+    rejected = int(counts.get("rejected", 0))
+    reasons = ", ".join(f"{k} {v:,}" for k, v in counts.get("rejected_by_reason", {}).items())
+    if on_error == "fail" and rejected:
+        raise TooManyErrorsError(f"{rejected:,} input rows would be rejected ({reasons}); --on-error fail stops at the "
+                                 "first (fix the input, or use --on-error skip)")
+    if max_errors is not None and rejected > max_errors:
+        raise TooManyErrorsError(f"{rejected:,} input rows would be rejected, more than --max-errors {max_errors:,} "
+                                 f"({reasons}); fix the input or raise --max-errors")
+
+
 def _finished(manifest: dict, out_dir: str | Path, max_errors: int | None, on_error: str) -> dict:
     """The finished run found in ``out_dir``, returned as it is unless it rejected more rows than
     this call allows: the same call fails on an empty output, so a gate (``--max-errors``,
@@ -1590,6 +1602,7 @@ def pack_dataset(
         counts = _zero_counts("packed")
         for r in results:
             _add_counts(counts, r["counts"])
+        _planned(counts, max_errors, on_error)
         counts["lower_bound"] = _pack_bound(counts, cfg.max_tokens, max_units)
         counts["tasks"] = len(entries)
         return {"kind": "packed", "dry_run": True, "config": config, "capacities": capacities, "counts": counts,
@@ -2023,6 +2036,7 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
         counts = _zero_counts("packed")
         for r in results:
             _add_counts(counts, r["counts"])
+        _planned(counts, max_errors, on_error)
         record = _mixture_record(mix, counts, loss=False)
         counts["lower_bound"] = _pack_bound(counts, cfg.max_tokens, max_units)
         counts["tasks"] = n_tasks

@@ -214,3 +214,30 @@ def test_a_finished_run_is_held_to_the_error_limits_of_the_command_that_finds_it
     with pytest.raises(TooManyErrorsError, match=rf"^{n:,} input rows rejected, more than --max-errors 0"):
         pack_dataset(tok, tmp_path / "packed", cfg, workers=1, max_errors=0)
     assert pack_dataset(tok, tmp_path / "packed", cfg, workers=1, max_errors=n) == packed
+
+
+@pytest.mark.jit
+def test_a_dry_run_fails_where_the_run_would_on_its_error_limits(corpus, tmp_path):
+    """``pack --dry-run --max-errors 0`` planned and exited 0 where the same pack without
+    ``--dry-run`` fails, while ``--oversize fail`` did fail a dry run: a check before a costly
+    run said it would pass."""
+    from packtool import Mixture
+    from packtool.errors import TooManyErrorsError
+
+    tok = tmp_path / "tok"
+    tokenize_dataset([corpus / "data.jsonl"], tok, tcfg(corpus), workers=1)
+    cfg = PackConfig(max_tokens=1200, media="reference")
+    dry = pack_dataset(tok, tmp_path / "unused", cfg, dry_run=True, workers=1)
+    n = dry["counts"]["rejected"]
+    assert n > 0 and dry["counts"]["rejected_by_reason"] == {"oversize": n}
+    with pytest.raises(TooManyErrorsError, match=rf"^{n:,} input rows would be rejected, more than --max-errors 5 "):
+        pack_dataset(tok, tmp_path / "unused", cfg, dry_run=True, workers=1, max_errors=5)
+    with pytest.raises(TooManyErrorsError, match=r"--on-error fail"):
+        pack_dataset(tok, tmp_path / "unused", cfg, dry_run=True, workers=1, on_error="fail")
+    assert pack_dataset(tok, tmp_path / "unused", cfg, dry_run=True, workers=1, max_errors=n)["counts"] == dry["counts"]
+    mix = Mixture.from_rates([tok], "0.5")
+    with pytest.raises(TooManyErrorsError, match=r"input rows would be rejected, more than --max-errors 0 "):
+        pack_dataset(mix, tmp_path / "unused", cfg, dry_run=True, workers=1, max_errors=0)
+    assert not (tmp_path / "unused").exists()
+    with pytest.raises(TooManyErrorsError, match=r"input rows rejected, more than --max-errors 5 "):
+        pack_dataset(tok, tmp_path / "packed", cfg, workers=1, max_errors=5)
