@@ -4,6 +4,7 @@ a re-run with other settings is refused, naming what differs."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -241,3 +242,30 @@ def test_a_dry_run_fails_where_the_run_would_on_its_error_limits(corpus, tmp_pat
     assert not (tmp_path / "unused").exists()
     with pytest.raises(TooManyErrorsError, match=r"input rows rejected, more than --max-errors 5 "):
         pack_dataset(tok, tmp_path / "packed", cfg, workers=1, max_errors=5)
+
+
+_REMOVED: list[str] | None = None  # paths removed while a test listens (None: not listening)
+
+
+def _listen_removals(event: str, args: tuple) -> None:
+    if _REMOVED is not None and event == "os.remove":
+        _REMOVED.append(os.fspath(args[0]))
+
+
+def test_overwrite_removes_the_manifest_before_the_shards_it_names(corpus, tmp_path):
+    """``--overwrite`` removed a finished run's shards first and its manifest last, so a run
+    killed while replacing another left a manifest naming shards that were gone (a reader, or
+    the next command, met "listed in the manifest but missing"), where a bucket's output drops
+    the manifest first."""
+    global _REMOVED
+    out = tmp_path / "tok"
+    tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1)
+    sys.addaudithook(_listen_removals)
+    _REMOVED = []
+    try:
+        tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus, model="qwen2-vl"), workers=1, overwrite=True)
+        removed = [Path(p).relative_to(out).as_posix() for p in _REMOVED if Path(p).is_relative_to(out)]
+    finally:
+        _REMOVED = None
+    shards = [i for i, p in enumerate(removed) if p.startswith("part-")]
+    assert len(shards) == 4 and removed.index(".packtool/manifest.json") < min(shards), removed
