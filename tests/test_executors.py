@@ -52,6 +52,18 @@ def environment(task: int, report) -> dict:
     return {"probe": os.environ.get("PACKTOOL_TEST_PROBE"), "cwd": os.getcwd()}
 
 
+def interrupt_swallowed(task: int, report) -> dict:
+    """Ctrl-C arriving inside library code that swallows it (numba's cache loads kernels through
+    a ctypes callback, which prints a ``KeyboardInterrupt`` and drops it), then the task goes on."""
+    if task == 1:
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass
+    report(1)
+    return {"task": task}
+
+
 def started_then_wait(task: str, report) -> dict:
     """Say this task started (a file named ``task``), then outlast any test."""
     Path(task).write_text(str(os.getpid()))
@@ -241,6 +253,17 @@ def test_workers_of_a_killed_driver_stop_before_it_is_reaped(tmp_path):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_ctrl_c_that_a_library_swallows_still_stops_an_in_process_run():
+    """A Ctrl-C during the first kernel load of an in-process run (``--workers 1``, or a run of
+    one task) was lost inside numba: the run went on to the end and exited 0."""
+    done: list[dict] = []
+    with pytest.raises(KeyboardInterrupt):
+        run_tasks(interrupt_swallowed, [0, 1, 2, 3], ExecutorConfig(workers=1), on_result=done.append)
+    assert [r["task"] for r in done] == [0]  # the interrupted task and those after it never finish
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert [r["task"] for r in run_tasks(interrupt_swallowed, [0, 2], ExecutorConfig(workers=1))] == [0, 2]
 
 
 def test_reporter_batches_and_flushes():
