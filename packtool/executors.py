@@ -113,15 +113,22 @@ class ExecutorConfig:
 
 
 class Reporter:
-    """Adds up ``report(n)`` calls and forwards them at most every 0.25 s (and on ``flush``)."""
+    """Adds up ``report(n)`` calls and forwards them at most every 0.25 s (and on ``flush``).
 
-    def __init__(self, sink: Callable[[int], None] | None) -> None:
+    ``interrupted``: the Ctrl-Cs an in-process run noted (:func:`_interrupts_noted`); a report
+    after one raises ``KeyboardInterrupt`` again, should the code it arrived in have dropped it.
+    """
+
+    def __init__(self, sink: Callable[[int], None] | None, interrupted: list[int] | None = None) -> None:
         self.sink = sink
+        self.interrupted = interrupted
         self.pending = 0
         self.total = 0  # every n reported, sent or not
         self.last = time.monotonic()
 
     def __call__(self, n: int) -> None:
+        if self.interrupted:
+            raise KeyboardInterrupt
         self.pending += n
         self.total += n
         now = time.monotonic()
@@ -176,14 +183,46 @@ def run_tasks(
     else:
         workers = min(ex.workers or default_workers(), len(tasks))
         if workers <= 1:
-            for i, task in enumerate(tasks):
-                rep = Reporter(progress)
-                res = fn(task, rep)
-                rep.flush()
-                collect(i, res)
+            with _interrupts_noted() as interrupted:
+                for i, task in enumerate(tasks):
+                    rep = Reporter(progress, interrupted)
+                    res = fn(task, rep)
+                    if interrupted:
+                        raise KeyboardInterrupt
+                    rep.flush()
+                    collect(i, res)
         else:
             _run_pool(fn, tasks, workers, progress, collect, preload)
     return [results[i] for i in range(len(tasks))]
+
+
+@contextmanager
+def _interrupts_noted() -> Iterator[list[int]]:
+    """Note each Ctrl-C of an in-process run, and raise it as usual.
+
+    Library code can drop the ``KeyboardInterrupt``: numba loads cached kernels through a ctypes
+    callback, where an exception is printed and discarded, and a run interrupted in that second
+    went on to the end and exited 0. The list this yields holds the interrupts seen, which
+    :class:`Reporter` and the task loop raise again. Left alone where Python's own handler is
+    not in place (another thread, or a caller's handler).
+    """
+    import threading
+
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield noted
+        return
+
+    def note(signum, frame):
+        noted.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # ---------------------------------------------------------------- local process pool
@@ -209,24 +248,49 @@ def _pool_init(q, driver: int, env: dict[str, str]) -> None:
 
 def _exit_with_driver(driver: int) -> None:
     """A worker whose driver was killed (kill -9, node lost) stops within a second instead
-    of finishing its task unseen."""
+    of finishing its task unseen.
+
+    Ended means ended, not reaped: a killed driver stays a zombie, still answering
+    ``kill(pid, 0)``, until its parent reaps it, and ``subprocess.run(..., capture_output=True)``
+    reaps only once the output pipes close, which these workers hold open. So the wait is on a
+    pidfd (readable once the process ends), else on ``/proc``'s state, else on ``kill``.
+    """
+    import select
+
+    try:
+        fd = os.pidfd_open(driver)
+    except ProcessLookupError:
+        os._exit(1)
+    except (AttributeError, OSError):  # not Linux, or a kernel before 5.3
+        fd = None
+    if fd is not None:
+        select.select([fd], [], [])
+        os._exit(1)
     while True:
         time.sleep(1.0)
-        try:
-            os.kill(driver, 0)
-        except ProcessLookupError:
+        if _ended(driver):
             os._exit(1)
-        except PermissionError:
-            pass
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended: gone, or a zombie waiting to be reaped."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            # pid (comm) state ...: comm may hold spaces and parentheses, the state follows the last ")"
+            return fh.read().rpartition(b")")[2].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
 
 
 def _pool_entry(fn, task, driver: int) -> tuple[dict, int]:
-    try:
-        os.kill(driver, 0)
-    except ProcessLookupError:  # the driver is gone: start nothing new
+    if _ended(driver):  # the driver is gone: start nothing new
         os._exit(1)
-    except PermissionError:
-        pass
     rep = Reporter(_QUEUE.put)
     try:
         res = fn(task, rep)

@@ -257,6 +257,37 @@ def _too_many(total: int, limit: int, detail: str) -> str:
     return f"{total:,} input rows rejected, more than --max-errors {limit:,} ({detail}); fix the input or raise --max-errors"
 
 
+def _none_allowed(total: int, detail: str) -> str:
+    """Why ``--on-error fail`` stops a run whose tasks finished before rejected ``total`` rows."""
+    return (f"{total:,} input rows rejected by tasks that finished before ({detail}); --on-error fail allows none: "
+            "fix the input and start over with --overwrite, or use --on-error skip")
+
+
+def _planned(counts: dict, max_errors: int | None, on_error: str) -> None:
+    """A dry run's counts held to the limits that would fail the run itself."""
+    rejected = int(counts.get("rejected", 0))
+    reasons = ", ".join(f"{k} {v:,}" for k, v in counts.get("rejected_by_reason", {}).items())
+    if on_error == "fail" and rejected:
+        raise TooManyErrorsError(f"{rejected:,} input rows would be rejected ({reasons}); --on-error fail stops at the "
+                                 "first (fix the input, or use --on-error skip)")
+    if max_errors is not None and rejected > max_errors:
+        raise TooManyErrorsError(f"{rejected:,} input rows would be rejected, more than --max-errors {max_errors:,} "
+                                 f"({reasons}); fix the input or raise --max-errors")
+
+
+def _finished(manifest: dict, out_dir: str | Path, max_errors: int | None, on_error: str) -> dict:
+    """The finished run found in ``out_dir``, returned as it is unless it rejected more rows than
+    this call allows: the same call fails on an empty output, so a gate (``--max-errors``,
+    ``--on-error fail``) must not pass because the run was there already."""
+    rejected = int((manifest.get("counts") or {}).get("rejected", 0))
+    where = f"see {join(str(out_dir), ERRORS)}"
+    if on_error == "fail" and rejected:
+        raise TooManyErrorsError(_none_allowed(rejected, where))
+    if max_errors is not None and rejected > max_errors:
+        raise TooManyErrorsError(_too_many(rejected, max_errors, where))
+    return manifest
+
+
 def _zero_counts(kind: str) -> dict:
     """The counts every manifest of ``kind`` holds, at zero (a run may have no tasks at all)."""
     if kind == "packed":
@@ -286,12 +317,14 @@ class _Driver:
     """Runs the missing tasks of one rank, stops the run when ``--max-errors`` is passed,
     and cleans up after a failure so that nothing half-written stays visible."""
 
-    def __init__(self, out: Path, config_digest: str, n_tasks: int, ex: ExecutorConfig, max_errors: int | None) -> None:
+    def __init__(self, out: Path, config_digest: str, n_tasks: int, ex: ExecutorConfig, max_errors: int | None,
+                 on_error: str) -> None:
         self.out = out
         self.digest = config_digest
         self.n_tasks = n_tasks
         self.ex = ex
         self.max_errors = max_errors
+        self.on_error = on_error
         self.rejected = 0
 
     def pending(self) -> tuple[list[int], list[dict]]:
@@ -305,7 +338,12 @@ class _Driver:
         return todo, done
 
     def check(self, record: dict) -> None:
-        self.rejected += int(record["counts"].get("rejected", 0))
+        rejected = int(record["counts"].get("rejected", 0))
+        self.rejected += rejected
+        # a task of this call stops at its first rejected row under --on-error fail, so rows come
+        # only from tasks an earlier attempt (with --on-error skip) finished
+        if rejected and self.on_error == "fail":
+            raise TooManyErrorsError(_none_allowed(self.rejected, f"see {STATE_DIR}/errors-*.jsonl"))
         if self.max_errors is not None and self.rejected > self.max_errors:
             raise TooManyErrorsError(_too_many(self.rejected, self.max_errors, f"see {STATE_DIR}/errors-*.jsonl"))
 
@@ -913,14 +951,14 @@ def tokenize_dataset(
             done = prepare_run(out, run, overwrite)
             if done is not None:
                 log.info("%s already holds this run; nothing to do", out_dir)
-                return done
+                return _finished(done, out_dir, cfg.max_errors, on_error)
             state_prepared(out)
             # inputs by their names (a fetched input by its URL): a rank on another machine, with
             # its copies elsewhere, reads the same plan
             slot.store({"kind": "tokenized", "key": key, "n_tasks": len(slices), "total": total,
                         "tasks": [[[source_name(sl.path), sl.start, sl.stop, sl.offset,
                                     list(sl.groups) if sl.groups else None] for sl in t] for t in slices]})
-        driver = _Driver(out, digest, len(slices), ex, cfg.max_errors)
+        driver = _Driver(out, digest, len(slices), ex, cfg.max_errors, on_error)
         todo, _ = driver.pending()
         if ex.executor != "ray":  # this machine's tasks read these: fetched once here, not once per worker
             fetch_listed(sl.path for t in todo for sl in slices[t])
@@ -1565,6 +1603,7 @@ def pack_dataset(
         counts = _zero_counts("packed")
         for r in results:
             _add_counts(counts, r["counts"])
+        _planned(counts, max_errors, on_error)
         counts["lower_bound"] = _pack_bound(counts, cfg.max_tokens, max_units)
         counts["tasks"] = len(entries)
         return {"kind": "packed", "dry_run": True, "config": config, "capacities": capacities, "counts": counts,
@@ -1585,10 +1624,10 @@ def pack_dataset(
                 check_shards()
             done = prepare_run(out, run, overwrite)
             if done is not None:
-                return done
+                return _finished(done, out_dir, max_errors, on_error)
             state_prepared(out)
             slot.store({"kind": "packed", "key": key, "n_tasks": len(files), "tasks": files})
-        driver = _Driver(out, digest, len(entries), ex, max_errors)
+        driver = _Driver(out, digest, len(entries), ex, max_errors, on_error)
         todo, _ = driver.pending()
         set_total(progress, sum(entries[t]["rows"] for t in todo))
         driver.run(_pack_task, [make(t, task_target(out)) for t in todo], todo, progress, preload=_PACKING)
@@ -1999,6 +2038,7 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
         counts = _zero_counts("packed")
         for r in results:
             _add_counts(counts, r["counts"])
+        _planned(counts, max_errors, on_error)
         record = _mixture_record(mix, counts, loss=False)
         counts["lower_bound"] = _pack_bound(counts, cfg.max_tokens, max_units)
         counts["tasks"] = n_tasks
@@ -2015,9 +2055,9 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
     with output_dir(out_dir, ex.rank, overwrite) as out:
         done = prepare_run(out, run, overwrite)
         if done is not None:
-            return done
+            return _finished(done, out_dir, max_errors, on_error)
         state_prepared(out)
-        driver = _Driver(out, digest, n_tasks, ex, max_errors)
+        driver = _Driver(out, digest, n_tasks, ex, max_errors, on_error)
         todo, _ = driver.pending()
         set_total(progress, sum(len(plan.tasks[t][0]) for t in todo))
         driver.run(_mix_task, [make(t, task_target(out)) for t in todo], todo, progress, preload=_PACKING)

@@ -725,8 +725,13 @@ def _own_files(out_dir: Path) -> set[str]:
 def _wipe(out_dir: Path) -> None:
     """Remove what a packtool run wrote into ``out_dir`` (the names its own manifest, markers and
     run state give, and its ``.packtool/`` folder) and nothing else: files of other programs stay.
-    The run locks in ``.packtool/`` stay too: the run wiping holds one (:func:`run_lock`)."""
-    for name in sorted(_own_files(out_dir)):
+    The run locks in ``.packtool/`` stay too: the run wiping holds one (:func:`run_lock`).
+
+    The manifest goes first, so that a wipe cut short (a kill, a full disk) never leaves a
+    manifest naming shards that are gone: what remains is an unfinished run."""
+    names = _own_files(out_dir)  # read from the manifest, among others
+    (out_dir / MANIFEST).unlink(missing_ok=True)
+    for name in sorted(names):
         _remove(out_dir / name)
     state = out_dir / STATE_DIR
     if state.is_dir() and not state.is_symlink():

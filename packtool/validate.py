@@ -3,7 +3,8 @@
 Three layers, cheapest first; the first problems found are reported, never raised:
 
 1. **files against the manifest**: every listed shard exists with the listed size,
-   sha256 and row count, opens as Parquet, and has the schema of this version;
+   sha256 and row count, opens as Parquet, and has the schema of this version; no other
+   visible ``.parquet`` file lies beside them (a Parquet dataset reader would read it);
    ``.packtool/errors.jsonl`` holds known reason codes and as many lines as the counts say;
 2. **every row's invariants** (DESIGN.md §3.2): equal column lengths; ``cu_seqlens``
    starts at 0, rises, ends at the row length and agrees with ``position_ids``
@@ -660,9 +661,6 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
         if problems.full:
             break
     report["rows"] = total_rows
-    for f in sorted(path.glob("part-*.parquet")):
-        if f.name not in listed:
-            log.info("%s is not in the manifest (left over from another run); readers ignore it", f)
     counts = manifest.get("counts", {})
     if check_rows and not problems.full and not problems.items:
         want_rows = counts.get("packs") if kind == "packed" else counts.get("samples")
@@ -670,6 +668,12 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
             problems.add(MANIFEST, f"counts say {want_rows:,} rows, the shards hold {total_rows:,}")
         if kind == "packed" and counts.get("samples_packed") is not None and counts["samples_packed"] != total_samples:
             problems.add(MANIFEST, f"counts say {counts['samples_packed']:,} samples packed, the shards hold {total_samples:,}")
+    # packtool's readers go by the manifest, but a Parquet dataset reader (pandas, duckdb,
+    # datasets, pyarrow) reads every visible .parquet file of the directory
+    for f in sorted(path.glob("*.parquet")):
+        if f.name not in listed and not f.name.startswith(("_", ".")):
+            problems.add(f.name, "not listed in the manifest, yet tools that read the directory as a Parquet dataset "
+                                 "(pandas, duckdb, datasets) read its rows with the listed shards'; remove it")
     _check_errors_file(path, counts, problems)
     report["ok"] = not problems.items
     return report

@@ -52,6 +52,25 @@ def environment(task: int, report) -> dict:
     return {"probe": os.environ.get("PACKTOOL_TEST_PROBE"), "cwd": os.getcwd()}
 
 
+def interrupt_swallowed(task: int, report) -> dict:
+    """Ctrl-C arriving inside library code that swallows it (numba's cache loads kernels through
+    a ctypes callback, which prints a ``KeyboardInterrupt`` and drops it), then the task goes on."""
+    if task == 1:
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass
+    report(1)
+    return {"task": task}
+
+
+def started_then_wait(task: str, report) -> dict:
+    """Say this task started (a file named ``task``), then outlast any test."""
+    Path(task).write_text(str(os.getpid()))
+    time.sleep(300)
+    return {}
+
+
 def test_rank_takes_every_world_size_th_task():
     assert ExecutorConfig(rank=0, world_size=1).my_tasks(3) == [0, 1, 2]
     assert ExecutorConfig(rank=2, world_size=3).my_tasks(10) == [2, 5, 8]
@@ -207,6 +226,44 @@ def test_a_killed_worker_fails_the_run_instead_of_hanging():
     with pytest.raises(PacktoolError, match="a worker process died"):
         run_tasks(square, [1, 99, 2, 3], ExecutorConfig(workers=2))
     assert time.monotonic() - t0 < 60
+
+
+def test_workers_of_a_killed_driver_stop_before_it_is_reaped(tmp_path):
+    """A driver killed (OOM killer, kill -9) under ``subprocess.run(..., capture_output=True)``:
+    its parent reads the output to the end before it reaps the driver, and the workers hold that
+    output's pipes. A driver not yet reaped still answers ``kill(pid, 0)``, so its workers ran on
+    and the parent waited forever."""
+    starts = [str(tmp_path / f"started-{i}") for i in range(2)]
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            "from test_executors import started_then_wait\n"
+            "from packtool.executors import ExecutorConfig, run_tasks\n"
+            f"run_tasks(started_then_wait, {starts!r}, ExecutorConfig(workers=2), preload='packtool.config')\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not all(Path(s).is_file() for s in starts):  # both workers are in their tasks
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        proc.kill()
+        t0 = time.monotonic()
+        proc.communicate(timeout=30)  # reads to the end, then reaps: as subprocess.run does
+        assert time.monotonic() - t0 < 10
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_ctrl_c_that_a_library_swallows_still_stops_an_in_process_run():
+    """A Ctrl-C during the first kernel load of an in-process run (``--workers 1``, or a run of
+    one task) was lost inside numba: the run went on to the end and exited 0."""
+    done: list[dict] = []
+    with pytest.raises(KeyboardInterrupt):
+        run_tasks(interrupt_swallowed, [0, 1, 2, 3], ExecutorConfig(workers=1), on_result=done.append)
+    assert [r["task"] for r in done] == [0]  # the interrupted task and those after it never finish
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert [r["task"] for r in run_tasks(interrupt_swallowed, [0, 2], ExecutorConfig(workers=1))] == [0, 2]
 
 
 def test_reporter_batches_and_flushes():

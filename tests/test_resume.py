@@ -4,6 +4,7 @@ a re-run with other settings is refused, naming what differs."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -179,3 +180,92 @@ def test_max_errors_holds_for_the_whole_run_across_ranks(corpus, tmp_path):
     assert not (out / ".packtool" / "manifest.json").exists() and not (out / ".packtool" / "errors.jsonl").exists()
     m = tokenize_dataset([src], out, tcfg(corpus, max_errors=2), rank=1, world_size=2, workers=1)
     assert m["counts"]["rejected_by_reason"] == {"bad_json": 2}
+
+
+@pytest.mark.jit
+def test_a_finished_run_is_held_to_the_error_limits_of_the_command_that_finds_it(corpus, tmp_path):
+    """A CI gate (``--max-errors 0``, ``--on-error fail``) passed when the output held a finished
+    run already: the run was returned as done, its rejected rows never compared with the limit
+    that fails the same command on an empty -o (or on an unfinished run of the same settings)."""
+    from packtool.errors import TooManyErrorsError
+
+    src = tmp_path / "in.jsonl"
+    lines = (corpus / "data.jsonl").read_text().splitlines()
+    lines[10] = lines[150] = "{broken"
+    src.write_text("\n".join(lines) + "\n")
+    tok = tmp_path / "tok"
+    first = tokenize_dataset([src], tok, tcfg(corpus), workers=1)
+    assert first["counts"]["rejected"] == 2
+    with pytest.raises(TooManyErrorsError, match=r"^2 input rows rejected, more than --max-errors 1 \(see .*errors\.jsonl\)"):
+        tokenize_dataset([src], tok, tcfg(corpus, max_errors=1), workers=1)
+    with pytest.raises(TooManyErrorsError, match=r"--on-error fail"):
+        tokenize_dataset([src], tok, tcfg(corpus), workers=1, on_error="fail")
+    assert tokenize_dataset([src], tok, tcfg(corpus, max_errors=2), workers=1) == first  # within the limit: as it was
+    # an unfinished run resumed under --on-error fail: the rows its finished tasks rejected count too
+    (tok / STATE_DIR / "manifest.json").unlink()
+    (tok / STATE_DIR / "task-00003.json").unlink()
+    with pytest.raises(TooManyErrorsError, match=r"--on-error fail"):
+        tokenize_dataset([src], tok, tcfg(corpus), workers=1, on_error="fail")
+    assert tokenize_dataset([src], tok, tcfg(corpus), workers=1) == first
+    # pack: an oversize sample dropped is a rejected row
+    cfg = PackConfig(max_tokens=1200, media="reference")
+    packed = pack_dataset(tok, tmp_path / "packed", cfg, workers=1)
+    n = packed["counts"]["rejected"]
+    assert n > 0
+    with pytest.raises(TooManyErrorsError, match=rf"^{n:,} input rows rejected, more than --max-errors 0"):
+        pack_dataset(tok, tmp_path / "packed", cfg, workers=1, max_errors=0)
+    assert pack_dataset(tok, tmp_path / "packed", cfg, workers=1, max_errors=n) == packed
+
+
+@pytest.mark.jit
+def test_a_dry_run_fails_where_the_run_would_on_its_error_limits(corpus, tmp_path):
+    """``pack --dry-run --max-errors 0`` planned and exited 0 where the same pack without
+    ``--dry-run`` fails, while ``--oversize fail`` did fail a dry run: a check before a costly
+    run said it would pass."""
+    from packtool import Mixture
+    from packtool.errors import TooManyErrorsError
+
+    tok = tmp_path / "tok"
+    tokenize_dataset([corpus / "data.jsonl"], tok, tcfg(corpus), workers=1)
+    cfg = PackConfig(max_tokens=1200, media="reference")
+    dry = pack_dataset(tok, tmp_path / "unused", cfg, dry_run=True, workers=1)
+    n = dry["counts"]["rejected"]
+    assert n > 0 and dry["counts"]["rejected_by_reason"] == {"oversize": n}
+    with pytest.raises(TooManyErrorsError, match=rf"^{n:,} input rows would be rejected, more than --max-errors 5 "):
+        pack_dataset(tok, tmp_path / "unused", cfg, dry_run=True, workers=1, max_errors=5)
+    with pytest.raises(TooManyErrorsError, match=r"--on-error fail"):
+        pack_dataset(tok, tmp_path / "unused", cfg, dry_run=True, workers=1, on_error="fail")
+    assert pack_dataset(tok, tmp_path / "unused", cfg, dry_run=True, workers=1, max_errors=n)["counts"] == dry["counts"]
+    mix = Mixture.from_rates([tok], "0.5")
+    with pytest.raises(TooManyErrorsError, match=r"input rows would be rejected, more than --max-errors 0 "):
+        pack_dataset(mix, tmp_path / "unused", cfg, dry_run=True, workers=1, max_errors=0)
+    assert not (tmp_path / "unused").exists()
+    with pytest.raises(TooManyErrorsError, match=r"input rows rejected, more than --max-errors 5 "):
+        pack_dataset(tok, tmp_path / "packed", cfg, workers=1, max_errors=5)
+
+
+_REMOVED: list[str] | None = None  # paths removed while a test listens (None: not listening)
+
+
+def _listen_removals(event: str, args: tuple) -> None:
+    if _REMOVED is not None and event == "os.remove":
+        _REMOVED.append(os.fspath(args[0]))
+
+
+def test_overwrite_removes_the_manifest_before_the_shards_it_names(corpus, tmp_path):
+    """``--overwrite`` removed a finished run's shards first and its manifest last, so a run
+    killed while replacing another left a manifest naming shards that were gone (a reader, or
+    the next command, met "listed in the manifest but missing"), where a bucket's output drops
+    the manifest first."""
+    global _REMOVED
+    out = tmp_path / "tok"
+    tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1)
+    sys.addaudithook(_listen_removals)
+    _REMOVED = []
+    try:
+        tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus, model="qwen2-vl"), workers=1, overwrite=True)
+        removed = [Path(p).relative_to(out).as_posix() for p in _REMOVED if Path(p).is_relative_to(out)]
+    finally:
+        _REMOVED = None
+    shards = [i for i, p in enumerate(removed) if p.startswith("part-")]
+    assert len(shards) == 4 and removed.index(".packtool/manifest.json") < min(shards), removed

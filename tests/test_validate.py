@@ -99,6 +99,27 @@ def test_deleted_shard_is_caught(packed):
     assert {"where": f.name, "what": "listed in the manifest but missing"} in report["problems"]
 
 
+def test_a_shard_file_the_manifest_does_not_list_is_caught(packed):
+    """A directory is a Parquet dataset to pandas, duckdb, ``datasets`` and pyarrow, which read
+    every visible ``.parquet`` file in it: a copy of a shard left beside the listed ones (or one
+    of another run) doubles rows for them, and validate said OK."""
+    import pandas as pd
+
+    f = shard(packed)
+    n = len(pd.read_parquet(packed))
+    shutil.copy(f, packed / "part-00009-00000.parquet")
+    (packed / ".part-00001-00000.parquet.123@host.tmp").write_bytes(b"PAR1")  # hidden: no reader opens it
+    assert len(pd.read_parquet(packed)) > n
+    r = run("validate", str(packed), "--json")
+    assert r.returncode == 1
+    report = json.loads(r.stdout)
+    assert report["problems"] == [{"where": "part-00009-00000.parquet", "what": (
+        "not listed in the manifest, yet tools that read the directory as a Parquet dataset (pandas, duckdb, "
+        "datasets) read its rows with the listed shards'; remove it")}]
+    (packed / "part-00009-00000.parquet").unlink()
+    assert run("validate", str(packed)).returncode == 0
+
+
 def test_cu_seqlens_disagreeing_with_position_ids_is_caught(packed):
     def edit(row):
         cu = row["cu_seqlens"]
