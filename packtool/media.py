@@ -28,7 +28,7 @@ from PIL import Image
 
 from .errors import SampleError
 from .records import MediaRef
-from .storage import BUCKET_URLS
+from .storage import BUCKET_URLS, split_url
 from .vision import VideoMeta
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "video_demuxer",
     "ImageInfo",
     "resolve_media_path",
+    "recorded_media_path",
     "MediaPathResolver",
     "probe_image",
     "verify_complete",
@@ -50,6 +51,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _EXIF_ORIENTATION = 0x0112
+_URL_START = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://")
 _TAIL = 4096
 
 
@@ -239,6 +241,56 @@ def _resolve_backslashed(path: str, root: Path, shown: str) -> Path:
         raise SampleError("missing_media", f"media file {shown!r} not found under --media-root {str(root)!r}, nor "
                                            f"{posix[:200]!r}: the path uses Windows backslashes; write it with '/' "
                                            f"separators, relative to --media-root") from None
+
+
+def recorded_media_path(path: str, resolved, media_root) -> str:
+    """The name a tokenized row records for media ``path``, which :func:`resolve_media_path`
+    resolved to ``resolved`` under ``media_root``: relative to the root, with ``/`` separators,
+    so that the rows stay valid once the media move and pack or the reader is given the new root.
+
+    A relative path is kept as written. An absolute path (a ``file://`` URI is read as one) is
+    cut after the root: after the first of its directories that *is* the root, however it is
+    spelled (the root as given, its real path, a link to it or the name it is mounted under),
+    so the names under the root stay as written (``/data/coco/x.jpg`` with ``--media-root /data``
+    is ``coco/x.jpg``). A path that reaches the root only through ``..`` or a link from outside it
+    is named by the real path of the file it resolved to. Under a bucket root an ``s3://`` or
+    ``gs://`` URL becomes its key under the root's prefix. Paths outside the root never get
+    here: :func:`resolve_media_path` refused them (``path_outside_root``).
+
+    Example:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> (root / "coco").mkdir()
+        >>> _ = (root / "coco" / "x.jpg").write_bytes(b"x")
+        >>> full = str(root / "coco" / "x.jpg")
+        >>> recorded_media_path(full, resolve_media_path(full, root), root)
+        'coco/x.jpg'
+        >>> recorded_media_path("coco/./x.jpg", resolve_media_path("coco/./x.jpg", root), root)
+        'coco/./x.jpg'
+    """
+    if not isinstance(media_root, Path):  # a bucket: a URL under it becomes its key under the prefix
+        if not _URL_START.match(path):  # what storage.RemoteRoot reads as a URL
+            return path
+        key, prefix = split_url(str(resolved))[2], media_root.key
+        return key[len(prefix) + 1:] if prefix else key
+    if not path.startswith("/"):
+        return path
+    root = os.path.realpath(media_root)
+    prefix = root.rstrip("/") + "/"
+    rest = None
+    if path.startswith(prefix):  # the usual case: no shorter head of the path can be the root
+        rest = path[len(prefix):].split("/")
+    else:  # the root by another name: the first head of the path that resolves to it
+        parts = path.split("/")
+        for i in range(2, len(parts)):  # "/data", then "/data/coco", ... ("/" is the root only as "/")
+            if os.path.realpath("/".join(parts[:i])) == root:
+                rest = parts[i:]
+                break
+    if rest is not None:
+        rest = [p for p in rest if p not in ("", ".")]  # "a//b" and "a/./b" are "a/b" on any file system
+        if rest and ".." not in rest:
+            return "/".join(rest)
+    return Path(resolved).relative_to(root).as_posix()
 
 
 class MediaPathResolver:

@@ -45,7 +45,7 @@ import pyarrow as pa
 from . import runs
 from .errors import SampleError
 from .formats import Rejected
-from .media import probe_image, resolve_media_path
+from .media import probe_image, recorded_media_path, resolve_media_path
 from .records import MediaRef, Sample
 from .schema import PREFIX_SUBSEGMENT, TOKENIZED
 from .templates import Template
@@ -108,7 +108,8 @@ class _Probed:
 
 
 def _probe_uncached(ref: MediaRef, ctx: EncodeContext, n_images: int) -> tuple:
-    """``(width, height, layout, stat, source)`` of one media item (see :class:`_Probed`)."""
+    """``(ref, width, height, layout, stat, source)`` of one media item (see :class:`_Probed`);
+    ``ref`` names the file relative to the media root (:func:`recorded_media_path`)."""
     if ref.kind not in ("image", "video"):
         raise SampleError("bad_record", f"unknown media kind {ref.kind!r}")
     if ref.data is None and not ref.path:
@@ -119,15 +120,20 @@ def _probe_uncached(ref: MediaRef, ctx: EncodeContext, n_images: int) -> tuple:
     if ref.data is None:
         st = src.stat()
         stat = (st.st_size, st.st_mtime_ns)
+        # an absolute path would tie the rows to where the media are today: pack and the reader
+        # could not be given another root once they move
+        recorded = recorded_media_path(ref.path, src, ctx.media_root)
+        if recorded != ref.path:
+            ref = MediaRef(ref.kind, recorded, None)
     if ref.kind == "image":
         info = probe_image(src, exif=ctx.family.exif)
-        return info.width, info.height, ctx.family.image_in_sample(info.height, info.width, n_images), stat, None
+        return ref, info.width, info.height, ctx.family.image_in_sample(info.height, info.width, n_images), stat, None
     from .media import probe_video
 
     meta = probe_video(src, apply_rotation=ctx.family.exif == "apply")
     # the rate and count the sampler read: with the sampled frames they give the sampled rate a
     # processor derives the video's time step from (Qwen2.5-VL's second_per_grid_ts)
-    return meta.width, meta.height, ctx.family.video(meta), stat, (float(meta.fps), int(meta.n_frames))
+    return ref, meta.width, meta.height, ctx.family.video(meta), stat, (float(meta.fps), int(meta.n_frames))
 
 
 def _probe(ref: MediaRef, ctx: EncodeContext, n_images: int = 1) -> _Probed:
@@ -148,7 +154,7 @@ def _probe(ref: MediaRef, ctx: EncodeContext, n_images: int = 1) -> _Probed:
     hit = cache.get(key)
     if hit is None:
         try:
-            hit = _Probed(ref, *_probe_uncached(ref, ctx, n_images))
+            hit = _Probed(*_probe_uncached(ref, ctx, n_images))
         except SampleError as err:
             hit = err
         if len(cache) >= _PROBE_CACHE_MAX:

@@ -74,7 +74,7 @@ _i32_list = pa.list_(pa.int32())
 #: The media struct of schema versions 1 to 5.
 MEDIA_FIELDS_V5 = [
     pa.field("kind", pa.string(), nullable=False),  # "image" | "video"
-    pa.field("path", pa.string()),  # as written in the input; null for inline bytes
+    pa.field("path", pa.string()),  # relative to the media root (an absolute path under it is cut); null for inline bytes
     pa.field("token_offset", pa.int32(), nullable=False),  # first placeholder token, from row start
     pa.field("n_tokens", pa.int32(), nullable=False),  # placeholder tokens (the span length)
     pa.field("width", pa.int32(), nullable=False),  # original size

@@ -161,6 +161,47 @@ def test_overwrite_removes_only_the_files_the_run_wrote(demo_dirs, tmp_path):
     assert sorted(s["file"] for s in manifest["shards"]) == own  # the same names, rewritten
 
 
+def test_absolute_media_paths_under_the_root_are_recorded_relative_so_the_media_can_move(tmp_path):
+    """Records naming their images by absolute path under --media-root (LLaVA JSON written on a
+    cluster: ``/data/coco/x.jpg`` with ``--media-root /data``), or by ``file://`` URI, were recorded
+    as written: once the media moved, ``pack --media-root NEW`` rejected every such row as
+    ``path_outside_root`` ("pass the right media_root"), which no root could fix."""
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    media, alias = tmp_path / "data", tmp_path / "mount"
+    (media / "coco").mkdir(parents=True)
+    for i, colour in enumerate([(200, 30, 30), (30, 200, 30), (30, 30, 200)]):
+        Image.new("RGB", (64 + 8 * i, 48), colour).save(media / "coco" / f"{i}.png")
+    alias.symlink_to(media)  # the same folder under another name, as a link or a mount gives it
+    (tmp_path / "elsewhere.png").write_bytes((media / "coco" / "0.png").read_bytes())
+    images = {"abs": f"{media}/coco/0.png", "uri": f"file://{media}/coco/1.png", "alias": f"{alias}/coco/2.png",
+              "dots": f"{media}//coco/../coco/./0.png", "rel": "coco/1.png", "out": f"{tmp_path}/elsewhere.png"}
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": k, "image": v, "conversations": [
+        {"from": "human", "value": "<image>\nColour?"}, {"from": "gpt", "value": f"Shape {k}."}]}) + "\n"
+        for k, v in images.items()))
+    tok = tmp_path / "tok"
+    r = run("tokenize", str(src), "--media-root", str(alias), "-o", str(tok), "--quiet")
+    assert r.returncode == 0, r.stderr
+    rows = pq.read_table(next(tok.glob("part-*.parquet")), columns=["sample_id", "media"]).to_pylist()
+    assert {row["sample_id"]: [m["path"] for m in row["media"]] for row in rows} == {
+        "abs": ["coco/0.png"], "uri": ["coco/1.png"], "alias": ["coco/2.png"], "dots": ["coco/0.png"],
+        "rel": ["coco/1.png"]}
+    # outside the root: refused as before, naming the path as written
+    [err] = [json.loads(line) for line in (tok / ".packtool" / "errors.jsonl").read_text().splitlines()]
+    assert (err["sample_id"], err["reason"], err["message"]) == (
+        "out", "path_outside_root", f"media path {images['out']!r} resolves outside --media-root {str(media.resolve())!r}")
+
+    media.rename(tmp_path / "moved")  # another machine, a bucket mirror, a renamed mount
+    for mode in ("reference", "embed"):
+        out = tmp_path / mode
+        r = run("pack", str(tok), "-o", str(out), "--media", mode, "--media-root", str(tmp_path / "moved"), "--json")
+        assert r.returncode == 0, r.stderr
+        summary = json.loads(r.stdout)
+        assert (summary["samples_packed"], summary["rejected"]) == (5, 0), summary
+
+
 @pytest.mark.slow  # two CLI processes at once
 def test_ranks_started_together_plan_once(corpus, tmp_path):
     """Two ranks started at the same moment: one plans (under the plan lock) and the other

@@ -650,6 +650,38 @@ def test_a_reference_tokenize_accepted_is_found_by_the_reader(tmp_path):
         decode_media(row, media_root=tmp_path / "imgs")
 
 
+def test_media_named_by_absolute_path_are_found_under_a_new_media_root_after_a_move(tmp_path):
+    """Packed by reference from records that name their images by absolute path under the media root, the
+    rows held that path: once the media moved, ``decode_media(row, media_root=NEW)`` said it "resolves
+    outside media_root; pass the right media_root", and no root was right."""
+    import packtool
+    from packtool import PackConfig, TokenizeConfig
+
+    media = tmp_path / "data"
+    (media / "imgs").mkdir(parents=True)
+    rng = np.random.default_rng(11)
+    pixels = {}
+    for name in ("a.png", "b.png"):
+        pixels[name] = rng.integers(0, 256, (40, 56, 3), dtype=np.uint8)
+        Image.fromarray(pixels[name]).save(media / "imgs" / name)
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "image": image, "conversations": [
+        {"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": "Noise."}]}) + "\n"
+        for i, image in (("a", f"{media}/imgs/a.png"), ("b", f"file://{media}/imgs/b.png"))))
+    packtool.tokenize_dataset([data], tmp_path / "tok", TokenizeConfig(media_root=str(media)))
+    packtool.pack_dataset(tmp_path / "tok", tmp_path / "ref", PackConfig(max_tokens=512, media="reference"))
+    moved = media.rename(tmp_path / "moved")
+    rows = list(PackedDataset(tmp_path / "ref"))
+    items = [m for row in rows for m in row["media"]]
+    assert sorted(m["path"] for m in items) == ["imgs/a.png", "imgs/b.png"]
+    for m in items:
+        assert np.array_equal(np.asarray(decode_image(m, media_root=moved)), pixels[m["path"].split("/")[1]])
+    got = [np.asarray(im) for ims in collate(rows, media_root=moved)["pixel"] for im in ims]
+    assert len(got) == 2 and all(any(np.array_equal(g, p) for p in pixels.values()) for g in got)
+    with pytest.raises(InputError, match=r"^media file 'imgs/.\.png' not found under media_root .*; pass the right"):
+        decode_media(rows[0], media_root=media)
+
+
 def test_collate_turns_images_as_tokenize_counted_them(tmp_path):
     """Packs tokenized with --exif apply (Molmo2's default) count a photo whose EXIF says 'rotate 90' turned:
     its media item says 40x60. collate's ``pixel`` and decode_media gave it unturned (60x40), another size

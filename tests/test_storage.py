@@ -664,6 +664,10 @@ def test_bucket_urls_in_records_resolve_under_a_bucket_media_root(s3, tmp_path):
     assert m["counts"]["samples"] == 2
     assert rejected(tmp_path / "tok") == {"u2": ("path_outside_root", f"media path {media[2]!r} resolves outside "
                                                                       f"--media-root 's3://{BUCKET}/{prefix}/media'")}
+    # recorded as keys under the root, as local absolute paths are: a copy of the media under another
+    # prefix (a mirror, another bucket) serves the same rows
+    rows = pq.read_table(next((tmp_path / "tok").glob("part-*.parquet")), columns=["sample_id", "media"]).to_pylist()
+    assert {r["sample_id"]: [m["path"] for m in r["media"]] for r in rows} == {"u0": ["img00.png"], "u1": ["img01.jpg"]}
     # a local root: the URLs are refused, naming the fix
     m = tokenize_dataset([tmp_path / "data.jsonl"], tmp_path / "tok-local", TokenizeConfig(media_root=str(images)),
                          workers=1)

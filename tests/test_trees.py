@@ -182,6 +182,18 @@ def test_group_by_media_merges_same_file(root):
     assert [s.sample_id for s in items if isinstance(s, Sample)] == ["r0", "r1", "r3"]
 
 
+def test_one_image_named_absolutely_and_relatively_is_one_tree_recorded_relative(root):
+    """Records naming one image by absolute path, ``file://`` URI and relative path merge into one tree,
+    whose row names the image relative to the root whichever record came first (it held the first
+    record's absolute path, which tied the rows to where the media were)."""
+    items = [llava(0, str(root / "img.png"), "What colour?", "Red."), llava(1, "img.png", "How big?", "Small."),
+             llava(2, f"file://{root}/img.png", "Shape?", "Oblong."), llava(3, str(root / "other.png"), "Q?", "A.")]
+    merged = list(group_by_media(items, root))
+    assert [(s.sample_id, len(s.branches)) for s in merged] == [("r0", 3), ("r3", 1)]
+    rows = encode(merged, ctx_for(root))
+    assert [[m["path"] for m in r["media"]] for r in rows] == [["img.png"], ["other.png"]]
+
+
 def test_group_by_media_uses_bytes_hash_for_inline_media(root):
     blob = (root / "img.png").read_bytes()
     a = llava(0, "img.png", "Q1?", "A1.")
