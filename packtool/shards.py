@@ -525,9 +525,13 @@ def read_manifest(path: Path, kind: str | None = None, shown: str | None = None)
     from .storage import source_name
 
     local = manifest_path(path)
+    shown = source_name(path) if shown is None else shown
+    if Path(path).name == STATE_DIR and local == Path(path) / LEGACY_MANIFEST:
+        # the hidden folder's own manifest.json looks like a legacy top-level one: its shards are a level up
+        raise InputError(f"{shown!r} is the {STATE_DIR} folder packtool keeps inside an output directory; pass the "
+                         f"directory that holds it ({str(Path(path).parent)!r})")
     if not local.is_file():
         raise _no_manifest(Path(path), kind)
-    shown = source_name(path) if shown is None else shown
     file = local if shown == str(path) else f"{shown.rstrip('/')}/{local.relative_to(path).as_posix()}"
     try:
         manifest = json.loads(local.read_text(encoding="utf-8"))

@@ -287,6 +287,26 @@ def test_resume_refuses_another_split(packed, tmp_path):
         PackedDataset(packed, rank=2, world_size=2)
 
 
+@pytest.mark.parametrize("key,value", [("consumed", 2.5), ("consumed", -1), ("consumed", "3"), ("consumed", None),
+                                       ("epoch", -1), ("epoch", 1.5), ("epoch", True)])
+def test_resume_refuses_a_position_that_is_not_a_count(packed, key, value):
+    """A position is never rounded or guessed: 2.5 packs, epoch -1 or a missing key name the key."""
+    ds = PackedDataset(packed, seed=1)
+    state = dict(ds.state_dict(), epoch=1, consumed=4)
+    state[key] = value
+    with pytest.raises(ResumeMismatchError, match=f"{key}="):
+        ds.load_state_dict(state)
+    good = dict(state, **{key: np.int64(3)})  # numpy integers, as a checkpoint may hold them
+    ds.load_state_dict(good)
+    assert (ds.epoch, ds.consumed) == (good["epoch"], good["consumed"])
+
+
+def test_the_hidden_state_folder_given_as_the_dataset_names_its_parent(packed):
+    with pytest.raises(InputError, match=r"\.packtool folder .* pass the directory that holds it") as err:
+        PackedDataset(packed / ".packtool")
+    assert repr(str(packed)) in str(err.value)
+
+
 def test_resume_refuses_an_edited_corpus_repacked_with_the_same_settings(tmp_path):
     """The same input path and settings give the same config digest, and here the same pack
     count: only the shards tell the two datasets apart."""

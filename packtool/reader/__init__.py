@@ -96,6 +96,20 @@ _TOKEN_COLUMNS = ("input_ids", "target_ids", "position_ids", "subsegment_ids", "
 # --------------------------------------------------------------------------- the dataset
 
 
+def _state_count(state: dict[str, Any], key: str) -> int:
+    """``state[key]`` as a count (a whole number >= 0; numpy and torch integers welcome), or a
+    :class:`ResumeMismatchError` naming the key: a position is never rounded or guessed."""
+    value = state.get(key)
+    try:
+        ok = not isinstance(value, bool) and value is not None and int(value) == value and int(value) >= 0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ResumeMismatchError(f"reader state has {key}={value!r}, where a whole number >= 0 is needed; load the "
+                                  "dict PackedDataset.state_dict() returned, unchanged")
+    return int(value)
+
+
 class PackedDataset:
     """Packed shards as a stream of rows, split by rank and DataLoader worker.
 
@@ -262,10 +276,10 @@ class PackedDataset:
                     f"reader state was saved with {key}={state.get(key)!r} but this reader has {key}={mine!r}; "
                     f"exact resume needs the same {key}"
                 )
-        consumed = int(state["consumed"])
+        consumed, epoch = (_state_count(state, key) for key in ("consumed", "epoch"))
         if not 0 <= consumed <= self._len:
             raise ResumeMismatchError(f"reader state has consumed={consumed}, outside 0..{self._len}")
-        self.epoch = int(state["epoch"])
+        self.epoch = epoch
         self.consumed = consumed
 
     # ---- iteration
