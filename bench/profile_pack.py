@@ -21,7 +21,7 @@ from bench.corpus import write_tokenized
 
 #: Stage -> substrings of the profiled functions whose own time counts for it.
 STAGES = {
-    "knapsack": ("knapsack.py",),
+    "knapsack": ("knapsack.py", "_stream_packs"),  # the buffer loop calls the solve from compiled code
     "Parquet read": ("read_row_group", "core.py:605(read)", "iter_batches"),
     "Parquet write": ("write_table", "ParquetWriter"),
     "gather into packs": ("_gather_runs",),
