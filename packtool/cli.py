@@ -2,7 +2,8 @@
 
 This is the one place that turns outcomes into exit codes: :class:`~packtool.errors.PacktoolError`
 prints ``Error: ...`` on stderr and exits 1, a usage error prints click's usage message and exits 2,
-Ctrl-C prints ``Error: interrupted ...`` and exits 130. Progress bars go to stderr, results to stdout.
+Ctrl-C prints ``Error: interrupted ...`` and exits 130, SIGTERM (a scheduler stopping the job) prints
+``Error: terminated ...`` and exits 143. Progress bars go to stderr, results to stdout.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import typer
 from . import __version__
 from .config import INT32_MAX, LAYOUTS, MEDIA_MODES, OVERSIZE_POLICIES, PackConfig, TokenizeConfig
 from .errors import PacktoolError
-from .executors import ExecutorConfig
+from .executors import ExecutorConfig, sigterm_as_interrupt
 from .formats import FORMATS
 from .mixture import GROUP_BY, SAMPLES_PER_TASK
 from .pipeline import ON_ERROR
@@ -600,6 +601,10 @@ def _click_exceptions() -> tuple[type[BaseException], ...]:
 INTERRUPTED = "interrupted; finished tasks are kept: re-run the same command to resume"
 #: Exit code of an interrupted command (128 + SIGINT, as a shell reports it).
 EXIT_INTERRUPT = 130
+#: What a stage stopped by SIGTERM (Slurm, Kubernetes) prints; as after Ctrl-C, the same command resumes.
+TERMINATED = "terminated (SIGTERM); finished tasks are kept: re-run the same command to resume"
+#: Exit code of a command stopped by SIGTERM (128 + SIGTERM, as a shell reports it).
+EXIT_TERMINATED = 143
 #: Exit code of a usage error (bad flag, missing option, unknown command), as click uses.
 EXIT_USAGE = 2
 
@@ -608,28 +613,38 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app and turn every outcome into an exit code.
 
     ``PacktoolError`` -> ``Error: ...`` and 1; a usage error -> click's usage message and 2;
-    Ctrl-C -> ``Error: interrupted ...`` and 130. Anything else is a bug and keeps its traceback.
+    Ctrl-C -> ``Error: interrupted ...`` and 130; SIGTERM -> ``Error: terminated ...`` and 143
+    (the run stops as for Ctrl-C; a second SIGTERM ends the process at once). Anything else is
+    a bug and keeps its traceback.
     """
     usage_errors = _click_exceptions()
+    term = None
     try:
-        rv = app(args=argv, prog_name="packtool", standalone_mode=False)
+        with sigterm_as_interrupt() as term:
+            rv = app(args=argv, prog_name="packtool", standalone_mode=False)
     except PacktoolError as exc:
         typer.echo(f"Error: {exc}", err=True)
         return exc.exit_code
     except typer.Exit as exc:
-        return _interrupted() if exc.exit_code == EXIT_INTERRUPT else exc.exit_code
+        return _interrupted(term) if exc.exit_code == EXIT_INTERRUPT else exc.exit_code
     except (typer.Abort, KeyboardInterrupt):  # older click turns Ctrl-C into Abort
-        return _interrupted()
+        return _interrupted(term)
     except usage_errors as exc:
         exc.show()  # type: ignore[attr-defined]
         return exc.exit_code  # type: ignore[attr-defined]
     # typer >= 0.2x returns 130 for Ctrl-C (it raises Exit(130), which non-standalone mode returns)
     if isinstance(rv, int) and not isinstance(rv, bool):
-        return _interrupted() if rv == EXIT_INTERRUPT else rv
+        return _interrupted(term) if rv == EXIT_INTERRUPT else rv
     return 0
 
 
-def _interrupted() -> int:
+def _interrupted(term) -> int:
+    """The line and exit code of a stopped command: SIGTERM's when ``term`` (the
+    :func:`~packtool.executors.sigterm_as_interrupt` handler) received one, else Ctrl-C's.
+    (typer turns either interrupt into its exit code 130, so they are told apart by the handler.)"""
+    if term is not None and term.received:
+        typer.echo(f"Error: {TERMINATED}", err=True)
+        return EXIT_TERMINATED
     typer.echo(f"Error: {INTERRUPTED}", err=True)
     return EXIT_INTERRUPT
 
