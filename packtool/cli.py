@@ -141,6 +141,16 @@ def _rank_line(result: dict, output: Path) -> str:
             f"{result['tasks_missing']} tasks of other ranks remain; when all are done run: packtool merge {output}")
 
 
+def _share_json(full: dict, result: dict) -> dict:
+    """``--json`` of a rank that is not the last to finish: ``full``, the keys a full run prints,
+    counted over this rank's tasks; then what marks a share (``partial``, ``kind``, ``rank``,
+    ``world_size``, ``tasks_missing``), and the counts nested and the shard list (``shard_files``)
+    as the library returns them."""
+    return {**full, "partial": True, "kind": result["kind"], "rank": result["rank"],
+            "world_size": result["world_size"], "tasks_missing": result["tasks_missing"],
+            "counts": result["counts"], "shard_files": result["shards"]}
+
+
 def _emit_json(obj: dict) -> None:
     typer.echo(json.dumps(obj, indent=2, sort_keys=False))
 
@@ -214,10 +224,11 @@ def tokenize(
                             world_size=world_size)
     with _progress("tokenize", quiet) as bar:
         manifest = tokenize_dataset(inputs, output, cfg, progress=bar, overwrite=overwrite, on_error=on_error, ex=ex)
-    if manifest.get("partial"):
-        _emit_json(manifest) if as_json else typer.echo(_rank_line(manifest, output))
-        return
     c = manifest["counts"]
+    if manifest.get("partial"):
+        full = {"output": str(output), **c, "tasks": manifest["tasks"], "shards": len(manifest["shards"])}
+        _emit_json(_share_json(full, manifest)) if as_json else typer.echo(_rank_line(manifest, output))
+        return
     if as_json:
         _emit_json({"output": str(output), **c, "shards": len(manifest["shards"])})
         return
@@ -298,8 +309,12 @@ def pack(
     with _progress("pack", quiet) as bar:
         result = pack_dataset(src, output or Path("."), cfg, progress=bar, overwrite=overwrite, dry_run=dry_run,
                               media_root=media_root, max_errors=max_errors, on_error=on_error, ex=ex)
-    if result.get("partial"):
-        _emit_json(result) if as_json else typer.echo(_rank_line(result, output))
+    if result.get("partial"):  # never a dry run, which writes nothing and so has no ranks to wait for
+        # a mixture's per-source counts (source_*) stay in the nested counts: a full run folds them
+        # into its mixture summary, which is made once, of the whole run
+        counts = {k: v for k, v in result["counts"].items() if not k.startswith("source_")}
+        full = {"output": str(output), "dry_run": False, **result["capacities"], **counts, "tasks": result["tasks"]}
+        _emit_json(_share_json(full, result)) if as_json else typer.echo(_rank_line(result, output))
         return
     c = result["counts"]
     plan = None

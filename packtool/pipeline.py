@@ -373,9 +373,13 @@ def _finish_or_partial(out: Path, run: dict, ex: ExecutorConfig) -> dict:
             raise RuntimeError(f"internal error: task {t} of rank {ex.rank} has no completion marker")
         _add_counts(counts, marker["counts"])
         shards.extend(marker["shards"])
+    extra = {}
+    if run["kind"] == "packed":  # as a full run reports them: the bound of this rank's samples
+        caps = extra["capacities"] = run["manifest"]["capacities"]
+        counts["lower_bound"] = _pack_bound(counts, caps["max_tokens"], caps["max_vision_units"])
     log.info("rank %d of %d finished %d tasks; %d tasks of other ranks remain", ex.rank, ex.world_size, len(mine), len(missing))
     return {"kind": run["kind"], "partial": True, "rank": ex.rank, "world_size": ex.world_size,
-            "tasks": len(mine), "tasks_missing": len(missing), "counts": counts, "shards": shards}
+            "tasks": len(mine), "tasks_missing": len(missing), "counts": counts, "shards": shards, **extra}
 
 
 @_environment_errors
@@ -885,7 +889,9 @@ def tokenize_dataset(
 
     Returns the manifest (``counts``: ``rows_in``, ``samples``, ``rejected``,
     ``rejected_by_reason``, ``tokens``, ``vision_units``, ``tasks``); with several ranks,
-    a rank that is not the last to finish returns its own share with ``partial: True``.
+    a rank that is not the last to finish returns its own share with ``partial: True``
+    (``kind``, ``rank``, ``world_size``, ``tasks``, ``tasks_missing``, ``counts`` and ``shards``
+    of its own tasks).
 
     Args:
         inputs: one file, directory or URL, or any iterable of them (a list, a generator).

@@ -45,6 +45,35 @@ def test_ranks_then_merge(corpus, tmp_path):
     assert json.loads((out / ".packtool" / "manifest.json").read_text())["counts"]["rejected_by_reason"] == {"bad_json": 1}
 
 
+SHARE_KEYS = ["partial", "kind", "rank", "world_size", "tasks_missing", "counts", "shard_files"]
+
+
+def test_json_of_a_rank_that_is_not_the_last_has_the_full_runs_keys(corpus, tmp_path):
+    """``--json`` of a rank whose run others finish printed another shape (no ``output``, the counts
+    nested, ``shards`` a list where a full run prints a number): a script reading one rank's
+    result broke on the others'. Now a share prints a full run's keys, counted over its own
+    tasks, then the keys that mark it a share."""
+    src, sample = corpus
+    tok_args = ["--media-root", str(sample), "--rows-per-shard", "8", "--quiet", "--json"]
+    full = json.loads(run("tokenize", str(src), "-o", str(tmp_path / "tok"), *tok_args).stdout)
+    r = run("tokenize", str(src), "-o", str(tmp_path / "tok2"), *tok_args, "--world-size", "2", "--rank", "0")
+    share = json.loads(r.stdout)
+    assert list(share) == [*full, *SHARE_KEYS]
+    assert (share["output"], share["tasks"], share["shards"], share["tasks_missing"], share["rank"]) == \
+        (str(tmp_path / "tok2"), 2, 2, 2, 0)
+    assert {k: share[k] for k in share["counts"]} == share["counts"] and share["samples"] == 16
+    assert [s["file"] for s in share["shard_files"]] == ["part-00000-00000.parquet", "part-00002-00000.parquet"]
+    pack_args = ["--max-tokens", "8192", "--quiet", "--json"]
+    full = json.loads(run("pack", str(tmp_path / "tok"), "-o", str(tmp_path / "packed"), *pack_args).stdout)
+    share = json.loads(run("pack", str(tmp_path / "tok"), "-o", str(tmp_path / "packed2"), *pack_args,
+                           "--world-size", "2", "--rank", "1").stdout)
+    assert list(share) == [*full, *SHARE_KEYS]
+    assert (share["output"], share["dry_run"], share["max_tokens"], share["max_vision_units"], share["tasks"]) == \
+        (str(tmp_path / "packed2"), False, 8192, full["max_vision_units"], 2)
+    assert share["samples_packed"] == share["counts"]["samples_packed"] < full["samples_packed"]
+    assert 1 <= share["lower_bound"] <= share["packs"]
+
+
 def test_on_error_fail_and_max_errors_exit_1_with_the_row(corpus, tmp_path):
     src, sample = corpus
     common = [str(src), "--media-root", str(sample), "--quiet"]
