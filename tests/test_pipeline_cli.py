@@ -85,8 +85,41 @@ def test_on_error_fail_and_max_errors_exit_1_with_the_row(corpus, tmp_path):
     r = run("tokenize", *common, "-o", str(tmp_path / "b"), "--max-errors", "0")
     assert r.returncode == 1
     assert r.stderr.startswith("Error: 1 input rows rejected, more than --max-errors 0")
+    assert r.stderr.endswith("); fix the input or raise --max-errors\n")
     r = run("tokenize", *common, "-o", str(tmp_path / "b"), "--max-errors", "1", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["rejected"] == 1
+
+
+OVERSIZE_FIX = ("the samples do not fit a pack: raise --max-tokens or --max-vision-units, keep them with --oversize "
+                "alone or truncate (text-only), or raise --max-errors\n")
+
+
+def test_max_errors_stopping_pack_on_oversize_drops_names_the_capacities(corpus, tmp_path):
+    """12 of the 30 demo samples need more than 1,024 tokens: pack's --max-errors stop said
+    "fix the input or raise --max-errors", where the fix is the pack's capacities or --oversize.
+    Every place the limit is checked says so: a task, a dry run, a finished run found again."""
+    src, sample = corpus
+    tok = tmp_path / "tok"
+    assert run("tokenize", str(src), "--media-root", str(sample), "-o", str(tok), "--rows-per-shard", "10",
+               "--quiet").returncode == 0
+    pack = ["pack", str(tok), "--max-tokens", "1024", "--quiet", "--workers", "1"]
+    r = run(*pack, "-o", str(tmp_path / "a"), "--max-errors", "2")
+    assert r.returncode == 1 and r.stderr.startswith("Error: 3 input rows rejected, more than --max-errors 2 (latest: ")
+    assert r.stderr.endswith("oversize: needs 1,238 tokens and 4,784 vision units; a pack holds 1,024 and 65,536); "
+                             + OVERSIZE_FIX)
+    r = run(*pack, "--dry-run", "--max-errors", "2")
+    assert (r.returncode, r.stderr) == (1, "Error: 12 input rows would be rejected, more than --max-errors 2 "
+                                           "(oversize 12); " + OVERSIZE_FIX)
+    assert run(*pack, "-o", str(tmp_path / "b")).returncode == 0
+    r = run(*pack, "-o", str(tmp_path / "b"), "--max-errors", "2")
+    assert (r.returncode, r.stderr) == (1, "Error: 12 input rows rejected, more than --max-errors 2 (see "
+                                           f"{tmp_path / 'b' / '.packtool' / 'errors.jsonl'}); " + OVERSIZE_FIX)
+    # rows rejected for other reasons beside them: both fixes
+    from packtool.pipeline import _max_errors_fix
+
+    assert _max_errors_fix({"oversize": 2, "missing_media": 1}) == (
+        "fix the input (samples that do not fit a pack: raise --max-tokens or --max-vision-units, keep them with "
+        "--oversize alone or truncate (text-only)) or raise --max-errors")
 
 
 @pytest.mark.parametrize(("flags", "code", "message"), [
