@@ -2,7 +2,8 @@
 
 This is the one place that turns outcomes into exit codes: :class:`~packtool.errors.PacktoolError`
 prints ``Error: ...`` on stderr and exits 1, a usage error prints click's usage message and exits 2,
-Ctrl-C prints ``Error: interrupted ...`` and exits 130. Progress bars go to stderr, results to stdout.
+Ctrl-C prints ``Error: interrupted ...`` and exits 130, SIGTERM (a scheduler stopping the job) prints
+``Error: terminated ...`` and exits 143. Progress bars go to stderr, results to stdout.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import typer
 from . import __version__
 from .config import INT32_MAX, LAYOUTS, MEDIA_MODES, OVERSIZE_POLICIES, PackConfig, TokenizeConfig
 from .errors import PacktoolError
-from .executors import ExecutorConfig
+from .executors import ExecutorConfig, sigterm_as_interrupt
 from .formats import FORMATS
 from .mixture import GROUP_BY, SAMPLES_PER_TASK
 from .pipeline import ON_ERROR
@@ -140,6 +141,16 @@ def _rank_line(result: dict, output: Path) -> str:
             f"{result['tasks_missing']} tasks of other ranks remain; when all are done run: packtool merge {output}")
 
 
+def _share_json(full: dict, result: dict) -> dict:
+    """``--json`` of a rank that is not the last to finish: ``full``, the keys a full run prints,
+    counted over this rank's tasks; then what marks a share (``partial``, ``kind``, ``rank``,
+    ``world_size``, ``tasks_missing``), and the counts nested and the shard list (``shard_files``)
+    as the library returns them."""
+    return {**full, "partial": True, "kind": result["kind"], "rank": result["rank"],
+            "world_size": result["world_size"], "tasks_missing": result["tasks_missing"],
+            "counts": result["counts"], "shard_files": result["shards"]}
+
+
 def _emit_json(obj: dict) -> None:
     typer.echo(json.dumps(obj, indent=2, sort_keys=False))
 
@@ -213,10 +224,11 @@ def tokenize(
                             world_size=world_size)
     with _progress("tokenize", quiet) as bar:
         manifest = tokenize_dataset(inputs, output, cfg, progress=bar, overwrite=overwrite, on_error=on_error, ex=ex)
-    if manifest.get("partial"):
-        _emit_json(manifest) if as_json else typer.echo(_rank_line(manifest, output))
-        return
     c = manifest["counts"]
+    if manifest.get("partial"):
+        full = {"output": str(output), **c, "tasks": manifest["tasks"], "shards": len(manifest["shards"])}
+        _emit_json(_share_json(full, manifest)) if as_json else typer.echo(_rank_line(manifest, output))
+        return
     if as_json:
         _emit_json({"output": str(output), **c, "shards": len(manifest["shards"])})
         return
@@ -297,8 +309,12 @@ def pack(
     with _progress("pack", quiet) as bar:
         result = pack_dataset(src, output or Path("."), cfg, progress=bar, overwrite=overwrite, dry_run=dry_run,
                               media_root=media_root, max_errors=max_errors, on_error=on_error, ex=ex)
-    if result.get("partial"):
-        _emit_json(result) if as_json else typer.echo(_rank_line(result, output))
+    if result.get("partial"):  # never a dry run, which writes nothing and so has no ranks to wait for
+        # a mixture's per-source counts (source_*) stay in the nested counts: a full run folds them
+        # into its mixture summary, which is made once, of the whole run
+        counts = {k: v for k, v in result["counts"].items() if not k.startswith("source_")}
+        full = {"output": str(output), "dry_run": False, **result["capacities"], **counts, "tasks": result["tasks"]}
+        _emit_json(_share_json(full, result)) if as_json else typer.echo(_rank_line(result, output))
         return
     c = result["counts"]
     plan = None
@@ -600,6 +616,10 @@ def _click_exceptions() -> tuple[type[BaseException], ...]:
 INTERRUPTED = "interrupted; finished tasks are kept: re-run the same command to resume"
 #: Exit code of an interrupted command (128 + SIGINT, as a shell reports it).
 EXIT_INTERRUPT = 130
+#: What a stage stopped by SIGTERM (Slurm, Kubernetes) prints; as after Ctrl-C, the same command resumes.
+TERMINATED = "terminated (SIGTERM); finished tasks are kept: re-run the same command to resume"
+#: Exit code of a command stopped by SIGTERM (128 + SIGTERM, as a shell reports it).
+EXIT_TERMINATED = 143
 #: Exit code of a usage error (bad flag, missing option, unknown command), as click uses.
 EXIT_USAGE = 2
 
@@ -608,28 +628,38 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app and turn every outcome into an exit code.
 
     ``PacktoolError`` -> ``Error: ...`` and 1; a usage error -> click's usage message and 2;
-    Ctrl-C -> ``Error: interrupted ...`` and 130. Anything else is a bug and keeps its traceback.
+    Ctrl-C -> ``Error: interrupted ...`` and 130; SIGTERM -> ``Error: terminated ...`` and 143
+    (the run stops as for Ctrl-C; a second SIGTERM ends the process at once). Anything else is
+    a bug and keeps its traceback.
     """
     usage_errors = _click_exceptions()
+    term = None
     try:
-        rv = app(args=argv, prog_name="packtool", standalone_mode=False)
+        with sigterm_as_interrupt() as term:
+            rv = app(args=argv, prog_name="packtool", standalone_mode=False)
     except PacktoolError as exc:
         typer.echo(f"Error: {exc}", err=True)
         return exc.exit_code
     except typer.Exit as exc:
-        return _interrupted() if exc.exit_code == EXIT_INTERRUPT else exc.exit_code
+        return _interrupted(term) if exc.exit_code == EXIT_INTERRUPT else exc.exit_code
     except (typer.Abort, KeyboardInterrupt):  # older click turns Ctrl-C into Abort
-        return _interrupted()
+        return _interrupted(term)
     except usage_errors as exc:
         exc.show()  # type: ignore[attr-defined]
         return exc.exit_code  # type: ignore[attr-defined]
     # typer >= 0.2x returns 130 for Ctrl-C (it raises Exit(130), which non-standalone mode returns)
     if isinstance(rv, int) and not isinstance(rv, bool):
-        return _interrupted() if rv == EXIT_INTERRUPT else rv
+        return _interrupted(term) if rv == EXIT_INTERRUPT else rv
     return 0
 
 
-def _interrupted() -> int:
+def _interrupted(term) -> int:
+    """The line and exit code of a stopped command: SIGTERM's when ``term`` (the
+    :func:`~packtool.executors.sigterm_as_interrupt` handler) received one, else Ctrl-C's.
+    (typer turns either interrupt into its exit code 130, so they are told apart by the handler.)"""
+    if term is not None and term.received:
+        typer.echo(f"Error: {TERMINATED}", err=True)
+        return EXIT_TERMINATED
     typer.echo(f"Error: {INTERRUPTED}", err=True)
     return EXIT_INTERRUPT
 

@@ -48,7 +48,7 @@ from .config import check_types
 from .errors import ConfigError, PacktoolError
 
 __all__ = ["ExecutorConfig", "run_tasks", "default_workers", "Reporter", "set_total", "worker_place",
-           "RAY_TASK_RETRIES"]
+           "RAY_TASK_RETRIES", "Terminated", "sigterm_as_interrupt"]
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +112,63 @@ class ExecutorConfig:
         return list(range(self.rank, n_tasks, self.world_size))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, under :func:`sigterm_as_interrupt`: a scheduler stopping the job (Slurm's
+    ``scancel`` or time limit, a Kubernetes pod's eviction or preemption).
+
+    A ``KeyboardInterrupt``, so a run stops as it does for Ctrl-C: every worker stopped,
+    unfinished tasks' temporaries removed, finished tasks kept for the same command to resume.
+    """
+
+
+class _SigtermHandler:
+    """The SIGTERM handler :func:`sigterm_as_interrupt` installs; ``received``: whether it fired."""
+
+    def __init__(self) -> None:
+        self.received = False
+
+    def __call__(self, signum, frame) -> None:
+        self.received = True
+        # the first SIGTERM stops the run in order; a second one (or the scheduler's SIGKILL after
+        # its grace period) ends the process at once
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise Terminated
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[_SigtermHandler]:
+    """Within it, SIGTERM raises :class:`Terminated` in the main thread, as Ctrl-C raises
+    ``KeyboardInterrupt``; the handler it yields says whether one arrived.
+
+    SIGTERM's default ends the process on the spot: no message, the unfinished tasks'
+    temporaries left behind, and a pool's semaphores reported leaked by multiprocessing's
+    resource tracker. The command line runs every command inside this; a library caller
+    keeps its own SIGTERM unless it does too. Outside the main thread (where no handler can
+    be set) it changes nothing.
+    """
+    import threading
+
+    handler = _SigtermHandler()
+    if threading.current_thread() is not threading.main_thread():
+        yield handler
+        return
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield handler
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _interrupt(noted: list[int]) -> KeyboardInterrupt:
+    """What a noted signal raises again: :class:`Terminated` for SIGTERM, else ``KeyboardInterrupt``."""
+    return Terminated() if signal.SIGTERM in noted else KeyboardInterrupt()
+
+
 class Reporter:
     """Adds up ``report(n)`` calls and forwards them at most every 0.25 s (and on ``flush``).
 
-    ``interrupted``: the Ctrl-Cs an in-process run noted (:func:`_interrupts_noted`); a report
-    after one raises ``KeyboardInterrupt`` again, should the code it arrived in have dropped it.
+    ``interrupted``: the interrupts an in-process run noted (:func:`_interrupts_noted`); a report
+    after one raises it again, should the code it arrived in have dropped it.
     """
 
     def __init__(self, sink: Callable[[int], None] | None, interrupted: list[int] | None = None) -> None:
@@ -128,7 +180,7 @@ class Reporter:
 
     def __call__(self, n: int) -> None:
         if self.interrupted:
-            raise KeyboardInterrupt
+            raise _interrupt(self.interrupted)
         self.pending += n
         self.total += n
         now = time.monotonic()
@@ -188,7 +240,7 @@ def run_tasks(
                     rep = Reporter(progress, interrupted)
                     res = fn(task, rep)
                     if interrupted:
-                        raise KeyboardInterrupt
+                        raise _interrupt(interrupted)
                     rep.flush()
                     collect(i, res)
         else:
@@ -198,31 +250,37 @@ def run_tasks(
 
 @contextmanager
 def _interrupts_noted() -> Iterator[list[int]]:
-    """Note each Ctrl-C of an in-process run, and raise it as usual.
+    """Note each Ctrl-C (and SIGTERM, under :func:`sigterm_as_interrupt`) of an in-process run,
+    and raise it as usual.
 
     Library code can drop the ``KeyboardInterrupt``: numba loads cached kernels through a ctypes
     callback, where an exception is printed and discarded, and a run interrupted in that second
-    went on to the end and exited 0. The list this yields holds the interrupts seen, which
+    went on to the end and exited 0. The list this yields holds the signals seen, which
     :class:`Reporter` and the task loop raise again. Left alone where Python's own handler is
     not in place (another thread, or a caller's handler).
     """
     import threading
 
     noted: list[int] = []
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    if threading.current_thread() is not threading.main_thread():
         yield noted
         return
+    handlers = {signal.SIGINT: signal.getsignal(signal.SIGINT), signal.SIGTERM: signal.getsignal(signal.SIGTERM)}
+    handlers = {signum: old for signum, old in handlers.items()
+                if old is signal.default_int_handler or isinstance(old, _SigtermHandler)}
 
     def note(signum, frame):
         noted.append(signum)
-        raise KeyboardInterrupt
+        handlers[signum](signum, frame)
 
-    signal.signal(signal.SIGINT, note)
+    for signum in handlers:
+        signal.signal(signum, note)
     try:
         yield noted
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum, old in handlers.items():
+            if signal.getsignal(signum) is note:  # a SIGTERM handler that fired left the default in place
+                signal.signal(signum, old)
 
 
 # ---------------------------------------------------------------- local process pool
@@ -230,7 +288,7 @@ def _interrupts_noted() -> Iterator[list[int]]:
 _QUEUE: Any = None
 
 
-def _pool_init(q, driver: int, env: dict[str, str]) -> None:
+def _pool_init(q, driver: int, env: dict[str, str], leave_term: bool = False) -> None:
     global _QUEUE
     _QUEUE = q
     # A worker is forked from the forkserver, whose environment is the driver's when that
@@ -239,10 +297,14 @@ def _pool_init(q, driver: int, env: dict[str, str]) -> None:
     if dict(os.environ) != env:
         os.environ.clear()
         os.environ.update(env)
-    # Workers leave the interrupt to the driver, which terminates the pool.
+    # Workers leave the interrupt to the driver, which terminates the pool; SIGTERM too where the
+    # driver stops on it (sigterm_as_interrupt): a scheduler sends it to every process of the job,
+    # and a worker it ended first read as a crash ("a worker process died") instead.
     import threading
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if leave_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Thread(target=_exit_with_driver, args=(driver,), daemon=True).start()
 
 
@@ -364,16 +426,17 @@ class _MainHidden:
 
 @contextmanager
 def _interrupt_held() -> Iterator[None]:
-    """Hold Ctrl-C back while the pool starts its processes; it arrives when they are started.
+    """Hold Ctrl-C (and SIGTERM, under :func:`sigterm_as_interrupt`) back while the pool starts
+    its processes; it arrives when they are started.
 
     Ctrl-C reaches the whole process group. A process the pool was starting then printed a
     traceback beside the driver's ``Error: interrupted``: the forkserver while it imported
     its preload (before it ignores SIGINT), or a worker the interrupt caught between its fork
     and the pool's record of it, which was not stopped with the others and failed to unpickle
-    its start data once the stopping driver had removed the queue's semaphore. Here SIGINT is
-    blocked, so the processes started meanwhile inherit the block and never see it (CPython
-    starts its resource tracker the same way), and the driver's handler only notes it (another
-    thread of the driver may take the signal), to raise it once every worker is recorded.
+    its start data once the stopping driver had removed the queue's semaphore. Here the signals
+    are blocked, so the processes started meanwhile inherit the block and never see them (CPython
+    starts its resource tracker the same way), and the driver's handler only notes them (another
+    thread of the driver may take the signal), to raise the first once every worker is recorded.
     """
     import threading
 
@@ -381,19 +444,26 @@ def _interrupt_held() -> Iterator[None]:
         yield
         return
     caught: list[int] = []
-    # only the main thread sets handlers; None: a handler Python did not install, left alone
-    old = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
-    if old is not None:
-        signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    held = {signal.SIGINT}
+    old: dict[int, Any] = {}
+    # only the main thread sets handlers; a handler Python did not install (None) is left alone
+    if threading.current_thread() is threading.main_thread():
+        old = {signal.SIGINT: signal.getsignal(signal.SIGINT), signal.SIGTERM: signal.getsignal(signal.SIGTERM)}
+        if not isinstance(old[signal.SIGTERM], _SigtermHandler):  # the default stays: it ends the process
+            del old[signal.SIGTERM]
+        old = {signum: h for signum, h in old.items() if h is not None}
+        held |= set(old)
+        for signum in old:
+            signal.signal(signum, lambda signum, frame: caught.append(signum))
+    signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        if old is not None:
-            signal.signal(signal.SIGINT, old)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+        for signum, h in old.items():
+            signal.signal(signum, h)
         if caught:
-            signal.raise_signal(signal.SIGINT)  # through the handler in place again: KeyboardInterrupt
+            signal.raise_signal(caught[0])  # through the handler in place again: KeyboardInterrupt or Terminated
 
 
 def _run_pool(fn, tasks, workers, progress, collect, preload: str) -> None:
@@ -404,8 +474,9 @@ def _run_pool(fn, tasks, workers, progress, collect, preload: str) -> None:
     q = ctx.Queue()
     # A pool of processes that dies loudly: a worker killed (OOM, kill -9) breaks the pool
     # instead of leaving its task waiting forever.
+    leave_term = isinstance(signal.getsignal(signal.SIGTERM), _SigtermHandler)
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pool_init,
-                               initargs=(q, os.getpid(), dict(os.environ)))
+                               initargs=(q, os.getpid(), dict(os.environ), leave_term))
     ok = False
     try:
         with _MainHidden(), _interrupt_held():  # submit starts the forkserver and the workers

@@ -40,7 +40,7 @@ import numbers
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import ROUND_CEILING, Context, Decimal
 from fractions import Fraction
 from pathlib import Path
 
@@ -51,7 +51,8 @@ from .errors import ConfigError
 from .storage import is_url
 
 __all__ = ["Mixture", "MixtureSource", "MixturePlan", "requested_count", "select_rows", "interleave", "plan_mixture",
-           "parse_rates", "load_mixture", "rate_text", "GROUP_BY", "SAMPLES_PER_TASK", "copy_suffixes"]
+           "parse_rates", "load_mixture", "rate_text", "least_rate", "least_rate_text", "GROUP_BY", "SAMPLES_PER_TASK",
+           "copy_suffixes"]
 
 #: ``--group-by`` choices: ``none`` lets a pack hold samples of several sources; ``source`` never does.
 GROUP_BY = ("none", "source")
@@ -407,6 +408,7 @@ def plan_mixture(mixture: Mixture, available: list[int]) -> MixturePlan:
     """
     requested = [requested_count(n, s.rate, s.samples) for n, s in zip(available, mixture.sources, strict=True)]
     _check_schedule(mixture, available, requested)
+    _check_selects_some(mixture, available, requested)
     rows, copies = [], []
     for i, (n, count) in enumerate(zip(available, requested, strict=True)):
         r, c = select_rows(n, count if n else 0, mixture.seed, i)
@@ -475,6 +477,48 @@ def _check_schedule(mixture: Mixture, available: list[int], requested: list[int]
                           f"takes {SCHEDULE_BYTES_PER_SAMPLE} bytes a sample, {_amount(Decimal(need) / 2**30, 1)} GiB, "
                           f"more than this machine's {_amount(Decimal(memory) / 2**30, 1)} GiB of memory: lower the "
                           "rates or targets")
+
+
+def least_rate(n: int) -> Fraction:
+    """The smallest rate at which a source of ``n`` samples gives one: ``floor(r * n + 1/2) >= 1``.
+
+    Example:
+        >>> least_rate(40), requested_count(40, rate=least_rate(40)), requested_count(40, rate=Fraction("0.001"))
+        (Fraction(1, 80), 1, 0)
+    """
+    return Fraction(1, 2 * n)
+
+
+def least_rate_text(n: int) -> str:
+    """:func:`least_rate` as a rate to give: exact, and as a decimal rounded up where that is shorter.
+
+    Example:
+        >>> least_rate_text(40), least_rate_text(30)
+        ('0.0125', '1/60 (0.0167)')
+    """
+    exact = rate_text(least_rate(n))
+    if "/" not in exact:
+        return exact
+    # rounded up, so the decimal given also selects a sample
+    up = Context(prec=3, rounding=ROUND_CEILING).divide(Decimal(1), Decimal(2 * n))
+    return f"{exact} ({format(up.normalize(), 'f')})"
+
+
+def _check_selects_some(mixture: Mixture, available: list[int], requested: list[int]) -> None:
+    """Refuse a mixture whose sources hold samples but whose rates all round to none of them: it
+    would write a run of no packs and exit 0. (A source that rounds to none beside others that do
+    not is a warning of the summary, ``stats.mixture_summary``.)
+
+    Raises:
+        ConfigError: naming each source, what its rate gives, and the least rate that gives a sample.
+    """
+    if any(count for n, count in zip(available, requested, strict=True) if n) or not any(available):
+        return
+    parts = [f"source {i + 1} ({s.label!r}): {n:,} sample{'s' if n != 1 else ''} at rate {_shown(s.rate)} give 0, "
+             f"a rate of at least {least_rate_text(n)} gives one"
+             for i, (s, n) in enumerate(zip(mixture.sources, available, strict=True)) if n]
+    raise ConfigError(f"the mixture selects no sample, every rate rounds to 0 samples ({'; '.join(parts)}); raise "
+                      "the rates or give \"samples\" targets")
 
 
 def copy_suffixes(copies: np.ndarray) -> list[str]:

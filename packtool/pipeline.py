@@ -234,7 +234,8 @@ class _TaskErrors:
             raise TooManyErrorsError(f"{where} rejected, {rej.reason}: {rej.message}; --on-error fail stops at the "
                                      "first rejected row (fix the input, or use --on-error skip)")
         if self.max_errors is not None and self.total > self.max_errors:
-            raise TooManyErrorsError(_too_many(self.total, self.max_errors, f"latest: {where} {rej.reason}: {rej.message}"))
+            raise TooManyErrorsError(_too_many(self.total, self.max_errors, f"latest: {where} {rej.reason}: {rej.message}",
+                                               self.by_reason))
 
     @property
     def total(self) -> int:
@@ -253,8 +254,28 @@ class _TaskErrors:
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-def _too_many(total: int, limit: int, detail: str) -> str:
-    return f"{total:,} input rows rejected, more than --max-errors {limit:,} ({detail}); fix the input or raise --max-errors"
+def _too_many(total: int, limit: int, detail: str, reasons: Iterable[str]) -> str:
+    """Why ``--max-errors`` stops a run; ``reasons``: the reason codes of the rejected rows."""
+    return f"{total:,} input rows rejected, more than --max-errors {limit:,} ({detail}); {_max_errors_fix(reasons)}"
+
+
+def _max_errors_fix(reasons: Iterable[str]) -> str:
+    """The way out of ``--max-errors``: a sample pack dropped as oversize is not a fault of the
+    input but of the pack's capacities or the ``--oversize`` policy.
+
+    Example:
+        >>> _max_errors_fix({"missing_media": 2})
+        'fix the input or raise --max-errors'
+        >>> _max_errors_fix({"oversize": 3})
+        'the samples do not fit a pack: raise --max-tokens or --max-vision-units, keep them with --oversize alone or truncate (text-only), or raise --max-errors'
+    """
+    reasons = set(reasons)
+    if "oversize" not in reasons:
+        return "fix the input or raise --max-errors"
+    sizes = "raise --max-tokens or --max-vision-units, keep them with --oversize alone or truncate (text-only)"
+    if reasons == {"oversize"}:
+        return f"the samples do not fit a pack: {sizes}, or raise --max-errors"
+    return f"fix the input (samples that do not fit a pack: {sizes}) or raise --max-errors"
 
 
 def _none_allowed(total: int, detail: str) -> str:
@@ -272,7 +293,7 @@ def _planned(counts: dict, max_errors: int | None, on_error: str) -> None:
                                  "first (fix the input, or use --on-error skip)")
     if max_errors is not None and rejected > max_errors:
         raise TooManyErrorsError(f"{rejected:,} input rows would be rejected, more than --max-errors {max_errors:,} "
-                                 f"({reasons}); fix the input or raise --max-errors")
+                                 f"({reasons}); {_max_errors_fix(counts.get('rejected_by_reason', {}))}")
 
 
 def _finished(manifest: dict, out_dir: str | Path, max_errors: int | None, on_error: str) -> dict:
@@ -284,7 +305,7 @@ def _finished(manifest: dict, out_dir: str | Path, max_errors: int | None, on_er
     if on_error == "fail" and rejected:
         raise TooManyErrorsError(_none_allowed(rejected, where))
     if max_errors is not None and rejected > max_errors:
-        raise TooManyErrorsError(_too_many(rejected, max_errors, where))
+        raise TooManyErrorsError(_too_many(rejected, max_errors, where, manifest["counts"].get("rejected_by_reason", {})))
     return manifest
 
 
@@ -326,6 +347,7 @@ class _Driver:
         self.max_errors = max_errors
         self.on_error = on_error
         self.rejected = 0
+        self.by_reason: Counter[str] = Counter()
 
     def pending(self) -> tuple[list[int], list[dict]]:
         todo, done = [], []
@@ -340,12 +362,14 @@ class _Driver:
     def check(self, record: dict) -> None:
         rejected = int(record["counts"].get("rejected", 0))
         self.rejected += rejected
+        self.by_reason.update(record["counts"].get("rejected_by_reason", {}))
         # a task of this call stops at its first rejected row under --on-error fail, so rows come
         # only from tasks an earlier attempt (with --on-error skip) finished
         if rejected and self.on_error == "fail":
             raise TooManyErrorsError(_none_allowed(self.rejected, f"see {STATE_DIR}/errors-*.jsonl"))
         if self.max_errors is not None and self.rejected > self.max_errors:
-            raise TooManyErrorsError(_too_many(self.rejected, self.max_errors, f"see {STATE_DIR}/errors-*.jsonl"))
+            raise TooManyErrorsError(_too_many(self.rejected, self.max_errors, f"see {STATE_DIR}/errors-*.jsonl",
+                                               self.by_reason))
 
     def run(self, fn, tasks: list, todo: list[int], progress, preload: str) -> None:
         for done in self.pending()[1]:
@@ -373,9 +397,13 @@ def _finish_or_partial(out: Path, run: dict, ex: ExecutorConfig) -> dict:
             raise RuntimeError(f"internal error: task {t} of rank {ex.rank} has no completion marker")
         _add_counts(counts, marker["counts"])
         shards.extend(marker["shards"])
+    extra = {}
+    if run["kind"] == "packed":  # as a full run reports them: the bound of this rank's samples
+        caps = extra["capacities"] = run["manifest"]["capacities"]
+        counts["lower_bound"] = _pack_bound(counts, caps["max_tokens"], caps["max_vision_units"])
     log.info("rank %d of %d finished %d tasks; %d tasks of other ranks remain", ex.rank, ex.world_size, len(mine), len(missing))
     return {"kind": run["kind"], "partial": True, "rank": ex.rank, "world_size": ex.world_size,
-            "tasks": len(mine), "tasks_missing": len(missing), "counts": counts, "shards": shards}
+            "tasks": len(mine), "tasks_missing": len(missing), "counts": counts, "shards": shards, **extra}
 
 
 @_environment_errors
@@ -427,7 +455,8 @@ def _merge(out: Path, shown: str) -> dict:
     if limit is not None and counts.get("rejected", 0) > limit:
         tmp.unlink(missing_ok=True)
         # ranks each see only their own rejections; the limit holds for the whole run here
-        raise TooManyErrorsError(_too_many(counts["rejected"], limit, f"see {STATE_DIR}/errors-*.jsonl"))
+        raise TooManyErrorsError(_too_many(counts["rejected"], limit, f"see {STATE_DIR}/errors-*.jsonl",
+                                           counts.get("rejected_by_reason", {})))
     os.replace(tmp, final)
     for legacy in (LEGACY_ERRORS, LEGACY_MANIFEST):  # a legacy-layout run merged again: one manifest only
         (out / legacy).unlink(missing_ok=True)
@@ -885,7 +914,9 @@ def tokenize_dataset(
 
     Returns the manifest (``counts``: ``rows_in``, ``samples``, ``rejected``,
     ``rejected_by_reason``, ``tokens``, ``vision_units``, ``tasks``); with several ranks,
-    a rank that is not the last to finish returns its own share with ``partial: True``.
+    a rank that is not the last to finish returns its own share with ``partial: True``
+    (``kind``, ``rank``, ``world_size``, ``tasks``, ``tasks_missing``, ``counts`` and ``shards``
+    of its own tasks).
 
     Args:
         inputs: one file, directory or URL, or any iterable of them (a list, a generator).

@@ -627,6 +627,12 @@ def mixture_summary(mix: dict) -> dict:
         if n == 0:
             warnings.append(f"{label} holds no samples; it contributes nothing" +
                             (f" (target {want:,})" if s.get("samples") is not None else ""))
+        elif want == 0:  # a rate that rounds to no sample (a target is at least 1)
+            from .mixture import least_rate_text
+
+            warnings.append(f"{label}: rate {s.get('rate')} of its {n:,} sample{'s' if n != 1 else ''} rounds to 0 "
+                            f"samples, so it contributes nothing; give it a rate of at least {least_rate_text(n)}, or "
+                            "leave it out")
         elif s.get("samples") is not None and want > n:
             warnings.append(f"{label}: target of {want:,} samples is more than its {n:,}; met by up-sampling "
                             f"(every sample {want // n} time{'s' if want // n > 1 else ''}"

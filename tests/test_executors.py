@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from packtool.errors import ConfigError, PacktoolError, SampleError  # noqa: E402
-from packtool.executors import ExecutorConfig, Reporter, run_tasks  # noqa: E402
+from packtool.executors import ExecutorConfig, Reporter, Terminated, run_tasks, sigterm_as_interrupt  # noqa: E402
 
 
 class TwoArgError(Exception):
@@ -52,16 +52,21 @@ def environment(task: int, report) -> dict:
     return {"probe": os.environ.get("PACKTOOL_TEST_PROBE"), "cwd": os.getcwd()}
 
 
-def interrupt_swallowed(task: int, report) -> dict:
+def interrupt_swallowed(task: int, report, signum: int = signal.SIGINT) -> dict:
     """Ctrl-C arriving inside library code that swallows it (numba's cache loads kernels through
     a ctypes callback, which prints a ``KeyboardInterrupt`` and drops it), then the task goes on."""
     if task == 1:
         try:
-            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signum)
         except KeyboardInterrupt:
             pass
     report(1)
     return {"task": task}
+
+
+def sigterm_swallowed(task: int, report) -> dict:
+    """:func:`interrupt_swallowed` for SIGTERM."""
+    return interrupt_swallowed(task, report, signal.SIGTERM)
 
 
 def started_then_wait(task: str, report) -> dict:
@@ -264,6 +269,20 @@ def test_ctrl_c_that_a_library_swallows_still_stops_an_in_process_run():
     assert [r["task"] for r in done] == [0]  # the interrupted task and those after it never finish
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert [r["task"] for r in run_tasks(interrupt_swallowed, [0, 2], ExecutorConfig(workers=1))] == [0, 2]
+
+
+def test_sigterm_that_a_library_swallows_still_stops_an_in_process_run():
+    """SIGTERM under the command line's handler stops an in-process run as Ctrl-C does, even
+    where library code drops the exception; a second SIGTERM would end the process (the default
+    is back in place), and leaving the handler restores what was there."""
+    before = signal.getsignal(signal.SIGTERM)
+    done: list[dict] = []
+    with sigterm_as_interrupt() as term:
+        with pytest.raises(Terminated):
+            run_tasks(sigterm_swallowed, [0, 1, 2, 3], ExecutorConfig(workers=1), on_result=done.append)
+        assert term.received and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert [r["task"] for r in done] == [0]
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_reporter_batches_and_flushes():

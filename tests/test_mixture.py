@@ -556,6 +556,35 @@ def test_a_stream_larger_than_memory_is_refused_before_anything_is_written(sourc
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.jit
+def test_a_source_whose_rate_rounds_to_no_sample_is_named_with_the_rate_that_gives_one(sources, tmp_path):
+    """6 samples at rate 0.05 give floor(0.3 + 1/2) = 0: the source was packed as nothing, with
+    no word but a 0 in the table."""
+    r = pack_cli(sources, tmp_path / "p", "--rates", "1,0.05,1")
+    assert r.stdout.splitlines()[-1] == (
+        f"warning: source {str(sources / 'tok_b')!r}: rate 0.05 of its 6 samples rounds to 0 samples, so it "
+        "contributes nothing; give it a rate of at least 1/12 (0.0834), or leave it out")
+    assert r.stdout.startswith("24 samples in ")
+    # the rate the warning names does give one sample
+    assert requested_count(6, rate=Fraction("1/12")) == requested_count(6, rate=Fraction("0.0834")) == 1
+
+
+def test_a_mixture_that_selects_no_sample_is_refused_before_anything_is_written(sources, tmp_path):
+    """Every rate rounding to 0 samples wrote a run of no packs and exited 0."""
+    a, b, c = (str(sources / f"tok_{n}") for n in SIZES)
+    want = (f"Error: the mixture selects no sample, every rate rounds to 0 samples (source 1 ({a!r}): 10 samples at "
+            f"rate 0.01 give 0, a rate of at least 0.05 gives one; source 2 ({b!r}): 6 samples at rate 0.05 give 0, a "
+            f"rate of at least 1/12 (0.0834) gives one; source 3 ({c!r}): 14 samples at rate 0.01 give 0, a rate of "
+            "at least 1/28 (0.0358) gives one); raise the rates or give \"samples\" targets\n")
+    for extra in (["-o", str(tmp_path / "x")], ["--dry-run"]):
+        r = run("pack", a, b, c, "--rates", "0.01,0.05,0.01", *extra)
+        assert (r.returncode, r.stdout, r.stderr) == (1, "", want)
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(ConfigError, match="the mixture selects no sample"):
+        plan_mixture(Mixture.from_rates(["a", "b"], "0.1,0.1"), [4, 0])
+    assert plan_mixture(Mixture.from_rates(["a", "b"], "0.1,0.1"), [0, 0]).requested == [0, 0]  # empty sources: as before
+
+
 def test_the_schedule_limit_is_what_the_plan_allocates(monkeypatch):
     # 1:1000 of 1,000 samples each: 1,001,000 entries of 40 bytes
     mix = Mixture.from_rates(["a", "b"], "1000,1")

@@ -45,6 +45,35 @@ def test_ranks_then_merge(corpus, tmp_path):
     assert json.loads((out / ".packtool" / "manifest.json").read_text())["counts"]["rejected_by_reason"] == {"bad_json": 1}
 
 
+SHARE_KEYS = ["partial", "kind", "rank", "world_size", "tasks_missing", "counts", "shard_files"]
+
+
+def test_json_of_a_rank_that_is_not_the_last_has_the_full_runs_keys(corpus, tmp_path):
+    """``--json`` of a rank whose run others finish printed another shape (no ``output``, the counts
+    nested, ``shards`` a list where a full run prints a number): a script reading one rank's
+    result broke on the others'. Now a share prints a full run's keys, counted over its own
+    tasks, then the keys that mark it a share."""
+    src, sample = corpus
+    tok_args = ["--media-root", str(sample), "--rows-per-shard", "8", "--quiet", "--json"]
+    full = json.loads(run("tokenize", str(src), "-o", str(tmp_path / "tok"), *tok_args).stdout)
+    r = run("tokenize", str(src), "-o", str(tmp_path / "tok2"), *tok_args, "--world-size", "2", "--rank", "0")
+    share = json.loads(r.stdout)
+    assert list(share) == [*full, *SHARE_KEYS]
+    assert (share["output"], share["tasks"], share["shards"], share["tasks_missing"], share["rank"]) == \
+        (str(tmp_path / "tok2"), 2, 2, 2, 0)
+    assert {k: share[k] for k in share["counts"]} == share["counts"] and share["samples"] == 16
+    assert [s["file"] for s in share["shard_files"]] == ["part-00000-00000.parquet", "part-00002-00000.parquet"]
+    pack_args = ["--max-tokens", "8192", "--quiet", "--json"]
+    full = json.loads(run("pack", str(tmp_path / "tok"), "-o", str(tmp_path / "packed"), *pack_args).stdout)
+    share = json.loads(run("pack", str(tmp_path / "tok"), "-o", str(tmp_path / "packed2"), *pack_args,
+                           "--world-size", "2", "--rank", "1").stdout)
+    assert list(share) == [*full, *SHARE_KEYS]
+    assert (share["output"], share["dry_run"], share["max_tokens"], share["max_vision_units"], share["tasks"]) == \
+        (str(tmp_path / "packed2"), False, 8192, full["max_vision_units"], 2)
+    assert share["samples_packed"] == share["counts"]["samples_packed"] < full["samples_packed"]
+    assert 1 <= share["lower_bound"] <= share["packs"]
+
+
 def test_on_error_fail_and_max_errors_exit_1_with_the_row(corpus, tmp_path):
     src, sample = corpus
     common = [str(src), "--media-root", str(sample), "--quiet"]
@@ -56,8 +85,41 @@ def test_on_error_fail_and_max_errors_exit_1_with_the_row(corpus, tmp_path):
     r = run("tokenize", *common, "-o", str(tmp_path / "b"), "--max-errors", "0")
     assert r.returncode == 1
     assert r.stderr.startswith("Error: 1 input rows rejected, more than --max-errors 0")
+    assert r.stderr.endswith("); fix the input or raise --max-errors\n")
     r = run("tokenize", *common, "-o", str(tmp_path / "b"), "--max-errors", "1", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["rejected"] == 1
+
+
+OVERSIZE_FIX = ("the samples do not fit a pack: raise --max-tokens or --max-vision-units, keep them with --oversize "
+                "alone or truncate (text-only), or raise --max-errors\n")
+
+
+def test_max_errors_stopping_pack_on_oversize_drops_names_the_capacities(corpus, tmp_path):
+    """12 of the 30 demo samples need more than 1,024 tokens: pack's --max-errors stop said
+    "fix the input or raise --max-errors", where the fix is the pack's capacities or --oversize.
+    Every place the limit is checked says so: a task, a dry run, a finished run found again."""
+    src, sample = corpus
+    tok = tmp_path / "tok"
+    assert run("tokenize", str(src), "--media-root", str(sample), "-o", str(tok), "--rows-per-shard", "10",
+               "--quiet").returncode == 0
+    pack = ["pack", str(tok), "--max-tokens", "1024", "--quiet", "--workers", "1"]
+    r = run(*pack, "-o", str(tmp_path / "a"), "--max-errors", "2")
+    assert r.returncode == 1 and r.stderr.startswith("Error: 3 input rows rejected, more than --max-errors 2 (latest: ")
+    assert r.stderr.endswith("oversize: needs 1,238 tokens and 4,784 vision units; a pack holds 1,024 and 65,536); "
+                             + OVERSIZE_FIX)
+    r = run(*pack, "--dry-run", "--max-errors", "2")
+    assert (r.returncode, r.stderr) == (1, "Error: 12 input rows would be rejected, more than --max-errors 2 "
+                                           "(oversize 12); " + OVERSIZE_FIX)
+    assert run(*pack, "-o", str(tmp_path / "b")).returncode == 0
+    r = run(*pack, "-o", str(tmp_path / "b"), "--max-errors", "2")
+    assert (r.returncode, r.stderr) == (1, "Error: 12 input rows rejected, more than --max-errors 2 (see "
+                                           f"{tmp_path / 'b' / '.packtool' / 'errors.jsonl'}); " + OVERSIZE_FIX)
+    # rows rejected for other reasons beside them: both fixes
+    from packtool.pipeline import _max_errors_fix
+
+    assert _max_errors_fix({"oversize": 2, "missing_media": 1}) == (
+        "fix the input (samples that do not fit a pack: raise --max-tokens or --max-vision-units, keep them with "
+        "--oversize alone or truncate (text-only)) or raise --max-errors")
 
 
 @pytest.mark.parametrize(("flags", "code", "message"), [
