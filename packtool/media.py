@@ -619,13 +619,15 @@ def _demux_frames(container, stream, tb: float) -> tuple[int, list[float] | None
     """``(frames, times, end)`` of the video stream by demuxing packet headers (no decode).
 
     ``frames`` counts packets that hold data (one coded frame each, as decord, torchcodec
-    and a full decode count them); ``times`` are their presentation times in seconds,
+    and a full decode count them), but not those the container marks to be discarded (the
+    frames before the start of an MP4 cut without re-encoding, which its edit list hides and a
+    decode drops); ``times`` are their presentation times in seconds,
     sorted (``None`` when a packet carries none: a raw stream); ``end`` is the end of
     the last frame (``pts + duration``).
     """
     count, times, end = 0, [], 0.0
     for pkt in container.demux(stream):
-        if pkt.size == 0:
+        if pkt.size == 0 or pkt.is_discard:
             continue
         count += 1
         if pkt.pts is None:
@@ -644,7 +646,8 @@ def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> Vid
 
     The frame count is what a frame-indexed reader (decord, torchcodec, a full decode)
     counts. MP4/MOV store it with every frame's time; a constant-rate MP4 is read from
-    its headers alone. Other containers (Matroska/WebM, MPEG-TS, FLV, AVI, ...) store no
+    its headers alone (unless its count is not its duration's: a cut whose edit list hides
+    frames, which are not counted). Other containers (Matroska/WebM, MPEG-TS, FLV, AVI, ...) store no
     count, or one that counts dropped frames, so their packet headers are demuxed: one
     pass over the file, no decode. A variable-rate MP4 is demuxed too.
 
@@ -699,7 +702,10 @@ def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> Vid
         # only MP4/MOV carry rotation (and always a duration); read before a demux moves to the end
         rotation = _display_rotation(container, stream) if mov and stream.duration else 0
         frame_times: tuple[float, ...] = ()
-        if not (mov and n_frames > 0 and _steady_rate(stream)):
+        # the header's count is every stored frame: an MP4 cut without re-encoding stores frames
+        # before its start that its edit list hides (its duration is the cut's), so it is demuxed too
+        shown = duration is not None and abs(n_frames - duration * fps) <= 1
+        if not (mov and n_frames > 0 and _steady_rate(stream) and shown):
             if mov and stream.duration:
                 container.seek(0, stream=stream)  # the rotation read decoded the first frame
             count, times, end = _demux_frames(container, stream, tb)

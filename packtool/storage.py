@@ -458,10 +458,16 @@ class RangedReader(io.RawIOBase):
     costs one small request). Reads near the end of the object (a tail check) fetch only what
     they ask for. PyAV and Pillow read it like a file.
 
+    Of what it fetched itself it keeps the latest :attr:`max_held` bytes (and at least the
+    last block): a video demuxed to count its frames is read whole, once, front to back.
+
     Example:
         A 3 MB JPEG probed for its size and its end-of-image marker costs two GETs: 16 KiB
         from the start, 4 KiB from the end.
     """
+
+    #: Bytes of its own fetches a reader keeps for reads that come back to them.
+    max_held = 32 << 20
 
     def __init__(self, fs, path: str, size: int, first_block: int = HEAD_BYTES, max_block: int = 8 << 20,
                  ranges: list[tuple[int, bytes]] | None = None) -> None:
@@ -472,6 +478,8 @@ class RangedReader(io.RawIOBase):
         self.max_block = max_block
         # (start, data), few per file; shared with the RemoteFile, so what a prefetch read is used
         self._ranges: list[tuple[int, bytes]] = ranges if ranges is not None else []
+        self._own: list[tuple[int, bytes]] = []  # what this reader fetched, oldest first
+        self._own_bytes = 0
 
     def readable(self) -> bool:
         return True
@@ -496,7 +504,18 @@ class RangedReader(io.RawIOBase):
     def _fetch(self, start: int, end: int) -> bytes:
         data = self.fs.cat_file(self.path, start=start, end=end)
         RequestCounter.add(len(data))
-        self._ranges.append((start, data))
+        entry = (start, data)
+        self._ranges.append(entry)
+        self._own.append(entry)
+        self._own_bytes += len(data)
+        # a demux reads the whole file: holding every block would hold the whole file in memory
+        while self._own_bytes > self.max_held and len(self._own) > 1:
+            old = self._own.pop(0)
+            self._own_bytes -= len(old[1])
+            for i, kept in enumerate(self._ranges):
+                if kept is old:
+                    del self._ranges[i]
+                    break
         return data
 
     def read(self, n: int = -1) -> bytes:

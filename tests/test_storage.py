@@ -828,6 +828,36 @@ def test_remote_video_probe_matches_the_local_one(s3, tmp_path):
     assert remote == probe_video(path) and requests >= 2
 
 
+def test_a_remote_video_demuxed_to_count_its_frames_is_not_held_whole_in_memory(s3, tmp_path, monkeypatch):
+    """A Matroska video stores no frame count, so its probe reads the whole file; the reader kept
+    every block it fetched, so a probe held the whole video in memory (a 4 GB video, 4 GB per
+    worker) until the file was let go. It keeps the latest ``max_held`` bytes."""
+    import av
+
+    rng = np.random.default_rng(7)
+    path = tmp_path / "noise.mkv"
+    with av.open(str(path), "w", format="matroska") as out:  # noise does not compress: ~300 KB a frame
+        st = out.add_stream("libx264", rate=10)
+        st.width, st.height, st.pix_fmt = 640, 480, "yuv420p"
+        st.options = {"preset": "ultrafast", "crf": "10"}
+        for _ in range(36):
+            frame = av.VideoFrame.from_ndarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8), format="rgb24")
+            for pkt in st.encode(frame):
+                out.mux(pkt)
+        for pkt in st.encode():
+            out.mux(pkt)
+    size = path.stat().st_size
+    s3.client().put_object(Bucket=BUCKET, Key="probe/noise.mkv", Body=path.read_bytes())
+    monkeypatch.setattr(storage.RangedReader, "max_held", 1 << 20, raising=False)
+    remote = storage.RemoteRoot(f"s3://{BUCKET}/probe").file("noise.mkv")
+    storage.RequestCounter.reset()
+    assert probe_video(remote) == probe_video(path)
+    _, n_bytes = storage.RequestCounter.reset()
+    held = sum(len(data) for _, data in remote.ranges)
+    assert size > 8 << 20 and n_bytes >= size  # read whole, to count its frames
+    assert held < size // 2, (held, size)
+
+
 def test_remote_media_paths_stay_under_the_root(s3):
     s3.client().put_object(Bucket=BUCKET, Key="probe/a.jpg", Body=_noise_jpeg(8, 8, 3))
     s3.client().put_object(Bucket=BUCKET, Key="secret/b.jpg", Body=_noise_jpeg(8, 8, 4))

@@ -252,3 +252,48 @@ def test_a_variable_rate_matroska_clip_tokenizes_packs_and_validates(clips, tmp_
     for out in (tok, packed):
         report = validate_dir(out)
         assert report["ok"], report
+
+
+def _cut_without_reencoding(src, dst, shift: int) -> None:
+    """Remux ``src`` into the MP4 ``dst`` with every time moved ``shift`` ticks earlier, as a
+    stream copy cut mid-GOP (``ffmpeg -ss T -c copy``) writes it: the frames before the cut
+    stay in the file, hidden by the edit list, and a decode drops them."""
+    import av
+
+    with av.open(str(src)) as inp, av.open(str(dst), "w", format="mp4") as out:
+        ost = out.add_stream_from_template(inp.streams.video[0])
+        for pkt in inp.demux(inp.streams.video[0]):
+            if pkt.dts is None:
+                continue
+            pkt.pts -= shift
+            pkt.dts -= shift
+            pkt.stream = ost
+            out.mux(pkt)
+
+
+@pytest.mark.parametrize("rate", ["cfr", "vfr"])
+def test_an_mp4_cut_without_reencoding_counts_the_frames_a_decode_gives(tmp_path, rate):
+    """An MP4 cut without re-encoding stores the frames before the cut (up to its keyframe), which
+    its edit list hides and a decode drops: a constant-rate one was counted from its headers as
+    30 frames where a decode gives 25 (the last sampled frame taken 4 frames early), a variable-rate
+    one counted the hidden frames too, and every frame time was shifted by them (frames 0, 6, 16,
+    25 taken for 0, 8, 17, 25)."""
+    import av
+    import numpy as np
+
+    from packtool.media import counted_frames
+    from packtool.vision.qwen import uniform_indices
+
+    pts = VFR_PTS + [2100 + 30 * k for k in range(10)] if rate == "vfr" else [33 * i for i in range(30)]
+    write_video(tmp_path / "src.mkv", 30, 30, fmt="matroska", pts=pts, time_base=Fraction(1, 1000), step=8)
+    _cut_without_reencoding(tmp_path / "src.mkv", tmp_path / "cut.mp4", 105 if rate == "vfr" else 165)
+    with av.open(str(tmp_path / "cut.mp4")) as c:  # the truth: every frame a full decode gives
+        decoded = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    assert len(decoded) < 30  # the fixture hides frames
+    meta = probe_video(tmp_path / "cut.mp4")
+    assert meta.n_frames == len(decoded)
+    lay = get_family("qwen2.5-vl").video(meta)
+    idx = uniform_indices(meta.n_frames, len(lay.timestamps)).tolist()
+    got = counted_frames(tmp_path / "cut.mp4", {"timestamps": list(lay.timestamps), "width": 64, "height": 48})
+    assert [np.array_equal(np.asarray(img.convert("RGB")), decoded[i]) for img, i in zip(got, idx, strict=True)] \
+        == [True] * len(idx)
