@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["packtool"]
+__all__ = ["packtool", "wait_for_group_exit"]
 
 _spec = importlib.util.spec_from_file_location("_readme_runner", Path(__file__).resolve().parents[1] / "docs" / "readme.py")
 _readme = sys.modules["_readme_runner"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
@@ -39,3 +39,18 @@ def packtool(*args: str | Path, cwd: str | Path | None = None, env: dict[str, st
     code = _readme.run_in_process(argv, cwd=cwd or os.getcwd(), env=dict(os.environ) if env is None else env,
                                   stdout=out, stderr=err)
     return subprocess.CompletedProcess(["packtool", *argv], code, out.getvalue(), err.getvalue())
+
+
+def wait_for_group_exit(pgid: int, timeout_s: float = 30.0) -> None:
+    """Until every process of a run stopped by a signal is gone (the workers of a driver ended by
+    a signal stop within a second by themselves), so what a test does next races with none of them."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"processes of group {pgid} still run {timeout_s:.0f} s after the signal")

@@ -18,6 +18,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from clirun import wait_for_group_exit  # noqa: E402
+
 from bench.corpus import make_corpus  # noqa: E402
 from packtool.shards import sha256_file  # noqa: E402
 
@@ -42,19 +44,6 @@ def finish(cmd: list[str], replay: str = "") -> float:
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{r.stderr} {replay}"
     return time.monotonic() - t0
-
-
-def _wait_for_group_exit(pgid: int, timeout_s: float = 30.0) -> None:
-    """Wait until every process of the killed run is gone (workers of a killed driver stop
-    within a second by themselves), so the resume's result depends on no race with them."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"processes of group {pgid} still run {timeout_s:.0f} s after the kill")
 
 
 def visible(d: Path) -> dict[str, str]:
@@ -111,7 +100,7 @@ def test_sigkill_at_random_points_then_resume_gives_identical_shards(setup, stag
                 else:
                     os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
-            _wait_for_group_exit(proc.pid)
+            wait_for_group_exit(proc.pid)
             if landed:
                 interrupted += 1
                 break

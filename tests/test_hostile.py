@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clirun import packtool
+from clirun import packtool, wait_for_group_exit
 from PIL import Image
 
 from packtool.cli import main
@@ -211,23 +211,10 @@ def test_a_second_sigterm_ends_the_process_at_once(tmp_path, media):
     _, stderr = proc.communicate(timeout=60)
     assert time.monotonic() - t0 < 10
     assert proc.returncode in (143, -signal.SIGTERM) and "Traceback" not in stderr, (proc.returncode, stderr)
-    _wait_for_group_exit(proc.pid)
+    wait_for_group_exit(proc.pid)
     r = run(*cmd)
     assert r.returncode == 0, r.stderr
     _same_run(out, tmp_path / "ref")
-
-
-def _wait_for_group_exit(pgid: int, timeout_s: float = 30.0) -> None:
-    """Until every process of the stopped run is gone (the workers of a driver ended by a signal
-    stop within a second by themselves)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"processes of group {pgid} still run {timeout_s:.0f} s after the signal")
 
 
 # ============================================================================ compressed inputs
