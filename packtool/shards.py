@@ -1068,6 +1068,9 @@ def clear_task(out_dir: Path, task: int) -> None:
     state = out_dir / STATE_DIR
     for f in state.glob(f".errors-{task:05d}.jsonl*.tmp"):
         f.unlink(missing_ok=True)
+    # the marker's own temporary: a worker stopped between writing it and renaming it into place
+    for f in state.glob(f".{marker_path(out_dir, task).name}.*.tmp"):
+        f.unlink(missing_ok=True)
     task_errors_path(out_dir, task).unlink(missing_ok=True)
 
 

@@ -199,3 +199,19 @@ def test_row_bytes_follows_its_rule_through_nulls_slices_and_nesting(seed):
         part = table.slice(lo, n)
         want = [sum(_value_bytes(r[f.name], f.type) for f in schema) for r in part.to_pylist()]
         assert row_bytes(part).tolist() == want, f"seed {seed}, rows {lo}..{lo + n}"
+
+
+def test_clear_task_removes_the_temporary_of_a_marker_stopped_before_its_rename(tmp_path):
+    """A worker stopped (SIGTERM, Ctrl-C) between writing its completion marker's temporary and
+    renaming it leaves ``.task-TTTTT.json.PID@HOST.tmp``; clearing the unfinished task removes
+    it, and only that task's."""
+    from packtool.shards import STATE_DIR, clear_task, marker_path
+    from packtool.shards import tmp_path as writer_tmp
+
+    (tmp_path / STATE_DIR).mkdir()
+    mine, other = writer_tmp(marker_path(tmp_path, 1)), writer_tmp(marker_path(tmp_path, 12))
+    for f in (mine, other):
+        f.write_text("{}")
+    clear_task(tmp_path, 1)
+    assert not mine.exists() and other.exists()
+
