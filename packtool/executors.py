@@ -326,7 +326,10 @@ def _exit_with_driver(driver: int) -> None:
     except (AttributeError, OSError):  # not Linux, or a kernel before 5.3
         fd = None
     if fd is not None:
-        select.select([fd], [], [])
+        poller = select.poll()  # not select(): it refuses a descriptor numbered 1024 or more
+        poller.register(fd, select.POLLIN)
+        while not poller.poll():
+            pass
         os._exit(1)
     while True:
         time.sleep(1.0)

@@ -260,6 +260,28 @@ def test_workers_of_a_killed_driver_stop_before_it_is_reaped(tmp_path):
         proc.wait()
 
 
+def test_a_worker_holding_a_thousand_files_still_stops_with_its_killed_driver():
+    """The watch on the driver's pidfd used ``select``, which refuses a descriptor numbered 1024
+    or more: in a worker that had opened that many files (a media loader, a cache) the watching
+    thread died and the worker ran on after its driver was killed."""
+    code = ("import os, resource, subprocess, sys, threading, time\n"
+            "from packtool.executors import _exit_with_driver\n"
+            "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 2048), hard), hard))\n"
+            "held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]\n"
+            "driver = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            "threading.Thread(target=_exit_with_driver, args=(driver.pid,), daemon=True).start()\n"
+            "time.sleep(0.5)\n"
+            "driver.kill(); driver.wait()\n"
+            "time.sleep(20)\n"
+            "print('still running')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[1])
+    if "RLIMIT" in out.stderr or "Too many open files" in out.stderr:
+        pytest.skip(f"this machine allows too few open files: {out.stderr[-200:]}")
+    assert (out.returncode, out.stdout) == (1, ""), out.stderr[-2000:]
+
+
 def test_ctrl_c_that_a_library_swallows_still_stops_an_in_process_run():
     """A Ctrl-C during the first kernel load of an in-process run (``--workers 1``, or a run of
     one task) was lost inside numba: the run went on to the end and exited 0."""
