@@ -641,6 +641,36 @@ def _demux_frames(container, stream, tb: float) -> tuple[int, list[float] | None
     return count, times, end
 
 
+def _shown_duration(times: list[float], end: float, headers: list[float], fps: float, tick: float) -> float:
+    """How long demuxed frames are shown, from the first frame's start to the last frame's end:
+    the duration a decode sees (its frame times count from the first frame).
+
+    ``times`` are the frames' presentation times (seconds, sorted), ``end`` the end of the last
+    packet (:func:`_demux_frames`) and ``tick`` the stream's clock tick. A header duration
+    (``headers``: the stream's, then the container's) is read as a span or as an end time counted
+    from zero, which is what a Matroska or ASF header and some FLV muxers store (the start offset
+    included), and taken when it ends the last frame: within two ticks of ``end`` where the packets
+    store their durations (Matroska, WebM; theirs are cut to the tick), within one frame gap after
+    its start where they do not (FLV, AVI, ASF, MPEG-PS). Else the packets' end, or one frame at
+    ``fps`` (the stream's rate) after the last (an MPEG-PS duration is a guess from the bit rate,
+    a container's may be a longer audio track's).
+
+    Example:
+        >>> _shown_duration([2.0, 2.5, 3.0], 3.0, [3.5], 2.0, 0.001)  # the header counts the 2 s before the first frame
+        1.5
+    """
+    first, last = times[0], times[-1]
+    shown = last - first
+    gaps = sorted(b - a for a, b in zip(times, times[1:], strict=False) if b > a)
+    frame = 1 / fps if fps > 0 else gaps[len(gaps) // 2] if gaps else 0.0
+    slack = max(frame, gaps[-1] if gaps else 0.0) + tick
+    for header in headers:
+        for span in (header, header - first):
+            if (abs(span - (end - first)) <= 2 * tick if end > last else shown < span <= shown + slack):
+                return span
+    return end - first if end > last else shown + frame
+
+
 def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> VideoMeta:
     """Duration, frame rate, frame count, start time and rotation of a video, without decoding.
 
@@ -654,8 +684,10 @@ def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> Vid
     * fps: the stream's average rate (guessed rate, base rate when absent); for a
       variable-rate stream, frames over the time from the first frame to the end of the
       last (the headers' rate of a Matroska or TS stream is a nominal one);
-    * duration: stream duration -> container duration -> end of the last packet,
-      each minus the first frame's start time; a raw stream's is frames / rate;
+    * duration: from the first frame's start to the last frame's end, as a decode sees it:
+      an MP4's from its headers (stream, then container duration), a demuxed file's from its
+      packets (:func:`_shown_duration`: a Matroska or ASF header counts the start offset, an
+      MPEG-PS one is a bitrate guess); a raw stream's is frames / rate;
     * frame times (:attr:`VideoMeta.frame_times`): recorded only when some frame ``i``
       is further than one tick of the stream's clock (at least 1 ms) from ``i / fps``,
       so that a family that samples frames by index records the times they are shown at.
@@ -691,12 +723,13 @@ def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> Vid
         start = stream.start_time * tb if stream.start_time is not None and tb else None
         if start is None:
             start = container.start_time / av.time_base if container.start_time is not None else 0.0
-        duration = None
+        headers = []  # the header durations, the stream's first
         if stream.duration and tb:
-            duration = stream.duration * tb
-        elif container.duration:
+            headers.append(stream.duration * tb)
+        if container.duration:
             c_start = container.start_time / av.time_base if container.start_time is not None else 0.0
-            duration = container.duration / av.time_base - (start - c_start)
+            headers.append(container.duration / av.time_base - (start - c_start))
+        duration = headers[0] if headers else None
         n_frames = int(stream.frames or 0)
         mov = any(n in container.format.name for n in ("mov", "mp4"))
         # only MP4/MOV carry rotation (and always a duration); read before a demux moves to the end
@@ -713,12 +746,14 @@ def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> Vid
                 n_frames = count
             if times:
                 first = times[0]
-                if duration is None:
-                    duration = end - first
                 tick = max(tb, 1e-3)
+                if not mov:  # headers that count a start offset, or guess (MP4's are exact)
+                    duration = _shown_duration(times, end, headers, fps, tick)
+                elif duration is None:
+                    duration = end - first
                 if fps <= 0 or any(abs(t - first - i / fps) > tick for i, t in enumerate(times)):
                     frame_times = tuple(t - first for t in times)
-                    span = end - first if end > first else duration
+                    span = duration if not mov else end - first if end > first else duration
                     if span and span > 0:
                         fps = count / span
         if not duration and n_frames and fps > 0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from fractions import Fraction
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from video_fixtures import grey_level, write_video
@@ -297,3 +298,95 @@ def test_an_mp4_cut_without_reencoding_counts_the_frames_a_decode_gives(tmp_path
     got = counted_frames(tmp_path / "cut.mp4", {"timestamps": list(lay.timestamps), "width": 64, "height": 48})
     assert [np.array_equal(np.asarray(img.convert("RGB")), decoded[i]) for img, i in zip(got, idx, strict=True)] \
         == [True] * len(idx)
+
+
+# --------------------------------------------------------------------------- streams that do not start at zero
+
+def _flv_metadata_duration(path, seconds: float) -> None:
+    """Rewrite the ``duration`` of an FLV's ``onMetaData``, as muxers that store the last
+    timestamp there (the start offset included) write it."""
+    import struct
+
+    data = bytearray(path.read_bytes())
+    at = data.index(b"duration\x00") + len(b"duration\x00")
+    data[at:at + 8] = struct.pack(">d", seconds)
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture(scope="module")
+def late_clips(tmp_path_factory):
+    """Per container 20 frames at 10 fps whose first is shown at 2 s (an ``ffmpeg -ss 2 -c copy``
+    cut keeps such times), with the grey level and time (from the first frame) of every frame a
+    full decode gives; and a 36-frame, 12 fps MPEG-PS clip, which starts at 0.583 s."""
+    import av
+
+    d = tmp_path_factory.mktemp("late")
+    pts = [2000 + 100 * i for i in range(20)]
+    for ext, fmt, codec in [("mkv", "matroska", "libx264"), ("webm", "webm", "libvpx-vp9"), ("flv", "flv", "flv"),
+                            ("asf", "asf", "wmv2"), ("ts", "mpegts", "libx264"), ("mp4", "mp4", "libx264")]:
+        if codec in av.codecs_available:
+            write_video(d / f"late.{ext}", 20, 10, fmt=fmt, codec=codec, pts=pts, time_base=Fraction(1, 1000), step=12)
+    write_video(d / "late_end.flv", 20, 10, fmt="flv", codec="flv", pts=pts, time_base=Fraction(1, 1000), step=12)
+    _flv_metadata_duration(d / "late_end.flv", 4.0)
+    write_video(d / "clip.mpg", 36, 12, fmt="mpeg", codec="mpeg2video", step=7)
+    truth = {}
+    for path in d.iterdir():
+        with av.open(str(path)) as c:
+            frames = [(f.time, float(f.to_ndarray(format="gray").mean())) for f in c.decode(video=0)]
+        truth[path.name] = [(t - frames[0][0], g) for t, g in frames]
+    return d, truth
+
+
+LATE = ["late.mkv", "late.webm", "late.flv", "late_end.flv", "late.asf", "late.ts", "late.mp4"]
+
+
+@pytest.mark.parametrize("name", LATE)
+def test_a_stream_that_starts_late_lasts_as_long_as_its_frames(late_clips, name):
+    """A stream whose first frame is at 2 s lasts its frames' 2 s, as a decode (frame times from
+    the first frame) and the processors' ``frames / fps`` see it. Matroska, WebM and ASF headers
+    (and some FLV muxers) store the end time counted from zero: the 20 frames probed as 4 s and
+    Molmo2 sampled 9 frames to 4.0 s (the last four past the end, copies of the last frame)."""
+    d, truth = late_clips
+    if name not in truth:
+        pytest.skip("codec not in this PyAV build")
+    meta = probe_video(d / name)
+    decoded = truth[name]
+    assert (meta.n_frames, meta.fps, meta.frame_times) == (20, 10.0, ())
+    assert meta.start_s == pytest.approx(2.0)
+    assert meta.duration_s == pytest.approx(len(decoded) / 10.0) == pytest.approx(decoded[-1][0] + 0.1)
+    lay = get_family("molmo2").video(meta)
+    assert lay.timestamps == (0.0, 0.5, 1.0, 1.5, 2.0)
+    assert lay.n_tokens == 5 * 81
+    jpegs = extract_frames(d, {"path": name, "timestamps": list(lay.timestamps)})
+    on_screen = [max(i for i, (t, _) in enumerate(decoded) if t <= s + 1e-6) for s in lay.timestamps]
+    assert [round(grey_level(j) / 12) for j in jpegs] == [round(decoded[i][1] / 12) for i in on_screen]
+
+
+@pytest.mark.parametrize("name", LATE)
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "qwen3-vl", "llava-ov", "internvl"])
+def test_frames_of_a_stream_that_starts_late_are_the_decoded_frames_at_the_sampled_indices(late_clips, name,
+                                                                                           family):
+    """The families that sample by index take, from a stream starting at 2 s, the decoded frames at
+    the indices their processors sample."""
+    from packtool.vision.internvl import internvl_frame_indices
+    from packtool.vision.qwen import uniform_indices
+
+    d, truth = late_clips
+    if name not in truth:
+        pytest.skip("codec not in this PyAV build")
+    lay = get_family(family).video(probe_video(d / name))
+    n = len(lay.timestamps)
+    idx = (internvl_frame_indices(20, n) if family == "internvl" else
+           np.linspace(0, 19, n, dtype=int).tolist() if family == "llava-ov" else uniform_indices(20, n).tolist())
+    jpegs = extract_frames(d, {"path": name, "timestamps": list(lay.timestamps)})
+    assert [round(grey_level(j) / 12) for j in jpegs] == [round(truth[name][i][1] / 12) for i in idx]
+
+
+def test_an_mpeg_ps_clip_lasts_as_long_as_its_frames(late_clips):
+    """An MPEG-PS header's duration is a guess from the bit rate: 36 frames at 12 fps probed as
+    1.67 s, and Molmo2 sampled 4 of the clip's 3 s."""
+    d, truth = late_clips
+    meta = probe_video(d / "clip.mpg")
+    assert (meta.n_frames, meta.fps, len(truth["clip.mpg"])) == (36, 12.0, 36)
+    assert meta.duration_s == pytest.approx(3.0)
+    assert get_family("molmo2").video(meta).timestamps == (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
