@@ -826,7 +826,15 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
         # (and nothing to seek by, so it is always decoded in one pass)
         raw = container.format.name == "h264"
         rate = float(stream.average_rate or stream.guessed_rate or stream.base_rate or 0) if raw else 0.0
-        dense = raw or len(times) < 2 or (max(times) - min(times)) / (len(times) - 1) < 2.0
+        # AVI stores no presentation times: FFmpeg makes them up in decode order, so a stream with
+        # B-frames comes out of the decoder in display order with its times out of order; the n-th
+        # frame decoded is the one shown at the n-th packet time, as probe_video counted it (and
+        # the times a seek lands on say nothing, so it is decoded in one pass)
+        shown_at = None
+        if container.format.name == "avi" and cc.has_b_frames:
+            shown_at = _demux_frames(container, stream, tb)[1]
+            container.seek(0, stream=stream)
+        dense = raw or bool(shown_at) or len(times) < 2 or (max(times) - min(times)) / (len(times) - 1) < 2.0
         # a frame time is rounded to its stream's clock: Matroska, WebM and FLV count milliseconds, so
         # frame 20 of a 30 fps clip is stored at 0.667 s, after the 0.6667 s it stands for; within one
         # tick (at most 1 ms) a frame is at the recorded time, else the frame before it was taken
@@ -837,6 +845,8 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
             for n, frame in enumerate(container.decode(stream)):
                 if raw and rate > 0:
                     t = n / rate
+                elif shown_at:
+                    t = shown_at[min(n, len(shown_at) - 1)]
                 elif frame.pts is None:
                     continue
                 else:

@@ -390,3 +390,31 @@ def test_an_mpeg_ps_clip_lasts_as_long_as_its_frames(late_clips):
     assert (meta.n_frames, meta.fps, len(truth["clip.mpg"])) == (36, 12.0, 36)
     assert meta.duration_s == pytest.approx(3.0)
     assert get_family("molmo2").video(meta).timestamps == (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
+
+
+@pytest.mark.parametrize("fps", [10, 1])  # 4 s: every request dense; 40 s: InternVL's 8 frames 5 s apart, sparse
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "molmo2", "llava-ov", "internvl"])
+def test_frames_of_an_avi_with_b_frames_are_the_decoded_frames_at_the_sampled_times(tmp_path, fps, family):
+    """AVI stores no presentation times: FFmpeg makes them up in decode order, so the frames of an
+    H.264 stream with B-frames leave the decoder in display order with times out of order, and the
+    frame taken for a time was often another (frames 0, 5, 11, 16, 21, 28, 32, 39 for Qwen's
+    0, 6, 11, 17, 22, 28, 33, 39). The frames taken are the decoded frames a frame-indexed reader
+    gives at the sampled indices (Molmo2: at its times, ``i / fps``)."""
+    import av
+
+    from packtool.vision.internvl import internvl_frame_indices
+    from packtool.vision.qwen import uniform_indices
+
+    path = write_video(tmp_path / "bf.avi", 40, fps, fmt="avi", step=6, b_frames=3)
+    with av.open(str(path)) as c:  # the truth: every frame a full decode gives, in display order
+        assert c.streams.video[0].codec_context.has_b_frames
+        decoded = [round(float(f.to_ndarray(format="gray").mean()) / 6) for f in c.decode(video=0)]
+    meta = probe_video(path)
+    assert (meta.n_frames, meta.fps, meta.duration_s, meta.frame_times) == (40, float(fps), pytest.approx(40 / fps), ())
+    lay = get_family(family).video(meta)
+    n = len(lay.timestamps)
+    idx = {"qwen2.5-vl": lambda: uniform_indices(40, n).tolist(), "llava-ov": lambda: np.linspace(0, 39, n, dtype=int),
+           "internvl": lambda: internvl_frame_indices(40, n),
+           "molmo2": lambda: [min(int(t * fps + 1e-6), 39) for t in lay.timestamps]}[family]()
+    jpegs = extract_frames(tmp_path, {"path": "bf.avi", "timestamps": list(lay.timestamps)})
+    assert [round(grey_level(j) / 6) for j in jpegs] == [decoded[i] for i in idx]
