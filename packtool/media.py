@@ -867,17 +867,7 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
                 first, rotation = frame.pts * tb, int(round(frame.rotation or 0)) % 360
                 break
             for i in order:
-                target = first + times[i]
-                container.seek(int(max(target - first, 0) / tb) + (stream.start_time or 0), stream=stream,
-                               backward=True, any_frame=False)
-                chosen = None
-                for frame in container.decode(stream):
-                    if frame.pts is None:
-                        continue
-                    if frame.pts * tb > target + eps and chosen is not None:
-                        break
-                    chosen = frame.to_image()
-                out[i] = chosen
+                out[i] = _frame_on_screen(container, stream, times[i], first, eps)
     except SampleError:
         raise
     except Exception as exc:  # noqa: BLE001 - any decoder failure is a corrupt video for this row
@@ -889,6 +879,35 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
     if rotate and rotation in _ROTATE:
         out = [img.transpose(_ROTATE[rotation]) for img in out]  # type: ignore[union-attr]
     return out  # type: ignore[return-value]
+
+
+def _frame_on_screen(container, stream, time_s: float, first: float, eps: float) -> Image.Image | None:
+    """The frame of ``stream`` on screen ``time_s`` seconds after its first frame (at ``first`` s),
+    found by seeking to the keyframe before it and decoding forward.
+
+    A seek that lands after that time is retried from 1, 2, 4 ... s earlier, and from the start
+    at last: an MPEG-TS seek stops at a packet before the time, but the decoder starts at the next
+    keyframe, so the frame taken was up to a keyframe interval late (or none at all past the last
+    keyframe).
+    """
+    tb = float(stream.time_base)
+    target = first + time_s
+    back = 0.0
+    while True:
+        at = max(time_s - back, 0.0)
+        container.seek(int(at / tb) + (stream.start_time or 0), stream=stream, backward=True, any_frame=False)
+        chosen = None
+        for frame in container.decode(stream):
+            if frame.pts is None:
+                continue
+            if frame.pts * tb > target + eps:
+                if chosen is None and at == 0:  # nothing shown before it: the first frame
+                    chosen = frame
+                break
+            chosen = frame
+        if chosen is not None or at == 0:
+            return chosen.to_image() if chosen is not None else None
+        back = max(2 * back, 1.0)
 
 
 # display rotation (counterclockwise degrees) -> PIL transpose that shows the frame upright

@@ -418,3 +418,26 @@ def test_frames_of_an_avi_with_b_frames_are_the_decoded_frames_at_the_sampled_ti
            "molmo2": lambda: [min(int(t * fps + 1e-6), 39) for t in lay.timestamps]}[family]()
     jpegs = extract_frames(tmp_path, {"path": "bf.avi", "timestamps": list(lay.timestamps)})
     assert [round(grey_level(j) / 6) for j in jpegs] == [decoded[i] for i in idx]
+
+
+@pytest.mark.parametrize(("fmt", "n", "fps"), [("mpegts", 600, 30), ("mpegts", 60, 1), ("matroska", 600, 30)])
+def test_frames_taken_by_seeking_are_the_decoded_frames_at_the_sampled_indices(tmp_path, fmt, n, fps):
+    """InternVL's 8 frames of a 20 s clip are 2.5 s apart, so each is found by a seek. An MPEG-TS
+    seek stops at a packet before the time but the decoder starts at the next keyframe: every frame
+    taken was the keyframe after the sampled one (60, 120, 210 ... for 37, 112, 187 ...), and past
+    the last keyframe there was none (``corrupt_video``, the row dropped at pack time)."""
+    import av
+
+    from packtool.media import counted_frames
+    from packtool.vision.internvl import internvl_frame_indices
+
+    path = write_video(tmp_path / "clip.bin", n, fps, fmt=fmt, step=1)
+    with av.open(str(path)) as c:  # the truth: every frame a full decode gives
+        decoded = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    lay = get_family("internvl").video(probe_video(path))
+    times = list(lay.timestamps)
+    assert min(b - a for a, b in zip(times, times[1:], strict=False)) >= 2.0  # sparse: a seek per time
+    got = counted_frames(path, {"timestamps": times})
+    idx = internvl_frame_indices(n, 8)
+    assert [np.array_equal(np.asarray(img.convert("RGB")), decoded[i]) for img, i in zip(got, idx, strict=True)] \
+        == [True] * 8
