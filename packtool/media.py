@@ -641,6 +641,36 @@ def _demux_frames(container, stream, tb: float) -> tuple[int, list[float] | None
     return count, times, end
 
 
+def _shown_duration(times: list[float], end: float, headers: list[float], fps: float, tick: float) -> float:
+    """How long demuxed frames are shown, from the first frame's start to the last frame's end:
+    the duration a decode sees (its frame times count from the first frame).
+
+    ``times`` are the frames' presentation times (seconds, sorted), ``end`` the end of the last
+    packet (:func:`_demux_frames`) and ``tick`` the stream's clock tick. A header duration
+    (``headers``: the stream's, then the container's) is read as a span or as an end time counted
+    from zero, which is what a Matroska or ASF header and some FLV muxers store (the start offset
+    included), and taken when it ends the last frame: within two ticks of ``end`` where the packets
+    store their durations (Matroska, WebM; theirs are cut to the tick), within one frame gap after
+    its start where they do not (FLV, AVI, ASF, MPEG-PS). Else the packets' end, or one frame at
+    ``fps`` (the stream's rate) after the last (an MPEG-PS duration is a guess from the bit rate,
+    a container's may be a longer audio track's).
+
+    Example:
+        >>> _shown_duration([2.0, 2.5, 3.0], 3.0, [3.5], 2.0, 0.001)  # the header counts the 2 s before the first frame
+        1.5
+    """
+    first, last = times[0], times[-1]
+    shown = last - first
+    gaps = sorted(b - a for a, b in zip(times, times[1:], strict=False) if b > a)
+    frame = 1 / fps if fps > 0 else gaps[len(gaps) // 2] if gaps else 0.0
+    slack = max(frame, gaps[-1] if gaps else 0.0) + tick
+    for header in headers:
+        for span in (header, header - first):
+            if (abs(span - (end - first)) <= 2 * tick if end > last else shown < span <= shown + slack):
+                return span
+    return end - first if end > last else shown + frame
+
+
 def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> VideoMeta:
     """Duration, frame rate, frame count, start time and rotation of a video, without decoding.
 
@@ -654,8 +684,10 @@ def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> Vid
     * fps: the stream's average rate (guessed rate, base rate when absent); for a
       variable-rate stream, frames over the time from the first frame to the end of the
       last (the headers' rate of a Matroska or TS stream is a nominal one);
-    * duration: stream duration -> container duration -> end of the last packet,
-      each minus the first frame's start time; a raw stream's is frames / rate;
+    * duration: from the first frame's start to the last frame's end, as a decode sees it:
+      an MP4's from its headers (stream, then container duration), a demuxed file's from its
+      packets (:func:`_shown_duration`: a Matroska or ASF header counts the start offset, an
+      MPEG-PS one is a bitrate guess); a raw stream's is frames / rate;
     * frame times (:attr:`VideoMeta.frame_times`): recorded only when some frame ``i``
       is further than one tick of the stream's clock (at least 1 ms) from ``i / fps``,
       so that a family that samples frames by index records the times they are shown at.
@@ -691,12 +723,13 @@ def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> Vid
         start = stream.start_time * tb if stream.start_time is not None and tb else None
         if start is None:
             start = container.start_time / av.time_base if container.start_time is not None else 0.0
-        duration = None
+        headers = []  # the header durations, the stream's first
         if stream.duration and tb:
-            duration = stream.duration * tb
-        elif container.duration:
+            headers.append(stream.duration * tb)
+        if container.duration:
             c_start = container.start_time / av.time_base if container.start_time is not None else 0.0
-            duration = container.duration / av.time_base - (start - c_start)
+            headers.append(container.duration / av.time_base - (start - c_start))
+        duration = headers[0] if headers else None
         n_frames = int(stream.frames or 0)
         mov = any(n in container.format.name for n in ("mov", "mp4"))
         # only MP4/MOV carry rotation (and always a duration); read before a demux moves to the end
@@ -713,12 +746,14 @@ def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> Vid
                 n_frames = count
             if times:
                 first = times[0]
-                if duration is None:
-                    duration = end - first
                 tick = max(tb, 1e-3)
+                if not mov:  # headers that count a start offset, or guess (MP4's are exact)
+                    duration = _shown_duration(times, end, headers, fps, tick)
+                elif duration is None:
+                    duration = end - first
                 if fps <= 0 or any(abs(t - first - i / fps) > tick for i, t in enumerate(times)):
                     frame_times = tuple(t - first for t in times)
-                    span = end - first if end > first else duration
+                    span = duration if not mov else end - first if end > first else duration
                     if span and span > 0:
                         fps = count / span
         if not duration and n_frames and fps > 0:
@@ -791,7 +826,15 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
         # (and nothing to seek by, so it is always decoded in one pass)
         raw = container.format.name == "h264"
         rate = float(stream.average_rate or stream.guessed_rate or stream.base_rate or 0) if raw else 0.0
-        dense = raw or len(times) < 2 or (max(times) - min(times)) / (len(times) - 1) < 2.0
+        # AVI stores no presentation times: FFmpeg makes them up in decode order, so a stream with
+        # B-frames comes out of the decoder in display order with its times out of order; the n-th
+        # frame decoded is the one shown at the n-th packet time, as probe_video counted it (and
+        # the times a seek lands on say nothing, so it is decoded in one pass)
+        shown_at = None
+        if container.format.name == "avi" and cc.has_b_frames:
+            shown_at = _demux_frames(container, stream, tb)[1]
+            container.seek(0, stream=stream)
+        dense = raw or bool(shown_at) or len(times) < 2 or (max(times) - min(times)) / (len(times) - 1) < 2.0
         # a frame time is rounded to its stream's clock: Matroska, WebM and FLV count milliseconds, so
         # frame 20 of a 30 fps clip is stored at 0.667 s, after the 0.6667 s it stands for; within one
         # tick (at most 1 ms) a frame is at the recorded time, else the frame before it was taken
@@ -802,6 +845,8 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
             for n, frame in enumerate(container.decode(stream)):
                 if raw and rate > 0:
                     t = n / rate
+                elif shown_at:
+                    t = shown_at[min(n, len(shown_at) - 1)]
                 elif frame.pts is None:
                     continue
                 else:
@@ -822,17 +867,7 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
                 first, rotation = frame.pts * tb, int(round(frame.rotation or 0)) % 360
                 break
             for i in order:
-                target = first + times[i]
-                container.seek(int(max(target - first, 0) / tb) + (stream.start_time or 0), stream=stream,
-                               backward=True, any_frame=False)
-                chosen = None
-                for frame in container.decode(stream):
-                    if frame.pts is None:
-                        continue
-                    if frame.pts * tb > target + eps and chosen is not None:
-                        break
-                    chosen = frame.to_image()
-                out[i] = chosen
+                out[i] = _frame_on_screen(container, stream, times[i], first, eps)
     except SampleError:
         raise
     except Exception as exc:  # noqa: BLE001 - any decoder failure is a corrupt video for this row
@@ -844,6 +879,35 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
     if rotate and rotation in _ROTATE:
         out = [img.transpose(_ROTATE[rotation]) for img in out]  # type: ignore[union-attr]
     return out  # type: ignore[return-value]
+
+
+def _frame_on_screen(container, stream, time_s: float, first: float, eps: float) -> Image.Image | None:
+    """The frame of ``stream`` on screen ``time_s`` seconds after its first frame (at ``first`` s),
+    found by seeking to the keyframe before it and decoding forward.
+
+    A seek that lands after that time is retried from 1, 2, 4 ... s earlier, and from the start
+    at last: an MPEG-TS seek stops at a packet before the time, but the decoder starts at the next
+    keyframe, so the frame taken was up to a keyframe interval late (or none at all past the last
+    keyframe).
+    """
+    tb = float(stream.time_base)
+    target = first + time_s
+    back = 0.0
+    while True:
+        at = max(time_s - back, 0.0)
+        container.seek(int(at / tb) + (stream.start_time or 0), stream=stream, backward=True, any_frame=False)
+        chosen = None
+        for frame in container.decode(stream):
+            if frame.pts is None:
+                continue
+            if frame.pts * tb > target + eps:
+                if chosen is None and at == 0:  # nothing shown before it: the first frame
+                    chosen = frame
+                break
+            chosen = frame
+        if chosen is not None or at == 0:
+            return chosen.to_image() if chosen is not None else None
+        back = max(2 * back, 1.0)
 
 
 # display rotation (counterclockwise degrees) -> PIL transpose that shows the frame upright

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from fractions import Fraction
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from video_fixtures import grey_level, write_video
@@ -297,3 +298,146 @@ def test_an_mp4_cut_without_reencoding_counts_the_frames_a_decode_gives(tmp_path
     got = counted_frames(tmp_path / "cut.mp4", {"timestamps": list(lay.timestamps), "width": 64, "height": 48})
     assert [np.array_equal(np.asarray(img.convert("RGB")), decoded[i]) for img, i in zip(got, idx, strict=True)] \
         == [True] * len(idx)
+
+
+# --------------------------------------------------------------------------- streams that do not start at zero
+
+def _flv_metadata_duration(path, seconds: float) -> None:
+    """Rewrite the ``duration`` of an FLV's ``onMetaData``, as muxers that store the last
+    timestamp there (the start offset included) write it."""
+    import struct
+
+    data = bytearray(path.read_bytes())
+    at = data.index(b"duration\x00") + len(b"duration\x00")
+    data[at:at + 8] = struct.pack(">d", seconds)
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture(scope="module")
+def late_clips(tmp_path_factory):
+    """Per container 20 frames at 10 fps whose first is shown at 2 s (an ``ffmpeg -ss 2 -c copy``
+    cut keeps such times), with the grey level and time (from the first frame) of every frame a
+    full decode gives; and a 36-frame, 12 fps MPEG-PS clip, which starts at 0.583 s."""
+    import av
+
+    d = tmp_path_factory.mktemp("late")
+    pts = [2000 + 100 * i for i in range(20)]
+    for ext, fmt, codec in [("mkv", "matroska", "libx264"), ("webm", "webm", "libvpx-vp9"), ("flv", "flv", "flv"),
+                            ("asf", "asf", "wmv2"), ("ts", "mpegts", "libx264"), ("mp4", "mp4", "libx264")]:
+        if codec in av.codecs_available:
+            write_video(d / f"late.{ext}", 20, 10, fmt=fmt, codec=codec, pts=pts, time_base=Fraction(1, 1000), step=12)
+    write_video(d / "late_end.flv", 20, 10, fmt="flv", codec="flv", pts=pts, time_base=Fraction(1, 1000), step=12)
+    _flv_metadata_duration(d / "late_end.flv", 4.0)
+    write_video(d / "clip.mpg", 36, 12, fmt="mpeg", codec="mpeg2video", step=7)
+    truth = {}
+    for path in d.iterdir():
+        with av.open(str(path)) as c:
+            frames = [(f.time, float(f.to_ndarray(format="gray").mean())) for f in c.decode(video=0)]
+        truth[path.name] = [(t - frames[0][0], g) for t, g in frames]
+    return d, truth
+
+
+LATE = ["late.mkv", "late.webm", "late.flv", "late_end.flv", "late.asf", "late.ts", "late.mp4"]
+
+
+@pytest.mark.parametrize("name", LATE)
+def test_a_stream_that_starts_late_lasts_as_long_as_its_frames(late_clips, name):
+    """A stream whose first frame is at 2 s lasts its frames' 2 s, as a decode (frame times from
+    the first frame) and the processors' ``frames / fps`` see it. Matroska, WebM and ASF headers
+    (and some FLV muxers) store the end time counted from zero: the 20 frames probed as 4 s and
+    Molmo2 sampled 9 frames to 4.0 s (the last four past the end, copies of the last frame)."""
+    d, truth = late_clips
+    if name not in truth:
+        pytest.skip("codec not in this PyAV build")
+    meta = probe_video(d / name)
+    decoded = truth[name]
+    assert (meta.n_frames, meta.fps, meta.frame_times) == (20, 10.0, ())
+    assert meta.start_s == pytest.approx(2.0)
+    assert meta.duration_s == pytest.approx(len(decoded) / 10.0) == pytest.approx(decoded[-1][0] + 0.1)
+    lay = get_family("molmo2").video(meta)
+    assert lay.timestamps == (0.0, 0.5, 1.0, 1.5, 2.0)
+    assert lay.n_tokens == 5 * 81
+    jpegs = extract_frames(d, {"path": name, "timestamps": list(lay.timestamps)})
+    on_screen = [max(i for i, (t, _) in enumerate(decoded) if t <= s + 1e-6) for s in lay.timestamps]
+    assert [round(grey_level(j) / 12) for j in jpegs] == [round(decoded[i][1] / 12) for i in on_screen]
+
+
+@pytest.mark.parametrize("name", LATE)
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "qwen3-vl", "llava-ov", "internvl"])
+def test_frames_of_a_stream_that_starts_late_are_the_decoded_frames_at_the_sampled_indices(late_clips, name,
+                                                                                           family):
+    """The families that sample by index take, from a stream starting at 2 s, the decoded frames at
+    the indices their processors sample."""
+    from packtool.vision.internvl import internvl_frame_indices
+    from packtool.vision.qwen import uniform_indices
+
+    d, truth = late_clips
+    if name not in truth:
+        pytest.skip("codec not in this PyAV build")
+    lay = get_family(family).video(probe_video(d / name))
+    n = len(lay.timestamps)
+    idx = (internvl_frame_indices(20, n) if family == "internvl" else
+           np.linspace(0, 19, n, dtype=int).tolist() if family == "llava-ov" else uniform_indices(20, n).tolist())
+    jpegs = extract_frames(d, {"path": name, "timestamps": list(lay.timestamps)})
+    assert [round(grey_level(j) / 12) for j in jpegs] == [round(truth[name][i][1] / 12) for i in idx]
+
+
+def test_an_mpeg_ps_clip_lasts_as_long_as_its_frames(late_clips):
+    """An MPEG-PS header's duration is a guess from the bit rate: 36 frames at 12 fps probed as
+    1.67 s, and Molmo2 sampled 4 of the clip's 3 s."""
+    d, truth = late_clips
+    meta = probe_video(d / "clip.mpg")
+    assert (meta.n_frames, meta.fps, len(truth["clip.mpg"])) == (36, 12.0, 36)
+    assert meta.duration_s == pytest.approx(3.0)
+    assert get_family("molmo2").video(meta).timestamps == (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
+
+
+@pytest.mark.parametrize("fps", [10, 1])  # 4 s: every request dense; 40 s: InternVL's 8 frames 5 s apart, sparse
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "molmo2", "llava-ov", "internvl"])
+def test_frames_of_an_avi_with_b_frames_are_the_decoded_frames_at_the_sampled_times(tmp_path, fps, family):
+    """AVI stores no presentation times: FFmpeg makes them up in decode order, so the frames of an
+    H.264 stream with B-frames leave the decoder in display order with times out of order, and the
+    frame taken for a time was often another (frames 0, 5, 11, 16, 21, 28, 32, 39 for Qwen's
+    0, 6, 11, 17, 22, 28, 33, 39). The frames taken are the decoded frames a frame-indexed reader
+    gives at the sampled indices (Molmo2: at its times, ``i / fps``)."""
+    import av
+
+    from packtool.vision.internvl import internvl_frame_indices
+    from packtool.vision.qwen import uniform_indices
+
+    path = write_video(tmp_path / "bf.avi", 40, fps, fmt="avi", step=6, b_frames=3)
+    with av.open(str(path)) as c:  # the truth: every frame a full decode gives, in display order
+        assert c.streams.video[0].codec_context.has_b_frames
+        decoded = [round(float(f.to_ndarray(format="gray").mean()) / 6) for f in c.decode(video=0)]
+    meta = probe_video(path)
+    assert (meta.n_frames, meta.fps, meta.duration_s, meta.frame_times) == (40, float(fps), pytest.approx(40 / fps), ())
+    lay = get_family(family).video(meta)
+    n = len(lay.timestamps)
+    idx = {"qwen2.5-vl": lambda: uniform_indices(40, n).tolist(), "llava-ov": lambda: np.linspace(0, 39, n, dtype=int),
+           "internvl": lambda: internvl_frame_indices(40, n),
+           "molmo2": lambda: [min(int(t * fps + 1e-6), 39) for t in lay.timestamps]}[family]()
+    jpegs = extract_frames(tmp_path, {"path": "bf.avi", "timestamps": list(lay.timestamps)})
+    assert [round(grey_level(j) / 6) for j in jpegs] == [decoded[i] for i in idx]
+
+
+@pytest.mark.parametrize(("fmt", "n", "fps"), [("mpegts", 600, 30), ("mpegts", 60, 1), ("matroska", 600, 30)])
+def test_frames_taken_by_seeking_are_the_decoded_frames_at_the_sampled_indices(tmp_path, fmt, n, fps):
+    """InternVL's 8 frames of a 20 s clip are 2.5 s apart, so each is found by a seek. An MPEG-TS
+    seek stops at a packet before the time but the decoder starts at the next keyframe: every frame
+    taken was the keyframe after the sampled one (60, 120, 210 ... for 37, 112, 187 ...), and past
+    the last keyframe there was none (``corrupt_video``, the row dropped at pack time)."""
+    import av
+
+    from packtool.media import counted_frames
+    from packtool.vision.internvl import internvl_frame_indices
+
+    path = write_video(tmp_path / "clip.bin", n, fps, fmt=fmt, step=1)
+    with av.open(str(path)) as c:  # the truth: every frame a full decode gives
+        decoded = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    lay = get_family("internvl").video(probe_video(path))
+    times = list(lay.timestamps)
+    assert min(b - a for a, b in zip(times, times[1:], strict=False)) >= 2.0  # sparse: a seek per time
+    got = counted_frames(path, {"timestamps": times})
+    idx = internvl_frame_indices(n, 8)
+    assert [np.array_equal(np.asarray(img.convert("RGB")), decoded[i]) for img, i in zip(got, idx, strict=True)] \
+        == [True] * 8

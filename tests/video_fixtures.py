@@ -14,8 +14,9 @@ import numpy as np
 
 def write_video(path: Path, n_frames: int, fps: int = 30, size: tuple[int, int] = (64, 48), fmt: str = "mp4",
                 codec: str = "libx264", pts: list[int] | None = None, rotation: int | None = None, step: int = 8,
-                time_base: Fraction | None = None) -> Path:
-    """Encode ``n_frames`` frames; ``pts`` (in ``time_base`` units) makes a variable-rate stream."""
+                time_base: Fraction | None = None, b_frames: int = 0) -> Path:
+    """Encode ``n_frames`` frames; ``pts`` (in ``time_base`` units) makes a variable-rate stream;
+    ``b_frames``: the most consecutive B-frames libx264 may code (frames then decode out of order)."""
     w, h = size
     with av.open(str(path), "w", format=fmt) as out:
         st = out.add_stream(codec, rate=fps)
@@ -24,7 +25,7 @@ def write_video(path: Path, n_frames: int, fps: int = 30, size: tuple[int, int] 
             st.codec_context.time_base = time_base or Fraction(1, 1000)
             st.time_base = time_base or Fraction(1, 1000)
         if codec == "libx264":
-            st.options = {"preset": "ultrafast", "g": "30"}
+            st.options = {"preset": "ultrafast", "g": "30", **({"bf": str(b_frames)} if b_frames else {})}
         if rotation is not None:
             st.set_display_rotation(rotation)
         for i in range(n_frames):
