@@ -21,7 +21,10 @@ How the stream is split (what makes resume exact):
 1. **Global order per epoch.** Shards are permuted with ``seed`` and the epoch, row
    groups inside each shard are permuted, rows inside each row group are permuted
    (``shuffle=False`` keeps manifest order, i.e. ``pack_index`` order). This is a list
-   ``G`` of all ``N`` packs; only one row group is decoded at a time.
+   ``G`` of all ``N`` packs; only one row group is decoded at a time. Each permutation
+   draws from its own random stream, ``SeedSequence(seed, spawn_key=(level, epoch, shard,
+   group))``, so the three levels are independent (order 2). A state saved without an
+   ``order`` resumes in order 1, which that run was reading.
 2. **Ranks take contiguous slices.** Every rank gets ``L = ceil(N / world_size)`` packs
    (``drop_last=True``: ``floor``). Rank ``r`` reads ``G[r*L : (r+1)*L]``; positions past
    ``N`` wrap around to the start of ``G`` (the tail is padded by repeating the first
@@ -34,7 +37,7 @@ How the stream is split (what makes resume exact):
    rank 0's state is enough; resuming continues at ``G[r*L + consumed]`` for any number
    of workers or batch size. The shards (by their sha256 in the manifest), world size,
    seed, shuffle and ``drop_last`` must match (a mismatch raises
-   :class:`~packtool.errors.ResumeMismatchError`).
+   :class:`~packtool.errors.ResumeMismatchError`); the state's ``order`` is adopted.
 
 Example::
 
@@ -79,6 +82,7 @@ __all__ = [
     "IGNORE_INDEX",
     "PAD_SUBSEGMENT",
     "VISION_MODES",
+    "ORDER",
 ]
 
 log = logging.getLogger(__name__)
@@ -89,6 +93,9 @@ IGNORE_INDEX = -100
 PAD_SUBSEGMENT = -1
 #: ``vision`` modes of :func:`attention_mask`.
 VISION_MODES = ("causal", "media", "sample")
+#: Shuffle order of a fresh reader (``state_dict()["order"]``); 1 is the order of states saved without one.
+ORDER = 2
+_ORDERS = (1, 2)
 
 _TOKEN_COLUMNS = ("input_ids", "target_ids", "position_ids", "subsegment_ids", "cu_seqlens")
 
@@ -143,6 +150,10 @@ class PackedDataset:
             is read (``verify``'s whole-file sha256 applies to local shards). The cap may be passed
             by the ``prefetch + 2`` newest groups, which are never evicted.
         prefetch: row groups fetched ahead of the reader (bucket URLs).
+
+    Attributes:
+        order: the version of the shuffle order read: :data:`ORDER` for a fresh reader, the
+            state's after :meth:`load_state_dict` (1 for a state saved without ``order``).
 
     Raises:
         InputError: no manifest, wrong kind, no packs at all, a shard missing or of the wrong size.
@@ -203,6 +214,7 @@ class PackedDataset:
         self._len = n // world_size if drop_last else -(-n // world_size)
         self.epoch = 0
         self.consumed = 0
+        self.order = ORDER
         self._groups: dict[int, np.ndarray] = {}  # shard -> rows per row group
         self._checked: set[int] = set()
         self._vision = self.manifest.get("vision")
@@ -249,6 +261,7 @@ class PackedDataset:
             "seed": self.seed,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
+            "order": self.order,
             "n_packs": self.n_packs,
             "config_digest": self.manifest.get("config_digest"),
             "shards_digest": self._shards_digest,
@@ -256,6 +269,10 @@ class PackedDataset:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict` (taken on any rank, with any worker count).
+
+        The reader takes the state's shuffle ``order`` for this and every later epoch: a
+        state saved without one (by a packtool that had only the first order) continues in
+        the first order, so the run reads no pack twice and skips none.
 
         Raises:
             ResumeMismatchError: the state belongs to other data or another split.
@@ -279,8 +296,13 @@ class PackedDataset:
         consumed, epoch = (_state_count(state, key) for key in ("consumed", "epoch"))
         if not 0 <= consumed <= self._len:
             raise ResumeMismatchError(f"reader state has consumed={consumed}, outside 0..{self._len}")
+        order = state.get("order", 1)
+        if isinstance(order, bool) or not isinstance(order, int | np.integer) or int(order) not in _ORDERS:
+            raise ResumeMismatchError(f"reader state has order={order!r}, a shuffle order this packtool does not know "
+                                      f"(it reads {' and '.join(map(str, _ORDERS))}); resume with the packtool that saved it")
         self.epoch = epoch
         self.consumed = consumed
+        self.order = int(order)
 
     # ---- iteration
 
@@ -388,8 +410,22 @@ class PackedDataset:
 
     # ---- shards
 
-    def _rng(self, *keys: int) -> np.random.Generator:
-        return np.random.default_rng([self.seed, *keys])
+    def _rng(self, epoch: int, shard: int | None = None, group: int | None = None) -> np.random.Generator:
+        """The random stream of one permutation: the epoch's shards, a shard's row groups, or a group's rows.
+
+        Order 2 seeds each stream with ``SeedSequence(seed, spawn_key=(level, epoch, shard, group))``,
+        ``level`` 1, 2 or 3 and unused keys 0: the spawn key always has four words and the
+        level tells the three kinds apart, so no two permutations share a stream and each
+        level is independent of the others. Order 1 (states saved without ``order``) seeded
+        ``[seed, epoch]``, ``[seed, epoch, shard]``, ``[seed, epoch, shard, group]``, which
+        numpy pads with zeros to the same entropy: shard 0's row groups came in the epoch's
+        shard order, and its group 0's rows in that order again. It is kept only so such
+        states resume exactly.
+        """
+        if self.order == 1:
+            return np.random.default_rng([self.seed, *(k for k in (epoch, shard, group) if k is not None)])
+        level = 1 if shard is None else 2 if group is None else 3
+        return np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(level, epoch, shard or 0, group or 0)))
 
     def _perm(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.permutation(n) if self.shuffle else np.arange(n)
