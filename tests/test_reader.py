@@ -548,6 +548,26 @@ def test_torch_dataloader_workers_keep_the_order_of_the_state_loaded(packed):
     assert {s["order"] for _, s in fresh} == {2} and [i for b, _ in fresh for i in b] != old
 
 
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_persistent_worker_stopped_mid_epoch_does_not_skip_what_it_fetched_ahead(packed, workers):
+    """With one persistent worker, leaving the loop mid-epoch and iterating again began after the
+    batches the worker had fetched ahead but the trainer never saw: those packs were skipped
+    that epoch. Every worker count now starts again where the reader stands, as fresh
+    workers do."""
+    torch = pytest.importorskip("torch")
+    from packtool.reader.torch import PackedIterableDataset
+
+    data = PackedIterableDataset(packed, batch_size=2, masks=False, seed=3)
+    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=workers, persistent_workers=True,
+                                         multiprocessing_context="fork")
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    again = [i for b in loader for i in b["pack_index"]]
+    assert again == ids(PackedDataset(packed, seed=3))
+
+
 # --------------------------------------------------------------------------- shard checks
 
 

@@ -316,15 +316,18 @@ class PackedDataset:
         """Blocks of up to ``block`` rows for DataLoader worker ``worker`` of ``num_workers``.
 
         Yields ``(rows, consumed)``: ``consumed`` is the rank-level position right after
-        this block (what :meth:`state_dict` wants once the trainer has used it). With a
-        single worker the dataset also advances its own position as it yields; once the
-        blocks run out, every copy moves on to the next epoch (so persistent DataLoader
-        workers, which never see ``set_epoch``, still change order every epoch).
+        this block (what :meth:`state_dict` wants once the trainer has used it). Iterated
+        in-process (one worker, not inside a DataLoader worker) the dataset also advances its
+        own position as it yields; a DataLoader worker's copy does not, since it fetches ahead
+        of what the trainer takes (a persistent worker left mid-epoch starts again where the
+        dataset stands, whatever the worker count). Once the blocks run out, every copy moves
+        on to the next epoch (so persistent DataLoader workers, which never see
+        ``set_epoch``, still change order every epoch).
         """
         worker, num_workers, block = _whole("worker", worker), _whole("num_workers", num_workers), _whole("block", block)
         if block < 1 or not 0 <= worker < num_workers:
             raise ConfigError(f"bad split: worker {worker} of {num_workers}, block {block}")
-        epoch, start, in_process = self.epoch, self.consumed, num_workers == 1
+        epoch, start, in_process = self.epoch, self.consumed, num_workers == 1 and not _in_worker()
         rel = np.arange(self._len - start, dtype=np.int64)
         mine = rel[(rel // block) % num_workers == worker]
         if len(mine) == 0:
@@ -574,12 +577,21 @@ def _whole(name: str, value: Any) -> int:
 
 def _worker() -> tuple[int, int]:
     """``(worker id, worker count)`` inside a torch DataLoader worker, else ``(0, 1)``."""
+    info = _worker_info()
+    return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
+def _in_worker() -> bool:
+    """True inside a torch DataLoader worker process (even the only one)."""
+    return _worker_info() is not None
+
+
+def _worker_info():
     if "torch" not in sys.modules:  # a DataLoader worker has torch loaded; never import it here
-        return 0, 1
+        return None
     from torch.utils.data import get_worker_info
 
-    info = get_worker_info()
-    return (info.id, info.num_workers) if info is not None else (0, 1)
+    return get_worker_info()
 
 
 # --------------------------------------------------------------------------- masks
