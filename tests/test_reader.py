@@ -379,6 +379,15 @@ def test_resume_refuses_a_position_that_is_not_a_count(packed, key, value):
     assert (ds.epoch, ds.consumed) == (good["epoch"], good["consumed"])
 
 
+
+def test_a_state_for_a_negative_epoch_is_refused_when_saved_not_when_loaded(packed):
+    """state_dict(epoch=-1) returned a state that load_state_dict refuses: the checkpoint
+    holding it could never be resumed, and the refusal said to load it unchanged."""
+    ds = PackedDataset(packed, seed=1)
+    with pytest.raises(ConfigError, match="^epoch must be non-negative, got -1"):
+        ds.state_dict(consumed=3, epoch=-1)
+    PackedDataset(packed, seed=1).load_state_dict(ds.state_dict(consumed=3, epoch=0))
+
 def test_the_hidden_state_folder_given_as_the_dataset_names_its_parent(packed):
     with pytest.raises(InputError, match=r"\.packtool folder .* pass the directory that holds it") as err:
         PackedDataset(packed / ".packtool")

@@ -252,6 +252,8 @@ class PackedDataset:
         if not 0 <= c <= self._len:
             raise ConfigError(f"consumed {c} is outside 0..{self._len} (packs per rank per epoch)")
         epoch = self.epoch if epoch is None else _whole("epoch", epoch)
+        if epoch < 0:  # a checkpoint holding it could never be loaded
+            raise ConfigError(f"epoch must be non-negative, got {epoch}; pass the 'epoch' of the batch last used")
         if c == self._len and self._len > 0:
             epoch, c = epoch + 1, 0  # a finished epoch resumes at the next one
         return {
