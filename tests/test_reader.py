@@ -220,17 +220,27 @@ COMBOS = [(1, 0, 1, 1), (2, 1, 2, 1), (3, 2, 3, 2), (4, 0, 2, 3), (8, 5, 1, 1), 
 
 @pytest.mark.parametrize(("world_size", "rank", "num_workers", "block"), COMBOS)
 @pytest.mark.parametrize("k", [0, 1, 2, 3])
-def test_exact_resume(packed, world_size, rank, num_workers, block, k):
+@pytest.mark.parametrize("legacy", [False, True], ids=["order2", "order1"])
+def test_exact_resume(packed, world_size, rank, num_workers, block, k, legacy):
+    """``legacy``: the run started from a checkpoint of a packtool that saved no order version,
+    so it reads the first order; the states it saves carry that order to any fresh reader."""
     def fresh():
         return PackedDataset(packed, rank=rank, world_size=world_size, seed=11)
 
-    full = [i for b, _ in loader_order(fresh(), num_workers, block) for i in b]
+    def start():
+        ds = fresh()
+        if legacy:
+            ds.load_state_dict(_order_1(fresh().state_dict()))
+        return ds
+
+    full = [i for b, _ in loader_order(start(), num_workers, block) for i in b]
     assert len(full) == len(fresh())
-    ds = fresh()
+    ds = start()
     got = loader_order(ds, num_workers, block)
     k = min(k, len(got))
     taken = [i for b, _ in got[:k] for i in b]
     state = ds.state_dict(consumed=got[k - 1][1] if k else 0)
+    assert state["order"] == (1 if legacy else 2)
     assert json.loads(json.dumps(state)) == state  # a checkpoint can store it as JSON
     for workers_after in (num_workers, 1, num_workers + 1):
         resumed = fresh()
@@ -239,7 +249,75 @@ def test_exact_resume(packed, world_size, rank, num_workers, block, k):
         if state["epoch"] == 0:
             assert taken + rest == full
         else:  # the whole epoch was taken: resume starts the next epoch
-            assert taken == full and rest == [i for b, _ in loader_order(_at_epoch(fresh(), 1), 1, 1) for i in b]
+            assert taken == full and rest == [i for b, _ in loader_order(_at_epoch(start(), 1), 1, 1) for i in b]
+
+
+def _order_1(state: dict) -> dict:
+    """``state`` as a packtool that had one shuffle order saved it: without ``order``."""
+    return {k: v for k, v in state.items() if k != "order"}
+
+
+def test_shuffle_levels_are_independent(tmp_path):
+    """The shard order, a shard's row-group order and a group's row order used to be one
+    stream: seeds ``[s, e]``, ``[s, e, 0]`` and ``[s, e, 0, 0]`` are the same to numpy (keys are
+    padded with zeros), so shard 0's groups came in the epoch's shard order, and its group 0's
+    rows in that order again, for every seed."""
+    # 4 shards of 4 row groups of 4 rows: pack 16*shard + 4*group + row
+    data = write_packed(tmp_path / "p", [16] * 4, group_rows=4)
+    same_groups = same_rows = 0
+    for seed in range(10):
+        for epoch in (0, 1):
+            stream = ids(_at_epoch(PackedDataset(data, seed=seed), epoch))
+            shards = [i // 16 for i in stream[::16]]
+            groups = [i // 4 % 4 for i in stream if i // 16 == 0][::4]
+            rows = [i for i in stream if i < 4]
+            assert sorted(stream) == list(range(64))
+            same_groups += groups == shards
+            same_rows += rows == groups
+    # independent permutations of 4 agree once in 24: about 1 of these 20 draws (it was 20 of 20)
+    assert same_groups <= 4 and same_rows <= 4, (same_groups, same_rows)
+
+
+#: The first order (saved states without ``order``) of ``packed`` with seed 11: (world_size, rank, epoch) -> packs.
+ORDER_1 = {
+    (1, 0, 0): [22, 21, 7, 8, 9, 11, 10, 12, 13, 4, 3, 5, 1, 0, 2, 6, 17, 19, 18, 15, 14, 16, 20],
+    (1, 0, 1): [0, 1, 2, 3, 5, 4, 6, 22, 21, 13, 11, 10, 12, 9, 8, 7, 17, 19, 18, 15, 14, 16, 20],
+    (3, 1, 0): [13, 4, 3, 5, 1, 0, 2, 6],
+    (3, 1, 1): [21, 13, 11, 10, 12, 9, 8, 7],
+}
+
+
+@pytest.mark.parametrize(("world_size", "rank"), [(1, 0), (3, 1)])
+def test_a_state_saved_without_an_order_resumes_in_the_first_order(packed, world_size, rank):
+    """A checkpoint taken before the shuffle levels were made independent continues with
+    exactly the packs its run had not read yet, this epoch and the next."""
+    def fresh():
+        return PackedDataset(packed, rank=rank, world_size=world_size, seed=11)
+
+    assert fresh().state_dict()["order"] == 2 and ids(fresh()) != ORDER_1[(world_size, rank, 0)]
+    old = ORDER_1[(world_size, rank, 0)]
+    for consumed in (0, 3, len(old)):
+        state = _order_1(fresh().state_dict(consumed=consumed))
+        ds = fresh()
+        ds.load_state_dict(state)
+        if consumed < len(old):
+            assert ids(ds) == old[consumed:]
+        assert ids(ds) == ORDER_1[(world_size, rank, 1)]  # later epochs keep the first order
+        assert ds.state_dict()["order"] == 1
+        for workers in (2, 3):  # DataLoader workers read copies of the reader
+            again = fresh()
+            again.load_state_dict(state)
+            again.set_epoch(state["epoch"])
+            blocks = loader_order(again, workers, 2)
+            assert [i for b, _ in blocks for i in b] == (old[consumed:] if consumed < len(old) else ORDER_1[(world_size, rank, 1)])
+    # an unknown order (saved by a later packtool) is refused, not read in another order
+    for value in (3, 0, "2", True):
+        with pytest.raises(ResumeMismatchError, match=f"order={value!r}"):
+            fresh().load_state_dict(dict(fresh().state_dict(), order=value))
+    ds = fresh()
+    ds.load_state_dict(_order_1(fresh().state_dict()))
+    ds.load_state_dict(dict(fresh().state_dict(), order=np.int64(2)))  # a later state in the new order
+    assert ids(ds) == ids(fresh())
 
 
 def test_resume_across_epochs_and_from_another_rank(packed):
@@ -300,6 +378,15 @@ def test_resume_refuses_a_position_that_is_not_a_count(packed, key, value):
     ds.load_state_dict(good)
     assert (ds.epoch, ds.consumed) == (good["epoch"], good["consumed"])
 
+
+
+def test_a_state_for_a_negative_epoch_is_refused_when_saved_not_when_loaded(packed):
+    """state_dict(epoch=-1) returned a state that load_state_dict refuses: the checkpoint
+    holding it could never be resumed, and the refusal said to load it unchanged."""
+    ds = PackedDataset(packed, seed=1)
+    with pytest.raises(ConfigError, match="^epoch must be non-negative, got -1"):
+        ds.state_dict(consumed=3, epoch=-1)
+    PackedDataset(packed, seed=1).load_state_dict(ds.state_dict(consumed=3, epoch=0))
 
 def test_the_hidden_state_folder_given_as_the_dataset_names_its_parent(packed):
     with pytest.raises(InputError, match=r"\.packtool folder .* pass the directory that holds it") as err:
@@ -441,6 +528,53 @@ def test_torch_dataloader_workers_resume_exactly(packed):
     epochs = [[i for b in persistent for i in b["pack_index"]] for _ in range(2)]
     in_process = make().dataset
     assert epochs == [ids(in_process), ids(in_process)] and epochs[0] != epochs[1]
+
+
+
+def test_torch_dataloader_workers_keep_the_order_of_the_state_loaded(packed):
+    """A checkpoint saved without ``order`` resumes in the first order in DataLoader workers too,
+    and the states the adapter then saves carry that order to the next restart."""
+    torch = pytest.importorskip("torch")
+    from packtool.reader.torch import PackedIterableDataset
+
+    def make():
+        return PackedIterableDataset(packed, batch_size=2, masks=False, rank=1, world_size=3, seed=11)
+
+    def run(ds, workers):
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context="fork")
+        return [(b["pack_index"], ds.state_dict(b)) for b in loader]
+
+    old = ORDER_1[(3, 1, 0)]
+    ds = make()
+    ds.load_state_dict(_order_1(make().state_dict({"epoch": 0, "consumed": 2})))
+    got = run(ds, 2)
+    assert [i for b, _ in got for i in b] == old[2:]
+    assert [s["order"] for _, s in got] == [1, 1, 1]
+    again = make()
+    again.load_state_dict(got[0][1])  # a restart of the restarted run: still the first order
+    assert [i for b, _ in run(again, 1) for i in b] == old[4:]
+    fresh = run(make(), 2)
+    assert {s["order"] for _, s in fresh} == {2} and [i for b, _ in fresh for i in b] != old
+
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_persistent_worker_stopped_mid_epoch_does_not_skip_what_it_fetched_ahead(packed, workers):
+    """With one persistent worker, leaving the loop mid-epoch and iterating again began after the
+    batches the worker had fetched ahead but the trainer never saw: those packs were skipped
+    that epoch. Every worker count now starts again where the reader stands, as fresh
+    workers do."""
+    torch = pytest.importorskip("torch")
+    from packtool.reader.torch import PackedIterableDataset
+
+    data = PackedIterableDataset(packed, batch_size=2, masks=False, seed=3)
+    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=workers, persistent_workers=True,
+                                         multiprocessing_context="fork")
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    again = [i for b in loader for i in b["pack_index"]]
+    assert again == ids(PackedDataset(packed, seed=3))
 
 
 # --------------------------------------------------------------------------- shard checks

@@ -21,7 +21,10 @@ How the stream is split (what makes resume exact):
 1. **Global order per epoch.** Shards are permuted with ``seed`` and the epoch, row
    groups inside each shard are permuted, rows inside each row group are permuted
    (``shuffle=False`` keeps manifest order, i.e. ``pack_index`` order). This is a list
-   ``G`` of all ``N`` packs; only one row group is decoded at a time.
+   ``G`` of all ``N`` packs; only one row group is decoded at a time. Each permutation
+   draws from its own random stream, ``SeedSequence(seed, spawn_key=(level, epoch, shard,
+   group))``, so the three levels are independent (order 2). A state saved without an
+   ``order`` resumes in order 1, which that run was reading.
 2. **Ranks take contiguous slices.** Every rank gets ``L = ceil(N / world_size)`` packs
    (``drop_last=True``: ``floor``). Rank ``r`` reads ``G[r*L : (r+1)*L]``; positions past
    ``N`` wrap around to the start of ``G`` (the tail is padded by repeating the first
@@ -34,7 +37,7 @@ How the stream is split (what makes resume exact):
    rank 0's state is enough; resuming continues at ``G[r*L + consumed]`` for any number
    of workers or batch size. The shards (by their sha256 in the manifest), world size,
    seed, shuffle and ``drop_last`` must match (a mismatch raises
-   :class:`~packtool.errors.ResumeMismatchError`).
+   :class:`~packtool.errors.ResumeMismatchError`); the state's ``order`` is adopted.
 
 Example::
 
@@ -79,6 +82,7 @@ __all__ = [
     "IGNORE_INDEX",
     "PAD_SUBSEGMENT",
     "VISION_MODES",
+    "ORDER",
 ]
 
 log = logging.getLogger(__name__)
@@ -89,6 +93,9 @@ IGNORE_INDEX = -100
 PAD_SUBSEGMENT = -1
 #: ``vision`` modes of :func:`attention_mask`.
 VISION_MODES = ("causal", "media", "sample")
+#: Shuffle order of a fresh reader (``state_dict()["order"]``); 1 is the order of states saved without one.
+ORDER = 2
+_ORDERS = (1, 2)
 
 _TOKEN_COLUMNS = ("input_ids", "target_ids", "position_ids", "subsegment_ids", "cu_seqlens")
 
@@ -143,6 +150,10 @@ class PackedDataset:
             is read (``verify``'s whole-file sha256 applies to local shards). The cap may be passed
             by the ``prefetch + 2`` newest groups, which are never evicted.
         prefetch: row groups fetched ahead of the reader (bucket URLs).
+
+    Attributes:
+        order: the version of the shuffle order read: :data:`ORDER` for a fresh reader, the
+            state's after :meth:`load_state_dict` (1 for a state saved without ``order``).
 
     Raises:
         InputError: no manifest, wrong kind, no packs at all, a shard missing or of the wrong size.
@@ -203,6 +214,7 @@ class PackedDataset:
         self._len = n // world_size if drop_last else -(-n // world_size)
         self.epoch = 0
         self.consumed = 0
+        self.order = ORDER
         self._groups: dict[int, np.ndarray] = {}  # shard -> rows per row group
         self._checked: set[int] = set()
         self._vision = self.manifest.get("vision")
@@ -240,6 +252,8 @@ class PackedDataset:
         if not 0 <= c <= self._len:
             raise ConfigError(f"consumed {c} is outside 0..{self._len} (packs per rank per epoch)")
         epoch = self.epoch if epoch is None else _whole("epoch", epoch)
+        if epoch < 0:  # a checkpoint holding it could never be loaded
+            raise ConfigError(f"epoch must be non-negative, got {epoch}; pass the 'epoch' of the batch last used")
         if c == self._len and self._len > 0:
             epoch, c = epoch + 1, 0  # a finished epoch resumes at the next one
         return {
@@ -249,6 +263,7 @@ class PackedDataset:
             "seed": self.seed,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
+            "order": self.order,
             "n_packs": self.n_packs,
             "config_digest": self.manifest.get("config_digest"),
             "shards_digest": self._shards_digest,
@@ -256,6 +271,10 @@ class PackedDataset:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict` (taken on any rank, with any worker count).
+
+        The reader takes the state's shuffle ``order`` for this and every later epoch: a
+        state saved without one (by a packtool that had only the first order) continues in
+        the first order, so the run reads no pack twice and skips none.
 
         Raises:
             ResumeMismatchError: the state belongs to other data or another split.
@@ -279,8 +298,13 @@ class PackedDataset:
         consumed, epoch = (_state_count(state, key) for key in ("consumed", "epoch"))
         if not 0 <= consumed <= self._len:
             raise ResumeMismatchError(f"reader state has consumed={consumed}, outside 0..{self._len}")
+        order = state.get("order", 1)
+        if isinstance(order, bool) or not isinstance(order, int | np.integer) or int(order) not in _ORDERS:
+            raise ResumeMismatchError(f"reader state has order={order!r}, a shuffle order this packtool does not know "
+                                      f"(it reads {' and '.join(map(str, _ORDERS))}); resume with the packtool that saved it")
         self.epoch = epoch
         self.consumed = consumed
+        self.order = int(order)
 
     # ---- iteration
 
@@ -294,15 +318,18 @@ class PackedDataset:
         """Blocks of up to ``block`` rows for DataLoader worker ``worker`` of ``num_workers``.
 
         Yields ``(rows, consumed)``: ``consumed`` is the rank-level position right after
-        this block (what :meth:`state_dict` wants once the trainer has used it). With a
-        single worker the dataset also advances its own position as it yields; once the
-        blocks run out, every copy moves on to the next epoch (so persistent DataLoader
-        workers, which never see ``set_epoch``, still change order every epoch).
+        this block (what :meth:`state_dict` wants once the trainer has used it). Iterated
+        in-process (one worker, not inside a DataLoader worker) the dataset also advances its
+        own position as it yields; a DataLoader worker's copy does not, since it fetches ahead
+        of what the trainer takes (a persistent worker left mid-epoch starts again where the
+        dataset stands, whatever the worker count). Once the blocks run out, every copy moves
+        on to the next epoch (so persistent DataLoader workers, which never see
+        ``set_epoch``, still change order every epoch).
         """
         worker, num_workers, block = _whole("worker", worker), _whole("num_workers", num_workers), _whole("block", block)
         if block < 1 or not 0 <= worker < num_workers:
             raise ConfigError(f"bad split: worker {worker} of {num_workers}, block {block}")
-        epoch, start, in_process = self.epoch, self.consumed, num_workers == 1
+        epoch, start, in_process = self.epoch, self.consumed, num_workers == 1 and not _in_worker()
         rel = np.arange(self._len - start, dtype=np.int64)
         mine = rel[(rel // block) % num_workers == worker]
         if len(mine) == 0:
@@ -388,8 +415,22 @@ class PackedDataset:
 
     # ---- shards
 
-    def _rng(self, *keys: int) -> np.random.Generator:
-        return np.random.default_rng([self.seed, *keys])
+    def _rng(self, epoch: int, shard: int | None = None, group: int | None = None) -> np.random.Generator:
+        """The random stream of one permutation: the epoch's shards, a shard's row groups, or a group's rows.
+
+        Order 2 seeds each stream with ``SeedSequence(seed, spawn_key=(level, epoch, shard, group))``,
+        ``level`` 1, 2 or 3 and unused keys 0: the spawn key always has four words and the
+        level tells the three kinds apart, so no two permutations share a stream and each
+        level is independent of the others. Order 1 (states saved without ``order``) seeded
+        ``[seed, epoch]``, ``[seed, epoch, shard]``, ``[seed, epoch, shard, group]``, which
+        numpy pads with zeros to the same entropy: shard 0's row groups came in the epoch's
+        shard order, and its group 0's rows in that order again. It is kept only so such
+        states resume exactly.
+        """
+        if self.order == 1:
+            return np.random.default_rng([self.seed, *(k for k in (epoch, shard, group) if k is not None)])
+        level = 1 if shard is None else 2 if group is None else 3
+        return np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(level, epoch, shard or 0, group or 0)))
 
     def _perm(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.permutation(n) if self.shuffle else np.arange(n)
@@ -538,12 +579,21 @@ def _whole(name: str, value: Any) -> int:
 
 def _worker() -> tuple[int, int]:
     """``(worker id, worker count)`` inside a torch DataLoader worker, else ``(0, 1)``."""
+    info = _worker_info()
+    return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
+def _in_worker() -> bool:
+    """True inside a torch DataLoader worker process (even the only one)."""
+    return _worker_info() is not None
+
+
+def _worker_info():
     if "torch" not in sys.modules:  # a DataLoader worker has torch loaded; never import it here
-        return 0, 1
+        return None
     from torch.utils.data import get_worker_info
 
-    info = get_worker_info()
-    return (info.id, info.num_workers) if info is not None else (0, 1)
+    return get_worker_info()
 
 
 # --------------------------------------------------------------------------- masks
