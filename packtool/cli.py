@@ -433,7 +433,7 @@ def inspect(
     ctx: typer.Context,
     path: Annotated[str, typer.Argument(callback=_location, help="Packed or tokenized directory.")],
     pack: Annotated[int | None, typer.Option("--pack", min=0, help=(
-        "Pack to show, by its pack_index: task × 1000000000 + k for the k-th pack of pack task task "
+        "Pack to show, by its pack_index: task × 1000000000 + k for the k-th pack of that pack task "
         "(packed directories; default: the first pack)."))] = None,
     sample: Annotated[str | None, typer.Option("--sample", help="Sample id to show.")] = None,
     tokenizer: Annotated[str | None, typer.Option(metavar="<path|hf:ORG/NAME>", help="Tokenizer: a tokenizer.json file, a model directory or hf:ORG/NAME (default: the one the manifest names).")] = None,

@@ -394,7 +394,7 @@ def _is_store_error(exc: BaseException) -> bool:
 
 def cache_dir() -> Path:
     """Where fetched inputs, staged outputs and the reader's row groups live (``PACKTOOL_CACHE``,
-    default ``~/.cache/packtool``)."""
+    default ``$XDG_CACHE_HOME/packtool``, else ``~/.cache/packtool``)."""
     base = os.environ.get(CACHE_ENV) or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
                                                      "packtool")
     path = Path(base)

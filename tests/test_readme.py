@@ -68,3 +68,23 @@ def test_the_figure_shows_the_current_demo_data(demo_dirs):
         recorded = im.info.get("Description", "")
     assert recorded == f"packtool stats figure, data sha256 {figure_digest(data, summarize(data))}", \
         "docs/demo-stats.png is stale: run make docs"
+
+
+def test_every_command_and_option_is_in_the_readme():
+    """A flag that ``--help`` offers and the README never names is a flag no reader finds."""
+    import re
+
+    import typer
+
+    from packtool.cli import app
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    group = typer.main.get_command(app)
+    missing = [f"packtool {name}: no ### `packtool {name}` section" for name in group.commands
+               if f"### `packtool {name}`" not in text]
+    for name, command in [("", group), *group.commands.items()]:
+        for param in command.params:
+            names = [o for o in [*param.opts, *param.secondary_opts] if o.startswith("-") and o != "--help"]
+            if names and not any(re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text) for o in names):
+                missing.append(f"packtool {name} {'/'.join(names)}".replace("  ", " "))
+    assert not missing, "not in README.md: " + "; ".join(missing)

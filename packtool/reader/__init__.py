@@ -142,8 +142,8 @@ class PackedDataset:
         drop_last: when the pack count does not divide ``world_size``, drop the tail
             (``True``) instead of padding by repeating the epoch's first packs (``False``).
         cache_bytes: with ``path`` a bucket URL (``s3://...``, ``gs://...``): the most bytes of row
-            groups kept in the local cache (``PACKTOOL_CACHE``, default ``~/.cache/packtool``),
-            least recently used out first. Row groups are streamed: each is fetched whole with
+            groups kept in the local cache (``PACKTOOL_CACHE``, default ``$XDG_CACHE_HOME/packtool``,
+            else ``~/.cache/packtool``), least recently used out first. Row groups are streamed: each is fetched whole with
             one ranged GET, up to ``prefetch`` groups ahead of the one being read. Order, the
             rank/worker split and resume are those of a local directory; each shard's size in the
             bucket is checked against the manifest when first opened and every page's CRC32 as it
