@@ -406,6 +406,26 @@ def _finish_or_partial(out: Path, run: dict, ex: ExecutorConfig) -> dict:
             "tasks": len(mine), "tasks_missing": len(missing), "counts": counts, "shards": shards, **extra}
 
 
+def _rank_ranges(ranks: list[int]) -> str:
+    """Sorted ``ranks`` as a person (or a Slurm ``--array``) reads them: a run of three or more
+    consecutive ranks as ``first-last``. Every rank is named: a rank left out of the list would be
+    found missing only at the next merge.
+
+    Example:
+        >>> _rank_ranges([1, 2, 3, 4, 6, 8, 9, 11, 12, 13])
+        '1-4, 6, 8, 9, 11-13'
+    """
+    parts: list[str] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts += [f"{ranks[i]}-{ranks[j]}"] if j - i >= 2 else [str(r) for r in ranks[i:j + 1]]
+        i = j + 1
+    return ", ".join(parts)
+
+
 @_environment_errors
 def merge_output(out_dir: str | Path) -> dict:
     """Combine the completion markers of every task into ``.packtool/errors.jsonl`` and ``.packtool/manifest.json``.
@@ -434,7 +454,7 @@ def _merge(out: Path, shown: str) -> dict:
         ranks = sorted({t % ws for t in missing})
         raise InputError(
             f"{shown!r}: {len(missing)} of {run['n_tasks']} tasks are not finished (first: {missing[:5]}); "
-            f"run rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks[:10]))} of --world-size {ws} "
+            f"run rank{'s' if len(ranks) > 1 else ''} {_rank_ranges(ranks)} of --world-size {ws} "
             "(the same command resumes) and merge again"
         )
     counts = _zero_counts(run["kind"])

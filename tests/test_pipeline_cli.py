@@ -45,6 +45,23 @@ def test_ranks_then_merge(corpus, tmp_path):
     assert json.loads((out / ".packtool" / "manifest.json").read_text())["counts"]["rejected_by_reason"] == {"bad_json": 1}
 
 
+def test_merge_names_every_rank_that_has_not_finished(corpus, tmp_path):
+    """With more than ten ranks missing, merge named the first ten only ("run ranks 1, 2, ..., 10 of
+    --world-size 15"): ranks 11 to 14 were found missing only after those ten ran and merge ran
+    again. Now every one is named, runs of consecutive ranks as ranges (as a Slurm --array takes them)."""
+    src, sample = corpus
+    out = tmp_path / "tok"
+    base = ["tokenize", str(src), "--media-root", str(sample), "-o", str(out), "--rows-per-shard", "2", "--quiet",
+            "--workers", "1", "--world-size", "15"]
+    for rank in ("0", "5"):
+        assert run(*base, "--rank", rank).returncode == 0
+    r = run("merge", str(out))
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"Error: {str(out)!r}: 13 of 16 tasks are not finished (first: [1, 2, 3, 4, 6]); run ranks "
+                        "1-4, 6-14 of --world-size 15 (the same command resumes) and merge again\n")
+    assert not (out / ".packtool" / "manifest.json").exists()
+
+
 SHARE_KEYS = ["partial", "kind", "rank", "world_size", "tasks_missing", "counts", "shard_files"]
 
 
