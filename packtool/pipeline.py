@@ -474,9 +474,12 @@ def _merge(out: Path, shown: str) -> dict:
     limit = run.get("max_errors")
     if limit is not None and counts.get("rejected", 0) > limit:
         tmp.unlink(missing_ok=True)
-        # ranks each see only their own rejections; the limit holds for the whole run here
-        raise TooManyErrorsError(_too_many(counts["rejected"], limit, f"see {STATE_DIR}/errors-*.jsonl",
-                                           counts.get("rejected_by_reason", {})))
+        # ranks each see only their own rejections; the limit holds for the whole run here. It is
+        # the ranks' (run.json): `packtool merge` has no --max-errors, a rank's command raises it
+        where = f"see {join(shown, STATE_DIR, 'errors-*.jsonl')}"
+        raise TooManyErrorsError(_too_many(counts["rejected"], limit, where, counts.get("rejected_by_reason", {}))
+                                 + ": merge holds the run to the limit its ranks were given, so re-run one rank's "
+                                 "command with a higher --max-errors (it merges the run)")
     os.replace(tmp, final)
     for legacy in (LEGACY_ERRORS, LEGACY_MANIFEST):  # a legacy-layout run merged again: one manifest only
         (out / legacy).unlink(missing_ok=True)

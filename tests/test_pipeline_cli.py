@@ -62,6 +62,32 @@ def test_merge_names_every_rank_that_has_not_finished(corpus, tmp_path):
     assert not (out / ".packtool" / "manifest.json").exists()
 
 
+def test_merge_over_the_runs_max_errors_says_how_to_raise_it(corpus, tmp_path):
+    """The last rank's merge (and ``packtool merge``) past the ranks' --max-errors said "raise
+    --max-errors", which merge has no flag for, and pointed at ``.packtool/errors-*.jsonl``
+    relative to wherever the command ran. Now it names the files under the output and the
+    command that raises the limit: a rank's, which then merges."""
+    src, sample = corpus
+    lines = src.read_text().splitlines()
+    lines[1] = "{broken"  # task 0 (rank 0); the last line, also broken, is in task 3 (rank 1)
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "tok"
+    base = ["tokenize", str(src), "--media-root", str(sample), "-o", str(out), "--rows-per-shard", "8", "--quiet",
+            "--workers", "1", "--world-size", "2"]
+    assert run(*base, "--rank", "0", "--max-errors", "1").returncode == 0
+    want = (f"Error: 2 input rows rejected, more than --max-errors 1 (see {out / '.packtool' / 'errors-*.jsonl'}); fix "
+            "the input or raise --max-errors: merge holds the run to the limit its ranks were given, so re-run one "
+            "rank's command with a higher --max-errors (it merges the run)\n")
+    r = run(*base, "--rank", "1", "--max-errors", "1")
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", want)
+    r = run("merge", str(out))
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", want)
+    assert not (out / ".packtool" / "manifest.json").exists() and not (out / ".packtool" / "errors.jsonl").exists()
+    r = run(*base, "--rank", "0", "--max-errors", "2")
+    assert (r.returncode, r.stdout) == (0, f"29 samples from 31 rows in 4 shards -> {out}\n2 rows rejected (bad_json 2); "
+                                           f"see {out / '.packtool' / 'errors.jsonl'}\n"), r.stderr
+
+
 SHARE_KEYS = ["partial", "kind", "rank", "world_size", "tasks_missing", "counts", "shard_files"]
 
 
