@@ -315,7 +315,8 @@ def _zero_counts(kind: str) -> dict:
         keys = ("samples_in", "samples_packed", "packs", "dropped", "alone", "truncated", "tokens", "vision_units",
                 "alone_tokens", "alone_vision_units", "rejected", "rejected_by_reason")
     else:
-        keys = ("rows_in", "samples", "rejected", "rejected_by_reason", "tokens", "vision_units")
+        keys = ("rows_in", "samples", "rejected", "rejected_by_reason", "tokens", "vision_units", "branches",
+                "split_extra_trees", "merged_records")
     return {k: {} if k == "rejected_by_reason" else 0 for k in keys}
 
 

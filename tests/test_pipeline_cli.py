@@ -117,6 +117,22 @@ def test_json_of_a_rank_that_is_not_the_last_has_the_full_runs_keys(corpus, tmp_
     assert 1 <= share["lower_bound"] <= share["packs"]
 
 
+def test_json_of_a_rank_with_no_tasks_has_the_full_runs_keys(corpus, tmp_path):
+    """A rank beyond the task count (a 32-rank array over a small corpus) printed tokenize's JSON
+    without ``branches``, ``split_extra_trees`` and ``merged_records``, which every other rank
+    and a full run print; a script summing the ranks' results failed on that one."""
+    src, sample = corpus
+    tok_args = ["--media-root", str(sample), "--rows-per-shard", "10", "--quiet", "--json", "--workers", "1"]
+    full = json.loads(run("tokenize", str(src), "-o", str(tmp_path / "tok"), *tok_args).stdout)
+    assert full["tasks"] == 4
+    r = run("tokenize", str(src), "-o", str(tmp_path / "tok2"), *tok_args, "--world-size", "5", "--rank", "4")
+    share = json.loads(r.stdout)
+    assert list(share) == [*full, *SHARE_KEYS]
+    assert {k: share[k] for k in ("tasks", "shards", "samples", "branches", "split_extra_trees", "merged_records")} == \
+        dict.fromkeys(("tasks", "shards", "samples", "branches", "split_extra_trees", "merged_records"), 0)
+    assert list(share["counts"]) == [k for k in full if k not in ("output", "tasks", "shards")]
+
+
 def test_on_error_fail_and_max_errors_exit_1_with_the_row(corpus, tmp_path):
     src, sample = corpus
     common = [str(src), "--media-root", str(sample), "--quiet"]
