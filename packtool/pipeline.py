@@ -69,6 +69,7 @@ from .shards import (
     STATE_DIR,
     ShardWriter,
     clear_task,
+    manifest_path,
     open_shard,
     prepare_run,
     read_manifest,
@@ -444,6 +445,15 @@ def merge_output(out_dir: str | Path) -> dict:
     return _merge(Path(out_dir), str(out_dir))
 
 
+def _manifest_of(path: Path, kind: str, digest: str) -> bool:
+    """Whether ``path`` is the manifest of a finished run of ``kind`` and config ``digest``."""
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("kind") == kind and manifest.get("config_digest") == digest
+
+
 def _merge(out: Path, shown: str) -> dict:
     """:func:`merge_output` on the folder holding the run's state; messages name it ``shown``."""
     run = read_run(out, shown)
@@ -453,10 +463,19 @@ def _merge(out: Path, shown: str) -> dict:
     if missing:
         ws = run.get("world_size", 1)
         ranks = sorted({t % ws for t in missing})
+        which = f"rank{'s' if len(ranks) > 1 else ''} {_rank_ranges(ranks)} of --world-size {ws}"
+        finished = manifest_path(out)
+        if _manifest_of(finished, run["kind"], digest):
+            # files lost after the run finished: the rank's command finds the manifest and redoes
+            # nothing, so "the same command resumes" would send the user round in a circle
+            raise InputError(
+                f"{shown!r}: the run had finished, but the files of {len(missing)} of {run['n_tasks']} tasks are gone "
+                f"or changed since (first: {missing[:5]}); remove {join(shown, finished.relative_to(out).as_posix())} "
+                f"and run {which} again (it redoes those tasks and merges)"
+            )
         raise InputError(
             f"{shown!r}: {len(missing)} of {run['n_tasks']} tasks are not finished (first: {missing[:5]}); "
-            f"run rank{'s' if len(ranks) > 1 else ''} {_rank_ranges(ranks)} of --world-size {ws} "
-            "(the same command resumes) and merge again"
+            f"run {which} (the same command resumes) and merge again"
         )
     counts = _zero_counts(run["kind"])
     shards: list[dict] = []

@@ -88,6 +88,32 @@ def test_merge_over_the_runs_max_errors_says_how_to_raise_it(corpus, tmp_path):
                                            f"see {out / '.packtool' / 'errors.jsonl'}\n"), r.stderr
 
 
+def test_merge_of_a_finished_run_that_lost_a_shard_names_a_fix_that_works(corpus, tmp_path):
+    """A finished run whose shard was deleted since: merge said "run rank 1 (the same command
+    resumes)", but the same command found the run finished and redid nothing, so merge said it
+    again. Now it says the run had finished and what makes the rank redo the lost task."""
+    src, sample = corpus
+    out = tmp_path / "tok"
+    base = ["tokenize", str(src), "--media-root", str(sample), "-o", str(out), "--rows-per-shard", "8", "--quiet",
+            "--workers", "1", "--world-size", "2"]
+    for rank in ("0", "1"):
+        assert run(*base, "--rank", rank).returncode == 0
+    whole = {p.name: p.read_bytes() for p in out.glob("part-*.parquet")}
+    (out / "part-00003-00000.parquet").unlink()
+    manifest = out / ".packtool" / "manifest.json"
+    r = run("merge", str(out))
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"Error: {str(out)!r}: the run had finished, but the files of 1 of 4 tasks are gone or changed since "
+                        f"(first: [3]); remove {manifest} and run rank 1 of --world-size 2 again (it redoes those tasks and "
+                        "merges)\n")
+    assert run(*base, "--rank", "1").stdout.startswith("30 samples")  # finished: nothing redone, as the message says
+    assert not (out / "part-00003-00000.parquet").exists()
+    manifest.unlink()
+    assert run(*base, "--rank", "1").returncode == 0
+    assert {p.name: p.read_bytes() for p in out.glob("part-*.parquet")} == whole
+    assert run("validate", str(out)).returncode == 0
+
+
 SHARE_KEYS = ["partial", "kind", "rank", "world_size", "tasks_missing", "counts", "shard_files"]
 
 
