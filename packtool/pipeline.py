@@ -69,6 +69,7 @@ from .shards import (
     STATE_DIR,
     ShardWriter,
     clear_task,
+    manifest_path,
     open_shard,
     prepare_run,
     read_manifest,
@@ -315,7 +316,8 @@ def _zero_counts(kind: str) -> dict:
         keys = ("samples_in", "samples_packed", "packs", "dropped", "alone", "truncated", "tokens", "vision_units",
                 "alone_tokens", "alone_vision_units", "rejected", "rejected_by_reason")
     else:
-        keys = ("rows_in", "samples", "rejected", "rejected_by_reason", "tokens", "vision_units")
+        keys = ("rows_in", "samples", "rejected", "rejected_by_reason", "tokens", "vision_units", "branches",
+                "split_extra_trees", "merged_records")
     return {k: {} if k == "rejected_by_reason" else 0 for k in keys}
 
 
@@ -406,6 +408,26 @@ def _finish_or_partial(out: Path, run: dict, ex: ExecutorConfig) -> dict:
             "tasks": len(mine), "tasks_missing": len(missing), "counts": counts, "shards": shards, **extra}
 
 
+def _rank_ranges(ranks: list[int]) -> str:
+    """Sorted ``ranks`` as a person (or a Slurm ``--array``) reads them: a run of three or more
+    consecutive ranks as ``first-last``. Every rank is named: a rank left out of the list would be
+    found missing only at the next merge.
+
+    Example:
+        >>> _rank_ranges([1, 2, 3, 4, 6, 8, 9, 11, 12, 13])
+        '1-4, 6, 8, 9, 11-13'
+    """
+    parts: list[str] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts += [f"{ranks[i]}-{ranks[j]}"] if j - i >= 2 else [str(r) for r in ranks[i:j + 1]]
+        i = j + 1
+    return ", ".join(parts)
+
+
 @_environment_errors
 def merge_output(out_dir: str | Path) -> dict:
     """Combine the completion markers of every task into ``.packtool/errors.jsonl`` and ``.packtool/manifest.json``.
@@ -423,6 +445,15 @@ def merge_output(out_dir: str | Path) -> dict:
     return _merge(Path(out_dir), str(out_dir))
 
 
+def _manifest_of(path: Path, kind: str, digest: str) -> bool:
+    """Whether ``path`` is the manifest of a finished run of ``kind`` and config ``digest``."""
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("kind") == kind and manifest.get("config_digest") == digest
+
+
 def _merge(out: Path, shown: str) -> dict:
     """:func:`merge_output` on the folder holding the run's state; messages name it ``shown``."""
     run = read_run(out, shown)
@@ -432,10 +463,19 @@ def _merge(out: Path, shown: str) -> dict:
     if missing:
         ws = run.get("world_size", 1)
         ranks = sorted({t % ws for t in missing})
+        which = f"rank{'s' if len(ranks) > 1 else ''} {_rank_ranges(ranks)} of --world-size {ws}"
+        finished = manifest_path(out)
+        if _manifest_of(finished, run["kind"], digest):
+            # files lost after the run finished: the rank's command finds the manifest and redoes
+            # nothing, so "the same command resumes" would send the user round in a circle
+            raise InputError(
+                f"{shown!r}: the run had finished, but the files of {len(missing)} of {run['n_tasks']} tasks are gone "
+                f"or changed since (first: {missing[:5]}); remove {join(shown, finished.relative_to(out).as_posix())} "
+                f"and run {which} again (it redoes those tasks and merges)"
+            )
         raise InputError(
             f"{shown!r}: {len(missing)} of {run['n_tasks']} tasks are not finished (first: {missing[:5]}); "
-            f"run rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks[:10]))} of --world-size {ws} "
-            "(the same command resumes) and merge again"
+            f"run {which} (the same command resumes) and merge again"
         )
     counts = _zero_counts(run["kind"])
     shards: list[dict] = []
@@ -454,9 +494,12 @@ def _merge(out: Path, shown: str) -> dict:
     limit = run.get("max_errors")
     if limit is not None and counts.get("rejected", 0) > limit:
         tmp.unlink(missing_ok=True)
-        # ranks each see only their own rejections; the limit holds for the whole run here
-        raise TooManyErrorsError(_too_many(counts["rejected"], limit, f"see {STATE_DIR}/errors-*.jsonl",
-                                           counts.get("rejected_by_reason", {})))
+        # ranks each see only their own rejections; the limit holds for the whole run here. It is
+        # the ranks' (run.json): `packtool merge` has no --max-errors, a rank's command raises it
+        where = f"see {join(shown, STATE_DIR, 'errors-*.jsonl')}"
+        raise TooManyErrorsError(_too_many(counts["rejected"], limit, where, counts.get("rejected_by_reason", {}))
+                                 + ": merge holds the run to the limit its ranks were given, so re-run one rank's "
+                                 "command with a higher --max-errors (it merges the run)")
     os.replace(tmp, final)
     for legacy in (LEGACY_ERRORS, LEGACY_MANIFEST):  # a legacy-layout run merged again: one manifest only
         (out / legacy).unlink(missing_ok=True)

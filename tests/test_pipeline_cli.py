@@ -45,6 +45,75 @@ def test_ranks_then_merge(corpus, tmp_path):
     assert json.loads((out / ".packtool" / "manifest.json").read_text())["counts"]["rejected_by_reason"] == {"bad_json": 1}
 
 
+def test_merge_names_every_rank_that_has_not_finished(corpus, tmp_path):
+    """With more than ten ranks missing, merge named the first ten only ("run ranks 1, 2, ..., 10 of
+    --world-size 15"): ranks 11 to 14 were found missing only after those ten ran and merge ran
+    again. Now every one is named, runs of consecutive ranks as ranges (as a Slurm --array takes them)."""
+    src, sample = corpus
+    out = tmp_path / "tok"
+    base = ["tokenize", str(src), "--media-root", str(sample), "-o", str(out), "--rows-per-shard", "2", "--quiet",
+            "--workers", "1", "--world-size", "15"]
+    for rank in ("0", "5"):
+        assert run(*base, "--rank", rank).returncode == 0
+    r = run("merge", str(out))
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"Error: {str(out)!r}: 13 of 16 tasks are not finished (first: [1, 2, 3, 4, 6]); run ranks "
+                        "1-4, 6-14 of --world-size 15 (the same command resumes) and merge again\n")
+    assert not (out / ".packtool" / "manifest.json").exists()
+
+
+def test_merge_over_the_runs_max_errors_says_how_to_raise_it(corpus, tmp_path):
+    """The last rank's merge (and ``packtool merge``) past the ranks' --max-errors said "raise
+    --max-errors", which merge has no flag for, and pointed at ``.packtool/errors-*.jsonl``
+    relative to wherever the command ran. Now it names the files under the output and the
+    command that raises the limit: a rank's, which then merges."""
+    src, sample = corpus
+    lines = src.read_text().splitlines()
+    lines[1] = "{broken"  # task 0 (rank 0); the last line, also broken, is in task 3 (rank 1)
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "tok"
+    base = ["tokenize", str(src), "--media-root", str(sample), "-o", str(out), "--rows-per-shard", "8", "--quiet",
+            "--workers", "1", "--world-size", "2"]
+    assert run(*base, "--rank", "0", "--max-errors", "1").returncode == 0
+    want = (f"Error: 2 input rows rejected, more than --max-errors 1 (see {out / '.packtool' / 'errors-*.jsonl'}); fix "
+            "the input or raise --max-errors: merge holds the run to the limit its ranks were given, so re-run one "
+            "rank's command with a higher --max-errors (it merges the run)\n")
+    r = run(*base, "--rank", "1", "--max-errors", "1")
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", want)
+    r = run("merge", str(out))
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", want)
+    assert not (out / ".packtool" / "manifest.json").exists() and not (out / ".packtool" / "errors.jsonl").exists()
+    r = run(*base, "--rank", "0", "--max-errors", "2")
+    assert (r.returncode, r.stdout) == (0, f"29 samples from 31 rows in 4 shards -> {out}\n2 rows rejected (bad_json 2); "
+                                           f"see {out / '.packtool' / 'errors.jsonl'}\n"), r.stderr
+
+
+def test_merge_of_a_finished_run_that_lost_a_shard_names_a_fix_that_works(corpus, tmp_path):
+    """A finished run whose shard was deleted since: merge said "run rank 1 (the same command
+    resumes)", but the same command found the run finished and redid nothing, so merge said it
+    again. Now it says the run had finished and what makes the rank redo the lost task."""
+    src, sample = corpus
+    out = tmp_path / "tok"
+    base = ["tokenize", str(src), "--media-root", str(sample), "-o", str(out), "--rows-per-shard", "8", "--quiet",
+            "--workers", "1", "--world-size", "2"]
+    for rank in ("0", "1"):
+        assert run(*base, "--rank", rank).returncode == 0
+    whole = {p.name: p.read_bytes() for p in out.glob("part-*.parquet")}
+    (out / "part-00003-00000.parquet").unlink()
+    manifest = out / ".packtool" / "manifest.json"
+    r = run("merge", str(out))
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"Error: {str(out)!r}: the run had finished, but the files of 1 of 4 tasks are gone or changed since "
+                        f"(first: [3]); remove {manifest} and run rank 1 of --world-size 2 again (it redoes those tasks and "
+                        "merges)\n")
+    assert run(*base, "--rank", "1").stdout.startswith("30 samples")  # finished: nothing redone, as the message says
+    assert not (out / "part-00003-00000.parquet").exists()
+    manifest.unlink()
+    assert run(*base, "--rank", "1").returncode == 0
+    assert {p.name: p.read_bytes() for p in out.glob("part-*.parquet")} == whole
+    assert run("validate", str(out)).returncode == 0
+
+
 SHARE_KEYS = ["partial", "kind", "rank", "world_size", "tasks_missing", "counts", "shard_files"]
 
 
@@ -72,6 +141,22 @@ def test_json_of_a_rank_that_is_not_the_last_has_the_full_runs_keys(corpus, tmp_
         (str(tmp_path / "packed2"), False, 8192, full["max_vision_units"], 2)
     assert share["samples_packed"] == share["counts"]["samples_packed"] < full["samples_packed"]
     assert 1 <= share["lower_bound"] <= share["packs"]
+
+
+def test_json_of_a_rank_with_no_tasks_has_the_full_runs_keys(corpus, tmp_path):
+    """A rank beyond the task count (a 32-rank array over a small corpus) printed tokenize's JSON
+    without ``branches``, ``split_extra_trees`` and ``merged_records``, which every other rank
+    and a full run print; a script summing the ranks' results failed on that one."""
+    src, sample = corpus
+    tok_args = ["--media-root", str(sample), "--rows-per-shard", "10", "--quiet", "--json", "--workers", "1"]
+    full = json.loads(run("tokenize", str(src), "-o", str(tmp_path / "tok"), *tok_args).stdout)
+    assert full["tasks"] == 4
+    r = run("tokenize", str(src), "-o", str(tmp_path / "tok2"), *tok_args, "--world-size", "5", "--rank", "4")
+    share = json.loads(r.stdout)
+    assert list(share) == [*full, *SHARE_KEYS]
+    assert {k: share[k] for k in ("tasks", "shards", "samples", "branches", "split_extra_trees", "merged_records")} == \
+        dict.fromkeys(("tasks", "shards", "samples", "branches", "split_extra_trees", "merged_records"), 0)
+    assert list(share["counts"]) == [k for k in full if k not in ("output", "tasks", "shards")]
 
 
 def test_on_error_fail_and_max_errors_exit_1_with_the_row(corpus, tmp_path):
