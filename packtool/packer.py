@@ -11,9 +11,12 @@ never a Python loop over tokens.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,7 +43,7 @@ from .runs import (
 )
 from .schema import SUBSEGMENT_STRIDE, TOKENIZED, packed_schema, with_media_type
 
-__all__ = ["PackPlan", "plan_packs", "assemble_packs", "gather_runs", "unit_granularity", "unit_axis", "RelaxedUnitSolver",
+__all__ = ["PackPlan", "plan_packs", "assemble_packs", "gather_runs", "warm_kernels", "unit_granularity", "unit_axis", "RelaxedUnitSolver",
            "MAX_UNIT_CELLS", "TAIL_PACKS", "ASSEMBLY_COLUMNS", "ASSEMBLY_COLUMNS_RUNS", "assembly_columns"]
 
 #: The unit axis of the DP table has at most this many cells. A larger capacity is exact when
@@ -58,6 +61,14 @@ _ASSEMBLY_COLUMNS_V4 = ["sample_id", "n_tokens", "n_vision_units", "media", *V4_
 _ASSEMBLY_COLUMNS_V3 = ["sample_id", "n_tokens", "n_vision_units", "media", *V3_COMPACT_COLUMNS, *V3_RUN_COLUMNS]
 #: Regular packs re-optimized together with the flush packs at the end of a stream.
 TAIL_PACKS = 8
+#: Seconds :func:`warm_kernels` may spend before it says that it is compiling (a load from
+#: numba's cache takes under one).
+COMPILE_NOTICE_AFTER = 3.0
+COMPILING = ("compiling packtool's packing kernels for this CPU: the first pack on a machine spends a minute "
+             "or two here, once; numba caches them for later runs")
+
+log = logging.getLogger(__name__)
+_warm = False
 
 
 @dataclass
@@ -225,6 +236,7 @@ def plan_packs(tokens: np.ndarray, units: np.ndarray, has_media: np.ndarray, cfg
     dropped instead: cutting could split a vision span). ``name(i)``, when given, is how the
     ``fail`` error names sample ``i`` (its id; by default its index).
     """
+    warm_kernels()
     tokens = np.asarray(tokens, dtype=np.int64)
     units = np.asarray(units, dtype=np.int64)
     has_media = np.asarray(has_media, dtype=bool)
@@ -539,6 +551,34 @@ def gather_runs(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray, dst_st
         raise ValueError("starts, lengths, dst_starts and add must have the same length")
     if _gather_runs(src, starts, lengths, dst_starts, add, dst) >= 0:
         raise ValueError("a run lies outside src or dst")
+
+
+def warm_kernels() -> None:
+    """Load the compiled kernels every pack runs (the knapsack's solve for the default table
+    type, the buffer loop, the gather) from numba's cache, compiling those it lacks; once per
+    process, on the first :func:`plan_packs` (and in the forkserver of a pool of pack workers,
+    so its workers fork with them loaded).
+
+    The cache is per machine: on the first pack of a machine (or a new CPU, a new packtool or
+    numba) the compile takes a minute or two of one core, with nothing on screen. A load
+    taking over :data:`COMPILE_NOTICE_AFTER` seconds logs :data:`COMPILING` as a warning (the
+    command line prints it), so the pause does not pass for a hang.
+    """
+    global _warm
+    if _warm or numba.config.DISABLE_JIT:
+        return
+    notice = threading.Timer(COMPILE_NOTICE_AFTER, log.warning, args=(COMPILING,))
+    notice.daemon = True
+    notice.start()
+    try:
+        one = np.ones(2, dtype=np.int64)
+        _buffer_packs(np.arange(2), one, one, one, 2, 2, 2, None)
+        gather_runs(np.zeros(1, dtype=np.int32), np.zeros(1), np.ones(1), np.zeros(1), np.zeros(1),
+                    np.zeros(1, dtype=np.int32))
+    finally:
+        notice.cancel()
+        notice.join()
+    _warm = True
 
 
 def _token_columns(tables: list[pa.Table], name: str) -> tuple[list[np.ndarray], list[np.ndarray]]:

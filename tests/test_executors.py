@@ -44,8 +44,9 @@ def loaded(task: int, report) -> dict:
     """What this worker process had loaded when its task started."""
     from packtool import knapsack, tokenization
 
+    packer = sys.modules.get("packtool.packer")
     return {"kernels": len(knapsack._ENTRIES), "vocabularies": tokenization._qwen_encoding.cache_info().currsize,
-            "pandas": "pandas" in sys.modules}
+            "pandas": "pandas" in sys.modules, "warm": bool(packer and packer._warm)}
 
 
 def environment(task: int, report) -> dict:
@@ -136,6 +137,7 @@ def test_workers_start_with_what_their_stage_preloads(preload, kernels, vocabula
     if os.environ.get("NUMBA_DISABLE_JIT") == "1":
         kernels = 0  # no compiled entries to keep
     assert all(r["kernels"] == kernels and r["vocabularies"] == vocabularies for r in got), got
+    assert all(r["warm"] == bool(kernels) for r in got), got  # the buffer loop and the gather as well
     assert all(r["pandas"] for r in got) == (preload != "packtool.pipeline"), got  # pandas is a test dependency
 
 

@@ -75,6 +75,36 @@ def test_every_sample_once_capacities_kept_deterministic(items, oversize, buffer
     assert plan.tail_packs_saved >= 0
 
 
+@pytest.mark.skipif(os.environ.get("NUMBA_DISABLE_JIT") == "1", reason="nothing is compiled")
+def test_a_kernel_load_that_takes_long_says_it_compiles_and_a_quick_one_says_nothing(monkeypatch, caplog):
+    """The first pack on a machine compiles the kernels for a minute or two with nothing on screen;
+    a load past ``COMPILE_NOTICE_AFTER`` says so, once per process; a load from the cache is silent."""
+    import time
+
+    import packtool.packer as packer
+
+    real = packer._buffer_packs
+
+    def slow(*args, **kwargs):  # as a compile would be: the real loop, late
+        time.sleep(0.6)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(packer, "_warm", False)
+    monkeypatch.setattr(packer, "_buffer_packs", slow)
+    monkeypatch.setattr(packer, "COMPILE_NOTICE_AFTER", 0.05)
+    plan = plan_packs(np.array([3, 4]), np.array([0, 0]), np.array([False, False]), PackConfig(max_tokens=8, token_granularity=1), 0)
+    assert plan.order.tolist() == [0, 1] and packer._warm
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("WARNING", packer.COMPILING)]
+    assert "first pack on a machine" in packer.COMPILING
+    caplog.clear()
+    plan_packs(np.array([3]), np.array([0]), np.array([False]), PackConfig(max_tokens=8, token_granularity=1), 0)  # once a process
+    monkeypatch.setattr(packer, "_warm", False)
+    monkeypatch.setattr(packer, "_buffer_packs", real)
+    monkeypatch.setattr(packer, "COMPILE_NOTICE_AFTER", 3.0)
+    packer.warm_kernels()  # loaded in this process already: well under the threshold
+    assert caplog.records == [] and packer._warm
+
+
 def test_oversize_policies():
     tokens = np.array([100, MAX_TOKENS + 5, MAX_TOKENS * 2, 50])
     units = np.array([1, 0, 2, MAX_UNITS + 1])

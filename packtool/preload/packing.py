@@ -7,14 +7,9 @@ from . import pandas_shim, warm
 
 
 def _kernels() -> None:
-    import numpy as np
+    from ..packer import warm_kernels
 
-    from ..knapsack import KnapsackSolver
-    from ..packer import gather_runs
-
-    KnapsackSolver(1, 1).solve(np.array([1]), np.array([1]), np.array([1]))
-    out = np.zeros(1, dtype=np.int32)
-    gather_runs(out.copy(), np.zeros(1), np.ones(1), np.zeros(1), np.zeros(1), out)
+    warm_kernels()
 
 
 def _modules() -> None:
