@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import PackConfig, TokenizeConfig, digest_of, whole_number
+from .config import PackConfig, TokenizeConfig, config_digest, digest_of, whole_number
 from .errors import (
     ConfigError,
     InputError,
@@ -990,7 +990,7 @@ def tokenize_dataset(
     ctx = _encode_context(cfg)  # fails fast on a bad --model/--template/--tokenizer
     config = cfg.to_dict()
     config["inputs"] = [source_name(f) for f in files]
-    digest = digest_of(config, exclude=("max_errors",))
+    digest = config_digest(config)
     family = ctx.family
     manifest_extra = {
         "tokenizer": ctx.tokenizer.identity(),
@@ -1652,7 +1652,7 @@ def pack_dataset(
     # media read from another root are copies: their sizes must match, their times cannot
     check_mtime = root == counted_root
     config = {**cfg.to_dict(), "max_vision_units": max_units, "source_digest": tok_manifest["config_digest"]}
-    digest = digest_of(config)
+    digest = config_digest(config)
     entries = tok_manifest["shards"]
     capacities = {"max_tokens": cfg.max_tokens, "max_vision_units": max_units}
 
@@ -2097,7 +2097,7 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
     for d, m, n, want in zip(mix["sources"], manifests, available, plan.requested, strict=True):
         d.update(config_digest=m["config_digest"], available=n, requested=want)
     config = {**cfg.to_dict(), "max_vision_units": max_units, "mixture": mix}
-    digest = digest_of(config)
+    digest = config_digest(config)
     capacities = {"max_tokens": cfg.max_tokens, "max_vision_units": max_units}
 
     def make(t: int, out_dir: str | None) -> _MixTask:
