@@ -280,9 +280,10 @@ def _max_errors_fix(reasons: Iterable[str]) -> str:
     return f"fix the input (samples that do not fit a pack: {sizes}) or raise --max-errors"
 
 
-def _on_error_fix(reasons: Iterable[str], over: str | None = None) -> str:
+def _on_error_fix(reasons: Iterable[str], over: str | None = None, again: str = "") -> str:
     """The way out of ``--on-error fail``: a sample pack rejects as oversize is no fault of the
-    input but of the pack's capacities (``over``: the flag(s) the sample passes, when known).
+    input but of the pack's capacities (``over``: the flag(s) the sample passes, when known);
+    ``again``: what follows the fix before the run can pass (`` and start over with --overwrite``).
 
     Example:
         >>> _on_error_fix({"missing_media"})
@@ -294,14 +295,14 @@ def _on_error_fix(reasons: Iterable[str], over: str | None = None) -> str:
     """
     reasons = set(reasons)
     if "oversize" not in reasons:
-        return "fix the input, or use --on-error skip"
+        return f"fix the input{again}, or use --on-error skip"
     over = over or "--max-tokens or --max-vision-units"
     # truncation cuts text only: it cannot bring a sample's vision units under the capacity
     keep = "alone" if "--max-vision-units" in over and " or " not in over else "alone or truncate (text-only)"
     sizes = f"raise {over}, keep such samples with --oversize {keep}"
     if reasons == {"oversize"}:
-        return f"{sizes}, or use --on-error skip"
-    return f"fix the input (samples that do not fit a pack: {sizes}), or use --on-error skip"
+        return f"{sizes}{again}, or use --on-error skip"
+    return f"fix the input (samples that do not fit a pack: {sizes}){again}, or use --on-error skip"
 
 
 def _oversize(tokens: int, units: int, max_tokens: int, max_units: int) -> tuple[str, str]:
@@ -316,10 +317,11 @@ def _oversize(tokens: int, units: int, max_tokens: int, max_units: int) -> tuple
             " and ".join(flags) or "--max-tokens or --max-vision-units")
 
 
-def _none_allowed(total: int, detail: str) -> str:
-    """Why ``--on-error fail`` stops a run whose tasks finished before rejected ``total`` rows."""
+def _none_allowed(total: int, detail: str, reasons: Iterable[str]) -> str:
+    """Why ``--on-error fail`` stops a run whose tasks finished before rejected ``total`` rows
+    (``reasons``: their reason codes)."""
     return (f"{total:,} input rows rejected by tasks that finished before ({detail}); --on-error fail allows none: "
-            "fix the input and start over with --overwrite, or use --on-error skip")
+            + _on_error_fix(reasons, again=" and start over with --overwrite"))
 
 
 def _planned(counts: dict, max_errors: int | None, on_error: str) -> None:
@@ -341,7 +343,7 @@ def _finished(manifest: dict, out_dir: str | Path, max_errors: int | None, on_er
     rejected = int((manifest.get("counts") or {}).get("rejected", 0))
     where = f"see {join(str(out_dir), ERRORS)}"
     if on_error == "fail" and rejected:
-        raise TooManyErrorsError(_none_allowed(rejected, where))
+        raise TooManyErrorsError(_none_allowed(rejected, where, manifest["counts"].get("rejected_by_reason", {})))
     if max_errors is not None and rejected > max_errors:
         raise TooManyErrorsError(_too_many(rejected, max_errors, where, manifest["counts"].get("rejected_by_reason", {})))
     return manifest
@@ -404,7 +406,7 @@ class _Driver:
         # a task of this call stops at its first rejected row under --on-error fail, so rows come
         # only from tasks an earlier attempt (with --on-error skip) finished
         if rejected and self.on_error == "fail":
-            raise TooManyErrorsError(_none_allowed(self.rejected, f"see {STATE_DIR}/errors-*.jsonl"))
+            raise TooManyErrorsError(_none_allowed(self.rejected, f"see {STATE_DIR}/errors-*.jsonl", self.by_reason))
         if self.max_errors is not None and self.rejected > self.max_errors:
             raise TooManyErrorsError(_too_many(self.rejected, self.max_errors, f"see {STATE_DIR}/errors-*.jsonl",
                                                self.by_reason))

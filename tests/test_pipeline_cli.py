@@ -124,7 +124,8 @@ def test_max_errors_stopping_pack_on_oversize_drops_names_the_capacities(corpus,
 
 def test_on_error_fail_stopping_pack_on_an_oversize_sample_names_the_capacity_flag(demo_dirs, tmp_path):
     """--on-error fail on an oversize sample said "fix the input, or use --on-error skip": the input
-    is fine, the capacity is what to change. The line names the flag of the capacity passed."""
+    is fine, the capacity is what to change. The line names the flag of the capacity passed, in a
+    task, a dry run, a mixture and a finished run found again."""
     tok = demo_dirs["tokenized"]
     pack = ["pack", str(tok), "--quiet", "--workers", "1", "--on-error", "fail"]
     r = run(*pack, "-o", str(tmp_path / "a"), "--max-tokens", "4096")
@@ -149,6 +150,15 @@ def test_on_error_fail_stopping_pack_on_an_oversize_sample_names_the_capacity_fl
     assert r.returncode == 1 and r.stderr.endswith("; --on-error fail stops at the first rejected row (raise "
                                                    "--max-tokens, keep such samples with --oversize alone or truncate "
                                                    "(text-only), or use --on-error skip)\n")
+    # a finished run found again, its drops made under --on-error skip
+    d = tmp_path / "d"
+    assert run("pack", str(tok), "--quiet", "--workers", "1", "-o", str(d), "--max-tokens", "4096").returncode == 0
+    r = run(*pack, "-o", str(d), "--max-tokens", "4096")
+    assert (r.returncode, r.stderr) == (1, f"Error: 1 input rows rejected by tasks that finished before (see "
+                                           f"{d / '.packtool' / 'errors.jsonl'}); --on-error fail allows none: raise "
+                                           "--max-tokens or --max-vision-units, keep such samples with --oversize "
+                                           "alone or truncate (text-only) and start over with --overwrite, or use "
+                                           "--on-error skip\n")
 
 
 @pytest.mark.parametrize(("flags", "code", "message"), [
