@@ -3,7 +3,8 @@
 Three layers, cheapest first; the first problems found are reported, never raised:
 
 1. **files against the manifest**: the recorded ``config_digest`` is the digest of the
-   recorded config (a config edited by hand no longer describes the shards); every listed shard exists with the listed size,
+   recorded config, and a packed manifest's capacities are the config's (a manifest edited by
+   hand no longer describes the shards); every listed shard exists with the listed size,
    sha256 and row count, opens as Parquet, and has the schema of this version; no other
    visible ``.parquet`` file lies beside them (a Parquet dataset reader would read it);
    ``.packtool/errors.jsonl`` holds known reason codes and as many lines as the counts say;
@@ -610,6 +611,12 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
     caps = None
     if kind == "packed":
         caps = dict(manifest.get("capacities") or {})
+        # stats and inspect measure fill against the capacities: they must be the ones packed with
+        for key in ("max_tokens", "max_vision_units"):
+            if caps.get(key) != manifest["config"].get(key):
+                problems.add(MANIFEST, f"capacities.{key} {caps.get(key)!r} differs from the config's "
+                                       f"{manifest['config'].get(key)!r}, which the packs were made with; put the "
+                                       "manifest back as written, or re-run the command that made the directory")
         counts = manifest.get("counts", {})
         caps["allow_oversize_single"] = bool(counts.get("alone") or counts.get("truncated"))
     listed = set()

@@ -288,6 +288,21 @@ def test_a_config_edited_in_the_manifest_is_caught(demo_dirs, tmp_path, kind):
         assert validate_dir(d, check_media=False)["ok"]
 
 
+def test_capacities_edited_in_the_manifest_are_caught(packed):
+    """stats and inspect measure fill against the manifest's capacities: raised by hand (the
+    config and its digest left alone), they passed validate while stats showed a wrong fill."""
+    path = packed / ".packtool" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    assert manifest["capacities"] == {k: manifest["config"][k] for k in ("max_tokens", "max_vision_units")}
+    manifest["capacities"]["max_tokens"] = 16384
+    path.write_text(json.dumps(manifest))
+    r = run("validate", str(packed), "--no-check-media")
+    assert r.returncode == 1
+    assert r.stdout.splitlines()[1:] == [
+        "  .packtool/manifest.json: capacities.max_tokens 16384 differs from the config's 8192, which the packs were "
+        "made with; put the manifest back as written, or re-run the command that made the directory"]
+
+
 def test_row_counts_and_errors_file_are_checked(packed):
     manifest = json.loads((packed / ".packtool" / "manifest.json").read_text())
     manifest["counts"]["packs"] += 1
