@@ -614,9 +614,10 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
         # stats and inspect measure fill against the capacities: they must be the ones packed with
         for key in ("max_tokens", "max_vision_units"):
             if caps.get(key) != manifest["config"].get(key):
-                problems.add(MANIFEST, f"capacities.{key} {caps.get(key)!r} differs from the config's "
-                                       f"{manifest['config'].get(key)!r}, which the packs were made with; put the "
-                                       "manifest back as written, or re-run the command that made the directory")
+                problems.add(MANIFEST, f"capacities.{key} {caps.get(key)!r} differs from the config's {key} "
+                                       f"{manifest['config'].get(key)!r} (the manifest was changed after the run wrote "
+                                       "it); put the manifest back as written, or re-run the command that made the "
+                                       "directory")
         counts = manifest.get("counts", {})
         caps["allow_oversize_single"] = bool(counts.get("alone") or counts.get("truncated"))
     listed = set()
