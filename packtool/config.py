@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["TokenizeConfig", "PackConfig", "config_diff", "digest_of", "check_range", "check_types", "whole_number", "INT32_MAX"]
+__all__ = ["TokenizeConfig", "PackConfig", "config_diff", "config_digest", "digest_of", "check_range", "check_types", "whole_number", "INT32_MAX"]
 
 #: The largest int32: shards store token and vision-unit counts, image sizes and grids as int32,
 #: so a setting that ends up in one of those columns is refused above it.
@@ -30,6 +30,21 @@ def digest_of(config: dict, exclude: tuple[str, ...] = ()) -> str:
     data = {k: v for k, v in config.items() if k not in exclude}
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+#: Settings a run's recorded config holds that change no output byte, so its digest leaves them out.
+NOT_DIGESTED = ("max_errors",)
+
+
+def config_digest(config: dict) -> str:
+    """The ``config_digest`` a manifest records for the ``config`` it records (tokenized, packed
+    or mixture): what a resume compares, and what ``packtool validate`` recomputes.
+
+    Example:
+        >>> config_digest({"max_tokens": 8192, "max_errors": 3}) == config_digest({"max_tokens": 8192})
+        True
+    """
+    return digest_of(config, exclude=NOT_DIGESTED)
 
 
 def check_range(flag: str, value: int, lo: int, hi: int, why: str = "") -> None:
@@ -176,7 +191,7 @@ class TokenizeConfig(_Digestible):
     max_tokens: int | None = None
     group_by_media: bool = False
     reasoning_loss: bool = True
-    _not_digested = ("max_errors",)
+    _not_digested = NOT_DIGESTED
 
     def __post_init__(self) -> None:
         check_types(self)

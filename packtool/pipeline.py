@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import PackConfig, TokenizeConfig, digest_of, whole_number
+from .config import PackConfig, TokenizeConfig, config_digest, digest_of, whole_number
 from .errors import (
     ConfigError,
     InputError,
@@ -223,7 +223,9 @@ class _TaskErrors:
         self.max_errors = max_errors
         self.on_error = on_error
 
-    def add(self, rej: Rejected) -> None:
+    def add(self, rej: Rejected, over: str | None = None) -> None:
+        """Record ``rej``; ``over``: for an ``oversize`` row, the capacity flag(s) it passes, which
+        a run stopped by ``--on-error fail`` names as the fix."""
         if " at 0x" in rej.message:  # a library's repr of an object: its address differs run to run
             rej = Rejected(rej.source, rej.source_row, rej.sample_id, rej.reason, _ADDRESS.sub("", rej.message))
         # a lone surrogate a rejected row held (in its id, say) is written as its JSON escape
@@ -233,7 +235,7 @@ class _TaskErrors:
         where = f"{rej.source}:{rej.source_row}" + (f" (sample {rej.sample_id!r})" if rej.sample_id else "")
         if self.on_error == "fail":
             raise TooManyErrorsError(f"{where} rejected, {rej.reason}: {rej.message}; --on-error fail stops at the "
-                                     "first rejected row (fix the input, or use --on-error skip)")
+                                     f"first rejected row ({_on_error_fix({rej.reason}, over)})")
         if self.max_errors is not None and self.total > self.max_errors:
             raise TooManyErrorsError(_too_many(self.total, self.max_errors, f"latest: {where} {rej.reason}: {rej.message}",
                                                self.by_reason))
@@ -279,10 +281,48 @@ def _max_errors_fix(reasons: Iterable[str]) -> str:
     return f"fix the input (samples that do not fit a pack: {sizes}) or raise --max-errors"
 
 
-def _none_allowed(total: int, detail: str) -> str:
-    """Why ``--on-error fail`` stops a run whose tasks finished before rejected ``total`` rows."""
+def _on_error_fix(reasons: Iterable[str], over: str | None = None, again: str = "") -> str:
+    """The way out of ``--on-error fail``: a sample pack rejects as oversize is no fault of the
+    input but of the pack's capacities (``over``: the flag(s) the sample passes, when known);
+    ``again``: what follows the fix before the run can pass (`` and start over with --overwrite``).
+
+    Example:
+        >>> _on_error_fix({"missing_media"})
+        'fix the input, or use --on-error skip'
+        >>> _on_error_fix({"oversize"}, "--max-tokens")
+        'raise --max-tokens, keep such samples with --oversize alone or truncate (text-only), or use --on-error skip'
+        >>> _on_error_fix({"oversize"}, "--max-vision-units")
+        'raise --max-vision-units, keep such samples with --oversize alone, or use --on-error skip'
+    """
+    reasons = set(reasons)
+    if "oversize" not in reasons:
+        return f"fix the input{again}, or use --on-error skip"
+    over = over or "--max-tokens or --max-vision-units"
+    # truncation cuts text only: it cannot bring a sample's vision units under the capacity
+    keep = "alone" if "--max-vision-units" in over and " or " not in over else "alone or truncate (text-only)"
+    sizes = f"raise {over}, keep such samples with --oversize {keep}"
+    if reasons == {"oversize"}:
+        return f"{sizes}{again}, or use --on-error skip"
+    return f"fix the input (samples that do not fit a pack: {sizes}){again}, or use --on-error skip"
+
+
+def _oversize(tokens: int, units: int, max_tokens: int, max_units: int) -> tuple[str, str]:
+    """The ``errors.jsonl`` message of a sample that fits no pack, and the capacity flag(s) it passes.
+
+    Example:
+        >>> _oversize(5000, 10, 4096, 64)
+        ('needs 5,000 tokens and 10 vision units; a pack holds 4,096 and 64', '--max-tokens')
+    """
+    flags = [f for f, over in (("--max-tokens", tokens > max_tokens), ("--max-vision-units", units > max_units)) if over]
+    return (f"needs {tokens:,} tokens and {units:,} vision units; a pack holds {max_tokens:,} and {max_units:,}",
+            " and ".join(flags) or "--max-tokens or --max-vision-units")
+
+
+def _none_allowed(total: int, detail: str, reasons: Iterable[str]) -> str:
+    """Why ``--on-error fail`` stops a run whose tasks finished before rejected ``total`` rows
+    (``reasons``: their reason codes)."""
     return (f"{total:,} input rows rejected by tasks that finished before ({detail}); --on-error fail allows none: "
-            "fix the input and start over with --overwrite, or use --on-error skip")
+            + _on_error_fix(reasons, again=" and start over with --overwrite"))
 
 
 def _planned(counts: dict, max_errors: int | None, on_error: str) -> None:
@@ -291,7 +331,7 @@ def _planned(counts: dict, max_errors: int | None, on_error: str) -> None:
     reasons = ", ".join(f"{k} {v:,}" for k, v in counts.get("rejected_by_reason", {}).items())
     if on_error == "fail" and rejected:
         raise TooManyErrorsError(f"{rejected:,} input rows would be rejected ({reasons}); --on-error fail stops at the "
-                                 "first (fix the input, or use --on-error skip)")
+                                 f"first ({_on_error_fix(counts.get('rejected_by_reason', {}))})")
     if max_errors is not None and rejected > max_errors:
         raise TooManyErrorsError(f"{rejected:,} input rows would be rejected, more than --max-errors {max_errors:,} "
                                  f"({reasons}); {_max_errors_fix(counts.get('rejected_by_reason', {}))}")
@@ -304,7 +344,7 @@ def _finished(manifest: dict, out_dir: str | Path, max_errors: int | None, on_er
     rejected = int((manifest.get("counts") or {}).get("rejected", 0))
     where = f"see {join(str(out_dir), ERRORS)}"
     if on_error == "fail" and rejected:
-        raise TooManyErrorsError(_none_allowed(rejected, where))
+        raise TooManyErrorsError(_none_allowed(rejected, where, manifest["counts"].get("rejected_by_reason", {})))
     if max_errors is not None and rejected > max_errors:
         raise TooManyErrorsError(_too_many(rejected, max_errors, where, manifest["counts"].get("rejected_by_reason", {})))
     return manifest
@@ -368,7 +408,7 @@ class _Driver:
         # a task of this call stops at its first rejected row under --on-error fail, so rows come
         # only from tasks an earlier attempt (with --on-error skip) finished
         if rejected and self.on_error == "fail":
-            raise TooManyErrorsError(_none_allowed(self.rejected, f"see {STATE_DIR}/errors-*.jsonl"))
+            raise TooManyErrorsError(_none_allowed(self.rejected, f"see {STATE_DIR}/errors-*.jsonl", self.by_reason))
         if self.max_errors is not None and self.rejected > self.max_errors:
             raise TooManyErrorsError(_too_many(self.rejected, self.max_errors, f"see {STATE_DIR}/errors-*.jsonl",
                                                self.by_reason))
@@ -995,7 +1035,7 @@ def tokenize_dataset(
     ctx = _encode_context(cfg)  # fails fast on a bad --model/--template/--tokenizer
     config = cfg.to_dict()
     config["inputs"] = [source_name(f) for f in files]
-    digest = digest_of(config, exclude=("max_errors",))
+    digest = config_digest(config)
     family = ctx.family
     manifest_extra = {
         "tokenizer": ctx.tokenizer.identity(),
@@ -1479,11 +1519,14 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
             ids = pf.read(columns=["sample_id", "source", "source_row"])
             dropped = set(plan.dropped)
             for i in sorted(dropped | set(bad)):
-                reason, message = bad[i] if i in bad else (
-                    "oversize", f"needs {int(tokens[i]):,} tokens and {int(units[i]):,} vision units; "
-                                f"a pack holds {cfg.max_tokens:,} and {task.max_units:,}")
+                over = None
+                if i in bad:
+                    reason, message = bad[i]
+                else:
+                    reason = "oversize"
+                    message, over = _oversize(int(tokens[i]), int(units[i]), cfg.max_tokens, task.max_units)
                 errors.add(Rejected(ids["source"][i].as_py(), ids["source_row"][i].as_py(), ids["sample_id"][i].as_py(),
-                                    reason, message))
+                                    reason, message), over)
             report(len(plan.dropped) + len(bad))
         root = as_root(task.media_root)
         loader = _media_loader(root, cfg.frame_quality) if cfg.media == "embed" else None
@@ -1654,7 +1697,7 @@ def pack_dataset(
     # media read from another root are copies: their sizes must match, their times cannot
     check_mtime = root == counted_root
     config = {**cfg.to_dict(), "max_vision_units": max_units, "source_digest": tok_manifest["config_digest"]}
-    digest = digest_of(config)
+    digest = config_digest(config)
     entries = tok_manifest["shards"]
     capacities = {"max_tokens": cfg.max_tokens, "max_vision_units": max_units}
 
@@ -1946,12 +1989,15 @@ def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShard
                 if sk not in ids:
                     ids[sk] = shards.get(s, k).read(columns=["sample_id", "source", "source_row"])
                 t, r = ids[sk], int(local[i])
-                reason, message = bad[i] if i in bad else (
-                    "oversize", f"needs {int(tokens[i]):,} tokens and {int(units[i]):,} vision units; "
-                                f"a pack holds {cfg.max_tokens:,} and {task.max_units:,}")
+                over = None
+                if i in bad:
+                    reason, message = bad[i]
+                else:
+                    reason = "oversize"
+                    message, over = _oversize(int(tokens[i]), int(units[i]), cfg.max_tokens, task.max_units)
                 sid = t["sample_id"][r].as_py() + copy_suffixes(task.copy[i:i + 1])[0]
                 errors.add(Rejected(t["source"][r].as_py(), t["source_row"][r].as_py(), sid, reason,
-                                    f"mixture source {_source_name(task, s)}: {message}"))
+                                    f"mixture source {_source_name(task, s)}: {message}"), over)
             report(len(rejected))
         roots = [as_root(ms.media_root) for ms in task.sources]
         loaders = [_media_loader(r, cfg.frame_quality) for r in roots] if cfg.media == "embed" else None
@@ -2096,7 +2142,7 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
     for d, m, n, want in zip(mix["sources"], manifests, available, plan.requested, strict=True):
         d.update(config_digest=m["config_digest"], available=n, requested=want)
     config = {**cfg.to_dict(), "max_vision_units": max_units, "mixture": mix}
-    digest = digest_of(config)
+    digest = config_digest(config)
     capacities = {"max_tokens": cfg.max_tokens, "max_vision_units": max_units}
 
     def make(t: int, out_dir: str | None) -> _MixTask:

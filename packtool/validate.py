@@ -2,7 +2,9 @@
 
 Three layers, cheapest first; the first problems found are reported, never raised:
 
-1. **files against the manifest**: every listed shard exists with the listed size,
+1. **files against the manifest**: the recorded ``config_digest`` is the digest of the
+   recorded config, and a packed manifest's capacities are the config's (a manifest edited by
+   hand no longer describes the shards); every listed shard exists with the listed size,
    sha256 and row count, opens as Parquet, and has the schema of this version; no other
    visible ``.parquet`` file lies beside them (a Parquet dataset reader would read it);
    ``.packtool/errors.jsonl`` holds known reason codes and as many lines as the counts say;
@@ -35,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .config import config_digest
 from .errors import REASON_CODES, InputError, NoOutputError, SampleError
 from .runs import (
     COMPACT_COLUMNS,
@@ -596,12 +599,25 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
     if kind not in ("tokenized", "packed"):
         problems.add(MANIFEST, f"unknown kind {kind!r}")
         return report
+    # a config edited by hand no longer describes the shards: its digest gives it away
+    recorded = manifest.get("config_digest")
+    if config_digest(manifest["config"]) != recorded:
+        problems.add(MANIFEST, f"config_digest {recorded} is not the digest of the config it records "
+                               f"({config_digest(manifest['config'])}): the config was changed after the run wrote it; "
+                               "put the manifest back as written, or re-run the command that made the directory")
     mixture = manifest.get("mixture") if kind == "packed" else None
     version = manifest.get("schema_version")
     expected = schema_of_version(kind, version, mixture is not None)
     caps = None
     if kind == "packed":
         caps = dict(manifest.get("capacities") or {})
+        # stats and inspect measure fill against the capacities: they must be the ones packed with
+        for key in ("max_tokens", "max_vision_units"):
+            if caps.get(key) != manifest["config"].get(key):
+                problems.add(MANIFEST, f"capacities.{key} {caps.get(key)!r} differs from the config's {key} "
+                                       f"{manifest['config'].get(key)!r} (the manifest was changed after the run wrote "
+                                       "it); put the manifest back as written, or re-run the command that made the "
+                                       "directory")
         counts = manifest.get("counts", {})
         caps["allow_oversize_single"] = bool(counts.get("alone") or counts.get("truncated"))
     listed = set()

@@ -207,6 +207,45 @@ def test_max_errors_stopping_pack_on_oversize_drops_names_the_capacities(corpus,
         "--oversize alone or truncate (text-only)) or raise --max-errors")
 
 
+def test_on_error_fail_stopping_pack_on_an_oversize_sample_names_the_capacity_flag(demo_dirs, tmp_path):
+    """--on-error fail on an oversize sample said "fix the input, or use --on-error skip": the input
+    is fine, the capacity is what to change. The line names the flag of the capacity passed, in a
+    task, a dry run, a mixture and a finished run found again."""
+    tok = demo_dirs["tokenized"]
+    pack = ["pack", str(tok), "--quiet", "--workers", "1", "--on-error", "fail"]
+    r = run(*pack, "-o", str(tmp_path / "a"), "--max-tokens", "4096")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1
+    assert r.stderr.endswith("(sample 'demo-017') rejected, oversize: needs 4,230 tokens and 16,728 vision units; a "
+                             "pack holds 4,096 and 65,536; --on-error fail stops at the first rejected row (raise "
+                             "--max-tokens, keep such samples with --oversize alone or truncate (text-only), or use "
+                             "--on-error skip)\n")
+    # vision units over the capacity: truncating text cannot help, so it is not offered
+    r = run(*pack, "-o", str(tmp_path / "b"), "--max-tokens", "8192", "--max-vision-units", "1000")
+    assert r.returncode == 1
+    assert r.stderr.endswith("(sample 'demo-000') rejected, oversize: needs 433 tokens and 1,564 vision units; a pack "
+                             "holds 8,192 and 1,000; --on-error fail stops at the first rejected row (raise "
+                             "--max-vision-units, keep such samples with --oversize alone, or use --on-error skip)\n")
+    r = run(*pack, "--dry-run", "--max-tokens", "4096")
+    assert (r.returncode, r.stderr) == (1, "Error: 1 input rows would be rejected (oversize 1); --on-error fail stops "
+                                           "at the first (raise --max-tokens or --max-vision-units, keep such samples "
+                                           "with --oversize alone or truncate (text-only), or use --on-error skip)\n")
+    # a mixture's task says the same
+    r = run(*pack, "--rates", "2", "-o", str(tmp_path / "c"), "--max-tokens", "4096")
+    assert r.returncode == 1 and r.stderr.endswith("; --on-error fail stops at the first rejected row (raise "
+                                                   "--max-tokens, keep such samples with --oversize alone or truncate "
+                                                   "(text-only), or use --on-error skip)\n")
+    # a finished run found again, its drops made under --on-error skip
+    d = tmp_path / "d"
+    assert run("pack", str(tok), "--quiet", "--workers", "1", "-o", str(d), "--max-tokens", "4096").returncode == 0
+    r = run(*pack, "-o", str(d), "--max-tokens", "4096")
+    assert (r.returncode, r.stderr) == (1, f"Error: 1 input rows rejected by tasks that finished before (see "
+                                           f"{d / '.packtool' / 'errors.jsonl'}); --on-error fail allows none: raise "
+                                           "--max-tokens or --max-vision-units, keep such samples with --oversize "
+                                           "alone or truncate (text-only) and start over with --overwrite, or use "
+                                           "--on-error skip\n")
+
+
 @pytest.mark.parametrize(("flags", "code", "message"), [
     # flags that cannot work together are usage errors too (they were exit 1, as a failed run)
     (["--rank", "2", "--world-size", "2"], 2, "Error: --rank 2 is outside 0..1"),

@@ -255,6 +255,60 @@ def test_capacity_and_counts_are_checked(packed):
     assert any("more than the pack capacity 100" in w for w in whats)
 
 
+@pytest.mark.parametrize(("kind", "key"), [("tokenized", "max_tokens"), ("packed", "buffer_size"),
+                                          ("packed", "max_tokens")])
+def test_a_config_edited_in_the_manifest_is_caught(demo_dirs, tmp_path, kind, key):
+    """A manifest whose config was changed by hand (max_tokens raised) passed validate: the
+    recorded config_digest is recomputed from the recorded config."""
+    from packtool.config import digest_of
+
+    d = tmp_path / kind
+    shutil.copytree(demo_dirs[kind], d)
+    path = d / ".packtool" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    # the digest is the sha256 of the config's canonical JSON (tokenize leaves out max_errors)
+    config = {k: v for k, v in manifest["config"].items() if k != "max_errors"}
+    assert manifest["config_digest"] == digest_of(config)
+    old = manifest["config_digest"]
+    manifest["config"][key] = 16384
+    path.write_text(json.dumps(manifest))
+    new = digest_of({k: v for k, v in manifest["config"].items() if k != "max_errors"})
+    r = run("validate", str(d), "--no-check-media")
+    assert r.returncode == 1
+    lines = [f"  .packtool/manifest.json: config_digest {old} is not the digest of the config it records ({new}): the "
+             "config was changed after the run wrote it; put the manifest back as written, or re-run the command that "
+             "made the directory"]
+    if kind == "packed" and key == "max_tokens":  # the capacities the shards were packed to no longer agree either
+        lines.append("  .packtool/manifest.json: capacities.max_tokens 8192 differs from the config's max_tokens 16384 "
+                     "(the manifest was changed after the run wrote it); put the manifest back as written, or re-run "
+                     "the command that made the directory")
+    assert r.stdout.splitlines()[1:] == lines
+    assert r.stderr == f"Error: {d} is not whole: {len(lines)} problem(s) listed above\n"
+    report = json.loads(run("validate", str(d), "--no-check-media", "--json").stdout)
+    assert not report["ok"] and [p["where"] for p in report["problems"]] == [".packtool/manifest.json"] * len(lines)
+    # max_errors changes no output byte: a tokenized config may record another one
+    if kind == "tokenized":
+        manifest["config"].update(max_tokens=None, max_errors=7)
+        path.write_text(json.dumps(manifest))
+        assert validate_dir(d, check_media=False)["ok"]
+
+
+def test_capacities_edited_in_the_manifest_are_caught(packed):
+    """stats and inspect measure fill against the manifest's capacities: raised by hand (the
+    config and its digest left alone), they passed validate while stats showed a wrong fill."""
+    path = packed / ".packtool" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    assert manifest["capacities"] == {k: manifest["config"][k] for k in ("max_tokens", "max_vision_units")}
+    manifest["capacities"]["max_tokens"] = 16384
+    path.write_text(json.dumps(manifest))
+    r = run("validate", str(packed), "--no-check-media")
+    assert r.returncode == 1
+    assert r.stdout.splitlines()[1:] == [
+        "  .packtool/manifest.json: capacities.max_tokens 16384 differs from the config's max_tokens 8192 (the "
+        "manifest was changed after the run wrote it); put the manifest back as written, or re-run the command that "
+        "made the directory"]
+
+
 def test_row_counts_and_errors_file_are_checked(packed):
     manifest = json.loads((packed / ".packtool" / "manifest.json").read_text())
     manifest["counts"]["packs"] += 1
