@@ -274,7 +274,7 @@ def pack(
     packs_per_shard: Annotated[int, typer.Option(min=1, help="Packs per output shard.")] = _PACK_DEFAULTS.packs_per_shard,
     frame_quality: Annotated[int, typer.Option(min=1, max=100, help="JPEG quality of embedded video frames.")] = 90,
     layout: Annotated[LayoutChoice, typer.Option(help=f"runs: placeholder runs stored once (schema v{LAYOUT_VERSIONS['runs']}; packtool.reader expands them); full: every token stored (schema v{LAYOUT_VERSIONS['full']}), for reading the Parquet directly.")] = "runs",
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan only; print stats, write nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan only; print stats, write nothing (the whole run, whatever --rank).")] = False,
     max_errors: MaxErrors = None,
     on_error: OnError = "skip",
     workers: Workers = None,
