@@ -324,6 +324,19 @@ def test_jsonl_named_json_with_lines_longer_than_a_peek(tmp_path, name):
     assert all(s.media[0].data == buf.getvalue() for s in got)
 
 
+@pytest.mark.parametrize("name", ["lead.json", "lead.json.gz"])
+@pytest.mark.parametrize("eol", ["\n", "\r\n"])
+def test_jsonl_named_json_after_blank_lines(tmp_path, name, eol):
+    """JSONL saved as ``.json`` that opens with blank lines (files joined, an editor's stray
+    newline): its records are read line by line, keeping their line numbers, not the whole file
+    one ``bad_json`` row."""
+    body = (eol * 2 + "".join(json.dumps({**LLAVA, "id": f"s{i}"}) + eol for i in range(3))).encode()
+    (tmp_path / name).write_bytes(gzip.compress(body) if name.endswith(".gz") else body)
+    got = read_all(tmp_path / name)
+    assert [(type(s).__name__, s.sample_id, s.source_row) for s in got] == [
+        ("Sample", "s0", 2), ("Sample", "s1", 3), ("Sample", "s2", 4)]
+
+
 def test_zstd_missing_names_the_extra(tmp_path, monkeypatch):
     import sys
 

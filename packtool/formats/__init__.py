@@ -321,17 +321,20 @@ def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
     with _open_binary(path) as fh:
         # a leading byte-order mark is no part of the first record: sniff and read past it
         head = fh.peek(1 << 12)[: 1 << 12].removeprefix(UTF8_BOM).lstrip()
-        first = b""
+        lead: list[bytes] = []
         if head.startswith(b"{") and not is_jsonl_name(path.name):
             # one object (pretty-printed or on one line) or JSONL under another name: the whole first
-            # line tells, however long (a record with an inline image runs past any peek)
-            first = fh.readline()
-            whole_json = not _looks_like_jsonl(first.removeprefix(UTF8_BOM))
+            # line that holds anything tells, however long (a record with an inline image runs past
+            # any peek); blank lines before it are read too, so that they keep their row numbers
+            while (line := fh.readline()) and not line.removeprefix(UTF8_BOM).strip():
+                lead.append(line)
+            lead.append(line)
+            whole_json = not _looks_like_jsonl(line.removeprefix(UTF8_BOM))
         else:
             whole_json = head.startswith(b"[")
         if whole_json:
             # Invalid UTF-8 becomes lone surrogates, so only the records holding it are rejected.
-            text = (first + fh.read()).removeprefix(UTF8_BOM).decode("utf-8", errors="surrogateescape")
+            text = (b"".join(lead) + fh.read()).removeprefix(UTF8_BOM).decode("utf-8", errors="surrogateescape")
             try:
                 data = json.loads(text)
             except (ValueError, RecursionError) as exc:
@@ -346,7 +349,7 @@ def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
                 return
             yield from enumerate(data)
             return
-        for row, line in enumerate(itertools.chain((first,), fh) if first else fh):
+        for row, line in enumerate(itertools.chain(lead, fh)):
             if row == 0:
                 line = line.removeprefix(UTF8_BOM)
             if line.strip():
