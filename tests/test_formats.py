@@ -429,6 +429,31 @@ def test_hf_parquet_turns_stored_as_json_text(tmp_path):
                                  "store the turns as a list, or as the JSON text of one")]
 
 
+def test_hf_parquet_mixing_formats_reads_each_row_by_its_own_keys(tmp_path):
+    """A Parquet file (or a data frame saved as JSONL) mixing formats holds every format's columns
+    in every row, null where a row's format has none: a null key is absent to ``--format auto``,
+    and a Molmo ``message_list`` of mixed entry styles (one list<struct> of all their fields) reads
+    each entry by the fields it fills."""
+    records = [LLAVA, {**MLLM_DEMO, "id": "swift"}, {**SHAREGPT_DEFAULT_TAGS, "id": "sharegpt"}, MOLMO,
+               {**MLLM_DEMO, "messages": [{"from": "human", "value": "<image>Who?"}, {"from": "gpt", "value": "Kane."}],
+                "id": "sharegpt-messages"}]
+    table = pa.concat_tables([pa.Table.from_pylist([r]) for r in records], promote_options="default")
+    assert {"message_list", "messages", "conversations", "system", "images"} <= set(table.column_names)
+    pq.write_table(table, tmp_path / "mixed.parquet")
+    write_jsonl(tmp_path / "frame.jsonl", table.to_pylist())
+    for name in ("mixed.parquet", "frame.jsonl"):
+        llava, swift, sharegpt, molmo, sharegpt_messages = read_all(tmp_path / name)
+        assert [type(s).__name__ for s in (llava, swift, sharegpt, molmo, sharegpt_messages)] == ["Sample"] * 5, name
+        assert llava.branches == read_all(write_jsonl(tmp_path / "l.jsonl", [LLAVA]))[0].branches
+        assert swift.branches == read_all(write_jsonl(tmp_path / "s.jsonl", [MLLM_DEMO]))[0].branches
+        assert sharegpt.branches == read_all(write_jsonl(tmp_path / "g.jsonl", [SHAREGPT_DEFAULT_TAGS]))[0].branches
+        assert molmo.branches == read_all(write_jsonl(tmp_path / "m.jsonl", [MOLMO]))[0].branches
+        assert sharegpt_messages.branches[0] == (U(IMG("image", 0), T("Who?")), A("Kane."))
+    [r] = read_all(write_jsonl(tmp_path / "none.jsonl", [{"id": "x", "messages": None, "caption": "A cat."}]))
+    assert (r.reason, r.message) == ("bad_record", "cannot tell the format from keys ['caption', 'id']; expected "
+                                                   "conversations, messages or message_list (or pass --format)")
+
+
 def test_directory_inputs_match_suffixes_in_any_case_and_read_ndjson(tmp_path):
     """``.ndjson`` is JSONL, and ``.JSONL`` / ``.PARQUET`` / ``.JSON`` are what their lower-case
     names are; a directory that yields no input file says what it skipped and why."""

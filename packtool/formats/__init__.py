@@ -396,22 +396,28 @@ def detect_format(record: dict) -> str:
     ``from``/``value``; ``conversations`` with ``images``, ``videos``, ``system`` or
     ``tools`` → ``sharegpt`` (LLaMA-Factory); other ``conversations`` → ``llava``.
 
+    A key holding null counts as absent: a Parquet file (or a data frame saved as JSONL) that
+    mixes formats has every format's columns in every row, null where the row's format has none.
+
     Example:
         >>> detect_format({"image": "a.jpg", "conversations": []})
         'llava'
+        >>> detect_format({"message_list": None, "messages": None, "conversations": []})
+        'llava'
     """
-    if "message_list" in record:
+    if record.get("message_list") is not None:
         return "molmo"
-    if "messages" in record:
-        msgs = record["messages"]
-        if isinstance(msgs, list) and msgs and isinstance(msgs[0], dict) and "from" in msgs[0]:
+    msgs = record.get("messages")
+    if msgs is not None:
+        if isinstance(msgs, list) and msgs and isinstance(msgs[0], dict) and msgs[0].get("from") is not None:
             return "sharegpt"
         return "swift"
-    if "conversations" in record:
-        if "images" in record or "videos" in record or "system" in record or "tools" in record:
+    if record.get("conversations") is not None:
+        if any(record.get(k) is not None for k in ("images", "videos", "system", "tools")):
             return "sharegpt"
         return "llava"
-    raise SampleError("bad_record", f"cannot tell the format from keys {sorted(record)[:8]}; "
+    keys = sorted(k for k, v in record.items() if v is not None)
+    raise SampleError("bad_record", f"cannot tell the format from keys {keys[:8]}; "
                       f"expected conversations, messages or message_list (or pass --format)")
 
 
