@@ -177,6 +177,23 @@ def test_sharegpt_is_strict_about_tags(tmp_path):
     assert isinstance(r, Rejected) and r.reason == "placeholder_mismatch"
 
 
+def test_sharegpt_conversations_of_role_content_turns_without_media(tmp_path):
+    """LLaMA-Factory's ``{role, content}`` tags under ``conversations`` with no other ShareGPT key
+    (a text-only record) read as ShareGPT, not as LLaVA turns without a ``from``; a turn that
+    lacks the role key of the format read says which key, and which it has."""
+    rec = {"id": "t", "conversations": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}
+    assert detect_format(rec) == "sharegpt"
+    [s] = read_all(write_jsonl(tmp_path / "t.jsonl", [rec]))
+    assert s.branches == ((U(T("Hi")), A("Hello.")),)
+    mixed = {"id": "m", "messages": [{"role": "user", "content": "Hi"}, {"from": "gpt", "value": "Hello."}]}
+    [forced] = read_all(write_jsonl(tmp_path / "f.jsonl", [rec]), "llava")
+    [mix] = read_all(write_jsonl(tmp_path / "m.jsonl", [mixed]))
+    assert (forced.reason, forced.message) == (
+        "bad_record", "turn 0 has no 'from' (its keys: content, role); write every turn with 'from'/'value', or check --format")
+    assert (mix.reason, mix.message) == (
+        "bad_record", "turn 1 has no 'role' (its keys: from, value); write every turn with 'role'/'content', or check --format")
+
+
 # --- ms-swift ------------------------------------------------------------------------
 
 def test_swift_paths_data_uris_and_typed_parts(tmp_path):

@@ -394,7 +394,8 @@ def detect_format(record: dict) -> str:
     ``message_list`` → ``molmo``; ``messages`` → ``swift`` (ms-swift and LLaMA-Factory
     role/content records read the same), or ``sharegpt`` when its turns use
     ``from``/``value``; ``conversations`` with ``images``, ``videos``, ``system`` or
-    ``tools`` → ``sharegpt`` (LLaMA-Factory); other ``conversations`` → ``llava``.
+    ``tools``, or whose turns use ``role``/``content``, → ``sharegpt`` (LLaMA-Factory);
+    other ``conversations`` → ``llava``.
 
     A key holding null counts as absent: a Parquet file (or a data frame saved as JSONL) that
     mixes formats has every format's columns in every row, null where the row's format has none.
@@ -412,9 +413,13 @@ def detect_format(record: dict) -> str:
         if isinstance(msgs, list) and msgs and isinstance(msgs[0], dict) and msgs[0].get("from") is not None:
             return "sharegpt"
         return "swift"
-    if record.get("conversations") is not None:
+    convs = record.get("conversations")
+    if convs is not None:
         if any(record.get(k) is not None for k in ("images", "videos", "system", "tools")):
             return "sharegpt"
+        if isinstance(convs, list) and convs and isinstance(convs[0], dict) and convs[0].get("from") is None \
+                and convs[0].get("role") is not None:
+            return "sharegpt"  # LLaMA-Factory's {role, content} tags, which LLaVA never writes
         return "llava"
     keys = sorted(k for k, v in record.items() if v is not None)
     raise SampleError("bad_record", f"cannot tell the format from keys {keys[:8]}; "
