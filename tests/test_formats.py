@@ -354,6 +354,26 @@ def test_jsonl_named_json_after_blank_lines(tmp_path, name, eol):
         ("Sample", "s0", 2), ("Sample", "s1", 3), ("Sample", "s2", 4)]
 
 
+@pytest.mark.parametrize("name", ["broken.json", "broken.json.gz"])
+@pytest.mark.parametrize("first", [b'{"id": "cut", "conversations": [{"fr', b'{"id": "caf\xe9", "conversations": []}'],
+                         ids=["truncated", "latin1"])
+def test_jsonl_named_json_with_a_broken_first_line(tmp_path, name, first):
+    """JSONL saved as ``.json`` whose first line is broken (cut short, or not UTF-8) loses that line
+    only, as under a ``.jsonl`` name, not every record of the file; one pretty-printed object that
+    is not valid JSON is still one ``bad_json`` row for the whole file."""
+    body = first + b"\n" + "".join(json.dumps({**LLAVA, "id": f"s{i}"}) + "\n" for i in range(3)).encode()
+    (tmp_path / name).write_bytes(gzip.compress(body) if name.endswith(".gz") else body)
+    (tmp_path / "same.jsonl").write_bytes(body)
+    rows = [(type(s).__name__, getattr(s, "reason", None), s.sample_id, s.source_row) for s in read_all(tmp_path / name)]
+    assert rows == [(type(s).__name__, getattr(s, "reason", None), s.sample_id, s.source_row)
+                    for s in read_all(tmp_path / "same.jsonl")]
+    assert [r[2:] for r in rows] == [(None, 0), ("s0", 1), ("s1", 2), ("s2", 3)]
+    pretty = json.dumps(LLAVA, indent=2).encode().replace(b'"gpt"', b"'gpt'")
+    (tmp_path / "pretty.json").write_bytes(pretty)
+    [bad] = read_all(tmp_path / "pretty.json")
+    assert bad.reason == "bad_json" and bad.message.startswith("the file is not valid JSON (")
+
+
 def test_zstd_missing_names_the_extra(tmp_path, monkeypatch):
     import sys
 

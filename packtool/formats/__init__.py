@@ -333,11 +333,16 @@ def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
         else:
             whole_json = head.startswith(b"[")
         if whole_json:
+            raw = b"".join(lead) + fh.read()
             # Invalid UTF-8 becomes lone surrogates, so only the records holding it are rejected.
-            text = (b"".join(lead) + fh.read()).removeprefix(UTF8_BOM).decode("utf-8", errors="surrogateescape")
+            text = raw.removeprefix(UTF8_BOM).decode("utf-8", errors="surrogateescape")
             try:
                 data = json.loads(text)
             except (ValueError, RecursionError) as exc:
+                if lead and _second_line_is_record(raw):
+                    # JSONL under another name whose first line is broken: only that line is lost
+                    yield from _jsonl_rows(io.BytesIO(raw))
+                    return
                 # one unreadable file is one rejected row (its records cannot be told apart), not a stopped run
                 yield 0, SampleError("bad_json", f"the file is not valid JSON ({str(exc)[:200]}); fix it or convert "
                                                  "it to JSONL, one record per line")
@@ -349,11 +354,28 @@ def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
                 return
             yield from enumerate(data)
             return
-        for row, line in enumerate(itertools.chain(lead, fh)):
-            if row == 0:
-                line = line.removeprefix(UTF8_BOM)
-            if line.strip():
-                yield row, parse_json_line(line)
+        yield from _jsonl_rows(itertools.chain(lead, fh))
+
+
+def _jsonl_rows(lines) -> Iterator[tuple[int, object]]:
+    """``(row, record_or_SampleError)`` of JSONL lines; blank lines keep their row numbers."""
+    for row, line in enumerate(lines):
+        if row == 0:
+            line = line.removeprefix(UTF8_BOM)
+        if line.strip():
+            yield row, parse_json_line(line)
+
+
+def _second_line_is_record(raw: bytes) -> bool:
+    """Whether the second line of ``raw`` that holds anything is a whole JSON object: JSONL, not
+    one pretty-printed object (whose second line is a ``"key": value`` fragment)."""
+    seen = 0
+    for line in io.BytesIO(raw):
+        if line.strip() and line.strip() != UTF8_BOM:
+            seen += 1
+            if seen == 2:
+                return isinstance(parse_json_line(line), dict)
+    return False
 
 
 def parse_json_line(line: bytes) -> object:
