@@ -241,6 +241,23 @@ def test_typed_parts_that_name_their_own_media(tmp_path):
     assert all(s.branches[0][0] == U(IMG("image", 0), T("Size?")) for s in got)
 
 
+def test_typed_parts_naming_their_media_keep_their_place_among_listed_media(tmp_path):
+    """A record with both an ``images`` list and parts that name their own image: each tag gets
+    the media in the order the tags stand in (the named one where its part is, the listed ones in
+    turn), so the text about "the first image" is about the first image the model sees."""
+    rec = {"images": ["listed-1.png", "listed-2.png"], "messages": [
+        {"role": "system", "content": "Compare <image> with what follows."},
+        {"role": "user", "content": [{"type": "text", "text": "Then"}, {"type": "image", "image": "named.png"},
+                                     {"type": "text", "text": "and"}, {"type": "image"}]},
+        {"role": "assistant", "content": "Alike."}]}
+    [s] = read_all(write_jsonl(tmp_path / "mixed.jsonl", [rec]))
+    assert [m.path for m in s.media] == ["listed-1.png", "named.png", "listed-2.png"]
+    assert s.branches[0][1] == U(T("Then"), IMG("image", 1), T("and"), IMG("image", 2))
+    short = {**rec, "images": ["listed-1.png"]}
+    [r] = read_all(write_jsonl(tmp_path / "short.jsonl", [short]))
+    assert (r.reason, r.message) == ("placeholder_mismatch", "3 <image> and 0 <video> tags for 2 images and 0 videos")
+
+
 def test_swift_remote_url_is_missing_media(tmp_path):
     rec = {"messages": [{"role": "user", "content": "<image>Hi"}, {"role": "assistant", "content": "Hello"}],
            "images": ["https://example.com/cat.jpg"]}
