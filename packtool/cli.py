@@ -137,8 +137,10 @@ def _progress(desc: str, quiet: bool, total: int | None = None):
 
 
 def _rank_line(result: dict, output: Path) -> str:
-    return (f"rank {result['rank']} of {result['world_size']}: {result['tasks']} tasks done, "
-            f"{result['tasks_missing']} tasks of other ranks remain; when all are done run: packtool merge {output}")
+    done, missing = result["tasks"], result["tasks_missing"]
+    return (f"rank {result['rank']} of {result['world_size']}: {done} task{'' if done == 1 else 's'} done, "
+            f"{missing} {'task of other ranks remains' if missing == 1 else 'tasks of other ranks remain'}; "
+            f"when all are done run: packtool merge {output}")
 
 
 def _share_json(full: dict, result: dict) -> dict:

@@ -177,6 +177,23 @@ def test_sharegpt_is_strict_about_tags(tmp_path):
     assert isinstance(r, Rejected) and r.reason == "placeholder_mismatch"
 
 
+def test_sharegpt_conversations_of_role_content_turns_without_media(tmp_path):
+    """LLaMA-Factory's ``{role, content}`` tags under ``conversations`` with no other ShareGPT key
+    (a text-only record) read as ShareGPT, not as LLaVA turns without a ``from``; a turn that
+    lacks the role key of the format read says which key, and which it has."""
+    rec = {"id": "t", "conversations": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}
+    assert detect_format(rec) == "sharegpt"
+    [s] = read_all(write_jsonl(tmp_path / "t.jsonl", [rec]))
+    assert s.branches == ((U(T("Hi")), A("Hello.")),)
+    mixed = {"id": "m", "messages": [{"role": "user", "content": "Hi"}, {"from": "gpt", "value": "Hello."}]}
+    [forced] = read_all(write_jsonl(tmp_path / "f.jsonl", [rec]), "llava")
+    [mix] = read_all(write_jsonl(tmp_path / "m.jsonl", [mixed]))
+    assert (forced.reason, forced.message) == (
+        "bad_record", "turn 0 has no 'from' (its keys: content, role); write every turn with 'from'/'value', or check --format")
+    assert (mix.reason, mix.message) == (
+        "bad_record", "turn 1 has no 'role' (its keys: from, value); write every turn with 'role'/'content', or check --format")
+
+
 # --- ms-swift ------------------------------------------------------------------------
 
 def test_swift_paths_data_uris_and_typed_parts(tmp_path):
@@ -222,6 +239,23 @@ def test_typed_parts_that_name_their_own_media(tmp_path):
     assert [s.media for s in got] == [(MediaRef("image", "images/b.png"),)] * 2 + [(MediaRef("image", None, raw),)] + [
         (MediaRef("image", "images/b.png"),), (MediaRef("image", None, raw),), (MediaRef("image", "images/b.png"),)]
     assert all(s.branches[0][0] == U(IMG("image", 0), T("Size?")) for s in got)
+
+
+def test_typed_parts_naming_their_media_keep_their_place_among_listed_media(tmp_path):
+    """A record with both an ``images`` list and parts that name their own image: each tag gets
+    the media in the order the tags stand in (the named one where its part is, the listed ones in
+    turn), so the text about "the first image" is about the first image the model sees."""
+    rec = {"images": ["listed-1.png", "listed-2.png"], "messages": [
+        {"role": "system", "content": "Compare <image> with what follows."},
+        {"role": "user", "content": [{"type": "text", "text": "Then"}, {"type": "image", "image": "named.png"},
+                                     {"type": "text", "text": "and"}, {"type": "image"}]},
+        {"role": "assistant", "content": "Alike."}]}
+    [s] = read_all(write_jsonl(tmp_path / "mixed.jsonl", [rec]))
+    assert [m.path for m in s.media] == ["listed-1.png", "named.png", "listed-2.png"]
+    assert s.branches[0][1] == U(T("Then"), IMG("image", 1), T("and"), IMG("image", 2))
+    short = {**rec, "images": ["listed-1.png"]}
+    [r] = read_all(write_jsonl(tmp_path / "short.jsonl", [short]))
+    assert (r.reason, r.message) == ("placeholder_mismatch", "3 <image> and 0 <video> tags for 2 images and 0 videos")
 
 
 def test_swift_remote_url_is_missing_media(tmp_path):
@@ -324,6 +358,39 @@ def test_jsonl_named_json_with_lines_longer_than_a_peek(tmp_path, name):
     assert all(s.media[0].data == buf.getvalue() for s in got)
 
 
+@pytest.mark.parametrize("name", ["lead.json", "lead.json.gz"])
+@pytest.mark.parametrize("eol", ["\n", "\r\n"])
+def test_jsonl_named_json_after_blank_lines(tmp_path, name, eol):
+    """JSONL saved as ``.json`` that opens with blank lines (files joined, an editor's stray
+    newline): its records are read line by line, keeping their line numbers, not the whole file
+    one ``bad_json`` row."""
+    body = (eol * 2 + "".join(json.dumps({**LLAVA, "id": f"s{i}"}) + eol for i in range(3))).encode()
+    (tmp_path / name).write_bytes(gzip.compress(body) if name.endswith(".gz") else body)
+    got = read_all(tmp_path / name)
+    assert [(type(s).__name__, s.sample_id, s.source_row) for s in got] == [
+        ("Sample", "s0", 2), ("Sample", "s1", 3), ("Sample", "s2", 4)]
+
+
+@pytest.mark.parametrize("name", ["broken.json", "broken.json.gz"])
+@pytest.mark.parametrize("first", [b'{"id": "cut", "conversations": [{"fr', b'{"id": "caf\xe9", "conversations": []}'],
+                         ids=["truncated", "latin1"])
+def test_jsonl_named_json_with_a_broken_first_line(tmp_path, name, first):
+    """JSONL saved as ``.json`` whose first line is broken (cut short, or not UTF-8) loses that line
+    only, as under a ``.jsonl`` name, not every record of the file; one pretty-printed object that
+    is not valid JSON is still one ``bad_json`` row for the whole file."""
+    body = first + b"\n" + "".join(json.dumps({**LLAVA, "id": f"s{i}"}) + "\n" for i in range(3)).encode()
+    (tmp_path / name).write_bytes(gzip.compress(body) if name.endswith(".gz") else body)
+    (tmp_path / "same.jsonl").write_bytes(body)
+    rows = [(type(s).__name__, getattr(s, "reason", None), s.sample_id, s.source_row) for s in read_all(tmp_path / name)]
+    assert rows == [(type(s).__name__, getattr(s, "reason", None), s.sample_id, s.source_row)
+                    for s in read_all(tmp_path / "same.jsonl")]
+    assert [r[2:] for r in rows] == [(None, 0), ("s0", 1), ("s1", 2), ("s2", 3)]
+    pretty = json.dumps(LLAVA, indent=2).encode().replace(b'"gpt"', b"'gpt'")
+    (tmp_path / "pretty.json").write_bytes(pretty)
+    [bad] = read_all(tmp_path / "pretty.json")
+    assert bad.reason == "bad_json" and bad.message.startswith("the file is not valid JSON (")
+
+
 def test_zstd_missing_names_the_extra(tmp_path, monkeypatch):
     import sys
 
@@ -414,6 +481,31 @@ def test_hf_parquet_turns_stored_as_json_text(tmp_path):
                                    "store the turns as a list, or as the JSON text of one"),
         ("object", "bad_record", "'conversations' is a string that is not a JSON list ('{\"from\": \"human\"}'); "
                                  "store the turns as a list, or as the JSON text of one")]
+
+
+def test_hf_parquet_mixing_formats_reads_each_row_by_its_own_keys(tmp_path):
+    """A Parquet file (or a data frame saved as JSONL) mixing formats holds every format's columns
+    in every row, null where a row's format has none: a null key is absent to ``--format auto``,
+    and a Molmo ``message_list`` of mixed entry styles (one list<struct> of all their fields) reads
+    each entry by the fields it fills."""
+    records = [LLAVA, {**MLLM_DEMO, "id": "swift"}, {**SHAREGPT_DEFAULT_TAGS, "id": "sharegpt"}, MOLMO,
+               {**MLLM_DEMO, "messages": [{"from": "human", "value": "<image>Who?"}, {"from": "gpt", "value": "Kane."}],
+                "id": "sharegpt-messages"}]
+    table = pa.concat_tables([pa.Table.from_pylist([r]) for r in records], promote_options="default")
+    assert {"message_list", "messages", "conversations", "system", "images"} <= set(table.column_names)
+    pq.write_table(table, tmp_path / "mixed.parquet")
+    write_jsonl(tmp_path / "frame.jsonl", table.to_pylist())
+    for name in ("mixed.parquet", "frame.jsonl"):
+        llava, swift, sharegpt, molmo, sharegpt_messages = read_all(tmp_path / name)
+        assert [type(s).__name__ for s in (llava, swift, sharegpt, molmo, sharegpt_messages)] == ["Sample"] * 5, name
+        assert llava.branches == read_all(write_jsonl(tmp_path / "l.jsonl", [LLAVA]))[0].branches
+        assert swift.branches == read_all(write_jsonl(tmp_path / "s.jsonl", [MLLM_DEMO]))[0].branches
+        assert sharegpt.branches == read_all(write_jsonl(tmp_path / "g.jsonl", [SHAREGPT_DEFAULT_TAGS]))[0].branches
+        assert molmo.branches == read_all(write_jsonl(tmp_path / "m.jsonl", [MOLMO]))[0].branches
+        assert sharegpt_messages.branches[0] == (U(IMG("image", 0), T("Who?")), A("Kane."))
+    [r] = read_all(write_jsonl(tmp_path / "none.jsonl", [{"id": "x", "messages": None, "caption": "A cat."}]))
+    assert (r.reason, r.message) == ("bad_record", "cannot tell the format from keys ['caption', 'id']; expected "
+                                                   "conversations, messages or message_list (or pass --format)")
 
 
 def test_directory_inputs_match_suffixes_in_any_case_and_read_ndjson(tmp_path):

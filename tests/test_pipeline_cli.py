@@ -24,6 +24,15 @@ def corpus(demo_dirs, tmp_path) -> tuple[Path, Path]:
     return src, sample
 
 
+def test_rank_line_counts_one_task_in_the_singular(corpus, tmp_path):
+    src, sample = corpus
+    out = tmp_path / "tok"
+    r = run("tokenize", str(src), "--media-root", str(sample), "-o", str(out), "--rows-per-shard", "16", "--quiet",
+            "--world-size", "2", "--rank", "0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"rank 0 of 2: 1 task done, 1 task of other ranks remains; when all are done run: packtool merge {out}\n"
+
+
 def test_ranks_then_merge(corpus, tmp_path):
     src, sample = corpus
     out = tmp_path / "tok"

@@ -321,20 +321,28 @@ def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
     with _open_binary(path) as fh:
         # a leading byte-order mark is no part of the first record: sniff and read past it
         head = fh.peek(1 << 12)[: 1 << 12].removeprefix(UTF8_BOM).lstrip()
-        first = b""
+        lead: list[bytes] = []
         if head.startswith(b"{") and not is_jsonl_name(path.name):
             # one object (pretty-printed or on one line) or JSONL under another name: the whole first
-            # line tells, however long (a record with an inline image runs past any peek)
-            first = fh.readline()
-            whole_json = not _looks_like_jsonl(first.removeprefix(UTF8_BOM))
+            # line that holds anything tells, however long (a record with an inline image runs past
+            # any peek); blank lines before it are read too, so that they keep their row numbers
+            while (line := fh.readline()) and not line.removeprefix(UTF8_BOM).strip():
+                lead.append(line)
+            lead.append(line)
+            whole_json = not _looks_like_jsonl(line.removeprefix(UTF8_BOM))
         else:
             whole_json = head.startswith(b"[")
         if whole_json:
+            raw = b"".join(lead) + fh.read()
             # Invalid UTF-8 becomes lone surrogates, so only the records holding it are rejected.
-            text = (first + fh.read()).removeprefix(UTF8_BOM).decode("utf-8", errors="surrogateescape")
+            text = raw.removeprefix(UTF8_BOM).decode("utf-8", errors="surrogateescape")
             try:
                 data = json.loads(text)
             except (ValueError, RecursionError) as exc:
+                if lead and _second_line_is_record(raw):
+                    # JSONL under another name whose first line is broken: only that line is lost
+                    yield from _jsonl_rows(io.BytesIO(raw))
+                    return
                 # one unreadable file is one rejected row (its records cannot be told apart), not a stopped run
                 yield 0, SampleError("bad_json", f"the file is not valid JSON ({str(exc)[:200]}); fix it or convert "
                                                  "it to JSONL, one record per line")
@@ -346,11 +354,28 @@ def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
                 return
             yield from enumerate(data)
             return
-        for row, line in enumerate(itertools.chain((first,), fh) if first else fh):
-            if row == 0:
-                line = line.removeprefix(UTF8_BOM)
-            if line.strip():
-                yield row, parse_json_line(line)
+        yield from _jsonl_rows(itertools.chain(lead, fh))
+
+
+def _jsonl_rows(lines) -> Iterator[tuple[int, object]]:
+    """``(row, record_or_SampleError)`` of JSONL lines; blank lines keep their row numbers."""
+    for row, line in enumerate(lines):
+        if row == 0:
+            line = line.removeprefix(UTF8_BOM)
+        if line.strip():
+            yield row, parse_json_line(line)
+
+
+def _second_line_is_record(raw: bytes) -> bool:
+    """Whether the second line of ``raw`` that holds anything is a whole JSON object: JSONL, not
+    one pretty-printed object (whose second line is a ``"key": value`` fragment)."""
+    seen = 0
+    for line in io.BytesIO(raw):
+        if line.strip() and line.strip() != UTF8_BOM:
+            seen += 1
+            if seen == 2:
+                return isinstance(parse_json_line(line), dict)
+    return False
 
 
 def parse_json_line(line: bytes) -> object:
@@ -391,24 +416,35 @@ def detect_format(record: dict) -> str:
     ``message_list`` → ``molmo``; ``messages`` → ``swift`` (ms-swift and LLaMA-Factory
     role/content records read the same), or ``sharegpt`` when its turns use
     ``from``/``value``; ``conversations`` with ``images``, ``videos``, ``system`` or
-    ``tools`` → ``sharegpt`` (LLaMA-Factory); other ``conversations`` → ``llava``.
+    ``tools``, or whose turns use ``role``/``content``, → ``sharegpt`` (LLaMA-Factory);
+    other ``conversations`` → ``llava``.
+
+    A key holding null counts as absent: a Parquet file (or a data frame saved as JSONL) that
+    mixes formats has every format's columns in every row, null where the row's format has none.
 
     Example:
         >>> detect_format({"image": "a.jpg", "conversations": []})
         'llava'
+        >>> detect_format({"message_list": None, "messages": None, "conversations": []})
+        'llava'
     """
-    if "message_list" in record:
+    if record.get("message_list") is not None:
         return "molmo"
-    if "messages" in record:
-        msgs = record["messages"]
-        if isinstance(msgs, list) and msgs and isinstance(msgs[0], dict) and "from" in msgs[0]:
+    msgs = record.get("messages")
+    if msgs is not None:
+        if isinstance(msgs, list) and msgs and isinstance(msgs[0], dict) and msgs[0].get("from") is not None:
             return "sharegpt"
         return "swift"
-    if "conversations" in record:
-        if "images" in record or "videos" in record or "system" in record or "tools" in record:
+    convs = record.get("conversations")
+    if convs is not None:
+        if any(record.get(k) is not None for k in ("images", "videos", "system", "tools")):
             return "sharegpt"
+        if isinstance(convs, list) and convs and isinstance(convs[0], dict) and convs[0].get("from") is None \
+                and convs[0].get("role") is not None:
+            return "sharegpt"  # LLaMA-Factory's {role, content} tags, which LLaVA never writes
         return "llava"
-    raise SampleError("bad_record", f"cannot tell the format from keys {sorted(record)[:8]}; "
+    keys = sorted(k for k, v in record.items() if v is not None)
+    raise SampleError("bad_record", f"cannot tell the format from keys {keys[:8]}; "
                       f"expected conversations, messages or message_list (or pass --format)")
 
 

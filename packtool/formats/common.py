@@ -244,6 +244,10 @@ def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[st
             turns.append(Turn("tool", text_of(msg, i), tool_call_id=str(call_id) if call_id is not None else None))
             continue
         role = role_map.get(key)
+        if role is None and raw is None:  # the turns use other keys: another format, or a mix of tag styles
+            keys = ", ".join(sorted(map(str, msg))[:6]) or "none"
+            raise SampleError("bad_record", f"turn {i} has no {role_key!r} (its keys: {keys}); write every turn with "
+                                            f"{role_key!r}/{text_key!r}, or check --format")
         if role is None:
             raise SampleError("unknown_role", f"turn {i} has role {raw!r}")
         if role != "assistant":

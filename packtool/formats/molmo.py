@@ -33,7 +33,8 @@ __all__ = ["parse"]
 def _entry_turns(entry, i: int) -> list[tuple[str, str]]:
     if not isinstance(entry, dict):
         raise SampleError("bad_record", f"message_list[{i}] is a {type(entry).__name__}, not an object")
-    if "messages" in entry:
+    # a key holding null is absent: a Parquet list<struct> has every entry style's fields in each entry
+    if entry.get("messages") is not None:
         msgs = entry["messages"]
         if not isinstance(msgs, list) or not msgs:
             raise SampleError("empty_conversation", f"message_list[{i}] has no messages")
@@ -47,10 +48,10 @@ def _entry_turns(entry, i: int) -> list[tuple[str, str]]:
             else:
                 turns.append(("user" if j % 2 == 0 else "assistant", check_text(m, f"message_list[{i}] message {j}")))
         return turns
-    if "question" in entry or "answer" in entry:
+    if entry.get("question") is not None or entry.get("answer") is not None:
         return [("user", check_text(entry.get("question"), f"message_list[{i}] 'question'")),
                 ("assistant", check_text(entry.get("answer"), f"message_list[{i}] 'answer'"))]
-    if "text" in entry:
+    if entry.get("text") is not None:
         prompt = entry.get("prompt")
         return [("user", "" if prompt is None else check_text(prompt, f"message_list[{i}] 'prompt'")),
                 ("assistant", check_text(entry["text"], f"message_list[{i}] 'text'"))]

@@ -36,16 +36,16 @@ __all__ = ["parse", "conversation_turns"]
 
 def conversation_turns(record: dict) -> tuple[list[Turn | tuple[str, str]], str]:
     """``(turns, field)`` from ``conversations`` or ``messages``, either tag style."""
-    field = "conversations" if "conversations" in record else "messages"
+    field = "conversations" if record.get("conversations") is not None else "messages"
     convs = record.get(field)
     first = convs[0] if isinstance(convs, list) and convs and isinstance(convs[0], dict) else {}
-    if "from" in first or "value" in first:
+    if first.get("from") is not None or first.get("value") is not None:
         return parse_turns(convs, "from", "value", field), field
     return parse_turns(convs, "role", "content", field), field
 
 
 def parse(record: dict, source: str, row: int) -> Sample:
-    if "conversations" not in record and "messages" not in record:
+    if record.get("conversations") is None and record.get("messages") is None:
         raise SampleError("bad_record", "record has neither 'conversations' nor 'messages'")
     turns, _ = conversation_turns(record)
     system = record.get("system")

@@ -16,6 +16,8 @@ Content may also be a list of typed parts (``{"type": "text", "text"}``,
 each image or video part stands for the next item of ``images`` / ``videos``, unless it
 names its own media as Qwen-VL, transformers and OpenAI write it (``{"type": "image",
 "image" | "url" | "path" | "base64": ...}``, ``{"type": "image_url", "image_url": {"url"}}``).
+Media stand in the order of their tags: a part that names its own image sits where its tag is,
+the listed items fill the other tags in turn.
 
 Tool use: ms-swift's ``tool_call`` / ``tool_response`` roles and OpenAI's assistant
 ``tool_calls`` with ``role: "tool"`` results, the function schemas in ``tools`` (a list
@@ -55,26 +57,39 @@ def _part_media(part: dict, kind: str):
     return None if data is None else {"bytes": data}
 
 
-def _content_text(content, i: int, images: list, videos: list) -> str:
-    """Content as text with tags; typed-part lists become ``<image>``/``<video>`` tags."""
+def _content_text(content, i: int, take) -> str:
+    """Content as text with tags; typed-part lists become ``<image>``/``<video>`` tags.
+
+    ``take(kind, inline, n)`` is told of every tag in order: ``n`` tags of ``kind`` that stand for
+    the next listed items, or one whose part names its own media ``inline``.
+    """
     if isinstance(content, str):
-        return check_text(content, f"message {i} 'content'")
+        text = check_text(content, f"message {i} 'content'")
+        _take_tags(text, take)
+        return text
     if not isinstance(content, list):
         raise SampleError("bad_record", f"message {i} 'content' must be a string or a list of parts")
     out = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text":
-            out.append(check_text(part.get("text"), f"message {i} text part"))
+            text = check_text(part.get("text"), f"message {i} text part")
+            _take_tags(text, take)
+            out.append(text)
         elif kind in ("image", "video", "image_url", "video_url"):
             kind = kind.removesuffix("_url")
-            inline = _part_media(part, kind)
-            if inline is not None:  # the part names its own media
-                (images if kind == "image" else videos).append(media_ref(kind, inline))
+            take(kind, _part_media(part, kind), 1)
             out.append(f"<{kind}>")
         else:
             raise SampleError("bad_record", f"message {i} has a content part of type {kind!r}")
     return "".join(out)
+
+
+def _take_tags(text: str, take) -> None:
+    if "<" in text:
+        for kind in ("image", "video"):
+            if n := text.count(f"<{kind}>"):
+                take(kind, None, n)
 
 
 def parse(record: dict, source: str, row: int) -> Sample:
@@ -83,11 +98,23 @@ def parse(record: dict, source: str, row: int) -> Sample:
         raise SampleError("bad_record", "record has no 'messages' list")
     if not msgs:
         raise SampleError("empty_conversation", "'messages' is empty")
-    images, videos = media_refs(record, ("images", "image"), ("videos", "video"))
+    listed = dict(zip(("image", "video"), media_refs(record, ("images", "image"), ("videos", "video")), strict=True))
+    # media in the order of their tags: a part that names its own media takes its place among the
+    # listed items, which fill the other tags in turn (their leftovers follow, for the count check)
+    ordered: dict[str, list] = {"image": [], "video": []}
+    used = {"image": 0, "video": 0}
+
+    def take(kind: str, inline, n: int) -> None:
+        if inline is not None:
+            ordered[kind].append(media_ref(kind, inline))
+        else:
+            ordered[kind] += listed[kind][used[kind]:used[kind] + n]
+            used[kind] += n
 
     def text_of(msg: dict, i: int) -> str:
-        return _content_text(msg.get("content"), i, images, videos)
+        return _content_text(msg.get("content"), i, take)
 
     turns = read_turns(msgs, "role", "content", "messages", ROLE_MAP, text_of)
+    images, videos = (ordered[k] + listed[k][used[k]:] for k in ("image", "video"))
     return build_sample(turns, images, videos, sample_id_of(record, source, row), source, row,
                         tools=parse_tools(record.get("tools")))
