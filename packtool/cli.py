@@ -136,6 +136,11 @@ def _progress(desc: str, quiet: bool, total: int | None = None):
         yield _Bar(bar)
 
 
+def _count(n: int, word: str) -> str:
+    """``n`` and ``word``, plural unless ``n`` is 1: ``_count(1, "shard")`` is ``'1 shard'``."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
 def _rank_line(result: dict, output: Path) -> str:
     done, missing = result["tasks"], result["tasks_missing"]
     return (f"rank {result['rank']} of {result['world_size']}: {done} task{'' if done == 1 else 's'} done, "
@@ -234,7 +239,7 @@ def tokenize(
     if as_json:
         _emit_json({"output": str(output), **c, "shards": len(manifest["shards"])})
         return
-    typer.echo(f"{c['samples']:,} samples from {c['rows_in']:,} rows in {len(manifest['shards'])} shards -> {output}")
+    typer.echo(f"{_count(c['samples'], 'sample')} from {_count(c['rows_in'], 'row')} in {_count(len(manifest['shards']), 'shard')} -> {output}")
     _echo_rejected(c, output)
     if c.get("repeated_ids"):
         n = c["repeated_ids"]
@@ -247,7 +252,7 @@ def _echo_rejected(counts: dict, output: str | None) -> None:
     if counts.get("rejected"):
         reasons = ", ".join(f"{k} {v}" for k, v in counts["rejected_by_reason"].items())
         where = f"; see {join(output, ERRORS)}" if output is not None else " (a run lists them in errors.jsonl)"
-        typer.echo(f"{counts['rejected']:,} rows rejected ({reasons}){where}")
+        typer.echo(f"{_count(counts['rejected'], 'row')} rejected ({reasons}){where}")
 
 
 @app.command()
@@ -336,7 +341,7 @@ def pack(
     lb = c["lower_bound"]
     ratio = f" ({c['packs'] / lb:.3f}x)" if lb else ""
     where = "planned (dry run)" if dry_run else f"-> {output}"
-    typer.echo(f"{c['samples_packed']:,} samples in {c['packs']:,} packs, lower bound {lb:,}{ratio} {where}")
+    typer.echo(f"{_count(c['samples_packed'], 'sample')} in {_count(c['packs'], 'pack')}, lower bound {lb:,}{ratio} {where}")
     if c["dropped"] or c["truncated"] or c["alone"]:
         typer.echo(f"oversize: {c['dropped']:,} dropped, {c['truncated']:,} truncated, {c['alone']:,} alone")
     _echo_rejected(c, None if dry_run else output)
@@ -566,7 +571,7 @@ def merge(
     if as_json:
         _emit_json({"output": str(path), "kind": manifest["kind"], **c, "shards": len(manifest["shards"])})
         return
-    typer.echo(f"{manifest['kind']}: {c['tasks']} tasks, {len(manifest['shards'])} shards -> {join(path, MANIFEST)}")
+    typer.echo(f"{manifest['kind']}: {_count(c['tasks'], 'task')}, {_count(len(manifest['shards']), 'shard')} -> {join(path, MANIFEST)}")
 
 
 def _version_callback(value: bool) -> None:

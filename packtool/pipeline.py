@@ -259,7 +259,7 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 def _too_many(total: int, limit: int, detail: str, reasons: Iterable[str]) -> str:
     """Why ``--max-errors`` stops a run; ``reasons``: the reason codes of the rejected rows."""
-    return f"{total:,} input rows rejected, more than --max-errors {limit:,} ({detail}); {_max_errors_fix(reasons)}"
+    return f"{total:,} input row{'' if total == 1 else 's'} rejected, more than --max-errors {limit:,} ({detail}); {_max_errors_fix(reasons)}"
 
 
 def _max_errors_fix(reasons: Iterable[str]) -> str:
@@ -321,7 +321,7 @@ def _oversize(tokens: int, units: int, max_tokens: int, max_units: int) -> tuple
 def _none_allowed(total: int, detail: str, reasons: Iterable[str]) -> str:
     """Why ``--on-error fail`` stops a run whose tasks finished before rejected ``total`` rows
     (``reasons``: their reason codes)."""
-    return (f"{total:,} input rows rejected by tasks that finished before ({detail}); --on-error fail allows none: "
+    return (f"{total:,} input row{'' if total == 1 else 's'} rejected by tasks that finished before ({detail}); --on-error fail allows none: "
             + _on_error_fix(reasons, again=" and start over with --overwrite"))
 
 
@@ -330,10 +330,10 @@ def _planned(counts: dict, max_errors: int | None, on_error: str) -> None:
     rejected = int(counts.get("rejected", 0))
     reasons = ", ".join(f"{k} {v:,}" for k, v in counts.get("rejected_by_reason", {}).items())
     if on_error == "fail" and rejected:
-        raise TooManyErrorsError(f"{rejected:,} input rows would be rejected ({reasons}); --on-error fail stops at the "
+        raise TooManyErrorsError(f"{rejected:,} input row{'' if rejected == 1 else 's'} would be rejected ({reasons}); --on-error fail stops at the "
                                  f"first ({_on_error_fix(counts.get('rejected_by_reason', {}))})")
     if max_errors is not None and rejected > max_errors:
-        raise TooManyErrorsError(f"{rejected:,} input rows would be rejected, more than --max-errors {max_errors:,} "
+        raise TooManyErrorsError(f"{rejected:,} input row{'' if rejected == 1 else 's'} would be rejected, more than --max-errors {max_errors:,} "
                                  f"({reasons}); {_max_errors_fix(counts.get('rejected_by_reason', {}))}")
 
 

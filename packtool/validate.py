@@ -726,8 +726,9 @@ def _check_errors_file(path: Path, counts: dict, problems: _Problems) -> None:
 
 def render_report(report: dict) -> str:
     """The human summary ``packtool validate`` prints."""
-    head = (f"{report['path']}: {report['kind'] or 'unknown'} directory, {report['shards']} shards, "
-            f"{report['rows']:,} rows checked")
+    shards, rows = report["shards"], report["rows"]
+    head = (f"{report['path']}: {report['kind'] or 'unknown'} directory, {shards:,} shard{'' if shards == 1 else 's'}, "
+            f"{rows:,} row{'' if rows == 1 else 's'} checked")
     if report["ok"]:
         return f"{head}: OK"
     lines = [f"{head}: {len(report['problems'])} problem(s) found (first ones):"]

@@ -98,7 +98,7 @@ def test_tokenize_pack_stats_exact_output(tmp_path, demo_dirs):
     tok, packed = tmp_path / "tok", tmp_path / "packed"
     r = run("tokenize", str(sample / "data.jsonl"), "--media-root", str(sample), "-o", str(tok), "--quiet")
     assert r.returncode == 0, r.stderr
-    assert r.stdout == f"30 samples from 30 rows in 1 shards -> {tok}\n"
+    assert r.stdout == f"30 samples from 30 rows in 1 shard -> {tok}\n"
     assert r.stderr == ""
     r = run("pack", str(tok), "-o", str(packed), "--max-tokens", "8192", "--quiet", "--json")
     assert r.returncode == 0, r.stderr

@@ -822,7 +822,7 @@ def test_a_media_root_that_is_not_a_directory_stops_pack_and_rejected_rows_are_s
         assert code == 0, err
         where = (" (a run lists them in errors.jsonl)" if args else
                  f"; see {tmp_path / 'p2' / '.packtool' / 'errors.jsonl'}")
-        assert out.splitlines()[1] == f"1 rows rejected (missing_media 1){where}", out
+        assert out.splitlines()[1] == f"1 row rejected (missing_media 1){where}", out
     shutil.move(root, tmp_path / "moved")
     code, out, err = cli(capfd, "pack", tok, "-o", tmp_path / "p3")
     assert code == 1 and f"the media root {str(root)!r} that tokenize counted from is not a directory any more; " \

@@ -178,7 +178,7 @@ def test_on_error_fail_and_max_errors_exit_1_with_the_row(corpus, tmp_path):
     assert not (tmp_path / "a" / ".packtool" / "manifest.json").exists()
     r = run("tokenize", *common, "-o", str(tmp_path / "b"), "--max-errors", "0")
     assert r.returncode == 1
-    assert r.stderr.startswith("Error: 1 input rows rejected, more than --max-errors 0")
+    assert r.stderr.startswith("Error: 1 input row rejected, more than --max-errors 0")
     assert r.stderr.endswith("); fix the input or raise --max-errors\n")
     r = run("tokenize", *common, "-o", str(tmp_path / "b"), "--max-errors", "1", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["rejected"] == 1
@@ -236,7 +236,7 @@ def test_on_error_fail_stopping_pack_on_an_oversize_sample_names_the_capacity_fl
                              "holds 8,192 and 1,000; --on-error fail stops at the first rejected row (raise "
                              "--max-vision-units, keep such samples with --oversize alone, or use --on-error skip)\n")
     r = run(*pack, "--dry-run", "--max-tokens", "4096")
-    assert (r.returncode, r.stderr) == (1, "Error: 1 input rows would be rejected (oversize 1); --on-error fail stops "
+    assert (r.returncode, r.stderr) == (1, "Error: 1 input row would be rejected (oversize 1); --on-error fail stops "
                                            "at the first (raise --max-tokens or --max-vision-units, keep such samples "
                                            "with --oversize alone or truncate (text-only), or use --on-error skip)\n")
     # a mixture's task says the same
@@ -248,7 +248,7 @@ def test_on_error_fail_stopping_pack_on_an_oversize_sample_names_the_capacity_fl
     d = tmp_path / "d"
     assert run("pack", str(tok), "--quiet", "--workers", "1", "-o", str(d), "--max-tokens", "4096").returncode == 0
     r = run(*pack, "-o", str(d), "--max-tokens", "4096")
-    assert (r.returncode, r.stderr) == (1, f"Error: 1 input rows rejected by tasks that finished before (see "
+    assert (r.returncode, r.stderr) == (1, f"Error: 1 input row rejected by tasks that finished before (see "
                                            f"{d / '.packtool' / 'errors.jsonl'}); --on-error fail allows none: raise "
                                            "--max-tokens or --max-vision-units, keep such samples with --oversize "
                                            "alone or truncate (text-only) and start over with --overwrite, or use "
@@ -311,7 +311,7 @@ def test_a_corpus_directory_holding_earlier_outputs_is_read_as_the_corpus_only(d
     shutil.rmtree(old / ".packtool")
     base = ["tokenize", str(data), "--media-root", str(data), "-o", str(data / "out"), "--quiet"]
     first = run(*base)
-    assert (first.returncode, first.stdout) == (0, f"30 samples from 30 rows in 1 shards -> {data / 'out'}\n"), first.stderr
+    assert (first.returncode, first.stdout) == (0, f"30 samples from 30 rows in 1 shard -> {data / 'out'}\n"), first.stderr
     again = run(*base, "--json")
     assert again.returncode == 0 and json.loads(again.stdout)["rows_in"] == 30
     r = run("tokenize", str(data / "out"), "-o", str(tmp_path / "x"))
