@@ -241,6 +241,9 @@ def tokenize(
         return
     typer.echo(f"{_count(c['samples'], 'sample')} from {_count(c['rows_in'], 'row')} in {_count(len(manifest['shards']), 'shard')} -> {output}")
     _echo_rejected(c, output)
+    if not c["rows_in"]:
+        typer.echo("warning: the inputs hold no records (empty files, or an empty JSON list); check the paths "
+                   "given, or that the step that writes them ran")
     if c.get("repeated_ids"):
         n = c["repeated_ids"]
         typer.echo(f"warning: {n:,} {'sample repeats' if n == 1 else 'samples repeat'} an id stored before in the same "

@@ -93,6 +93,23 @@ def test_tokenize_counts_repeated_sample_ids_within_a_task(tmp_path, demo_dirs):
     assert "repeated_ids" not in json.loads(r.stdout)
 
 
+@pytest.mark.parametrize(("name", "text"), [("empty.jsonl", ""), ("blank.jsonl", "\n \n"), ("none.json", "[]")])
+def test_tokenize_of_inputs_without_a_record_says_so(tmp_path, name, text):
+    """An empty input (a failed export upstream, a wrong glob) printed '0 samples from 0 rows' and
+    nothing else: in a pipeline the empty output passed on unnoticed. It still succeeds (an empty
+    source can be legitimate), with a warning that names what to check."""
+    src = tmp_path / name
+    src.write_text(text)
+    tok = tmp_path / "tok"
+    r = run("tokenize", str(src), "-o", str(tok), "--quiet")
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert r.stdout == (f"0 samples from 0 rows in 0 shards -> {tok}\n"
+                        "warning: the inputs hold no records (empty files, or an empty JSON list); check the paths "
+                        "given, or that the step that writes them ran\n")
+    r = run("tokenize", str(src), "-o", str(tmp_path / "json"), "--quiet", "--json")
+    assert json.loads(r.stdout)["rows_in"] == 0 and "warning" not in r.stdout
+
+
 def test_tokenize_pack_stats_exact_output(tmp_path, demo_dirs):
     sample = demo_dirs["sample"]
     tok, packed = tmp_path / "tok", tmp_path / "packed"
