@@ -8,6 +8,7 @@ from their source with ``ast`` and run as written; nothing is downloaded.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import itertools
 import math
@@ -143,3 +144,50 @@ def test_molmo2_tiling_matches():
     for h, w in _sizes(random.Random(5), 8, 8000):
         mine = select_tiling(h - 112, w - 112, 266, 8)
         assert mine == tuple(int(x) for x in ns["select_tiling"](h - 112, w - 112, 266, 8)), (h, w)
+
+
+@functools.cache
+def _hf_molmo2_sampler():
+    """``Molmo2VideoProcessor.sample_frames``, lifted from its source."""
+    ns = _lift("models/molmo2/video_processing_molmo2.py", "sample_frames", cls="Molmo2VideoProcessor")
+    ns["torch"] = pytest.importorskip("torch")
+    return ns["sample_frames"]
+
+
+def _hf_molmo2_frames(n_frames: int, fps: float, num_frames: int) -> list[int]:
+    """Frame indices ``Molmo2VideoProcessor.sample_frames`` picks with ``num_frames`` (``max_fps`` 2)."""
+    me = SimpleNamespace(max_fps=2, num_frames=num_frames)
+    meta = SimpleNamespace(total_num_frames=n_frames, fps=fps, duration=None)
+    return [int(i) for i in _hf_molmo2_sampler()(me, meta)]
+
+
+def _molmo2_frames(n_frames: int, fps: float, max_frames: int = 128) -> list[int]:
+    """The frames packtool takes for Molmo2: the frame on screen at each counted time."""
+    lay = get_family("molmo2", max_frames=max_frames).video(VideoMeta(64, 48, n_frames / fps, fps, n_frames))
+    return [min(int(t * fps + 1e-6), n_frames - 1) for t in lay.timestamps]
+
+
+def test_molmo2_video_frames_are_transformers_plus_the_last_frame():
+    """Where the two samplers agree, and how they differ (the README's Molmo2 video paragraph).
+
+    packtool counts with the released checkpoint's ``uniform_last_frame`` sampler; the
+    ``transformers`` port samples ``int(duration * 2)`` frames at ``arange(0, N, N / k)`` and
+    never the last frame. Above 2 fps, for a clip of a whole number of half seconds that fits
+    128 frames at 2 fps, packtool's frames are the port's (at ``num_frames=128``, the checkpoint's
+    setting) plus the last frame.
+    """
+    for fps in (10, 24, 25, 30, 60):
+        for half_seconds in range(1, 128):
+            if half_seconds * fps % 2:
+                continue  # not a whole number of frames
+            n = half_seconds * fps // 2
+            hf = _hf_molmo2_frames(n, fps, 128)
+            assert _molmo2_frames(n, fps) == [*hf, n - 1], (fps, half_seconds)
+    # where they differ: the class default of 64 frames; 1 fps (the port takes every frame, packtool
+    # one at each 0.5 s, every frame twice); a clip longer than 63.5 s (the port: 128 of arange,
+    # packtool: linspace to the last frame)
+    assert len(_hf_molmo2_frames(900, 30, 64)) == 60 and len(_molmo2_frames(900, 30)) == 61
+    assert _hf_molmo2_frames(10, 1, 128) == list(range(10))
+    assert _molmo2_frames(10, 1) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 9]
+    hf, mine = _hf_molmo2_frames(1935, 30, 128), _molmo2_frames(1935, 30)
+    assert (len(hf), hf[-1], len(mine), mine[-1]) == (128, 1919, 128, 1934)
