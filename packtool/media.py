@@ -484,9 +484,11 @@ def _jpeg_end(data: bytes) -> int | None:
 def verify_complete(source: Path | bytes, fmt: str) -> None:
     """Cheap truncation check from the file's tail (no decode).
 
-    JPEG must hold the end-of-image marker ``FFD9`` in its last 4 KiB, or else (a phone's
-    motion photo, an MP4 appended after the picture) its segments, walked from the start,
-    must reach one: bytes after it are tolerated, as decoders do. PNG needs an ``IEND``
+    JPEG must end with the end-of-image marker ``FFD9`` (zero padding after it is allowed), or
+    else (a phone's motion photo, an MP4 appended after the picture) its segments, walked from
+    the start, must reach one: bytes after it are tolerated, as decoders do. An ``FFD9``
+    elsewhere in the tail proves nothing: an EXIF thumbnail or an ICC profile holds one
+    inside its segment, so a file cut just after them is truncated. PNG needs an ``IEND``
     chunk, GIF ends with the ``;`` trailer, WebP's RIFF size must fit the file. Other
     formats are not checked.
 
@@ -497,8 +499,8 @@ def verify_complete(source: Path | bytes, fmt: str) -> None:
     if fmt not in ("JPEG", "MPO", "PNG", "GIF", "WEBP"):
         return
     tail, size = _tail(source)
-    if fmt in ("JPEG", "MPO") and b"\xff\xd9" not in tail and _jpeg_end(_whole(source)) is None:
-        raise SampleError("corrupt_image", f"truncated JPEG: no end-of-image marker in the last {_TAIL} bytes of {size:,}")
+    if fmt in ("JPEG", "MPO") and not tail.rstrip(b"\x00").endswith(b"\xff\xd9") and _jpeg_end(_whole(source)) is None:
+        raise SampleError("corrupt_image", f"truncated JPEG: no end-of-image marker ends its image data ({size:,} bytes)")
     if fmt == "PNG" and b"IEND" not in tail[-64:]:
         raise SampleError("corrupt_image", f"truncated PNG: no IEND chunk at the end of {size:,} bytes")
     if fmt == "GIF" and not tail.rstrip(b"\x00").endswith(b";"):

@@ -152,6 +152,24 @@ def test_a_motion_photo_with_its_video_after_the_picture_passes(tmp_path, progre
     assert err.value.reason == "corrupt_image" and "truncated" in err.value.message
 
 
+def test_a_jpeg_cut_just_after_an_embedded_thumbnail_is_truncated():
+    """An EXIF thumbnail is a whole JPEG, end-of-image marker included, inside the APP1 segment:
+    a file cut within 4 KiB after it holds an ``FFD9`` in its tail, yet every decoder calls it
+    truncated. Only a marker at the very end, or one the segment walk reaches, ends the picture."""
+    thumb = _noise_jpeg(21)
+    app1 = b"\xff\xe1" + (len(thumb) + 8).to_bytes(2, "big") + b"Exif\x00\x00" + thumb
+    photo = _noise_jpeg(22, quality=95)
+    data = photo[:2] + app1 + photo[2:]
+    cut = data[: 2 + len(app1) + 2000]
+    assert b"\xff\xd9" in cut[-4096:]
+    with Image.open(io.BytesIO(cut)) as im, pytest.raises(OSError):
+        im.load()
+    with pytest.raises(SampleError) as err:
+        probe_image(cut)
+    assert err.value.reason == "corrupt_image" and "truncated JPEG" in err.value.message
+    assert probe_image(data).width == 160  # the whole file passes
+
+
 def test_garbage_is_corrupt():
     with pytest.raises(SampleError) as err:
         probe_image(b"not an image at all")
