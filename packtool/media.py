@@ -61,6 +61,11 @@ _TAIL = 4096
 IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")  # JPEG includes MPO (phone photos)
 #: First bytes of documents that are not images (PDF, PostScript/EPS, SVG/XML).
 _DOCUMENTS = (b"%PDF", b"%!PS", b"\xc5\xd0\xd3\xc6", b"<?xml", b"<svg")
+#: ``ftyp`` brands of HEIF-family images (HEIC, AVIF and their sequences): ISO-BMFF files like MP4,
+#: but pictures, which FFmpeg would read as one-frame videos.
+_HEIF_BRANDS = {b"avif": "AVIF", b"avis": "AVIF", b"heic": "HEIF (HEIC)", b"heix": "HEIF (HEIC)",
+                b"heim": "HEIF (HEIC)", b"heis": "HEIF (HEIC)", b"hevc": "HEIF (HEIC)", b"hevx": "HEIF (HEIC)",
+                b"hevm": "HEIF (HEIC)", b"hevs": "HEIF (HEIC)", b"mif1": "HEIF", b"mif2": "HEIF", b"msf1": "HEIF"}
 
 #: Video containers packtool opens, each with the FFmpeg demuxer chosen from its first bytes
 #: (:func:`video_demuxer`), so FFmpeg never probes a file into a playlist or concat list
@@ -86,6 +91,9 @@ def open_image(source: Path | bytes | io.IOBase) -> Image.Image:
         return Image.open(fp, formats=IMAGE_FORMATS)
     except Image.UnidentifiedImageError:
         head = _head(source)
+        heif = _heif_image(head)
+        if heif is not None:
+            raise _unsupported(f"the image is {heif}, an image format outside the allow-list") from None
         container = _video_container(head)
         if container is not None:
             named = {"mov": "MP4/MOV", "matroska": "Matroska/WebM"}.get(container, container.upper())
@@ -128,10 +136,37 @@ def _video_container(head: bytes) -> str | None:
     return demuxer
 
 
+def _heif_image(head: bytes) -> str | None:
+    """``"AVIF"``, ``"HEIF (HEIC)"`` or ``"HEIF"`` when ``head`` opens a HEIF-family image (its
+    ``ftyp`` box names an image brand, major or compatible), else ``None``.
+
+    Example:
+        >>> _heif_image(b"\\x00\\x00\\x00\\x18ftypheic\\x00\\x00\\x00\\x00mif1heic"), _heif_image(b"\\x00\\x00\\x00\\x18ftypmp42")
+        ('HEIF (HEIC)', None)
+    """
+    if head[4:8] != b"ftyp":
+        return None
+    size = int.from_bytes(head[:4], "big")
+    box = head[8:min(max(size, 16), len(head))]
+    brands = [box[:4]] + [box[i:i + 4] for i in range(8, len(box) - 3, 4)]  # major, (minor version), compatible
+    return next((_HEIF_BRANDS[b] for b in brands if b in _HEIF_BRANDS), None)
+
+
+def _is_svg(head: bytes) -> bool:
+    """Whether ``head`` opens an SVG document, after any byte-order mark, comment or doctype.
+
+    Example:
+        >>> _is_svg(b"<!-- made by hand -->\\n<svg width='1'/>"), _is_svg(b"GIF89a")
+        (True, False)
+    """
+    text = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    return text.startswith(b"<") and (b"<svg" in text or b"<!DOCTYPE svg" in text)
+
+
 def _other_format(source: Path | bytes | io.IOBase, head: bytes) -> str | None:
     """The format of an image outside the allow-list (``head``: its first bytes), or ``None``
     when nothing knows it."""
-    if head.lstrip().startswith(_DOCUMENTS):
+    if head.removeprefix(b"\xef\xbb\xbf").lstrip().startswith(_DOCUMENTS) or _is_svg(head):
         return "a document (PDF, PostScript or SVG)"
     try:
         # header parsing only: no pixel is decoded and no plugin's external program runs
