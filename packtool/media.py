@@ -551,6 +551,46 @@ def verify_complete(source: Path | bytes, fmt: str) -> None:
             raise SampleError("corrupt_image", f"truncated WebP: RIFF header says {riff:,} bytes, file has {size:,}")
 
 
+#: PNG chunks whose data Pillow reads into an image's EXIF (``eXIf``; a text chunk may hold
+#: ``Raw profile type exif`` or XMP with a ``tiff:Orientation``).
+_PNG_METADATA = (b"eXIf", b"tEXt", b"zTXt", b"iTXt")
+
+
+def _png_metadata_after_pixels(source: Path | bytes) -> bool:
+    """Whether a PNG has a metadata chunk (:data:`_PNG_METADATA`) after its image data, found
+    by walking the chunk headers (the pixel data is skipped by its lengths, never read).
+
+    Example:
+        >>> buf = io.BytesIO()
+        >>> Image.new("L", (4, 4)).save(buf, format="PNG")
+        >>> _png_metadata_after_pixels(buf.getvalue())
+        False
+    """
+    fh = io.BytesIO(source) if isinstance(source, bytes) else (
+        source.open("rb") if _is_remote(source) else open(source, "rb", buffering=0))
+    with fh:
+        fh.seek(8)
+        pixels = False
+        while len(head := fh.read(8)) == 8 and head[4:8] != b"IEND":
+            kind = head[4:8]
+            if kind in (b"IDAT", b"fdAT"):
+                pixels = True
+            elif pixels and kind in _PNG_METADATA:
+                return True
+            fh.seek(int.from_bytes(head[:4], "big") + 4, io.SEEK_CUR)  # the data and its CRC
+    return False
+
+
+def _exif_of(im: Image.Image, source: Path | bytes) -> Image.Exif:
+    """``im.getexif()`` without decoding the pixels where Pillow would: a PNG with no EXIF before
+    its image data is loaded whole to look for one after it, which the chunk walk of
+    :func:`_png_metadata_after_pixels` answers from the chunk headers. What the header gave
+    (``eXIf``, text chunks, XMP) is read as ``getexif`` reads it."""
+    if im.format == "PNG" and "exif" not in im.info and not _png_metadata_after_pixels(source):
+        return Image.Image.getexif(im)
+    return im.getexif()
+
+
 def probe_image(source: Path | bytes, exif: str = "ignore", verify: bool = True) -> ImageInfo:
     """Read an image's size from its header (no pixel decode).
 
@@ -579,7 +619,7 @@ def probe_image(source: Path | bytes, exif: str = "ignore", verify: bool = True)
                 # exif_transpose also reads an XMP tiff:Orientation when there is no EXIF (Adobe exports)
                 if exif == "apply" and ("exif" in im.info or "xmp" in im.info or fmt in ("TIFF", "MPO", "WEBP", "PNG")):
                     try:
-                        orientation = int(im.getexif().get(_EXIF_ORIENTATION, 1) or 1)
+                        orientation = int(_exif_of(im, source).get(_EXIF_ORIENTATION, 1) or 1)
                     except (ValueError, TypeError, SyntaxError, OSError):
                         orientation = 1  # unreadable EXIF: loaders ignore it too
                 upright = fmt == "TIFF" and (width, height) != (im.tag_v2.get(256), im.tag_v2.get(257))

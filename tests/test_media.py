@@ -80,6 +80,55 @@ def test_orientation_outside_exif_probes_as_the_loader_sees_it(fmt, exif):
     assert (info.width, info.height) == seen
 
 
+def _png_chunks(data: bytes) -> list[bytes]:
+    """A PNG's chunks, each whole (length, type, data, CRC)."""
+    out, i = [], 8
+    while i < len(data):
+        n = int.from_bytes(data[i:i + 4], "big")
+        out.append(data[i:i + 12 + n])
+        i += 12 + n
+    return out
+
+
+def _png_chunk(kind: bytes, body: bytes) -> bytes:
+    import zlib
+
+    return len(body).to_bytes(4, "big") + kind + body + zlib.crc32(kind + body).to_bytes(4, "big")
+
+
+def _png_turned(where: str) -> bytes:
+    """A 300x100 PNG stored with orientation 6, in an ``eXIf`` chunk or XMP (``iTXt``) placed
+    ``before`` or ``after`` its image data (both are valid PNG; ``none``: no orientation at all)."""
+    buf = io.BytesIO()
+    Image.new("RGB", (300, 100), (5, 50, 150)).save(buf, format="PNG")
+    chunks = _png_chunks(buf.getvalue())
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    meta = {"none": b"", "exif": _png_chunk(b"eXIf", exif.tobytes()),
+            "xmp": _png_chunk(b"iTXt", b"XML:com.adobe.xmp\x00\x00\x00\x00\x00" + _XMP_ORIENTATION_6)}[where.split("-")[0]]
+    at = 1 if where.endswith("before") else len(chunks) - 1  # after IHDR, or just before IEND
+    return b"\x89PNG\r\n\x1a\n" + b"".join(chunks[:at]) + meta + b"".join(chunks[at:])
+
+
+@pytest.mark.parametrize("where", ["none", "exif-before", "exif-after", "xmp-before", "xmp-after"])
+def test_png_orientation_is_read_without_decoding_the_pixels(monkeypatch, where):
+    """``--exif apply`` (Molmo2's default) decoded every PNG that carries no EXIF before its pixels:
+    Pillow looks for an ``eXIf`` chunk after the image data by decoding it. The chunks are walked
+    instead; only a PNG with metadata after its pixels is still decoded, and both give the size
+    ``exif_transpose`` gives."""
+    from PIL import ImageOps, PngImagePlugin
+
+    data = _png_turned(where)
+    with Image.open(io.BytesIO(data)) as im:
+        seen = ImageOps.exif_transpose(im).size
+    loads = []
+    load = PngImagePlugin.PngImageFile.load
+    monkeypatch.setattr(PngImagePlugin.PngImageFile, "load", lambda im: loads.append(1) or load(im))
+    info = probe_image(data, exif="apply")
+    assert (info.width, info.height) == seen == ((300, 100) if where == "none" else (100, 300))
+    assert len(loads) == (1 if where.endswith("after") else 0), where
+
+
 def test_png_and_file_paths(tmp_path):
     path = tmp_path / "a.png"
     path.write_bytes(_png(33, 17))
