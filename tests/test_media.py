@@ -129,6 +129,49 @@ def test_png_orientation_is_read_without_decoding_the_pixels(monkeypatch, where)
     assert len(loads) == (1 if where.endswith("after") else 0), where
 
 
+def _odd(kind: str) -> bytes:
+    """A small image of an unusual mode or layout, as cameras, scanners and editors write them."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    rgb = Image.fromarray(rng.integers(0, 256, (30, 50, 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    if kind in ("gif", "webp", "apng"):  # animated: every loader takes the first frame
+        frames = [rgb.resize((50, 30)), rgb.rotate(90, expand=True).resize((50, 30))]
+        frames[0].save(buf, format={"apng": "PNG"}.get(kind, kind.upper()), save_all=True,
+                       append_images=frames[1:], duration=50)
+    elif kind == "I;16.png":
+        Image.fromarray(rng.integers(0, 65535, (30, 50)).astype(np.uint16)).save(buf, format="PNG")
+    elif kind == "F.tiff":
+        Image.fromarray(rng.random((30, 50)).astype(np.float32), "F").save(buf, format="TIFF")
+    elif kind == "P-transparent.png":
+        rgb.convert("P").save(buf, format="PNG", transparency=0)
+    else:
+        mode, fmt = kind.split(".")
+        rgb.convert(mode).save(buf, format={"jpg": "JPEG"}.get(fmt, fmt.upper()),
+                               **({"progressive": True} if mode == "RGB" else {}))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["CMYK.jpg", "RGB.jpg", "I;16.png", "P-transparent.png", "LA.png", "1.png", "F.tiff",
+                                  "CMYK.tiff", "RGBA.webp", "gif", "webp", "apng"])
+@pytest.mark.parametrize("exif", ["apply", "ignore"])
+def test_odd_modes_probe_as_the_loader_and_the_reader_decode_them(kind, exif):
+    """Every mode a corpus holds (CMYK, 16-bit, palette with transparency, float, animated)
+    probes as the size a loader sees (``convert("RGB")``, after ``exif_transpose`` when applied)
+    and as the reader decodes it: an RGB image of the counted size."""
+    from PIL import ImageOps
+
+    from packtool.reader import decode_image
+
+    data = _odd(kind)
+    with Image.open(io.BytesIO(data)) as im:
+        seen = (ImageOps.exif_transpose(im) if exif == "apply" else im).convert("RGB").size
+    info = probe_image(data, exif=exif)
+    got = decode_image({"kind": "image", "data": data}, exif=exif == "apply")
+    assert (info.width, info.height) == seen == got.size == (50, 30) and got.mode == "RGB"
+
+
 def test_png_and_file_paths(tmp_path):
     path = tmp_path / "a.png"
     path.write_bytes(_png(33, 17))
