@@ -61,6 +61,11 @@ _TAIL = 4096
 IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")  # JPEG includes MPO (phone photos)
 #: First bytes of documents that are not images (PDF, PostScript/EPS, SVG/XML).
 _DOCUMENTS = (b"%PDF", b"%!PS", b"\xc5\xd0\xd3\xc6", b"<?xml", b"<svg")
+#: ``ftyp`` brands of HEIF-family images (HEIC, AVIF and their sequences): ISO-BMFF files like MP4,
+#: but pictures, which FFmpeg would read as one-frame videos.
+_HEIF_BRANDS = {b"avif": "AVIF", b"avis": "AVIF", b"heic": "HEIF (HEIC)", b"heix": "HEIF (HEIC)",
+                b"heim": "HEIF (HEIC)", b"heis": "HEIF (HEIC)", b"hevc": "HEIF (HEIC)", b"hevx": "HEIF (HEIC)",
+                b"hevm": "HEIF (HEIC)", b"hevs": "HEIF (HEIC)", b"mif1": "HEIF", b"mif2": "HEIF", b"msf1": "HEIF"}
 
 #: Video containers packtool opens, each with the FFmpeg demuxer chosen from its first bytes
 #: (:func:`video_demuxer`), so FFmpeg never probes a file into a playlist or concat list
@@ -86,6 +91,9 @@ def open_image(source: Path | bytes | io.IOBase) -> Image.Image:
         return Image.open(fp, formats=IMAGE_FORMATS)
     except Image.UnidentifiedImageError:
         head = _head(source)
+        heif = _heif_image(head)
+        if heif is not None:
+            raise _unsupported(f"the image is {heif}, an image format outside the allow-list") from None
         container = _video_container(head)
         if container is not None:
             named = {"mov": "MP4/MOV", "matroska": "Matroska/WebM"}.get(container, container.upper())
@@ -128,10 +136,37 @@ def _video_container(head: bytes) -> str | None:
     return demuxer
 
 
+def _heif_image(head: bytes) -> str | None:
+    """``"AVIF"``, ``"HEIF (HEIC)"`` or ``"HEIF"`` when ``head`` opens a HEIF-family image (its
+    ``ftyp`` box names an image brand, major or compatible), else ``None``.
+
+    Example:
+        >>> _heif_image(b"\\x00\\x00\\x00\\x18ftypheic\\x00\\x00\\x00\\x00mif1heic"), _heif_image(b"\\x00\\x00\\x00\\x18ftypmp42")
+        ('HEIF (HEIC)', None)
+    """
+    if head[4:8] != b"ftyp":
+        return None
+    size = int.from_bytes(head[:4], "big")
+    box = head[8:min(max(size, 16), len(head))]
+    brands = [box[:4]] + [box[i:i + 4] for i in range(8, len(box) - 3, 4)]  # major, (minor version), compatible
+    return next((_HEIF_BRANDS[b] for b in brands if b in _HEIF_BRANDS), None)
+
+
+def _is_svg(head: bytes) -> bool:
+    """Whether ``head`` opens an SVG document, after any byte-order mark, comment or doctype.
+
+    Example:
+        >>> _is_svg(b"<!-- made by hand -->\\n<svg width='1'/>"), _is_svg(b"GIF89a")
+        (True, False)
+    """
+    text = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    return text.startswith(b"<") and (b"<svg" in text or b"<!DOCTYPE svg" in text)
+
+
 def _other_format(source: Path | bytes | io.IOBase, head: bytes) -> str | None:
     """The format of an image outside the allow-list (``head``: its first bytes), or ``None``
     when nothing knows it."""
-    if head.lstrip().startswith(_DOCUMENTS):
+    if head.removeprefix(b"\xef\xbb\xbf").lstrip().startswith(_DOCUMENTS) or _is_svg(head):
         return "a document (PDF, PostScript or SVG)"
     try:
         # header parsing only: no pixel is decoded and no plugin's external program runs
@@ -484,9 +519,11 @@ def _jpeg_end(data: bytes) -> int | None:
 def verify_complete(source: Path | bytes, fmt: str) -> None:
     """Cheap truncation check from the file's tail (no decode).
 
-    JPEG must hold the end-of-image marker ``FFD9`` in its last 4 KiB, or else (a phone's
-    motion photo, an MP4 appended after the picture) its segments, walked from the start,
-    must reach one: bytes after it are tolerated, as decoders do. PNG needs an ``IEND``
+    JPEG must end with the end-of-image marker ``FFD9`` (zero padding after it is allowed), or
+    else (a phone's motion photo, an MP4 appended after the picture) its segments, walked from
+    the start, must reach one: bytes after it are tolerated, as decoders do. An ``FFD9``
+    elsewhere in the tail proves nothing: an EXIF thumbnail or an ICC profile holds one
+    inside its segment, so a file cut just after them is truncated. PNG needs an ``IEND``
     chunk, GIF ends with the ``;`` trailer, WebP's RIFF size must fit the file. Other
     formats are not checked.
 
@@ -497,8 +534,8 @@ def verify_complete(source: Path | bytes, fmt: str) -> None:
     if fmt not in ("JPEG", "MPO", "PNG", "GIF", "WEBP"):
         return
     tail, size = _tail(source)
-    if fmt in ("JPEG", "MPO") and b"\xff\xd9" not in tail and _jpeg_end(_whole(source)) is None:
-        raise SampleError("corrupt_image", f"truncated JPEG: no end-of-image marker in the last {_TAIL} bytes of {size:,}")
+    if fmt in ("JPEG", "MPO") and not tail.rstrip(b"\x00").endswith(b"\xff\xd9") and _jpeg_end(_whole(source)) is None:
+        raise SampleError("corrupt_image", f"truncated JPEG: no end-of-image marker ends its image data ({size:,} bytes)")
     if fmt == "PNG" and b"IEND" not in tail[-64:]:
         raise SampleError("corrupt_image", f"truncated PNG: no IEND chunk at the end of {size:,} bytes")
     if fmt == "GIF" and not tail.rstrip(b"\x00").endswith(b";"):
@@ -512,6 +549,46 @@ def verify_complete(source: Path | bytes, fmt: str) -> None:
         riff = int.from_bytes(head[4:8], "little") + 8
         if riff > size:
             raise SampleError("corrupt_image", f"truncated WebP: RIFF header says {riff:,} bytes, file has {size:,}")
+
+
+#: PNG chunks whose data Pillow reads into an image's EXIF (``eXIf``; a text chunk may hold
+#: ``Raw profile type exif`` or XMP with a ``tiff:Orientation``).
+_PNG_METADATA = (b"eXIf", b"tEXt", b"zTXt", b"iTXt")
+
+
+def _png_metadata_after_pixels(source: Path | bytes) -> bool:
+    """Whether a PNG has a metadata chunk (:data:`_PNG_METADATA`) after its image data, found
+    by walking the chunk headers (the pixel data is skipped by its lengths, never read).
+
+    Example:
+        >>> buf = io.BytesIO()
+        >>> Image.new("L", (4, 4)).save(buf, format="PNG")
+        >>> _png_metadata_after_pixels(buf.getvalue())
+        False
+    """
+    fh = io.BytesIO(source) if isinstance(source, bytes) else (
+        source.open("rb") if _is_remote(source) else open(source, "rb", buffering=0))
+    with fh:
+        fh.seek(8)
+        pixels = False
+        while len(head := fh.read(8)) == 8 and head[4:8] != b"IEND":
+            kind = head[4:8]
+            if kind in (b"IDAT", b"fdAT"):
+                pixels = True
+            elif pixels and kind in _PNG_METADATA:
+                return True
+            fh.seek(int.from_bytes(head[:4], "big") + 4, io.SEEK_CUR)  # the data and its CRC
+    return False
+
+
+def _exif_of(im: Image.Image, source: Path | bytes) -> Image.Exif:
+    """``im.getexif()`` without decoding the pixels where Pillow would: a PNG with no EXIF before
+    its image data is loaded whole to look for one after it, which the chunk walk of
+    :func:`_png_metadata_after_pixels` answers from the chunk headers. What the header gave
+    (``eXIf``, text chunks, XMP) is read as ``getexif`` reads it."""
+    if im.format == "PNG" and "exif" not in im.info and not _png_metadata_after_pixels(source):
+        return Image.Image.getexif(im)
+    return im.getexif()
 
 
 def probe_image(source: Path | bytes, exif: str = "ignore", verify: bool = True) -> ImageInfo:
@@ -542,7 +619,7 @@ def probe_image(source: Path | bytes, exif: str = "ignore", verify: bool = True)
                 # exif_transpose also reads an XMP tiff:Orientation when there is no EXIF (Adobe exports)
                 if exif == "apply" and ("exif" in im.info or "xmp" in im.info or fmt in ("TIFF", "MPO", "WEBP", "PNG")):
                     try:
-                        orientation = int(im.getexif().get(_EXIF_ORIENTATION, 1) or 1)
+                        orientation = int(_exif_of(im, source).get(_EXIF_ORIENTATION, 1) or 1)
                     except (ValueError, TypeError, SyntaxError, OSError):
                         orientation = 1  # unreadable EXIF: loaders ignore it too
                 upright = fmt == "TIFF" and (width, height) != (im.tag_v2.get(256), im.tag_v2.get(257))

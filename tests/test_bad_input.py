@@ -438,7 +438,22 @@ UNSUPPORTED_IMAGES = {
     "tga.tga": lambda: _pil_bytes("TGA"),
     "pcx.pcx": lambda: _pil_bytes("PCX"),
     "svg.svg": lambda: b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>',
+    # editors open SVG with a comment, a doctype or a byte-order mark before the <svg> element
+    "svg_comment.svg": lambda: b'<!-- Generator: Inkscape -->\n<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>',
+    "svg_doctype.svg": lambda: (b'<!DOCTYPE svg PUBLIC "-//W3C//DTD SVG 1.1//EN" '
+                                b'"http://www.w3.org/Graphics/SVG/1.1/DTD/svg11.dtd">\n<svg width="10" height="10"/>'),
+    "svg_bom.svg": lambda: b'\xef\xbb\xbf<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>',
+    # phone photos: HEIF/AVIF are ISO-BMFF files like MP4, but images (ftyp brand heic, avif)
+    "heic.heic": lambda: _ftyp(b"heic", b"mif1heic"),
+    "avif.avif": lambda: _ftyp(b"avif", b"avifmif1miaf"),
 }
+
+
+def _ftyp(brand: bytes, compatible: bytes) -> bytes:
+    """The first boxes of a HEIF-family image: ``ftyp`` (major brand, compatible brands), then ``meta``."""
+    ftyp = b"ftyp" + brand + b"\x00\x00\x00\x00" + compatible
+    meta = b"meta" + b"\x00" * 4 + b"\x00\x00\x00\x21hdlr" + b"\x00" * 8 + b"pict" + b"\x00" * 13
+    return (len(ftyp) + 4).to_bytes(4, "big") + ftyp + (len(meta) + 4).to_bytes(4, "big") + meta + b"\x00" * 200
 SUPPORTED_IMAGES = {
     "jpeg.jpg": lambda: _pil_bytes("JPEG"),
     "png.png": lambda: _pil_bytes("PNG"),
@@ -459,6 +474,9 @@ def test_image_formats_outside_the_allow_list_are_unsupported(media, tmp_path, n
     (root / name).write_bytes(UNSUPPORTED_IMAGES[name]())
     e = assert_rejected(root, tmp_path, image_rec(name, name), "unsupported_media")
     assert "JPEG" in e["message"] and "PNG" in e["message"]
+    assert "video" not in e["message"], e  # a HEIC photo is not to be listed as a video
+    kind = {"svg": "SVG", "heic": "HEIF", "avif": "AVIF"}.get(name.split(".")[-1])
+    assert kind is None or kind in e["message"], e
 
 
 def test_inline_eps_bytes_are_unsupported(media, tmp_path):

@@ -570,6 +570,33 @@ def test_the_reader_and_validate_refuse_embedded_eps(tmp_path, monkeypatch):
     assert problem and "refused" in problem
 
 
+def test_an_image_that_does_not_decode_is_named_by_the_reader(tmp_path):
+    """tokenize reads headers only, so a JPEG whose scan data is damaged is packed; the reader
+    raised Pillow's bare ``OSError`` ("broken data stream", or an ``UnidentifiedImageError`` with an
+    object address) from inside a training loop, naming neither the image nor the fix."""
+    from packtool.errors import InputError
+    from packtool.reader import decode_image, decode_media
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(3).integers(0, 256, (90, 120, 3), dtype=np.uint8)).save(
+        buf, format="JPEG", progressive=True)
+    good = buf.getvalue()
+    damaged = good[:400] + b"\x00" * 200 + b"\xff\xd9"
+    (tmp_path / "cats").mkdir()
+    (tmp_path / "cats" / "tom.jpg").write_bytes(damaged)
+    row = {"media": [{"kind": "image", "path": "cats/tom.jpg", "data": damaged}], "vision": {"exif": "apply"}}
+    for call in (lambda: decode_media(row),
+                 lambda: decode_image({"kind": "image", "path": "cats/tom.jpg", "data": None}, tmp_path)):
+        with pytest.raises(InputError) as err:
+            call()
+        message = str(err.value)
+        assert "'cats/tom.jpg'" in message and "does not decode" in message and "packtool validate" in message, message
+    with pytest.raises(InputError, match="does not decode") as err:
+        decode_image({"kind": "image", "path": "x.png", "data": b"\x89PNG\r\n\x1a\n not a png"})
+    assert " at 0x" not in str(err.value)
+    assert decode_image({"kind": "image", "data": good}).size == (120, 90)
+
+
 # ============================================================================ 8: the same errors, byte for byte
 
 

@@ -80,6 +80,98 @@ def test_orientation_outside_exif_probes_as_the_loader_sees_it(fmt, exif):
     assert (info.width, info.height) == seen
 
 
+def _png_chunks(data: bytes) -> list[bytes]:
+    """A PNG's chunks, each whole (length, type, data, CRC)."""
+    out, i = [], 8
+    while i < len(data):
+        n = int.from_bytes(data[i:i + 4], "big")
+        out.append(data[i:i + 12 + n])
+        i += 12 + n
+    return out
+
+
+def _png_chunk(kind: bytes, body: bytes) -> bytes:
+    import zlib
+
+    return len(body).to_bytes(4, "big") + kind + body + zlib.crc32(kind + body).to_bytes(4, "big")
+
+
+def _png_turned(where: str) -> bytes:
+    """A 300x100 PNG stored with orientation 6, in an ``eXIf`` chunk or XMP (``iTXt``) placed
+    ``before`` or ``after`` its image data (both are valid PNG; ``none``: no orientation at all)."""
+    buf = io.BytesIO()
+    Image.new("RGB", (300, 100), (5, 50, 150)).save(buf, format="PNG")
+    chunks = _png_chunks(buf.getvalue())
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    meta = {"none": b"", "exif": _png_chunk(b"eXIf", exif.tobytes()),
+            "xmp": _png_chunk(b"iTXt", b"XML:com.adobe.xmp\x00\x00\x00\x00\x00" + _XMP_ORIENTATION_6)}[where.split("-")[0]]
+    at = 1 if where.endswith("before") else len(chunks) - 1  # after IHDR, or just before IEND
+    return b"\x89PNG\r\n\x1a\n" + b"".join(chunks[:at]) + meta + b"".join(chunks[at:])
+
+
+@pytest.mark.parametrize("where", ["none", "exif-before", "exif-after", "xmp-before", "xmp-after"])
+def test_png_orientation_is_read_without_decoding_the_pixels(monkeypatch, where):
+    """``--exif apply`` (Molmo2's default) decoded every PNG that carries no EXIF before its pixels:
+    Pillow looks for an ``eXIf`` chunk after the image data by decoding it. The chunks are walked
+    instead; only a PNG with metadata after its pixels is still decoded, and both give the size
+    ``exif_transpose`` gives."""
+    from PIL import ImageOps, PngImagePlugin
+
+    data = _png_turned(where)
+    with Image.open(io.BytesIO(data)) as im:
+        seen = ImageOps.exif_transpose(im).size
+    loads = []
+    load = PngImagePlugin.PngImageFile.load
+    monkeypatch.setattr(PngImagePlugin.PngImageFile, "load", lambda im: loads.append(1) or load(im))
+    info = probe_image(data, exif="apply")
+    assert (info.width, info.height) == seen == ((300, 100) if where == "none" else (100, 300))
+    assert len(loads) == (1 if where.endswith("after") else 0), where
+
+
+def _odd(kind: str) -> bytes:
+    """A small image of an unusual mode or layout, as cameras, scanners and editors write them."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    rgb = Image.fromarray(rng.integers(0, 256, (30, 50, 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    if kind in ("gif", "webp", "apng"):  # animated: every loader takes the first frame
+        frames = [rgb.resize((50, 30)), rgb.rotate(90, expand=True).resize((50, 30))]
+        frames[0].save(buf, format={"apng": "PNG"}.get(kind, kind.upper()), save_all=True,
+                       append_images=frames[1:], duration=50)
+    elif kind == "I;16.png":
+        Image.fromarray(rng.integers(0, 65535, (30, 50)).astype(np.uint16)).save(buf, format="PNG")
+    elif kind == "F.tiff":
+        Image.fromarray(rng.random((30, 50)).astype(np.float32), "F").save(buf, format="TIFF")
+    elif kind == "P-transparent.png":
+        rgb.convert("P").save(buf, format="PNG", transparency=0)
+    else:
+        mode, fmt = kind.split(".")
+        rgb.convert(mode).save(buf, format={"jpg": "JPEG"}.get(fmt, fmt.upper()),
+                               **({"progressive": True} if mode == "RGB" else {}))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["CMYK.jpg", "RGB.jpg", "I;16.png", "P-transparent.png", "LA.png", "1.png", "F.tiff",
+                                  "CMYK.tiff", "RGBA.webp", "gif", "webp", "apng"])
+@pytest.mark.parametrize("exif", ["apply", "ignore"])
+def test_odd_modes_probe_as_the_loader_and_the_reader_decode_them(kind, exif):
+    """Every mode a corpus holds (CMYK, 16-bit, palette with transparency, float, animated)
+    probes as the size a loader sees (``convert("RGB")``, after ``exif_transpose`` when applied)
+    and as the reader decodes it: an RGB image of the counted size."""
+    from PIL import ImageOps
+
+    from packtool.reader import decode_image
+
+    data = _odd(kind)
+    with Image.open(io.BytesIO(data)) as im:
+        seen = (ImageOps.exif_transpose(im) if exif == "apply" else im).convert("RGB").size
+    info = probe_image(data, exif=exif)
+    got = decode_image({"kind": "image", "data": data}, exif=exif == "apply")
+    assert (info.width, info.height) == seen == got.size == (50, 30) and got.mode == "RGB"
+
+
 def test_png_and_file_paths(tmp_path):
     path = tmp_path / "a.png"
     path.write_bytes(_png(33, 17))
@@ -150,6 +242,24 @@ def test_a_motion_photo_with_its_video_after_the_picture_passes(tmp_path, progre
     with pytest.raises(SampleError) as err:
         probe_image(jpeg[: len(jpeg) - 4200])
     assert err.value.reason == "corrupt_image" and "truncated" in err.value.message
+
+
+def test_a_jpeg_cut_just_after_an_embedded_thumbnail_is_truncated():
+    """An EXIF thumbnail is a whole JPEG, end-of-image marker included, inside the APP1 segment:
+    a file cut within 4 KiB after it holds an ``FFD9`` in its tail, yet every decoder calls it
+    truncated. Only a marker at the very end, or one the segment walk reaches, ends the picture."""
+    thumb = _noise_jpeg(21)
+    app1 = b"\xff\xe1" + (len(thumb) + 8).to_bytes(2, "big") + b"Exif\x00\x00" + thumb
+    photo = _noise_jpeg(22, quality=95)
+    data = photo[:2] + app1 + photo[2:]
+    cut = data[: 2 + len(app1) + 2000]
+    assert b"\xff\xd9" in cut[-4096:]
+    with Image.open(io.BytesIO(cut)) as im, pytest.raises(OSError):
+        im.load()
+    with pytest.raises(SampleError) as err:
+        probe_image(cut)
+    assert err.value.reason == "corrupt_image" and "truncated JPEG" in err.value.message
+    assert probe_image(data).width == 160  # the whole file passes
 
 
 def test_garbage_is_corrupt():

@@ -758,6 +758,11 @@ def decode_image(item: dict, media_root: str | Path | None = None, *, exif: bool
     (an alpha band, a palette's transparent colour) is laid over white, as ``transformers``'
     ``convert_to_rgb`` and qwen-vl-utils do: a plain ``convert("RGB")`` would show whatever
     colour the transparent pixels hide (usually black), not what the model's processor shows.
+
+    Raises:
+        InputError: the image is refused (a format outside the allow-list) or does not decode
+            (tokenize reads headers only, so damaged pixel data is found here or by
+            ``packtool validate``), naming the image.
     """
     from PIL import Image, ImageOps
 
@@ -765,12 +770,19 @@ def decode_image(item: dict, media_root: str | Path | None = None, *, exif: bool
     src = io.BytesIO(data) if data else _media_file(item, media_root)
     if not isinstance(src, io.BytesIO | Path):  # in a bucket: the whole image in one GET
         src = io.BytesIO(src.read_bytes())
-    with _open_image(src) as im:
-        im = ImageOps.exif_transpose(im) if exif else im
-        if "A" not in im.getbands() and im.info.get("transparency") is None:
-            return im.convert("RGB")
-        rgba = im.convert("RGBA")
-        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    try:
+        with _open_image(src) as im:
+            im = ImageOps.exif_transpose(im) if exif else im
+            if "A" not in im.getbands() and im.info.get("transparency") is None:
+                return im.convert("RGB")
+            rgba = im.convert("RGBA")
+            return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        # UnidentifiedImageError's text holds the file object's address: the path says which file
+        why = "not an image Pillow can identify" if isinstance(exc, Image.UnidentifiedImageError) else str(exc)[:200]
+        where = "embedded in the pack" if data else "under media_root"
+        raise InputError(f"image {item.get('path')!r} ({where}) does not decode: {why}; replace the file and "
+                         "re-run tokenize and pack (packtool validate lists every such image)") from None
 
 
 def _open_image(src):
