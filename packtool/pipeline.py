@@ -318,6 +318,14 @@ def _oversize(tokens: int, units: int, max_tokens: int, max_units: int) -> tuple
             " and ".join(flags) or "--max-tokens or --max-vision-units")
 
 
+def _why_rejected(i: int, bad: dict, tokens, units, max_tokens: int, max_units: int) -> tuple[str, str, str | None]:
+    """Reason, message and (for an oversize sample) the capacity flag of rejected sample ``i``:
+    its entry in ``bad`` (media no longer the ones counted), else :func:`_oversize`."""
+    if i in bad:
+        return (*bad[i], None)
+    return ("oversize", *_oversize(int(tokens[i]), int(units[i]), max_tokens, max_units))
+
+
 def _none_allowed(total: int, detail: str, reasons: Iterable[str]) -> str:
     """Why ``--on-error fail`` stops a run whose tasks finished before rejected ``total`` rows
     (``reasons``: their reason codes)."""
@@ -1519,12 +1527,7 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
             ids = pf.read(columns=["sample_id", "source", "source_row"])
             dropped = set(plan.dropped)
             for i in sorted(dropped | set(bad)):
-                over = None
-                if i in bad:
-                    reason, message = bad[i]
-                else:
-                    reason = "oversize"
-                    message, over = _oversize(int(tokens[i]), int(units[i]), cfg.max_tokens, task.max_units)
+                reason, message, over = _why_rejected(i, bad, tokens, units, cfg.max_tokens, task.max_units)
                 errors.add(Rejected(ids["source"][i].as_py(), ids["source_row"][i].as_py(), ids["sample_id"][i].as_py(),
                                     reason, message), over)
             report(len(plan.dropped) + len(bad))
@@ -1989,12 +1992,7 @@ def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShard
                 if sk not in ids:
                     ids[sk] = shards.get(s, k).read(columns=["sample_id", "source", "source_row"])
                 t, r = ids[sk], int(local[i])
-                over = None
-                if i in bad:
-                    reason, message = bad[i]
-                else:
-                    reason = "oversize"
-                    message, over = _oversize(int(tokens[i]), int(units[i]), cfg.max_tokens, task.max_units)
+                reason, message, over = _why_rejected(i, bad, tokens, units, cfg.max_tokens, task.max_units)
                 sid = t["sample_id"][r].as_py() + copy_suffixes(task.copy[i:i + 1])[0]
                 errors.add(Rejected(t["source"][r].as_py(), t["source_row"][r].as_py(), sid, reason,
                                     f"mixture source {_source_name(task, s)}: {message}"), over)
