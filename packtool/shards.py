@@ -1106,7 +1106,7 @@ def _repair_line(shown: str, damaged: list[tuple[str, str]], n_shards: int, worl
     Example:
         >>> _repair_line("tok", [("part-00001-00000.parquet", "missing")], 4)
         'tok: 1 of 4 shards of the finished run is missing or changed: part-00001-00000.parquet (missing); redoing task 1, which wrote it, and keeping the rest'
-        >>> _repair_line("tok", [("part-00003-00000.parquet", "missing")], 4, world_size=2)[-78:]
+        >>> _repair_line("tok", [("part-00003-00000.parquet", "missing")], 4, world_size=2)[-79:]
         'task 3, which wrote it, is redone by rank 1 of --world-size 2; the rest is kept'
     """
     tasks = sorted({int(_TASK_SHARD.fullmatch(name)["task"]) for name, _ in damaged})
