@@ -956,7 +956,9 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
     so a repair cut short is an unfinished run that the same command resumes; a bucket keeps
     its manifest object until the new one replaces it, and its shards are written over, never
     deleted first. A damaged run whose shards are not named by
-    their task (a run of an older packtool) is refused unless ``overwrite``.
+    their task (a run of an older packtool) is refused unless ``overwrite``. A manifest that is
+    damaged itself (not JSON, fields or shard names readers refuse) is no finished run: the run
+    is resumed from its run state and markers, and the merge writes the manifest again.
 
     A directory holding a run (finished or not) with other settings is refused, naming the
     settings that differ, unless ``overwrite``; so is a non-empty directory that holds no
@@ -976,7 +978,10 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
         raise OutputError(f"output {str(out_dir)!r} exists and is not a directory; choose another -o")
     manifest_file = manifest_path(out_dir)
     state_file = out_dir / STATE_DIR / RUN_STATE
-    if manifest_file.is_file():
+    unreadable = manifest_file.is_file() and state_file.is_file() and not _readable_manifest(out_dir, manifest_file)
+    # a damaged manifest is no finished run to compare with: the run state decides below, as for an
+    # unfinished run, and the merge writes the manifest over (a bucket's mirror keeps it until then)
+    if manifest_file.is_file() and not unreadable:
         try:
             old = json.loads(manifest_file.read_text(encoding="utf-8"))
         except ValueError:
@@ -1044,6 +1049,9 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
             f"output {str(out_dir)!r} is not empty and holds no packtool run ({shown}); choose a new or empty -o, "
             "or pass --overwrite to write there anyway (files packtool did not write are never removed)"
         )
+    if unreadable and manifest_file.is_file():  # resumed, not refused nor wiped
+        log.warning("%s: the manifest of its run is damaged; resuming the run from its completion markers "
+                    "(finished tasks are kept) to write it again", shown)
     out_dir.mkdir(parents=True, exist_ok=True)
     _check_writable(out_dir)
     swept = sweep_stale_tmps(out_dir)
@@ -1052,6 +1060,16 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
     if _read_state(state_file) != run:
         atomic_write_text(state_file, json.dumps(run, indent=2) + "\n")
     return None
+
+
+def _readable_manifest(out_dir: Path, file: Path) -> bool:
+    """Whether ``file`` is a manifest readers can use: JSON, with the fields and shard names
+    :func:`_check_manifest` requires."""
+    try:
+        _check_manifest(Path(out_dir), file, json.loads(file.read_text(encoding="utf-8")))
+    except (ValueError, InputError):  # InputError: what read_manifest says of it
+        return False
+    return True
 
 
 #: A shard of one task: ``part-TTTTT-KKKKK.parquet`` (its ``KKKKK``-th shard of task ``TTTTT``).

@@ -357,3 +357,25 @@ def test_a_damaged_run_of_shards_not_named_by_task_is_refused_unless_overwrite(c
     assert (out / "part-00000.parquet").is_file()
     tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1, overwrite=True)
     assert files(out) == files(reference / "tok")
+
+
+@pytest.mark.parametrize("text", ['{"kind": "tokeni', "[]", '{"kind": "tokenized", "schema_version": 6}'])
+def test_a_finished_run_whose_manifest_is_damaged_is_resumed_by_the_same_command(corpus, reference, tmp_path, caplog,
+                                                                                  text):
+    """validate says of a damaged manifest "re-run the command that wrote it"; that command said
+    the output held a finished run "with a different configuration (kind: None -> tokenized; ...)"
+    and wrote nothing. Now it resumes the run from its markers and writes the manifest again."""
+    out = tmp_path / "tok"
+    tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1)
+    (out / STATE_DIR / "manifest.json").write_text(text)
+    (out / "part-00003-00000.parquet").unlink()
+    kept = {p.name: p.stat().st_mtime_ns for p in out.glob("part-0000[012]-*.parquet")}
+    with pytest.raises(ResumeMismatchError, match=r"unfinished run with other settings \(model: 'qwen2.5-vl' -> "):
+        tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus, model="qwen2-vl"), workers=1)
+    caplog.set_level("WARNING", logger="packtool.shards")
+    tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{out}: the manifest of its run is damaged; resuming the run from its completion markers (finished tasks are "
+        "kept) to write it again"]
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("part-0000[012]-*.parquet")} == kept
+    assert files(out) == files(reference / "tok")
