@@ -955,10 +955,10 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
     manifest again; a warning names the shards and the tasks. The manifest is removed first,
     so a repair cut short is an unfinished run that the same command resumes; a bucket keeps
     its manifest object until the new one replaces it, and its shards are written over, never
-    deleted first. A damaged run whose shards are not named by
-    their task (a run of an older packtool) is refused unless ``overwrite``. A manifest that is
-    damaged itself (not JSON, fields or shard names readers refuse) is no finished run: the run
-    is resumed from its run state and markers, and the merge writes the manifest again.
+    deleted first. A damaged run whose shards are not named by their task (a run of an older
+    packtool) is refused unless ``overwrite``. A manifest that is damaged itself (not JSON,
+    fields or shard names readers refuse) is no finished run: the run is resumed from its run
+    state and markers, and the merge writes the manifest again.
 
     A directory holding a run (finished or not) with other settings is refused, naming the
     settings that differ, unless ``overwrite``; so is a non-empty directory that holds no
@@ -1009,7 +1009,7 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
                 f"{shown!r} holds a finished run of these settings, but {_damage(damaged)}; a run of an older "
                 "packtool cannot redo only those: pass --overwrite to redo the run, or use another -o"
             )
-        elif same and not damaged and not overwrite:
+        elif same and not overwrite:
             raise ResumeMismatchError(
                 f"{shown!r} holds a finished run of these settings, but input files changed since "
                 f"(size or modification time): {_some(changed)}; pass --overwrite to redo it, or use another -o"
@@ -1081,8 +1081,8 @@ def _damaged_shards(out_dir: Path, manifest: dict) -> list[tuple[str, str]]:
     ``what`` being ``"missing"`` or ``"N bytes, listed M"``.
 
     One ``stat`` per shard (a bucket's mirror: the listing's sizes), never a hash: a same-size
-    change is for ``packtool validate`` (which hashes every shard) to find. A manifest that cannot be read as
-    one lists nothing here (the caller compared its config digest already).
+    change is for ``packtool validate`` (which hashes every shard) to find. Entries that name
+    no shard of this directory are skipped: readers refuse such a manifest, naming the entry.
     """
     from .publication import listed_sizes
 
@@ -1094,7 +1094,7 @@ def _damaged_shards(out_dir: Path, manifest: dict) -> list[tuple[str, str]]:
     for entry in shards:
         name = entry.get("file") if isinstance(entry, dict) else None
         if not isinstance(name, str) or shard_name_problem(name):
-            continue  # not a shard of this directory: readers refuse the manifest, naming it
+            continue
         if listed is not None:
             size = listed.get(name)
         else:
