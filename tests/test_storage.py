@@ -666,6 +666,10 @@ def test_a_finished_bucket_run_that_lost_a_shard_is_repaired_and_no_shard_is_del
     assert after == whole
     assert m == json.loads(whole[".packtool/manifest.json"])
     assert client.head_object(Bucket=BUCKET, Key=f"{prefix}/{shards[0]}")["LastModified"] == untouched
+    # a damaged manifest object: the run is resumed from its markers, and no shard is deleted
+    client.put_object(Bucket=BUCKET, Key=f"{prefix}/.packtool/manifest.json", Body=b'{"kind": "tok')
+    tokenize_dataset([sample / "data.jsonl"], url, cfg, workers=1)
+    assert objects(s3, prefix) == whole
 
 
 def test_bucket_urls_in_records_resolve_under_a_bucket_media_root(s3, tmp_path):
