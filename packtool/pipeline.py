@@ -514,12 +514,10 @@ def _merge(out: Path, shown: str) -> dict:
         which = f"rank{'s' if len(ranks) > 1 else ''} {_rank_ranges(ranks)} of --world-size {ws}"
         finished = manifest_path(out)
         if _manifest_of(finished, run["kind"], digest):
-            # files lost after the run finished: the rank's command finds the manifest and redoes
-            # nothing, so "the same command resumes" would send the user round in a circle
+            # files lost after the run finished: a rank's command repairs its own tasks (prepare_run)
             raise InputError(
                 f"{shown!r}: the run had finished, but the files of {len(missing)} of {run['n_tasks']} tasks are gone "
-                f"or changed since (first: {missing[:5]}); remove {join(shown, finished.relative_to(out).as_posix())} "
-                f"and run {which} again (it redoes those tasks and merges)"
+                f"or changed since (first: {missing[:5]}); run {which} again (it redoes those tasks and merges)"
             )
         raise InputError(
             f"{shown!r}: {len(missing)} of {run['n_tasks']} tasks are not finished (first: {missing[:5]}); "

@@ -943,6 +943,23 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
     ``tasks_digest`` and ``inputs`` (input sizes, to notice inputs that changed). It is
     stored as ``.packtool/run.json`` so an interrupted run can be resumed: the same
     command finds it, keeps every task that left a completion marker, and redoes the rest.
+
+    A finished run of the same settings and inputs is returned as it is when every shard its
+    manifest lists is there with the listed size: one ``stat`` per shard (a bucket: its
+    listing), no hash, since hashing costs about 2 s per GB on every re-run; ``packtool
+    validate``, which hashes every shard, finds a same-size change. A listed shard that is
+    missing, or of another size (cut short, replaced), is repaired: missing and changed are
+    treated alike, since either way the file is not the one the manifest lists. The run is
+    resumed: the task that wrote the shard is redone (all its shards, written again with the
+    same bytes) while the other tasks and their files are kept, and the merge writes the
+    manifest again; a warning names the shards and the tasks. The manifest is removed first,
+    so a repair cut short is an unfinished run that the same command resumes; a bucket keeps
+    its manifest object until the new one replaces it, and its shards are written over, never
+    deleted first. A damaged run whose shards are not named by their task (a run of an older
+    packtool) is refused unless ``overwrite``. A manifest that is damaged itself (not JSON,
+    fields or shard names readers refuse) is no finished run: the run is resumed from its run
+    state and markers, and the merge writes the manifest again.
+
     A directory holding a run (finished or not) with other settings is refused, naming the
     settings that differ, unless ``overwrite``; so is a non-empty directory that holds no
     packtool run (hidden entries aside). ``overwrite`` removes only what a run wrote there
@@ -953,7 +970,7 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
         >>> prepare_run(Path("tok"), run, overwrite=False)   # doctest: +SKIP
         None   # ready: run the tasks that have no marker
     """
-    from .publication import task_target
+    from .publication import listed_sizes, task_target
 
     out_dir = Path(out_dir)
     shown = task_target(out_dir)  # the URL when out_dir is a bucket's local mirror
@@ -961,7 +978,10 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
         raise OutputError(f"output {str(out_dir)!r} exists and is not a directory; choose another -o")
     manifest_file = manifest_path(out_dir)
     state_file = out_dir / STATE_DIR / RUN_STATE
-    if manifest_file.is_file():
+    unreadable = manifest_file.is_file() and state_file.is_file() and not _readable_manifest(out_dir, manifest_file)
+    # a damaged manifest is no finished run to compare with: the run state decides below, as for an
+    # unfinished run, and the merge writes the manifest over (a bucket's mirror keeps it until then)
+    if manifest_file.is_file() and not unreadable:
         try:
             old = json.loads(manifest_file.read_text(encoding="utf-8"))
         except ValueError:
@@ -969,20 +989,39 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
         old = old if isinstance(old, dict) else {}
         same = old.get("kind") == run["kind"] and old.get("config_digest") == run["config_digest"]
         changed = _changed_inputs(_read_state(state_file).get("inputs"), run.get("inputs")) if same else []
-        if same and not changed:
+        damaged = _damaged_shards(out_dir, old) if same and not changed else []
+        repair = bool(damaged) and all(_TASK_SHARD.fullmatch(name) for name, _ in damaged)
+        if same and not changed and not damaged:
             return old
-        if same and not overwrite:
+        if repair:
+            # resumed below: the tasks whose shards their markers no longer find are redone, the
+            # rest kept, and the merge writes the manifest again
+            log.warning("%s", _repair_line(shown, damaged, len(old["shards"]), run.get("world_size", 1)))
+            if listed_sizes(out_dir) is None:
+                # a redone task first removes all its shards: the manifest goes before them (as in
+                # _wipe), so a repair cut short leaves an unfinished run, not a manifest naming
+                # files packtool removed. A bucket's mirror keeps it: there a task's shards are only
+                # written over, never removed, and a manifest gone from the mirror would read as a
+                # replaced run, whose objects push_state deletes
+                manifest_file.unlink()
+        elif damaged and not overwrite:
+            raise ResumeMismatchError(
+                f"{shown!r} holds a finished run of these settings, but {_damage(damaged)}; a run of an older "
+                "packtool cannot redo only those: pass --overwrite to redo the run, or use another -o"
+            )
+        elif same and not overwrite:
             raise ResumeMismatchError(
                 f"{shown!r} holds a finished run of these settings, but input files changed since "
                 f"(size or modification time): {_some(changed)}; pass --overwrite to redo it, or use another -o"
             )
-        if not same and not overwrite:
+        elif not same and not overwrite:
             diff = _run_diff(old, {k: v for k, v in run.items() if k in ("kind", "config")})
             raise ResumeMismatchError(
                 f"{shown!r} already holds a finished run with a different configuration "
                 f"({'; '.join(diff) or 'config digest'}); use another -o, or pass --overwrite to replace it"
             )
-        _wipe(out_dir)
+        else:
+            _wipe(out_dir)
     elif state_file.is_file():
         old = _read_state(state_file)
         diff = _run_diff(old, run)
@@ -1010,6 +1049,9 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
             f"output {str(out_dir)!r} is not empty and holds no packtool run ({shown}); choose a new or empty -o, "
             "or pass --overwrite to write there anyway (files packtool did not write are never removed)"
         )
+    if unreadable and manifest_file.is_file():  # resumed, not refused nor wiped
+        log.warning("%s: the manifest of its run is damaged; resuming the run from its completion markers "
+                    "(finished tasks are kept) to write it again", shown)
     out_dir.mkdir(parents=True, exist_ok=True)
     _check_writable(out_dir)
     swept = sweep_stale_tmps(out_dir)
@@ -1018,6 +1060,83 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
     if _read_state(state_file) != run:
         atomic_write_text(state_file, json.dumps(run, indent=2) + "\n")
     return None
+
+
+def _readable_manifest(out_dir: Path, file: Path) -> bool:
+    """Whether ``file`` is a manifest readers can use: JSON, with the fields and shard names
+    :func:`_check_manifest` requires."""
+    try:
+        _check_manifest(Path(out_dir), file, json.loads(file.read_text(encoding="utf-8")))
+    except (ValueError, InputError):  # InputError: what read_manifest says of it
+        return False
+    return True
+
+
+#: A shard of one task: ``part-TTTTT-KKKKK.parquet`` (its ``KKKKK``-th shard of task ``TTTTT``).
+_TASK_SHARD = re.compile(r"part-(?P<task>\d{5})-\d{5}\.parquet")
+
+
+def _damaged_shards(out_dir: Path, manifest: dict) -> list[tuple[str, str]]:
+    """The shards ``manifest`` lists that are not in ``out_dir`` as listed: ``(name, what)``,
+    ``what`` being ``"missing"`` or ``"N bytes, listed M"``.
+
+    One ``stat`` per shard (a bucket's mirror: the listing's sizes), never a hash: a same-size
+    change is for ``packtool validate`` (which hashes every shard) to find. Entries that name
+    no shard of this directory are skipped: readers refuse such a manifest, naming the entry.
+    """
+    from .publication import listed_sizes
+
+    shards = manifest.get("shards")
+    if not isinstance(shards, list):
+        return []
+    listed = listed_sizes(out_dir)  # the shards' sizes in the bucket when out_dir mirrors one
+    damaged = []
+    for entry in shards:
+        name = entry.get("file") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or shard_name_problem(name):
+            continue
+        if listed is not None:
+            size = listed.get(name)
+        else:
+            f = Path(out_dir) / name
+            size = f.stat().st_size if f.is_file() else None
+        if size is None:
+            damaged.append((name, "missing"))
+        elif size != entry.get("bytes"):
+            listed_bytes = entry.get("bytes")
+            damaged.append((name, f"{size:,} bytes, listed {listed_bytes:,}" if _is_count(listed_bytes)
+                            else f"{size:,} bytes"))
+    return damaged
+
+
+def _damage(damaged: list[tuple[str, str]]) -> str:
+    """``damaged`` (:func:`_damaged_shards`) in words: ``"2 listed shards are missing or changed:
+    part-00001.parquet (missing), ..."``."""
+    n = len(damaged)
+    shown = _some([f"{name} ({what})" for name, what in damaged])
+    return f"{n} listed shard{'s are' if n > 1 else ' is'} missing or changed: {shown}"
+
+
+def _repair_line(shown: str, damaged: list[tuple[str, str]], n_shards: int, world_size: int = 1) -> str:
+    """The one line a repair says: what is damaged and which tasks are redone (by which ranks,
+    when the run is split into ``world_size`` ranks: each redoes its own).
+
+    Example:
+        >>> _repair_line("tok", [("part-00001-00000.parquet", "missing")], 4)
+        'tok: 1 of 4 shards of the finished run is missing or changed: part-00001-00000.parquet (missing); redoing task 1, which wrote it, and keeping the rest'
+        >>> _repair_line("tok", [("part-00003-00000.parquet", "missing")], 4, world_size=2)[-79:]
+        'task 3, which wrote it, is redone by rank 1 of --world-size 2; the rest is kept'
+    """
+    tasks = sorted({int(_TASK_SHARD.fullmatch(name)["task"]) for name, _ in damaged})
+    many = len(damaged) > 1
+    what = (f"{shown}: {len(damaged)} of {n_shards} shards of the finished run {'are' if many else 'is'} missing or "
+            f"changed: {_some([f'{name} ({how})' for name, how in damaged])}; ")
+    task = f"task{'s' if len(tasks) > 1 else ''} {_some([str(t) for t in tasks])}, which wrote {'them' if many else 'it'}"
+    if world_size <= 1:
+        return f"{what}redoing {task}, and keeping the rest"
+    ranks = sorted({t % world_size for t in tasks})
+    return (f"{what}{task}, {'are' if len(tasks) > 1 else 'is'} redone by rank{'s' if len(ranks) > 1 else ''} "
+            f"{_some([str(r) for r in ranks])} of --world-size {world_size}; the rest is kept")
 
 
 def read_run(out_dir: Path, shown: str | None = None) -> dict:

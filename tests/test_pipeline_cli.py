@@ -100,7 +100,7 @@ def test_merge_over_the_runs_max_errors_says_how_to_raise_it(corpus, tmp_path):
 def test_merge_of_a_finished_run_that_lost_a_shard_names_a_fix_that_works(corpus, tmp_path):
     """A finished run whose shard was deleted since: merge said "run rank 1 (the same command
     resumes)", but the same command found the run finished and redid nothing, so merge said it
-    again. Now it says the run had finished and what makes the rank redo the lost task."""
+    again. Now the rank's command repairs its lost task, and merge says to run it."""
     src, sample = corpus
     out = tmp_path / "tok"
     base = ["tokenize", str(src), "--media-root", str(sample), "-o", str(out), "--rows-per-shard", "8", "--quiet",
@@ -108,18 +108,24 @@ def test_merge_of_a_finished_run_that_lost_a_shard_names_a_fix_that_works(corpus
     for rank in ("0", "1"):
         assert run(*base, "--rank", rank).returncode == 0
     whole = {p.name: p.read_bytes() for p in out.glob("part-*.parquet")}
+    manifest = (out / ".packtool" / "manifest.json").read_bytes()
     (out / "part-00003-00000.parquet").unlink()
-    manifest = out / ".packtool" / "manifest.json"
     r = run("merge", str(out))
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == (f"Error: {str(out)!r}: the run had finished, but the files of 1 of 4 tasks are gone or changed since "
-                        f"(first: [3]); remove {manifest} and run rank 1 of --world-size 2 again (it redoes those tasks and "
-                        "merges)\n")
-    assert run(*base, "--rank", "1").stdout.startswith("30 samples")  # finished: nothing redone, as the message says
-    assert not (out / "part-00003-00000.parquet").exists()
-    manifest.unlink()
-    assert run(*base, "--rank", "1").returncode == 0
+                        "(first: [3]); run rank 1 of --world-size 2 again (it redoes those tasks and merges)\n")
+    # rank 0 owns none of it: it says who does, and leaves the run to rank 1
+    r = run(*base, "--rank", "0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("rank 0 of 2: 2 tasks done, 1 tasks of other ranks remain")
+    assert r.stderr == (f"WARNING packtool.shards: {out}: 1 of 4 shards of the finished run is missing or changed: "
+                        "part-00003-00000.parquet (missing); task 3, which wrote it, is redone by rank 1 of "
+                        "--world-size 2; the rest is kept\n")
+    r = run(*base, "--rank", "1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("30 samples from 31 rows in 4 shards")
     assert {p.name: p.read_bytes() for p in out.glob("part-*.parquet")} == whole
+    assert (out / ".packtool" / "manifest.json").read_bytes() == manifest
     assert run("validate", str(out)).returncode == 0
 
 

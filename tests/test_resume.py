@@ -269,3 +269,113 @@ def test_overwrite_removes_the_manifest_before_the_shards_it_names(corpus, tmp_p
         _REMOVED = None
     shards = [i for i, p in enumerate(removed) if p.startswith("part-")]
     assert len(shards) == 4 and removed.index(".packtool/manifest.json") < min(shards), removed
+
+
+def damage(d: Path, how: str, name: str) -> None:
+    """Lose one shard of a finished output (``missing``) or cut it short (``cut``)."""
+    shard = d / name
+    if how == "missing":
+        shard.unlink()
+    else:
+        shard.write_bytes(shard.read_bytes()[:1000])
+
+
+@pytest.mark.jit
+@pytest.mark.parametrize("how", ["missing", "cut"])
+@pytest.mark.parametrize("stage", ["tok", "packed"])
+def test_a_finished_run_that_lost_a_shard_is_repaired_by_the_same_command(corpus, reference, tmp_path, caplog, stage,
+                                                                           how):
+    """A finished output that lost a shard (deleted, or cut short by a copy) was returned as
+    finished by the same command, even with --overwrite: "already holds this run", the shard
+    still gone, and nothing but deleting the whole output would redo it. Now the command redoes
+    the task that wrote the shard, keeps the other tasks' files, says so in one line and gives
+    the bytes of a clean run."""
+    tokenize_dataset([corpus / "data.jsonl"], tmp_path / "tok", tcfg(corpus), workers=1)
+    pack_dataset(tmp_path / "tok", tmp_path / "packed", PCFG, workers=1)
+    d = tmp_path / stage
+    name = "part-00002-00001.parquet" if stage == "packed" else "part-00002-00000.parquet"
+    assert (d / name).is_file()
+    listed = json.loads((d / STATE_DIR / "manifest.json").read_text())
+    size = next(s["bytes"] for s in listed["shards"] if s["file"] == name)
+    damage(d, how, name)
+    kept = {p.name: p.stat().st_mtime_ns for p in d.glob("part-0000[013]-*.parquet")}
+    assert kept
+    caplog.set_level("WARNING", logger="packtool.shards")
+    if stage == "tok":
+        m = tokenize_dataset([corpus / "data.jsonl"], d, tcfg(corpus), workers=1)
+    else:
+        m = pack_dataset(tmp_path / "tok", d, PCFG, workers=1)
+    what = "missing" if how == "missing" else f"1,000 bytes, listed {size:,}"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{d}: 1 of {len(listed['shards'])} shards of the finished run is missing or changed: {name} ({what}); "
+        "redoing task 2, which wrote it, and keeping the rest"]
+    assert {p.name: p.stat().st_mtime_ns for p in d.glob("part-0000[013]-*.parquet")} == kept, "other tasks were redone"
+    assert files(d) == files(reference / stage)
+    assert m == listed
+    caplog.clear()  # repaired: the next run finds it whole and does nothing
+    before = {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
+    if stage == "tok":
+        tokenize_dataset([corpus / "data.jsonl"], d, tcfg(corpus), workers=1, overwrite=True)
+    else:
+        pack_dataset(tmp_path / "tok", d, PCFG, workers=1, overwrite=True)
+    assert {p.name: p.stat().st_mtime_ns for p in d.iterdir()} == before and not caplog.records
+
+
+def test_a_repair_cut_short_is_resumed_by_the_same_command(corpus, reference, tmp_path):
+    """The manifest of a run being repaired is removed before the redone task removes its shards:
+    a repair stopped half-way is an unfinished run, never a manifest naming files packtool removed."""
+    out = tmp_path / "tok"
+    tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1)
+    (out / "part-00001-00000.parquet").unlink()
+    stop = RuntimeError("stopped")
+
+    def stopped(n: int) -> None:
+        raise stop
+
+    with pytest.raises(RuntimeError) as info:
+        tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1, progress=stopped)
+    assert info.value is stop
+    assert not (out / STATE_DIR / "manifest.json").exists()
+    tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1)
+    assert files(out) == files(reference / "tok")
+
+
+def test_a_damaged_run_of_shards_not_named_by_task_is_refused_unless_overwrite(corpus, reference, tmp_path):
+    """Shards named ``part-NNNNN.parquet`` (a run of an older packtool) say no task: such a run is
+    not repaired task by task; the message names the shard and the fix."""
+    out = tmp_path / "tok"
+    tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1)
+    manifest = json.loads((out / STATE_DIR / "manifest.json").read_text())
+    for i, entry in enumerate(manifest["shards"]):
+        (out / entry["file"]).rename(out / f"part-{i:05d}.parquet")
+        entry["file"] = f"part-{i:05d}.parquet"
+    (out / STATE_DIR / "manifest.json").write_text(json.dumps(manifest))
+    (out / "part-00003.parquet").unlink()
+    with pytest.raises(ResumeMismatchError, match=r"finished run of these settings, but 1 listed shard is missing or "
+                                                  r"changed: part-00003\.parquet \(missing\); .* pass --overwrite"):
+        tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1)
+    assert (out / "part-00000.parquet").is_file()
+    tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1, overwrite=True)
+    assert files(out) == files(reference / "tok")
+
+
+@pytest.mark.parametrize("text", ['{"kind": "tokeni', "[]", '{"kind": "tokenized", "schema_version": 6}'])
+def test_a_finished_run_whose_manifest_is_damaged_is_resumed_by_the_same_command(corpus, reference, tmp_path, caplog,
+                                                                                  text):
+    """validate says of a damaged manifest "re-run the command that wrote it"; that command said
+    the output held a finished run "with a different configuration (kind: None -> tokenized; ...)"
+    and wrote nothing. Now it resumes the run from its markers and writes the manifest again."""
+    out = tmp_path / "tok"
+    tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1)
+    (out / STATE_DIR / "manifest.json").write_text(text)
+    (out / "part-00003-00000.parquet").unlink()
+    kept = {p.name: p.stat().st_mtime_ns for p in out.glob("part-0000[012]-*.parquet")}
+    with pytest.raises(ResumeMismatchError, match=r"unfinished run with other settings \(model: 'qwen2.5-vl' -> "):
+        tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus, model="qwen2-vl"), workers=1)
+    caplog.set_level("WARNING", logger="packtool.shards")
+    tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{out}: the manifest of its run is damaged; resuming the run from its completion markers (finished tasks are "
+        "kept) to write it again"]
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("part-0000[012]-*.parquet")} == kept
+    assert files(out) == files(reference / "tok")

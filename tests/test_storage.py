@@ -638,6 +638,40 @@ def test_a_finished_bucket_run_refused_on_rerun_names_the_url_not_its_local_mirr
     assert str(err.value).startswith(f"{url!r} holds a finished run of these settings, but input files changed since")
 
 
+def test_a_finished_bucket_run_that_lost_a_shard_is_repaired_and_no_shard_is_deleted(s3, tmp_path, caplog):
+    """A finished run in a bucket that lost a shard object (or had one cut short) was returned as
+    finished by the same command, the shard still gone. Now the task that wrote it is redone and
+    its shards written over the old ones: every other object stays as it was, none is deleted,
+    and the prefix ends as the first run left it."""
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    prefix = f"repair-{tmp_path.name}/tok"
+    url = f"s3://{BUCKET}/{prefix}"
+    cfg = TokenizeConfig(media_root=str(sample), rows_per_shard=10)
+    tokenize_dataset([sample / "data.jsonl"], url, cfg, workers=1)
+    whole = objects(s3, prefix)
+    shards = sorted(n for n in whole if n.startswith("part-"))
+    assert len(shards) == 3
+    client = s3.client()
+    client.delete_object(Bucket=BUCKET, Key=f"{prefix}/{shards[1]}")
+    client.put_object(Bucket=BUCKET, Key=f"{prefix}/{shards[2]}", Body=whole[shards[2]][:500])
+    untouched = client.head_object(Bucket=BUCKET, Key=f"{prefix}/{shards[0]}")["LastModified"]
+    caplog.set_level("WARNING", logger="packtool.shards")
+    m = tokenize_dataset([sample / "data.jsonl"], url, cfg, workers=1)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{url}: 2 of 3 shards of the finished run are missing or changed: {shards[1]} (missing), {shards[2]} (500 "
+        f"bytes, listed {len(whole[shards[2]]):,}); redoing tasks 1, 2, which wrote them, and keeping the rest"]
+    after = objects(s3, prefix)
+    assert after == whole
+    assert m == json.loads(whole[".packtool/manifest.json"])
+    assert client.head_object(Bucket=BUCKET, Key=f"{prefix}/{shards[0]}")["LastModified"] == untouched
+    # a damaged manifest object: the run is resumed from its markers, and no shard is deleted
+    client.put_object(Bucket=BUCKET, Key=f"{prefix}/.packtool/manifest.json", Body=b'{"kind": "tok')
+    tokenize_dataset([sample / "data.jsonl"], url, cfg, workers=1)
+    assert objects(s3, prefix) == whole
+
+
 def test_bucket_urls_in_records_resolve_under_a_bucket_media_root(s3, tmp_path):
     """A record naming its image by ``s3://`` URL under a bucket --media-root was rejected as
     ``missing_media`` ("is a remote URL; download it under --media-root first") before the root
