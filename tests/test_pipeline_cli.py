@@ -117,7 +117,7 @@ def test_merge_of_a_finished_run_that_lost_a_shard_names_a_fix_that_works(corpus
     # rank 0 owns none of it: it says who does, and leaves the run to rank 1
     r = run(*base, "--rank", "0")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("rank 0 of 2: 2 tasks done, 1 tasks of other ranks remain")
+    assert r.stdout.startswith("rank 0 of 2: 2 tasks done, 1 task of other ranks remains")
     assert r.stderr == (f"WARNING packtool.shards: {out}: 1 of 4 shards of the finished run is missing or changed: "
                         "part-00003-00000.parquet (missing); task 3, which wrote it, is redone by rank 1 of "
                         "--world-size 2; the rest is kept\n")
