@@ -2078,6 +2078,23 @@ def _compatible(first: tuple[str, dict], other: tuple[str, dict]) -> None:
                               "(or pack them separately)")
 
 
+def _source_place(src: str, out_dir: str | Path) -> str:
+    """A mixture source as its run's config records it: a local directory by its path from the
+    local output directory (``../tok_a``), so the same directories written another way (absolute
+    or relative, from another working directory, or both moved together) are the same run and
+    resume; a bucket prefix as written, and a local source of a bucket output by its real path.
+
+    Example:
+        >>> _source_place("s3://b/tok/", "out")
+        's3://b/tok'
+    """
+    if is_url(src):
+        return src.rstrip("/")
+    if is_url(str(out_dir)):
+        return str(Path(src).resolve())
+    return os.path.relpath(Path(src).resolve(), Path(out_dir).resolve())
+
+
 def _mixture_record(mix: dict, counts: dict, loss: bool = True) -> dict:
     """The manifest's ``mixture``, each source with ``realised`` counts moved out of ``counts``
     (without ``loss_tokens`` for a dry run, which assembles nothing to count them on)."""
@@ -2137,7 +2154,11 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
     mix = mixture.to_dict()
     for d, m, n, want in zip(mix["sources"], manifests, available, plan.requested, strict=True):
         d.update(config_digest=m["config_digest"], available=n, requested=want)
-    config = {**cfg.to_dict(), "max_vision_units": max_units, "mixture": mix}
+    # the config (what a resume compares) names each source as seen from the output, not as this
+    # command wrote it: the manifest's mixture keeps the paths as given, for people to read
+    places = [_source_place(s.path, out_dir) for s in mixture.sources]
+    config = {**cfg.to_dict(), "max_vision_units": max_units,
+              "mixture": {**mix, "sources": [{**d, "path": p} for d, p in zip(mix["sources"], places, strict=True)]}}
     digest = config_digest(config)
     capacities = {"max_tokens": cfg.max_tokens, "max_vision_units": max_units}
 
@@ -2163,8 +2184,7 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
     manifest_extra = {**_layout_record(cfg), "capacities": capacities, "tokenizer": first.get("tokenizer"),
                       "vision": first.get("vision"),
                       "template": first.get("template"), "mixture": mix}
-    inputs = {str(join(s.path, e["file"])): e["sha256"] for s, m in zip(mixture.sources, manifests, strict=True)
-              for e in m["shards"]}
+    inputs = {str(join(p, e["file"])): e["sha256"] for p, m in zip(places, manifests, strict=True) for e in m["shards"]}
     run = {"kind": "packed", "config": config, "config_digest": digest, "world_size": ex.world_size,
            "n_tasks": n_tasks, "tasks_digest": plan.digest(), "inputs": inputs, "manifest": manifest_extra,
            "max_errors": max_errors}

@@ -381,7 +381,8 @@ def test_ranks_then_merge_give_the_same_bytes_and_a_resume_keeps_the_mixture(sou
     r = run(*again)
     assert r.returncode == 1
     assert "holds a finished run of these settings, but input files changed since" in r.stderr
-    assert str(changed / "part-00000-00000.parquet") in r.stderr
+    # named from the output directory, as the run records its sources
+    assert f": {os.path.relpath(changed, tmp_path / 'again')}/part-00000-00000.parquet;" in r.stderr
 
 
 @pytest.mark.jit
@@ -394,16 +395,45 @@ def test_a_resume_with_another_seed_rates_or_source_order_is_refused_naming_what
     for marker in sorted((out / ".packtool").glob("task-*.json"))[1:]:
         marker.unlink()
     a, b, c = (str(sources / f"tok_{n}") for n in SIZES)
+    ra, rb = (os.path.relpath(x, out) for x in (a, b))  # the run names its sources from its output
     for args, named in [((a, b, c, "--rates", "1.0,2.5,0.2", "--seed", "1"), "mixture.seed: 0 -> 1"),
                         ((a, b, c, "--rates", "1.0,2.5,0.3"), "mixture.sources[2].rate: '0.2' -> '0.3'; "
                                                               "mixture.sources[2].requested: 3 -> 4"),
-                        ((b, a, c, "--rates", "2.5,1.0,0.2"), f"mixture.sources[0].path: {a!r} -> {b!r}; "
-                                                              f"mixture.sources[1].path: {b!r} -> {a!r}")]:
+                        ((b, a, c, "--rates", "2.5,1.0,0.2"), f"mixture.sources[0].path: {ra!r} -> {rb!r}; "
+                                                              f"mixture.sources[1].path: {rb!r} -> {ra!r}")]:
         r = run("pack", *args, "-o", str(out), "--max-tokens", "8192", "--samples-per-task", "6", "--quiet")
         assert r.returncode == 1, r.stderr
         assert f"holds an unfinished run with other settings ({named}); resume it with the same command" in r.stderr
     pack_cli(sources, out, "--rates", "1.0,2.5,0.2", "--samples-per-task", "6")
     assert (out / ".packtool" / "manifest.json").read_bytes() == (mixed / ".packtool" / "manifest.json").read_bytes()
+
+
+@pytest.mark.jit
+def test_a_resume_finds_the_same_sources_however_their_paths_are_written(sources, mixed, tmp_path):
+    """A mixture killed after its first task and resumed with the same directories written
+    another way (absolute instead of relative, from another working directory) was refused as
+    "an unfinished run with other settings" whose "input files changed", offering only
+    --overwrite, which throws the finished tasks away; a finished run was refused the same way."""
+    out = tmp_path / "mixed"
+    shutil.copytree(mixed, out)
+    (out / ".packtool" / "manifest.json").unlink()  # killed after task 0, before the manifest
+    for marker in sorted((out / ".packtool").glob("task-*.json"))[1:]:
+        marker.unlink()
+    kept = (out / ".packtool" / "task-00000.json").read_bytes()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    rel = [os.path.relpath(sources / f"tok_{n}", elsewhere) for n in SIZES]
+    r = run("pack", *rel, "-o", os.path.relpath(out, elsewhere), "--rates", "1.0,2.5,0.2", "--max-tokens", "8192",
+            "--samples-per-task", "6", "--quiet", cwd=elsewhere)
+    assert r.returncode == 0, r.stderr
+    assert (out / ".packtool" / "task-00000.json").read_bytes() == kept  # task 0 was not packed again
+    got, want = (json.loads((d / ".packtool" / "manifest.json").read_text()) for d in (out, mixed))
+    assert [s["sha256"] for s in got["shards"]] == [s["sha256"] for s in want["shards"]]
+    assert got["config_digest"] == want["config_digest"]
+    assert [s["realised"] for s in got["mixture"]["sources"]] == [s["realised"] for s in want["mixture"]["sources"]]
+    # the finished run, asked for again with the paths written as the first command wrote them
+    r = pack_cli(sources, out, "--rates", "1.0,2.5,0.2", "--samples-per-task", "6")
+    assert r.returncode == 0 and (out / ".packtool" / "task-00000.json").read_bytes() == kept
 
 
 @pytest.mark.jit
