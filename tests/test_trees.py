@@ -316,3 +316,22 @@ def test_a_merged_record_that_places_fewer_media_is_rejected_as_alone(root):
     assert [(r.sample_id, r.reason) for r in rejected] == [("r1", "placeholder_mismatch")]
     _, alone = encode_samples([one], ctx_for(root))
     assert [(r.reason, r.message) for r in alone] == [(rejected[0].reason, rejected[0].message)]
+
+
+def test_grouped_tokenize_reports_progress_of_every_input_row(root, tmp_path):
+    """Progress counts input rows (its total is the rows planned): with --group-by-media it counted
+    the trees, so a bar over a corpus of many annotations per image stopped far short of its total."""
+    import json
+
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    recs = [{"id": f"r{i}", "image": "img.png" if i % 4 else "other.png",
+             "conversations": [{"from": "human", "value": f"<image>\nQ{i}?"}, {"from": "gpt", "value": f"A{i}."}]}
+            for i in range(12)]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    seen: list[int] = []
+    m = tokenize_dataset([data], tmp_path / "tok", TokenizeConfig(media_root=str(root), group_by_media=True),
+                         progress=seen.append, workers=1)
+    assert (m["counts"]["rows_in"], m["counts"]["samples"], m["counts"]["merged_records"]) == (12, 2, 10)
+    assert sum(seen) == 12
