@@ -425,7 +425,7 @@ def _sample_view(row: dict, a: int, b: int, k: int | None, media: list[dict], de
         "end": b,
         "n_tokens": n,
         "n_loss_tokens": int((tgt != -100).sum()),
-        "n_branches": max(1, len(starts) - (0 if single else 1)),
+        "n_branches": max(1, sum(p["part"] != "prefix" for p in parts)),  # a tree may have no shared prefix
         "ruler": ruler,
         "parts": parts,
         "media": views,

@@ -310,6 +310,19 @@ def test_tree_of_answers_to_one_question_names_each_branch_role(tmp_path):
     assert "\n                 assistant\n" not in text
 
 
+def test_tree_without_a_shared_prefix_counts_its_branches(tmp_path):
+    # branches that differ from their first token (a text-only tree, plain template) have no prefix
+    # run; the count took one run off for it and showed "8 tokens  4 carry loss" with no branches
+    (tmp_path / "in.jsonl").write_text(json.dumps({"id": "t", "message_list": [
+        {"question": "Alpha?", "answer": "A."}, {"question": "Beta?", "answer": "B."}]}) + "\n")
+    tok = tmp_path / "tok"
+    tokenize_dataset([tmp_path / "in.jsonl"], tok, TokenizeConfig(template="plain"))
+    s = inspect_dir(tok, sample="t")["samples"][0]
+    assert [r["part"] for r in s["ruler"]] == ["branch 0", "branch 1"] and s["n_branches"] == 2
+    r = run("inspect", str(tok), "--sample", "t")
+    assert r.returncode == 0 and "\nt  8 tokens  4 carry loss  2 branches\n" in r.stdout
+
+
 def test_tree_stats_count_branches(tree_dir):
     from packtool.stats import compute_stats
 
