@@ -142,6 +142,18 @@ def _rejection(path: Path, shown: str, sample: str, what: str) -> str | None:
     return None
 
 
+def _merge_note(manifest: dict | None) -> str:
+    """Where a record ``--group-by-media`` merged went, when the tokenized ``manifest`` merged any:
+    its id is stored nowhere (a tree carries its first record's id), so a search for it fails."""
+    n = ((manifest or {}).get("counts") or {}).get("merged_records") or 0
+    if not n:
+        return ""
+    records = "one record" if n == 1 else f"{n:,} records"
+    return (f"; --group-by-media merged {records} into the trees of others, each named after the first "
+            "record of its media (trees split off: ID#1, ID#2, ...): a merged record is in the tree of the first "
+            "record with the same images or videos")
+
+
 def _examples(path: Path, manifest: dict, column: str, is_list: bool, n: int = 3) -> list:
     if not manifest["shards"]:
         return []
@@ -413,7 +425,7 @@ def _sample_view(row: dict, a: int, b: int, k: int | None, media: list[dict], de
         "end": b,
         "n_tokens": n,
         "n_loss_tokens": int((tgt != -100).sum()),
-        "n_branches": max(1, len(starts) - (0 if single else 1)),
+        "n_branches": max(1, sum(p["part"] != "prefix" for p in parts)),  # a tree may have no shared prefix
         "ruler": ruler,
         "parts": parts,
         "media": views,
@@ -467,7 +479,7 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
                 why = _rejection(path, shown, sample, "tokenize rejected it")
                 ex = ", ".join(repr(x) for x in _examples(path, manifest, "sample_id", False))
                 raise InputError(f"sample {sample!r} is not in {shown!r}" + (
-                    f": {why}" if why else f" (e.g. {ex})" if ex else " (it holds no samples)"))
+                    f": {why}" if why else (f" (e.g. {ex})" if ex else " (it holds no samples)") + _merge_note(manifest)))
         cols = ["sample_id", "source", "source_row", "n_tokens", "n_vision_units", "n_branches"] + _TOKEN_COLUMNS + media_cols
         row = _read_row(path, manifest, where[0], where[1], cols)
         view = _sample_view(row, 0, len(row["input_ids"]), None, row["media"], dec)
@@ -486,8 +498,9 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
             src = (manifest.get("source") or {}).get("path")
             why = _rejection(path, shown, sample, "pack dropped it") or (
                 _rejection(src_dir, src, sample, "tokenize rejected it") if src_dir is not None else None)
+            note = _merge_note(read_manifest(src_dir)) if why is None and src_dir is not None else ""
             raise InputError(f"sample {sample!r} is in no pack of {shown!r}" + (
-                f": {why}" if why else f" (e.g. {ex}); a dropped sample is listed in {ERRORS}"))
+                f": {why}" if why else f" (e.g. {ex}); a dropped sample is listed in {ERRORS}{note}"))
     elif pack is None:  # the first pack: pack 0 when pack task 0 made any
         first = next((e["file"] for e in manifest["shards"] if e["rows"]), None)
         if first is None:

@@ -949,11 +949,13 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
                     before = len(ids_seen)
                     ids_seen.update(ids)
                     n_repeated += len(ids) - (len(ids_seen) - before)
-                n_rows += len(batch) + sum(len(s.meta.get("merged", ())) for s in samples)
+                # input rows: a tree --group-by-media merged stands for every record folded into it
+                n_in = len(batch) + sum(len(s.meta.get("merged", ())) for s in samples)
+                n_rows += n_in
                 n_samples += table.num_rows
                 n_tokens += int(table.column("n_tokens").to_numpy().sum())
                 n_units += int(table.column("n_vision_units").to_numpy().sum())
-                report(len(batch))
+                report(n_in)
         errors.commit()
     except BaseException:
         errors.abort()

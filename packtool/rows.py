@@ -273,9 +273,13 @@ def _stage_samples(samples: list[Sample], ctx: EncodeContext, counts: Counter | 
     """Probe, render and stage a batch: its pieces, ``(sample, probed, branch piece ranges)``
     of each staged sample, and the samples rejected (their pieces rolled back).
 
-    A rejected sample that :func:`group_by_media` merged from several records is one rejected
-    row per record, each with the reason (every input row ends in ``errors.jsonl`` or a
-    shard); ``counts["merged_records"]``, when given, drops the records folded into it."""
+    A sample that :func:`group_by_media` merged from several records is staged record by
+    record: a record whose own conversation is rejected (say it has no assistant turn) is one
+    rejected row and the others stay in the tree, as they would alone; the tree takes the id,
+    source and row of its first record kept. When the media themselves fail (a missing image)
+    every record is one rejected row with the reason (every input row ends in ``errors.jsonl``
+    or a shard). ``counts["merged_records"]``, when given, drops the records no longer folded
+    into a kept record."""
     specials = _Specials(ctx.tokenizer)
     render = ctx.template.render
     system = ctx.system_prompt
@@ -284,9 +288,15 @@ def _stage_samples(samples: list[Sample], ctx: EncodeContext, counts: Counter | 
     pieces = _Pieces()
     for s in samples:
         mark, n_texts = len(pieces), len(pieces.texts)
+        folded = s.meta.get("merged_rows", ()) if s.meta else ()
         try:
             n_images = sum(ref.kind == "image" for ref in s.media)
             probed = [_probe(ref, ctx, n_images) for ref in s.media]
+            if folded and "merged_branches" in s.meta:
+                s, branches = _stage_members(s, probed, ctx, specials, pieces, rejected, counts)
+                if branches:
+                    staged.append((s, probed, branches))
+                continue
             used: set[int] = set()
             branches = [_stage(render(messages, system, s.tools, ctx.reasoning_loss), probed, specials, pieces, used)
                         for messages in s.branches]
@@ -297,13 +307,48 @@ def _stage_samples(samples: list[Sample], ctx: EncodeContext, counts: Counter | 
             pieces.rollback(mark)
             del pieces.texts[n_texts:]
             rejected.append(Rejected(s.source, s.source_row, s.sample_id, err.reason, err.message))
-            folded = s.meta.get("merged_rows", ()) if s.meta else ()
             for source, row, sid in folded:
                 rejected.append(Rejected(source, row, sid, err.reason,
                                          f"{err.message} (in the tree of {s.sample_id!r}: --group-by-media)"))
             if folded and counts is not None:
                 counts["merged_records"] -= len(folded)
     return pieces, staged, rejected
+
+
+def _stage_members(s: Sample, probed: list[_Probed], ctx: EncodeContext, specials: _Specials, pieces: _Pieces,
+                   rejected: list[Rejected], counts: Counter | None) -> tuple[Sample, list]:
+    """Stage a tree :func:`group_by_media` merged, one record at a time (:func:`_stage_samples`):
+    the tree of the records kept, and its branch piece ranges (none when every record failed)."""
+    members = [(s.source, s.source_row, s.sample_id), *s.meta["merged_rows"]]
+    n_branches = s.meta["merged_branches"]
+    first = np.concatenate([[0], np.cumsum(n_branches)]).tolist()  # record k's branches: first[k]..first[k + 1]
+    kept: list[int] = []
+    branches: list[tuple[int, int]] = []
+    for k, (source, row, sid) in enumerate(members):
+        mark, n_texts = len(pieces), len(pieces.texts)
+        try:
+            used: set[int] = set()
+            own = [_stage(ctx.template.render(messages, ctx.system_prompt, s.tools, ctx.reasoning_loss), probed,
+                          specials, pieces, used) for messages in s.branches[first[k]:first[k + 1]]]
+            if len(used) != len(probed):
+                raise SampleError("placeholder_mismatch", f"{len(probed)} media but only {len(used)} placed in the conversation")
+            kept.append(k)
+            branches.extend(own)
+        except SampleError as err:
+            pieces.rollback(mark)
+            del pieces.texts[n_texts:]
+            rejected.append(Rejected(source, row, sid, err.reason, err.message))
+    if counts is not None:
+        counts["merged_records"] -= len(members) - 1 - max(len(kept) - 1, 0)
+    if len(kept) == len(members) or not kept:
+        return s, branches
+    head = members[kept[0]]
+    rest = kept[1:]
+    return replace(s, sample_id=head[2], source=head[0], source_row=head[1],
+                   branches=tuple(b for k in kept for b in s.branches[first[k]:first[k + 1]]),
+                   meta={**s.meta, "merged": tuple(members[k][2] for k in rest),
+                         "merged_rows": tuple(members[k] for k in rest),
+                         "merged_branches": tuple(n_branches[k] for k in kept)}), branches
 
 
 def encode_samples(
@@ -895,11 +940,12 @@ def group_by_media(items: Iterable[Sample | Rejected], media_root: Path,
     path under ``media_root``, or the same sha256 for inline bytes. The merged sample
     keeps the first record's id, source and row, and takes every record's branches in
     input order (``meta["merged"]`` lists the ids folded in, ``meta["merged_rows"]`` their
-    ``(source, row, id)``). Samples without media and rejected rows pass through. The whole
+    ``(source, row, id)``, ``meta["merged_branches"]`` the branches of every record, the
+    first included). Samples without media and rejected rows pass through. The whole
     input is held in memory (merging needs to see every record); ``counts["merged_records"]``
-    counts records folded into an earlier one. A merged sample that encoding rejects gives
-    one rejected row per record it holds (:func:`_stage_samples`), and those records are then
-    no longer counted as merged.
+    counts records folded into an earlier one. Encoding rejects a merged sample record by
+    record (:func:`_stage_samples`): a record with a bad conversation leaves the tree alone,
+    bad media reject every record in it; a rejected record is no longer counted as merged.
 
     Example: records ``a`` (``img.jpg``, "What colour?") and ``b`` (``./img.jpg``,
     "How many?") become one sample with two branches, id ``a``.
@@ -921,8 +967,9 @@ def group_by_media(items: Iterable[Sample | Rejected], media_root: Path,
             first = order[at]
             merged = (*first.meta.get("merged", ()), item.sample_id)
             rows = (*first.meta.get("merged_rows", ()), (item.source, item.source_row, item.sample_id))
+            n_branches = (*first.meta.get("merged_branches", (len(first.branches),)), len(item.branches))
             order[at] = replace(first, branches=first.branches + item.branches,
-                                meta={**first.meta, "merged": merged, "merged_rows": rows})
+                                meta={**first.meta, "merged": merged, "merged_rows": rows, "merged_branches": n_branches})
             if counts is not None:
                 counts["merged_records"] += 1
     yield from order

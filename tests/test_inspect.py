@@ -152,6 +152,31 @@ def test_a_sample_tokenize_rejected_or_pack_dropped_is_refused_with_its_reason(t
     assert r.stderr.startswith(f"Error: sample 'never-was' is in no pack of {str(packed)!r} (e.g. 'demo-")
 
 
+def test_a_record_merged_into_a_tree_is_looked_up_by_the_trees_id(tmp_path):
+    # --group-by-media stores a merged record under the id of the first record of its image; a search
+    # for its own id said only "not in" (a packed directory: "a dropped sample is listed in
+    # errors.jsonl", which holds nothing about it)
+    recs = [{"id": f"r{i}", "image": "images/img00.png",
+             "conversations": [{"from": "human", "value": f"<image>\n{q}"}, {"from": "gpt", "value": "Yes."}]}
+            for i, q in enumerate(["Is it red?", "Is it round?", "Is it small?"])]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    tok, packed = tmp_path / "tok", tmp_path / "packed"
+    tokenize_dataset([tmp_path / "in.jsonl"], tok, TokenizeConfig(media_root=str(SAMPLE), group_by_media=True))
+    pack_dataset(tok, packed, PackConfig(max_tokens=2048))
+    note = ("; --group-by-media merged 2 records into the trees of others, each named after the first record of its "
+            "media (trees split off: ID#1, ID#2, ...): a merged record is in the tree of the first record with the "
+            "same images or videos")
+    r = run("inspect", str(tok), "--sample", "r1")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == f"Error: sample 'r1' is not in {str(tok)!r} (e.g. 'r0'){note}\n"
+    r = run("inspect", str(packed), "--sample", "r2")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"Error: sample 'r2' is in no pack of {str(packed)!r} (e.g. 'r0'); a dropped sample is listed "
+                        f"in .packtool/errors.jsonl{note}\n")
+    r = run("inspect", str(tok), "--sample", "r0")
+    assert r.returncode == 0 and "3 branches" in r.stdout and "small?" in r.stdout
+
+
 @pytest.fixture(scope="module")
 def three_tasks(tmp_path_factory) -> Path:
     """The demo corpus tokenized 10 rows a shard and packed: three pack tasks, so pack numbers
@@ -283,6 +308,19 @@ def test_tree_of_answers_to_one_question_names_each_branch_role(tmp_path):
     text = render_inspection(view)
     assert f"  branch 1:\n    assistant    {LOSS_OPEN}It is a red circle.<|im_end|>{LOSS_CLOSE}\n" in text
     assert "\n                 assistant\n" not in text
+
+
+def test_tree_without_a_shared_prefix_counts_its_branches(tmp_path):
+    # branches that differ from their first token (a text-only tree, plain template) have no prefix
+    # run; the count took one run off for it and showed "8 tokens  4 carry loss" with no branches
+    (tmp_path / "in.jsonl").write_text(json.dumps({"id": "t", "message_list": [
+        {"question": "Alpha?", "answer": "A."}, {"question": "Beta?", "answer": "B."}]}) + "\n")
+    tok = tmp_path / "tok"
+    tokenize_dataset([tmp_path / "in.jsonl"], tok, TokenizeConfig(template="plain"))
+    s = inspect_dir(tok, sample="t")["samples"][0]
+    assert [r["part"] for r in s["ruler"]] == ["branch 0", "branch 1"] and s["n_branches"] == 2
+    r = run("inspect", str(tok), "--sample", "t")
+    assert r.returncode == 0 and "\nt  8 tokens  4 carry loss  2 branches\n" in r.stdout
 
 
 def test_tree_stats_count_branches(tree_dir):

@@ -277,3 +277,61 @@ def test_a_batch_encodes_each_sample_as_it_would_alone(root):
     a = rows[0]
     assert a["subsegment_ids"].tolist() == [PREFIX_SUBSEGMENT] * a["n_tokens"]
     assert a["position_ids"].tolist() == list(range(a["n_tokens"])) and a["target_ids"][-1] == -100
+
+
+def test_a_bad_record_leaves_its_merged_tree_alone(root):
+    """One record of a --group-by-media tree with a bad conversation (here no assistant turn) is
+    rejected alone, as it would be without grouping: every other record of that image stayed out of
+    the shards too, each told "the conversation has no assistant turn", which was not true of it."""
+    no_answer = parse_llava({"id": "r0", "image": "img.png", "conversations": [
+        {"from": "human", "value": "<image>\nWhat colour?"}]}, "g.jsonl", 0)
+    items = [no_answer, llava(1, "img.png", "How big?", "Small."), llava(2, "img.png", "Shape?", "Oblong."),
+             llava(3, "other.png", "Q?", "A."), llava(4, "gone.png", "Q?", "A."), llava(5, "gone.png", "Q2?", "A2.")]
+    counts = Counter()
+    merged = list(group_by_media(items, root, counts))
+    assert counts["merged_records"] == 3
+    rows, rejected = encode_samples(merged, ctx_for(root), counts)
+    # the tree is named after its first record kept, and holds the two good records' branches
+    assert [(r["sample_id"], r["source_row"], r["n_branches"]) for r in rows] == [("r1", 1, 2), ("r3", 3, 1)]
+    assert [(r.sample_id, r.reason) for r in rejected] == [("r0", "no_loss"), ("r4", "missing_media"),
+                                                           ("r5", "missing_media")]
+    assert "in the tree of" not in rejected[0].message
+    # rows_in = samples - split_extra_trees + merged_records + rejected
+    assert counts["merged_records"] == 1 and len(items) == len(rows) - 0 + 1 + len(rejected)
+    alone = [encode_samples([s], ctx_for(root))[0] for s in items[1:3]]
+    assert branch_tokens(rows[0]) == [a[0]["input_ids"].tolist() for a in alone]
+
+
+def test_a_merged_record_that_places_fewer_media_is_rejected_as_alone(root):
+    """Records merge on their media list; each must place every item itself. A record placing one of
+    its two images was accepted inside a tree (another record placed the second), giving a row that
+    counted the vision units of an image it does not hold."""
+    both = parse_llava({"id": "r0", "image": ["img.png", "other.png"], "conversations": [
+        {"from": "human", "value": "<image><image>\nCompare."}, {"from": "gpt", "value": "Red, blue."}]}, "g.jsonl", 0)
+    one = llava(1, "img.png", "Colour?", "Red.")
+    one = Sample(one.sample_id, one.source, one.source_row, both.media, one.branches)
+    [merged] = list(group_by_media([both, one], root))
+    rows, rejected = encode_samples([merged], ctx_for(root))
+    assert [(r["sample_id"], r["n_branches"], len(r["media"])) for r in rows] == [("r0", 1, 2)]
+    assert [(r.sample_id, r.reason) for r in rejected] == [("r1", "placeholder_mismatch")]
+    _, alone = encode_samples([one], ctx_for(root))
+    assert [(r.reason, r.message) for r in alone] == [(rejected[0].reason, rejected[0].message)]
+
+
+def test_grouped_tokenize_reports_progress_of_every_input_row(root, tmp_path):
+    """Progress counts input rows (its total is the rows planned): with --group-by-media it counted
+    the trees, so a bar over a corpus of many annotations per image stopped far short of its total."""
+    import json
+
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    recs = [{"id": f"r{i}", "image": "img.png" if i % 4 else "other.png",
+             "conversations": [{"from": "human", "value": f"<image>\nQ{i}?"}, {"from": "gpt", "value": f"A{i}."}]}
+            for i in range(12)]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    seen: list[int] = []
+    m = tokenize_dataset([data], tmp_path / "tok", TokenizeConfig(media_root=str(root), group_by_media=True),
+                         progress=seen.append, workers=1)
+    assert (m["counts"]["rows_in"], m["counts"]["samples"], m["counts"]["merged_records"]) == (12, 2, 10)
+    assert sum(seen) == 12
