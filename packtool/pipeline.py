@@ -2163,6 +2163,12 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
               "mixture": {**mix, "sources": [{**d, "path": p} for d, p in zip(mix["sources"], places, strict=True)]}}
     digest = config_digest(config)
     capacities = {"max_tokens": cfg.max_tokens, "max_vision_units": max_units}
+    for d, m in zip(mix["sources"], manifests, strict=True):
+        # the rows tokenize read and rejected, for stats --fail-above-rejected (the manifest's
+        # mixture only: the config names the source's run by its config_digest already)
+        c = m.get("counts", {})
+        d["tokenized"] = {"rows_in": int(c.get("rows_in", int(c.get("samples", 0)) + int(c.get("rejected", 0)))),
+                          "rejected": int(c.get("rejected", 0))}
 
     def make(t: int, out_dir: str | None) -> _MixTask:
         src, row, copy = plan.tasks[t]

@@ -54,6 +54,7 @@ __all__ = [
     "sweep",
     "render_sweep",
     "mixture_summary",
+    "mixture_rejected",
     "render_mixture",
 ]
 
@@ -619,7 +620,8 @@ def mixture_summary(mix: dict) -> dict:
         req_share = {k: _share(int(s["selected"][k]), sel_total[k]) for k in keys}
         real_share = {k: _share(int(s["realised"][k]), real_total[k]) for k in real_keys}
         rows.append({"source": name, "path": s["path"], "rate": s.get("rate"), "target_samples": s.get("samples"),
-                     "available": int(s["available"]), "requested": {k: int(s["selected"][k]) for k in keys},
+                     "available": int(s["available"]), "tokenized": s.get("tokenized"),
+                     "requested": {k: int(s["selected"][k]) for k in keys},
                      "realised": {k: int(s["realised"][k]) for k in real_keys},
                      "requested_share": req_share, "realised_share": real_share})
         n, want, sel, got = int(s["available"]), int(s["requested"]), int(s["selected"]["samples"]), \
@@ -643,6 +645,37 @@ def mixture_summary(mix: dict) -> dict:
             warnings.append(f"{label}: {got:,} of {sel:,} requested samples packed ({sel - got:,} {why}); its share "
                             f"of samples is {real_share['samples']:.1%}, requested {req_share['samples']:.1%}")
     return {"seed": mix.get("seed"), "group_by": mix.get("group_by"), "sources": rows, "warnings": warnings}
+
+
+def mixture_rejected(m: dict) -> float | None:
+    """The share of input rows a mixture rejected (``--fail-above-rejected``), from
+    :func:`mixture_summary`: each source's rows as tokenize read and rejected them, weighted by
+    the share of its samples the mixture selected (``requested / available``: 1 at rate 1, 2 at
+    rate 2, a half at rate 1/2, so a repeated source counts as often as it is read), then the
+    selected samples pack rejected, as for one source. ``None`` when a source has no
+    ``tokenized`` counts (a mixture packed by an earlier packtool).
+
+    Example:
+        >>> src = lambda n, want, got, rows, rej: {"available": n, "requested": {"samples": want},
+        ...     "realised": {"samples": got}, "tokenized": {"rows_in": rows, "rejected": rej}}
+        >>> mixture_rejected({"sources": [src(21, 21, 21, 30, 9)]})  # 9 of 30 rows rejected at tokenize
+        0.3
+        >>> mixture_rejected({"sources": [src(21, 21, 21, 30, 9), src(10, 20, 18, 10, 0)]})  # 2 drops at pack
+        0.22
+    """
+    rows = rejected = selected = dropped = 0.0
+    for s in m["sources"]:
+        t = s.get("tokenized")
+        if t is None:
+            return None
+        n, want = int(s["available"]), int(s["requested"]["samples"])
+        w = want / n if n else 0.0
+        rows += w * int(t["rows_in"])
+        rejected += w * int(t["rejected"])
+        selected += want
+        dropped += want - int(s["realised"]["samples"])
+    tok = rejected / rows if rows else 0.0
+    return tok + (dropped / selected * (1 - tok) if selected else 0.0)
 
 
 def render_mixture(m: dict) -> str:
@@ -720,14 +753,21 @@ def check_thresholds(stats: dict, th: Thresholds) -> list[str]:
     # a drop is the share of the tokenized samples it took, of the rows tokenize kept
     tokenized = stats["reconcile"]["samples_tokenized"] if stats.get("reconcile") else stats["samples"] + pack_rej
     rejected_frac = (tok_rej / rows if rows else 0.0) + (pack_rej / tokenized * (1 - tok_rej / rows) if tokenized else 0.0)
+    if stats.get("mixture") and stats["kind"] == "packed":
+        rejected_frac = mixture_rejected(stats["mixture"])
     for flag, name, limit, value, below in (
         ("--fail-below-fill", "token_fill_mean", th.fail_below_fill, fill, True),
         ("--fail-below-vision-fill", "vision_fill_mean", th.fail_below_vision_fill, vfill, True),
         ("--fail-above-ratio", "packs_over_lower_bound", th.fail_above_ratio, stats.get("packs_over_lower_bound"), False),
-        ("--fail-above-rejected", "rejected_fraction", th.fail_above_rejected, round(rejected_frac, 4), False),
+        ("--fail-above-rejected", "rejected_fraction", th.fail_above_rejected,
+         None if rejected_frac is None else round(rejected_frac, 4), False),
     ):
         if limit is None:
             continue
+        if name == "rejected_fraction" and value is None:  # a mixture packed before its sources' rows were recorded
+            raise InputError(f"{flag} counts the rows tokenize rejected of each source, which the manifest of "
+                             f"{stats['packed']!r} does not record (a mixture packed by an earlier packtool); pack it "
+                             "again, or gate each source: packtool stats TOKENIZED --fail-above-rejected ...")
         if value is None and stats["kind"] == "packed":  # a packed directory, but its run packed nothing
             from .shards import why_no_packs
 

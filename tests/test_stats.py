@@ -313,6 +313,39 @@ def test_rejected_gate_without_the_tokenized_dir_refuses_rather_than_count_pack_
     assert r.returncode == 0, r.stderr
 
 
+def test_rejected_gate_of_a_mixture_counts_the_rows_its_sources_rejected(messy, tmp_path):
+    """A mixture's packed manifest recorded nothing of what tokenize rejected, and the gate skipped
+    that part for mixtures: the same tokenized directory failed the gate packed alone and passed it
+    packed with --rates 1. Each source's rows read and rejected now travel in the mixture."""
+    pair = compute_stats(messy["tokenized"], messy["packed"])
+    share = round(2 / 20 + pair["dropped"] / 18 * (18 / 20), 4)  # as packed alone
+    limit = f"{share - 0.01:.4f}"
+    mixed = tmp_path / "mixed"
+    r = run("pack", str(messy["tokenized"]), "--rates", "1", "-o", str(mixed), "--max-tokens", "2048",
+            "--buffer-size", "8", "--quiet")
+    assert r.returncode == 0, r.stderr
+    s = compute_stats(mixed)
+    validate(s)
+    assert [x["tokenized"] for x in s["mixture"]["sources"]] == [{"rows_in": 20, "rejected": 2}]
+    assert s["mixture"]["sources"][0]["realised"]["samples"] == pair["samples"]
+    r = run("stats", str(mixed), "--fail-above-rejected", limit)
+    assert (r.returncode, r.stderr) == (1, f"Error: rejected_fraction {share:.4g} is above --fail-above-rejected "
+                                           f"{float(limit):.4g}\n")
+    assert run("stats", str(mixed), "--fail-above-rejected", f"{share:.4f}").returncode == 0
+    # a mixture packed before the rows were recorded: refused, naming the fixes, not passed
+    file = mixed / ".packtool" / "manifest.json"
+    manifest = json.loads(file.read_text())
+    for source in manifest["mixture"]["sources"]:
+        del source["tokenized"]
+    file.write_text(json.dumps(manifest))
+    r = run("stats", str(mixed), "--fail-above-rejected", "0.99")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"Error: --fail-above-rejected counts the rows tokenize rejected of each source, which the "
+                        f"manifest of {str(mixed)!r} does not record (a mixture packed by an earlier packtool); pack it "
+                        "again, or gate each source: packtool stats TOKENIZED --fail-above-rejected ...\n")
+    validate(compute_stats(mixed))
+
+
 def test_dry_run_plan_stats_equal_the_written_packs(messy):
     cfg = PackConfig(max_tokens=2048, buffer_size=8)
     result = pack_dataset(messy["tokenized"], messy["base"] / "unused", cfg, dry_run=True)
