@@ -284,8 +284,8 @@ def load_stats_data(path: str | Path, packed: str | Path | None = None) -> Stats
         packed_path = fetch_output(packed)
         packed_manifest = read_manifest(packed_path, "packed")
         if "mixture" in packed_manifest:
-            raise InputError(f"{shown_packed!r} is a mixture of {len(packed_manifest['mixture']['sources'])} "
-                             f"tokenized directories; run `packtool stats {shown_packed}` for its per-source shares")
+            raise InputError(f"{shown_packed!r} is a mixture of {_n_dirs(len(packed_manifest['mixture']['sources']))}; "
+                             f"run `packtool stats {shown_packed}` for its per-source shares")
         want = (packed_manifest.get("source") or {}).get("config_digest") or packed_manifest["config"].get("source_digest")
         if want and want != tok_manifest.get("config_digest"):
             raise InputError(
@@ -313,7 +313,7 @@ def load_stats_data(path: str | Path, packed: str | Path | None = None) -> Stats
     data = StatsData("packed")
     _load_packed(data, packed_path, packed_manifest)
     if "mixture" in packed_manifest:
-        data.notes.append(f"a mixture of {len(packed_manifest['mixture']['sources'])} tokenized directories: "
+        data.notes.append(f"a mixture of {_n_dirs(len(packed_manifest['mixture']['sources']))}: "
                           "requested and realised shares per source are in the mixture table; input order, branches and reconciliation "
                           "are per directory: packtool stats TOKENIZED")
         return data
@@ -586,6 +586,10 @@ def _share(part: int, total: int) -> float:
     return round(part / total, 4) if total else 0.0
 
 
+def _n_dirs(n: int) -> str:
+    return f"{n} tokenized director{'y' if n == 1 else 'ies'}"
+
+
 def mixture_summary(mix: dict) -> dict:
     """Requested against realised share of each source of a mixture (the manifest's ``mixture``).
 
@@ -692,7 +696,7 @@ def render_mixture(m: dict) -> str:
                       pair(r, "samples"), pair(r, "tokens"), pair(r, "vision_units"),
                       f"{r['realised_share']['loss_tokens']:.1%}" if "loss_tokens" in r["realised_share"] else "-"))
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
-    lines = [f"mixture: {len(m['sources'])} sources, seed {m['seed']}, group by {m['group_by']} "
+    lines = [f"mixture: {len(m['sources'])} source{'' if len(m['sources']) == 1 else 's'}, seed {m['seed']}, group by {m['group_by']} "
              "(requested -> realised)"]
     for row in table:
         lines.append("  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)])
