@@ -54,14 +54,19 @@ def test_ranks_then_merge(corpus, tmp_path):
     assert json.loads((out / ".packtool" / "manifest.json").read_text())["counts"]["rejected_by_reason"] == {"bad_json": 1}
 
 
+def _tokenize_ranks(src, sample, out, rows_per_shard: int, world_size: int) -> list[str]:
+    """The arguments of a one-worker tokenize split into ``world_size`` ranks (add ``--rank R``)."""
+    return ["tokenize", str(src), "--media-root", str(sample), "-o", str(out), "--rows-per-shard", str(rows_per_shard),
+            "--quiet", "--workers", "1", "--world-size", str(world_size)]
+
+
 def test_merge_names_every_rank_that_has_not_finished(corpus, tmp_path):
     """With more than ten ranks missing, merge named the first ten only ("run ranks 1, 2, ..., 10 of
     --world-size 15"): ranks 11 to 14 were found missing only after those ten ran and merge ran
     again. Now every one is named, runs of consecutive ranks as ranges (as a Slurm --array takes them)."""
     src, sample = corpus
     out = tmp_path / "tok"
-    base = ["tokenize", str(src), "--media-root", str(sample), "-o", str(out), "--rows-per-shard", "2", "--quiet",
-            "--workers", "1", "--world-size", "15"]
+    base = _tokenize_ranks(src, sample, out, rows_per_shard=2, world_size=15)
     for rank in ("0", "5"):
         assert run(*base, "--rank", rank).returncode == 0
     r = run("merge", str(out))
@@ -81,8 +86,7 @@ def test_merge_over_the_runs_max_errors_says_how_to_raise_it(corpus, tmp_path):
     lines[1] = "{broken"  # task 0 (rank 0); the last line, also broken, is in task 3 (rank 1)
     src.write_text("\n".join(lines) + "\n")
     out = tmp_path / "tok"
-    base = ["tokenize", str(src), "--media-root", str(sample), "-o", str(out), "--rows-per-shard", "8", "--quiet",
-            "--workers", "1", "--world-size", "2"]
+    base = _tokenize_ranks(src, sample, out, rows_per_shard=8, world_size=2)
     assert run(*base, "--rank", "0", "--max-errors", "1").returncode == 0
     want = (f"Error: 2 input rows rejected, more than --max-errors 1 (see {out / '.packtool' / 'errors-*.jsonl'}); fix "
             "the input or raise --max-errors: merge holds the run to the limit its ranks were given, so re-run one "
@@ -103,8 +107,7 @@ def test_merge_of_a_finished_run_that_lost_a_shard_names_a_fix_that_works(corpus
     again. Now the rank's command repairs its lost task, and merge says to run it."""
     src, sample = corpus
     out = tmp_path / "tok"
-    base = ["tokenize", str(src), "--media-root", str(sample), "-o", str(out), "--rows-per-shard", "8", "--quiet",
-            "--workers", "1", "--world-size", "2"]
+    base = _tokenize_ranks(src, sample, out, rows_per_shard=8, world_size=2)
     for rank in ("0", "1"):
         assert run(*base, "--rank", rank).returncode == 0
     whole = {p.name: p.read_bytes() for p in out.glob("part-*.parquet")}
