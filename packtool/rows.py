@@ -281,8 +281,6 @@ def _stage_samples(samples: list[Sample], ctx: EncodeContext, counts: Counter | 
     or a shard). ``counts["merged_records"]``, when given, drops the records no longer folded
     into a kept record."""
     specials = _Specials(ctx.tokenizer)
-    render = ctx.template.render
-    system = ctx.system_prompt
     staged = []
     rejected: list[Rejected] = []
     pieces = _Pieces()
@@ -297,12 +295,7 @@ def _stage_samples(samples: list[Sample], ctx: EncodeContext, counts: Counter | 
                 if branches:
                     staged.append((s, probed, branches))
                 continue
-            used: set[int] = set()
-            branches = [_stage(render(messages, system, s.tools, ctx.reasoning_loss), probed, specials, pieces, used)
-                        for messages in s.branches]
-            if len(used) != len(probed):
-                raise SampleError("placeholder_mismatch", f"{len(probed)} media but only {len(used)} placed in the conversation")
-            staged.append((s, probed, branches))
+            staged.append((s, probed, _stage_branches(s, s.branches, probed, ctx, specials, pieces)))
         except SampleError as err:
             pieces.rollback(mark)
             del pieces.texts[n_texts:]
@@ -313,6 +306,22 @@ def _stage_samples(samples: list[Sample], ctx: EncodeContext, counts: Counter | 
             if folded and counts is not None:
                 counts["merged_records"] -= len(folded)
     return pieces, staged, rejected
+
+
+def _stage_branches(s: Sample, branches, probed: list[_Probed], ctx: EncodeContext, specials: _Specials,
+                    pieces: _Pieces) -> list[tuple[int, int]]:
+    """Render and stage ``branches`` (conversations of ``s``: all of them, or one merged
+    record's) with :func:`_stage`; each branch's piece range.
+
+    Raises:
+        SampleError: ``placeholder_mismatch`` when a media item is placed in none of them.
+    """
+    used: set[int] = set()
+    staged = [_stage(ctx.template.render(messages, ctx.system_prompt, s.tools, ctx.reasoning_loss), probed, specials,
+                     pieces, used) for messages in branches]
+    if len(used) != len(probed):
+        raise SampleError("placeholder_mismatch", f"{len(probed)} media but only {len(used)} placed in the conversation")
+    return staged
 
 
 def _stage_members(s: Sample, probed: list[_Probed], ctx: EncodeContext, specials: _Specials, pieces: _Pieces,
@@ -327,13 +336,8 @@ def _stage_members(s: Sample, probed: list[_Probed], ctx: EncodeContext, special
     for k, (source, row, sid) in enumerate(members):
         mark, n_texts = len(pieces), len(pieces.texts)
         try:
-            used: set[int] = set()
-            own = [_stage(ctx.template.render(messages, ctx.system_prompt, s.tools, ctx.reasoning_loss), probed,
-                          specials, pieces, used) for messages in s.branches[first[k]:first[k + 1]]]
-            if len(used) != len(probed):
-                raise SampleError("placeholder_mismatch", f"{len(probed)} media but only {len(used)} placed in the conversation")
+            branches.extend(_stage_branches(s, s.branches[first[k]:first[k + 1]], probed, ctx, specials, pieces))
             kept.append(k)
-            branches.extend(own)
         except SampleError as err:
             pieces.rollback(mark)
             del pieces.texts[n_texts:]
