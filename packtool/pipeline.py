@@ -1166,36 +1166,93 @@ def _prefetch_media(media_root, tables, where: np.ndarray) -> None:
     media_root.prefetch(paths, whole=True)
 
 
+#: Bytes of recently embedded media a pack task keeps (``_Recent``): one image used by many
+#: records (a VQA corpus asks several questions of each image) is read, or a video's frames
+#: decoded, once while it stays among the task's recent items. Per task, so per worker process.
+RECENT_MEDIA_BYTES = 64 << 20
+
+
+class _Recent:
+    """The least recently used entries up to ``limit`` bytes in all; an entry over an eighth of
+    ``limit`` is never kept (it would push out many small ones and is rarely a repeat).
+
+    Example:
+        >>> r = _Recent(16)
+        >>> for k in "abcdefgh": r.put(k, k.encode() * 2, 2)
+        >>> r.get("a")  # "a" is the most recent now, "b" the least
+        b'aa'
+        >>> r.put("i", b"ii", 2)  # 18 bytes: the least recent goes
+        >>> r.get("b") is None, r.get("c")
+        (True, b'cc')
+        >>> r.put("j", b"jjj", 3)  # over 16 // 8 bytes: never kept
+        >>> r.get("j") is None
+        True
+    """
+
+    __slots__ = ("limit", "_items", "_bytes")
+
+    def __init__(self, limit: int) -> None:
+        from collections import OrderedDict
+
+        self.limit = limit
+        self._items: OrderedDict = OrderedDict()
+        self._bytes = 0
+
+    def get(self, key):
+        hit = self._items.get(key)
+        if hit is not None:
+            self._items.move_to_end(key)
+            return hit[0]
+        return None
+
+    def put(self, key, value, size: int) -> None:
+        if size > self.limit // 8 or key in self._items:
+            return
+        self._items[key] = (value, size)
+        self._bytes += size
+        while self._bytes > self.limit:
+            _, (_, gone) = self._items.popitem(last=False)
+            self._bytes -= gone
+
+
 class _MediaLoader:
     """What ``--media embed`` puts into a packed row for one media item (see ``assemble_packs``'s
     ``media_data``): ``loader(item)`` with the tokenized row's media struct as a dict, or, for an
     image file, ``loader.image(path, size_bytes)`` without building that dict.
 
     An image is its file's bytes, which must have the size tokenize counted (a file rewritten while
-    the task runs stops it, ``InputError``); a video is its recorded frames as JPEG.
+    the task runs stops it, ``InputError``); a video is its recorded frames as JPEG. A file used
+    again while it is among the task's recent items (:data:`RECENT_MEDIA_BYTES`) is not read (or
+    decoded) again: the task embeds the bytes it read the first time.
     """
 
-    __slots__ = ("media_root", "frame_quality", "_read")
+    __slots__ = ("media_root", "frame_quality", "_read", "_recent")
 
-    def __init__(self, media_root: Path, frame_quality: int = 90) -> None:
+    def __init__(self, media_root: Path, frame_quality: int = 90, recent_bytes: int | None = None) -> None:
         from .media import MediaPathResolver
 
         self.media_root = media_root
         self.frame_quality = frame_quality
         self._read = MediaPathResolver(media_root).read if isinstance(media_root, Path) else self._read_remote
+        self._recent = _Recent(RECENT_MEDIA_BYTES if recent_bytes is None else recent_bytes)
 
     def _read_remote(self, path: str) -> bytes:
         return self.media_root.file(path).read_bytes()
 
     def image(self, path: str, size_bytes: int | None) -> bytes:
-        try:
-            data = self._read(path)
-        except SampleError as err:
-            raise _unreadable(err, checked=size_bytes is not None) from None
+        data = self._recent.get(path)
+        if data is None:
+            try:
+                data = self._read(path)
+            except SampleError as err:
+                raise _unreadable(err, checked=size_bytes is not None) from None
+        elif len(data) == size_bytes or size_bytes is None:
+            return data
         if size_bytes is not None and len(data) != size_bytes:
             # checked before planning; a file rewritten while this task ran is caught here
             raise InputError(f"media file {path!r} changed while pack was running ({len(data):,} bytes, "
                              f"{size_bytes:,} when counted); re-run the same command")
+        self._recent.put(path, data, len(data))
         return data
 
     def __call__(self, m: dict) -> list[bytes] | None:
@@ -1209,14 +1266,24 @@ class _MediaLoader:
             return [self.image(m["path"], m.get("size_bytes"))]
         from .media import extract_frames
 
+        # a video's frames depend on its file, the recorded times and size (rotation), and the JPEG quality
+        key = None
+        if m.get("data") is None and m.get("path") is not None:
+            key = ("video", m["path"], tuple(m.get("timestamps") or ()), m.get("width"), m.get("height"))
+            frames = self._recent.get(key)
+            if frames is not None:
+                return frames
         try:
-            return extract_frames(self.media_root, m, quality=self.frame_quality)
+            frames = extract_frames(self.media_root, m, quality=self.frame_quality)
         except SampleError as err:
             if err.reason == "corrupt_video":  # there and unchanged, but its frames do not decode: a re-run fails again
                 where = f"{m['path']!r}" if m.get("path") else "held inline by a tokenized row"
                 raise InputError(f"video {where} has frames that do not decode ({err.message}); tokenize reads only "
                                  "its headers: replace the file, or drop its rows and tokenize again") from None
             raise _unreadable(err, checked=m.get("size_bytes") is not None) from None
+        if key is not None:
+            self._recent.put(key, frames, sum(map(len, frames)))
+        return frames
 
 
 def _unreadable(err: SampleError, checked: bool) -> InputError:

@@ -434,6 +434,7 @@ def test_embedded_bytes_are_the_files_through_either_loader_path(tmp_path):
     assert len(got) == sum(kinds)
     assert all(m["data"] == (tmp_path / m["path"]).read_bytes() and m["frames"] is None for m in got)
     changed = got[0]["path"]
+    loader = _media_loader(tmp_path)  # one that has read the file embeds the bytes it read (see the next test)
     (tmp_path / changed).write_bytes(b"other" * 3000)
     for media_data in (loader, lambda m: loader(m)):
         with pytest.raises(InputError, match=f"{changed}.*changed while pack was running.*re-run"):
@@ -452,6 +453,50 @@ def test_embedded_bytes_are_the_files_through_either_loader_path(tmp_path):
         loader({**video, "size_bytes": None})
     with pytest.raises(InputError, match="neither a path nor inline bytes.*tokenize the corpus again"):
         loader({"kind": "image", "path": None, "data": None, "size_bytes": None})
+
+
+def test_a_task_reads_each_repeated_media_file_once_and_writes_the_same_shards(tmp_path, monkeypatch):
+    """Records that share an image or a video (several questions about one picture): a pack
+    task reads each image file once and decodes each video's frames once while they stay among
+    its recent items, and writes shards byte-identical to a run that reads every item again."""
+    import json
+
+    from PIL import Image
+
+    import packtool.media as media
+    import packtool.pipeline as pipeline
+    from packtool.config import TokenizeConfig
+    from packtool.pipeline import pack_dataset, tokenize_dataset
+    from tests.test_bad_input import video
+
+    root = tmp_path / "media"
+    root.mkdir()
+    for i, (w, h) in enumerate([(320, 240), (200, 300)]):
+        Image.effect_noise((w, h), 40 + i).convert("RGB").save(root / f"img{i}.jpg", quality=90)
+    video(root / "clip.mp4", n_frames=20)
+    conv = [{"from": "human", "value": "<image>\nWhat is here?"}, {"from": "gpt", "value": "Noise, mostly."}]
+    recs = [{"id": f"i{k}", "image": f"img{k % 2}.jpg", "conversations": conv} for k in range(12)]
+    recs += [{"id": f"v{k}", "video": "clip.mp4", "conversations": [
+        {"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "It brightens."}]} for k in range(3)]
+    src = tmp_path / "data.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    tok = tmp_path / "tok"
+    tokenize_dataset([src], tok, TokenizeConfig(media_root=str(root)), workers=1, progress=None)
+
+    reads, decodes = [], []
+    read, extract = media.MediaPathResolver.read, media.extract_frames
+    monkeypatch.setattr(media.MediaPathResolver, "read", lambda self, path: reads.append(path) or read(self, path))
+    monkeypatch.setattr(media, "extract_frames", lambda *a, **k: decodes.append(a[1]["path"]) or extract(*a, **k))
+    cfg = PackConfig(media="embed", max_tokens=2048)
+    pack_dataset(tok, tmp_path / "once", cfg, workers=1)
+    assert sorted(reads) == ["img0.jpg", "img1.jpg"] and decodes == ["clip.mp4"], (reads, decodes)
+
+    reads.clear(), decodes.clear()
+    monkeypatch.setattr(pipeline, "RECENT_MEDIA_BYTES", 0)  # nothing kept: every item read again
+    pack_dataset(tok, tmp_path / "every", cfg, workers=1)
+    assert len(reads) == 12 and decodes == ["clip.mp4"] * 3, (reads, decodes)
+    shards = sorted(p.relative_to(tmp_path / "once") for p in (tmp_path / "once").rglob("*.parquet"))
+    assert shards and all((tmp_path / "once" / p).read_bytes() == (tmp_path / "every" / p).read_bytes() for p in shards)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
