@@ -372,7 +372,7 @@ def _zero_counts(kind: str) -> dict:
                 "alone_tokens", "alone_vision_units", "rejected", "rejected_by_reason")
     else:
         keys = ("rows_in", "samples", "rejected", "rejected_by_reason", "tokens", "vision_units", "branches",
-                "split_extra_trees", "merged_records")
+                "folded_branches", "split_extra_trees", "merged_records")
     return {k: {} if k == "rejected_by_reason" else 0 for k in keys}
 
 
@@ -975,8 +975,8 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
         raise
     counts = {"rows_in": n_rows, "samples": n_samples, "rejected": errors.total,
               "rejected_by_reason": dict(sorted(errors.by_reason.items())), "tokens": n_tokens, "vision_units": n_units,
-              "branches": tree_counts["branches"], "split_extra_trees": tree_counts["split_extra_trees"],
-              "merged_records": tree_counts["merged_records"]}
+              "branches": tree_counts["branches"], "folded_branches": tree_counts["folded_branches"],
+              "split_extra_trees": tree_counts["split_extra_trees"], "merged_records": tree_counts["merged_records"]}
     if n_repeated:  # only when there are any: the counts of a run without repeats stay as they were
         counts["repeated_ids"] = n_repeated
     record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts,
