@@ -244,6 +244,12 @@ def tokenize(
     if not c["rows_in"]:
         typer.echo("warning: the inputs hold no records (empty files, or an empty JSON list); check the paths "
                    "given, or that the step that writes them ran")
+    if c.get("folded_branches"):
+        n = c["folded_branches"]
+        its, what = ("its", "1 branch lies") if n == 1 else ("their", f"{n:,} branches lie")
+        typer.echo(f"note: {what} wholly inside the shared prefix of {its} message tree (a repeat, or a prefix of "
+                   f"every other branch): {its} tokens train once, in the prefix, not as a branch of {its} own "
+                   "(counts: folded_branches)")
     if c.get("repeated_ids"):
         n = c["repeated_ids"]
         typer.echo(f"warning: {n:,} {'sample repeats' if n == 1 else 'samples repeat'} an id stored before in the same "

@@ -213,13 +213,18 @@ def _check_call(cfg: object, kind: type, max_errors: object = None) -> int | Non
 
 
 class _TaskErrors:
-    """One task's rejected rows, written to a temporary file and renamed into place with the task."""
+    """One task's rejected rows, written to a temporary file and renamed into place with the task.
+
+    ``bytes`` is the file's size, which the task's completion marker records (``errors_bytes``):
+    ``errors.jsonl`` is made of these logs, so a log lost or cut since makes the marker void
+    (:func:`~packtool.shards.read_marker`, a ``stat``) and the task is redone."""
 
     def __init__(self, out_dir: Path, task: int, max_errors: int | None, on_error: str) -> None:
         self.final = task_errors_path(out_dir, task)
         self.tmp = tmp_path(self.final)
         self.fh = open(self.tmp, "wb")
         self.by_reason: Counter[str] = Counter()
+        self.bytes = 0
         self.max_errors = max_errors
         self.on_error = on_error
 
@@ -230,7 +235,9 @@ class _TaskErrors:
             rej = Rejected(rej.source, rej.source_row, rej.sample_id, rej.reason, _ADDRESS.sub("", rej.message))
         # a lone surrogate a rejected row held (in its id, say) is written as its JSON escape
         # ("\\udc80"), so errors.jsonl stays UTF-8 and reads back as the same string
-        self.fh.write((json.dumps(rej.to_json(), ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace"))
+        line = (json.dumps(rej.to_json(), ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace")
+        self.fh.write(line)
+        self.bytes += len(line)
         self.by_reason[rej.reason] += 1
         where = f"{rej.source}:{rej.source_row}" + (f" (sample {rej.sample_id!r})" if rej.sample_id else "")
         if self.on_error == "fail":
@@ -365,7 +372,7 @@ def _zero_counts(kind: str) -> dict:
                 "alone_tokens", "alone_vision_units", "rejected", "rejected_by_reason")
     else:
         keys = ("rows_in", "samples", "rejected", "rejected_by_reason", "tokens", "vision_units", "branches",
-                "split_extra_trees", "merged_records")
+                "folded_branches", "split_extra_trees", "merged_records")
     return {k: {} if k == "rejected_by_reason" else 0 for k in keys}
 
 
@@ -528,6 +535,7 @@ def _merge(out: Path, shown: str) -> dict:
     final = out / ERRORS
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_path(final)
+    digest_errors = hashlib.sha256()
     with open(tmp, "wb") as fh:
         for t, marker in enumerate(markers):
             _add_counts(counts, marker["counts"])
@@ -537,6 +545,8 @@ def _merge(out: Path, shown: str) -> dict:
                 with open(err, "rb") as src:
                     while block := src.read(1 << 20):
                         fh.write(block)
+                        digest_errors.update(block)
+        n_error_bytes = fh.tell()
     limit = run.get("max_errors")
     if limit is not None and counts.get("rejected", 0) > limit:
         tmp.unlink(missing_ok=True)
@@ -558,7 +568,10 @@ def _merge(out: Path, shown: str) -> dict:
         caps = extra["capacities"]
         counts["lower_bound"] = _pack_bound(counts, caps["max_tokens"], caps["max_vision_units"])
     counts["tasks"] = run["n_tasks"]
-    manifest = write_manifest(out, run["kind"], run["config"], digest, shards, **extra, counts=counts)
+    # its size is what a re-run checks (a stat) to find it lost or cut, and repair it from the task logs
+    errors_file = {"path": ERRORS, "bytes": n_error_bytes, "sha256": digest_errors.hexdigest()}
+    manifest = write_manifest(out, run["kind"], run["config"], digest, shards, **extra, counts=counts,
+                              errors_file=errors_file)
     sweep_stale_tmps(out)  # what writers killed during this run (or a straggler of an earlier one) left
     return manifest
 
@@ -962,12 +975,12 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
         raise
     counts = {"rows_in": n_rows, "samples": n_samples, "rejected": errors.total,
               "rejected_by_reason": dict(sorted(errors.by_reason.items())), "tokens": n_tokens, "vision_units": n_units,
-              "branches": tree_counts["branches"], "split_extra_trees": tree_counts["split_extra_trees"],
-              "merged_records": tree_counts["merged_records"]}
+              "branches": tree_counts["branches"], "folded_branches": tree_counts["folded_branches"],
+              "split_extra_trees": tree_counts["split_extra_trees"], "merged_records": tree_counts["merged_records"]}
     if n_repeated:  # only when there are any: the counts of a run without repeats stay as they were
         counts["repeated_ids"] = n_repeated
     record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts,
-              "ran_on": worker_place()}
+              "errors_bytes": errors.bytes, "ran_on": worker_place()}
     publish_task(task.out_dir, out, task.index, record)
     return record
 
@@ -1625,7 +1638,7 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
         errors.abort()
         raise
     record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts,
-              "ran_on": worker_place()}
+              "errors_bytes": errors.bytes, "ran_on": worker_place()}
     publish_task(task.out_dir, out, task.index, record)
     return record
 
@@ -2105,7 +2118,7 @@ def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShard
         raise
     counts["source_loss_tokens"] = {str(i): int(v) for i, v in enumerate(loss.tolist())}
     record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts,
-              "ran_on": worker_place()}
+              "errors_bytes": errors.bytes, "ran_on": worker_place()}
     publish_task(task.out_dir, out, task.index, record)
     return record
 

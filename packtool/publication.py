@@ -428,16 +428,23 @@ class RemoteOutput:
             RequestCounter.add(0)
 
     def publish(self) -> None:
-        """Upload ``errors.jsonl`` and then the manifest when the local merge wrote new ones."""
+        """Upload ``errors.jsonl`` and then the manifest when the local merge wrote new ones
+        (``errors.jsonl`` alone when only it changed: a repaired one, the manifest the same)."""
         from .shards import ERRORS, MANIFEST
 
         manifest = self.mirror / MANIFEST
-        if not manifest.is_file() or manifest.read_bytes() == self._pulled.get("manifest.json"):
+        errors = self.mirror / ERRORS
+        if not manifest.is_file():
+            return
+        new_manifest = manifest.read_bytes() != self._pulled.get("manifest.json")
+        if not new_manifest:
+            if errors.is_file() and errors.read_bytes() != self._pulled.get("errors.jsonl"):
+                self.fs.put_file(str(errors), f"{self.root}/{ERRORS}")
+                RequestCounter.add(errors.stat().st_size)
             return
         listed = {s["file"] for s in json.loads(manifest.read_text(encoding="utf-8"))["shards"]}
         strays = [n for n in sorted(self.sizes) if n not in listed and re.fullmatch(r"part-\d{5}-\d{5}\.parquet", n)]
         self._delete(strays)  # shards of killed attempts that no marker names
-        errors = self.mirror / ERRORS
         if errors.is_file():
             self.fs.put_file(str(errors), f"{self.root}/{ERRORS}")
             RequestCounter.add(errors.stat().st_size)

@@ -27,6 +27,13 @@ A sample's branches may become **several trees on the same media** (never droppe
 
 The extra trees are counted (``counts["split_extra_trees"]``) and named
 ``<sample_id>#1``, ``#2``, ...
+
+A branch that lies wholly inside its tree's shared prefix (a repeat of another branch when the
+tree holds nothing else, or a conversation that is a prefix of every other branch of the tree)
+has no tokens of its own: its tokens are the prefix's, stored and trained once, as any turn the
+branches share is, and it gets no subsegment. It is counted, not silently lost:
+``counts["folded_branches"]``, while ``counts["branches"]`` counts the branches rows store
+(their ``n_branches``), so the two add up to the conversations encoded.
 """
 
 from __future__ import annotations
@@ -365,8 +372,9 @@ def encode_samples(
     ids, loss mask, targets and positions are built as whole arrays (one numpy pass each,
     not a few small ones per sample); a row's arrays are views into them. A sample may give
     several rows (see the module docstring); ``counts``, when given, gains ``trees``
-    (rows), ``branches`` (branches over all rows) and ``split_extra_trees`` (rows beyond
-    one per sample).
+    (rows), ``branches`` (branches over all rows: their ``n_branches``), ``folded_branches``
+    (conversations wholly inside their tree's shared prefix, which store no branch of their own)
+    and ``split_extra_trees`` (rows beyond one per sample).
     """
     pieces, staged, rejected = _stage_samples(samples, ctx, counts)
     arrays = _PieceArrays(pieces, _encode_texts(pieces, ctx))
@@ -381,6 +389,7 @@ def encode_samples(
                 single.append((row, starts[branches[0][0]], starts[branches[0][1]]))
             else:
                 row = _tree_row(s, probed, tree)
+            _count_branches(counts, len(tree), row["n_branches"])
             if k:
                 row["sample_id"] = f"{s.sample_id}#{k}"
             rows.append(row)
@@ -402,9 +411,16 @@ def _sample_trees(arrays: _PieceArrays, ids: np.ndarray, loss: np.ndarray, branc
     trees = _split_trees(seqs, ctx.max_branches, ctx.max_tokens)
     if counts is not None:
         counts["trees"] += len(trees)
-        counts["branches"] += len(seqs)
         counts["split_extra_trees"] += len(trees) - 1
     return trees
+
+
+def _count_branches(counts: Counter | None, n_seqs: int, n_branches: int) -> None:
+    """Count a row of ``n_seqs`` conversations that stores ``n_branches`` branches: the others lie
+    wholly inside its shared prefix (folded; see the module docstring)."""
+    if counts is not None:
+        counts["branches"] += n_branches
+        counts["folded_branches"] += n_seqs - n_branches
 
 
 class _PieceArrays:
@@ -492,13 +508,14 @@ def encode_stored(samples: list[Sample], ctx: EncodeContext, counts: Counter | N
             meta.append(single_meta[-1])
             if counts is not None:
                 counts["trees"] += 1
-                counts["branches"] += 1
+            _count_branches(counts, 1, 1)
             continue
         if expanded is None:
             expanded = _assemble_batch(arrays)
         ids, loss, _ = expanded
         for k, tree in enumerate(_sample_trees(arrays, ids, loss, branches, ctx, counts)):
             row = _tree_row(s, probed, tree)
+            _count_branches(counts, len(tree), row["n_branches"])
             tree_rows.append(row)
             from_tree.append(True)
             meta.append([f"{s.sample_id}#{k}" if k else s.sample_id, s, probed, sorted(tree[0][2], key=lambda x: x[1]),

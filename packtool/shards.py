@@ -956,7 +956,10 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
     so a repair cut short is an unfinished run that the same command resumes; a bucket keeps
     its manifest object until the new one replaces it, and its shards are written over, never
     deleted first. A damaged run whose shards are not named by their task (a run of an older
-    packtool) is refused unless ``overwrite``. A manifest that is damaged itself (not JSON,
+    packtool) is refused unless ``overwrite``. A lost or cut ``errors.jsonl`` (its size against
+    the manifest's ``errors_file``: one more ``stat``) is repaired the same way: it is the tasks'
+    error logs end to end, so the merge writes it again from them; a task whose own log is gone
+    too is redone, and the manifest is kept when no task is. A manifest that is damaged itself (not JSON,
     fields or shard names readers refuse) is no finished run: the run is resumed from its run
     state and markers, and the merge writes the manifest again.
 
@@ -990,14 +993,19 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
         same = old.get("kind") == run["kind"] and old.get("config_digest") == run["config_digest"]
         changed = _changed_inputs(_read_state(state_file).get("inputs"), run.get("inputs")) if same else []
         damaged = _damaged_shards(out_dir, old) if same and not changed else []
-        repair = bool(damaged) and all(_TASK_SHARD.fullmatch(name) for name, _ in damaged)
-        if same and not changed and not damaged:
+        errors = _damaged_errors(out_dir, old) if same and not changed else None
+        if same and not changed and not damaged and errors is None:
             return old
+        repair = all(_TASK_SHARD.fullmatch(name) for name, _ in damaged) and bool(damaged or errors)
         if repair:
             # resumed below: the tasks whose shards their markers no longer find are redone, the
-            # rest kept, and the merge writes the manifest again
-            log.warning("%s", _repair_line(shown, damaged, len(old["shards"]), run.get("world_size", 1)))
-            if listed_sizes(out_dir) is None:
+            # rest kept, and the merge writes errors.jsonl and the manifest again. errors.jsonl is
+            # the tasks' error logs end to end, so a lost or cut one is written again from them, and
+            # a task whose log (or marker) is gone too is redone (named here; markers are read only
+            # on this repair path: the check of a whole run stays one stat per file)
+            lost = _lost_logs(out_dir, run, {_task_of(name) for name, _ in damaged})
+            log.warning("%s", _repair_line(shown, damaged, len(old["shards"]), run.get("world_size", 1), errors, lost))
+            if (damaged or lost) and listed_sizes(out_dir) is None:
                 # a redone task first removes all its shards: the manifest goes before them (as in
                 # _wipe), so a repair cut short leaves an unfinished run, not a manifest naming
                 # files packtool removed. A bucket's mirror keeps it: there a task's shards are only
@@ -1109,6 +1117,38 @@ def _damaged_shards(out_dir: Path, manifest: dict) -> list[tuple[str, str]]:
     return damaged
 
 
+def _damaged_errors(out_dir: Path, manifest: dict) -> str | None:
+    """What is wrong with the finished run's ``errors.jsonl`` (``"missing"``, or ``"N bytes,
+    listed M"``), or ``None`` when it is there with the size its manifest records: one ``stat``,
+    no hash (``packtool validate`` compares its sha256). A manifest written before packtool
+    recorded the size has only a lost file found."""
+    f = errors_path(out_dir)  # a bucket's mirror holds the object's copy
+    if not f.is_file():
+        return "missing"
+    record = manifest.get("errors_file")
+    want = record.get("bytes") if isinstance(record, dict) else None
+    size = f.stat().st_size
+    return f"{size:,} bytes, listed {want:,}" if _is_count(want) and size != want else None
+
+
+def _task_of(shard: str) -> int:
+    """The task that wrote ``part-TTTTT-KKKKK.parquet``."""
+    return int(_TASK_SHARD.fullmatch(shard)["task"])
+
+
+def _lost_logs(out_dir: Path, run: dict, skip: set[int]) -> dict[int, str]:
+    """The tasks of a finished run (but those in ``skip``) that the merge cannot use any more:
+    ``{task: "log"}`` when its marker is there but its error log is lost or cut
+    (:func:`read_marker`), ``{task: "marker"}`` when its marker is gone or damaged."""
+    lost = {}
+    for t in range(run.get("n_tasks", 0)):
+        if t in skip or read_marker(out_dir, t, run["config_digest"]) is not None:
+            continue
+        marker = _read_state(marker_path(out_dir, t))
+        lost[t] = "log" if marker.get("config_digest") == run["config_digest"] and marker.get("task") == t else "marker"
+    return lost
+
+
 def _damage(damaged: list[tuple[str, str]]) -> str:
     """``damaged`` (:func:`_damaged_shards`) in words: ``"2 listed shards are missing or changed:
     part-00001.parquet (missing), ..."``."""
@@ -1117,25 +1157,48 @@ def _damage(damaged: list[tuple[str, str]]) -> str:
     return f"{n} listed shard{'s are' if n > 1 else ' is'} missing or changed: {shown}"
 
 
-def _repair_line(shown: str, damaged: list[tuple[str, str]], n_shards: int, world_size: int = 1) -> str:
-    """The one line a repair says: what is damaged and which tasks are redone (by which ranks,
-    when the run is split into ``world_size`` ranks: each redoes its own).
+def _repair_line(shown: str, damaged: list[tuple[str, str]], n_shards: int, world_size: int = 1,
+                 errors: str | None = None, lost: dict[int, str] | None = None) -> str:
+    """The one line a repair says: what is damaged (shards; ``errors``, what is wrong with
+    ``errors.jsonl``) and which tasks are redone (by which ranks, when the run is split into
+    ``world_size`` ranks: each redoes its own): those that wrote a damaged shard, and ``lost``,
+    those whose error log (``"log"``) or marker (``"marker"``) is missing or changed.
 
     Example:
         >>> _repair_line("tok", [("part-00001-00000.parquet", "missing")], 4)
         'tok: 1 of 4 shards of the finished run is missing or changed: part-00001-00000.parquet (missing); redoing task 1, which wrote it, and keeping the rest'
         >>> _repair_line("tok", [("part-00003-00000.parquet", "missing")], 4, world_size=2)[-79:]
         'task 3, which wrote it, is redone by rank 1 of --world-size 2; the rest is kept'
+        >>> _repair_line("tok", [], 4, errors="missing")
+        "tok: the finished run's .packtool/errors.jsonl is missing; writing it again from the tasks' error logs (no task is redone)"
+        >>> _repair_line("tok", [], 4, errors="10 bytes, listed 200", lost={2: "log"})
+        "tok: the finished run's .packtool/errors.jsonl is 10 bytes, listed 200; redoing task 2, whose error log is missing or changed, and keeping the rest"
     """
-    tasks = sorted({int(_TASK_SHARD.fullmatch(name)["task"]) for name, _ in damaged})
+    lost = lost or {}
+    tasks = sorted({_task_of(name) for name, _ in damaged} | set(lost))
     many = len(damaged) > 1
-    what = (f"{shown}: {len(damaged)} of {n_shards} shards of the finished run {'are' if many else 'is'} missing or "
-            f"changed: {_some([f'{name} ({how})' for name, how in damaged])}; ")
-    task = f"task{'s' if len(tasks) > 1 else ''} {_some([str(t) for t in tasks])}, which wrote {'them' if many else 'it'}"
+    parts = []
+    if damaged:
+        parts.append(f"{len(damaged)} of {n_shards} shards of the finished run {'are' if many else 'is'} missing or "
+                     f"changed: {_some([f'{name} ({how})' for name, how in damaged])}")
+    if errors is not None:
+        whose = "its" if damaged else "the finished run's"
+        parts.append(f"{whose} {ERRORS} is {errors}")
+    what = f"{shown}: {', and '.join(parts)}; "
+    if not tasks:
+        return f"{what}writing it again from the tasks' error logs (no task is redone)"
+    plural = len(tasks) > 1
+    if not lost:
+        why = f"which wrote {'them' if many else 'it'}"
+    elif not damaged and set(lost.values()) == {"log"}:
+        why = f"whose error log{'s are' if plural else ' is'} missing or changed"
+    else:
+        why = f"whose shards, error log{'s' if plural else ''} or marker{'s' if plural else ''} are missing or changed"
+    task = f"task{'s' if plural else ''} {_some([str(t) for t in tasks])}, {why}"
     if world_size <= 1:
         return f"{what}redoing {task}, and keeping the rest"
     ranks = sorted({t % world_size for t in tasks})
-    return (f"{what}{task}, {'are' if len(tasks) > 1 else 'is'} redone by rank{'s' if len(ranks) > 1 else ''} "
+    return (f"{what}{task}, {'are' if plural else 'is'} redone by rank{'s' if len(ranks) > 1 else ''} "
             f"{_some([str(r) for r in ranks])} of --world-size {world_size}; the rest is kept")
 
 
@@ -1225,7 +1288,26 @@ def read_marker(out_dir: Path, task: int, config_digest: str) -> dict | None:
         f = Path(out_dir) / s["file"]
         if f.is_symlink() or not f.is_file() or f.stat().st_size != s.get("bytes"):
             return None
-    return record
+    return record if _log_whole(out_dir, task, record) else None
+
+
+def _log_whole(out_dir: Path, task: int, record: dict) -> bool:
+    """Whether the task's rejected rows (``errors-TTTTT.jsonl``, of which ``errors.jsonl`` is made)
+    are there as its marker records them: one ``stat``.
+
+    The marker's ``errors_bytes`` is the log's size; an empty log may be absent (a bucket stores
+    none). A marker written before packtool recorded the size has only its ``rejected`` count to
+    go by: its log must be there when it rejected any row. A link is never followed (the run's
+    state stays inside its directory).
+    """
+    f = task_errors_path(out_dir, task)
+    if f.is_symlink():
+        return False
+    size = f.stat().st_size if f.is_file() else None
+    want = record.get("errors_bytes")
+    if want is None:
+        return size is not None or not record["counts"].get("rejected")
+    return _is_count(want) and (size or 0) == want
 
 
 def shard_error(file: Path, exc: BaseException) -> InputError:

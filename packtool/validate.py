@@ -690,22 +690,33 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
         if f.name not in listed and not f.name.startswith(("_", ".")):
             problems.add(f.name, "not listed in the manifest, yet tools that read the directory as a Parquet dataset "
                                  "(pandas, duckdb, datasets) read its rows with the listed shards'; remove it")
-    _check_errors_file(path, counts, problems)
+    _check_errors_file(path, counts, manifest.get("errors_file"), problems)
     report["ok"] = not problems.items
     return report
 
 
-def _check_errors_file(path: Path, counts: dict, problems: _Problems) -> None:
+#: What a damaged ``errors.jsonl`` needs: it is the run's task logs end to end (the command that
+#: wrote the directory writes it again too when it is missing or cut; merge, also when it kept its size).
+_ERRORS_FIX = "`packtool merge` on the directory writes it again from the tasks' error logs"
+
+
+def _check_errors_file(path: Path, counts: dict, record: object, problems: _Problems) -> None:
+    """``errors.jsonl`` against the manifest: its lines (known reason codes, as many as the counts
+    say) and, where the manifest records them (``errors_file``), its size and sha256."""
+    import hashlib
+
     f = errors_path(path)
     if not f.is_file():
         if counts.get("rejected"):
-            problems.add(ERRORS, f"missing, but the manifest counts {counts['rejected']:,} rejected rows")
+            problems.add(ERRORS, f"missing, but the manifest counts {counts['rejected']:,} rejected rows; {_ERRORS_FIX}")
         return
     n = 0
     by_reason: dict[str, int] = {}
+    digest = hashlib.sha256()
     # read as bytes: a line that is not UTF-8 is a finding of its own, not a decoding error
     with open(f, "rb") as fh:
         for i, line in enumerate(fh):
+            digest.update(line)
             try:
                 rec = json.loads(line)
             except ValueError:  # UnicodeDecodeError included
@@ -719,9 +730,12 @@ def _check_errors_file(path: Path, counts: dict, problems: _Problems) -> None:
             by_reason[rec.get("reason")] = by_reason.get(rec.get("reason"), 0) + 1
             n += 1
     if "rejected" in counts and counts["rejected"] != n:
-        problems.add(ERRORS, f"{n:,} lines, the manifest counts {counts['rejected']:,} rejected rows")
+        problems.add(ERRORS, f"{n:,} lines, the manifest counts {counts['rejected']:,} rejected rows; {_ERRORS_FIX}")
     elif "rejected_by_reason" in counts and counts["rejected_by_reason"] != dict(sorted(by_reason.items())):
         problems.add(ERRORS, "reasons differ from the manifest's rejected_by_reason")
+    elif isinstance(record, dict) and record.get("sha256") not in (None, digest.hexdigest()):
+        problems.add(ERRORS, f"sha256 {digest.hexdigest()[:12]}… differs from the manifest's "
+                             f"{str(record['sha256'])[:12]}… (the file changed after it was written); {_ERRORS_FIX}")
 
 
 def render_report(report: dict) -> str:

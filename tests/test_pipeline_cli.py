@@ -132,6 +132,35 @@ def test_merge_of_a_finished_run_that_lost_a_shard_names_a_fix_that_works(corpus
     assert run("validate", str(out)).returncode == 0
 
 
+def test_a_cut_errors_file_whose_task_log_is_gone_is_repaired_by_that_tasks_rank(corpus, tmp_path):
+    """errors.jsonl cut short after the run finished, and the error log of task 3 (rank 1's) gone
+    too: rank 0's command says so in one warning and leaves task 3 to rank 1, whose command
+    redoes it and writes errors.jsonl again: the bytes of the first run, and validate passes."""
+    src, sample = corpus
+    out = tmp_path / "tok"
+    base = _tokenize_ranks(src, sample, out, rows_per_shard=8, world_size=2)
+    for rank in ("0", "1"):
+        assert run(*base, "--rank", rank).returncode == 0
+    state = out / ".packtool"
+    whole = {p.name: p.read_bytes() for p in [*out.glob("part-*.parquet"), state / "errors.jsonl", state / "manifest.json"]}
+    assert whole["errors.jsonl"].count(b"\n") == 1
+    (state / "errors.jsonl").write_bytes(whole["errors.jsonl"][:10])
+    (state / "errors-00003.jsonl").unlink()
+    r = run(*base, "--rank", "0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("rank 0 of 2: 2 tasks done, 1 task of other ranks remains")
+    assert r.stderr == (f"WARNING packtool.shards: {out}: the finished run's .packtool/errors.jsonl is 10 bytes, listed "
+                        f"{len(whole['errors.jsonl'])}; task 3, whose error log is missing or changed, is redone by "
+                        "rank 1 of --world-size 2; the rest is kept\n")
+    r = run(*base, "--rank", "1")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout == (f"30 samples from 31 rows in 4 shards -> {out}\n1 row rejected (bad_json 1); see "
+                        f"{state / 'errors.jsonl'}\n")
+    assert {p.name: p.read_bytes() for p in [*out.glob("part-*.parquet"), state / "errors.jsonl",
+                                               state / "manifest.json"]} == whole
+    assert run("validate", str(out)).returncode == 0
+
+
 SHARE_KEYS = ["partial", "kind", "rank", "world_size", "tasks_missing", "counts", "shard_files"]
 
 

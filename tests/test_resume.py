@@ -379,3 +379,95 @@ def test_a_finished_run_whose_manifest_is_damaged_is_resumed_by_the_same_command
         "kept) to write it again"]
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("part-0000[012]-*.parquet")} == kept
     assert files(out) == files(reference / "tok")
+
+
+@pytest.fixture(scope="module")
+def rejecting(corpus, tmp_path_factory) -> tuple[Path, Path]:
+    """The corpus with rejected rows in tasks 0, 1 and 3 (none in task 2), and a clean run of it."""
+    lines = (corpus / "data.jsonl").read_text(encoding="utf-8").splitlines()
+    lines[5] = '{"id": "cut'  # bad_json
+    lines[150] = '{"id": "none", "conversations": []}'  # empty_conversation
+    lines[320] = '{"id": "cut too'
+    src = corpus / "rejecting.jsonl"
+    src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    ref = tmp_path_factory.mktemp("rejecting") / "tok"
+    tokenize_dataset([src], ref, tcfg(corpus), workers=1)
+    return src, ref
+
+
+def mtimes(d: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in d.glob("part-*.parquet")}
+
+
+@pytest.mark.parametrize("how", ["missing", "cut"])
+def test_a_finished_run_whose_errors_file_was_lost_or_cut_writes_it_again(corpus, rejecting, tmp_path, caplog, how):
+    """A finished output whose .packtool/errors.jsonl was deleted or cut short was returned as
+    finished by the same command ("already holds this run"), the rejected rows still gone, and
+    only validate said so. errors.jsonl is the tasks' error logs end to end: the command now
+    writes it again from them (no task redone, no shard touched), says so in one line, and gives
+    the bytes of a clean run; the manifest records its size, so a whole run costs one more stat."""
+    from packtool.validate import validate_dir
+
+    src, ref = rejecting
+    d = tmp_path / "tok"
+    listed = tokenize_dataset([src], d, tcfg(corpus), workers=1)
+    errors = d / STATE_DIR / "errors.jsonl"
+    size = errors.stat().st_size
+    assert listed["counts"]["rejected"] == 3 and listed["errors_file"]["bytes"] == size > 0
+    if how == "missing":
+        errors.unlink()
+    else:
+        errors.write_bytes(errors.read_bytes()[:100])
+    assert not validate_dir(d, check_rows=False)["ok"]
+    kept = mtimes(d)
+    caplog.set_level("WARNING", logger="packtool.shards")
+    m = tokenize_dataset([src], d, tcfg(corpus), workers=1)
+    what = "missing" if how == "missing" else f"100 bytes, listed {size:,}"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{d}: the finished run's .packtool/errors.jsonl is {what}; writing it again from the tasks' error logs (no "
+        "task is redone)"]
+    assert mtimes(d) == kept, "a task was redone"
+    assert files(d) == files(ref) and m == listed
+    assert validate_dir(d, check_rows=False)["ok"]
+    caplog.clear()  # repaired: the next run finds it whole and does nothing
+    def written() -> dict[str, int]:  # every file but the run lock, which each run takes
+        return {p.name: p.stat().st_mtime_ns for p in [*d.iterdir(), *(d / STATE_DIR).iterdir()]
+                if not p.name.endswith(".lock")}
+
+    before = written()
+    tokenize_dataset([src], d, tcfg(corpus), workers=1)
+    assert written() == before
+    assert not caplog.records
+
+
+def test_a_lost_errors_file_whose_task_log_is_gone_too_redoes_that_task(corpus, rejecting, tmp_path, caplog):
+    """When a task's own error log is gone as well, errors.jsonl cannot be made from the logs
+    alone: that task (and only it) is redone, which writes its log again with the same bytes."""
+    src, ref = rejecting
+    d = tmp_path / "tok"
+    tokenize_dataset([src], d, tcfg(corpus), workers=1)
+    (d / STATE_DIR / "errors.jsonl").unlink()
+    (d / STATE_DIR / "errors-00001.jsonl").unlink()
+    kept = {k: v for k, v in mtimes(d).items() if not k.startswith("part-00001-")}
+    caplog.set_level("WARNING", logger="packtool.shards")
+    tokenize_dataset([src], d, tcfg(corpus), workers=1)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{d}: the finished run's .packtool/errors.jsonl is missing; redoing task 1, whose error log is missing or "
+        "changed, and keeping the rest"]
+    assert {k: v for k, v in mtimes(d).items() if not k.startswith("part-00001-")} == kept
+    assert files(d) == files(ref)
+    assert (d / STATE_DIR / "errors-00001.jsonl").read_bytes() == (ref / STATE_DIR / "errors-00001.jsonl").read_bytes()
+
+
+@pytest.mark.jit
+def test_a_packed_run_that_lost_its_errors_file_writes_it_again(corpus, reference, tmp_path, caplog):
+    """The same for pack, whose errors.jsonl is empty here: a clean run writes the empty file, and so
+    does the repair."""
+    tokenize_dataset([corpus / "data.jsonl"], tmp_path / "tok", tcfg(corpus), workers=1)
+    d = tmp_path / "packed"
+    pack_dataset(tmp_path / "tok", d, PCFG, workers=1)
+    (d / STATE_DIR / "errors.jsonl").unlink()
+    caplog.set_level("WARNING", logger="packtool.shards")
+    pack_dataset(tmp_path / "tok", d, PCFG, workers=1)
+    assert len(caplog.records) == 1 and "errors.jsonl is missing; writing it again" in caplog.records[0].getMessage()
+    assert files(d) == files(reference / "packed")

@@ -672,6 +672,43 @@ def test_a_finished_bucket_run_that_lost_a_shard_is_repaired_and_no_shard_is_del
     assert objects(s3, prefix) == whole
 
 
+def test_a_finished_bucket_run_that_lost_its_errors_file_writes_it_again(s3, tmp_path, caplog):
+    """A finished run in a bucket whose errors.jsonl object was deleted or cut short: the same
+    command uploads it again, written from the tasks' error logs (the manifest object is the same
+    bytes, so it is left as it is); when a task's log object is gone too, that task is redone. The
+    prefix ends as the first run left it."""
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    src = tmp_path / "data.jsonl"
+    src.write_text((sample / "data.jsonl").read_text() + "{broken\n")  # row 30: task 3
+    prefix = f"errors-{tmp_path.name}/tok"
+    url = f"s3://{BUCKET}/{prefix}"
+    cfg = TokenizeConfig(media_root=str(sample), rows_per_shard=10)
+    tokenize_dataset([src], url, cfg, workers=1)
+    whole = objects(s3, prefix)
+    errors = whole[".packtool/errors.jsonl"]
+    assert errors.count(b"\n") == 1 and ".packtool/errors-00003.jsonl" in whole
+    client = s3.client()
+    manifest_at = client.head_object(Bucket=BUCKET, Key=f"{prefix}/.packtool/manifest.json")["LastModified"]
+    caplog.set_level("WARNING", logger="packtool.shards")
+    client.delete_object(Bucket=BUCKET, Key=f"{prefix}/.packtool/errors.jsonl")
+    tokenize_dataset([src], url, cfg, workers=1)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{url}: the finished run's .packtool/errors.jsonl is missing; writing it again from the tasks' error logs "
+        "(no task is redone)"]
+    assert objects(s3, prefix) == whole
+    assert client.head_object(Bucket=BUCKET, Key=f"{prefix}/.packtool/manifest.json")["LastModified"] == manifest_at
+    caplog.clear()
+    client.put_object(Bucket=BUCKET, Key=f"{prefix}/.packtool/errors.jsonl", Body=errors[:20])
+    client.delete_object(Bucket=BUCKET, Key=f"{prefix}/.packtool/errors-00003.jsonl")
+    tokenize_dataset([src], url, cfg, workers=1)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{url}: the finished run's .packtool/errors.jsonl is 20 bytes, listed {len(errors)}; redoing task 3, whose "
+        "error log is missing or changed, and keeping the rest"]
+    assert objects(s3, prefix) == whole
+
+
 def test_bucket_urls_in_records_resolve_under_a_bucket_media_root(s3, tmp_path):
     """A record naming its image by ``s3://`` URL under a bucket --media-root was rejected as
     ``missing_media`` ("is a remote URL; download it under --media-root first") before the root

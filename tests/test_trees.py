@@ -335,3 +335,80 @@ def test_grouped_tokenize_reports_progress_of_every_input_row(root, tmp_path):
                          progress=seen.append, workers=1)
     assert (m["counts"]["rows_in"], m["counts"]["samples"], m["counts"]["merged_records"]) == (12, 2, 10)
     assert sum(seen) == 12
+
+
+def chat(i, image, *turns):
+    """A LLaVA record on ``image`` whose turns alternate question, answer (the image before the first)."""
+    convs = [{"from": "human" if k % 2 == 0 else "gpt", "value": ("<image>\n" if k == 0 else "") + t}
+             for k, t in enumerate(turns)]
+    return {"id": f"r{i}", "image": image, "conversations": convs}
+
+
+#: Records on two images: on img.png, r0 is a prefix of r1 and r2 (which repeat each other); on
+#: other.png, r3 and r4 are the same conversation. r0 and r4 lie wholly inside their tree's prefix.
+FOLDING = [chat(0, "img.png", "What colour?", "Red."),
+           chat(1, "img.png", "What colour?", "Red.", "Shape?", "Oblong."),
+           chat(2, "img.png", "What colour?", "Red.", "Shape?", "Oblong."),
+           chat(3, "other.png", "Colour?", "Blue."),
+           chat(4, "other.png", "Colour?", "Blue.")]
+
+
+def test_a_branch_inside_the_shared_prefix_is_counted_as_folded(root):
+    """A merged record that is a prefix of every other branch of its tree, or a tree's repeated
+    conversation, has no tokens of its own: it was dropped from the row's n_branches while the
+    counts still said it was a branch. Now the counts say what the rows hold (branches = the sum
+    of n_branches) and count the others as folded; its tokens are the prefix's, trained once."""
+    counts = Counter()
+    samples = list(group_by_media([parse_llava(r, "f.jsonl", i) for i, r in enumerate(FOLDING)], root, counts))
+    rows = encode(samples, ctx_for(root), counts)
+    assert [(r["sample_id"], r["n_branches"]) for r in rows] == [("r0", 2), ("r3", 1)]
+    assert counts["branches"] == sum(r["n_branches"] for r in rows) == 3
+    assert counts["folded_branches"] == 2 and counts["branches"] + counts["folded_branches"] == len(FOLDING)
+    tree, pair = rows
+    [r0] = encode([parse_llava(FOLDING[0], "f.jsonl", 0)], ctx_for(root))
+    prefix = tree["subsegment_ids"] == PREFIX_SUBSEGMENT
+    # r0 is the prefix, its answer's targets as r0 alone has them (it trains once); r1 and r2 are branches
+    assert tree["input_ids"][prefix].tolist() == r0["input_ids"].tolist()
+    assert tree["target_ids"][prefix].tolist() == r0["target_ids"].tolist()
+    [r1] = encode([parse_llava(FOLDING[1], "f.jsonl", 1)], ctx_for(root))
+    assert branch_tokens(tree) == [r1["input_ids"].tolist()] * 2
+    [r3] = encode([parse_llava(FOLDING[3], "f.jsonl", 3)], ctx_for(root))
+    assert pair["input_ids"].tolist() == r3["input_ids"].tolist()  # the repeat adds nothing
+    assert pair["target_ids"].tolist() == r3["target_ids"].tolist()  # its answer trains once
+    # without --group-by-media nothing folds
+    counts = Counter()
+    rows = encode([parse_llava(r, "f.jsonl", i) for i, r in enumerate(FOLDING)], ctx_for(root), counts)
+    assert counts["branches"] == len(rows) == 5 and counts["folded_branches"] == 0
+
+
+def test_tokenize_reports_folded_branches_and_its_counts_match_the_shards(root, tmp_path):
+    """End to end: the manifest's branches are the shards' n_branches, folded_branches is in the
+    counts and --json, and the summary says in one note what happened to the folded records. A
+    Molmo tree on a third image folds nothing."""
+    import json
+    import shutil
+
+    import pyarrow.parquet as pq
+    from clirun import packtool
+
+    media = tmp_path / "media"
+    media.mkdir()
+    for name in ("img.png", "other.png"):
+        shutil.copy(root / name, media / name)
+    Image.new("RGB", (70, 42), (10, 200, 10)).save(media / "third.png")
+    data = tmp_path / "f.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in [*FOLDING, {**TREE, "image": "third.png"}]))
+    out = tmp_path / "tok"
+    args = ["tokenize", str(data), "--media-root", str(media), "-o", str(out), "--group-by-media", "--workers", "1"]
+    r = packtool(*args, "-q")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout == (f"3 samples from 6 rows in 1 shard -> {out}\n"
+                        "note: 2 branches lie wholly inside the shared prefix of their message tree (a repeat, or a "
+                        "prefix of every other branch): their tokens train once, in the prefix, not as a branch of "
+                        "their own (counts: folded_branches)\n")
+    counts = json.loads((out / ".packtool" / "manifest.json").read_text())["counts"]
+    stored = pq.read_table(out / "part-00000-00000.parquet", columns=["sample_id", "n_branches"]).to_pylist()
+    assert stored == [{"sample_id": "r0", "n_branches": 2}, {"sample_id": "r3", "n_branches": 1},
+                      {"sample_id": "pixmo-17", "n_branches": 3}]
+    assert (counts["branches"], counts["folded_branches"], counts["merged_records"]) == (6, 2, 3)
+    assert json.loads(packtool(*args, "--json").stdout)["folded_branches"] == 2

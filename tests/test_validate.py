@@ -318,6 +318,27 @@ def test_row_counts_and_errors_file_are_checked(packed):
     assert any("unknown reason code" in p["what"] for p in validate_dir(packed)["problems"])
 
 
+def test_an_errors_file_changed_at_its_size_is_found_by_its_sha256_and_merge_writes_it_again(demo_dirs, tmp_path):
+    """The manifest records errors.jsonl's size and sha256: a row's message edited in place (same
+    size, same line count and reasons) is found, and the fix named works."""
+    sample = demo_dirs["sample"]
+    src = tmp_path / "in.jsonl"
+    src.write_text((sample / "data.jsonl").read_text() + "{broken\n")
+    out = tmp_path / "tok"
+    assert run("tokenize", str(src), "--media-root", str(sample), "-o", str(out), "-q", "--workers", "1").returncode == 0
+    errors = out / ".packtool" / "errors.jsonl"
+    whole = errors.read_bytes()
+    errors.write_bytes(whole.replace(b"not valid JSON", b"not valid JSOM"))
+    assert len(errors.read_bytes()) == len(whole) != errors.read_bytes()
+    problems = validate_dir(out)["problems"]
+    assert [p["where"] for p in problems] == [".packtool/errors.jsonl"]
+    assert problems[0]["what"].startswith("sha256 ") and problems[0]["what"].endswith(
+        "(the file changed after it was written); `packtool merge` on the directory writes it again from the tasks' "
+        "error logs")
+    assert run("merge", str(out)).returncode == 0
+    assert errors.read_bytes() == whole and validate_dir(out)["ok"]
+
+
 @pytest.mark.parametrize(("line", "what"), [
     (b"3\n", "a JSON int, not a rejected row (an object)"),
     (b'["bad_json"]\n', "a JSON list, not a rejected row (an object)"),
