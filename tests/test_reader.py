@@ -666,6 +666,48 @@ def test_an_in_process_state_after_the_last_block_ends_that_pass(packed):
     assert len(rows) == 8
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_trainers_load_and_set_epoch_reach_persistent_workers(packed, workers):
+    """Persistent workers hold copies made when they started: a load_state_dict or set_epoch on
+    the trainer's reader after that was silently ignored (they went on from their own position).
+    Each worker now takes the trainer's position when it next starts a pass."""
+    torch = pytest.importorskip("torch")
+    from packtool.reader.torch import PackedIterableDataset
+
+    data = PackedIterableDataset(packed, batch_size=2, masks=False, seed=3)
+    epoch0, epoch1 = ids(PackedDataset(packed, seed=3)), ids(_at_epoch(PackedDataset(packed, seed=3), 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=workers, persistent_workers=True,
+                                         multiprocessing_context="fork")
+    used = []
+    for batch in loader:
+        used.append(batch)
+        if len(used) == 3:
+            break
+    data.load_state_dict(data.state_dict(used[1]))  # go back to right after the second batch
+    assert [i for b in loader for i in b["pack_index"]] == epoch0[4:]
+    assert [i for b in loader for i in b["pack_index"]] == epoch1  # then the copies move on by themselves
+    for i, _ in enumerate(loader):
+        if i == 1:
+            break
+    data.set_epoch(1)  # a loop that leaves each epoch early: the next pass is epoch 1 from its start
+    assert [i for b in loader for i in b["pack_index"]] == epoch1
+
+
+def test_without_shared_memory_the_reader_still_reads_and_says_what_it_cannot_do(packed, monkeypatch, caplog):
+    torch = pytest.importorskip("torch")
+    from packtool.reader.torch import PackedIterableDataset
+
+    def no_shm(self):
+        raise RuntimeError("unable to open shared memory object")
+
+    monkeypatch.setattr(torch.Tensor, "share_memory_", no_shm)
+    with caplog.at_level("WARNING", logger="packtool.reader.torch"):
+        data = PackedIterableDataset(packed, batch_size=2, masks=False, seed=3)
+    assert "persistent DataLoader workers will not see a later set_epoch or load_state_dict" in caplog.text
+    data.load_state_dict(data.state_dict({"epoch": 0, "consumed": 4}))
+    assert [i for b in data for i in b["pack_index"]] == ids(PackedDataset(packed, seed=3))[4:]
+
+
 @pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (1, False), (1, True), (2, False), (2, True),
                                                          (3, False), (3, True)])
 def test_stateful_dataloader_resumes_exactly(packed, num_workers, persistent):

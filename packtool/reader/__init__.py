@@ -46,6 +46,10 @@ How the stream is split (what makes resume exact):
    restore; with the DataLoader's round robin resumed after the last worker used, the
    trainer gets exactly the blocks an uninterrupted run would have given it. A worker's
    state resumes only the same worker of the same split (else ``ResumeMismatchError``).
+6. **Persistent workers follow the trainer.** A ``set_epoch`` or ``load_state_dict`` on
+   the trainer's reader reaches persistent DataLoader workers (which hold copies made at
+   their start) through a small vector in shared memory that the torch adapter sets up:
+   each worker takes the new position when it next starts a pass (``for batch in loader``).
 
 Example::
 
@@ -227,6 +231,11 @@ class PackedDataset:
         # position to continue at (set by load_state_dict of a worker's state, taken by the next pass)
         self._pass: dict[str, int] | None = None
         self._resume: dict[str, int] | None = None
+        # how the trainer's set_epoch / load_state_dict reach persistent DataLoader workers: the
+        # torch adapter shares an int64 vector (generation, epoch, consumed, order, worker's id,
+        # num_workers, block, next); a copy whose generation differs takes it at its next pass
+        self._generation = 0
+        self._mirror = None
         self._groups: dict[int, np.ndarray] = {}  # shard -> rows per row group
         self._checked: set[int] = set()
         self._vision = self.manifest.get("vision")
@@ -242,6 +251,8 @@ class PackedDataset:
 
         Setting the epoch the dataset is already in keeps its position, so a loop
         ``for e in range(state["epoch"], n): ds.set_epoch(e)`` resumes mid-epoch correctly.
+        Called on the trainer's reader, it reaches persistent DataLoader workers too, when
+        they next start a pass (module docstring, item 6).
         """
         epoch = _whole("epoch", epoch)
         if epoch < 0:
@@ -250,6 +261,7 @@ class PackedDataset:
             self.epoch = epoch
             self.consumed = 0
             self._pass = self._resume = None
+        self._publish()
 
     def state_dict(self, consumed: int | None = None, epoch: int | None = None) -> dict[str, Any]:
         """The position in the stream, to store with a checkpoint.
@@ -336,6 +348,7 @@ class PackedDataset:
         self.consumed = consumed
         self.order = int(order)
         self._pass, self._resume = None, resume
+        self._publish()
 
     def _progress(self) -> dict[str, Any] | None:
         """The state a plain ``state_dict()`` gives during a pass, or ``None`` for the rank-level one."""
@@ -352,6 +365,42 @@ class PackedDataset:
             return {**self.state_dict(0, p["epoch"]), "consumed": self._len}
         return None
 
+    def _publish(self) -> None:
+        """Tell persistent DataLoader workers the trainer moved this reader (its set_epoch / load_state_dict)."""
+        if _in_worker():  # a worker's own copy restored by StatefulDataLoader: nothing to tell
+            return
+        self._generation += 1
+        if self._mirror is not None:
+            self._write_mirror()
+
+    def _write_mirror(self) -> None:
+        r = self._resume or {}
+        values = (self.epoch, self.consumed, self.order, r.get("id", 0), r.get("num_workers", 0), r.get("block", 0),
+                  r.get("next", 0))
+        for i, v in enumerate(values, 1):
+            self._mirror[i] = v
+        self._mirror[0] = self._generation  # last: a worker reading a new generation reads the values with it
+
+    def _share_position(self, vector) -> None:
+        """Keep this reader's position also in ``vector`` (int64, 8 entries, in memory shared with
+        the DataLoader workers: the torch adapter's); workers follow it at their next pass."""
+        if self._mirror is None:
+            self._mirror = vector
+            self._write_mirror()
+
+    def _follow_trainer(self) -> None:
+        """In a worker's copy: take the trainer's position if it was moved since this copy last looked."""
+        if self._mirror is None:
+            return
+        generation = int(self._mirror[0])
+        if generation == self._generation:
+            return
+        epoch, consumed, order, wid, k, block, nxt = (int(self._mirror[i]) for i in range(1, 8))
+        self._generation = generation
+        self.epoch, self.consumed, self.order = epoch, consumed, order
+        self._pass = None
+        self._resume = {"id": wid, "num_workers": k, "block": block, "next": nxt} if k else None
+
     # ---- iteration
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -367,7 +416,8 @@ class PackedDataset:
         in-process (one worker, not inside a DataLoader worker) the dataset also advances its
         own position as it yields; a DataLoader worker's copy does not, since it fetches ahead
         of what the trainer takes (a persistent worker left mid-epoch starts again where the
-        dataset stands, whatever the worker count). Instead the copy records
+        reader stands, whatever the worker count: the trainer's position, when it moved the
+        reader with ``set_epoch`` or ``load_state_dict`` since). Instead the copy records
         its own progress, which :meth:`state_dict` returns. Once the blocks run out, every
         copy moves on to the next epoch (so persistent DataLoader workers, which never see
         ``set_epoch``, still change order every epoch).
@@ -378,6 +428,7 @@ class PackedDataset:
         worker, num_workers, block = _whole("worker", worker), _whole("num_workers", num_workers), _whole("block", block)
         if block < 1 or not 0 <= worker < num_workers:
             raise ConfigError(f"bad split: worker {worker} of {num_workers}, block {block}")
+        self._follow_trainer()
         resume, self._resume = self._resume, None
         if resume is not None and (resume["id"], resume["num_workers"], resume["block"]) != (worker, num_workers, block):
             self._resume = resume  # still this copy's state: another try with the right split continues it

@@ -40,6 +40,7 @@ and ``consumed``; pop those two before calling the model::
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,8 @@ from ..errors import ConfigError
 from . import PackedDataset, _whole, collate
 
 __all__ = ["PackedIterableDataset", "to_tensors"]
+
+log = logging.getLogger(__name__)
 
 
 def to_tensors(batch: dict[str, Any]) -> dict[str, Any]:
@@ -98,6 +101,13 @@ class PackedIterableDataset(IterableDataset):
             raise ConfigError(f"{', '.join(f'{k}=' for k in dataset_kwargs)} would be ignored: the PackedDataset given "
                               "is already split; pass them to PackedDataset(...) or give PackedIterableDataset the path")
         self.dataset = source if isinstance(source, PackedDataset) else PackedDataset(source, **dataset_kwargs)
+        # persistent DataLoader workers hold copies made when they started: the trainer's later
+        # set_epoch / load_state_dict reach them through this vector (shared memory, across fork and spawn)
+        try:
+            self.dataset._share_position(torch.zeros(8, dtype=torch.int64).share_memory_())
+        except (RuntimeError, OSError) as exc:  # no shared memory here: DataLoader workers could not run either
+            log.warning("no shared memory for the reader's position (%s): persistent DataLoader workers will not see "
+                        "a later set_epoch or load_state_dict; use persistent_workers=False", exc)
         batch_size = _whole("batch_size", batch_size)
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -159,5 +169,6 @@ class PackedIterableDataset(IterableDataset):
         return self.dataset.state_dict(batch["consumed"], batch["epoch"])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (see :meth:`PackedDataset.load_state_dict`)."""
+        """Continue from ``state`` (see :meth:`PackedDataset.load_state_dict`). Persistent DataLoader
+        workers take it too, when they next start a pass (``for batch in loader``)."""
         self.dataset.load_state_dict(state)
