@@ -708,6 +708,8 @@ def test_without_shared_memory_the_reader_still_reads_and_says_what_it_cannot_do
     assert [i for b in data for i in b["pack_index"]] == ids(PackedDataset(packed, seed=3))[4:]
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")  # more workers than cores: on purpose
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata 0.11 calls it on every loader it builds
 @pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (1, False), (1, True), (2, False), (2, True),
                                                          (3, False), (3, True)])
 def test_stateful_dataloader_resumes_exactly(packed, num_workers, persistent):
