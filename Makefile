@@ -34,9 +34,10 @@ $(PLOT): $(RUNTIME)
 # install is part of it, so it is not run first): packtool with its extras; torch + torchvision
 # for the trainer-side tests (the family processors, video and Molmo2, need torchvision, and this
 # pair is the one whose wheels lie on the machine: no download); transformers, the model classes
-# and processors the hf reader is proven against (tiny random-init models; no weights).
+# and processors the hf reader is proven against (tiny random-init models; no weights); torchdata,
+# whose StatefulDataLoader the reader's per-worker resume is proven with.
 $(TESTENV): pyproject.toml | $(PY)
-	$(PIP) -e '.[dev,test,plot,zstd,ray,s3,gcs]' torch==2.14.1 torchvision==0.29.1 transformers==5.24.0 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(PIP) -e '.[dev,test,plot,zstd,ray,s3,gcs]' torch==2.14.1 torchvision==0.29.1 transformers==5.24.0 torchdata==0.11.0 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	touch $@ $(RUNTIME) $(PLOT)
 
 demo: $(RUNTIME)

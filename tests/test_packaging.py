@@ -58,7 +58,7 @@ def test_make_demo_installs_only_the_runtime_dependencies():
 
 def test_make_test_installs_the_pinned_trainer_stack_and_the_readers():
     lines = " ".join(_installs(_make_rules(), "test"))
-    for pin in ("torch==2.14.1", "torchvision==0.29.1", "transformers==5.24.0"):
+    for pin in ("torch==2.14.1", "torchvision==0.29.1", "transformers==5.24.0", "torchdata==0.11.0"):
         assert pin in lines
     assert "test" in re.search(r"-e '\.\[([^\]]*)\]'", lines).group(1).split(",")
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]

@@ -577,6 +577,185 @@ def test_a_persistent_worker_stopped_mid_epoch_does_not_skip_what_it_fetched_ahe
     assert again == ids(PackedDataset(packed, seed=3))
 
 
+# --------------------------------------------------------------------------- each worker's own state
+
+
+def round_robin(iters: list, first: int = 0):
+    """``(worker, item)`` in the order a DataLoader hands workers' items to the trainer: worker
+    ``first`` first, then cyclically, a worker dropped once it has no more."""
+    live = list(range(first, len(iters))) + list(range(first))
+    while live:
+        for w in list(live):
+            try:
+                yield w, next(iters[w])
+            except StopIteration:
+                live.remove(w)
+
+
+@pytest.mark.parametrize(("world_size", "rank", "num_workers", "block"), COMBOS)
+def test_a_workers_own_state_resumes_that_worker_exactly(packed, world_size, rank, num_workers, block):
+    """What StatefulDataLoader does with the copies in its workers: it keeps each worker's
+    ``state_dict()`` from right after the last batch the trainer took from it, restores each into
+    a fresh copy of the same worker and resumes the round robin after the last worker used. The
+    trainer then gets every remaining pack once, in the uninterrupted order, wherever it stopped."""
+    def fresh():
+        return PackedDataset(packed, rank=rank, world_size=world_size, seed=11)
+
+    full = [i for b, _ in loader_order(fresh(), num_workers, block) for i in b]
+    n_blocks = -(-len(full) // block)
+    for taken_blocks in range(n_blocks + 1):
+        copies = [copy.deepcopy(fresh()) for _ in range(num_workers)]
+        iters = [c.iter_blocks(w, num_workers, block) for w, c in enumerate(copies)]
+        saved = [c.state_dict() for c in copies]  # a worker's state before its first batch
+        taken, last = [], num_workers - 1
+        for m, (w, (rows, _)) in enumerate(round_robin(iters)):
+            if m == taken_blocks:
+                break
+            taken += ids(rows)
+            saved[w], last = copies[w].state_dict(), w
+        # the copies fetched ahead of the trainer; only what it took is in the saved states
+        saved = json.loads(json.dumps(saved))  # a checkpoint can store them as JSON
+        if num_workers > 1:  # one copy outside a DataLoader worker is read in-process: its position says it all
+            assert {s["worker"]["num_workers"] for s in saved} == {num_workers}
+        restored = [fresh() for _ in range(num_workers)]
+        for c, s in zip(restored, saved, strict=True):
+            c.load_state_dict(s)
+            assert num_workers == 1 or c.state_dict() == s  # loaded, not yet iterated: the same state back
+        rest = [i for _, (rows, _) in round_robin([c.iter_blocks(w, num_workers, block) for w, c in enumerate(restored)],
+                                                  (last + 1) % num_workers) for i in ids(rows)]
+        assert taken + rest == full, f"stopped after {taken_blocks} blocks"
+        assert all(c.epoch == 1 and c.consumed == 0 for c in restored)  # every copy moved on at the end
+
+
+def test_a_workers_state_refuses_another_worker_or_split(packed):
+    full = ids(PackedDataset(packed, seed=2))
+    ds = copy.deepcopy(PackedDataset(packed, seed=2))
+    it = ds.iter_blocks(1, 2, block=3)
+    next(it)
+    state = ds.state_dict()
+    assert state["worker"] == {"id": 1, "num_workers": 2, "block": 3, "next": 9} and state["consumed"] == 0
+    fix = r"same num_workers and batch size, or checkpoint ds.state_dict\(batch\) instead"
+    for split in [(0, 2, 3), (1, 3, 3), (1, 2, 2), (0, 1, 3)]:
+        other = PackedDataset(packed, seed=2)
+        other.load_state_dict(state)
+        with pytest.raises(ResumeMismatchError, match=rf"worker 1 of 2 \(blocks of 3 packs\).*{fix}"):
+            other.iter_blocks(*split)
+        assert other.state_dict() == state  # still its state: the right split continues it
+        assert [i for b, _ in other.iter_blocks(1, 2, 3) for i in ids(b)] == [full[i] for i in (*range(9, 12), *range(15, 18), 21, 22)]
+    for bad in [{"id": 0}, {"next": 10}, {"next": 24}, {"num_workers": 0}, {"block": 0}, {"next": -3}]:
+        with pytest.raises(ResumeMismatchError, match="unchanged"):
+            PackedDataset(packed, seed=2).load_state_dict({**state, "worker": {**state["worker"], **bad}})
+    with pytest.raises(ResumeMismatchError, match="where a dict is needed"):
+        PackedDataset(packed, seed=2).load_state_dict({**state, "worker": 1})
+
+
+def test_an_in_process_state_after_the_last_block_ends_that_pass(packed):
+    """In-process, the state taken after the last pack but before the loop has ended says so,
+    so a restored loop ends that pass too (then the next epoch begins) instead of reading the
+    next epoch inside it; the position after a whole epoch is still the next epoch's start."""
+    ds = PackedDataset(packed, world_size=3, seed=4)
+    it = iter(ds)
+    rows = [next(it) for _ in range(len(ds))]
+    state = ds.state_dict()
+    assert (state["epoch"], state["consumed"]) == (0, len(ds)) and "worker" not in state
+    assert ds.state_dict(consumed=len(ds)) == {**state, "epoch": 1, "consumed": 0}
+    again = PackedDataset(packed, world_size=3, seed=4)
+    again.load_state_dict(state)
+    assert ids(again) == [] and ids(again) == ids(_at_epoch(PackedDataset(packed, world_size=3, seed=4), 1))
+    assert list(it) == [] and ds.state_dict() == {**state, "epoch": 1, "consumed": 0}
+    assert len(rows) == 8
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_trainers_load_and_set_epoch_reach_persistent_workers(packed, workers):
+    """Persistent workers hold copies made when they started: a load_state_dict or set_epoch on
+    the trainer's reader after that was silently ignored (they went on from their own position).
+    Each worker now takes the trainer's position when it next starts a pass."""
+    torch = pytest.importorskip("torch")
+    from packtool.reader.torch import PackedIterableDataset
+
+    data = PackedIterableDataset(packed, batch_size=2, masks=False, seed=3)
+    epoch0, epoch1 = ids(PackedDataset(packed, seed=3)), ids(_at_epoch(PackedDataset(packed, seed=3), 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=workers, persistent_workers=True,
+                                         multiprocessing_context="fork")
+    used = []
+    for batch in loader:
+        used.append(batch)
+        if len(used) == 3:
+            break
+    data.load_state_dict(data.state_dict(used[1]))  # go back to right after the second batch
+    assert [i for b in loader for i in b["pack_index"]] == epoch0[4:]
+    assert [i for b in loader for i in b["pack_index"]] == epoch1  # then the copies move on by themselves
+    for i, _ in enumerate(loader):
+        if i == 1:
+            break
+    data.set_epoch(1)  # a loop that leaves each epoch early: the next pass is epoch 1 from its start
+    assert [i for b in loader for i in b["pack_index"]] == epoch1
+
+
+def test_without_shared_memory_the_reader_still_reads_and_says_what_it_cannot_do(packed, monkeypatch, caplog):
+    torch = pytest.importorskip("torch")
+    from packtool.reader.torch import PackedIterableDataset
+
+    def no_shm(self):
+        raise RuntimeError("unable to open shared memory object")
+
+    monkeypatch.setattr(torch.Tensor, "share_memory_", no_shm)
+    with caplog.at_level("WARNING", logger="packtool.reader.torch"):
+        data = PackedIterableDataset(packed, batch_size=2, masks=False, seed=3)
+    assert "persistent DataLoader workers will not see a later set_epoch or load_state_dict" in caplog.text
+    data.load_state_dict(data.state_dict({"epoch": 0, "consumed": 4}))
+    assert [i for b in data for i in b["pack_index"]] == ids(PackedDataset(packed, seed=3))[4:]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")  # more workers than cores: on purpose
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata 0.11 calls it on every loader it builds
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (1, False), (1, True), (2, False), (2, True),
+                                                         (3, False), (3, True)])
+def test_stateful_dataloader_resumes_exactly(packed, num_workers, persistent):
+    """torchdata's StatefulDataLoader saves and restores each worker's own state: checkpoints
+    taken during a run (early, right after epoch 0's last batch, inside epoch 1), each restored
+    in a fresh reader and loader, read exactly the packs the run read after them, in the same
+    order, over two epochs (with ``set_epoch``, or with persistent workers moving on by themselves)."""
+    pytest.importorskip("torch")
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    from packtool.reader.torch import PackedIterableDataset
+
+    def run(state=None, first_epoch=0, save_after=()):
+        data = PackedIterableDataset(packed, batch_size=2, masks=False, rank=1, world_size=2, seed=5)
+        loader = stateful.StatefulDataLoader(data, batch_size=None, num_workers=num_workers,
+                                             persistent_workers=persistent,
+                                             multiprocessing_context="fork" if num_workers else None)
+        if state is not None:
+            loader.load_state_dict(state)
+        read, saved = [], {}
+        for epoch in range(first_epoch, 2):
+            if not persistent:
+                data.set_epoch(epoch)
+            for batch in loader:
+                read.append(batch["pack_index"])
+                if len(read) in save_after:
+                    saved[len(read)] = (torch_roundtrip(loader.state_dict()), epoch)
+        return read, saved
+
+    full, saved = run(save_after=(2, 6, 9))  # with 3 workers, one is still unused after 2 batches
+    epochs = [ids(_at_epoch(PackedDataset(packed, rank=1, world_size=2, seed=5), e)) for e in (0, 1)]
+    assert [i for b in full[:6] for i in b] == epochs[0] and [i for b in full[6:] for i in b] == epochs[1]
+    for stop, (state, epoch) in saved.items():
+        rest, _ = run(state, first_epoch=epoch)
+        assert full[:stop] + rest == full, f"restored after batch {stop}"
+
+
+def torch_roundtrip(state):
+    """``state`` through ``torch.save`` / ``torch.load`` (how a checkpoint holds it)."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
 # --------------------------------------------------------------------------- shard checks
 
 

@@ -38,6 +38,18 @@ How the stream is split (what makes resume exact):
    of workers or batch size. The shards (by their sha256 in the manifest), world size,
    seed, shuffle and ``drop_last`` must match (a mismatch raises
    :class:`~packtool.errors.ResumeMismatchError`); the state's ``order`` is adopted.
+5. **A worker's own state.** Inside a DataLoader worker, ``state_dict()`` describes what
+   that worker has produced: the pass it reads (``epoch``, and ``consumed`` where the pass
+   began) plus ``worker`` = ``{"id", "num_workers", "block", "next"}``, ``next`` being the
+   position of its next block (``len()`` once it has none left). This is what torchdata's
+   ``StatefulDataLoader`` saves for every worker and hands back to the same worker on
+   restore; with the DataLoader's round robin resumed after the last worker used, the
+   trainer gets exactly the blocks an uninterrupted run would have given it. A worker's
+   state resumes only the same worker of the same split (else ``ResumeMismatchError``).
+6. **Persistent workers follow the trainer.** A ``set_epoch`` or ``load_state_dict`` on
+   the trainer's reader reaches persistent DataLoader workers (which hold copies made at
+   their start) through a small vector in shared memory that the torch adapter sets up:
+   each worker takes the new position when it next starts a pass (``for batch in loader``).
 
 Example::
 
@@ -215,6 +227,15 @@ class PackedDataset:
         self.epoch = 0
         self.consumed = 0
         self.order = ORDER
+        # the last pass begun (a dict updated as its blocks are yielded) and a worker's own
+        # position to continue at (set by load_state_dict of a worker's state, taken by the next pass)
+        self._pass: dict[str, int] | None = None
+        self._resume: dict[str, int] | None = None
+        # how the trainer's set_epoch / load_state_dict reach persistent DataLoader workers: the
+        # torch adapter shares an int64 vector (generation, epoch, consumed, order, worker's id,
+        # num_workers, block, next); a copy whose generation differs takes it at its next pass
+        self._generation = 0
+        self._mirror = None
         self._groups: dict[int, np.ndarray] = {}  # shard -> rows per row group
         self._checked: set[int] = set()
         self._vision = self.manifest.get("vision")
@@ -230,6 +251,8 @@ class PackedDataset:
 
         Setting the epoch the dataset is already in keeps its position, so a loop
         ``for e in range(state["epoch"], n): ds.set_epoch(e)`` resumes mid-epoch correctly.
+        Called on the trainer's reader, it reaches persistent DataLoader workers too, when
+        they next start a pass (module docstring, item 6).
         """
         epoch = _whole("epoch", epoch)
         if epoch < 0:
@@ -237,6 +260,8 @@ class PackedDataset:
         if epoch != self.epoch:
             self.epoch = epoch
             self.consumed = 0
+            self._pass = self._resume = None
+        self._publish()
 
     def state_dict(self, consumed: int | None = None, epoch: int | None = None) -> dict[str, Any]:
         """The position in the stream, to store with a checkpoint.
@@ -247,7 +272,19 @@ class PackedDataset:
                 DataLoader workers pass the ``consumed`` value of the last batch used
                 (the torch adapter puts it, and ``epoch``, in every batch).
             epoch: the epoch ``consumed`` counts in (default: the current one).
+
+        With neither argument, inside a DataLoader worker (or on a copy iterating one worker's
+        share, :meth:`iter_blocks`), the state is that worker's own progress, with a
+        ``worker`` entry (module docstring, item 5): what torchdata's ``StatefulDataLoader``
+        saves per worker. In-process, right after the last block of an epoch and before the
+        loop has ended, it is ``consumed == len(self)`` of that epoch (a pass whose end is still
+        to come), so a loader restored from it ends that pass as the uninterrupted one did;
+        ``state_dict(consumed=len(self))`` names the start of the next epoch instead.
         """
+        if consumed is None and epoch is None:
+            progress = self._progress()
+            if progress is not None:
+                return progress
         c = self.consumed if consumed is None else _whole("consumed", consumed)
         if not 0 <= c <= self._len:
             raise ConfigError(f"consumed {c} is outside 0..{self._len} (packs per rank per epoch)")
@@ -276,6 +313,10 @@ class PackedDataset:
         state saved without one (by a packtool that had only the first order) continues in
         the first order, so the run reads no pack twice and skips none.
 
+        A worker's own state (with a ``worker`` entry, as ``StatefulDataLoader`` restores each
+        worker) continues that worker where it stopped at the next pass; it must be iterated as
+        the same worker of the same split, else that pass raises ``ResumeMismatchError``.
+
         Raises:
             ResumeMismatchError: the state belongs to other data or another split.
         """
@@ -302,17 +343,70 @@ class PackedDataset:
         if isinstance(order, bool) or not isinstance(order, int | np.integer) or int(order) not in _ORDERS:
             raise ResumeMismatchError(f"reader state has order={order!r}, a shuffle order this packtool does not know "
                                       f"(it reads {' and '.join(map(str, _ORDERS))}); resume with the packtool that saved it")
+        resume = _worker_entry(state, consumed, self._len) if "worker" in state else None
         self.epoch = epoch
         self.consumed = consumed
         self.order = int(order)
+        self._pass, self._resume = None, resume
+        self._publish()
+
+    def _progress(self) -> dict[str, Any] | None:
+        """The state a plain ``state_dict()`` gives during a pass, or ``None`` for the rank-level one."""
+        if self._resume is not None:  # loaded, not yet iterated: the same state back
+            return {**self.state_dict(self.consumed), "epoch": self.epoch, "consumed": self.consumed,
+                    "worker": dict(self._resume)}
+        p = self._pass
+        if p is None:
+            return None
+        if not p["in_process"]:
+            return {**self.state_dict(p["base"], p["epoch"]), "epoch": p["epoch"], "consumed": p["base"],
+                    "worker": {k: p[k] for k in ("id", "num_workers", "block", "next")}}
+        if p["next"] == self._len and self.consumed == self._len and self.epoch == p["epoch"]:
+            return {**self.state_dict(0, p["epoch"]), "consumed": self._len}
+        return None
+
+    def _publish(self) -> None:
+        """Tell persistent DataLoader workers the trainer moved this reader (its set_epoch / load_state_dict)."""
+        if _in_worker():  # a worker's own copy restored by StatefulDataLoader: nothing to tell
+            return
+        self._generation += 1
+        if self._mirror is not None:
+            self._write_mirror()
+
+    def _write_mirror(self) -> None:
+        r = self._resume or {}
+        values = (self.epoch, self.consumed, self.order, r.get("id", 0), r.get("num_workers", 0), r.get("block", 0),
+                  r.get("next", 0))
+        for i, v in enumerate(values, 1):
+            self._mirror[i] = v
+        self._mirror[0] = self._generation  # last: a worker reading a new generation reads the values with it
+
+    def _share_position(self, vector) -> None:
+        """Keep this reader's position also in ``vector`` (int64, 8 entries, in memory shared with
+        the DataLoader workers: the torch adapter's); workers follow it at their next pass."""
+        if self._mirror is None:
+            self._mirror = vector
+            self._write_mirror()
+
+    def _follow_trainer(self) -> None:
+        """In a worker's copy: take the trainer's position if it was moved since this copy last looked."""
+        if self._mirror is None:
+            return
+        generation = int(self._mirror[0])
+        if generation == self._generation:
+            return
+        epoch, consumed, order, wid, k, block, nxt = (int(self._mirror[i]) for i in range(1, 8))
+        self._generation = generation
+        self.epoch, self.consumed, self.order = epoch, consumed, order
+        self._pass = None
+        self._resume = {"id": wid, "num_workers": k, "block": block, "next": nxt} if k else None
 
     # ---- iteration
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """Rows of this rank (and DataLoader worker, when inside one) from the current position."""
         worker, n_workers = _worker()
-        for rows, _ in self.iter_blocks(worker, n_workers, block=1):
-            yield rows[0]
+        return (rows[0] for rows, _ in self.iter_blocks(worker, n_workers, block=1))
 
     def iter_blocks(self, worker: int = 0, num_workers: int = 1, block: int = 1) -> Iterator[tuple[list[dict], int]]:
         """Blocks of up to ``block`` rows for DataLoader worker ``worker`` of ``num_workers``.
@@ -322,41 +416,67 @@ class PackedDataset:
         in-process (one worker, not inside a DataLoader worker) the dataset also advances its
         own position as it yields; a DataLoader worker's copy does not, since it fetches ahead
         of what the trainer takes (a persistent worker left mid-epoch starts again where the
-        dataset stands, whatever the worker count). Once the blocks run out, every copy moves
-        on to the next epoch (so persistent DataLoader workers, which never see
+        reader stands, whatever the worker count: the trainer's position, when it moved the
+        reader with ``set_epoch`` or ``load_state_dict`` since). Instead the copy records
+        its own progress, which :meth:`state_dict` returns. Once the blocks run out, every
+        copy moves on to the next epoch (so persistent DataLoader workers, which never see
         ``set_epoch``, still change order every epoch).
+
+        The pass is set up when this is called (a restored worker's position taken, its
+        split checked), so a ``state_dict()`` right after already describes it.
         """
         worker, num_workers, block = _whole("worker", worker), _whole("num_workers", num_workers), _whole("block", block)
         if block < 1 or not 0 <= worker < num_workers:
             raise ConfigError(f"bad split: worker {worker} of {num_workers}, block {block}")
-        epoch, start, in_process = self.epoch, self.consumed, num_workers == 1 and not _in_worker()
-        rel = np.arange(self._len - start, dtype=np.int64)
+        self._follow_trainer()
+        resume, self._resume = self._resume, None
+        if resume is not None and (resume["id"], resume["num_workers"], resume["block"]) != (worker, num_workers, block):
+            self._resume = resume  # still this copy's state: another try with the right split continues it
+            raise ResumeMismatchError(
+                f"reader state is the own state of DataLoader worker {resume['id']} of {resume['num_workers']} (blocks "
+                f"of {resume['block']} packs), but this reader is worker {worker} of {num_workers} (blocks of {block}); "
+                "restore it through StatefulDataLoader.load_state_dict with the same num_workers and batch size, or "
+                "checkpoint ds.state_dict(batch) instead, which resumes with any"
+            )
+        start = self.consumed
+        first = resume["next"] if resume is not None else min(self._len, start + worker * block)
+        record = {"epoch": self.epoch, "base": start, "id": worker, "num_workers": num_workers, "block": block,
+                  "next": first, "in_process": num_workers == 1 and not _in_worker()}
+        self._pass = record
+        return self._blocks(record)
+
+    def _blocks(self, record: dict[str, int]) -> Iterator[tuple[list[dict], int]]:
+        epoch, start, first = record["epoch"], record["base"], record["next"]
+        worker, num_workers, block, in_process = (record[k] for k in ("id", "num_workers", "block", "in_process"))
+        rel = np.arange(first - start, self._len - start, dtype=np.int64)
         mine = rel[(rel // block) % num_workers == worker]
-        if len(mine) == 0:
-            if self._len and self.epoch == epoch:
-                self.epoch, self.consumed = epoch + 1, 0
-            return
         local = start + mine  # positions within the rank's slice
         rows_out: list[dict] = []
         last_block = -1
-        for t, row in zip(local, self._rows_at(epoch, local), strict=True):
+
+        def taken(b: int) -> int:
+            # the block is yielded: the rank's position after it, and this worker's next block
+            record["next"] = min(self._len, start + (b + num_workers) * block)
+            consumed = min(self._len, start + (b + 1) * block)
+            if in_process:
+                self.consumed = consumed
+            return consumed
+
+        for t, row in zip(local, self._rows_at(epoch, local) if len(local) else (), strict=True):
             b = (int(t) - start) // block
             if rows_out and b != last_block:
-                consumed = start + (last_block + 1) * block
-                if in_process:
-                    self.consumed = consumed
-                yield rows_out, consumed
+                yield rows_out, taken(last_block)
                 rows_out = []
             last_block = b
             rows_out.append(row)
         if rows_out:
-            consumed = min(self._len, start + (last_block + 1) * block)
-            if in_process:
-                self.consumed = consumed
-            yield rows_out, consumed
+            yield rows_out, taken(last_block)
+        record["next"] = self._len
         # a finished epoch moves on by itself, here and in a persistent DataLoader worker's copy
-        if self.epoch == epoch:
+        if self._len and self.epoch == epoch:
             self.epoch, self.consumed = epoch + 1, 0
+        if in_process and self._pass is record:
+            self._pass = None  # in-process, the position says it all once the pass has ended
 
     def _global(self, local: np.ndarray) -> np.ndarray:
         """Positions in the epoch's global order ``G`` of positions in this rank's slice."""
@@ -575,6 +695,23 @@ def _whole(name: str, value: Any) -> int:
     except TypeError:
         raise ConfigError(f"{name} must be an integer, got {value!r} ({type(value).__name__}); pass {name}=int(...) "
                           "(environment variables such as RANK are strings)") from None
+
+
+def _worker_entry(state: dict[str, Any], base: int, n: int) -> dict[str, int]:
+    """The ``worker`` entry of a worker's own state, checked: a block of that worker's share of
+    the pass that began at ``base``, or ``n`` (none left)."""
+    entry = state["worker"]
+    if not isinstance(entry, dict):
+        raise ResumeMismatchError(f"reader state has worker={entry!r}, where a dict is needed; load the dict "
+                                  "PackedDataset.state_dict() returned, unchanged")
+    out = {key: _state_count(entry, key) for key in ("id", "num_workers", "block", "next")}
+    wid, k, block, nxt = out["id"], out["num_workers"], out["block"], out["next"]
+    ok = k >= 1 and block >= 1 and wid < k and base <= nxt <= n
+    if not (ok and (nxt == n or ((nxt - base) % block == 0 and (nxt - base) // block % k == wid))):
+        raise ResumeMismatchError(f"reader state has worker={entry!r}, which is no block of worker {wid}'s share of "
+                                  f"a pass begun at {base} (packs per rank {n}); load the dict "
+                                  "PackedDataset.state_dict() returned, unchanged")
+    return out
 
 
 def _worker() -> tuple[int, int]:

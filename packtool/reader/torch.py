@@ -14,6 +14,10 @@ DataLoader's round-robin hands them to the trainer in stream order::
             ...
             state = ds.state_dict(batch)   # the position after this batch: store it with the checkpoint
 
+With torchdata's ``StatefulDataLoader`` in place of ``DataLoader``, ``loader.state_dict()`` is
+the checkpoint: inside each worker ``ds.state_dict()`` is that worker's own progress, which the
+loader saves per worker and restores into the same worker (same ``num_workers`` and batch size).
+
 A batch holds tensors ``input_ids``, ``shift_labels`` (the pre-shifted ``target_ids``:
 ``shift_labels[t]`` is what position ``t`` predicts, ``-100`` for no loss),
 ``position_ids``, ``subsegment_ids`` (all ``(B, T)`` int64), ``lengths`` ``(B,)``,
@@ -36,6 +40,7 @@ and ``consumed``; pop those two before calling the model::
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -48,6 +53,8 @@ from ..errors import ConfigError
 from . import PackedDataset, _whole, collate
 
 __all__ = ["PackedIterableDataset", "to_tensors"]
+
+log = logging.getLogger(__name__)
 
 
 def to_tensors(batch: dict[str, Any]) -> dict[str, Any]:
@@ -94,6 +101,13 @@ class PackedIterableDataset(IterableDataset):
             raise ConfigError(f"{', '.join(f'{k}=' for k in dataset_kwargs)} would be ignored: the PackedDataset given "
                               "is already split; pass them to PackedDataset(...) or give PackedIterableDataset the path")
         self.dataset = source if isinstance(source, PackedDataset) else PackedDataset(source, **dataset_kwargs)
+        # persistent DataLoader workers hold copies made when they started: the trainer's later
+        # set_epoch / load_state_dict reach them through this vector (shared memory, across fork and spawn)
+        try:
+            self.dataset._share_position(torch.zeros(8, dtype=torch.int64).share_memory_())
+        except (RuntimeError, OSError) as exc:  # no shared memory here: DataLoader workers could not run either
+            log.warning("no shared memory for the reader's position (%s): persistent DataLoader workers will not see "
+                        "a later set_epoch or load_state_dict; use persistent_workers=False", exc)
         batch_size = _whole("batch_size", batch_size)
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -116,8 +130,13 @@ class PackedIterableDataset(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        epoch = self.dataset.epoch
-        for rows, consumed in self.dataset.iter_blocks(worker, n_workers, block=self.batch_size):
+        # the pass is set up now, not at the first batch: StatefulDataLoader asks a worker for its
+        # state right after iter(), and a restored worker must already stand where it stopped
+        blocks = self.dataset.iter_blocks(worker, n_workers, block=self.batch_size)
+        return self._batches(blocks, self.dataset.epoch)
+
+    def _batches(self, blocks, epoch: int):
+        for rows, consumed in blocks:
             if self._hf is not None:
                 from .hf import model_inputs
 
@@ -134,7 +153,11 @@ class PackedIterableDataset(IterableDataset):
     def state_dict(self, batch: dict[str, Any] | None = None) -> dict[str, Any]:
         """The stream position right after ``batch`` (the last batch the trainer used).
 
-        Without a batch, the dataset's own position (exact only when iterated in-process).
+        Without a batch, the dataset's own position: exact when iterated in-process; inside a
+        DataLoader worker, that worker's own progress, which is what torchdata's
+        ``StatefulDataLoader`` saves for each worker and restores into it (the loader's
+        ``state_dict()`` is then the whole checkpoint; restore it with the same ``num_workers``
+        and batch size).
         """
         if batch is None:
             return self.dataset.state_dict()
@@ -146,4 +169,6 @@ class PackedIterableDataset(IterableDataset):
         return self.dataset.state_dict(batch["consumed"], batch["epoch"])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (see :meth:`PackedDataset.load_state_dict`). Persistent DataLoader
+        workers take it too, when they next start a pass (``for batch in loader``)."""
         self.dataset.load_state_dict(state)
