@@ -1314,8 +1314,10 @@ def _unreadable(err: SampleError, checked: bool) -> InputError:
                       f"the same command to resume, or {then}")
 
 
-def _media_loader(media_root: Path, frame_quality: int = 90) -> _MediaLoader:
-    return _MediaLoader(media_root, frame_quality)
+def _media_loader(media_root: Path, frame_quality: int = 90, share: int = 1) -> _MediaLoader:
+    """The loader of one media root; ``share``: how many a task holds (a mixture's sources), which
+    split :data:`RECENT_MEDIA_BYTES` between them, so a task keeps that much whatever its sources."""
+    return _MediaLoader(media_root, frame_quality, RECENT_MEDIA_BYTES // max(share, 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -2078,7 +2080,7 @@ def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShard
                                     f"mixture source {_source_name(task, s)}: {message}"), over)
             report(len(rejected))
         roots = [as_root(ms.media_root) for ms in task.sources]
-        loaders = [_media_loader(r, cfg.frame_quality) for r in roots] if cfg.media == "embed" else None
+        loaders = [_media_loader(r, cfg.frame_quality, len(roots)) for r in roots] if cfg.media == "embed" else None
         truncated = set(plan.truncated)
         bounds = [s + k for s in range(0, plan.n_packs, cfg.packs_per_shard)
                   for k in range(0, min(cfg.packs_per_shard, plan.n_packs - s), PACK_CHUNK)]

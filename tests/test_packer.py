@@ -497,6 +497,9 @@ def test_a_task_reads_each_repeated_media_file_once_and_writes_the_same_shards(t
     assert len(reads) == 12 and decodes == ["clip.mp4"] * 3, (reads, decodes)
     shards = sorted(p.relative_to(tmp_path / "once") for p in (tmp_path / "once").rglob("*.parquet"))
     assert shards and all((tmp_path / "once" / p).read_bytes() == (tmp_path / "every" / p).read_bytes() for p in shards)
+    # a mixture task holds a loader per source: together they keep what one does
+    monkeypatch.setattr(pipeline, "RECENT_MEDIA_BYTES", 64 << 20)
+    assert [pipeline._media_loader(root, share=k)._recent.limit for k in (1, 3)] == [64 << 20, (64 << 20) // 3]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
