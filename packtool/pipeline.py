@@ -1161,9 +1161,10 @@ def _pack_bound(counts: dict, max_tokens: int, max_units: int) -> int:
                        counts.get("alone", 0))
 
 
-def _prefetch_media(media_root, tables, where: np.ndarray) -> None:
+def _prefetch_media(media_root, tables, where: np.ndarray, loader: _MediaLoader | None = None) -> None:
     """Fetch, in parallel, the image files a chunk of packs embeds from a bucket (rows ``where``
-    of ``tables``, as ``assemble_packs`` takes them), so embedding costs no round trip per image."""
+    of ``tables``, as ``assemble_packs`` takes them), so embedding costs no round trip per image;
+    but those ``loader`` still holds from earlier chunks (it embeds them without a fetch)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -1174,8 +1175,9 @@ def _prefetch_media(media_root, tables, where: np.ndarray) -> None:
     media = pa.chunked_array([with_media_type(t, media_type).column("media") for t in tables],
                              type=media_type).combine_chunks().take(pa.array(where))
     flat = pc.list_flatten(media)
+    held = loader._recent if loader is not None else ()
     paths = [p for k, p in zip(flat.field("kind").to_pylist(), flat.field("path").to_pylist(), strict=True)
-             if k == "image" and p]
+             if k == "image" and p and p not in held]
     media_root.prefetch(paths, whole=True)
 
 
@@ -1210,6 +1212,9 @@ class _Recent:
         self.limit = limit
         self._items: OrderedDict = OrderedDict()
         self._bytes = 0
+
+    def __contains__(self, key) -> bool:
+        return key in self._items
 
     def get(self, key):
         hit = self._items.get(key)
@@ -1632,7 +1637,7 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
                                if truncated else [])
                 first = task.index * PACK_INDEX_STRIDE + p0
                 if loader is not None and not isinstance(root, Path):
-                    _prefetch_media(root, tables, where)
+                    _prefetch_media(root, tables, where, loader)
                 writer.write_table(assemble_packs(tables, sub, first, loader, cfg.max_tokens, layout=cfg.layout))
                 report(len(rows))
         errors.commit()
@@ -2104,7 +2109,7 @@ def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShard
                 tables, where = shards.take(gid[a:b], pairs, local[rows], future)
                 for s, root in enumerate(roots if loaders is not None else []):
                     if not isinstance(root, Path) and (task.src[rows] == s).any():
-                        _prefetch_media(root, tables, where[task.src[rows] == s])
+                        _prefetch_media(root, tables, where[task.src[rows] == s], loaders[s])
                 sub = PackPlan(where, plan.offsets[p0:p1 + 1] - plan.offsets[p0],
                                truncated=[int(where[k]) for k, r in enumerate(rows.tolist()) if r in truncated]
                                if truncated else [])

@@ -502,6 +502,27 @@ def test_a_task_reads_each_repeated_media_file_once_and_writes_the_same_shards(t
     assert [pipeline._media_loader(root, share=k)._recent.limit for k in (1, 3)] == [64 << 20, (64 << 20) // 3]
 
 
+def test_a_chunk_from_a_bucket_prefetches_only_the_images_its_loader_does_not_hold(tmp_path):
+    """Embedding from a bucket fetches a chunk's image files ahead, in parallel; a file the task's
+    loader still holds from an earlier chunk is embedded from memory, so it is not fetched again."""
+    from packtool.pipeline import _media_loader, _prefetch_media
+
+    table = _tokenized_table([300, 400, 500, 600], [1, 0, 1, 1])
+    paths = [m["path"] for r in table.column("media").to_pylist() for m in r]
+    asked = []
+
+    class Root:  # the one call _prefetch_media makes of a bucket's media root
+        def prefetch(self, got, whole=False):
+            asked.append((list(got), whole))
+
+    loader = _media_loader(tmp_path)
+    _prefetch_media(Root(), [table], np.arange(4), loader)
+    loader._recent.put(paths[1], b"held", 4)
+    _prefetch_media(Root(), [table], np.arange(4), loader)
+    _prefetch_media(Root(), [table], np.arange(4))
+    assert asked == [(paths, True), ([paths[0], paths[2]], True), (paths, True)]
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_binary_array_is_what_arrow_builds(seed):
     from packtool.packer import _binary_array
