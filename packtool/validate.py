@@ -65,7 +65,7 @@ from .schema import (
 from .shards import ERRORS, MANIFEST, either, errors_path, read_manifest, sha256_file
 from .vision import span_segments
 
-__all__ = ["validate_dir", "render_report", "check_row", "span_problem", "run_problems"]
+__all__ = ["validate_dir", "render_report", "check_row", "span_problem", "run_problems", "errors_file_whole"]
 
 log = logging.getLogger(__name__)
 
@@ -698,6 +698,16 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
 #: What a damaged ``errors.jsonl`` needs: it is the run's task logs end to end (the command that
 #: wrote the directory writes it again too when it is missing or cut; merge, also when it kept its size).
 _ERRORS_FIX = "`packtool merge` on the directory writes it again from the tasks' error logs"
+
+
+def errors_file_whole(path: str | Path, manifest: dict) -> bool:
+    """Whether ``validate`` finds ``errors.jsonl`` of the output ``path`` (a local folder, or a
+    bucket output's mirror) as its ``manifest`` describes it: its sha256 where the manifest
+    records one, else its lines against the counts. ``packtool merge`` asks this of a finished
+    run whose task logs it cannot read any more: when whole, there is nothing to write again."""
+    problems = _Problems(1)
+    _check_errors_file(Path(path), manifest.get("counts") or {}, manifest.get("errors_file"), problems)
+    return not problems.items
 
 
 def _check_errors_file(path: Path, counts: dict, record: object, problems: _Problems) -> None:
