@@ -599,6 +599,10 @@ def _merge(out: Path, shown: str) -> dict:
         (out / legacy).unlink(missing_ok=True)
     if "rejected_by_reason" in counts:
         counts["rejected_by_reason"] = dict(sorted(counts["rejected_by_reason"].items()))
+    if run["kind"] == "tokenized" and any("folded_branches" not in m["counts"] for m in markers):
+        # a task an older packtool finished (a run resumed after an upgrade) counted the folded
+        # conversations in its branches: the manifest must not claim branches is n_branches' sum
+        counts.pop("folded_branches", None)
     extra = dict(run.get("manifest", {}))
     if "mixture" in extra:
         extra["mixture"] = _mixture_record(extra["mixture"], counts)
