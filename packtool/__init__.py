@@ -12,15 +12,23 @@ Library entry points (the CLI is a thin shell over these)::
 
 __version__ = "0.1.0"
 
-from .config import PackConfig, TokenizeConfig  # noqa: E402
-from .errors import PacktoolError  # noqa: E402
-
 __all__ = ["__version__", "TokenizeConfig", "PackConfig", "Mixture", "PacktoolError", "tokenize_dataset", "pack_dataset",
            "compute_stats"]
 
-# The stages pull in numba (through the packer); they load on first use so that
-# ``import packtool.reader`` on a training node stays light.
-_LAZY = {"tokenize_dataset": "pipeline", "pack_dataset": "pipeline", "compute_stats": "stats", "Mixture": "mixture"}
+# Everything loads on first use: the stages pull in numba (through the packer), so that
+# ``import packtool.reader`` on a training node stays light; the configs pull in numpy, so that
+# the command line's entry point (packtool.launcher, run after this package is imported) takes
+# Ctrl-C over before any heavy import starts.
+_LAZY = {"tokenize_dataset": "pipeline", "pack_dataset": "pipeline", "compute_stats": "stats", "Mixture": "mixture",
+         "TokenizeConfig": "config", "PackConfig": "config", "PacktoolError": "errors"}
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a few ms)
+if TYPE_CHECKING:
+    from .config import PackConfig, TokenizeConfig
+    from .errors import PacktoolError
+    from .mixture import Mixture
+    from .pipeline import pack_dataset, tokenize_dataset
+    from .stats import compute_stats
 
 
 def __getattr__(name: str):

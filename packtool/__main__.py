@@ -1,5 +1,5 @@
-import sys
+"""``python -m packtool``: the command line, Ctrl-C handled from here on (:mod:`packtool.launcher`)."""
 
-from .cli import main
+from .launcher import run
 
-sys.exit(main())
+run()

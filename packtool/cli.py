@@ -2,7 +2,8 @@
 
 This is the one place that turns outcomes into exit codes: :class:`~packtool.errors.PacktoolError`
 prints ``Error: ...`` on stderr and exits 1, a usage error prints click's usage message and exits 2,
-Ctrl-C prints ``Error: interrupted ...`` and exits 130, SIGTERM (a scheduler stopping the job) prints
+Ctrl-C prints ``Error: interrupted ...`` and exits 130 (while this module loads and after
+:func:`main` returns too: :mod:`packtool.launcher`, the entry point, handles it there), SIGTERM (a scheduler stopping the job) prints
 ``Error: terminated ...`` and exits 143. Progress bars go to stderr, results to stdout.
 """
 
@@ -23,6 +24,7 @@ from .config import INT32_MAX, LAYOUTS, MEDIA_MODES, OVERSIZE_POLICIES, PackConf
 from .errors import PacktoolError
 from .executors import ExecutorConfig, sigterm_as_interrupt
 from .formats import FORMATS
+from .launcher import EXIT_INTERRUPT, INTERRUPTED, release
 from .mixture import GROUP_BY, SAMPLES_PER_TASK
 from .pipeline import ON_ERROR
 from .schema import LAYOUTS as LAYOUT_VERSIONS
@@ -628,10 +630,6 @@ def _click_exceptions() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
-#: What an interrupted stage prints; its finished tasks keep their markers, so the same command resumes.
-INTERRUPTED = "interrupted; finished tasks are kept: re-run the same command to resume"
-#: Exit code of an interrupted command (128 + SIGINT, as a shell reports it).
-EXIT_INTERRUPT = 130
 #: What a stage stopped by SIGTERM (Slurm, Kubernetes) prints; as after Ctrl-C, the same command resumes.
 TERMINATED = "terminated (SIGTERM); finished tasks are kept: re-run the same command to resume"
 #: Exit code of a command stopped by SIGTERM (128 + SIGTERM, as a shell reports it).
@@ -651,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
     usage_errors = _click_exceptions()
     term = None
     try:
+        release()  # Ctrl-C while the command line loaded ended the process (launcher); from here it is caught below
         with sigterm_as_interrupt() as term:
             rv = app(args=argv, prog_name="packtool", standalone_mode=False)
     except PacktoolError as exc:
@@ -685,5 +684,8 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 def run() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+    """Console-script entry point of an install made before :func:`packtool.launcher.run` was
+    (which handles a Ctrl-C while this module loads, too)."""
+    from .launcher import run as launch
+
+    launch()

@@ -69,6 +69,7 @@ from .shards import (
     STATE_DIR,
     ShardWriter,
     clear_task,
+    finished_as_is,
     manifest_path,
     open_shard,
     prepare_run,
@@ -489,10 +490,13 @@ def merge_output(out_dir: str | Path) -> dict:
 
     ``tokenize`` and ``pack`` call this themselves when their last task finishes; after a
     Slurm or Kubernetes array (``--rank/--world-size``), run ``packtool merge DIR`` once
-    every rank is done. Idempotent: merging a finished directory rewrites the same bytes.
+    every rank is done. Idempotent: merging a finished directory rewrites the same bytes. A
+    merged run needs no task files: one whose shards and ``errors.jsonl`` are as its manifest
+    lists them is returned as it is (a warning says so) when task markers or logs are gone.
 
     Raises:
-        InputError: when a task has no completion marker (names the ranks to re-run).
+        InputError: when a task has no completion marker (names the ranks to re-run: each
+            command named is one that redoes the task, never one that would find the run whole).
     """
     if is_url(str(out_dir)):
         with output_dir(str(out_dir), None) as mirror:
@@ -509,6 +513,53 @@ def _manifest_of(path: Path, kind: str, digest: str) -> bool:
     return isinstance(manifest, dict) and manifest.get("kind") == kind and manifest.get("config_digest") == digest
 
 
+def _merge_without(out: Path, shown: str, run: dict, missing: list[int]) -> dict:
+    """:func:`_merge` of a run whose tasks ``missing`` left no usable completion marker (the
+    marker, a shard it names, or its error log is gone or changed): the manifest when the run is
+    merged already and needs nothing of theirs, else an :class:`InputError` naming a command that
+    redoes those tasks. Each command named is one that changes the state: a rank's command that
+    would find the run whole redoes nothing, so merge never sends a user there."""
+    from .publication import remove_state
+    from .validate import errors_file_whole
+
+    ws = run.get("world_size", 1)
+    ranks = sorted({t % ws for t in missing})
+    which = (f"rank{'s' if len(ranks) > 1 else ''} {_rank_ranges(ranks)} of --world-size {ws}" if ws > 1
+             else "the command that wrote it")
+    n = f"{len(missing)} of {run['n_tasks']} tasks"
+    first = f"(first: {missing[:5]})"
+    finished = finished_as_is(out, run)
+    if finished is not None:
+        # the rank's command finds every listed file with its size and would redo nothing. Its
+        # shards are whole, and errors.jsonl is what merge would write from the task logs: done
+        if errors_file_whole(out, finished):
+            log.warning("%s: the run is merged already, and its shards and %s are as its manifest lists them: "
+                        "nothing to do (the completion markers or error logs of %s are gone or changed since; the "
+                        "merged run needs none of them, and a later repair redoes those tasks)", shown, ERRORS,
+                        f"{n} {first}")
+            return finished
+        # errors.jsonl changed at its size, and its task logs are incomplete: removed, the rank's
+        # command finds it missing and repairs it (redoing the tasks whose logs are gone)
+        remove_state(out, ERRORS)
+        raise InputError(
+            f"{shown!r}: the run had finished, but its {ERRORS} is not the one its manifest lists, and the files of "
+            f"{n} it is written from are gone or changed since {first}; removed it: run {which} again (it redoes "
+            "those tasks and writes it)"
+        )
+    if _manifest_of(manifest_path(out), run["kind"], run["config_digest"]):
+        # files lost after the run finished, which the rank's command finds (a shard or errors.jsonl
+        # missing or of another size) and repairs, redoing its own tasks (prepare_run)
+        raise InputError(
+            f"{shown!r}: the run had finished, but the files of {n} are gone or changed since {first}; run {which} "
+            "again (it redoes those tasks and merges)"
+        )
+    if ws == 1:
+        raise InputError(f"{shown!r}: {n} are not finished {first}; run the command that wrote it again (it "
+                         "resumes the run and merges)")
+    raise InputError(f"{shown!r}: {n} are not finished {first}; run {which} (the same command resumes) and merge "
+                     "again")
+
+
 def _merge(out: Path, shown: str) -> dict:
     """:func:`merge_output` on the folder holding the run's state; messages name it ``shown``."""
     run = read_run(out, shown)
@@ -516,20 +567,7 @@ def _merge(out: Path, shown: str) -> dict:
     markers = [read_marker(out, t, digest) for t in range(run["n_tasks"])]
     missing = [t for t, m in enumerate(markers) if m is None]
     if missing:
-        ws = run.get("world_size", 1)
-        ranks = sorted({t % ws for t in missing})
-        which = f"rank{'s' if len(ranks) > 1 else ''} {_rank_ranges(ranks)} of --world-size {ws}"
-        finished = manifest_path(out)
-        if _manifest_of(finished, run["kind"], digest):
-            # files lost after the run finished: a rank's command repairs its own tasks (prepare_run)
-            raise InputError(
-                f"{shown!r}: the run had finished, but the files of {len(missing)} of {run['n_tasks']} tasks are gone "
-                f"or changed since (first: {missing[:5]}); run {which} again (it redoes those tasks and merges)"
-            )
-        raise InputError(
-            f"{shown!r}: {len(missing)} of {run['n_tasks']} tasks are not finished (first: {missing[:5]}); "
-            f"run {which} (the same command resumes) and merge again"
-        )
+        return _merge_without(out, shown, run, missing)
     counts = _zero_counts(run["kind"])
     shards: list[dict] = []
     final = out / ERRORS
@@ -561,6 +599,10 @@ def _merge(out: Path, shown: str) -> dict:
         (out / legacy).unlink(missing_ok=True)
     if "rejected_by_reason" in counts:
         counts["rejected_by_reason"] = dict(sorted(counts["rejected_by_reason"].items()))
+    if run["kind"] == "tokenized" and any("folded_branches" not in m["counts"] for m in markers):
+        # a task an older packtool finished (a run resumed after an upgrade) counted the folded
+        # conversations in its branches: the manifest must not claim branches is n_branches' sum
+        counts.pop("folded_branches", None)
     extra = dict(run.get("manifest", {}))
     if "mixture" in extra:
         extra["mixture"] = _mixture_record(extra["mixture"], counts)

@@ -39,7 +39,7 @@ from .storage import (
 )
 
 __all__ = ["output_dir", "stored_plan", "task_target", "state_prepared", "tasks_ran", "task_dir", "publish_task", "listed_sizes",
-           "RemoteOutput", "remote_output"]
+           "remove_state", "RemoteOutput", "remote_output"]
 
 log = logging.getLogger(__name__)
 
@@ -558,6 +558,18 @@ def state_prepared(out: Path) -> None:
     if mirror is not None:
         with storage_errors(mirror.url, writing=True):
             mirror.push_state()
+
+
+def remove_state(out: Path, name: str) -> None:
+    """Remove the run's file ``name`` (``.packtool/...``) from ``out``, and its object too when
+    ``out`` mirrors a bucket's output: a command that fails afterwards publishes nothing, and a
+    later run reads the prefix, not this mirror."""
+    (Path(out) / name).unlink(missing_ok=True)
+    mirror = _MIRRORS.get(str(out))
+    if mirror is not None:
+        with storage_errors(mirror.url, writing=True):
+            mirror._delete([name])
+        mirror._pulled.pop(posixpath.basename(name), None)
 
 
 def tasks_ran(out: Path) -> None:

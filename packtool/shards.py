@@ -43,6 +43,7 @@ __all__ = [
     "why_no_packs",
     "sha256_file",
     "prepare_run",
+    "finished_as_is",
     "run_lock",
     "read_run",
     "task_prefix",
@@ -1068,6 +1069,27 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
     if _read_state(state_file) != run:
         atomic_write_text(state_file, json.dumps(run, indent=2) + "\n")
     return None
+
+
+def finished_as_is(out_dir: Path, run: dict) -> dict | None:
+    """The manifest of ``run`` when ``out_dir`` holds it finished and the command that wrote it,
+    run again, would return it as it is (redoing no task): what :func:`prepare_run` checks, a
+    readable manifest of the same kind and config whose listed shards and ``errors.jsonl`` are
+    there with their listed sizes. ``None`` when that command would repair or resume the run.
+
+    ``packtool merge`` asks this before it sends a user to a rank's command: a run that command
+    finds whole is one it leaves as it is, so telling the user to run it would change nothing.
+    (Inputs changed since are not looked at: that command refuses them, naming --overwrite.)
+    """
+    file = manifest_path(out_dir)
+    if not file.is_file() or not _readable_manifest(out_dir, file):
+        return None
+    manifest = json.loads(file.read_text(encoding="utf-8"))
+    if manifest.get("kind") != run["kind"] or manifest.get("config_digest") != run["config_digest"]:
+        return None
+    if _damaged_shards(out_dir, manifest) or _damaged_errors(out_dir, manifest) is not None:
+        return None
+    return manifest
 
 
 def _readable_manifest(out_dir: Path, file: Path) -> bool:

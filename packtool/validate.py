@@ -7,7 +7,10 @@ Three layers, cheapest first; the first problems found are reported, never raise
    hand no longer describes the shards); every listed shard exists with the listed size,
    sha256 and row count, opens as Parquet, and has the schema of this version; no other
    visible ``.parquet`` file lies beside them (a Parquet dataset reader would read it);
-   ``.packtool/errors.jsonl`` holds known reason codes and as many lines as the counts say;
+   ``.packtool/errors.jsonl`` holds known reason codes and as many lines as the counts say; a
+   tokenized manifest's ``branches`` is the sum of the shards' ``n_branches`` (one column read;
+   checked where the counts have ``folded_branches``: an older manifest's branches counted the
+   folded ones too);
 2. **every row's invariants** (DESIGN.md §3.2): equal column lengths; ``cu_seqlens``
    starts at 0, rises, ends at the row length and agrees with ``position_ids``
    (which restart at 0 exactly at each sample start, and at each branch of a tree
@@ -65,7 +68,7 @@ from .schema import (
 from .shards import ERRORS, MANIFEST, either, errors_path, read_manifest, sha256_file
 from .vision import span_segments
 
-__all__ = ["validate_dir", "render_report", "check_row", "span_problem", "run_problems"]
+__all__ = ["validate_dir", "render_report", "check_row", "span_problem", "run_problems", "errors_file_whole"]
 
 log = logging.getLogger(__name__)
 
@@ -622,6 +625,11 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
         caps["allow_oversize_single"] = bool(counts.get("alone") or counts.get("truncated"))
     listed = set()
     total_rows = total_samples = 0
+    # counts.branches is the sum of the rows' n_branches in a manifest that also counts the
+    # conversations folded into a tree's shared prefix (folded_branches); before, branches counted
+    # those too, so an older manifest's branches exceed the column's sum when any folded
+    count_branches = kind == "tokenized" and {"branches", "folded_branches"} <= set(manifest.get("counts") or {})
+    total_branches = 0
     pad_ids: dict = {}
     family = _family_of(manifest) if check_rows else None
     if family is not None and tokenizer is None:
@@ -666,6 +674,8 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
         if pf.metadata.num_rows != entry.get("rows"):
             problems.add(file, f"{pf.metadata.num_rows:,} rows, the manifest says {entry.get('rows'):,}")
         report["shards"] += 1
+        if count_branches:  # one int32 column: cheap beside the hash just taken
+            total_branches += int(pf.read(columns=["n_branches"]).column(0).to_numpy().sum())
         if mixture is not None and check_rows:
             msg = _mixture_problem(pf, len(mixture.get("sources", [])))
             if msg:
@@ -684,6 +694,9 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
             problems.add(MANIFEST, f"counts say {want_rows:,} rows, the shards hold {total_rows:,}")
         if kind == "packed" and counts.get("samples_packed") is not None and counts["samples_packed"] != total_samples:
             problems.add(MANIFEST, f"counts say {counts['samples_packed']:,} samples packed, the shards hold {total_samples:,}")
+    if count_branches and not problems.items and counts.get("branches") != total_branches:
+        problems.add(MANIFEST, f"counts say {counts['branches']:,} branches, the shards' n_branches add up to "
+                               f"{total_branches:,}")
     # packtool's readers go by the manifest, but a Parquet dataset reader (pandas, duckdb,
     # datasets, pyarrow) reads every visible .parquet file of the directory
     for f in sorted(path.glob("*.parquet")):
@@ -698,6 +711,16 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
 #: What a damaged ``errors.jsonl`` needs: it is the run's task logs end to end (the command that
 #: wrote the directory writes it again too when it is missing or cut; merge, also when it kept its size).
 _ERRORS_FIX = "`packtool merge` on the directory writes it again from the tasks' error logs"
+
+
+def errors_file_whole(path: str | Path, manifest: dict) -> bool:
+    """Whether ``validate`` finds ``errors.jsonl`` of the output ``path`` (a local folder, or a
+    bucket output's mirror) as its ``manifest`` describes it: its sha256 where the manifest
+    records one, else its lines against the counts. ``packtool merge`` asks this of a finished
+    run whose task logs it cannot read any more: when whole, there is nothing to write again."""
+    problems = _Problems(1)
+    _check_errors_file(Path(path), manifest.get("counts") or {}, manifest.get("errors_file"), problems)
+    return not problems.items
 
 
 def _check_errors_file(path: Path, counts: dict, record: object, problems: _Problems) -> None:

@@ -161,6 +161,103 @@ def test_a_cut_errors_file_whose_task_log_is_gone_is_repaired_by_that_tasks_rank
     assert run("validate", str(out)).returncode == 0
 
 
+def _finished_ranks(corpus, tmp_path) -> tuple[list[str], Path, dict[str, bytes]]:
+    """A tokenize run split into two ranks, both run (so merged), and the bytes of its files."""
+    src, sample = corpus
+    out = tmp_path / "tok"
+    base = _tokenize_ranks(src, sample, out, rows_per_shard=8, world_size=2)
+    for rank in ("0", "1"):
+        assert run(*base, "--rank", rank).returncode == 0
+    return base, out, _outputs(out)
+
+
+def _outputs(out: Path) -> dict[str, bytes]:
+    state = out / ".packtool"
+    return {p.name: p.read_bytes() for p in [*out.glob("part-*.parquet"), state / "errors.jsonl", state / "manifest.json"]}
+
+
+@pytest.mark.parametrize("lost", ["errors-00003.jsonl", "task-00003.json"])
+def test_merge_of_a_merged_run_that_lost_a_task_log_or_marker_has_nothing_to_do(corpus, tmp_path, lost):
+    """A finished run that lost task 3's error log (or its completion marker), its errors.jsonl
+    whole: merge said "run rank 1 again (it redoes those tasks and merges)", rank 1's command
+    found the run whole and did nothing, and merge said the same again, for ever. The merged run
+    needs no task log: merge says there is nothing to do and succeeds, changing no file; a later
+    repair that needs the lost log redoes task 3."""
+    base, out, whole = _finished_ranks(corpus, tmp_path)
+    state = out / ".packtool"
+    (state / lost).unlink()
+    at = {p.name: p.stat().st_mtime_ns for p in state.iterdir()}
+    for _ in range(2):
+        r = run("merge", str(out))
+        assert (r.returncode, r.stdout) == (0, f"tokenized: 4 tasks, 4 shards -> {state / 'manifest.json'}\n")
+        assert r.stderr == (f"WARNING packtool.pipeline: {out}: the run is merged already, and its shards and "
+                            ".packtool/errors.jsonl are as its manifest lists them: nothing to do (the completion "
+                            "markers or error logs of 1 of 4 tasks (first: [3]) are gone or changed since; the merged "
+                            "run needs none of them, and a later repair redoes those tasks)\n")
+        assert {p.name: p.stat().st_mtime_ns for p in state.iterdir()} == at
+    assert _outputs(out) == whole and run("validate", str(out)).returncode == 0
+    # errors.jsonl lost as well: now it needs task 3's log, and rank 1's command redoes the task
+    (state / "errors.jsonl").unlink()
+    r = run("merge", str(out))
+    assert (r.returncode, r.stderr) == (1, f"Error: {str(out)!r}: the run had finished, but the files of 1 of 4 tasks "
+                                           "are gone or changed since (first: [3]); run rank 1 of --world-size 2 again "
+                                           "(it redoes those tasks and merges)\n")
+    r = run(*base, "--rank", "1")
+    assert r.returncode == 0 and "task 3, whose" in r.stderr and "is redone by rank 1" in r.stderr, r.stderr
+    assert _outputs(out) == whole and (state / lost).is_file()
+
+
+def test_merge_of_a_changed_errors_file_whose_task_log_is_gone_names_a_fix_that_works(corpus, tmp_path):
+    """errors.jsonl edited at its size after the run finished (validate: "sha256 differs ...;
+    `packtool merge` ... writes it again") and task 3's log gone: merge cannot write it again,
+    and the rank's command, finding every file at its listed size, redid nothing, so merge's
+    "run rank 1 again" went round in a circle. merge now removes the errors.jsonl it knows to be
+    wrong, so rank 1's command finds it missing and redoes task 3: the first run's bytes."""
+    base, out, whole = _finished_ranks(corpus, tmp_path)
+    state = out / ".packtool"
+    (state / "errors.jsonl").write_bytes(whole["errors.jsonl"].replace(b"not valid JSON", b"not valid JSOM"))
+    (state / "errors-00003.jsonl").unlink()
+    r = run("validate", str(out))
+    assert r.returncode == 1 and "`packtool merge` on the directory writes it again" in r.stdout
+    r = run("merge", str(out))
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"Error: {str(out)!r}: the run had finished, but its .packtool/errors.jsonl is not the one its "
+                        "manifest lists, and the files of 1 of 4 tasks it is written from are gone or changed since "
+                        "(first: [3]); removed it: run rank 1 of --world-size 2 again (it redoes those tasks and "
+                        "writes it)\n")
+    assert not (state / "errors.jsonl").exists()
+    r = run(*base, "--rank", "1")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == (f"WARNING packtool.shards: {out}: the finished run's .packtool/errors.jsonl is missing; task 3, "
+                        "whose error log is missing or changed, is redone by rank 1 of --world-size 2; the rest is "
+                        "kept\n")
+    assert _outputs(out) == whole
+    assert run("validate", str(out)).returncode == 0
+    r = run("merge", str(out))
+    assert (r.returncode, r.stderr) == (0, "") and _outputs(out) == whole
+
+
+def test_merge_of_an_unfinished_single_run_names_its_command(corpus, tmp_path):
+    """A run without --world-size that stopped before its merge: merge said "run rank 0 of
+    --world-size 1", a flag the user never passed; it now says to run the command again, which
+    resumes the run and merges it."""
+    src, sample = corpus
+    out = tmp_path / "tok"
+    cmd = ["tokenize", str(src), "--media-root", str(sample), "-o", str(out), "--rows-per-shard", "8", "--quiet",
+           "--workers", "1"]
+    assert run(*cmd).returncode == 0
+    whole = _outputs(out)
+    state = out / ".packtool"
+    (state / "manifest.json").unlink()  # as a run killed between its last task and its merge, less task 2
+    (state / "task-00002.json").unlink()
+    r = run("merge", str(out))
+    assert (r.returncode, r.stderr) == (1, f"Error: {str(out)!r}: 1 of 4 tasks are not finished (first: [2]); run the "
+                                           "command that wrote it again (it resumes the run and merges)\n")
+    r = run(*cmd)
+    assert r.returncode == 0, r.stderr
+    assert _outputs(out) == whole
+
+
 SHARE_KEYS = ["partial", "kind", "rank", "world_size", "tasks_missing", "counts", "shard_files"]
 
 

@@ -709,6 +709,43 @@ def test_a_finished_bucket_run_that_lost_its_errors_file_writes_it_again(s3, tmp
     assert objects(s3, prefix) == whole
 
 
+def test_merge_of_a_finished_bucket_run_that_lost_a_task_log_ends(s3, tmp_path, caplog):
+    """A finished run in a bucket that lost task 3's error log: with errors.jsonl whole, merge has
+    nothing to do and changes no object; with errors.jsonl edited at its size too, merge removes
+    the errors.jsonl object (not only its mirror's copy), so that rank 1's command finds it missing
+    and redoes task 3: the prefix ends as the first run left it."""
+    from packtool import TokenizeConfig, tokenize_dataset
+    from packtool.errors import InputError
+    from packtool.pipeline import merge_output
+
+    sample = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    src = tmp_path / "data.jsonl"
+    src.write_text((sample / "data.jsonl").read_text() + "{broken\n")  # row 30: task 3, rank 1's
+    prefix = f"merged-{tmp_path.name}/tok"
+    url = f"s3://{BUCKET}/{prefix}"
+    cfg = TokenizeConfig(media_root=str(sample), rows_per_shard=10)
+    for rank in (0, 1):
+        tokenize_dataset([src], url, cfg, workers=1, rank=rank, world_size=2)
+    whole = objects(s3, prefix)
+    client = s3.client()
+    client.delete_object(Bucket=BUCKET, Key=f"{prefix}/.packtool/errors-00003.jsonl")
+    caplog.set_level("WARNING", logger="packtool.pipeline")
+    manifest = merge_output(url)
+    assert manifest == json.loads(whole[".packtool/manifest.json"])
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{url}: the run is merged already, and its shards and .packtool/errors.jsonl are as its manifest lists them: "
+        "nothing to do (the completion markers or error logs of 1 of 4 tasks (first: [3]) are gone or changed since; "
+        "the merged run needs none of them, and a later repair redoes those tasks)"]
+    assert objects(s3, prefix) == {k: v for k, v in whole.items() if k != ".packtool/errors-00003.jsonl"}
+    edited = whole[".packtool/errors.jsonl"].replace(b"not valid JSON", b"not valid JSOM")
+    client.put_object(Bucket=BUCKET, Key=f"{prefix}/.packtool/errors.jsonl", Body=edited)
+    with pytest.raises(InputError, match="removed it: run rank 1 of --world-size 2 again"):
+        merge_output(url)
+    assert ".packtool/errors.jsonl" not in objects(s3, prefix)
+    tokenize_dataset([src], url, cfg, workers=1, rank=1, world_size=2)
+    assert objects(s3, prefix) == whole
+
+
 def test_bucket_urls_in_records_resolve_under_a_bucket_media_root(s3, tmp_path):
     """A record naming its image by ``s3://`` URL under a bucket --media-root was rejected as
     ``missing_media`` ("is a remote URL; download it under --media-root first") before the root

@@ -710,3 +710,90 @@ def test_video_source_fields_are_checked():
     assert "one without the other" in _source_problem({**video, "source_fps": 10.0, "source_frames": None})
     assert "no video has them" in _source_problem({**video, "source_fps": 0.0, "source_frames": 15})
     assert "no video has them" in _source_problem({**video, "source_fps": float("nan"), "source_frames": 15})
+
+
+def _chat(i: int, image: str, *turns: str) -> dict:
+    convs = [{"from": "human" if k % 2 == 0 else "gpt", "value": ("<image>\n" if k == 0 else "") + t}
+             for k, t in enumerate(turns)]
+    return {"id": f"r{i}", "image": image, "conversations": convs}
+
+
+@pytest.fixture()
+def folded(tmp_path) -> Path:
+    """A tokenized directory whose message trees fold two conversations into their shared prefix:
+    on a.png, r0 is a prefix of r1 and r2 (which repeat each other); on b.png, r4 repeats r3.
+    Its rows store 3 branches (n_branches 2 and 1), its counts say branches 3, folded_branches 2."""
+    from PIL import Image
+
+    Image.new("RGB", (84, 56), (200, 10, 10)).save(tmp_path / "a.png")
+    Image.new("RGB", (56, 56), (10, 10, 200)).save(tmp_path / "b.png")
+    records = [_chat(0, "a.png", "What colour?", "Red."), _chat(1, "a.png", "What colour?", "Red.", "Shape?", "Oblong."),
+               _chat(2, "a.png", "What colour?", "Red.", "Shape?", "Oblong."), _chat(3, "b.png", "Colour?", "Blue."),
+               _chat(4, "b.png", "Colour?", "Blue.")]
+    src = tmp_path / "f.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "tok"
+    r = run("tokenize", str(src), "--media-root", str(tmp_path), "-o", str(out), "--group-by-media", "-q",
+            "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    counts = json.loads((out / ".packtool" / "manifest.json").read_text())["counts"]
+    assert (counts["branches"], counts["folded_branches"]) == (3, 2)
+    return out
+
+
+def edit_counts(d: Path, **changes) -> None:
+    """Change the manifest's counts (None: remove the count); the config digest does not cover them."""
+    f = d / ".packtool" / "manifest.json"
+    manifest = json.loads(f.read_text())
+    for k, v in changes.items():
+        if v is None:
+            manifest["counts"].pop(k)
+        else:
+            manifest["counts"][k] = v
+    f.write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def test_branches_are_checked_against_the_shards_n_branches(folded):
+    """counts.branches is the sum of the rows' n_branches: validate did not check it, so a
+    manifest whose branches the rows do not hold passed. Now it reads that one column of each
+    shard and reports a difference as it reports the row counts, in text and in --json."""
+    assert run("validate", str(folded)).returncode == 0
+    edit_counts(folded, branches=5)  # what the rows held with the folded ones counted too
+    r = run("validate", str(folded), "--json")
+    assert r.returncode == 1
+    report = json.loads(r.stdout)
+    assert (report["ok"], report["shards"]) == (False, 1)
+    assert report["problems"] == [{"where": ".packtool/manifest.json",
+                                   "what": "counts say 5 branches, the shards' n_branches add up to 3"}]
+    r = run("validate", str(folded))
+    assert r.returncode == 1
+    assert "  .packtool/manifest.json: counts say 5 branches, the shards' n_branches add up to 3\n" in r.stdout
+    # files only (no row checks): the column is still read
+    assert validate_dir(folded, check_rows=False)["problems"] == report["problems"]
+
+
+def test_a_manifest_from_before_folded_branches_is_not_failed_for_its_branches(folded):
+    """A manifest written before folded_branches existed counted every conversation of a tree as a
+    branch, those folded into its shared prefix too: branches 5 where the rows store 3 (what the
+    packtool before the change wrote for this corpus). Such an output is whole, and passes; the
+    count is checked only in a manifest that has folded_branches."""
+    edit_counts(folded, branches=5, folded_branches=None)
+    r = run("validate", str(folded), "--json")
+    assert (r.returncode, json.loads(r.stdout)["problems"]) == (0, [])
+
+
+def test_a_run_resumed_over_tasks_of_an_older_packtool_is_not_failed_for_its_branches(folded):
+    """A tokenize run resumed after an upgrade keeps the tasks an older packtool finished, whose
+    markers count folded conversations in branches and have no folded_branches: the merged manifest
+    had folded_branches (0, from the new tasks only) beside such a branches, and validate failed a
+    whole output. The merge now leaves folded_branches out when any task lacks it."""
+    marker = folded / ".packtool" / "task-00000.json"
+    record = json.loads(marker.read_text())
+    record["counts"]["branches"] += record["counts"].pop("folded_branches")  # as the older packtool wrote it
+    marker.write_text(json.dumps(record))
+    (folded / ".packtool" / "manifest.json").unlink()
+    assert run("merge", str(folded)).returncode == 0
+    counts = json.loads((folded / ".packtool" / "manifest.json").read_text())["counts"]
+    assert counts["branches"] == 5 and "folded_branches" not in counts
+    r = run("validate", str(folded), "--json")
+    assert (r.returncode, json.loads(r.stdout)["problems"]) == (0, [])

@@ -1,0 +1,66 @@
+"""The ``packtool`` command's entry point, for ``python -m packtool`` and the console script.
+
+Starting the command line imports numpy, pyarrow, typer and the stages: most of a second, in
+which Python's own Ctrl-C handler raises ``KeyboardInterrupt`` wherever that import happens to
+be, with nothing there to catch it: a traceback, where a Ctrl-C a moment later prints one line.
+:func:`run` imports only the standard library before it makes Ctrl-C (:func:`hold`) end the
+process on the spot with that same line and exit code (``Error: interrupted ...``, 130): before
+the command has started nothing is written, so nothing needs cleaning up. Once
+:func:`packtool.cli.main` can catch ``KeyboardInterrupt`` itself it gives Ctrl-C back to
+Python (:func:`release`), and the run stops as it always did; when ``main`` has returned,
+:func:`run` holds Ctrl-C again for the interpreter's shutdown.
+
+A Ctrl-C ignored when the process starts (a background job of a script, ``nohup``) stays
+ignored. ``import packtool`` loads nothing heavy, so what comes before :func:`run` is the
+interpreter's own start (its ``site`` and ``.pth`` imports, some tens of milliseconds), which
+no package can reach.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+
+__all__ = ["run", "hold", "release", "INTERRUPTED", "EXIT_INTERRUPT"]
+
+#: What an interrupted command prints; a stage's finished tasks keep their markers, so the same command resumes.
+INTERRUPTED = "interrupted; finished tasks are kept: re-run the same command to resume"
+#: Exit code of an interrupted command (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPT = 130
+
+
+def _exit_interrupted(signum: int, frame: object) -> None:
+    """Ctrl-C outside the command: the line and code of an interrupt, at once. ``os._exit``, not
+    an exception: an exception raised here could land in an import half done or in a finalizer
+    (which prints it and goes on), and nothing buffered is lost (stdout holds nothing before the
+    command, and :func:`run` flushes it after)."""
+    os.write(2, f"Error: {INTERRUPTED}\n".encode())
+    os._exit(EXIT_INTERRUPT)
+
+
+def hold() -> None:
+    """Make Ctrl-C end the process with ``Error: interrupted ...`` and exit code 130, unless the
+    process does not take Python's default for it (an ignored SIGINT stays ignored)."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _exit_interrupted)
+
+
+def release() -> None:
+    """Give Ctrl-C back to Python (``KeyboardInterrupt``) where :func:`hold` took it; else nothing."""
+    if signal.getsignal(signal.SIGINT) is _exit_interrupted:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def run() -> None:
+    """Run the command line on ``sys.argv`` and exit with its code, Ctrl-C handled throughout."""
+    hold()
+    from .cli import main
+
+    code = main()
+    for stream in (sys.stdout, sys.stderr):  # what the command printed, before a Ctrl-C could cut it off
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: as before, the exit reports it
+            stream.flush()
+    hold()
+    sys.exit(code)

@@ -1,0 +1,99 @@
+"""Ctrl-C at any moment of a command, the first second (imports) and the exit included: one line
+and exit code 130, never a traceback.
+
+Each interrupt lands at a moment the child names: a finder at the front of ``sys.meta_path``
+stops the child at the import of one module (or in an exit handler), says ``ready`` on stdout
+and waits for a line on stdin; the test sends SIGINT there, then the line. No timing is involved:
+the same moment every run.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from packtool.launcher import EXIT_INTERRUPT, INTERRUPTED
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The child: ``PAUSE`` (a module name, or ``"exit"``) is where it waits; then the command line
+#: runs as ``python -m packtool`` runs it, or as the console script does (``ENTRY``).
+CHILD = """\
+import atexit, sys
+
+PAUSE, ENTRY, ARGS = sys.argv[1], sys.argv[2], sys.argv[3:]
+
+
+def wait():
+    print("ready", flush=True)
+    sys.stdin.readline()
+
+
+class Pause:
+    def find_spec(self, name, path=None, target=None):
+        if name == PAUSE:
+            sys.meta_path.remove(self)
+            wait()
+        return None
+
+
+if PAUSE == "exit":
+    atexit.register(wait)  # runs once the command has returned, as the interpreter exits
+else:
+    sys.meta_path.insert(0, Pause())
+sys.argv = ["packtool", *ARGS]
+if ENTRY == "-m":
+    import runpy
+
+    runpy.run_module("packtool", run_name="__main__", alter_sys=True)
+else:  # what the console script's wrapper does
+    from packtool.launcher import run
+
+    sys.exit(run())
+"""
+
+
+def interrupted_at(pause: str, entry: str, tmp_path: Path, ignored: bool = False) -> subprocess.CompletedProcess:
+    """``packtool stats MISSING`` stopped at ``pause``, sent SIGINT there and let go; ``ignored``:
+    started with SIGINT ignored, as a background job of a script is."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, pause, entry, "stats", str(tmp_path / "none")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else None)
+    try:
+        assert proc.stdout.readline() == "ready\n", proc.stderr.read() if proc.poll() is not None else "no ready"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate("go\n", timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+# numpy: the package's first heavy import; typer and pyarrow: the command line's; packtool.pipeline:
+# a stage, half a second in; exit: after the command's own error, as the interpreter shuts down
+@pytest.mark.parametrize(("pause", "entry"), [("numpy", "-m"), ("typer", "-m"), ("pyarrow", "-m"),
+                                              ("packtool.pipeline", "-m"), ("typer", "script"), ("exit", "-m")])
+def test_ctrl_c_while_the_command_line_loads_or_exits_is_one_line_and_130(pause, entry, tmp_path):
+    """Ctrl-C in the first second of a command (Python importing numpy, pyarrow, typer and the
+    stages) printed a KeyboardInterrupt traceback and left a killed process's status; later it
+    printed one line and exited 130. Now it is that line and 130 at each of these moments, and
+    after the command returned (its own result printed first)."""
+    r = interrupted_at(pause, entry, tmp_path)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == EXIT_INTERRUPT, (r.returncode, r.stderr)
+    before = "Error: no .packtool/manifest.json found" if pause == "exit" else ""
+    assert r.stderr.startswith(before) and r.stderr.endswith(f"Error: {INTERRUPTED}\n"), r.stderr
+    assert r.stderr.count("\n") == (2 if before else 1), r.stderr
+    assert r.stdout == ""
+
+
+def test_ctrl_c_ignored_from_the_start_stays_ignored(tmp_path):
+    """A command started with SIGINT ignored (``cmd &`` in a script, ``nohup``) is not ended by
+    one: it runs to its own result."""
+    r = interrupted_at("typer", "-m", tmp_path, ignored=True)
+    assert r.returncode == 1 and r.stderr.startswith("Error: no .packtool/manifest.json found"), r.stderr
