@@ -527,6 +527,7 @@ def _merge_without(out: Path, shown: str, run: dict, missing: list[int]) -> dict
     which = (f"rank{'s' if len(ranks) > 1 else ''} {_rank_ranges(ranks)} of --world-size {ws}" if ws > 1
              else "the command that wrote it")
     n = f"{len(missing)} of {run['n_tasks']} tasks"
+    are = "is" if len(missing) == 1 else "are"
     first = f"(first: {missing[:5]})"
     finished = finished_as_is(out, run)
     if finished is not None:
@@ -554,9 +555,9 @@ def _merge_without(out: Path, shown: str, run: dict, missing: list[int]) -> dict
             "again (it redoes those tasks and merges)"
         )
     if ws == 1:
-        raise InputError(f"{shown!r}: {n} are not finished {first}; run the command that wrote it again (it "
+        raise InputError(f"{shown!r}: {n} {are} not finished {first}; run the command that wrote it again (it "
                          "resumes the run and merges)")
-    raise InputError(f"{shown!r}: {n} are not finished {first}; run {which} (the same command resumes) and merge "
+    raise InputError(f"{shown!r}: {n} {are} not finished {first}; run {which} (the same command resumes) and merge "
                      "again")
 
 

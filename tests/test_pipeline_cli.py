@@ -251,7 +251,7 @@ def test_merge_of_an_unfinished_single_run_names_its_command(corpus, tmp_path):
     (state / "manifest.json").unlink()  # as a run killed between its last task and its merge, less task 2
     (state / "task-00002.json").unlink()
     r = run("merge", str(out))
-    assert (r.returncode, r.stderr) == (1, f"Error: {str(out)!r}: 1 of 4 tasks are not finished (first: [2]); run the "
+    assert (r.returncode, r.stderr) == (1, f"Error: {str(out)!r}: 1 of 4 tasks is not finished (first: [2]); run the "
                                            "command that wrote it again (it resumes the run and merges)\n")
     r = run(*cmd)
     assert r.returncode == 0, r.stderr

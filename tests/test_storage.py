@@ -585,7 +585,7 @@ def test_merge_of_a_bucket_names_the_url_not_its_local_mirror(s3, tmp_path):
     upload_dir(s3.client(), tmp_path / "part", BUCKET, prefix)
     r = cli(s3, "merge", f"s3://{BUCKET}/{prefix}/", "--json", cache=tmp_path / "cache", check=False)
     assert (r.returncode, r.stdout) == (1, "")
-    assert r.stderr == (f"Error: 's3://{BUCKET}/{prefix}/': 1 of 3 tasks are not finished (first: [1]); run rank 1 of "
+    assert r.stderr == (f"Error: 's3://{BUCKET}/{prefix}/': 1 of 3 tasks is not finished (first: [1]); run rank 1 of "
                         "--world-size 2 (the same command resumes) and merge again\n")
     r = cli(s3, "merge", f"s3://{BUCKET}/no-run-here", cache=tmp_path / "cache", check=False)
     assert (r.returncode, r.stderr) == (1, f"Error: 's3://{BUCKET}/no-run-here' holds no packtool run (.packtool/run.json "
