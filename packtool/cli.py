@@ -252,8 +252,9 @@ def tokenize(
                    "(counts: folded_branches)")
     if c.get("repeated_ids"):
         n = c["repeated_ids"]
-        typer.echo(f"warning: {n:,} {'sample repeats' if n == 1 else 'samples repeat'} an id stored before in the same "
-                   "task (input slice); stats and errors.jsonl name samples by id: give each record its own")
+        typer.echo(f"warning: {_count(n, 'sample')} {'is' if n == 1 else 'are'} stored as NAME#d1 (#d2, ...): an earlier "
+                   "sample of the same task (input slice) holds the name (a repeated id, or a split tree's ID#1, "
+                   "ID#2, ...), and a name stands for one sample; give each record an id of its own")
 
 
 def _echo_rejected(counts: dict, output: str | None) -> None:

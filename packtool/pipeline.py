@@ -917,7 +917,7 @@ def _fewer_collections(young: int = 10_000):
 
 def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
     """One tokenize task: its slices → ``part-TTTTT-*.parquet`` + errors + completion marker."""
-    from .rows import encode_stored
+    from .rows import SampleNames, encode_stored
     from .schema import TOKENIZED
     from .tokenization import tokenizer_path
 
@@ -928,11 +928,11 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
                           else replace(task.cfg, tokenizer=_at(own, task.cwd)))
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     n_rows = n_samples = n_tokens = n_units = 0
-    # ids stored so far: a repeat is counted, not refused (stats and errors.jsonl name samples
-    # by id, so a user wants to know); within the task, as --group-by-media merges, since a
-    # run-wide check would read every id again after the last task
-    ids_seen: set[str] = set()
-    n_repeated = 0
+    # the names stored so far: a row whose name an earlier row holds (a repeated id, a record
+    # named like a split tree) is stored as NAME#d1, ..., not refused, and counted; within the
+    # task, as --group-by-media merges, since a run-wide check would read every id again after
+    # the last task (stats notes repeats across tasks)
+    names = SampleNames()
     tree_counts: Counter[str] = Counter()
     stream = _task_samples(task)
     if task.cfg.group_by_media:
@@ -953,15 +953,11 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
                 if not isinstance(ctx.media_root, Path):  # a bucket: the batch's image headers fetched in parallel
                     ctx.media_root.prefetch([r.path for s in samples for r in s.media
                                              if r.kind == "image" and r.data is None and r.path])
-                table, rejected = encode_stored(samples, ctx, tree_counts)
+                table, rejected = encode_stored(samples, ctx, tree_counts, names)
                 for rej in rejected:
                     errors.add(rej)
                 if table.num_rows:
                     writer.write_table(table)
-                    ids = table.column("sample_id").to_pylist()
-                    before = len(ids_seen)
-                    ids_seen.update(ids)
-                    n_repeated += len(ids) - (len(ids_seen) - before)
                 # input rows: a tree --group-by-media merged stands for every record folded into it
                 n_in = len(batch) + sum(len(s.meta.get("merged", ())) for s in samples)
                 n_rows += n_in
@@ -977,8 +973,8 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
               "rejected_by_reason": dict(sorted(errors.by_reason.items())), "tokens": n_tokens, "vision_units": n_units,
               "branches": tree_counts["branches"], "folded_branches": tree_counts["folded_branches"],
               "split_extra_trees": tree_counts["split_extra_trees"], "merged_records": tree_counts["merged_records"]}
-    if n_repeated:  # only when there are any: the counts of a run without repeats stay as they were
-        counts["repeated_ids"] = n_repeated
+    if names.renamed:  # only when there are any: the counts of a run without repeats stay as they were
+        counts["repeated_ids"] = names.renamed
     record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts,
               "errors_bytes": errors.bytes, "ran_on": worker_place()}
     publish_task(task.out_dir, out, task.index, record)
