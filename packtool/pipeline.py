@@ -52,6 +52,7 @@ from .formats import (
     parse_json_line,
     parse_record,
 )
+from .formats.common import file_id_names
 from .mixture import Mixture
 from .publication import (
     output_dir,
@@ -606,6 +607,9 @@ class _TokenizeTask:
     max_errors: int | None
     on_error: str
     cwd: str = "."  # the driver's working directory, which relative paths are relative to
+    #: (input name, id name) of the task's inputs whose file name another input shares: their
+    #: records without an id are named ID_NAME:ROW (formats.common.file_id_names)
+    id_names: tuple[tuple[str, str], ...] = ()
 
 
 def _at(path: str, cwd: str) -> str:
@@ -866,12 +870,14 @@ def _slice_records(sl: Slice) -> Iterator[tuple[int, object]]:
 
 
 def _task_samples(task: _TokenizeTask) -> Iterator:
+    id_names = dict(task.id_names)
     for sl in task.slices:
         path = input_copy(sl.path)  # an input fetched from a bucket, on another machine
         at = _at(sl.path, task.cwd) if path == sl.path else path  # rows keep the input's name as given
         name = source_name(sl.path)  # once a slice: it looks at the cache directory (a mkdir call)
+        id_name = id_names.get(name)
         for row, rec in _slice_records(sl if at == sl.path else replace(sl, path=at)):
-            yield parse_record(rec, name, row, task.cfg.format)
+            yield parse_record(rec, name, row, task.cfg.format, id_name)
 
 
 _CONTEXTS: dict = {}
@@ -1093,7 +1099,12 @@ def tokenize_dataset(
         todo, _ = driver.pending()
         if ex.executor != "ray":  # this machine's tasks read these: fetched once here, not once per worker
             fetch_listed(sl.path for t in todo for sl in slices[t])
-        tasks = [_TokenizeTask(t, slices[t], task_target(out), cfg, digest, cfg.max_errors, on_error, os.getcwd())
+        # records without an id are named FILE:ROW; inputs of one file name (a/train.jsonl,
+        # b/train.jsonl) would name theirs alike, in every task: they are named by enough of their path
+        id_names = file_id_names(config["inputs"])
+        tasks = [_TokenizeTask(t, slices[t], task_target(out), cfg, digest, cfg.max_errors, on_error, os.getcwd(),
+                               tuple((n, id_names[n]) for n in dict.fromkeys(source_name(sl.path) for sl in slices[t])
+                                     if n in id_names))
                  for t in todo]
         if total is not None:
             set_total(progress, sum(sum(s.stop - s.start for s in slices[t]) for t in todo))
