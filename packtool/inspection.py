@@ -122,7 +122,7 @@ def _mixture_source_name(manifest: dict, i: int) -> str:
     return src.get("name") or src["path"]
 
 
-def _match_source(path: Path, shown: str, manifest: dict, matches: list[dict], sample: str, source: str) -> list[dict]:
+def _match_source(shown: str, manifest: dict, matches: list[dict], sample: str, source: str) -> list[dict]:
     """The ``matches`` from ``source``: in a mixture, a source's name or path as the manifest
     records it; in a tokenized directory, a row's input file (its ``source``)."""
     kind = manifest.get("kind")
@@ -572,7 +572,7 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
         else:
             matches, repeats = _sample_matches(path, manifest, sample, packed=False)
             if source is not None:
-                matches = _match_source(path, shown, manifest, matches, sample, source)
+                matches = _match_source(shown, manifest, matches, sample, source)
             where = (matches[0]["file"], matches[0]["row"]) if matches else None
             if where is None:
                 why = _rejection(path, shown, sample, "tokenize rejected it")
@@ -592,7 +592,7 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
     if sample is not None:
         matches, repeats = _sample_matches(path, manifest, sample, packed=True)
         if source is not None:
-            matches = _match_source(path, shown, manifest, matches, sample, source)
+            matches = _match_source(shown, manifest, matches, sample, source)
         where = (matches[0]["file"], matches[0]["row"]) if matches else None
         in_view = {m["index"] for m in matches if (m["file"], m["row"]) == where}
         if where is None:
