@@ -254,8 +254,9 @@ def tokenize(
                    "(counts: folded_branches)")
     if c.get("repeated_ids"):
         n = c["repeated_ids"]
-        typer.echo(f"warning: {n:,} {'sample repeats' if n == 1 else 'samples repeat'} an id stored before in the same "
-                   "task (input slice); stats and errors.jsonl name samples by id: give each record its own")
+        typer.echo(f"warning: {_count(n, 'sample')} {'is' if n == 1 else 'are'} stored as NAME#d1 (#d2, ...): an earlier "
+                   "sample of the same task (input slice) holds the name (a repeated id, or a split tree's ID#1, "
+                   "ID#2, ...), and a name stands for one sample; give each record an id of its own")
 
 
 def _echo_rejected(counts: dict, output: str | None) -> None:
@@ -454,6 +455,9 @@ def inspect(
         "Pack to show, by its pack_index: task × 1000000000 + k for the k-th pack of that pack task "
         "(packed directories; default: the first pack)."))] = None,
     sample: Annotated[str | None, typer.Option("--sample", help="Sample id to show.")] = None,
+    source: Annotated[str | None, typer.Option("--source", help=(
+        "With --sample: only the sample from this source, when several share the id (a mixture's source by "
+        "name or path; a tokenized directory's input file)."))] = None,
     tokenizer: Annotated[str | None, typer.Option(metavar="<path|hf:ORG/NAME>", help="Tokenizer: a tokenizer.json file, a model directory or hf:ORG/NAME (default: the one the manifest names).")] = None,
     as_json: AsJson = False,
 ) -> None:
@@ -464,12 +468,16 @@ def inspect(
       packtool inspect packed --pack 0
 
       packtool inspect tok --sample demo-007
+
+      packtool inspect mixed --sample demo-007 --source tok_b
     """
     from .inspection import inspect_dir, render_inspection
 
     if pack is not None and sample is not None:  # the command line contradicts itself: a usage error
         ctx.fail("give --pack or --sample, not both")
-    view = inspect_dir(path, pack=pack, sample=sample, tokenizer=tokenizer)
+    if source is not None and sample is None:
+        ctx.fail("--source picks among the samples of one name: give --sample ID with it")
+    view = inspect_dir(path, pack=pack, sample=sample, tokenizer=tokenizer, source=source)
     typer.echo(json.dumps(view, indent=2, ensure_ascii=False) if as_json else render_inspection(view))
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -67,6 +68,89 @@ def _find_row(path: Path, manifest: dict, column: str, want, is_list: bool) -> t
             if (want in v) if is_list else (v == want):
                 return entry["file"], row
     return None
+
+
+#: Matches of one sample id that a note lists by name; the rest are counted.
+_MATCHES_LISTED = 10
+
+
+def _sample_matches(path: Path, manifest: dict, sample: str, packed: bool) -> tuple[list[dict], list[str]]:
+    """Every sample named ``sample`` in the directory, in manifest order, and the names tokenize
+    gave later samples of that id in the same task (``sample#d1``, ...: :class:`packtool.rows.SampleNames`).
+
+    A tokenized match is ``{file, row, source, source_row}``; a packed one ``{file, row,
+    pack_index, index}`` (``index``: the sample's place in its pack), with ``source_index`` (its
+    source in ``mixture.sources``) in a mixture. Columns are compared with Arrow kernels, so a
+    directory of millions of samples is searched in a blink.
+    """
+    import pyarrow.compute as pc
+
+    column = "sample_ids" if packed else "sample_id"
+    derived_name = "^" + re.escape(sample) + "#d[0-9]+$"
+    found: list[dict] = []
+    derived: list[str] = []
+    for entry in manifest["shards"]:
+        ids = read_shard(path, entry, [column])[column].combine_chunks()
+        flat = pc.list_flatten(ids) if packed else ids
+        derived += flat.filter(pc.match_substring_regex(flat, derived_name)).to_pylist()
+        at = np.flatnonzero(pc.equal(flat, pa.scalar(sample, pa.string())).to_numpy(zero_copy_only=False))
+        if not len(at):
+            continue
+        if not packed:
+            t = read_shard(path, entry, ["source", "source_row"])
+            src, src_row = t["source"].to_pylist(), t["source_row"].to_pylist()
+            found += [{"file": entry["file"], "row": int(r), "source": src[r], "source_row": src_row[r]} for r in at]
+            continue
+        parent = pc.list_parent_indices(ids).to_numpy(zero_copy_only=False)
+        first = ids.offsets.to_numpy(zero_copy_only=False)
+        mixture = manifest.get("mixture") is not None
+        t = read_shard(path, entry, ["pack_index"] + (["sample_sources"] if mixture else []))
+        numbers = t["pack_index"].to_numpy()
+        sources = pc.list_flatten(t["sample_sources"].combine_chunks()).to_numpy(zero_copy_only=False) if mixture else None
+        for i in at.tolist():
+            r = int(parent[i])
+            m = {"file": entry["file"], "row": r, "pack_index": int(numbers[r]), "index": i - int(first[r])}
+            if mixture:
+                m["source_index"] = int(sources[i])
+            found.append(m)
+    # a name listed once (samples of different tasks may bear the same derived name: its own note says so)
+    return found, sorted(dict.fromkeys(derived), key=lambda n: int(n.rsplit("#d", 1)[1]))
+
+
+def _mixture_source_name(manifest: dict, i: int) -> str:
+    src = manifest["mixture"]["sources"][i]
+    return src.get("name") or src["path"]
+
+
+def _match_source(shown: str, manifest: dict, matches: list[dict], sample: str, source: str) -> list[dict]:
+    """The ``matches`` from ``source``: in a mixture, a source's name or path as the manifest
+    records it; in a tokenized directory, a row's input file (its ``source``)."""
+    kind = manifest.get("kind")
+    if kind == "packed":
+        mixture = manifest.get("mixture")
+        if mixture is None:
+            raise ConfigError(f"--source picks one source of a mixture, and {shown!r} packs one tokenized directory; "
+                              "leave --source out (the samples of a name are listed with their packs)")
+        names = [(s.get("name"), s["path"]) for s in mixture["sources"]]
+        picked = {i for i, (name, p) in enumerate(names) if name == source or _same_path(p, source)}
+        if not picked:
+            listed = ", ".join(repr(name or p) for name, p in names)
+            raise ConfigError(f"--source {source!r} is none of the {len(names)} sources of the mixture {shown!r}: "
+                              f"{listed}; give one of those (a name, or the path the manifest records)")
+        kept = [m for m in matches if m["source_index"] in picked]
+        have = dict.fromkeys(_mixture_source_name(manifest, m["source_index"]) for m in matches)
+    else:
+        kept = [m for m in matches if _same_path(m["source"], source)]
+        have = dict.fromkeys(m["source"] for m in matches)
+    if matches and not kept:
+        raise InputError(f"sample {sample!r} of {shown!r} is not from {source!r}: the "
+                         f"{'sample of that name is' if len(matches) == 1 else 'samples of that name are'} from "
+                         f"{', '.join(repr(h) for h in have)}; give one of those to --source, or leave it out")
+    return kept
+
+
+def _same_path(a: str, b: str) -> bool:
+    return a == b or os.path.normpath(a) == os.path.normpath(b)
 
 
 def _read_row(path: Path, manifest: dict, file: str, row: int, columns: list[str]) -> dict:
@@ -437,7 +521,7 @@ def _sample_view(row: dict, a: int, b: int, k: int | None, media: list[dict], de
 
 
 def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = None,
-                tokenizer: str | None = None) -> dict:
+                tokenizer: str | None = None, source: str | None = None) -> dict:
     """Describe one pack (packed dir) or one sample (either dir) for reading.
 
     Args:
@@ -446,11 +530,19 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
             A pack task numbers its packs from ``task * 1_000_000_000``, so a directory packed in
             several tasks holds packs 0, 1, ..., 1000000000, 1000000001, ...
         sample: a sample id; in a packed dir the pack holding it is shown with only that sample.
+            When several samples bear the name (sources of a mixture sharing ids; samples of
+            different tokenize tasks, which name apart only within a task) the first is shown
+            and ``matches`` lists them all (``shown`` marks those in view); ``repeats`` lists the
+            names tokenize gave later samples of the id in the same task (``ID#d1``, ...).
         tokenizer: a tokenizer.json or model directory to decode with instead of the recorded one.
+        source: with ``sample``, only the samples from this source: in a mixture a source's
+            name or recorded path, in a tokenized directory a row's input file.
 
     Raises:
-        InputError: no such pack or sample.
-        ConfigError: ``--pack`` on a tokenized directory, or a tokenizer that does not match.
+        InputError: no such pack or sample (or none from ``source``).
+        ConfigError: ``--pack`` on a tokenized directory, ``source`` without ``sample``, or on
+            a packed directory that is no mixture, or naming no source of the mixture; or a
+            tokenizer that does not match.
     """
     from .storage import fetch_output
 
@@ -460,6 +552,10 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
     kind = manifest.get("kind")
     if pack is not None and sample is not None:
         raise ConfigError("give --pack or --sample, not both")
+    if source is not None and sample is None:
+        raise ConfigError("--source picks among the samples of one name: give --sample ID with it")
+    matches: list[dict] = []
+    repeats: list[str] = []
     tok_manifest = manifest if kind == "tokenized" else None
     src_dir = source_dir(path, manifest) if kind == "packed" else None
     if src_dir is not None and tokenizer is None:
@@ -474,7 +570,10 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
                 raise InputError(f"{shown!r} holds no samples")
             where = (manifest["shards"][0]["file"], 0)
         else:
-            where = _find_row(path, manifest, "sample_id", sample, is_list=False)
+            matches, repeats = _sample_matches(path, manifest, sample, packed=False)
+            if source is not None:
+                matches = _match_source(shown, manifest, matches, sample, source)
+            where = (matches[0]["file"], matches[0]["row"]) if matches else None
             if where is None:
                 why = _rejection(path, shown, sample, "tokenize rejected it")
                 ex = ", ".join(repr(x) for x in _examples(path, manifest, "sample_id", False))
@@ -487,9 +586,15 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
                     n_vision_units=row["n_vision_units"])
         return {"kind": "sample", "dir": shown, "file": where[0], "row": where[1],
                 "tokenizer": dec.tok.name, "template": dec.template.name if dec.template else None,
-                "vision_unit": (manifest.get("vision") or {}).get("unit"), "samples": [view]}
+                "vision_unit": (manifest.get("vision") or {}).get("unit"), "samples": [view],
+                **_more_of_the_name(matches, repeats, where, manifest)}
+    in_view: set[int] = set()  # with --sample: the places in the pack shown of the samples of that name
     if sample is not None:
-        where = _find_row(path, manifest, "sample_ids", sample, is_list=True)
+        matches, repeats = _sample_matches(path, manifest, sample, packed=True)
+        if source is not None:
+            matches = _match_source(shown, manifest, matches, sample, source)
+        where = (matches[0]["file"], matches[0]["row"]) if matches else None
+        in_view = {m["index"] for m in matches if (m["file"], m["row"]) == where}
         if where is None:
             ex = ", ".join(repr(x) for x in _examples(path, manifest, "sample_ids", True))
             if not ex:
@@ -522,7 +627,7 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
     cu = row["cu_seqlens"]
     views = []
     for k, sid in enumerate(row["sample_ids"]):
-        if sample is not None and sid != sample:
+        if sample is not None and k not in in_view:
             continue
         media = [m for m in row["media"] if m["sample_index"] == k]
         v = _sample_view(row, cu[k], cu[k + 1], k, media, dec)
@@ -536,7 +641,24 @@ def inspect_dir(path: str | Path, pack: int | None = None, sample: str | None = 
             "n_tokens": row["n_tokens"], "max_tokens": caps.get("max_tokens"), "n_vision_units": row["n_vision_units"],
             "max_vision_units": caps.get("max_vision_units"), "n_samples": len(row["sample_ids"]),
             "tokenizer": dec.tok.name, "template": dec.template.name if dec.template else None,
-            "vision_unit": (manifest.get("vision") or {}).get("unit"), "samples": views}
+            "vision_unit": (manifest.get("vision") or {}).get("unit"), "samples": views,
+            **_more_of_the_name(matches, repeats, where, manifest)}
+
+
+def _more_of_the_name(matches: list[dict], repeats: list[str], where: tuple[str, int], manifest: dict) -> dict:
+    """The ``matches`` and ``repeats`` keys of a view, each only when it says something: every
+    sample of the name when there are several, the names tokenize derived from it when any."""
+    out: dict = {}
+    if len(matches) > 1:
+        out["matches"] = []
+        for m in matches:
+            m = {**m, "shown": (m["file"], m["row"]) == where}
+            if "source_index" in m:
+                m["mixture_source"] = _mixture_source_name(manifest, m.pop("source_index"))
+            out["matches"].append(m)
+    if repeats:
+        out["repeats"] = repeats
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -581,6 +703,7 @@ def render_inspection(view: dict) -> str:
         s = view["samples"][0]
         out.append(f"sample {s['sample_id']}  ({view['file']} row {view['row']}; from {s['source']} row {s['source_row']})  "
                    f"{s['n_tokens']:,} tokens  {s['n_vision_units']:,} {unit}")
+    out.extend(_name_notes(view))
     out.append(f"{LOSS_OPEN}…{LOSS_CLOSE} marks tokens that carry loss; ranges are inclusive")
     for s in view["samples"]:
         out.append("")
@@ -609,6 +732,43 @@ def render_inspection(view: dict) -> str:
             out.append(f"{head}tokens {_rng(r['tokens']).ljust(width)}  pos {_rng(r['positions']).ljust(pwidth)}  "
                        f"sub {sub_txt}  {r['part']}")
     return "\n".join(out)
+
+
+def _listed(items: list[str]) -> str:
+    more = len(items) - _MATCHES_LISTED
+    return ", ".join(items[:_MATCHES_LISTED]) + (f" and {more:,} more" if more > 0 else "")
+
+
+def _name_notes(view: dict) -> list[str]:
+    """The ``note:`` lines of a view whose name stands for several samples, or that tokenize
+    derived other names from (``matches`` and ``repeats`` of :func:`inspect_dir`)."""
+    lines = []
+    matches = view.get("matches")
+    sid = view["samples"][0]["sample_id"] if view["samples"] else None
+    if matches:
+        packed = view["kind"] == "pack"
+        places = []
+        for m in matches:
+            if packed:
+                place = f"pack {m['pack_index']} [{m['index']}]" + (f" from {m['mixture_source']}"
+                                                                    if "mixture_source" in m else "")
+            else:
+                place = f"{m['file']} row {m['row']} (from {m['source']} row {m['source_row']})"
+            places.append(place + (" (shown)" if m["shown"] else ""))
+        sources = {m.get("mixture_source", m.get("source")) for m in matches}
+        if len(sources) > 1:
+            how = "pick a source with --source " + ("NAME" if packed else "FILE")
+            how += ", or a pack with --pack N" if packed else ""
+        elif packed:
+            how = "see another with --pack N"
+        else:
+            how = ("tokenize names samples apart only within one task (input slice), and these come from different "
+                   "tasks of one input: give the records ids of their own")
+        lines.append(f"note: {len(matches):,} samples are named {sid!r}: {_listed(places)}; {how}")
+    if view.get("repeats"):
+        lines.append(f"note: tokenize stored later samples with this id under names of their own (a task holds each "
+                     f"name once): {_listed(view['repeats'])}; inspect them by those names")
+    return lines
 
 
 def _why_no_packs(manifest: dict) -> str:

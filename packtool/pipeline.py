@@ -52,6 +52,7 @@ from .formats import (
     parse_json_line,
     parse_record,
 )
+from .formats.common import file_id_names
 from .mixture import Mixture
 from .publication import (
     output_dir,
@@ -649,6 +650,9 @@ class _TokenizeTask:
     max_errors: int | None
     on_error: str
     cwd: str = "."  # the driver's working directory, which relative paths are relative to
+    #: (input name, id name) of the task's inputs whose file name another input shares: their
+    #: records without an id are named ID_NAME:ROW (formats.common.file_id_names)
+    id_names: tuple[tuple[str, str], ...] = ()
 
 
 def _at(path: str, cwd: str) -> str:
@@ -909,12 +913,14 @@ def _slice_records(sl: Slice) -> Iterator[tuple[int, object]]:
 
 
 def _task_samples(task: _TokenizeTask) -> Iterator:
+    id_names = dict(task.id_names)
     for sl in task.slices:
         path = input_copy(sl.path)  # an input fetched from a bucket, on another machine
         at = _at(sl.path, task.cwd) if path == sl.path else path  # rows keep the input's name as given
         name = source_name(sl.path)  # once a slice: it looks at the cache directory (a mkdir call)
+        id_name = id_names.get(name)
         for row, rec in _slice_records(sl if at == sl.path else replace(sl, path=at)):
-            yield parse_record(rec, name, row, task.cfg.format)
+            yield parse_record(rec, name, row, task.cfg.format, id_name)
 
 
 _CONTEXTS: dict = {}
@@ -960,7 +966,7 @@ def _fewer_collections(young: int = 10_000):
 
 def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
     """One tokenize task: its slices → ``part-TTTTT-*.parquet`` + errors + completion marker."""
-    from .rows import encode_stored
+    from .rows import SampleNames, encode_stored
     from .schema import TOKENIZED
     from .tokenization import tokenizer_path
 
@@ -971,11 +977,11 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
                           else replace(task.cfg, tokenizer=_at(own, task.cwd)))
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     n_rows = n_samples = n_tokens = n_units = 0
-    # ids stored so far: a repeat is counted, not refused (stats and errors.jsonl name samples
-    # by id, so a user wants to know); within the task, as --group-by-media merges, since a
-    # run-wide check would read every id again after the last task
-    ids_seen: set[str] = set()
-    n_repeated = 0
+    # the names stored so far: a row whose name an earlier row holds (a repeated id, a record
+    # named like a split tree) is stored as NAME#d1, ..., not refused, and counted; within the
+    # task, as --group-by-media merges, since a run-wide check would read every id again after
+    # the last task (stats notes repeats across tasks)
+    names = SampleNames()
     tree_counts: Counter[str] = Counter()
     stream = _task_samples(task)
     if task.cfg.group_by_media:
@@ -996,15 +1002,11 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
                 if not isinstance(ctx.media_root, Path):  # a bucket: the batch's image headers fetched in parallel
                     ctx.media_root.prefetch([r.path for s in samples for r in s.media
                                              if r.kind == "image" and r.data is None and r.path])
-                table, rejected = encode_stored(samples, ctx, tree_counts)
+                table, rejected = encode_stored(samples, ctx, tree_counts, names)
                 for rej in rejected:
                     errors.add(rej)
                 if table.num_rows:
                     writer.write_table(table)
-                    ids = table.column("sample_id").to_pylist()
-                    before = len(ids_seen)
-                    ids_seen.update(ids)
-                    n_repeated += len(ids) - (len(ids_seen) - before)
                 # input rows: a tree --group-by-media merged stands for every record folded into it
                 n_in = len(batch) + sum(len(s.meta.get("merged", ())) for s in samples)
                 n_rows += n_in
@@ -1020,8 +1022,8 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
               "rejected_by_reason": dict(sorted(errors.by_reason.items())), "tokens": n_tokens, "vision_units": n_units,
               "branches": tree_counts["branches"], "folded_branches": tree_counts["folded_branches"],
               "split_extra_trees": tree_counts["split_extra_trees"], "merged_records": tree_counts["merged_records"]}
-    if n_repeated:  # only when there are any: the counts of a run without repeats stay as they were
-        counts["repeated_ids"] = n_repeated
+    if names.renamed:  # only when there are any: the counts of a run without repeats stay as they were
+        counts["repeated_ids"] = names.renamed
     record = {"task": task.index, "config_digest": task.config_digest, "shards": writer.shards, "counts": counts,
               "errors_bytes": errors.bytes, "ran_on": worker_place()}
     publish_task(task.out_dir, out, task.index, record)
@@ -1140,7 +1142,12 @@ def tokenize_dataset(
         todo, _ = driver.pending()
         if ex.executor != "ray":  # this machine's tasks read these: fetched once here, not once per worker
             fetch_listed(sl.path for t in todo for sl in slices[t])
-        tasks = [_TokenizeTask(t, slices[t], task_target(out), cfg, digest, cfg.max_errors, on_error, os.getcwd())
+        # records without an id are named FILE:ROW; inputs of one file name (a/train.jsonl,
+        # b/train.jsonl) would name theirs alike, in every task: they are named by enough of their path
+        id_names = file_id_names(config["inputs"])
+        tasks = [_TokenizeTask(t, slices[t], task_target(out), cfg, digest, cfg.max_errors, on_error, os.getcwd(),
+                               tuple((n, id_names[n]) for n in dict.fromkeys(source_name(sl.path) for sl in slices[t])
+                                     if n in id_names))
                  for t in todo]
         if total is not None:
             set_total(progress, sum(sum(s.stop - s.start for s in slices[t]) for t in todo))

@@ -28,6 +28,11 @@ A sample's branches may become **several trees on the same media** (never droppe
 The extra trees are counted (``counts["split_extra_trees"]``) and named
 ``<sample_id>#1``, ``#2``, ...
 
+A tokenize task stores each name once (:class:`SampleNames`): a row whose name an earlier row of
+the task holds (a record repeating an id, a record whose own id is ``a#1`` after the split tree
+``a#1``, or a split tree named like an earlier record) is stored as ``<name>#d1`` (``#d2``, ... for
+further repeats; the first free one), and its split trees follow its new name (``x#d1#1``).
+
 A branch that lies wholly inside its tree's shared prefix (a repeat of another branch when the
 tree holds nothing else, or a conversation that is a prefix of every other branch of the tree)
 has no tokens of its own: its tokens are the prefix's, stored and trained once, as any turn the
@@ -59,7 +64,8 @@ from .templates import Template
 from .tokenization import Tokenizer
 from .vision import VisionFamily, VisionLayout
 
-__all__ = ["EncodeContext", "encode_samples", "encode_stored", "group_by_media", "shifted_targets", "IGNORE"]
+__all__ = ["EncodeContext", "SampleNames", "encode_samples", "encode_stored", "group_by_media", "shifted_targets",
+           "IGNORE"]
 
 IGNORE = -100
 #: Probe results kept per process; cleared when full (bounds memory on huge corpora).
@@ -88,6 +94,42 @@ class EncodeContext:
     max_tokens: int | None = None
     reasoning_loss: bool = True
     probe_cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+
+class SampleNames:
+    """The names a tokenize task has stored, so that no two of its rows share one.
+
+    Users trace a training sequence back to its record by the names in ``sample_ids``, so a
+    name means one row. :meth:`take` gives a name back as asked when no earlier row holds it,
+    else the first free ``<name>#dK`` (``K`` from 1). The later row yields: a row already
+    written keeps its name. ``renamed`` counts the rows that got a derived name.
+
+    Example:
+        >>> names = SampleNames()
+        >>> [names.take(n) for n in ["a", "a#1", "a", "a#d2", "a"]], names.renamed
+        (['a', 'a#1', 'a#d1', 'a#d2', 'a#d3'], 2)
+    """
+
+    __slots__ = ("taken", "renamed", "_next")
+
+    def __init__(self) -> None:
+        self.taken: set[str] = set()
+        self.renamed = 0
+        self._next: dict[str, int] = {}  # the first suffix number not yet tried, by name
+
+    def take(self, name: str) -> str:
+        """``name`` when it is free, else the first free ``name#dK``; either way it is taken."""
+        if name not in self.taken:
+            self.taken.add(name)
+            return name
+        k = self._next.get(name, 1)
+        while f"{name}#d{k}" in self.taken:
+            k += 1
+        self._next[name] = k + 1
+        derived = f"{name}#d{k}"
+        self.taken.add(derived)
+        self.renamed += 1
+        return derived
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,7 +405,7 @@ def _stage_members(s: Sample, probed: list[_Probed], ctx: EncodeContext, special
 
 
 def encode_samples(
-    samples: list[Sample], ctx: EncodeContext, counts: Counter | None = None
+    samples: list[Sample], ctx: EncodeContext, counts: Counter | None = None, names: SampleNames | None = None
 ) -> tuple[list[dict], list[Rejected]]:
     """Encode a batch of samples into tokenized rows (dicts matching ``schema.TOKENIZED_ROWS``,
     the expanded form; :func:`encode_stored` gives the same rows as shards store them).
@@ -374,7 +416,8 @@ def encode_samples(
     several rows (see the module docstring); ``counts``, when given, gains ``trees``
     (rows), ``branches`` (branches over all rows: their ``n_branches``), ``folded_branches``
     (conversations wholly inside their tree's shared prefix, which store no branch of their own)
-    and ``split_extra_trees`` (rows beyond one per sample).
+    and ``split_extra_trees`` (rows beyond one per sample). ``names``, when given, names the
+    rows (:class:`SampleNames`: the names of earlier batches of the task are not used again).
     """
     pieces, staged, rejected = _stage_samples(samples, ctx, counts)
     arrays = _PieceArrays(pieces, _encode_texts(pieces, ctx))
@@ -390,7 +433,11 @@ def encode_samples(
             else:
                 row = _tree_row(s, probed, tree)
             _count_branches(counts, len(tree), row["n_branches"])
-            if k:
+            if names is not None:
+                if not k:
+                    head = names.take(s.sample_id)
+                row["sample_id"] = names.take(f"{head}#{k}") if k else head
+            elif k:
                 row["sample_id"] = f"{s.sample_id}#{k}"
             rows.append(row)
     if single:
@@ -479,11 +526,11 @@ def _assemble_batch(pa_: _PieceArrays) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return ids, loss, starts
 
 
-def encode_stored(samples: list[Sample], ctx: EncodeContext, counts: Counter | None = None
-                  ) -> tuple[pa.Table, list[Rejected]]:
+def encode_stored(samples: list[Sample], ctx: EncodeContext, counts: Counter | None = None,
+                  names: SampleNames | None = None) -> tuple[pa.Table, list[Rejected]]:
     """The rows of :func:`encode_samples` as tokenized shards store them: a table of
     ``schema.TOKENIZED``, token columns in runs form (``packtool.runs``), equal to
-    ``compact_table(rows_table(rows, TOKENIZED_ROWS))`` value for value.
+    ``compact_table(rows_table(rows, TOKENIZED_ROWS))`` value for value (``names`` as there).
 
     A one-branch row (most rows) goes from its staged pieces to the runs form without
     being expanded: a placeholder run is one piece already (:func:`_compact_pieces`). A
@@ -504,7 +551,8 @@ def encode_stored(samples: list[Sample], ctx: EncodeContext, counts: Counter | N
             p0, p1 = branches[0]
             single_ranges.append((p0, p1))
             from_tree.append(False)
-            single_meta.append([s.sample_id, s, probed, None, int(starts[p1] - starts[p0]), 1])
+            sid = s.sample_id if names is None else names.take(s.sample_id)
+            single_meta.append([sid, s, probed, None, int(starts[p1] - starts[p0]), 1])
             meta.append(single_meta[-1])
             if counts is not None:
                 counts["trees"] += 1
@@ -513,13 +561,14 @@ def encode_stored(samples: list[Sample], ctx: EncodeContext, counts: Counter | N
         if expanded is None:
             expanded = _assemble_batch(arrays)
         ids, loss, _ = expanded
+        head = s.sample_id if names is None else names.take(s.sample_id)
         for k, tree in enumerate(_sample_trees(arrays, ids, loss, branches, ctx, counts)):
             row = _tree_row(s, probed, tree)
             _count_branches(counts, len(tree), row["n_branches"])
             tree_rows.append(row)
             from_tree.append(True)
-            meta.append([f"{s.sample_id}#{k}" if k else s.sample_id, s, probed, sorted(tree[0][2], key=lambda x: x[1]),
-                         row["n_tokens"], row["n_branches"]])
+            name = head if not k else f"{head}#{k}" if names is None else names.take(f"{head}#{k}")
+            meta.append([name, s, probed, sorted(tree[0][2], key=lambda x: x[1]), row["n_tokens"], row["n_branches"]])
     for m, spans in zip(single_meta, _single_spans(arrays, single_ranges), strict=True):
         m[3] = spans
     c = _compact_pieces(arrays, single_ranges)

@@ -185,6 +185,7 @@ class StatsData:
     truncated: int = 0
     pack_rejected: dict = field(default_factory=dict)
     pack_errors: list[dict] | None = None
+    shared_ids: int = 0
     notes: list[str] = field(default_factory=list)
 
 
@@ -208,8 +209,10 @@ def _read_errors(path: Path) -> list[dict]:
 def _load_tokenized(data: StatsData, path: Path, manifest: dict) -> None:
     cols = ["sample_id", "source", "n_tokens", "n_vision_units", "n_branches", "media.list.element.n_tokens"]
     ids, srcs, tok, units, vt, br = [], [], [], [], [], []
+    ids_arrow = []
     for entry in manifest["shards"]:
         t = _read(path, entry, cols)
+        ids_arrow.append(t["sample_id"])
         ids.append(t["sample_id"].to_numpy())
         srcs.append(t["source"].to_numpy())
         tok.append(t["n_tokens"].to_numpy())
@@ -224,6 +227,33 @@ def _load_tokenized(data: StatsData, path: Path, manifest: dict) -> None:
     data.sample_units = _concat(units, np.int64)
     data.sample_vision_tokens = _concat(vt, np.int64)
     data.sample_branches = _concat(br, np.int64)
+    # a task names its samples apart, tasks do not (a run-wide check would read every id again):
+    # one hash pass here, and a count of the samples that share an id only when some do
+    chunks = [c for t in ids_arrow for c in t.chunks]
+    names = pa.chunked_array(chunks, type=pa.string())
+    if len(names) and pc.count_distinct(names).as_py() < len(names):
+        n = pc.value_counts(names).field("counts").to_numpy(zero_copy_only=False)
+        data.shared_ids = int(n[n > 1].sum())
+        data.notes.append(f"{data.shared_ids:,} samples of the tokenized directory share their id with another "
+                          "(tokenize names samples apart only within one task, an input slice): `packtool inspect "
+                          "--sample ID` lists each; give the records ids of their own")
+
+
+def _unmark_dropped(data: StatsData, path: Path, manifest: dict) -> None:
+    """Take the samples pack dropped out of ``data.packed_mask`` when ids are shared: a dropped
+    sample's id may be in a pack all the same, another sample's. ``errors.jsonl`` names each drop
+    by its id and input row (``source``, ``row``), as the tokenized rows do."""
+    drops = Counter((e.get("sample_id"), e.get("source"), e.get("row")) for e in data.pack_errors or [])
+    ids = np.array(sorted({k[0] for k in drops if isinstance(k[0], str)}), dtype=object)
+    maybe = np.flatnonzero(data.packed_mask & is_in(data.sample_id, ids))
+    if not len(maybe):
+        return
+    rows = _concat([_read(path, e, ["source_row"])["source_row"].to_numpy() for e in manifest["shards"]], np.int64)
+    for i in maybe.tolist():
+        key = (data.sample_id[i], data.sample_source[i], int(rows[i]))
+        if drops[key]:
+            drops[key] -= 1
+            data.packed_mask[i] = False
 
 
 def _load_packed(data: StatsData, path: Path, manifest: dict) -> None:
@@ -329,6 +359,8 @@ def load_stats_data(path: str | Path, packed: str | Path | None = None) -> Stats
         return data
     _load_tokenized(data, tok_path, tok_manifest)
     data.packed_mask = is_in(data.sample_id, data.pack_sample_ids)
+    if data.shared_ids and data.pack_errors:
+        _unmark_dropped(data, tok_path, tok_manifest)
     return data
 
 

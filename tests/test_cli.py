@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pyarrow.parquet as pq
 import pytest
 from clirun import packtool
 
@@ -68,9 +69,10 @@ def test_every_command_help_shows_an_example(command, capsys):
     assert "Example:" in out and f"packtool {command}" in out
 
 
-def test_tokenize_counts_repeated_sample_ids_within_a_task(tmp_path, demo_dirs):
-    """Records sharing an id were stored without a word; the repeats within a task (one input
-    slice of --rows-per-shard rows) are counted in the manifest and the summary says so."""
+def test_tokenize_names_repeated_sample_ids_apart_within_a_task(tmp_path, demo_dirs):
+    """Records sharing an id were stored under one name, which inspect, stats and errors.jsonl
+    took for one sample; within a task (one input slice of --rows-per-shard rows) a repeat is
+    stored as ID#d1, ID#d2, ..., counted in the manifest, and the summary says so."""
     sample = demo_dirs["sample"]
     lines = (sample / "data.jsonl").read_text().splitlines()[:5]
     records = [json.loads(line) for line in lines]
@@ -83,11 +85,17 @@ def test_tokenize_counts_repeated_sample_ids_within_a_task(tmp_path, demo_dirs):
     assert r.returncode == 0, r.stderr
     # tasks [a a b] and [a c]: one repeat within a task; the a of the second task is not compared
     assert r.stdout == (f"5 samples from 5 rows in 2 shards -> {tok}\n"
-                        "warning: 1 sample repeats an id stored before in the same task (input slice); stats and "
-                        "errors.jsonl name samples by id: give each record its own\n")
-    assert json.loads((tok / ".packtool" / "manifest.json").read_text())["counts"]["repeated_ids"] == 1
+                        "warning: 1 sample is stored as NAME#d1 (#d2, ...): an earlier sample of the same task (input "
+                        "slice) holds the name (a repeated id, or a split tree's ID#1, ID#2, ...), and a name stands for "
+                        "one sample; give each record an id of its own\n")
+    manifest = json.loads((tok / ".packtool" / "manifest.json").read_text())
+    assert manifest["counts"]["repeated_ids"] == 1
+    stored = [pq.read_table(tok / e["file"], columns=["sample_id"])["sample_id"].to_pylist() for e in manifest["shards"]]
+    assert stored == [["a", "a#d1", "b"], ["a", "c"]]
     r = run("tokenize", str(src), "--media-root", str(sample), "-o", str(tmp_path / "json"), "--quiet", "--json")
     assert json.loads(r.stdout)["repeated_ids"] == 2
+    one = json.loads((tmp_path / "json" / ".packtool" / "manifest.json").read_text())["shards"]
+    assert pq.read_table(tmp_path / "json" / one[0]["file"])["sample_id"].to_pylist() == ["a", "a#d1", "b", "a#d2", "c"]
     r = run("tokenize", str(sample / "data.jsonl"), "--media-root", str(sample), "-o", str(tmp_path / "unique"),
             "--quiet", "--json")
     assert "repeated_ids" not in json.loads(r.stdout)

@@ -177,6 +177,48 @@ def test_a_record_merged_into_a_tree_is_looked_up_by_the_trees_id(tmp_path):
     assert r.returncode == 0 and "3 branches" in r.stdout and "small?" in r.stdout
 
 
+def test_an_id_samples_of_several_tasks_share_is_listed_with_every_sample(tmp_path):
+    """A task names its samples apart (a repeat becomes ID#d1), tasks do not: inspect --sample
+    showed the first sample of the name and said nothing of the others. It lists them all, with
+    their shard rows and input rows, --source keeps one input's, and the names a task derived
+    from the id are named too."""
+    lines = (SAMPLE / "data.jsonl").read_text().splitlines()
+    recs = [{**json.loads(line), "id": rid} for line, rid in zip(lines, "aabacdc", strict=False)]
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    one.write_text("".join(json.dumps(r) + "\n" for r in recs[:6]))
+    two.write_text("".join(json.dumps(r) + "\n" for r in recs[6:]))
+    tok, packed = tmp_path / "tok", tmp_path / "packed"
+    # tasks of 3 rows: [a a b] [a c d] [c]: each task stores a name once
+    tokenize_dataset([one, two], tok, TokenizeConfig(media_root=str(SAMPLE), rows_per_shard=3))
+    manifest = json.loads((tok / ".packtool" / "manifest.json").read_text())
+    stored = [pq.read_table(tok / e["file"])["sample_id"].to_pylist() for e in manifest["shards"]]
+    assert (stored, manifest["counts"]["repeated_ids"]) == ([["a", "a#d1", "b"], ["a", "c", "d"], ["c"]], 1)
+    view = inspect_dir(tok, sample="a")
+    assert [(m["file"], m["row"], m["source_row"], m["shown"]) for m in view["matches"]] == [
+        ("part-00000-00000.parquet", 0, 0, True), ("part-00001-00000.parquet", 0, 3, False)]
+    assert view["repeats"] == ["a#d1"]
+    assert render_inspection(view).splitlines()[1:3] == [
+        f"note: 2 samples are named 'a': part-00000-00000.parquet row 0 (from {one} row 0) (shown), "
+        f"part-00001-00000.parquet row 0 (from {one} row 3); tokenize names samples apart only within one task (input "
+        "slice), and these come from different tasks of one input: give the records ids of their own",
+        "note: tokenize stored later samples with this id under names of their own (a task holds each name once): "
+        "a#d1; inspect them by those names"]
+    view = inspect_dir(tok, sample="c")
+    assert render_inspection(view).splitlines()[1].endswith(f"(from {two} row 0); pick a source with --source FILE")
+    view = inspect_dir(tok, sample="c", source=str(two))
+    assert (view["file"], view["samples"][0]["source"], "matches" in view) == ("part-00002-00000.parquet", str(two), False)
+    # one sample of the name: the view as it always was
+    assert {"matches", "repeats"} & set(inspect_dir(tok, sample="b")) == set()
+    pack_dataset(tok, packed, PackConfig(max_tokens=2048))
+    view = inspect_dir(packed, sample="c")
+    assert len(view["matches"]) == 2 and [v["sample_id"] for v in view["samples"]] == ["c"]
+    assert render_inspection(view).splitlines()[1].endswith("; see another with --pack N")
+    r = run("inspect", str(packed), "--sample", "c", "--source", str(two))
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"Error: --source picks one source of a mixture, and {str(packed)!r} packs one tokenized "
+                        "directory; leave --source out (the samples of a name are listed with their packs)\n")
+
+
 @pytest.fixture(scope="module")
 def three_tasks(tmp_path_factory) -> Path:
     """The demo corpus tokenized 10 rows a shard and packed: three pack tasks, so pack numbers

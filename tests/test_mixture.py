@@ -760,3 +760,44 @@ def test_from_rates_takes_what_python_holds_as_the_flags_would():
                         ({"seed": "0"}, "--seed '0': give a non-negative integer")]:
         with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
             Mixture.from_rates(["a", "b"], **kw)
+
+
+@pytest.mark.jit
+def test_inspect_of_an_id_two_sources_share_lists_both_and_source_picks_one(tmp_path):
+    """Two sources of a mixture both holding an id (the same corpus cut twice, or FILE:ROW ids of
+    files of one name): inspect --sample showed the first source's sample and said nothing of the
+    other. It lists every sample of the name with its source, and --source keeps one source's."""
+    lines = (SAMPLE / "data.jsonl").read_text().splitlines(keepends=True)
+    for name, part in (("a", lines[0:3]), ("b", lines[2:4])):  # both hold demo-002
+        (tmp_path / f"{name}.jsonl").write_text("".join(part))
+        tokenize_dataset([tmp_path / f"{name}.jsonl"], tmp_path / f"tok_{name}", TokenizeConfig(media_root=str(SAMPLE)))
+    out = tmp_path / "mixed"
+    r = run("pack", "tok_a", "tok_b", "--rates", "1,1", "--group-by", "source", "-o", "mixed", "--max-tokens", "8192",
+            "-q", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = run("inspect", str(out), "--sample", "demo-002", "--json")
+    assert r.returncode == 0, r.stderr
+    view = json.loads(r.stdout)
+    got = [(m["mixture_source"], m["index"], m["shown"]) for m in view["matches"]]
+    assert [(s, shown) for s, _, shown in got] == [("tok_a", True), ("tok_b", False)]  # --group-by source: two packs
+    assert [(v["sample_id"], v["mixture_source"]) for v in view["samples"]] == [("demo-002", "tok_a")]
+    b_pack = view["matches"][1]["pack_index"]
+    text = run("inspect", str(out), "--sample", "demo-002").stdout.splitlines()
+    assert text[1] == (f"note: 2 samples are named 'demo-002': pack {view['pack_index']} [{got[0][1]}] from tok_a (shown), "
+                       f"pack {b_pack} [{got[1][1]}] from tok_b; pick a source with --source NAME, or a pack with --pack N")
+    for given in ("tok_b", "./tok_b/"):  # by the path the manifest records, written either way
+        r = run("inspect", str(out), "--sample", "demo-002", "--source", given, "--json")
+        view = json.loads(r.stdout)
+        assert (view["pack_index"], [v["mixture_source"] for v in view["samples"]]) == (b_pack, ["tok_b"]), given
+        assert "matches" not in view  # one sample of the name from that source
+    r = run("inspect", str(out), "--sample", "demo-000", "--source", "tok_b")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"Error: sample 'demo-000' of {str(out)!r} is not from 'tok_b': the sample of that name is from "
+                        "'tok_a'; give one of those to --source, or leave it out\n")
+    r = run("inspect", str(out), "--sample", "demo-002", "--source", "tok_c")
+    assert (r.returncode, r.stderr) == (1, f"Error: --source 'tok_c' is none of the 2 sources of the mixture "
+                                           f"{str(out)!r}: 'tok_a', 'tok_b'; give one of those (a name, or the path "
+                                           "the manifest records)\n")
+    r = run("inspect", str(out), "--source", "tok_a")
+    assert r.returncode == 2 and r.stderr.endswith("Error: --source picks among the samples of one name: give --sample "
+                                                   "ID with it\n")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -447,3 +448,24 @@ def test_a_stage_called_with_arguments_of_the_wrong_kind_says_which_before_writi
     one = pack_dataset((d for d in [tok]), tmp_path / "gen", PackConfig(max_tokens=8192), max_errors=np.int64(0))
     assert [s["sha256"] for s in one["shards"]] == [s["sha256"] for s in pack_dataset(
         tok, tmp_path / "dir", PackConfig(max_tokens=8192))["shards"]]
+
+
+def test_records_without_ids_in_inputs_of_one_file_name_are_named_by_their_paths(tmp_path, monkeypatch):
+    """A record without an id is named FILE:ROW; a corpus laid out as a/train.jsonl, b/train.jsonl
+    named every row of the one like the same row of the other, in different tasks, which no
+    task could tell apart. Such inputs name their records by enough of their path; an input of
+    its own file name, and a record with an id, are named as before."""
+    root = Path(__file__).resolve().parents[1] / "examples" / "sample"
+    lines = (root / "data.jsonl").read_text().splitlines()[:2]
+    bare = [json.dumps({k: v for k, v in json.loads(line).items() if k != "id"}) for line in lines]
+    monkeypatch.chdir(tmp_path)
+    for d in ("x/a", "x/b", "y/b"):
+        (tmp_path / "corpus" / d).mkdir(parents=True)
+        write(tmp_path / "corpus" / d / "train.jsonl", bare)
+    write(tmp_path / "corpus" / "val.jsonl", [bare[0], lines[1]])
+    tokenize_dataset(["corpus"], "tok", TokenizeConfig(media_root=str(root), rows_per_shard=3), workers=1)
+    manifest = json.loads((tmp_path / "tok" / ".packtool" / "manifest.json").read_text())
+    ids = [i for e in manifest["shards"] for i in pq.read_table(tmp_path / "tok" / e["file"])["sample_id"].to_pylist()]
+    assert ids == ["val.jsonl:0", "demo-001", "a/train.jsonl:0", "a/train.jsonl:1", "x/b/train.jsonl:0",
+                   "x/b/train.jsonl:1", "y/b/train.jsonl:0", "y/b/train.jsonl:1"]
+    assert manifest["counts"]["tasks"] == 3 and "repeated_ids" not in manifest["counts"]

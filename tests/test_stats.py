@@ -561,3 +561,28 @@ def test_rejected_share_counts_a_dropped_tree_as_its_share_of_the_row(tmp_path):
     pack_dataset(tok, tmp_path / "none", PackConfig(max_tokens=300))  # every tree dropped: all of the row
     r = run("stats", str(tmp_path / "none"), "--fail-above-rejected", "0.99")
     assert (r.returncode, r.stderr) == (1, "Error: rejected_fraction 1 is above --fail-above-rejected 0.99\n")
+
+
+def test_an_id_samples_of_two_tasks_share_is_counted_and_a_drop_lands_on_its_own_source(tmp_path):
+    """Tasks name their samples apart only within themselves. A sample packed and another of the
+    same id dropped gave both sources 'packed' (the drop matched by id alone, which the packed one
+    also bore): the source of the dropped sample showed no drop. A drop is matched by id and input
+    row, and the shared ids are noted."""
+    lines = (ROOT / "examples" / "sample" / "data.jsonl").read_text().splitlines()
+    small = [{**json.loads(lines[i]), "id": sid} for i, sid in ((0, "a"), (2, "b"), (4, "c"))]  # 433, 433, 119 tokens
+    big = {**json.loads(lines[1]), "id": "a"}  # 2,733 tokens: over --max-tokens 1000
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    one.write_text("".join(json.dumps(r) + "\n" for r in small))
+    two.write_text(json.dumps(big) + "\n")
+    tok, packed = tmp_path / "tok", tmp_path / "packed"
+    tokenize_dataset([one, two], tok, TokenizeConfig(media_root=str(ROOT / "examples" / "sample"), rows_per_shard=3))
+    pack_dataset(tok, packed, PackConfig(max_tokens=1000))
+    s = compute_stats(tok, packed)
+    assert [(r["source"], r["samples"], r["packed"], r["dropped"]) for r in s["sources"]] == [
+        (str(one), 3, 3, 0), (str(two), 1, 0, 1)]
+    assert s["reconcile"]["balanced"] and s["dropped"] == 1
+    assert s["notes"] == ["2 samples of the tokenized directory share their id with another (tokenize names samples "
+                          "apart only within one task, an input slice): `packtool inspect --sample ID` lists each; "
+                          "give the records ids of their own"]
+    assert compute_stats(tok)["notes"] == s["notes"]
+    assert s["branches_per_sample"]["histogram"] == {"1": 3}  # the packed samples: the dropped one is not

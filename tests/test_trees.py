@@ -19,7 +19,7 @@ from PIL import Image
 from packtool.formats import Rejected, molmo
 from packtool.formats.llava import parse as parse_llava
 from packtool.records import MediaRef, Sample
-from packtool.rows import EncodeContext, encode_samples, group_by_media
+from packtool.rows import EncodeContext, SampleNames, encode_samples, encode_stored, group_by_media
 from packtool.schema import PREFIX_SUBSEGMENT
 from packtool.templates import get_template
 from packtool.tokenization import load_tokenizer
@@ -129,6 +129,34 @@ def test_max_branches_splits_into_trees_on_the_same_media(root):
     assert branch_tokens(rows[0]) + [rows[1]["input_ids"].tolist()] == branch_tokens(whole)
     assert counts == Counter(trees=2, branches=3, split_extra_trees=1)
 
+
+
+def test_a_name_is_stored_once_whichever_row_came_first(root):
+    """A split tree is named ID#1; a record whose own id is ``ID#1`` gave a second row of that
+    name, and so did a repeated id (inspect and stats then took two samples for one). With the
+    task's :class:`SampleNames` the later row yields (``NAME#d1``), in whichever batch it comes,
+    and its split trees follow its new name; both encoders name alike."""
+    def plain(sid: str) -> Sample:
+        return parse_llava({"id": sid, "image": "other.png", "conversations": [
+            {"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "Blue."}]}, "t.jsonl", 1)
+
+    def tree(sid: str) -> Sample:  # three branches: two trees under max_branches=2
+        return molmo.parse({**TREE, "id": sid}, "t.jsonl", 0)
+
+    ctx = ctx_for(root, max_branches=2)
+    cases = [  # batches of samples -> the names stored, and how many rows got a derived name
+        ([[tree("a"), plain("a#1")]], ["a", "a#1", "a#1#d1"], 1),
+        ([[plain("a#1")], [tree("a")]], ["a#1", "a", "a#1#d1"], 1),
+        ([[tree("x"), plain("y")], [tree("x"), plain("x")]], ["x", "x#1", "y", "x#d1", "x#d1#1", "x#d2"], 2),
+        ([[plain("x#d1"), tree("x"), tree("x")]], ["x#d1", "x", "x#1", "x#d2", "x#d2#1"], 1),
+    ]
+    for batches, want, renamed in cases:
+        names, names_stored = SampleNames(), SampleNames()
+        got = [r["sample_id"] for b in batches for r in encode_samples(b, ctx, names=names)[0]]
+        stored = [sid for b in batches for sid in encode_stored(b, ctx, names=names_stored)[0]["sample_id"].to_pylist()]
+        assert (got, stored, names.renamed, names_stored.renamed) == (want, want, renamed, renamed), batches
+    # without names (a batch encoded alone, as the library's callers do): the names as before
+    assert [r["sample_id"] for r in encode_samples([tree("a"), plain("a#1")], ctx)[0]] == ["a", "a#1", "a#1"]
 
 
 @pytest.mark.parametrize("max_branches", [None, 20_000])

@@ -24,7 +24,7 @@ import json
 import logging
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import ConfigError, InputError, SampleError
@@ -453,8 +453,12 @@ def check_format(fmt: str) -> None:
         raise ConfigError(f"unknown --format {fmt!r}; choose one of: {', '.join(FORMATS)}")
 
 
-def parse_record(rec: object, source: str, row: int, fmt: str = "auto") -> Sample | Rejected:
-    """One record (or the SampleError its line raised) as a Sample or a Rejected row."""
+def parse_record(rec: object, source: str, row: int, fmt: str = "auto", id_name: str | None = None) -> Sample | Rejected:
+    """One record (or the SampleError its line raised) as a Sample or a Rejected row.
+
+    ``id_name`` names a record without an id ``ID_NAME:ROW`` instead of ``FILE:ROW``: tokenize
+    gives it for an input whose file name another input shares (:func:`common.file_id_names`).
+    """
     source = printable(source)
     try:
         sid = record_id(rec) if isinstance(rec, dict) else None
@@ -467,7 +471,10 @@ def parse_record(rec: object, source: str, row: int, fmt: str = "auto") -> Sampl
             raise SampleError("bad_record", f"record is a {type(rec).__name__}, not an object")
         rec = decode_turn_fields(rec)
         parser = PARSERS[detect_format(rec) if fmt == "auto" else fmt]
-        return check_sample(parser(rec, source, row))
+        sample = check_sample(parser(rec, source, row))
+        if id_name is not None and sid is None:
+            sample = replace(sample, sample_id=f"{printable(id_name)}:{row}")
+        return sample
     except SampleError as err:
         return Rejected(source, row, sid, err.reason, err.message)
     except (TypeError, AttributeError, KeyError, IndexError, ValueError) as exc:  # a field of an unexpected type or shape

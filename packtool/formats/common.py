@@ -28,7 +28,7 @@ from ..records import MediaRef, Message, Part, Sample, ToolCall
 from .tools import CALL_ROLES, RESULT_ROLES, parse_call_text, parse_tool_call
 
 __all__ = ["media_ref", "media_refs", "as_list", "check_text", "check_sample", "printable", "record_id",
-           "sample_id_of", "split_placeholders", "build_sample", "Turn", "read_turns", "decode_turn_fields",
+           "sample_id_of", "file_id_names", "split_placeholders", "build_sample", "Turn", "read_turns", "decode_turn_fields",
            "TURN_FIELDS"]
 
 
@@ -331,6 +331,33 @@ def sample_id_of(record: dict, source: str, row: int) -> str:
     """:func:`record_id`, or ``FILE:ROW`` for a record without one."""
     sid = record_id(record)
     return sid if sid is not None else f"{Path(source).name}:{row}"
+
+
+def file_id_names(sources: list[str]) -> dict[str, str]:
+    """The name records without an id are named after (``NAME:ROW``) in each input whose file
+    name another input shares (``a/train.jsonl``, ``b/train.jsonl``): its path cut to the fewest
+    trailing parts that tell it apart from those inputs, else the whole path. An input whose file
+    name is its own is not listed: its records keep ``FILE:ROW``.
+
+    Example:
+        >>> file_id_names(["x/a/train.jsonl", "x/b/train.jsonl", "y/b/train.jsonl", "val.jsonl"])
+        {'x/a/train.jsonl': 'a/train.jsonl', 'x/b/train.jsonl': 'x/b/train.jsonl', 'y/b/train.jsonl': 'y/b/train.jsonl'}
+    """
+    groups: dict[str, list[list[str]]] = {}
+    for src in dict.fromkeys(sources):
+        parts = src.split("/")
+        groups.setdefault(Path(src).name, []).append(parts)
+    out = {}
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        for parts in group:
+            for k in range(2, len(parts) + 1):
+                tail = parts[-k:]
+                if sum(other[-k:] == tail for other in group) == 1:
+                    break
+            out["/".join(parts)] = "/".join(parts[-k:])
+    return out
 
 
 _TAG = re.compile(r"<(image|video)>")
