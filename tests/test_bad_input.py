@@ -317,6 +317,35 @@ def test_a_parquet_time_zone_the_zone_database_lacks_rejects_its_rows(media, tmp
     assert m["counts"]["rejected_by_reason"] == {"bad_record": 2}
 
 
+_HUGE = "A" * 20_000
+#: Records whose rejection message once quoted an input value whole (a 20,000-character role made a
+#: 20,000-character line in errors.jsonl, and ``--on-error fail`` printed it).
+LONG_VALUE_CASES = {
+    "llava_role": ({"conversations": [{"from": _HUGE, "value": "hi"}, {"from": "gpt", "value": "yo"}]},
+                   "unknown_role", "turn 0 has role 'AAAA"),
+    "swift_part_type": ({"messages": [{"role": "user", "content": [{"type": _HUGE}]},
+                                      {"role": "assistant", "content": "yo"}]},
+                        "bad_record", "message 0 has a content part of type 'AAAA"),
+    "molmo_role": ({"message_list": [{"messages": [{"role": _HUGE, "content": "q"}]}]},
+                   "unknown_role", "message_list[0] message 0 has role 'AAAA"),
+    "tool_name": ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [
+        {"function": {"name": _HUGE, "arguments": "{"}}]}]}, "bad_tool_arguments", "turn 1 tool_calls[0] ('AAAA"),
+    "tool_call_id": ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "function": {"name": "f", "arguments": {}}}]}, {"role": "tool", "tool_call_id": _HUGE, "content": "r"},
+        {"role": "assistant", "content": "a"}]}, "orphan_tool_result", "turn 2 answers tool call 'AAAA"),
+    "unknown_keys": ({_HUGE: 1, "caption": "c"}, "bad_record", "cannot tell the format from keys ['AAAA"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LONG_VALUE_CASES))
+def test_a_rejection_quotes_a_long_input_value_cut_short(media, tmp_path, case):
+    rec, reason, start = LONG_VALUE_CASES[case]
+    _, errors = run_tokenize(media, tmp_path, [json.dumps({"id": case, **rec}).encode()])
+    e = errors[case]
+    assert e["reason"] == reason and e["message"].startswith(start), e["message"][:200]
+    assert "…" in e["message"] and len(e["message"]) < 400, len(e["message"])
+
+
 def test_max_errors_fails_the_run_and_leaves_nothing_half_done(media, tmp_path):
     lines = [b"{bad"] * 5
     src = tmp_path / "in.jsonl"
