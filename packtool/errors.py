@@ -18,6 +18,7 @@ __all__ = [
     "OversizeSampleError",
     "SampleError",
     "REASON_CODES",
+    "quoted",
 ]
 
 #: Reason codes written to ``.packtool/errors.jsonl``; each names one way an input row can be rejected.
@@ -48,6 +49,18 @@ REASON_CODES: dict[str, str] = {
     "media_changed": "a media file differs from the one tokenize counted (size, or modification time)",
     "oversize": "the sample needs more tokens or vision units than one pack holds",
 }
+
+
+def quoted(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for a message that shows a value an input row
+    held: a 20,000-character role or tool-call id would make as long a line in errors.jsonl.
+
+    Example:
+        >>> quoted("narrator"), quoted("x" * 100, limit=12)
+        ("'narrator'", "'xxxxxxxxxx…")
+    """
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class PacktoolError(Exception):

@@ -82,7 +82,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .errors import ConfigError, SampleError
+from .errors import ConfigError, SampleError, quoted
 from .records import Message, Part, ToolCall
 
 __all__ = ["Template", "get_template", "TEMPLATES", "Segment", "tojson"]
@@ -231,7 +231,7 @@ class Template:
                 i = self._tool_results(segs, msgs, i)
                 continue
             else:
-                raise SampleError("unknown_role", f"turn {i} has role {role!r}")
+                raise SampleError("unknown_role", f"turn {i} has role {quoted(role)}")
             i += 1
         if not has_loss:
             raise SampleError("no_loss", "the conversation has no assistant turn, so nothing to learn from")
@@ -312,8 +312,9 @@ class Template:
                                                             f"turn that made {len(calls)} call(s)")
                 ids = {c.call_id for c in calls if c.call_id is not None}
                 if m.tool_call_id is not None and ids and m.tool_call_id not in ids:
-                    raise SampleError("orphan_tool_result", f"turn {i} answers tool call {m.tool_call_id!r}, which the "
-                                                            f"assistant turn before it did not make ({', '.join(sorted(ids))})")
+                    raise SampleError("orphan_tool_result", f"turn {i} answers tool call {quoted(m.tool_call_id)}, which "
+                                                            f"the assistant turn before it did not make "
+                                                            f"({', '.join(quoted(c, 40) for c in sorted(ids)[:8])})")
             else:
                 calls, answered = (m.tool_calls if m.role == "assistant" else ()), 0
 

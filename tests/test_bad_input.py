@@ -289,6 +289,63 @@ def test_parquet_input_with_a_missing_column(media, tmp_path):
     assert [(e["sample_id"], e["reason"], e["row"]) for e in errors] == [("q0", "bad_record", 0), ("q1", "bad_record", 1)]
 
 
+@pytest.mark.parametrize("column", [
+    pa.array([0, 253_402_300_800 * 10**6, 0], pa.timestamp("us")),  # year 10000: past what datetime holds
+    pa.array([0, 2**31 - 1, 0], pa.date32()),
+])
+def test_a_parquet_value_python_cannot_hold_rejects_its_row_only(media, tmp_path, column):
+    """Converting such a value raised OverflowError out of tokenize (a traceback); now its row is
+    a bad_record naming the column, and the rows around it, in the same record batch, are kept."""
+    pq.write_table(pa.table({"id": ["p0", "p1", "p2"], "image": ["ok.png"] * 3, "conversations": [conv()] * 3,
+                             "created": column}), tmp_path / "a.parquet")
+    m = tokenize_dataset([tmp_path / "a.parquet"], tmp_path / "tok", TokenizeConfig(media_root=str(media)), workers=1)
+    [e] = [json.loads(x) for x in (tmp_path / "tok" / ".packtool" / "errors.jsonl").read_text().splitlines()]
+    assert (e["row"], e["reason"]) == (1, "bad_record")
+    assert e["message"].startswith("column 'created' holds a value Python cannot represent (")
+    assert m["counts"]["samples"] == 2 and m["counts"]["rows_in"] == 3
+
+
+def test_a_parquet_time_zone_the_zone_database_lacks_rejects_its_rows(media, tmp_path):
+    """A timestamp column whose time zone name is unknown cannot become Python values in any row
+    (ArrowInvalid, a ValueError, which made the whole file one ``corrupt_file`` row)."""
+    pq.write_table(pa.table({"id": ["p0", "p1"], "image": ["ok.png"] * 2, "conversations": [conv()] * 2,
+                             "at": pa.array([0, 1], pa.timestamp("s", tz="Nowhere/Atlantis"))}), tmp_path / "a.parquet")
+    m = tokenize_dataset([tmp_path / "a.parquet"], tmp_path / "tok", TokenizeConfig(media_root=str(media)), workers=1)
+    errors = [json.loads(x) for x in (tmp_path / "tok" / ".packtool" / "errors.jsonl").read_text().splitlines()]
+    assert [(e["row"], e["reason"], e["message"][:49]) for e in errors] == [
+        (r, "bad_record", "column 'at' holds a value Python cannot represent") for r in (0, 1)]
+    assert m["counts"]["rejected_by_reason"] == {"bad_record": 2}
+
+
+_HUGE = "A" * 20_000
+#: Records whose rejection message once quoted an input value whole (a 20,000-character role made a
+#: 20,000-character line in errors.jsonl, and ``--on-error fail`` printed it).
+LONG_VALUE_CASES = {
+    "llava_role": ({"conversations": [{"from": _HUGE, "value": "hi"}, {"from": "gpt", "value": "yo"}]},
+                   "unknown_role", "turn 0 has role 'AAAA"),
+    "swift_part_type": ({"messages": [{"role": "user", "content": [{"type": _HUGE}]},
+                                      {"role": "assistant", "content": "yo"}]},
+                        "bad_record", "message 0 has a content part of type 'AAAA"),
+    "molmo_role": ({"message_list": [{"messages": [{"role": _HUGE, "content": "q"}]}]},
+                   "unknown_role", "message_list[0] message 0 has role 'AAAA"),
+    "tool_name": ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [
+        {"function": {"name": _HUGE, "arguments": "{"}}]}]}, "bad_tool_arguments", "turn 1 tool_calls[0] ('AAAA"),
+    "tool_call_id": ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "function": {"name": "f", "arguments": {}}}]}, {"role": "tool", "tool_call_id": _HUGE, "content": "r"},
+        {"role": "assistant", "content": "a"}]}, "orphan_tool_result", "turn 2 answers tool call 'AAAA"),
+    "unknown_keys": ({_HUGE: 1, "caption": "c"}, "bad_record", "cannot tell the format from keys ['AAAA"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LONG_VALUE_CASES))
+def test_a_rejection_quotes_a_long_input_value_cut_short(media, tmp_path, case):
+    rec, reason, start = LONG_VALUE_CASES[case]
+    _, errors = run_tokenize(media, tmp_path, [json.dumps({"id": case, **rec}).encode()])
+    e = errors[case]
+    assert e["reason"] == reason and e["message"].startswith(start), e["message"][:200]
+    assert "…" in e["message"] and len(e["message"]) < 400, len(e["message"])
+
+
 def test_max_errors_fails_the_run_and_leaves_nothing_half_done(media, tmp_path):
     lines = [b"{bad"] * 5
     src = tmp_path / "in.jsonl"

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..errors import ConfigError, InputError, SampleError
+from ..errors import ConfigError, InputError, SampleError, quoted
 from ..records import Sample
 from . import hf_parquet, llava, molmo, qwen_vl, sharegpt, swift
 from .common import check_sample, decode_turn_fields, printable, record_id
@@ -444,7 +444,7 @@ def detect_format(record: dict) -> str:
             return "sharegpt"  # LLaMA-Factory's {role, content} tags, which LLaVA never writes
         return "llava"
     keys = sorted(k for k, v in record.items() if v is not None)
-    raise SampleError("bad_record", f"cannot tell the format from keys {keys[:8]}; "
+    raise SampleError("bad_record", f"cannot tell the format from keys [{', '.join(quoted(k, 40) for k in keys[:8])}]; "
                       f"expected conversations, messages or message_list (or pass --format)")
 
 

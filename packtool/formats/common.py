@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import unquote
 
-from ..errors import SampleError
+from ..errors import SampleError, quoted
 from ..records import MediaRef, Message, Part, Sample, ToolCall
 from .tools import CALL_ROLES, RESULT_ROLES, parse_call_text, parse_tool_call
 
@@ -245,11 +245,11 @@ def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[st
             continue
         role = role_map.get(key)
         if role is None and raw is None:  # the turns use other keys: another format, or a mix of tag styles
-            keys = ", ".join(sorted(map(str, msg))[:6]) or "none"
+            keys = ", ".join(str(k)[:40] for k in sorted(map(str, msg))[:6]) or "none"
             raise SampleError("bad_record", f"turn {i} has no {role_key!r} (its keys: {keys}); write every turn with "
                                             f"{role_key!r}/{text_key!r}, or check --format")
         if role is None:
-            raise SampleError("unknown_role", f"turn {i} has role {raw!r}")
+            raise SampleError("unknown_role", f"turn {i} has role {quoted(raw)}")
         if role != "assistant":
             turns.append((role, text_of(msg, i)))
             continue

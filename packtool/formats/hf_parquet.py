@@ -40,7 +40,11 @@ def iter_records(path: Path, batch_rows: int = 512, row_groups: tuple[int, int] 
         pf = pq.ParquetFile(path)
         groups = list(range(*row_groups)) if row_groups is not None else None
         for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups):
-            for rec in batch.to_pylist():
+            try:
+                records = batch.to_pylist()
+            except _CONVERSION_ERRORS:  # a value Python cannot hold: only its row is lost, not the file
+                records = _records_one_by_one(batch)
+            for rec in records:
                 yield row, rec
                 row += 1
     except OSError as exc:
@@ -49,6 +53,35 @@ def iter_records(path: Path, batch_rows: int = 512, row_groups: tuple[int, int] 
         yield row, _corrupt(exc)
     except (pa.ArrowException, ValueError) as exc:
         yield row, _corrupt(exc)
+
+
+#: What converting a decoded batch to Python raises for a value Python has no type for: a
+#: timestamp or date past year 9999 (``OverflowError``), a time zone name the zone database
+#: lacks (``ArrowInvalid``, a ``ValueError``). The file reads; the row holding it cannot.
+_CONVERSION_ERRORS = (OverflowError, ValueError, NotImplementedError)
+
+
+def _records_one_by_one(batch) -> list:
+    """The rows of ``batch`` as records, one at a time; a row with a value Python cannot hold
+    becomes a ``bad_record`` :class:`~packtool.errors.SampleError` naming its column."""
+    records: list = []
+    for i in range(batch.num_rows):
+        try:
+            records.append(batch.slice(i, 1).to_pylist()[0])
+        except _CONVERSION_ERRORS as exc:
+            column = next((name for name, col in zip(batch.schema.names, batch.columns, strict=True)
+                           if not _converts(col, i)), "?")
+            records.append(SampleError("bad_record", f"column {column!r} holds a value Python cannot represent "
+                                                     f"({str(exc)[:120]}); fix the value, or drop the column"))
+    return records
+
+
+def _converts(column, i: int) -> bool:
+    try:
+        column[i].as_py()
+    except _CONVERSION_ERRORS:
+        return False
+    return True
 
 
 def _corrupt(exc: BaseException) -> SampleError:

@@ -22,7 +22,7 @@ they land in the shared prefix and the vision encoder runs once for all branches
 
 from __future__ import annotations
 
-from ..errors import SampleError
+from ..errors import SampleError, quoted
 from ..records import Message, Part, Sample
 from .common import check_text, media_refs, sample_id_of, split_placeholders
 from .llava import ROLE_MAP
@@ -43,7 +43,7 @@ def _entry_turns(entry, i: int) -> list[tuple[str, str]]:
             if isinstance(m, dict):
                 role = ROLE_MAP.get(str(m.get("role", "")).lower())
                 if role is None:
-                    raise SampleError("unknown_role", f"message_list[{i}] message {j} has role {m.get('role')!r}")
+                    raise SampleError("unknown_role", f"message_list[{i}] message {j} has role {quoted(m.get('role'))}")
                 turns.append((role, check_text(m.get("content"), f"message_list[{i}] message {j}")))
             else:
                 turns.append(("user" if j % 2 == 0 else "assistant", check_text(m, f"message_list[{i}] message {j}")))

@@ -27,7 +27,7 @@ or a JSON string of one); an assistant's ``reasoning_content`` is its reasoning 
 
 from __future__ import annotations
 
-from ..errors import SampleError
+from ..errors import SampleError, quoted
 from ..records import Sample
 from .common import build_sample, check_text, media_ref, media_refs, read_turns, sample_id_of
 from .llava import ROLE_MAP
@@ -81,7 +81,7 @@ def _content_text(content, i: int, take) -> str:
             take(kind, _part_media(part, kind), 1)
             out.append(f"<{kind}>")
         else:
-            raise SampleError("bad_record", f"message {i} has a content part of type {kind!r}")
+            raise SampleError("bad_record", f"message {i} has a content part of type {quoted(kind)}")
     return "".join(out)
 
 

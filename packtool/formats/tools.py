@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 
-from ..errors import SampleError
+from ..errors import SampleError, quoted
 from ..records import ToolCall
 
 __all__ = ["parse_tools", "parse_tool_call", "parse_call_text", "CALL_ROLES", "RESULT_ROLES"]
@@ -95,15 +95,15 @@ def parse_tool_call(call, where: str) -> ToolCall:
     if not isinstance(name, str) or not name:
         raise SampleError("bad_tool_call", f"{where} has no function name")
     if "arguments" not in fn:
-        raise SampleError("bad_tool_arguments", f"{where} ({name!r}) has no 'arguments'; write {{}} for none")
+        raise SampleError("bad_tool_arguments", f"{where} ({quoted(name)}) has no 'arguments'; write {{}} for none")
     args = fn["arguments"]
     if isinstance(args, str):
         try:
             args = json.loads(args)
         except ValueError as exc:
-            raise SampleError("bad_tool_arguments", f"{where} ({name!r}): arguments are not JSON ({str(exc)[:120]})") from None
+            raise SampleError("bad_tool_arguments", f"{where} ({quoted(name)}): arguments are not JSON ({str(exc)[:120]})") from None
     if not isinstance(args, dict):
-        raise SampleError("bad_tool_arguments", f"{where} ({name!r}): arguments must be a JSON object, got "
+        raise SampleError("bad_tool_arguments", f"{where} ({quoted(name)}): arguments must be a JSON object, got "
                                                 f"{type(args).__name__}")
     call_id = call.get("id")
     return ToolCall(name, args, str(call_id) if call_id is not None else None)
