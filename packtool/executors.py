@@ -452,7 +452,8 @@ def _interrupt_held() -> Iterator[None]:
     # only the main thread sets handlers; a handler Python did not install (None) is left alone
     if threading.current_thread() is threading.main_thread():
         old = {signal.SIGINT: signal.getsignal(signal.SIGINT), signal.SIGTERM: signal.getsignal(signal.SIGTERM)}
-        if not isinstance(old[signal.SIGTERM], _SigtermHandler):  # the default stays: it ends the process
+        term = old[signal.SIGTERM]
+        if not (isinstance(term, _SigtermHandler) or getattr(term, "defers", False)):  # the default stays: it ends the process
             del old[signal.SIGTERM]
         old = {signum: h for signum, h in old.items() if h is not None}
         held |= set(old)
@@ -469,6 +470,56 @@ def _interrupt_held() -> Iterator[None]:
             signal.raise_signal(caught[0])  # through the handler in place again: KeyboardInterrupt or Terminated
 
 
+@contextmanager
+def _signals_at_safe_points() -> Iterator[Callable[[], None]]:
+    """Take Ctrl-C (and SIGTERM, under :func:`sigterm_as_interrupt`) where the driver calls the
+    function this yields, not wherever the signal lands.
+
+    The driver of a pool waits on its futures, reads the progress queue and shuts the pool down,
+    all holding locks for moments (``concurrent.futures.wait`` takes every future's condition).
+    Python raises a handler's exception between any two bytecodes: one raised after a lock was
+    taken and before its ``with`` block began left it taken, and the pool's shutdown then waited
+    forever for it (a job stopped by SIGTERM hung instead of exiting 143). Here the handler only
+    notes the signal; the call raises it, through the handler that was in place (so a SIGTERM
+    still arms the default for the next one), between the loop's steps. A SIGTERM that comes
+    again before the first was raised ends the process at once, as a second SIGTERM always does.
+    Signals noted after the last call are raised when the block ends without an exception. Left
+    alone where Python's own handler is not in place (another thread, or a caller's handler).
+    """
+    import threading
+
+    pending: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+    handlers = {signal.SIGINT: signal.getsignal(signal.SIGINT), signal.SIGTERM: signal.getsignal(signal.SIGTERM)}
+    handlers = {signum: old for signum, old in handlers.items()
+                if old is signal.default_int_handler or isinstance(old, _SigtermHandler)}
+
+    def note(signum, frame):
+        if signum == signal.SIGTERM and signum in pending:
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+        if signum not in pending:
+            pending.append(signum)
+
+    def safe_point() -> None:
+        if pending:
+            signum = pending.pop(0)
+            handlers[signum](signum, None)  # raises KeyboardInterrupt or Terminated
+
+    note.defers = True  # a handler that raises nothing: _interrupt_held holds SIGTERM back for it too
+    for signum in handlers:
+        signal.signal(signum, note)
+    try:
+        yield safe_point
+        safe_point()
+    finally:
+        for signum, old in handlers.items():
+            if signal.getsignal(signum) is note:  # a SIGTERM raised left the default in place
+                signal.signal(signum, old)
+
+
 def _run_pool(fn, tasks, workers, progress, collect, preload: str) -> None:
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
@@ -481,34 +532,37 @@ def _run_pool(fn, tasks, workers, progress, collect, preload: str) -> None:
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pool_init,
                                initargs=(q, os.getpid(), dict(os.environ), leave_term))
     ok = False
-    try:
-        with _MainHidden(), _interrupt_held():  # submit starts the forkserver and the workers
-            futures = {pool.submit(_pool_entry, fn, task, os.getpid()): i for i, task in enumerate(tasks)}
-        drained = reported = 0
-        while futures:
-            done, _ = wait(list(futures), timeout=0.2, return_when=FIRST_COMPLETED)
+    with _signals_at_safe_points() as safe_point:
+        try:
+            with _MainHidden(), _interrupt_held():  # submit starts the forkserver and the workers
+                futures = {pool.submit(_pool_entry, fn, task, os.getpid()): i for i, task in enumerate(tasks)}
+            drained = reported = 0
+            while futures:
+                safe_point()
+                done, _ = wait(list(futures), timeout=0.2, return_when=FIRST_COMPLETED)
+                safe_point()
+                drained += _drain(q, progress)
+                for fut in sorted(done, key=futures.get):
+                    i = futures.pop(fut)
+                    try:
+                        res, total = fut.result()
+                    except BrokenProcessPool:
+                        raise PacktoolError(
+                            "a worker process died (killed, or out of memory); re-run the same command to resume, "
+                            "with fewer --workers if memory is short") from None
+                    reported += total
+                    collect(i, res)
             drained += _drain(q, progress)
-            for fut in sorted(done, key=futures.get):
-                i = futures.pop(fut)
-                try:
-                    res, total = fut.result()
-                except BrokenProcessPool:
-                    raise PacktoolError(
-                        "a worker process died (killed, or out of memory); re-run the same command to resume, "
-                        "with fewer --workers if memory is short") from None
-                reported += total
-                collect(i, res)
-        drained += _drain(q, progress)
-        if progress is not None and reported > drained:  # updates still in the queue's pipe
-            progress(reported - drained)
-        ok = True
-    finally:
-        if not ok:
-            # Stop every other task now; their temporary files are removed by the caller.
-            for proc in list((getattr(pool, "_processes", None) or {}).values()):
-                proc.kill()
-        pool.shutdown(wait=True, cancel_futures=True)
-        q.close()
+            if progress is not None and reported > drained:  # updates still in the queue's pipe
+                progress(reported - drained)
+            ok = True
+        finally:
+            if not ok:
+                # Stop every other task now; their temporary files are removed by the caller.
+                for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                    proc.kill()
+            pool.shutdown(wait=True, cancel_futures=True)
+            q.close()
 
 
 # ---------------------------------------------------------------- Ray

@@ -309,6 +309,48 @@ def test_sigterm_that_a_library_swallows_still_stops_an_in_process_run():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_a_pool_driver_takes_signals_only_between_its_steps():
+    """A pool's driver raised Ctrl-C or SIGTERM wherever it landed: once inside
+    ``concurrent.futures.wait``, between taking a future's lock and entering the block that
+    releases it, and the pool's shutdown then waited for that lock forever (a SIGTERM-stopped job
+    hung). The signal is noted and raised where the driver asks (between its steps), through the
+    handler in place, which still arms the default for a second SIGTERM."""
+    import threading
+
+    from packtool.executors import _signals_at_safe_points
+
+    lock = threading.Lock()
+    before = signal.getsignal(signal.SIGTERM)
+    with sigterm_as_interrupt() as term:
+        with _signals_at_safe_points() as safe_point:
+            with lock:  # a lock held while the signal lands: nothing is raised here
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+                assert not term.received
+            assert not lock.locked()
+            with pytest.raises(Terminated):
+                safe_point()
+            assert term.received and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        # Ctrl-C noted after the last safe point comes out when the block ends
+        with pytest.raises(KeyboardInterrupt), _signals_at_safe_points():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_second_sigterm_before_the_first_is_raised_ends_the_driver_at_once():
+    code = ("import os, signal, time\n"
+            "from packtool.executors import sigterm_as_interrupt, _signals_at_safe_points\n"
+            "with sigterm_as_interrupt(), _signals_at_safe_points():\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    time.sleep(5)\n"
+            "print('not ended')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (-signal.SIGTERM, ""), (r.returncode, r.stdout, r.stderr)
+
+
 def test_reporter_batches_and_flushes():
     got: list[int] = []
     rep = Reporter(got.append)
