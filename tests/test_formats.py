@@ -483,6 +483,22 @@ def test_hf_parquet_turns_stored_as_json_text(tmp_path):
                                  "store the turns as a list, or as the JSON text of one")]
 
 
+def test_hf_parquet_turns_stored_as_json_bytes(tmp_path):
+    """A binary column of JSON text (some writers store strings so) reads as the string column
+    does; bytes that are not UTF-8 reject their row only, naming the field."""
+    conv = [{"from": "human", "value": "<image>\nColour?"}, {"from": "gpt", "value": "Rouge \u00e9."}]
+    pq.write_table(pa.table({
+        "id": ["bytes", "latin1", "text"],
+        "image": pa.array([png_bytes()] * 3, pa.binary()),
+        "conversations": pa.array([json.dumps(conv, ensure_ascii=False).encode(),
+                                   json.dumps(conv, ensure_ascii=False).encode("latin-1"),
+                                   json.dumps(conv).encode()], pa.binary())}), tmp_path / "conv.parquet")
+    good, latin1, text = iter_samples([tmp_path / "conv.parquet"])
+    assert good.branches[0] == (U(IMG("image", 0), T("Colour?")), A("Rouge \u00e9.")) and text.branches == good.branches
+    assert (latin1.sample_id, latin1.reason) == ("latin1", "bad_encoding")
+    assert latin1.message.startswith("'conversations' holds bytes that are not UTF-8 text (invalid continuation byte")
+
+
 def test_hf_parquet_mixing_formats_reads_each_row_by_its_own_keys(tmp_path):
     """A Parquet file (or a data frame saved as JSONL) mixing formats holds every format's columns
     in every row, null where a row's format has none: a null key is absent to ``--format auto``,

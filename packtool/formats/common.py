@@ -278,7 +278,8 @@ TURN_FIELDS = ("conversations", "messages", "message_list")
 
 
 def decode_turn_fields(record: dict) -> dict:
-    """``record`` with a turn field (:data:`TURN_FIELDS`) stored as JSON text parsed into its list.
+    """``record`` with a turn field (:data:`TURN_FIELDS`) stored as JSON text (a string, or UTF-8
+    bytes as a binary Parquet column holds it) parsed into its list.
 
     Example:
         >>> decode_turn_fields({"conversations": '[{"from": "human", "value": "Hi"}]'})
@@ -289,6 +290,12 @@ def decode_turn_fields(record: dict) -> dict:
     """
     for key in TURN_FIELDS:
         text = record.get(key)
+        if isinstance(text, bytes | bytearray):  # a binary column of JSON text: UTF-8, as JSON is
+            try:
+                text = bytes(text).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise SampleError("bad_encoding", f"{key!r} holds bytes that are not UTF-8 text ({exc.reason} at byte "
+                                                  f"{exc.start}); store the turns as a list, or as UTF-8 JSON text") from None
         if isinstance(text, str):
             try:
                 value = json.loads(text)
