@@ -664,7 +664,20 @@ def _open_video(source: Path | bytes | str):
         # a remote file: PyAV reads it as a file object, each read one ranged GET of what it asks for
         return av.open(source.open("rb") if _is_remote(source) else str(source), format=demuxer)
     except (av.error.FFmpegError, OSError, ValueError) as exc:
-        raise SampleError("corrupt_video", f"cannot open video: {exc}") from None
+        raise SampleError("corrupt_video", f"cannot open video: {_av_reason(exc)}") from None
+
+
+def _av_reason(exc: BaseException) -> str:
+    """What FFmpeg (or the OS) said, without the errno number and the stream name PyAV wraps
+    it in (``[Errno 1094995529] Invalid data found when processing input: '<none>'``): the row
+    names the file already.
+
+    Example:
+        >>> _av_reason(OSError(5, "Input/output error")), _av_reason(ValueError("bad"))
+        ('Input/output error', 'bad')
+    """
+    text = getattr(exc, "strerror", None)
+    return text if isinstance(text, str) and text else str(exc)
 
 
 def _display_rotation(container, stream) -> int:
@@ -840,7 +853,7 @@ def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> Vid
     except SampleError:
         raise
     except (av.error.FFmpegError, OSError, ValueError) as exc:
-        raise SampleError("corrupt_video", f"cannot read video headers: {exc}") from None
+        raise SampleError("corrupt_video", f"cannot read video headers: {_av_reason(exc)}") from None
     finally:
         container.close()
     if apply_rotation and rotation in (90, 270):
@@ -948,7 +961,7 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
     except SampleError:
         raise
     except Exception as exc:  # noqa: BLE001 - any decoder failure is a corrupt video for this row
-        raise SampleError("corrupt_video", f"cannot decode frames: {exc}") from None
+        raise SampleError("corrupt_video", f"cannot decode frames: {_av_reason(exc)}") from None
     finally:
         container.close()
     if any(img is None for img in out):
