@@ -1296,31 +1296,31 @@ class _MediaLoader:
 
     __slots__ = ("media_root", "frame_quality", "_read", "_recent")
 
-    def __init__(self, media_root: Path, frame_quality: int = 90, recent_bytes: int | None = None) -> None:
+    def __init__(self, media_root: Path, frame_quality: int = 90, recent_bytes: int = RECENT_MEDIA_BYTES) -> None:
         from .media import MediaPathResolver
 
         self.media_root = media_root
         self.frame_quality = frame_quality
         self._read = MediaPathResolver(media_root).read if isinstance(media_root, Path) else self._read_remote
-        self._recent = _Recent(RECENT_MEDIA_BYTES if recent_bytes is None else recent_bytes)
+        self._recent = _Recent(recent_bytes)
 
     def _read_remote(self, path: str) -> bytes:
         return self.media_root.file(path).read_bytes()
 
     def image(self, path: str, size_bytes: int | None) -> bytes:
         data = self._recent.get(path)
-        if data is None:
+        fresh = data is None
+        if fresh:
             try:
                 data = self._read(path)
             except SampleError as err:
                 raise _unreadable(err, checked=size_bytes is not None) from None
-        elif len(data) == size_bytes or size_bytes is None:
-            return data
         if size_bytes is not None and len(data) != size_bytes:
             # checked before planning; a file rewritten while this task ran is caught here
             raise InputError(f"media file {path!r} changed while pack was running ({len(data):,} bytes, "
                              f"{size_bytes:,} when counted); re-run the same command")
-        self._recent.put(path, data, len(data))
+        if fresh:
+            self._recent.put(path, data, len(data))
         return data
 
     def __call__(self, m: dict) -> list[bytes] | None:
