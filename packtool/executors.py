@@ -248,6 +248,14 @@ def run_tasks(
     return [results[i] for i in range(len(tasks))]
 
 
+def _own_handlers() -> dict[int, Any]:
+    """The SIGINT and SIGTERM handlers in place that are packtool's to wrap: Python's Ctrl-C
+    handler and :func:`sigterm_as_interrupt`'s (a caller's own, or the default, are left alone)."""
+    handlers = {signal.SIGINT: signal.getsignal(signal.SIGINT), signal.SIGTERM: signal.getsignal(signal.SIGTERM)}
+    return {signum: old for signum, old in handlers.items()
+            if old is signal.default_int_handler or isinstance(old, _SigtermHandler)}
+
+
 @contextmanager
 def _interrupts_noted() -> Iterator[list[int]]:
     """Note each Ctrl-C (and SIGTERM, under :func:`sigterm_as_interrupt`) of an in-process run,
@@ -265,9 +273,7 @@ def _interrupts_noted() -> Iterator[list[int]]:
     if threading.current_thread() is not threading.main_thread():
         yield noted
         return
-    handlers = {signal.SIGINT: signal.getsignal(signal.SIGINT), signal.SIGTERM: signal.getsignal(signal.SIGTERM)}
-    handlers = {signum: old for signum, old in handlers.items()
-                if old is signal.default_int_handler or isinstance(old, _SigtermHandler)}
+    handlers = _own_handlers()
 
     def note(signum, frame):
         noted.append(signum)
@@ -492,9 +498,7 @@ def _signals_at_safe_points() -> Iterator[Callable[[], None]]:
     if threading.current_thread() is not threading.main_thread():
         yield lambda: None
         return
-    handlers = {signal.SIGINT: signal.getsignal(signal.SIGINT), signal.SIGTERM: signal.getsignal(signal.SIGTERM)}
-    handlers = {signum: old for signum, old in handlers.items()
-                if old is signal.default_int_handler or isinstance(old, _SigtermHandler)}
+    handlers = _own_handlers()
 
     def note(signum, frame):
         if signum == signal.SIGTERM and signum in pending:
