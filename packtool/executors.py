@@ -248,6 +248,26 @@ def run_tasks(
     return [results[i] for i in range(len(tasks))]
 
 
+def start_pool(ex: ExecutorConfig, preload: str = DEFAULT_PRELOAD) -> None:
+    """Start this process's forkserver now, if a run with ``ex`` will use a local process pool,
+    so that its import of ``preload`` overlaps what the driver does before it runs tasks.
+
+    A pool's first workers wait for the forkserver to import ``preload`` (packtool, pyarrow, a
+    stage's kernels or vocabulary: most of a second on a small machine) while the other cores
+    idle; the driver meanwhile does its own setup (imports, the tokenizer, the task plan), which
+    is now spent in parallel. Nothing else changes: the pool then starts its workers from this
+    forkserver as it would have started it itself. A run that ends up with one task (so no pool)
+    leaves an idle forkserver, which exits with this process.
+    """
+    if ex.executor == "ray" or not sys.platform.startswith("linux") or (ex.workers or default_workers()) <= 1:
+        return
+    from multiprocessing import forkserver
+
+    _context(preload)
+    with _MainHidden(), _interrupt_held():
+        forkserver.ensure_running()
+
+
 def _own_handlers() -> dict[int, Any]:
     """The SIGINT and SIGTERM handlers in place that are packtool's to wrap: Python's Ctrl-C
     handler and :func:`sigterm_as_interrupt`'s (a caller's own, or the default, are left alone)."""

@@ -42,7 +42,14 @@ from .errors import (
     SampleError,
     TooManyErrorsError,
 )
-from .executors import ExecutorConfig, default_workers, run_tasks, set_total, worker_place
+from .executors import (
+    ExecutorConfig,
+    default_workers,
+    run_tasks,
+    set_total,
+    start_pool,
+    worker_place,
+)
 from .formats import (
     UTF8_BOM,
     Rejected,
@@ -1098,6 +1105,7 @@ def tokenize_dataset(
         raise ConfigError(f"--media-root {cfg.media_root!r} is not a directory")
     # the manifest records the root as resolved here, so pack (run from anywhere) opens the same files
     cfg = replace(cfg, media_root=str(as_root(cfg.media_root).resolve()))
+    start_pool(ex, _TOKENIZATION)  # the workers' forkserver loads while this process sets up
     ctx = _encode_context(cfg)  # fails fast on a bad --model/--template/--tokenizer
     config = cfg.to_dict()
     config["inputs"] = [source_name(f) for f in files]
@@ -1819,6 +1827,7 @@ def pack_dataset(
         src = Mixture.from_rates(src) if len(src) != 1 else src[0]
     if not dry_run:
         _not_an_input(out_dir, [s.path for s in src.sources] if isinstance(src, Mixture) else [src])
+    start_pool(ex, _PACKING)  # the workers' forkserver loads the kernels while this process reads the plan
     if isinstance(src, Mixture):
         return _pack_mixture(src, out_dir, cfg, progress, overwrite, dry_run, media_root, ex, max_errors, on_error)
     src_name = str(src)

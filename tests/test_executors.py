@@ -41,12 +41,17 @@ def square(task: int, report) -> dict:
 
 
 def loaded(task: int, report) -> dict:
-    """What this worker process had loaded when its task started."""
+    """What this worker process had loaded when its task started (pandas: after a conversion
+    that makes pyarrow look for it)."""
+    import pyarrow as pa
+
     from packtool import knapsack, tokenization
+
+    pa.array([task])
 
     packer = sys.modules.get("packtool.packer")
     return {"kernels": len(knapsack._ENTRIES), "vocabularies": tokenization._qwen_encoding.cache_info().currsize,
-            "pandas": "pandas" in sys.modules, "warm": bool(packer and packer._warm)}
+            "pandas": "pandas" in sys.modules, "warm": bool(packer and packer._warm), "parent": os.getppid()}
 
 
 def environment(task: int, report) -> dict:
@@ -138,7 +143,28 @@ def test_workers_start_with_what_their_stage_preloads(preload, kernels, vocabula
         kernels = 0  # no compiled entries to keep
     assert all(r["kernels"] == kernels and r["vocabularies"] == vocabularies for r in got), got
     assert all(r["warm"] == bool(kernels) for r in got), got  # the buffer loop and the gather as well
-    assert all(r["pandas"] for r in got) == (preload != "packtool.pipeline"), got  # pandas is a test dependency
+    # pandas is a test dependency: pyarrow imports it at a worker's first conversion of a list
+    # unless the stage's forkserver has made it take pandas as absent (the default preload does not)
+    assert [r["pandas"] for r in got] == [preload == "packtool.pipeline"] * 4, got
+
+
+def test_a_pool_started_ahead_is_the_one_the_workers_come_from():
+    """``start_pool`` starts the forkserver (with the stage's preload) while the driver sets up; the
+    pool forks its workers from it. No pool is started for one worker."""
+    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+            "from multiprocessing import forkserver; from test_executors import loaded; "
+            "from packtool.executors import ExecutorConfig, run_tasks, start_pool; "
+            "start_pool(ExecutorConfig(workers=1), 'packtool.preload.tokenization'); "
+            "alone = forkserver._forkserver._forkserver_pid; "
+            "start_pool(ExecutorConfig(workers=2), 'packtool.preload.tokenization'); "
+            "ahead = forkserver._forkserver._forkserver_pid; "
+            "got = run_tasks(loaded, [0, 1, 2], ExecutorConfig(workers=2), preload='packtool.preload.packing'); "
+            "print(json.dumps([alone, ahead, got]))")
+    alone, ahead, got = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                                  check=True).stdout)
+    assert alone is None and isinstance(ahead, int)
+    # the forkserver started ahead kept its (tokenize) preload: the vocabulary, no kernels
+    assert all(r["parent"] == ahead and r["vocabularies"] == 1 and r["kernels"] == 0 for r in got), got
 
 
 @pytest.mark.parametrize("preload", ["packtool.preload.packing", "packtool.preload.tokenization"])

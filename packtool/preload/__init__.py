@@ -1,11 +1,13 @@
 """What a process pool's forkserver loads before it forks workers (``executors.run_tasks``'s
-``preload``), one module per stage (``packing``: pack and mix; ``tokenization``); nothing else imports them.
+``preload``), one module per stage (``packing``: pack and mix; ``tokenization``); nothing else imports them
+(the command line's launcher calls :func:`arrow_without_pandas` from this package).
 
 Every pool worker is forked from its process's one forkserver, so whatever the forkserver
 loaded, a worker starts with instead of loading again at its first task. Measured per worker
 on a 2-vCPU machine: pack's compiled kernels about 0.8 s (importing numba, and its first load
-from the cache setting up the compiler's registries), pandas about 0.3 s where it is installed
-(pyarrow imports it at the first ``pa.array`` of a Python list), tokenize's vocabulary 0.35 s.
+from the cache setting up the compiler's registries), tokenize's vocabulary 0.35 s. (pandas, which
+pyarrow would import at its first ``pa.array`` of a Python list, is not loaded at all: see
+:func:`arrow_without_pandas`.)
 A one-off run spends the same time once in the forkserver instead of once per worker in
 parallel (the same wall time, less CPU); a process that starts pools of the same stage again
 (a library caller, a notebook) no longer spends it at all: a second 4,000-sample pack on two
@@ -54,8 +56,32 @@ def warm(*steps: Callable[[], object]) -> None:
             pass
 
 
-def pandas_shim() -> None:
-    """pyarrow's first conversion of a Python list, which imports pandas where installed."""
+class _PandasAbsent:
+    """An import finder that reports pandas missing (see :func:`arrow_without_pandas`)."""
+
+    @staticmethod
+    def find_spec(name: str, path: object = None, target: object = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+def arrow_without_pandas() -> None:
+    """Make pyarrow take pandas as not installed, for the rest of this process.
+
+    pyarrow imports pandas, where it is installed, at its first conversion of a Python list
+    (to check whether the list is a pandas object): 0.2-0.3 s on a small machine, more than a
+    quarter of a forkserver's preload, and a seventh of a short command such as ``packtool stats``.
+    packtool never hands pyarrow a pandas object, so its own processes (a pool's forkserver and
+    workers, the ``packtool`` command) let that first check find pandas absent, which pyarrow
+    then remembers. A process that has imported pandas already (a notebook calling the library)
+    is left alone, as is any library caller: only :mod:`packtool.launcher` and the preloads call this.
+    """
+    if "pandas" in sys.modules:
+        return
     import pyarrow as pa
 
-    pa.array([0])
+    sys.meta_path.insert(0, _PandasAbsent)
+    try:
+        pa.array([0])
+    finally:
+        sys.meta_path.remove(_PandasAbsent)

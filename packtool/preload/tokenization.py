@@ -3,7 +3,7 @@ and media modules, and the default (Qwen) vocabulary, built once (see :mod:`pack
 
 from __future__ import annotations
 
-from . import pandas_shim, warm
+from . import arrow_without_pandas, warm
 
 
 def _modules() -> None:
@@ -16,4 +16,4 @@ def _vocabulary() -> None:
     load_tokenizer(None).encode("warm")
 
 
-warm(_modules, pandas_shim, _vocabulary)
+warm(_modules, arrow_without_pandas, _vocabulary)
