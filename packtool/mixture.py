@@ -18,7 +18,11 @@ the seed. A target count ``T`` is taken as it is (``k = T // n``, ``m = T % n``)
 above ``n`` up-samples. Copy ``c`` of sample ``x`` is named ``x`` for ``c == 0`` and ``x#c1``,
 ``x#c2``, ... after, so a derived id always starts with the original one and never equals the
 ``x#1`` of a message tree that tokenize split off ``x`` (copy 1 of ``x`` and the first copy of
-``x#1`` would both be ``x#1``).
+``x#1`` would both be ``x#1``). A source that holds a record whose own id is a copy's name (an
+``x#c1`` beside the ``x`` copied) keeps it, and the copy takes the first free ``x#c1#d1``,
+``x#c1#d2``, ... as tokenize names a repeated id (:func:`copy_name`): the pack driver reads the
+ids of that shape from each source it copies (:data:`COPY_LIKE`), so every task names the copies
+alike, whatever the workers.
 
 **The seeded subset.** The ``m`` samples of the partial copy are the rows with the smallest
 ``splitmix64(base + row * 0x9E3779B97F4A7C15)``, where ``base`` is ``splitmix64`` of
@@ -39,6 +43,7 @@ import json
 import numbers
 import os
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Context, Decimal
 from fractions import Fraction
@@ -52,7 +57,7 @@ from .storage import is_url
 
 __all__ = ["Mixture", "MixtureSource", "MixturePlan", "requested_count", "select_rows", "interleave", "plan_mixture",
            "parse_rates", "load_mixture", "rate_text", "least_rate", "least_rate_text", "GROUP_BY", "SAMPLES_PER_TASK",
-           "copy_suffixes"]
+           "copy_suffixes", "copy_name", "COPY_LIKE"]
 
 #: ``--group-by`` choices: ``none`` lets a pack hold samples of several sources; ``source`` never does.
 GROUP_BY = ("none", "source")
@@ -519,6 +524,35 @@ def _check_selects_some(mixture: Mixture, available: list[int], requested: list[
              for i, (s, n) in enumerate(zip(mixture.sources, available, strict=True)) if n]
     raise ConfigError(f"the mixture selects no sample, every rate rounds to 0 samples ({'; '.join(parts)}); raise "
                       "the rates or give \"samples\" targets")
+
+
+#: The ids a copy's name could clash with: those ending ``#c<n>``, or ``#c<n>#d<k>`` (the name
+#: :func:`copy_name` gives a copy whose ``#c<n>`` name was taken). An RE2 pattern, as Arrow's
+#: ``match_substring_regex`` takes it.
+COPY_LIKE = r"#c[0-9]+(#d[0-9]+)?$"
+
+
+def copy_name(sample_id: str, copy: int, taken: AbstractSet[str] = frozenset()) -> str:
+    """The name of copy ``copy`` of sample ``sample_id``: the id itself for copy 0, else
+    ``ID#cN``; when a sample of the same source bears that name itself (``taken``: the source's
+    ids that match :data:`COPY_LIKE`), the first of ``ID#cN#d1``, ``ID#cN#d2``, ... none bears.
+
+    Names stay apart: ``ID#cN`` splits back into one ``(ID, N)`` at its last ``#c``, a ``#dK``
+    name ends unlike any ``#cN`` name, and neither is ever a name in ``taken``.
+
+    Example:
+        >>> copy_name("x", 0), copy_name("x", 2), copy_name("x", 1, {"x#c1"}), copy_name("x", 1, {"x#c1", "x#c1#d1"})
+        ('x', 'x#c2', 'x#c1#d1', 'x#c1#d2')
+    """
+    if copy == 0:
+        return sample_id
+    name = f"{sample_id}#c{copy}"
+    if name not in taken:
+        return name
+    k = 1
+    while f"{name}#d{k}" in taken:
+        k += 1
+    return f"{name}#d{k}"
 
 
 def copy_suffixes(copies: np.ndarray) -> list[str]:

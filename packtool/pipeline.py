@@ -1906,12 +1906,14 @@ def pack_dataset(
 
 @dataclass(frozen=True, slots=True)
 class _MixSource:
-    """One source as a mixture task sees it: its directory, its manifest's shards, its media."""
+    """One source as a mixture task sees it: its directory, its manifest's shards, its media, and
+    the ids of its samples that a copy's name could clash with (``mixture.copy_name``)."""
 
     path: str
     entries: tuple[dict, ...]
     media_root: str
     check_mtime: bool
+    copy_like: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -2054,7 +2056,7 @@ def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShard
     """:func:`_mix_task` with its shards at hand."""
     import pyarrow as pa
 
-    from .mixture import copy_suffixes
+    from .mixture import copy_name
     from .packer import PackPlan, assemble_packs
     from .runs import loss_tokens
     from .schema import packed_schema
@@ -2139,10 +2141,11 @@ def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShard
                     ids[sk] = shards.get(s, k).read(columns=["sample_id", "source", "source_row"])
                 t, r = ids[sk], int(local[i])
                 reason, message, over = _why_rejected(i, bad, tokens, units, cfg.max_tokens, task.max_units)
-                sid = t["sample_id"][r].as_py() + copy_suffixes(task.copy[i:i + 1])[0]
+                sid = copy_name(t["sample_id"][r].as_py(), int(task.copy[i]), task.sources[s].copy_like)
                 errors.add(Rejected(t["source"][r].as_py(), t["source_row"][r].as_py(), sid, reason,
                                     f"mixture source {_source_name(task, s)}: {message}"), over)
             report(len(rejected))
+        copy_like = _copy_like(task.sources)
         roots = [as_root(ms.media_root) for ms in task.sources]
         loaders = [_media_loader(r, cfg.frame_quality, len(roots)) for r in roots] if cfg.media == "embed" else None
         truncated = set(plan.truncated)
@@ -2174,7 +2177,8 @@ def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShard
                                if truncated else [])
                 table = assemble_packs(tables, sub, task.index * PACK_INDEX_STRIDE + p0, None, cfg.max_tokens, layout=cfg.layout,
                                        media_loaders=None if loaders is None else (loaders, task.src[rows]))
-                writer.write_table(_mixture_columns(table, task.src[rows], task.copy[rows], schema))
+                writer.write_table(_mixture_columns(table, task.src[rows], task.copy[rows], schema, task.sources,
+                                                    copy_like))
                 per_sample = loss_tokens(table, eff[rows])
                 loss += np.bincount(task.src[rows], weights=per_sample, minlength=n_src).astype(np.int64)
                 report(len(rows))
@@ -2193,18 +2197,65 @@ def _source_name(task: _MixTask, s: int) -> str:
     return f"{s} ({task.sources[s].path!r})"
 
 
-def _mixture_columns(table, src: np.ndarray, copy: np.ndarray, schema):
-    """``table`` (``PACKED``) with copies' ids suffixed ``#c1``, ``#c2``, ... and a ``sample_sources`` column."""
+def _copy_like_ids(source: _MixSource) -> frozenset[str]:
+    """The ids of ``source``'s samples that a copy's name could be (``mixture.COPY_LIKE``, almost
+    always none), from the ``sample_id`` column of each of its shards: the driver reads them once
+    for a source the mixture copies, so that every task names the copies alike."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from .mixture import COPY_LIKE
+    from .storage import filesystem, storage_errors
+
+    found: set[str] = set()
+    for entry in source.entries:
+        file = join(source.path, entry["file"])
+        try:
+            if is_url(source.path):  # the one column, by ranged reads: the tasks fetch whole shards
+                fs, key = filesystem(str(file))
+                with storage_errors(str(file)), fs.open(key, "rb") as fh:
+                    ids = pq.ParquetFile(fh).read(columns=["sample_id"], use_threads=False)["sample_id"]
+            else:
+                ids = open_shard(Path(source.path), entry).read(columns=["sample_id"], use_threads=False)["sample_id"]
+        except (pa.ArrowException, OSError, KeyError) as exc:
+            raise shard_error(file, exc) from None
+        found.update(ids.filter(pc.match_substring_regex(ids, COPY_LIKE)).to_pylist())
+    return frozenset(found)
+
+
+def _copy_like(sources: tuple[_MixSource, ...]):
+    """Every source's ``copy_like`` ids as one Arrow array for ``is_in`` (None when there are none, as is usual)."""
+    import pyarrow as pa
+
+    taken = set().union(*(ms.copy_like for ms in sources))
+    return pa.array(sorted(taken), pa.string()) if taken else None
+
+
+def _mixture_columns(table, src: np.ndarray, copy: np.ndarray, schema, sources: tuple[_MixSource, ...] = (),
+                     copy_like=None):
+    """``table`` (``PACKED``) with copies' ids suffixed ``#c1``, ``#c2``, ... and a ``sample_sources``
+    column. A copy whose name a sample of its source bears takes ``mixture.copy_name``'s
+    ``#cN#dK`` (``copy_like``: :func:`_copy_like` of ``sources``)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from .mixture import copy_suffixes
+    from .mixture import copy_name, copy_suffixes
 
     ids = table.column("sample_ids").combine_chunks()
     offsets = ids.offsets
     flat = pc.list_flatten(ids)
-    if bool((copy != 0).any()):
-        flat = pc.binary_join_element_wise(flat, pa.array(copy_suffixes(copy), pa.string()), "")
+    copied = copy != 0
+    if bool(copied.any()):
+        joined = pc.binary_join_element_wise(flat, pa.array(copy_suffixes(copy), pa.string()), "")
+        if copy_like is not None:
+            clash = np.flatnonzero(copied & pc.is_in(joined, value_set=copy_like).to_numpy(zero_copy_only=False))
+            if len(clash):  # rare: the names of those, under their own source's ids
+                names, plain = joined.to_pylist(), flat.to_pylist()
+                for i in clash.tolist():
+                    names[i] = copy_name(plain[i], int(copy[i]), sources[int(src[i])].copy_like)
+                joined = pa.array(names, pa.string())
+        flat = joined
     cols = {name: table.column(name) for name in table.column_names}
     cols["sample_ids"] = pa.ListArray.from_arrays(offsets, flat)
     cols["sample_sources"] = pa.ListArray.from_arrays(offsets, pa.array(np.asarray(src, np.int32)))
@@ -2316,16 +2367,16 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
         d["tokenized"] = {"rows_in": int(c.get("rows_in", int(c.get("samples", 0)) + int(c.get("rejected", 0)))),
                           "rejected": int(c.get("rejected", 0))}
 
-    def make(t: int, out_dir: str | None) -> _MixTask:
+    def make(t: int, out_dir: str | None, sources: tuple[_MixSource, ...]) -> _MixTask:
         src, row, copy = plan.tasks[t]
-        return _MixTask(t, tuple(refs), src, row, copy, out_dir, cfg, max_units, digest, max_errors, on_error,
-                        os.getcwd())
+        return _MixTask(t, sources, src, row, copy, out_dir, cfg, max_units, digest, max_errors, on_error, os.getcwd())
 
     n_tasks = len(plan.tasks)
     if dry_run:
         dry = ExecutorConfig(executor=ex.executor, workers=ex.workers, ray_address=ex.ray_address)
         set_total(progress, sum(len(t[0]) for t in plan.tasks))
-        results = run_tasks(_mix_task, [make(t, None) for t in range(n_tasks)], dry, progress, preload=_PACKING)
+        results = run_tasks(_mix_task, [make(t, None, tuple(refs)) for t in range(n_tasks)], dry, progress,
+                            preload=_PACKING)
         counts = _zero_counts("packed")
         for r in results:
             _add_counts(counts, r["counts"])
@@ -2349,7 +2400,10 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
         state_prepared(out)
         driver = _Driver(out, digest, n_tasks, ex, max_errors, on_error)
         todo, _ = driver.pending()
+        # a source the mixture copies (more entries than samples): the ids its copies must not take
+        named = tuple(replace(ms, copy_like=_copy_like_ids(ms)) if want > n else ms
+                      for ms, n, want in zip(refs, available, plan.requested, strict=True)) if todo else ()
         set_total(progress, sum(len(plan.tasks[t][0]) for t in todo))
-        driver.run(_mix_task, [make(t, task_target(out)) for t in todo], todo, progress, preload=_PACKING)
+        driver.run(_mix_task, [make(t, task_target(out), named) for t in todo], todo, progress, preload=_PACKING)
         tasks_ran(out)
         return _finish_or_partial(out, run, ex)

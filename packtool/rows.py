@@ -162,7 +162,7 @@ def _probe_uncached(ref: MediaRef, ctx: EncodeContext, n_images: int) -> tuple:
     if ref.kind not in ("image", "video"):
         raise SampleError("bad_record", f"unknown media kind {ref.kind!r}")
     if ref.data is None and not ref.path:
-        raise SampleError("missing_media", f"{ref.kind} has neither a path nor inline bytes")
+        raise SampleError("missing_media", "neither a path nor inline bytes given")
     src = ref.data if ref.data is not None else resolve_media_path(ref.path, ctx.media_root)
     # what was counted: pack checks the file is still this one before it embeds or references it
     stat = None
@@ -174,15 +174,23 @@ def _probe_uncached(ref: MediaRef, ctx: EncodeContext, n_images: int) -> tuple:
         recorded = recorded_media_path(ref.path, src, ctx.media_root)
         if recorded != ref.path:
             ref = MediaRef(ref.kind, recorded, None)
-    if ref.kind == "image":
-        info = probe_image(src, exif=ctx.family.exif)
-        return ref, info.width, info.height, ctx.family.image_in_sample(info.height, info.width, n_images), stat, None
-    from .media import probe_video
+    try:
+        if ref.kind == "image":
+            info = probe_image(src, exif=ctx.family.exif)
+            return ref, info.width, info.height, ctx.family.image_in_sample(info.height, info.width, n_images), stat, None
+        from .media import probe_video
 
-    meta = probe_video(src, apply_rotation=ctx.family.exif == "apply")
-    # the rate and count the sampler read: with the sampled frames they give the sampled rate a
-    # processor derives the video's time step from (Qwen2.5-VL's second_per_grid_ts)
-    return ref, meta.width, meta.height, ctx.family.video(meta), stat, (float(meta.fps), int(meta.n_frames))
+        meta = probe_video(src, apply_rotation=ctx.family.exif == "apply")
+        # the rate and count the sampler read: with the sampled frames they give the sampled rate a
+        # processor derives the video's time step from (Qwen2.5-VL's second_per_grid_ts)
+        return ref, meta.width, meta.height, ctx.family.video(meta), stat, (float(meta.fps), int(meta.n_frames))
+    except SampleError as err:
+        if ref.data is not None:  # named by its place in the sample, which the cache key leaves out (_probe_all)
+            raise
+        # the error row names its record; this names which of the record's files failed, by the
+        # path it records (relative to the root, as written when it was relative)
+        shown = ref.path if len(ref.path) <= 200 else f"{ref.path[:200]}..."
+        raise SampleError(err.reason, f"{ref.kind} {shown!r}: {err.message}") from None
 
 
 def _probe(ref: MediaRef, ctx: EncodeContext, n_images: int = 1) -> _Probed:
@@ -215,6 +223,25 @@ def _probe(ref: MediaRef, ctx: EncodeContext, n_images: int = 1) -> _Probed:
         # inline bytes are keyed by the bytes alone; the entry names this sample's path
         return _Probed(ref, hit.width, hit.height, hit.layout, hit.stat, hit.source)
     return hit  # a path's entry is the same for every sample (nothing changes a _Probed)
+
+
+def _probe_all(media: tuple[MediaRef, ...], ctx: EncodeContext) -> list[_Probed]:
+    """:func:`_probe` of each of a sample's media items. An item without a path (inline bytes)
+    that fails is named in the error by its place among the sample's items of its kind
+    (``image 2 of 3 (inline bytes): ...``); a file is named by its path where it failed."""
+    n_images = sum(ref.kind == "image" for ref in media)
+    probed = []
+    for i, ref in enumerate(media):
+        try:
+            probed.append(_probe(ref, ctx, n_images))
+        except SampleError as err:
+            if ref.data is None and ref.path:
+                raise
+            k = sum(r.kind == ref.kind for r in media[:i + 1])
+            n = sum(r.kind == ref.kind for r in media)
+            label = f"{ref.kind} {k} of {n}" + (" (inline bytes)" if ref.data is not None else "")
+            raise SampleError(err.reason, f"{label}: {err.message}") from None
+    return probed
 
 
 class _Specials(dict):
@@ -337,8 +364,7 @@ def _stage_samples(samples: list[Sample], ctx: EncodeContext, counts: Counter | 
         mark, n_texts = len(pieces), len(pieces.texts)
         folded = s.meta.get("merged_rows", ()) if s.meta else ()
         try:
-            n_images = sum(ref.kind == "image" for ref in s.media)
-            probed = [_probe(ref, ctx, n_images) for ref in s.media]
+            probed = _probe_all(s.media, ctx)
             if folded and "merged_branches" in s.meta:
                 s, branches = _stage_members(s, probed, ctx, specials, pieces, rejected, counts)
                 if branches:

@@ -233,6 +233,36 @@ def test_good_video_passes(media, tmp_path):
     assert "vid" not in errors and m["counts"]["samples"] == 3
 
 
+def test_a_rejection_names_which_of_the_records_media_failed(media, tmp_path):
+    """A record with several media names the one that failed, by the path the record gave (or,
+    for inline bytes, its place among the record's items of its kind), and not the good ones."""
+    import base64
+
+    garbage = "data:image/png;base64," + base64.b64encode(b"not an image").decode()
+    recs = [{"id": "corrupt", "image": ["ok.png", "truncated.jpg", "with space/a b.png"],
+             "conversations": conv("<image><image><image>\nThree.")},
+            {"id": "missing", "image": ["ok.png", "with space/a b.png", "nope.png"],
+             "conversations": conv("<image><image><image>\nThree.")},
+            {"id": "inline", "image": ["ok.png", garbage, "with space/a b.png"],
+             "conversations": conv("<image><image><image>\nThree.")},
+            {"id": "video", "video": ["ok.mp4", "truncated.mp4"], "conversations": conv("<video><video>\nTwo.")},
+            {"id": "absolute", "image": [str(media / "ok.png"), str(media / "truncated.jpg")],
+             "conversations": conv("<image><image>\nTwo.")}]
+    _, errors = run_tokenize(media, tmp_path, [json.dumps(r).encode() for r in recs])
+    assert {k: e["reason"] for k, e in errors.items()} == {
+        "corrupt": "corrupt_image", "missing": "missing_media", "inline": "corrupt_image", "video": "corrupt_video",
+        "absolute": "corrupt_image"}
+    message = {k: e["message"] for k, e in errors.items()}
+    assert message["corrupt"].startswith("image 'truncated.jpg': truncated JPEG"), message
+    assert message["absolute"].startswith("image 'truncated.jpg': truncated JPEG"), message  # as rows record it
+    assert "'nope.png'" in message["missing"], message
+    assert message["inline"].startswith("image 2 of 3 (inline bytes): "), message
+    assert message["video"].startswith("video 'truncated.mp4': "), message
+    for k, text in message.items():
+        assert "ok.png" not in text and "a b.png" not in text and "ok.mp4" not in text, (k, text)
+        assert str(media) not in text or k == "missing", (k, text)  # only --media-root, which it quotes
+
+
 def test_placeholder_media_mismatch(media, tmp_path):
     rec = {"id": "mismatch", "image": ["ok.png", "ok.png"], "conversations": conv("<image>\nOne tag, two images.")}
     assert_rejected(media, tmp_path, rec, "placeholder_mismatch")

@@ -591,6 +591,40 @@ def test_bad_rows_get_reason_codes(tmp_path):
     assert [g.source_row for g in got] == list(range(9))
 
 
+@pytest.mark.parametrize("fmt", ["llava", "qwen-vl", "sharegpt", "swift", "molmo"])
+def test_a_role_that_is_not_a_string_is_a_bad_record(tmp_path, fmt):
+    """A role / ``from`` of another JSON type is a malformed record (``bad_record``, saying the
+    type), not a role the template does not know; a string no reader maps stays ``unknown_role``."""
+    def turns(role):
+        if fmt == "swift":
+            return {"messages": [{"role": role, "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}
+        if fmt == "molmo":
+            return {"message_list": [{"messages": [{"role": role, "content": "Hi"},
+                                                   {"role": "assistant", "content": "Hello."}]}]}
+        return {"conversations": [{"from": role, "value": "Hi"}, {"from": "gpt", "value": "Hello."}]}
+
+    roles = [3, ["human"], True, {"r": 1}, 1.5, "narrator", "human" if fmt not in ("swift", "molmo") else "user"]
+    got = read_all(write_jsonl(tmp_path / "roles.jsonl", [{"id": f"r{k}", **turns(r)} for k, r in enumerate(roles)]),
+                   fmt)
+    assert [g.reason if isinstance(g, Rejected) else g.sample_id for g in got] == [
+        *["bad_record"] * 5, "unknown_role", "r6"]
+    key, where = {"swift": ("'role'", "turn 0"), "molmo": ("'role'", "message_list[0] message 0")}.get(
+        fmt, ("'from'", "turn 0"))
+    assert [g.message for g in got[:6]] == [
+        f"{where} {key} must be a string, got int 3", f"{where} {key} must be a string, got list ['human']",
+        f"{where} {key} must be a string, got bool True", f"{where} {key} must be a string, got dict {{'r': 1}}",
+        f"{where} {key} must be a string, got float 1.5", f"{where} has role 'narrator'"]
+
+
+def test_a_parquet_role_column_of_numbers_is_a_bad_record(tmp_path):
+    turn = pa.struct([("from", pa.int64()), ("value", pa.string())])
+    pq.write_table(pa.table({"id": ["a"], "conversations": pa.array([[{"from": 0, "value": "Hi"},
+                                                                      {"from": 1, "value": "Hello."}]],
+                                                                    pa.list_(turn))}), tmp_path / "t.parquet")
+    [r] = read_all(tmp_path / "t.parquet")
+    assert (r.sample_id, r.reason, r.message) == ("a", "bad_record", "turn 0 'from' must be a string, got int 0")
+
+
 @pytest.mark.parametrize("fmt", ["llava", "sharegpt", "swift", "molmo"])
 def test_sample_ids_are_strings_or_whole_numbers(tmp_path, fmt):
     """An id ``true`` was stored as ``"True"``, ``3.0`` as ``"3.0"``, a list as its Python repr;

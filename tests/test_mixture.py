@@ -744,6 +744,33 @@ def test_copies_of_split_trees_keep_ids_unique_within_their_source(tmp_path):
     assert sorted(ids) == ["t", "t#1", "t#1#c1", "t#2", "t#2#c1", "t#c1"]
 
 
+@pytest.mark.jit
+def test_a_copy_named_like_a_record_of_its_source_takes_the_next_free_name(tmp_path):
+    """A source holding ``x`` and a record whose own id is ``x#c1``: copy 1 of ``x`` was named
+    ``x#c1`` too. The record keeps its id and the copy takes the first free ``#dK`` (``x#c1#d1``
+    is a record's id here too), in the packs and in errors.jsonl, the same at any worker count."""
+    def rec(sid: str, answer: str = "Fine.") -> dict:
+        return {"id": sid, "conversations": [{"from": "human", "value": f"About {sid}?"}, {"from": "gpt", "value": answer}]}
+
+    records = [rec("x"), rec("x#c1"), rec("x#c1#d1"), rec("y"), rec("z", "long " * 80), rec("z#c2")]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    tokenize_dataset([tmp_path / "a.jsonl"], tmp_path / "tok", TokenizeConfig())
+    runs = []
+    for workers in (1, 2):
+        out = tmp_path / f"packed{workers}"
+        pack_dataset(Mixture.from_rates([str(tmp_path / "tok")], "3", samples_per_task=5), out,
+                     PackConfig(max_tokens=64), workers=workers)
+        errors = [json.loads(line) for line in (out / ".packtool" / "errors.jsonl").read_text().splitlines()]
+        runs.append((packed_rows(out)["ids"], [(e["sample_id"], e["reason"]) for e in errors]))
+    assert runs[0] == runs[1]
+    ids, dropped = runs[0]
+    assert sorted(dropped) == [("z", "oversize"), ("z#c1", "oversize"), ("z#c2#d1", "oversize")]
+    assert sorted(ids) == ["x", "x#c1", "x#c1#c1", "x#c1#c2", "x#c1#d1", "x#c1#d1#c1", "x#c1#d1#c2", "x#c1#d2",
+                           "x#c2", "y", "y#c1", "y#c2", "z#c2", "z#c2#c1", "z#c2#c2"]
+    names = ids + [sid for sid, _ in dropped]
+    assert len(names) == len(set(names)) == 3 * len(records)
+
+
 def test_from_rates_takes_what_python_holds_as_the_flags_would():
     flags = Mixture.from_rates(["a", "b", "c"], "1.0,0.1,2.5", seed=3, samples_per_task=6)
     for paths, rates in [(["a", "b", "c"], [1.0, 0.1, 2.5]), ((p for p in "abc"), np.array([1.0, 0.1, 2.5])),

@@ -440,6 +440,27 @@ def test_a_mixture_from_and_into_the_bucket_writes_the_bytes_of_the_local_mixtur
 
 
 @pytest.mark.slow
+def test_copies_of_a_bucket_source_avoid_its_ids_as_a_local_sources_do(s3, tmp_path):
+    """The pack driver reads a copied source's ids of a copy's shape from the bucket (the one
+    column, not the shards): a record ``x#c1`` beside ``x`` gives copy 1 of ``x`` the name
+    ``x#c1#d1``, as from local disk."""
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+    from packtool.mixture import Mixture
+
+    records = [{"id": sid, "conversations": [{"from": "human", "value": f"About {sid}?"},
+                                             {"from": "gpt", "value": "Fine."}]} for sid in ("x", "x#c1", "y")]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    tokenize_dataset([tmp_path / "a.jsonl"], tmp_path / "tok", TokenizeConfig(rows_per_shard=2))
+    upload_dir(s3.client(), tmp_path / "tok", BUCKET, "copies-tok")
+    names = []
+    for src in (str(tmp_path / "tok"), f"s3://{BUCKET}/copies-tok"):
+        out = tmp_path / f"out{len(names)}"
+        pack_dataset(Mixture.from_rates([src], "2"), out, PackConfig(max_tokens=64), workers=1)
+        names.append(sorted(i for f in sorted(out.glob("part-*.parquet"))
+                            for row in pq.read_table(f, columns=["sample_ids"])["sample_ids"].to_pylist() for i in row))
+    assert names[0] == names[1] == ["x", "x#c1", "x#c1#c1", "x#c1#d1", "y", "y#c1"]
+
+
 def test_a_rank_that_reads_the_stored_plan_fetches_only_its_own_inputs(s3, corpus, tmp_path):
     lines = (corpus / "data.jsonl").read_text().splitlines(keepends=True)
     client = s3.client()

@@ -216,8 +216,9 @@ def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[st
     the pair costs a fraction of the dataclass.
 
     Raises:
-        SampleError: ``bad_record``, ``empty_conversation``, ``unknown_role``,
-            ``bad_tool_call``, ``bad_tool_arguments``, ``bad_encoding``.
+        SampleError: ``bad_record`` (a role / ``from`` value that is not a string among others),
+            ``empty_conversation``, ``unknown_role`` (a string no map knows), ``bad_tool_call``,
+            ``bad_tool_arguments``, ``bad_encoding``.
     """
     if not isinstance(msgs, list):
         raise SampleError("bad_record", f"record has no {field!r} list")
@@ -228,7 +229,13 @@ def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[st
         if not isinstance(msg, dict):
             raise SampleError("bad_record", f"turn {i} is a {type(msg).__name__}, not an object")
         raw = msg.get(role_key)
-        key = str(raw).lower() if raw is not None else ""
+        if isinstance(raw, str):
+            key = raw.lower()
+        elif raw is None:
+            key = ""
+        else:  # a malformed record, not a role to map: 3 or ["user"] would otherwise read as one
+            raise SampleError("bad_record", f"turn {i} {role_key!r} must be a string, got {type(raw).__name__} "
+                                            f"{quoted(raw, 40)}")
         if key in CALL_ROLES:
             lead, calls = parse_call_text(check_text(msg.get(text_key), f"turn {i} {text_key!r}"), f"turn {i} ({raw})")
             prev = turns[-1] if turns else None

@@ -41,7 +41,11 @@ def _entry_turns(entry, i: int) -> list[tuple[str, str]]:
         turns = []
         for j, m in enumerate(msgs):
             if isinstance(m, dict):
-                role = ROLE_MAP.get(str(m.get("role", "")).lower())
+                raw = m.get("role")
+                if raw is not None and not isinstance(raw, str):
+                    raise SampleError("bad_record", f"message_list[{i}] message {j} 'role' must be a string, got "
+                                                    f"{type(raw).__name__} {quoted(raw, 40)}")
+                role = ROLE_MAP.get((raw or "").lower())
                 if role is None:
                     raise SampleError("unknown_role", f"message_list[{i}] message {j} has role {quoted(m.get('role'))}")
                 turns.append((role, check_text(m.get("content"), f"message_list[{i}] message {j}")))
