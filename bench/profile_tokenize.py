@@ -27,7 +27,7 @@ def _steps(path: Path, root: Path, n: int, out: Path) -> Counter:
 
     from packtool import TokenizeConfig
     from packtool.formats import iter_records, parse_record
-    from packtool.pipeline import BATCH, _batched, _encode_context, _fewer_collections
+    from packtool.pipeline import BATCH, _batched, _collector_paused, _encode_context
     from packtool.rows import SampleNames, encode_stored
     from packtool.schema import TOKENIZED
     from packtool.shards import writer_options
@@ -37,17 +37,18 @@ def _steps(path: Path, root: Path, n: int, out: Path) -> Counter:
     cpu = time.process_time
     split: Counter = Counter()
     t = cpu()
-    with _fewer_collections():  # as a tokenize task runs
+    with _collector_paused():  # as a tokenize task runs
         samples = [parse_record(rec, str(path), row, cfg.format) for row, rec in iter_records(path)][:n]
     split["read + parse"] += cpu() - t
     names = SampleNames()  # a task names its rows apart, as it goes
-    with _fewer_collections(), pq.ParquetWriter(out, TOKENIZED, **writer_options(TOKENIZED, TOKENIZED.empty_table())) as writer:
+    with _collector_paused() as after_batch, pq.ParquetWriter(out, TOKENIZED, **writer_options(TOKENIZED, TOKENIZED.empty_table())) as writer:
         for batch in _batched(samples, BATCH):
             t = cpu()
             table, _ = encode_stored(batch, ctx, Counter(), names)
             split["encode to Arrow table"] += cpu() - t
             t = cpu()
             writer.write_table(table, row_group_size=table.num_rows)
+            after_batch()
             split["Parquet write"] += cpu() - t
     return split
 

@@ -359,26 +359,41 @@ def test_a_task_opens_the_drivers_relative_paths_from_any_directory(corpus, tmp_
     assert list(elsewhere.iterdir()) == []
 
 
-def test_fewer_collections_restores_the_collector_setting():
-    """A tokenize task raises the collector's youngest threshold for its run and puts the
-    caller's setting back afterwards, also when the task fails."""
+def test_a_task_pauses_the_collector_and_collects_between_batches():
+    """A tokenize task turns automatic collection off for its run, collects the young
+    generations itself every ``every`` batches, and puts the caller's setting back afterwards,
+    also when the task fails (a caller that had it off keeps it off)."""
     import gc
 
-    from packtool.pipeline import _fewer_collections
+    from packtool.pipeline import _collector_paused
 
-    before = gc.get_threshold()
+    runs: list[int] = []
+
+    def count(phase, info):
+        if phase == "start":
+            runs.append(info["generation"])
+
+    was = gc.isenabled()
+    gc.callbacks.append(count)
     try:
-        gc.set_threshold(700, 10, 10)
-        with pytest.raises(ValueError), _fewer_collections(10_000):
-            assert gc.get_threshold() == (10_000, 10, 10)
+        gc.enable()
+        with pytest.raises(ValueError), _collector_paused(every=3) as after_batch:
+            assert not gc.isenabled()
+            runs.clear()  # what ran before the task is not the task's
+            for _ in range(7):
+                after_batch()
+            seen = list(runs)
             raise ValueError("task failed")
-        assert gc.get_threshold() == (700, 10, 10)
-        gc.set_threshold(50_000, 5, 5)  # never lowered below the caller's own
-        with _fewer_collections(10_000):
-            assert gc.get_threshold() == (50_000, 5, 5)
-        assert gc.get_threshold() == (50_000, 5, 5)
+        assert seen == [1, 1]  # after batches 3 and 6, none on its own
+        assert gc.isenabled()
+        gc.disable()
+        with _collector_paused(every=3):
+            pass
+        assert not gc.isenabled()
     finally:
-        gc.set_threshold(*before)
+        gc.callbacks.remove(count)
+        if was:
+            gc.enable()
 
 
 def test_a_leading_byte_order_mark_is_read_the_same_cut_or_whole(tmp_path):

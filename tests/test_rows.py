@@ -169,7 +169,7 @@ def test_stored_rows_equal_compacted_expanded_rows(family, seed, contexts):
     assert any(t[k] != -100 for st, t in zip(starts, tgt, strict=True) for k in st), f"seed {seed}: no run with loss"
     if family == "qwen2.5-vl":  # the one family whose small images are fewer placeholders than MIN_RUN
         pieces, _, _ = _stage_samples(samples, ctx)
-        arrays = _PieceArrays(pieces, ctx.tokenizer.encode_batch(pieces.texts))
+        arrays = _PieceArrays(pieces, ctx.tokenizer.encode_blobs(pieces.texts))
         assert np.any((arrays.kind == _PAD) & (arrays.count < MIN_RUN)), f"seed {seed}"
 
 
@@ -185,7 +185,7 @@ def test_compact_pieces_is_runs_compact_at_any_threshold(seed, min_run, contexts
                enumerate(_records(random.Random(seed), tools=family.startswith("qwen"), reasoning=family == "qwen3-vl"))]
     samples = [s for s in samples if not isinstance(s, Rejected)]
     pieces, staged, _ = _stage_samples(samples, ctx)
-    arrays = _PieceArrays(pieces, ctx.tokenizer.encode_batch(pieces.texts))
+    arrays = _PieceArrays(pieces, ctx.tokenizer.encode_blobs(pieces.texts))
     ids, loss, starts = _assemble_batch(arrays)
     ranges = [br[0] for _, _, br in staged if len(br) == 1]
     ranges = [ranges[i] for i in sorted(rng.choice(len(ranges), size=len(ranges) // 2 + 1, replace=False))]

@@ -4,12 +4,15 @@ cache (no network), special-token lookup and batched, memoized encoding."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from packtool.errors import ConfigError
 from packtool.tokenization import HFTokenizer, QwenTiktoken, load_tokenizer, resolve_hf_cache
+from packtool.tokenization import Tokenizer as BaseTokenizer
 
 
 def trained_tokenizer(directory: Path, specials: list[str]) -> Path:
@@ -105,9 +108,28 @@ def test_batch_encode_matches_single_and_memo_is_safe():
     texts = ["user\n", "What shape is shown?", "user\n", "", "数字 123", "x" * 2000, "What shape is shown?"]
     batch = tok.encode_batch(texts)
     assert [list(ids) for ids in batch] == [tok._enc.encode_ordinary(t) for t in texts]
-    assert all(isinstance(ids, tuple) for ids in batch)  # shared through the memo: immutable
-    assert tok.encode_batch(texts) == batch  # served from the memo the second time
-    assert batch[0] is batch[2]  # one encoding per distinct string
+    assert all(isinstance(ids, tuple) for ids in batch)
+    blobs = tok.encode_blobs(texts)
+    assert [np.frombuffer(b, dtype="<i4").tolist() for b in blobs] == [list(ids) for ids in batch]
+    assert all(isinstance(b, bytes) for b in blobs)  # shared through the memo: immutable
+    assert tok.encode_blobs(texts) == blobs  # served from the memo the second time
+    assert blobs[0] is blobs[2] and blobs[1] is blobs[6]  # one encoding per distinct string
+    assert "x" * 2000 not in tok._memo  # longer than _MEMO_MAX_CHARS: encoded, not kept
+
+
+def test_blobs_match_tiktoken_and_the_generic_path_on_seeded_text():
+    """The Qwen vocabulary's bytes come straight from tiktoken's buffer; they must equal
+    ``encode_ordinary`` (through the generic list path) on every text: unicode, whitespace runs,
+    special-token strings (ordinary text here), lone surrogates (replaced, as tiktoken does)."""
+    seed = 1234
+    rng = random.Random(seed)
+    alphabet = "ab Z9 \n\t中文é🙂<|>_-'\ud800"
+    texts = ["<|im_end|>", "<|endoftext|> hi", "\ud800", "  \n\n  ", "a\ud83d"]
+    texts += ["".join(rng.choices(alphabet, k=rng.randint(0, 60))) for _ in range(400)]
+    tok = QwenTiktoken()
+    fast = tok._encode_blobs(texts)
+    generic = BaseTokenizer._encode_blobs(tok, texts)
+    assert fast == generic, f"seed {seed}"
 
 
 def test_load_tokenizer_errors(tmp_path):

@@ -464,9 +464,11 @@ def parse_record(rec: object, source: str, row: int, fmt: str = "auto", id_name:
         sid = record_id(rec) if isinstance(rec, dict) else None
     except SampleError:  # the parser rejects the record for its id, below
         sid = None
+    if isinstance(rec, SampleError):  # the line itself was not a record (bad JSON...): not raised
+        # here, where the traceback's frame would hold the error in ``rec``, a cycle only the
+        # garbage collector frees
+        return Rejected(source, row, sid, rec.reason, rec.message)
     try:
-        if isinstance(rec, SampleError):
-            raise rec
         if not isinstance(rec, dict):
             raise SampleError("bad_record", f"record is a {type(rec).__name__}, not an object")
         rec = decode_turn_fields(rec)
