@@ -21,6 +21,8 @@ import os
 import re
 import stat
 import warnings
+from bisect import bisect_left, bisect_right, insort
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -863,7 +865,7 @@ def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> Vid
 
 def _encode_jpeg(img: Image.Image, quality: int) -> bytes:
     buf = io.BytesIO()
-    img.convert("RGB").save(buf, format="JPEG", quality=quality)
+    (img if img.mode == "RGB" else img.convert("RGB")).save(buf, format="JPEG", quality=quality)
     return buf.getvalue()
 
 
@@ -872,6 +874,7 @@ def extract_frames(media_root: Path, media: dict, quality: int = 90) -> list[byt
 
     The frames are those of :func:`counted_frames`, which the trainer-side reader also
     uses for videos packed by reference, so both media modes feed a model the same frames.
+    A frame taken for several times (a repeated time, or times past the end) is encoded once.
 
     Example:
         For a 30 fps clip and timestamps ``[0.0, 0.5]`` this returns the JPEGs of
@@ -881,7 +884,11 @@ def extract_frames(media_root: Path, media: dict, quality: int = 90) -> list[byt
         return []
     data = media.get("data")
     source = data if data is not None else resolve_media_path(media.get("path") or "", media_root)
-    return [_encode_jpeg(img, quality) for img in counted_frames(source, media)]
+    jpegs: dict[int, bytes] = {}  # by image: the list holds every image, so no id is reused
+    for img in (images := counted_frames(source, media)):
+        if id(img) not in jpegs:
+            jpegs[id(img)] = _encode_jpeg(img, quality)
+    return [jpegs[id(img)] for img in images]
 
 
 def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
@@ -891,7 +898,12 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
     presentation time is at or before it, to one tick of the stream's clock (times
     past the end give the last frame).
     Dense requests (on average less than 2 s apart) are served by one linear decode;
-    sparse ones seek to the keyframe before each time and decode forward.
+    sparse ones seek to the keyframe before each time and decode forward. Only the frames
+    taken are turned into images. Where the codec and container allow (:func:`_skip_depth`),
+    the decoder skips the frames that no time takes and no other frame is predicted from
+    (:func:`_frames_skipping`), and a time whose seek lands where the previous time's did is
+    read on from that decode (:class:`_Runs`); the frames are those of a plain decode, which
+    is what runs wherever the stream is not what that plan takes it for.
 
     When the row recorded the video with a 90/270 degree rotation applied (its width
     and height are the coded size swapped), frames are rotated the same way.
@@ -904,60 +916,14 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
         return []
     container = _open_video(source)
     try:
-        stream = container.streams.video[0]
-        tb = float(stream.time_base)
-        cc = stream.codec_context
-        rotate = (media.get("width"), media.get("height")) == (cc.height, cc.width) and cc.width != cc.height
-        rotation = 0
-        first = None
-        out: list[Image.Image | None] = [None] * len(times)
-        order = sorted(range(len(times)), key=lambda i: times[i])
-        # a raw H.264 stream carries no frame times: frame n is at n / rate, as probe_video counted it
-        # (and nothing to seek by, so it is always decoded in one pass)
-        raw = container.format.name == "h264"
-        rate = float(stream.average_rate or stream.guessed_rate or stream.base_rate or 0) if raw else 0.0
-        # AVI stores no presentation times: FFmpeg makes them up in decode order, so a stream with
-        # B-frames comes out of the decoder in display order with its times out of order; the n-th
-        # frame decoded is the one shown at the n-th packet time, as probe_video counted it (and
-        # the times a seek lands on say nothing, so it is decoded in one pass)
-        shown_at = None
-        if container.format.name == "avi" and cc.has_b_frames:
-            shown_at = _demux_frames(container, stream, tb)[1]
-            container.seek(0, stream=stream)
-        dense = raw or bool(shown_at) or len(times) < 2 or (max(times) - min(times)) / (len(times) - 1) < 2.0
-        # a frame time is rounded to its stream's clock: Matroska, WebM and FLV count milliseconds, so
-        # frame 20 of a 30 fps clip is stored at 0.667 s, after the 0.6667 s it stands for; within one
-        # tick (at most 1 ms) a frame is at the recorded time, else the frame before it was taken
-        eps = max(1e-6, min(tb, 1e-3))
-        if dense:
-            k = 0
-            prev = None
-            for n, frame in enumerate(container.decode(stream)):
-                if raw and rate > 0:
-                    t = n / rate
-                elif shown_at:
-                    t = shown_at[min(n, len(shown_at) - 1)]
-                elif frame.pts is None:
-                    continue
-                else:
-                    t = frame.pts * tb
-                if first is None:
-                    first, rotation = t, int(round(frame.rotation or 0)) % 360
-                while k < len(order) and first + times[order[k]] + eps < t:
-                    out[order[k]] = prev if prev is not None else frame.to_image()
-                    k += 1
-                if k >= len(order):
-                    break
-                prev = frame.to_image()
-            last = prev
-            for i in order[k:]:
-                out[i] = last
-        else:
-            for frame in container.decode(stream):
-                first, rotation = frame.pts * tb, int(round(frame.rotation or 0)) % 360
-                break
-            for i in order:
-                out[i] = _frame_on_screen(container, stream, times[i], first, eps)
+        try:
+            out, rotation, rotate = _frames_at(container, source, times, media, skip=True)
+        except _PlanBroken:
+            # the skipping decode met what its plan does not cover: the same steps again from a
+            # fresh file, every frame decoded
+            container.close()
+            container = _open_video(source)
+            out, rotation, rotate = _frames_at(container, source, times, media, skip=False)
     except SampleError:
         raise
     except Exception as exc:  # noqa: BLE001 - any decoder failure is a corrupt video for this row
@@ -967,13 +933,161 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
     if any(img is None for img in out):
         raise SampleError("corrupt_video", "video has no decodable frame at a recorded time")
     if rotate and rotation in _ROTATE:
-        out = [img.transpose(_ROTATE[rotation]) for img in out]  # type: ignore[union-attr]
+        upright: dict[int, Image.Image] = {}  # one turn per frame taken, however many times take it
+        for img in out:
+            if id(img) not in upright:
+                upright[id(img)] = img.transpose(_ROTATE[rotation])  # type: ignore[union-attr]
+        out = [upright[id(img)] for img in out]
     return out  # type: ignore[return-value]
 
 
-def _frame_on_screen(container, stream, time_s: float, first: float, eps: float) -> Image.Image | None:
+def _frames_at(container, source: Path | bytes, times: list[float], media: dict,
+               skip: bool) -> tuple[list[Image.Image | None], int, bool]:
+    """``(frames, rotation, rotate)`` of :func:`counted_frames` from the open ``container`` (of
+    ``source``): the frame taken for each time (``None`` where there is none), the display rotation
+    of the first frame, and whether the row recorded the rotated size. ``skip`` lets the decoder
+    skip frames (:func:`_frames_skipping`) where :func:`_skip_depth` allows it; a sparse request
+    then opens ``source`` a second time, to learn where each seek lands (:class:`_Runs`).
+
+    Raises:
+        _PlanBroken: ``skip`` was given and the stream is not what the skipping decode takes it
+            for (or its decoder failed); :func:`counted_frames` then runs this again on a fresh
+            file without it.
+    """
+    import av
+
+    stream = container.streams.video[0]
+    tb = float(stream.time_base)
+    cc = stream.codec_context
+    rotate = (media.get("width"), media.get("height")) == (cc.height, cc.width) and cc.width != cc.height
+    order = sorted(range(len(times)), key=lambda i: times[i])
+    # a raw H.264 stream carries no frame times: frame n is at n / rate, as probe_video counted it
+    # (and nothing to seek by, so it is always decoded in one pass)
+    raw = container.format.name == "h264"
+    rate = float(stream.average_rate or stream.guessed_rate or stream.base_rate or 0) if raw else 0.0
+    # AVI stores no presentation times: FFmpeg makes them up in decode order, so a stream with
+    # B-frames comes out of the decoder in display order with its times out of order; the n-th
+    # frame decoded is the one shown at the n-th packet time, as probe_video counted it (and
+    # the times a seek lands on say nothing, so it is decoded in one pass)
+    shown_at = None
+    if container.format.name == "avi" and cc.has_b_frames:
+        shown_at = _demux_frames(container, stream, tb)[1]
+        container.seek(0, stream=stream)
+    dense = raw or bool(shown_at) or len(times) < 2 or (max(times) - min(times)) / (len(times) - 1) < 2.0
+    # a frame time is rounded to its stream's clock: Matroska, WebM and FLV count milliseconds, so
+    # frame 20 of a 30 fps clip is stored at 0.667 s, after the 0.6667 s it stands for; within one
+    # tick (at most 1 ms) a frame is at the recorded time, else the frame before it was taken
+    eps = max(1e-6, min(tb, 1e-3))
+    depth = _skip_depth(container, stream, seeking=not dense) if skip else None
+    try:
+        if dense:
+            out, rotation = _dense_frames(container, stream, times, order, eps, depth, rate, shown_at)
+        else:
+            out, rotation = _sparse_frames(container, source, stream, times, order, eps, depth)
+    except av.error.FFmpegError:
+        if depth is None:
+            raise
+        raise _PlanBroken("a decoder error, which a plain decode may meet elsewhere") from None
+    return out, rotation, rotate
+
+
+def _dense_frames(container, stream, times: list[float], order: list[int], eps: float, depth: int | None,
+                  rate: float, shown_at: list[float] | None) -> tuple[list[Image.Image | None], int]:
+    """The frames of a dense request, from one decode of the whole stream (that skips frames
+    where ``depth`` is given), and the first frame's rotation."""
+    tb = float(stream.time_base)
+    if depth is not None:
+        frames = _frames_skipping(container, stream, [times[i] for i in order], eps, depth)
+        timed = ((frame.pts * tb, frame) for frame in frames)
+    else:
+        frames = container.decode(stream)
+        timed = _plain_times(frames, tb, rate, shown_at)
+    try:
+        return _pick_dense(timed, times, order, eps)
+    finally:
+        frames.close()  # a skipping decode hands the decoder back as it found it
+
+
+def _sparse_frames(container, source: Path | bytes, stream, times: list[float], order: list[int], eps: float,
+                   depth: int | None) -> tuple[list[Image.Image | None], int]:
+    """The frames of a sparse request, one seek per time (decodes that skip frames and go on from
+    one another where ``depth`` is given, :class:`_Runs`), and the first frame's rotation."""
+    tb = float(stream.time_base)
+    first, rotation = None, 0
+    for frame in container.decode(stream):
+        first, rotation = frame.pts * tb, int(round(frame.rotation or 0)) % 360
+        break
+    out: list[Image.Image | None] = [None] * len(times)
+    runs = probe = None
+    try:
+        if depth is not None:
+            probe = _open_video(source)
+            runs = _Runs(container, stream, probe, [times[i] for i in order], first, eps, depth)
+        for i in order:
+            out[i] = _frame_on_screen(container, stream, times[i], first, eps, runs)
+    finally:
+        if runs is not None:
+            runs.close()
+        if probe is not None:
+            probe.close()
+    return out, rotation
+
+
+def _plain_times(frames, tb: float, rate: float, shown_at: list[float] | None):
+    """``(time, frame)`` of each frame a plain decode gives: ``n / rate`` for a raw stream (``rate``
+    above 0), the n-th packet time for an AVI with B-frames (``shown_at``), else the frame's own
+    presentation time (frames without one are left out)."""
+    for n, frame in enumerate(frames):
+        if rate > 0:
+            t = n / rate
+        elif shown_at:
+            t = shown_at[min(n, len(shown_at) - 1)]
+        elif frame.pts is None:
+            continue
+        else:
+            t = frame.pts * tb
+        yield t, frame
+
+
+def _pick_dense(timed, times: list[float], order: list[int], eps: float) -> tuple[list[Image.Image | None], int]:
+    """The frame on screen at each of ``times`` (seconds from the first frame) among the decoded
+    ``(time, frame)`` pairs ``timed`` (in display order), and the first frame's display rotation.
+
+    Each time takes the frame before the first one shown more than ``eps`` after it (the first
+    frame for a time before it, the last for times past the end). A frame becomes an image only
+    when a time takes it, once however many take it.
+    """
+    out: list[Image.Image | None] = [None] * len(times)
+    first, rotation = None, 0
+    k, prev = 0, None
+    shot: list = [None, None]  # the frame last turned into an image, and its image
+
+    def image(frame) -> Image.Image:
+        if shot[0] is not frame:
+            shot[:] = [frame, frame.to_image()]
+        return shot[1]
+
+    for t, frame in timed:
+        if first is None:
+            first, rotation = t, int(round(frame.rotation or 0)) % 360
+        while k < len(order) and first + times[order[k]] + eps < t:
+            out[order[k]] = image(prev if prev is not None else frame)
+            k += 1
+        if k >= len(order):
+            break
+        prev = frame
+    if prev is not None:
+        for i in order[k:]:
+            out[i] = image(prev)
+    return out, rotation
+
+
+def _frame_on_screen(container, stream, time_s: float, first: float, eps: float,
+                     runs: _Runs | None = None) -> Image.Image | None:
     """The frame of ``stream`` on screen ``time_s`` seconds after its first frame (at ``first`` s),
-    found by seeking to the keyframe before it and decoding forward.
+    found by seeking to the keyframe before it and decoding forward (through ``runs``, where given:
+    skipping frames, and going on from the decode of an earlier time where the seek lands on the
+    same packet).
 
     A seek that lands after that time is retried from 1, 2, 4 ... s earlier, and from the start
     at last: an MPEG-TS seek stops at a packet before the time, but the decoder starts at the next
@@ -985,19 +1099,269 @@ def _frame_on_screen(container, stream, time_s: float, first: float, eps: float)
     back = 0.0
     while True:
         at = max(time_s - back, 0.0)
-        container.seek(int(at / tb) + (stream.start_time or 0), stream=stream, backward=True, any_frame=False)
-        chosen = None
-        for frame in container.decode(stream):
-            if frame.pts is None:
-                continue
-            if frame.pts * tb > target + eps:
-                if chosen is None and at == 0:  # nothing shown before it: the first frame
-                    chosen = frame
-                break
-            chosen = frame
+        offset = int(at / tb) + (stream.start_time or 0)
+        if runs is not None:
+            chosen = runs.from_seek(offset, time_s).scan(target + eps, at)
+        else:
+            container.seek(offset, stream=stream, backward=True, any_frame=False)
+            chosen = None
+            for frame in container.decode(stream):
+                if frame.pts is None:
+                    continue
+                if frame.pts * tb > target + eps:
+                    if chosen is None and at == 0:  # nothing shown before it: the first frame
+                        chosen = frame
+                    break
+                chosen = frame
         if chosen is not None or at == 0:
             return chosen.to_image() if chosen is not None else None
         back = max(2 * back, 1.0)
+
+
+class _Run:
+    """The skipping decode (:func:`_frames_skipping`) from one seek, read as far as the times
+    served so far: ``last`` is the last frame put out at or before the latest of them, ``ahead``
+    the frame after it (read to find that it is after)."""
+
+    __slots__ = ("frames", "landing", "tb", "last", "ahead")
+
+    def __init__(self, frames, landing: tuple | None, tb: float) -> None:
+        self.frames, self.landing, self.tb = frames, landing, tb
+        self.last = self.ahead = None
+
+    def scan(self, limit: float, at: float):
+        """The frame :func:`_frame_on_screen` takes for a time whose frame is the last shown at or
+        before ``limit`` (its time plus the tick), from a seek to ``at`` seconds: what a fresh
+        seek and decode takes when its seek lands where this run's did, as the frames this run
+        passed were all at or before the earlier (so also this) time."""
+        chosen = self.last
+        while True:
+            frame = self.ahead if self.ahead is not None else next(self.frames, None)
+            self.ahead = None
+            if frame is None:
+                return chosen
+            if frame.pts * self.tb > limit:
+                self.ahead = frame
+                return frame if chosen is None and at == 0 else chosen  # at 0, nothing before: the first frame
+            chosen = self.last = frame
+
+
+class _Runs:
+    """The decodes of a sparse request that skip frames, each from a seek (in an MP4/MOV file,
+    :func:`_skip_depth`), with a second handle on the file (``probe``) to learn where a seek
+    lands (its first packet) without seeking the decoding one. A time whose seek lands on the
+    packet the current run's seek landed on is served by reading that run on: a fresh seek would
+    give the decoder the same packets from a flushed state (MP4 seeks by its index, whatever was
+    read before), so the same frames. ``offsets`` are the request's times, sorted; a run is told
+    of every time from its own on, so it keeps what a later time it serves may take."""
+
+    def __init__(self, container, stream, probe, offsets: list[float], first: float, eps: float, depth: int) -> None:
+        self.container, self.stream, self.probe = container, stream, probe
+        self.offsets, self.first, self.eps, self.depth = offsets, first, eps, depth
+        self.run: _Run | None = None
+
+    def _landing(self, offset: int) -> tuple | None:
+        stream = self.probe.streams.video[0]
+        self.probe.seek(offset, stream=stream, backward=True, any_frame=False)
+        for pkt in self.probe.demux(stream):
+            if pkt.size:
+                return pkt.pos, pkt.dts, pkt.pts
+        return None
+
+    def from_seek(self, offset: int, time_s: float) -> _Run:
+        """The run serving the time ``time_s`` from a seek to ``offset`` (in the stream's ticks):
+        the current one where that seek lands on the packet its seek landed on, else a new one."""
+        landing = self._landing(offset)
+        if self.run is None or landing is None or landing != self.run.landing:
+            self.close()
+            self.container.seek(offset, stream=self.stream, backward=True, any_frame=False)
+            later = [o for o in self.offsets if o >= time_s]
+            frames = _frames_skipping(self.container, self.stream, later, self.eps, self.depth, start=self.first)
+            self.run = _Run(frames, landing, float(self.stream.time_base))
+        return self.run
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.frames.close()  # a skipping decode hands the decoder back as it found it
+            self.run = None
+
+
+#: Decoders that, told to skip non-reference frames (``skip_frame`` NONREF), skip only frames
+#: no other frame is predicted from: H.264's with ``nal_ref_idc`` 0, the B-frames of MPEG-4
+#: Part 2 and MPEG-1/2, and HEVC's sub-layer non-reference pictures, which only a stream of one
+#: temporal layer never refers to (a higher layer may).
+_NONREF_CODECS = ("h264", "hevc", "mpeg4", "mpeg1video", "mpeg2video")
+#: How many packets the skipping decode reads ahead of the one it sends: enough to know the
+#: frame shown next after a B-frame (its neighbour in decode order, or a reference already read).
+_LOOKAHEAD = 8
+
+
+class _PlanBroken(Exception):
+    """A decode that skips frames met a stream its plan does not hold for (times missing,
+    repeated or out of the decoder's order, a frame missing or damaged): decode every frame."""
+
+
+def _skip_depth(container, stream, seeking: bool) -> int | None:
+    """The decoder's reorder depth where :func:`_frames_skipping` may skip frames of ``stream``,
+    else ``None``.
+
+    It may in MP4/MOV and Matroska/WebM files, whose packets are one frame each with its
+    presentation time, of a codec in :data:`_NONREF_CODECS` (HEVC: when the ``hvcC`` header
+    says one temporal layer). A decode that seeks (``seeking``) skips in MP4/MOV only: a seek
+    there lands where the file's index says, while in others (a Matroska file without cues,
+    MPEG-TS) it depends on the packets read before, which a skipping decode reads differently.
+    """
+    cc = stream.codec_context
+    if container.format.name not in (("mov",) if seeking else ("mov", "matroska")) or cc.name not in _NONREF_CODECS:
+        return None
+    depth = getattr(cc, "reorder_depth", None)  # FFmpeg's has_b_frames as a number, where this PyAV has it
+    if not isinstance(depth, int):
+        return None
+    if cc.name == "hevc":
+        extra = cc.extradata or b""
+        if len(extra) < 23 or extra[0] != 1 or (extra[21] >> 3) & 7 != 1:  # hvcC numTemporalLayers
+            return None
+    return depth
+
+
+def _frames_skipping(container, stream, offsets: list[float], eps: float, depth: int, start: float | None = None):
+    """The frames a plain decode of ``stream`` from its current position gives
+    (``container.decode(stream)``), less non-reference frames that no request can take,
+    which the decoder is told to skip (``skip_frame`` NONREF, set per packet before it is sent).
+
+    A request at ``offsets[i]`` seconds (sorted) after ``start`` (the first frame's time when
+    ``None``) takes the last frame shown at or before ``start + offsets[i] + eps``, as
+    :func:`counted_frames` picks. From the packets read so far (up to :data:`_LOOKAHEAD` ahead of
+    the one sent), a packet shown at ``s`` is decoded when the frame shown next after it
+    comes after a request that ``s`` does not pass, when it may be the first frame, and
+    when it comes after every request (the frame that ends the decode); others are skipped
+    if nothing refers to them. Worked example: frames at 0, 1, 2, 3 s, one request at 1.5 s:
+    the frame at 1 s is decoded (the next, 2 s, is after 1.5 s), so are 0 (the first) and
+    2 and 3 (after the request); had the request been at 2.5 s, the one at 1 s could go.
+
+    The plan holds while the decoder puts out one frame per packet, in presentation order. Each
+    packet is checked as it is read (a time, not repeated, and no more packets before it shown
+    after it than the decoder's reorder ``depth`` holds, so that no decoder drops a frame as
+    out of order), and each frame as it comes out (a packet's time, later than the last, not
+    corrupt, and no skipped frame between it and the last that a request could take).
+
+    Raises:
+        _PlanBroken: when a check fails; the caller decodes every frame instead.
+    """
+    tb = float(stream.time_base)
+    cc = stream.codec_context
+    coded: list[float] = []  # the times of every packet read, sorted
+    shown: list[float] = []  # the times of those whose frame is put out (an edit list hides the others)
+    from_first = start is None  # the requests count from the first frame, found by reading
+    limits = None if from_first else [start + o + eps for o in offsets]
+    pending: deque = deque()
+    packets = container.demux(stream)
+    more, skipping, last = True, False, None
+    skipped_first = float("inf")  # the earliest time of a frame the decoder was let skip
+    key = None  # the time of the first packet read
+    try:
+        while True:
+            while more and len(pending) <= _LOOKAHEAD:
+                pkt = next(packets, None)
+                if pkt is None:
+                    more = False
+                    break
+                if not pkt.size:  # the empty packet at the end, which drains the decoder
+                    pending.append((pkt, None, False))
+                    continue
+                if pkt.pts is None:
+                    raise _PlanBroken("a packet without a time")
+                t, hidden = pkt.pts * tb, pkt.is_discard
+                pending.append((pkt, t, hidden))
+                i = bisect_right(coded, t)
+                if i and coded[i - 1] == t:
+                    raise _PlanBroken("two packets at one time")
+                if len(coded) - i > depth:
+                    raise _PlanBroken("frames reordered deeper than the decoder holds")
+                coded.insert(i, t)
+                if key is None:
+                    key = t
+                if not hidden:
+                    if from_first and limits is not None and t < shown[0]:
+                        raise _PlanBroken("a frame shown before the first")
+                    insort(shown, t)
+            if not pending:
+                break
+            pkt, t, hidden = pending.popleft()
+            if limits is None and shown:
+                limits = [shown[0] + o + eps for o in offsets]
+            # a frame shown before the first packet read (a keyframe) may be one a decode from there
+            # drops (an open GOP's leading frame): it is sent as a plain decode sends it
+            skip = t is not None and (hidden or (limits is not None and t > key and
+                                                 not _may_be_taken(t, shown, limits)))
+            if skip != skipping:
+                cc.skip_frame = "NONREF" if skip else "NONE"
+                skipping = skip
+            if skip and not hidden:
+                skipped_first = min(skipped_first, t)
+            for frame in pkt.decode():
+                pts = frame.pts
+                if pts is None or frame.is_corrupt or limits is None:
+                    raise _PlanBroken("a frame without a time, or damaged")
+                t = pts * tb
+                k = bisect_left(shown, t)
+                if k == len(shown) or shown[k] != t:
+                    raise _PlanBroken("a frame at no packet's time")
+                if last is None:
+                    # after a seek, the frames shown before the keyframe it lands on (an open GOP's) may
+                    # not be put out at all, as a plain decode does not put them out: if none was skipped
+                    # it sees them as a plain decode does, and else they matter only to a request before
+                    # that keyframe
+                    if k and (from_first or (skipped_first < t and limits[0] < t)):
+                        raise _PlanBroken("the first frame put out is not the first shown")
+                elif t <= last:
+                    raise _PlanBroken("frames out of order")
+                elif _taken_between(shown, limits, last, t):
+                    raise _PlanBroken("a request takes a frame that was not put out")
+                last = t
+                yield frame
+        if shown and last is None:
+            raise _PlanBroken("no frame put out")
+        if last is not None and _taken_between(shown, limits, last, float("inf")):
+            raise _PlanBroken("a request takes a frame after the last put out")
+    finally:
+        if skipping:
+            cc.skip_frame = "NONE"
+
+
+def _may_be_taken(s: float, shown: list[float], limits: list[float]) -> bool:
+    """Whether the frame shown at ``s`` may be taken, or needed to end the decode, given the
+    times ``shown`` of the frames read so far and the requests' ``limits`` (both sorted): the
+    first frame, a frame after every request, and one a request falls on before the frame
+    shown next (when none is read yet, it may come after any).
+
+    Example:
+        >>> _may_be_taken(1.0, [0.0, 1.0, 2.0, 3.0], [1.5]), _may_be_taken(1.0, [0.0, 1.0, 2.0, 3.0], [2.5])
+        (True, False)
+    """
+    if s == shown[0]:
+        return True
+    j = bisect_left(limits, s)
+    if j == len(limits):
+        return True
+    k = bisect_right(shown, s)
+    return k == len(shown) or limits[j] < shown[k]
+
+
+def _taken_between(shown: list[float], limits: list[float], last: float, t: float) -> bool:
+    """Whether a request falls from a frame shown after ``last`` up to before ``t`` (where the
+    frames at ``last`` and ``t`` are put out one after the other), so that it takes a frame a
+    plain decode puts out and the skipping one did not.
+
+    Example:
+        >>> _taken_between([0.0, 1.0, 2.0], [1.5], 0.0, 2.0), _taken_between([0.0, 1.0, 2.0], [0.5], 0.0, 2.0)
+        (True, False)
+    """
+    i = bisect_right(shown, last)
+    if i == len(shown) or shown[i] >= t:
+        return False
+    j = bisect_left(limits, shown[i])
+    return j < len(limits) and limits[j] < t
 
 
 # display rotation (counterclockwise degrees) -> PIL transpose that shows the frame upright

@@ -12,7 +12,7 @@ from fractions import Fraction
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from video_fixtures import grey_level, write_video
+from video_fixtures import grey_level, write_noise_video, write_video
 
 from packtool.errors import SampleError
 from packtool.media import extract_frames, probe_video
@@ -441,3 +441,170 @@ def test_frames_taken_by_seeking_are_the_decoded_frames_at_the_sampled_indices(t
     idx = internvl_frame_indices(n, 8)
     assert [np.array_equal(np.asarray(img.convert("RGB")), decoded[i]) for img, i in zip(got, idx, strict=True)] \
         == [True] * 8
+
+
+# --------------------------------------------------------------------------- frames the decoder skips
+
+#: name -> (PyAV format, codec, encoder options, variable rate): 100 frames at 10 fps, a keyframe
+#: at least every 4 s (so a seek lands mid-GOP and decodes forward), B-frames where the codec has them
+SKIP_CLIPS = {
+    "x264.mp4": ("mp4", "libx264", {"preset": "superfast", "bf": "3", "g": "40", "sc_threshold": "0"},
+                 False),  # no scene cuts: keyframes at 0, 4 and 8 s
+    "x264.mkv": ("matroska", "libx264", {"preset": "superfast", "bf": "3", "g": "40"}, False),
+    "x264-flat.mp4": ("mp4", "libx264", {"preset": "superfast", "bf": "2", "g": "40",
+                                         "x264-params": "b-pyramid=none"}, False),
+    "x264-vfr.mp4": ("mp4", "libx264", {"preset": "superfast", "bf": "3", "g": "40"}, True),
+    "x264-vfr.mkv": ("matroska", "libx264", {"preset": "superfast", "bf": "3", "g": "40"}, True),
+    "mpeg4.mp4": ("mp4", "mpeg4", {"bf": "2", "g": "40"}, False),
+    "mpeg4.mkv": ("matroska", "mpeg4", {"bf": "2", "g": "40"}, False),
+    "x265.mp4": ("mp4", "libx265", {"preset": "ultrafast", "x265-params": "bframes=3:keyint=40:log-level=error"}, False),
+    "x265.mkv": ("matroska", "libx265", {"preset": "ultrafast", "x265-params": "bframes=3:keyint=40:log-level=error"},
+                 False),
+    "vp9.webm": ("webm", "libvpx-vp9", {"deadline": "realtime", "cpu-used": "8", "g": "40"}, False),
+}
+
+
+def _every_frame(path) -> tuple[list[float], list[bytes], float]:
+    """The truth: ``(times, images, eps)`` of every frame a full decode gives, times from the first
+    frame, images as RGB bytes, and the tick within which a frame is at a time."""
+    import av
+
+    with av.open(str(path)) as c:
+        stream = c.streams.video[0]
+        tb = float(stream.time_base)
+        frames = [(f.pts * tb, f.to_image().tobytes()) for f in c.decode(stream)]
+    return [t - frames[0][0] for t, _ in frames], [img for _, img in frames], max(1e-6, min(tb, 1e-3))
+
+
+def _on_screen(times: list[float], at: float, eps: float) -> int:
+    """Index of the frame on screen ``at`` seconds after the first: the last shown at or before it
+    (within ``eps``), the first for a time before it."""
+    return max([i for i, t in enumerate(times) if t <= at + eps] or [0])
+
+
+@pytest.fixture(scope="module")
+def skip_clips(tmp_path_factory):
+    """Each :data:`SKIP_CLIPS` clip this PyAV build encodes, with its truth (:func:`_every_frame`)."""
+    import av
+
+    d = tmp_path_factory.mktemp("skip")
+    vfr = np.cumsum(np.random.default_rng(3).integers(20, 250, 100)).tolist()
+    out = {}
+    for name, (fmt, codec, options, variable) in SKIP_CLIPS.items():
+        if codec not in av.codecs_available:
+            continue
+        write_noise_video(d / name, 100, 10, fmt=fmt, codec=codec, options=options, pts=vfr if variable else None)
+        out[name] = _every_frame(d / name)
+    _cut_without_reencoding(d / "x264.mp4", d / "x264-cut.mp4", 5000)  # an edit list hides the first 5 frames
+    out["x264-cut.mp4"] = _every_frame(d / "x264-cut.mp4")
+    return d, out
+
+
+def _time_lists(rng, times: list[float]) -> list[list[float]]:
+    """Dense and sparse (2 s or more apart on average: a seek per time) lists of times to take
+    frames at: random times, frame times and times a hair either side of them, repeats, times past
+    the end, in any order."""
+    end = times[-1]
+    lists = []
+    for _ in range(6):
+        n = int(rng.integers(5, 30))
+        picks = rng.uniform(0, end + 1.5, n).tolist()
+        frame_times = [times[int(i)] for i in rng.integers(0, len(times), 4)]
+        picks += frame_times + [t + float(rng.choice([-2e-3, -1e-7, 1e-7, 2e-3])) for t in frame_times]
+        picks += [picks[int(i)] for i in rng.integers(0, len(picks), 3)]  # repeats
+        lists.append([max(0.0, t) for t in rng.permutation(picks).tolist()])
+    for _ in range(6):
+        start = float(rng.uniform(0, 2))
+        picks = (start + np.cumsum(rng.uniform(2.0, 4.5, int(rng.integers(2, 6))))).tolist()
+        picks += [picks[-1]] if rng.random() < 0.3 else []  # a repeat (still 2 s apart on average)
+        lists.append(rng.permutation([start] + picks).tolist())
+    return lists
+
+
+@pytest.mark.parametrize("name", [*SKIP_CLIPS, "x264-cut.mp4"])
+def test_frames_are_those_of_a_full_decode_whether_or_not_frames_are_skipped(skip_clips, name):
+    """For every codec and container (B-frames in MP4 and Matroska, variable rate, an edit list
+    hiding frames, codecs the decoder skips no frame of), the frames taken at random dense and
+    sparse lists of times are, pixel for pixel, the frames of a full decode on screen at those
+    times: skipping frames the requests do not take changes none of the frames taken."""
+    from packtool.media import counted_frames
+
+    d, truth = skip_clips
+    if name not in truth:
+        pytest.skip("codec not in this PyAV build")
+    times, images, eps = truth[name]
+    seed = sum(map(ord, name))
+    for picks in _time_lists(np.random.default_rng(seed), times):
+        got = [img.tobytes() for img in counted_frames(d / name, {"timestamps": picks})]
+        want = [images[_on_screen(times, t, eps)] for t in picks]
+        assert got == want, f"seed {seed}, times {picks}: frames " \
+                            f"{[images.index(g) if g in images else None for g in got]} for " \
+                            f"{[_on_screen(times, t, eps) for t in picks]}"
+
+
+def _counting_skips(monkeypatch) -> dict:
+    """Counts, through ``packtool.media._frames_skipping``, the decodes that skip frames, the frames
+    they put out, and those that gave up their plan."""
+    import packtool.media as media
+
+    seen = {"runs": 0, "frames": 0, "broken": 0}
+    skipping = media._frames_skipping
+
+    def counted(*args, **kwargs):
+        seen["runs"] += 1
+        try:
+            for frame in skipping(*args, **kwargs):
+                seen["frames"] += 1
+                yield frame
+        except media._PlanBroken:
+            seen["broken"] += 1
+            raise
+
+    monkeypatch.setattr(media, "_frames_skipping", counted)
+    return seen
+
+
+@pytest.mark.parametrize("name", ["x264.mp4", "x264.mkv", "x265.mp4", "mpeg4.mp4"])
+def test_the_decoder_skips_the_frames_no_time_takes(skip_clips, monkeypatch, name):
+    """A dense request (one linear decode) and, in an MP4, a sparse one (a seek per time) of a clip
+    with B-frames put out fewer frames than a plain linear decode does up to the last frame taken:
+    the non-reference frames between the frames taken are not decoded, and a time whose seek lands
+    where the previous time's did is read on from that decode (1.5 s and 3.8 s share the keyframe at
+    0 of ``x264.mp4``), where each seek decoded from its keyframe again. The plans hold throughout."""
+    from packtool.media import counted_frames
+
+    d, truth = skip_clips
+    if name not in truth:
+        pytest.skip("codec not in this PyAV build")
+    times, images, eps = truth[name]
+    seen = _counting_skips(monkeypatch)
+    for picks in ([0.0, 1.5, 3.0, 4.5, 6.0, 7.5], [1.5, 3.8, 5.0, 8.5]):  # 1.5 s apart; 2.3 s apart: a seek per time
+        sparse = picks[1] - picks[0] > 2
+        if sparse and not name.endswith(".mp4"):
+            continue
+        seen.update(runs=0, frames=0, broken=0)
+        assert [img.tobytes() for img in counted_frames(d / name, {"timestamps": picks})] == \
+               [images[_on_screen(times, t, eps)] for t in picks]
+        linear = _on_screen(times, picks[-1], eps) + 2  # frames put out up to the one after the last taken
+        assert seen["broken"] == 0 and seen["frames"] < 0.65 * linear, (picks, seen, linear)
+        if not sparse:
+            assert seen["runs"] == 1
+        elif name == "x264.mp4":  # keyframes at 0, 4 and 8 s: four times, three seeks decoded from
+            assert seen["runs"] == 3, seen
+
+
+def test_a_plan_that_does_not_hold_decodes_every_frame(skip_clips, monkeypatch):
+    """When the skipping decode meets a stream its plan does not cover (here: told the decoder holds
+    no reordered frame, so the first B-frame breaks it), the frames come from a fresh plain decode,
+    the same frames, on the dense and the sparse path."""
+    import packtool.media as media
+
+    d, truth = skip_clips
+    times, images, eps = truth["x264.mp4"]
+    seen = _counting_skips(monkeypatch)
+    monkeypatch.setattr(media, "_skip_depth", lambda *a, **k: 0)
+    for picks in ([0.0, 0.45, 3.3, 3.3, 5.0, 12.0], [0.5, 4.5, 8.25]):  # dense, then sparse
+        seen.update(broken=0)
+        assert [img.tobytes() for img in media.counted_frames(d / "x264.mp4", {"timestamps": picks})] == \
+               [images[_on_screen(times, t, eps)] for t in picks]
+        assert seen["broken"] == 1
