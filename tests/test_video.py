@@ -443,6 +443,22 @@ def test_frames_taken_by_seeking_are_the_decoded_frames_at_the_sampled_indices(t
         == [True] * 8
 
 
+def test_a_seek_to_the_start_of_a_transport_stream_with_b_frames_takes_the_first_frames(tmp_path):
+    """An MPEG-TS seek goes by decode time and packet position: in an H.264 stream with B-frames
+    the seek to the first frame's time lands on a packet after the first keyframe, and the decoder
+    starts at the next one, so the times of a sparse request before the keyframe at 4 s, 0 s among
+    them, took that keyframe. They are the frames a full decode shows at those times."""
+    from packtool.media import counted_frames
+
+    path = write_noise_video(tmp_path / "bf.ts", 100, 10, fmt="mpegts",
+                             options={"preset": "superfast", "bf": "3", "g": "40", "sc_threshold": "0"})
+    times, images, eps = _every_frame(path)
+    for picks in ([0.0, 2.5, 5.0, 7.5], [1.2, 3.3, 9.9], [0.0, 14.9], [0.35, 6.0]):  # 2 s or more apart: a seek per time
+        got = [img.tobytes() for img in counted_frames(path, {"timestamps": picks})]
+        assert [images.index(g) if g in images else None for g in got] == [_on_screen(times, t, eps) for t in picks], \
+            picks
+
+
 # --------------------------------------------------------------------------- frames the decoder skips
 
 #: name -> (PyAV format, codec, encoder options, variable rate): 100 frames at 10 fps, a keyframe
