@@ -1024,7 +1024,7 @@ def _sparse_frames(container, source: Path | bytes, stream, times: list[float], 
             probe = _open_video(source)
             runs = _Runs(container, stream, probe, [times[i] for i in order], first, eps, depth)
         for i in order:
-            out[i] = _frame_on_screen(container, stream, times[i], first, eps, runs)
+            out[i] = _frame_on_screen(container, stream, times[i], first, eps, runs, source)
     finally:
         if runs is not None:
             runs.close()
@@ -1083,7 +1083,7 @@ def _pick_dense(timed, times: list[float], order: list[int], eps: float) -> tupl
 
 
 def _frame_on_screen(container, stream, time_s: float, first: float, eps: float,
-                     runs: _Runs | None = None) -> Image.Image | None:
+                     runs: _Runs | None = None, source: Path | bytes | None = None) -> Image.Image | None:
     """The frame of ``stream`` on screen ``time_s`` seconds after its first frame (at ``first`` s),
     found by seeking to the keyframe before it and decoding forward (through ``runs``, where given:
     skipping frames, and going on from the decode of an earlier time where the seek lands on the
@@ -1092,7 +1092,8 @@ def _frame_on_screen(container, stream, time_s: float, first: float, eps: float,
     A seek that lands after that time is retried from 1, 2, 4 ... s earlier, and from the start
     at last: an MPEG-TS seek stops at a packet before the time, but the decoder starts at the next
     keyframe, so the frame taken was up to a keyframe interval late (or none at all past the last
-    keyframe).
+    keyframe). Where a seek to the start does not reach the first frame (:func:`_from_start`), the
+    file ``source`` is decoded from its start.
     """
     tb = float(stream.time_base)
     target = first + time_s
@@ -1104,8 +1105,11 @@ def _frame_on_screen(container, stream, time_s: float, first: float, eps: float,
             chosen = runs.from_seek(offset, time_s).scan(target + eps, at)
         else:
             container.seek(offset, stream=stream, backward=True, any_frame=False)
+            frames = container.decode(stream)
+            if at == 0 and source is not None:
+                frames = _from_start(frames, tb, first, source)
             chosen = None
-            for frame in container.decode(stream):
+            for frame in frames:
                 if frame.pts is None:
                     continue
                 if frame.pts * tb > target + eps:
@@ -1113,9 +1117,36 @@ def _frame_on_screen(container, stream, time_s: float, first: float, eps: float,
                         chosen = frame
                     break
                 chosen = frame
+            frames.close()
         if chosen is not None or at == 0:
             return chosen.to_image() if chosen is not None else None
         back = max(2 * back, 1.0)
+
+
+def _from_start(frames, tb: float, first: float, source: Path | bytes):
+    """The frames of ``frames``, a decode after a seek to the start of the stream, where the first
+    it puts out is the stream's first frame (at ``first`` s); else those of a decode of ``source``
+    opened afresh, which starts at its first frame.
+
+    MPEG-TS and FLV seek by decode time (TS to any packet, FLV to a keyframe), and in a stream with
+    B-frames the first frame is decoded before the time it is shown at: the seek to that time lands
+    after the first keyframe (TS: on a packet after it; FLV: on a keyframe within the B-frame delay),
+    so the decoder starts at a later keyframe and a time before it took a frame up to a keyframe
+    interval late (0 s in a TS file: the keyframe at 4 s).
+    """
+    for frame in frames:
+        if frame.pts is None:
+            continue
+        if frame.pts * tb <= first:
+            yield frame
+            yield from frames
+            return
+        break
+    fresh = _open_video(source)
+    try:
+        yield from fresh.decode(fresh.streams.video[0])
+    finally:
+        fresh.close()
 
 
 class _Run:

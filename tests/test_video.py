@@ -443,6 +443,22 @@ def test_frames_taken_by_seeking_are_the_decoded_frames_at_the_sampled_indices(t
         == [True] * 8
 
 
+def test_a_seek_to_the_start_of_a_transport_stream_with_b_frames_takes_the_first_frames(tmp_path):
+    """An MPEG-TS seek goes by decode time and packet position: in an H.264 stream with B-frames
+    the seek to the first frame's time lands on a packet after the first keyframe, and the decoder
+    starts at the next one, so the times of a sparse request before the keyframe at 4 s, 0 s among
+    them, took that keyframe. They are the frames a full decode shows at those times."""
+    from packtool.media import counted_frames
+
+    path = write_noise_video(tmp_path / "bf.ts", 100, 10, fmt="mpegts",
+                             options={"preset": "superfast", "bf": "3", "g": "40", "sc_threshold": "0"})
+    times, images, eps = _every_frame(path)
+    for picks in ([0.0, 2.5, 5.0, 7.5], [1.2, 3.3, 9.9], [0.0, 14.9], [0.35, 6.0]):  # 2 s or more apart: a seek per time
+        got = [img.tobytes() for img in counted_frames(path, {"timestamps": picks})]
+        assert [images.index(g) if g in images else None for g in got] == [_on_screen(times, t, eps) for t in picks], \
+            picks
+
+
 # --------------------------------------------------------------------------- frames the decoder skips
 
 #: name -> (PyAV format, codec, encoder options, variable rate): 100 frames at 10 fps, a keyframe
@@ -461,7 +477,23 @@ SKIP_CLIPS = {
     "x265.mkv": ("matroska", "libx265", {"preset": "ultrafast", "x265-params": "bframes=3:keyint=40:log-level=error"},
                  False),
     "vp9.webm": ("webm", "libvpx-vp9", {"deadline": "realtime", "cpu-used": "8", "g": "40"}, False),
+    # an open GOP: the keyframe at 4 s is followed in decode order by frames shown at 3.8 and 3.9 s
+    # that refer to the GOP before, which a decode from that keyframe (an MP4 seek to 3.9 s) drops
+    "x264-open.mp4": ("mp4", "libx264", {"preset": "superfast", "bf": "3", "g": "40", "sc_threshold": "0",
+                                         "x264-params": "open-gop=1"}, False),
+    "x264-deep.mov": ("mov", "libx264", {"preset": "superfast", "bf": "8", "g": "40",
+                                         "x264-params": "b-pyramid=normal:b-adapt=0"}, False),  # 8 B-frames in a row
+    # keyframes that are P-frames refreshing a column at a time: a decode from one puts out frames only
+    # once the refresh is through, so the plan of a seek that lands on one does not hold
+    "x264-refresh.mp4": ("mp4", "libx264", {"preset": "superfast", "bf": "3", "g": "30",
+                                            "x264-params": "intra-refresh=1"}, False),
+    "mpeg2.mp4": ("mp4", "mpeg2video", {"bf": "2", "g": "30"}, False),  # open GOPs
+    "x264-noedit.mp4": ("mp4", "libx264", {"preset": "superfast", "bf": "3", "g": "40"}, False),
+    "x264-frag.mp4": ("mp4", "libx264", {"preset": "superfast", "bf": "3", "g": "40"}, False),
 }
+#: muxer options of some :data:`SKIP_CLIPS`: no edit list (the first frame is shown at 0.2 s, after
+#: the B-frame delay), and a fragmented MP4 (a moof box per keyframe, no index in the moov box)
+SKIP_MUXER_OPTIONS = {"x264-noedit.mp4": {"use_editlist": "0"}, "x264-frag.mp4": {"movflags": "frag_keyframe+empty_moov"}}
 
 
 def _every_frame(path) -> tuple[list[float], list[bytes], float]:
@@ -493,10 +525,13 @@ def skip_clips(tmp_path_factory):
     for name, (fmt, codec, options, variable) in SKIP_CLIPS.items():
         if codec not in av.codecs_available:
             continue
-        write_noise_video(d / name, 100, 10, fmt=fmt, codec=codec, options=options, pts=vfr if variable else None)
+        write_noise_video(d / name, 100, 10, fmt=fmt, codec=codec, options=options, pts=vfr if variable else None,
+                          container_options=SKIP_MUXER_OPTIONS.get(name))
         out[name] = _every_frame(d / name)
     _cut_without_reencoding(d / "x264.mp4", d / "x264-cut.mp4", 5000)  # an edit list hides the first 5 frames
-    out["x264-cut.mp4"] = _every_frame(d / "x264-cut.mp4")
+    _cut_without_reencoding(d / "x264.mp4", d / "x264-late.mp4", -25000)  # and one that starts it 2.44 s late
+    for name in ("x264-cut.mp4", "x264-late.mp4"):
+        out[name] = _every_frame(d / name)
     return d, out
 
 
@@ -521,7 +556,7 @@ def _time_lists(rng, times: list[float]) -> list[list[float]]:
     return lists
 
 
-@pytest.mark.parametrize("name", [*SKIP_CLIPS, "x264-cut.mp4"])
+@pytest.mark.parametrize("name", [*SKIP_CLIPS, "x264-cut.mp4", "x264-late.mp4"])
 def test_frames_are_those_of_a_full_decode_whether_or_not_frames_are_skipped(skip_clips, name):
     """For every codec and container (B-frames in MP4 and Matroska, variable rate, an edit list
     hiding frames, codecs the decoder skips no frame of), the frames taken at random dense and
@@ -591,6 +626,64 @@ def test_the_decoder_skips_the_frames_no_time_takes(skip_clips, monkeypatch, nam
             assert seen["runs"] == 1
         elif name == "x264.mp4":  # keyframes at 0, 4 and 8 s: four times, three seeks decoded from
             assert seen["runs"] == 3, seen
+
+
+@pytest.mark.parametrize(("name", "holds"), [("x264-open.mp4", True), ("x264-refresh.mp4", False)])
+def test_frames_a_seek_to_a_keyframe_cannot_rebuild_are_those_of_a_full_decode(skip_clips, monkeypatch, name, holds):
+    """Times on frames that a decode from the keyframe a seek lands on does not put out: the frames
+    shown at 3.8 and 3.9 s of an open GOP whose keyframe is at 4 s (they refer to the GOP before),
+    and the frames after an intra-refresh keyframe (at 3 and 6.2 s) until its refresh is through.
+    Each is the frame a full decode shows: the seek is retried from further back, and where the
+    skipping decode meets frames it was not told of (the refresh), every frame is decoded."""
+    from packtool.media import counted_frames
+
+    d, truth = skip_clips
+    times, images, eps = truth[name]
+    seen = _counting_skips(monkeypatch)
+    for picks in ([0.0, 3.8, 7.9], [3.9, 6.0], [1.5, 3.9 + 1e-7, 8.0], [3.1, 6.3, 9.0], [3.0 - 1e-7, 6.2, 9.5]):
+        got = [img.tobytes() for img in counted_frames(d / name, {"timestamps": picks})]
+        assert got == [images[_on_screen(times, t, eps)] for t in picks], \
+            (picks, [images.index(g) if g in images else None for g in got])
+    assert seen["runs"] > 0 and (seen["broken"] == 0) == holds, seen
+
+
+@pytest.mark.parametrize("fmt", ["mp4", "matroska"])
+def test_frames_of_clips_of_one_to_three_frames_are_those_of_a_full_decode(tmp_path, fmt):
+    """Clips of 1, 2 and 3 frames coded with B-frames allowed: times on, between and past their
+    frames, repeated and out of order, dense and sparse, take the frames a full decode shows."""
+    from packtool.media import counted_frames
+
+    for n in (1, 2, 3):
+        path = write_noise_video(tmp_path / f"c{n}.{fmt}", n, 10, fmt=fmt, options={"preset": "superfast", "bf": "3"})
+        times, images, eps = _every_frame(path)
+        assert len(images) == n
+        for picks in ([0.0], [0.0, 0.05, 0.1, 0.15, 0.2, 0.25], [5.0, 0.0, 5.0], [0.2, 0.1 - 1e-7, 0.1 + 1e-7],
+                      [0.0, 2.5, 5.0], [0.1, 0.1, 0.1]):
+            got = [img.tobytes() for img in counted_frames(path, {"timestamps": picks})]
+            assert got == [images[_on_screen(times, t, eps)] for t in picks], (n, picks)
+
+
+def test_frames_of_a_matroska_clip_whose_frame_times_collide_are_those_of_a_full_decode(tmp_path, monkeypatch):
+    """Frames 1/90,000 s apart keep their order in an MP4 but share a time on Matroska's millisecond
+    clock; the skipping decode, which tells frames apart by their times, gives way to a decode of
+    every frame, and each time takes the later of two frames at one time, as a full decode does."""
+    from packtool.media import counted_frames
+
+    rng = np.random.default_rng(7)
+    gaps = rng.integers(1, 27000, 60)
+    gaps[::7] = 1  # every 7th frame one tick after the one before
+    pts = np.cumsum(gaps).tolist()
+    seen = _counting_skips(monkeypatch)
+    for fmt in ("mp4", "matroska"):
+        path = write_noise_video(tmp_path / f"close.{fmt}", 60, 10, fmt=fmt, pts=pts, time_base=Fraction(1, 90000),
+                                 options={"preset": "superfast", "bf": "3", "g": "20"})
+        times, images, eps = _every_frame(path)
+        assert len(images) == 60
+        seen.update(broken=0)
+        for picks in _time_lists(np.random.default_rng(11), times):
+            got = [img.tobytes() for img in counted_frames(path, {"timestamps": picks})]
+            assert got == [images[_on_screen(times, t, eps)] for t in picks], (fmt, picks)
+        assert (seen["broken"] > 0) == (fmt == "matroska"), (fmt, seen)
 
 
 def test_a_plan_that_does_not_hold_decodes_every_frame(skip_clips, monkeypatch):

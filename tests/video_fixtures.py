@@ -51,14 +51,16 @@ def grey_level(jpeg: bytes) -> float:
 
 def write_noise_video(path: Path, n_frames: int, fps: int = 10, size: tuple[int, int] = (96, 64), fmt: str = "mp4",
                       codec: str = "libx264", options: dict[str, str] | None = None, pts: list[int] | None = None,
-                      time_base: Fraction = Fraction(1, 1000), seed: int = 0) -> Path:
+                      time_base: Fraction = Fraction(1, 1000), seed: int = 0,
+                      container_options: dict[str, str] | None = None) -> Path:
     """Encode ``n_frames`` frames of a block texture that pans, with a few blocks that change every
     frame: content an encoder codes with B-frames where allowed, and every frame distinct.
-    ``pts`` (in ``time_base`` units) makes a variable-rate stream."""
+    ``pts`` (in ``time_base`` units) makes a variable-rate stream; ``container_options`` go to the
+    muxer (``{"movflags": "frag_keyframe+empty_moov"}``)."""
     rng = np.random.default_rng(seed)
     w, h = size
     texture = rng.integers(0, 256, size=(h // 8 + 8, w // 8 + 8, 3), dtype=np.uint8).repeat(8, 0).repeat(8, 1)
-    with av.open(str(path), "w", format=fmt) as out:
+    with av.open(str(path), "w", format=fmt, options=container_options or {}) as out:
         st = out.add_stream(codec, rate=fps)
         st.width, st.height, st.pix_fmt = w, h, "yuv420p"
         if pts is not None:
