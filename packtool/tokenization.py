@@ -102,7 +102,7 @@ class Tokenizer:
     """
 
     name: str = ""
-    _memo: dict[str, tuple[int, ...]]
+    _memo: dict[str, bytes]
 
     def encode_blobs(self, texts: list[str]) -> list[bytes]:
         """Token ids of each text, in order, as little-endian int32 bytes (no special tokens

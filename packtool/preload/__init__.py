@@ -70,7 +70,7 @@ def arrow_without_pandas() -> None:
 
     pyarrow imports pandas, where it is installed, at its first conversion of a Python list
     (to check whether the list is a pandas object): 0.2-0.3 s on a small machine, more than a
-    quarter of a forkserver's preload, and a seventh of a short command such as ``packtool stats``.
+    quarter of a forkserver's preload, and about a fifth of a short command such as ``packtool stats``.
     packtool never hands pyarrow a pandas object, so its own processes (a pool's forkserver and
     workers, the ``packtool`` command) let that first check find pandas absent, which pyarrow
     then remembers. A process that has imported pandas already (a notebook calling the library)
