@@ -85,8 +85,9 @@ _MEMO_MAX_CHARS = 512
 _MEMO_MAX_ENTRIES = 200_000
 
 
-#: No special token allowed: every string is ordinary text.
-_NONE: frozenset[str] = frozenset()
+#: No special token allowed: every string is ordinary text (a set, as tiktoken's own calls pass;
+#: never changed).
+_NONE: set[str] = set()
 
 
 def _int32le(ids) -> bytes:
