@@ -941,6 +941,12 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
     return out  # type: ignore[return-value]
 
 
+#: Demuxers whose frame times FFmpeg makes up in decode order (AVI stores none; ASF's are read as
+#: decode times): a stream with B-frames is read by position (:func:`_frames_at`), where the
+#: frames' own times are out of order (ASF's old demuxer, ``asf_o``, included should one be used).
+_DECODE_ORDER_TIMES = ("avi", "asf", "asf_o")
+
+
 def _frames_at(container, source: Path | bytes, times: list[float], media: dict,
                skip: bool) -> tuple[list[Image.Image | None], int, bool]:
     """``(frames, rotation, rotate)`` of :func:`counted_frames` from the open ``container`` (of
@@ -965,12 +971,13 @@ def _frames_at(container, source: Path | bytes, times: list[float], media: dict,
     # (and nothing to seek by, so it is always decoded in one pass)
     raw = container.format.name == "h264"
     rate = float(stream.average_rate or stream.guessed_rate or stream.base_rate or 0) if raw else 0.0
-    # AVI stores no presentation times: FFmpeg makes them up in decode order, so a stream with
-    # B-frames comes out of the decoder in display order with its times out of order; the n-th
-    # frame decoded is the one shown at the n-th packet time, as probe_video counted it (and
-    # the times a seek lands on say nothing, so it is decoded in one pass)
+    # AVI stores no presentation times, and FFmpeg reads those of an ASF file as decode times: in
+    # both it makes them up in decode order, so a stream with B-frames comes out of the decoder in
+    # display order with its times out of order (or none: H.264 in ASF); the n-th frame decoded is
+    # the one shown at the n-th packet time, as probe_video counted it (and the times a seek lands
+    # on say nothing, so it is decoded in one pass)
     shown_at = None
-    if container.format.name == "avi" and cc.has_b_frames:
+    if container.format.name in _DECODE_ORDER_TIMES and cc.has_b_frames:
         shown_at = _demux_frames(container, stream, tb)[1]
         container.seek(0, stream=stream)
     dense = raw or bool(shown_at) or len(times) < 2 or (max(times) - min(times)) / (len(times) - 1) < 2.0
@@ -1035,7 +1042,7 @@ def _sparse_frames(container, source: Path | bytes, stream, times: list[float], 
 
 def _plain_times(frames, tb: float, rate: float, shown_at: list[float] | None):
     """``(time, frame)`` of each frame a plain decode gives: ``n / rate`` for a raw stream (``rate``
-    above 0), the n-th packet time for an AVI with B-frames (``shown_at``), else the frame's own
+    above 0), the n-th packet time for an AVI or ASF with B-frames (``shown_at``), else the frame's own
     presentation time (frames without one are left out)."""
     for n, frame in enumerate(frames):
         if rate > 0:

@@ -701,3 +701,90 @@ def test_a_plan_that_does_not_hold_decodes_every_frame(skip_clips, monkeypatch):
         assert [img.tobytes() for img in media.counted_frames(d / "x264.mp4", {"timestamps": picks})] == \
                [images[_on_screen(times, t, eps)] for t in picks]
         assert seen["broken"] == 1
+
+
+# --------------------------------------------------------------------------- ASF with B-frames
+
+#: name -> (codec, encoder options): 60 frames at 10 fps in ASF, with B-frames, a keyframe every 2 s
+ASF_CLIPS = {
+    "x264.asf": ("libx264", {"preset": "superfast", "bf": "3", "g": "20", "sc_threshold": "0"}),
+    "x264-flat.wmv": ("libx264", {"preset": "superfast", "bf": "2", "g": "20", "x264-params": "b-pyramid=none"}),
+    "mpeg2.wmv": ("mpeg2video", {"bf": "2", "g": "20"}),
+    "mpeg4.asf": ("mpeg4", {"bf": "2", "g": "20"}),
+}
+
+
+def _every_frame_by_position(path) -> tuple[list[float], list[bytes], float]:
+    """The truth for a file whose frame times FFmpeg makes up in decode order: ``(times, images,
+    eps)`` of :func:`_every_frame`, the n-th frame a full decode gives (in display order) shown at
+    the n-th packet time (sorted), not at its own time."""
+    import av
+
+    with av.open(str(path)) as c:
+        stream = c.streams.video[0]
+        tb = float(stream.time_base)
+        shown = sorted(p.pts * tb for p in c.demux(stream) if p.size)
+    with av.open(str(path)) as c:
+        images = [f.to_image().tobytes() for f in c.decode(video=0)]
+    assert len(images) == len(shown)
+    return [t - shown[0] for t in shown], images, max(1e-6, min(tb, 1e-3))
+
+
+@pytest.fixture(scope="module")
+def asf_clips(tmp_path_factory):
+    """Each :data:`ASF_CLIPS` clip this PyAV build encodes, with its truth (:func:`_every_frame_by_position`)."""
+    import av
+
+    d = tmp_path_factory.mktemp("asf")
+    out = {}
+    for name, (codec, options) in ASF_CLIPS.items():
+        if codec not in av.codecs_available:
+            continue
+        write_noise_video(d / name, 60, 10, fmt="asf", codec=codec, options=options)
+        with av.open(str(d / name)) as c:
+            assert c.streams.video[0].codec_context.has_b_frames
+        out[name] = _every_frame_by_position(d / name)
+    return d, out
+
+
+@pytest.mark.parametrize("name", ASF_CLIPS)
+def test_frames_of_an_asf_with_b_frames_are_those_of_a_full_decode_by_position(asf_clips, name):
+    """FFmpeg gives the frames of an ASF (WMV) file with B-frames times made up in decode order, as
+    in an AVI (H.264 and MPEG-2 frames leave the decoder in display order with times out of order,
+    some H.264 frames with none): taken by their own times, each random list of times of the H.264
+    and MPEG-2 clips took some wrong frames. The n-th frame decoded is the one shown at the n-th
+    packet time, so the frames taken at random dense and sparse lists of times are, pixel for
+    pixel, those of a full decode picked by that rule."""
+    from packtool.media import counted_frames
+
+    d, truth = asf_clips
+    if name not in truth:
+        pytest.skip("codec not in this PyAV build")
+    times, images, eps = truth[name]
+    seed = sum(map(ord, name))
+    for picks in _time_lists(np.random.default_rng(seed), times):
+        got = [img.tobytes() for img in counted_frames(d / name, {"timestamps": picks})]
+        want = [images[_on_screen(times, t, eps)] for t in picks]
+        assert got == want, f"seed {seed}, times {picks}: frames " \
+                            f"{[images.index(g) if g in images else None for g in got]} for " \
+                            f"{[_on_screen(times, t, eps) for t in picks]}"
+
+
+@pytest.mark.parametrize("name", ["x264.asf", "mpeg2.wmv"])
+def test_frames_at_the_times_probed_from_an_asf_with_b_frames_are_the_counted_frames(asf_clips, name):
+    """What probe_video counts of an ASF file with B-frames (frames, their times) is what a full
+    decode gives, and the frames extracted at each family's timestamps are the frames on screen at
+    those times by that count."""
+    from packtool.media import counted_frames
+
+    d, truth = asf_clips
+    if name not in truth:
+        pytest.skip("codec not in this PyAV build")
+    times, images, eps = truth[name]
+    meta = probe_video(d / name)
+    probed = list(meta.frame_times) or [i / meta.fps for i in range(meta.n_frames)]
+    assert meta.n_frames == len(images) and probed == pytest.approx(times, abs=eps)
+    for family in ("qwen2.5-vl", "molmo2", "internvl"):
+        picks = list(get_family(family).video(meta).timestamps)
+        got = [img.tobytes() for img in counted_frames(d / name, {"timestamps": picks})]
+        assert got == [images[_on_screen(probed, t, eps)] for t in picks], (family, picks)
