@@ -945,6 +945,14 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
 #: decode times): a stream with B-frames is read by position (:func:`_frames_at`), where the
 #: frames' own times are out of order (ASF's old demuxer, ``asf_o``, included should one be used).
 _DECODE_ORDER_TIMES = ("avi", "asf", "asf_o")
+#: MPEG program and transport streams: a frame may carry no time (H.264 in MPEG-PS: most packets
+#: have none) or one out of order, and a seek lands on any packet, not a keyframe. They are read in
+#: one pass (:func:`_frames_at`), a transport stream seeking only where its codec is one of
+#: :data:`_KEYFRAME_START`.
+_MPEG_STREAMS = ("mpeg", "mpegts")
+#: Decoders that put out nothing before the first keyframe they are given (an MPEG-4 Part 2 decoder
+#: puts out the frames after a seek rebuilt from nothing, which appear nowhere in a full decode).
+_KEYFRAME_START = ("h264", "hevc", "mpeg1video", "mpeg2video")
 
 
 def _frames_at(container, source: Path | bytes, times: list[float], media: dict,
@@ -980,7 +988,23 @@ def _frames_at(container, source: Path | bytes, times: list[float], media: dict,
     if container.format.name in _DECODE_ORDER_TIMES and cc.has_b_frames:
         shown_at = _demux_frames(container, stream, tb)[1]
         container.seek(0, stream=stream)
-    dense = raw or bool(shown_at) or len(times) < 2 or (max(times) - min(times)) / (len(times) - 1) < 2.0
+    # an MPEG-PS seek is never taken, nor an MPEG-TS one where the decoder does not wait for a keyframe
+    fmt = container.format.name
+    one_pass = fmt == "mpeg" or (fmt == "mpegts" and cc.name not in _KEYFRAME_START)
+    dense = (raw or bool(shown_at) or one_pass or len(times) < 2 or
+             (max(times) - min(times)) / (len(times) - 1) < 2.0)
+    # in an MPEG program or transport stream read in one pass, frame n is at n / rate where a packet
+    # has no time (probe_video counted so), else at its own time, or the n-th packet time where
+    # it has none or one not after the frame before's
+    packet_times = None
+    if dense and fmt in _MPEG_STREAMS:
+        headers = _open_video(source)  # a second handle: a seek back to the start may land after it
+        try:
+            packet_times = _demux_frames(headers, headers.streams.video[0], tb)[1]
+        finally:
+            headers.close()
+        if packet_times is None:
+            rate = float(stream.average_rate or stream.guessed_rate or stream.base_rate or 0)
     # a frame time is rounded to its stream's clock: Matroska, WebM and FLV count milliseconds, so
     # frame 20 of a 30 fps clip is stored at 0.667 s, after the 0.6667 s it stands for; within one
     # tick (at most 1 ms) a frame is at the recorded time, else the frame before it was taken
@@ -988,7 +1012,7 @@ def _frames_at(container, source: Path | bytes, times: list[float], media: dict,
     depth = _skip_depth(container, stream, seeking=not dense) if skip else None
     try:
         if dense:
-            out, rotation = _dense_frames(container, stream, times, order, eps, depth, rate, shown_at)
+            out, rotation = _dense_frames(container, stream, times, order, eps, depth, rate, shown_at, packet_times)
         else:
             out, rotation = _sparse_frames(container, source, stream, times, order, eps, depth)
     except av.error.FFmpegError:
@@ -999,16 +1023,18 @@ def _frames_at(container, source: Path | bytes, times: list[float], media: dict,
 
 
 def _dense_frames(container, stream, times: list[float], order: list[int], eps: float, depth: int | None,
-                  rate: float, shown_at: list[float] | None) -> tuple[list[Image.Image | None], int]:
+                  rate: float, shown_at: list[float] | None,
+                  packet_times: list[float] | None = None) -> tuple[list[Image.Image | None], int]:
     """The frames of a dense request, from one decode of the whole stream (that skips frames
-    where ``depth`` is given), and the first frame's rotation."""
+    where ``depth`` is given), and the first frame's rotation (``rate``, ``shown_at`` and
+    ``packet_times``: :func:`_plain_times`)."""
     tb = float(stream.time_base)
     if depth is not None:
         frames = _frames_skipping(container, stream, [times[i] for i in order], eps, depth)
         timed = ((frame.pts * tb, frame) for frame in frames)
     else:
         frames = container.decode(stream)
-        timed = _plain_times(frames, tb, rate, shown_at)
+        timed = _plain_times(frames, tb, rate, shown_at, packet_times)
     try:
         return _pick_dense(timed, times, order, eps)
     finally:
@@ -1040,15 +1066,27 @@ def _sparse_frames(container, source: Path | bytes, stream, times: list[float], 
     return out, rotation
 
 
-def _plain_times(frames, tb: float, rate: float, shown_at: list[float] | None):
-    """``(time, frame)`` of each frame a plain decode gives: ``n / rate`` for a raw stream (``rate``
-    above 0), the n-th packet time for an AVI or ASF with B-frames (``shown_at``), else the frame's own
-    presentation time (frames without one are left out)."""
+def _plain_times(frames, tb: float, rate: float, shown_at: list[float] | None,
+                 packet_times: list[float] | None = None):
+    """``(time, frame)`` of each frame a plain decode gives: ``n / rate`` for a raw stream or an
+    MPEG-PS/TS one whose packets lack times (``rate`` above 0), the n-th packet time for an AVI or
+    ASF with B-frames (``shown_at``), else the frame's own presentation time. Frames without one
+    are left out, except in an MPEG-PS/TS stream (``packet_times``: its packet times, sorted),
+    where a frame without one, or with one not after the frame before's (the last MPEG-4 frame
+    of an MPEG-PS file), is at the n-th packet time where that is after it, and left out else."""
+    last = None
     for n, frame in enumerate(frames):
         if rate > 0:
             t = n / rate
         elif shown_at:
             t = shown_at[min(n, len(shown_at) - 1)]
+        elif packet_times:
+            t = frame.pts * tb if frame.pts is not None else None
+            if t is None or (last is not None and t <= last):
+                t = packet_times[min(n, len(packet_times) - 1)]
+                if last is not None and t <= last:
+                    continue
+            last = t
         elif frame.pts is None:
             continue
         else:

@@ -788,3 +788,63 @@ def test_frames_at_the_times_probed_from_an_asf_with_b_frames_are_the_counted_fr
         picks = list(get_family(family).video(meta).timestamps)
         got = [img.tobytes() for img in counted_frames(d / name, {"timestamps": picks})]
         assert got == [images[_on_screen(probed, t, eps)] for t in picks], (family, picks)
+
+
+# --------------------------------------------------------------------------- MPEG program and transport streams
+
+#: name -> (PyAV format, codec, encoder options): 60 frames at 10 fps, a keyframe every 2 s (4 s for H.264)
+MPEG_CLIPS = {
+    "x264.mpg": ("mpeg", "libx264", {"preset": "superfast", "bf": "3", "g": "40", "sc_threshold": "0"}),
+    "x264-nob.mpg": ("mpeg", "libx264", {"preset": "superfast", "bf": "0", "g": "40"}),
+    "mpeg4.mpg": ("mpeg", "mpeg4", {"bf": "2", "g": "20"}),
+    "mpeg4.ts": ("mpegts", "mpeg4", {"bf": "2", "g": "20"}),
+}
+
+
+@pytest.fixture(scope="module")
+def mpeg_clips(tmp_path_factory):
+    """Each :data:`MPEG_CLIPS` clip this PyAV build encodes, with ``(times, images, eps)``: every frame
+    of a full decode (display order) at the time probe_video counts it at (its frame times, else
+    ``i / fps``)."""
+    import av
+
+    d = tmp_path_factory.mktemp("mpeg")
+    out = {}
+    for name, (fmt, codec, options) in MPEG_CLIPS.items():
+        if codec not in av.codecs_available:
+            continue
+        write_noise_video(d / name, 60, 10, fmt=fmt, codec=codec, options=options)
+        with av.open(str(d / name)) as c:
+            stream = c.streams.video[0]
+            frames = [(f.pts, f.to_image().tobytes()) for f in c.decode(stream)]
+            tb = float(stream.time_base)
+        meta = probe_video(d / name)
+        probed = list(meta.frame_times) or [i / meta.fps for i in range(meta.n_frames)]
+        assert meta.n_frames == len(frames) == 60
+        own = [p for p, _ in frames if p is not None]
+        assert own == sorted(own)  # the decoder puts frames out in display order
+        out[name] = probed, [img for _, img in frames], max(1e-6, min(tb, 1e-3))
+    return d, out
+
+
+@pytest.mark.parametrize("name", MPEG_CLIPS)
+def test_frames_of_mpeg_program_and_transport_streams_are_those_of_a_full_decode(mpeg_clips, name):
+    """In MPEG-PS most H.264 frames carry no time (they were left out: frames 0, 9, 20 ... for 0, 10,
+    20 ...), and an MPEG-PS or MPEG-TS seek lands on any packet, from which the MPEG-4 Part 2 decoder
+    rebuilds frames that appear nowhere in a full decode. These files are read in one pass (a
+    transport stream still seeks where its decoder waits for a keyframe), frame n at the time
+    probe_video counted it at: the frames taken at random dense and sparse lists of times are, pixel
+    for pixel, those of a full decode."""
+    from packtool.media import counted_frames
+
+    d, truth = mpeg_clips
+    if name not in truth:
+        pytest.skip("codec not in this PyAV build")
+    times, images, eps = truth[name]
+    seed = sum(map(ord, name))
+    for picks in _time_lists(np.random.default_rng(seed), times):
+        got = [img.tobytes() for img in counted_frames(d / name, {"timestamps": picks})]
+        want = [images[_on_screen(times, t, eps)] for t in picks]
+        assert got == want, f"seed {seed}, times {picks}: frames " \
+                            f"{[images.index(g) if g in images else None for g in got]} for " \
+                            f"{[_on_screen(times, t, eps) for t in picks]}"
