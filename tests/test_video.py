@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -556,15 +557,12 @@ def _time_lists(rng, times: list[float]) -> list[list[float]]:
     return lists
 
 
-@pytest.mark.parametrize("name", [*SKIP_CLIPS, "x264-cut.mp4", "x264-late.mp4"])
-def test_frames_are_those_of_a_full_decode_whether_or_not_frames_are_skipped(skip_clips, name):
-    """For every codec and container (B-frames in MP4 and Matroska, variable rate, an edit list
-    hiding frames, codecs the decoder skips no frame of), the frames taken at random dense and
-    sparse lists of times are, pixel for pixel, the frames of a full decode on screen at those
-    times: skipping frames the requests do not take changes none of the frames taken."""
+def _assert_frames_of_a_full_decode(d: Path, truth: dict, name: str) -> None:
+    """``counted_frames`` of clip ``name`` (in ``d``) at seeded random dense and sparse lists of
+    times are, pixel for pixel, the frames of its full decode (``truth[name]``: frame times, images,
+    eps) on screen at those times; the seed is printed on a failure."""
     from packtool.media import counted_frames
 
-    d, truth = skip_clips
     if name not in truth:
         pytest.skip("codec not in this PyAV build")
     times, images, eps = truth[name]
@@ -575,6 +573,15 @@ def test_frames_are_those_of_a_full_decode_whether_or_not_frames_are_skipped(ski
         assert got == want, f"seed {seed}, times {picks}: frames " \
                             f"{[images.index(g) if g in images else None for g in got]} for " \
                             f"{[_on_screen(times, t, eps) for t in picks]}"
+
+
+@pytest.mark.parametrize("name", [*SKIP_CLIPS, "x264-cut.mp4", "x264-late.mp4"])
+def test_frames_are_those_of_a_full_decode_whether_or_not_frames_are_skipped(skip_clips, name):
+    """For every codec and container (B-frames in MP4 and Matroska, variable rate, an edit list
+    hiding frames, codecs the decoder skips no frame of), the frames taken at random dense and
+    sparse lists of times are, pixel for pixel, the frames of a full decode on screen at those
+    times: skipping frames the requests do not take changes none of the frames taken."""
+    _assert_frames_of_a_full_decode(*skip_clips, name)
 
 
 def _counting_skips(monkeypatch) -> dict:
@@ -755,19 +762,7 @@ def test_frames_of_an_asf_with_b_frames_are_those_of_a_full_decode_by_position(a
     and MPEG-2 clips took some wrong frames. The n-th frame decoded is the one shown at the n-th
     packet time, so the frames taken at random dense and sparse lists of times are, pixel for
     pixel, those of a full decode picked by that rule."""
-    from packtool.media import counted_frames
-
-    d, truth = asf_clips
-    if name not in truth:
-        pytest.skip("codec not in this PyAV build")
-    times, images, eps = truth[name]
-    seed = sum(map(ord, name))
-    for picks in _time_lists(np.random.default_rng(seed), times):
-        got = [img.tobytes() for img in counted_frames(d / name, {"timestamps": picks})]
-        want = [images[_on_screen(times, t, eps)] for t in picks]
-        assert got == want, f"seed {seed}, times {picks}: frames " \
-                            f"{[images.index(g) if g in images else None for g in got]} for " \
-                            f"{[_on_screen(times, t, eps) for t in picks]}"
+    _assert_frames_of_a_full_decode(*asf_clips, name)
 
 
 @pytest.mark.parametrize("name", ["x264.asf", "mpeg2.wmv"])
@@ -835,16 +830,4 @@ def test_frames_of_mpeg_program_and_transport_streams_are_those_of_a_full_decode
     transport stream still seeks where its decoder waits for a keyframe), frame n at the time
     probe_video counted it at: the frames taken at random dense and sparse lists of times are, pixel
     for pixel, those of a full decode."""
-    from packtool.media import counted_frames
-
-    d, truth = mpeg_clips
-    if name not in truth:
-        pytest.skip("codec not in this PyAV build")
-    times, images, eps = truth[name]
-    seed = sum(map(ord, name))
-    for picks in _time_lists(np.random.default_rng(seed), times):
-        got = [img.tobytes() for img in counted_frames(d / name, {"timestamps": picks})]
-        want = [images[_on_screen(times, t, eps)] for t in picks]
-        assert got == want, f"seed {seed}, times {picks}: frames " \
-                            f"{[images.index(g) if g in images else None for g in got]} for " \
-                            f"{[_on_screen(times, t, eps) for t in picks]}"
+    _assert_frames_of_a_full_decode(*mpeg_clips, name)
