@@ -1017,8 +1017,8 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
         # merges records within this task (one input slice), never across tasks
         stream = group_by_media(stream, as_root(task.cfg.media_root), tree_counts)
     try:
-        with _collector_paused() as after_batch, ShardWriter(out, TOKENIZED, rows_per_shard=task.cfg.rows_per_shard,
-                                               prefix=task_prefix(task.index)) as writer:
+        with _collector_paused() as after_batch, ShardWriter(
+                out, TOKENIZED, rows_per_shard=task.cfg.rows_per_shard, prefix=task_prefix(task.index)) as writer:
             for batch in _batched(stream, BATCH):
                 samples = []
                 for item in batch:
