@@ -1153,15 +1153,7 @@ def _frame_on_screen(container, stream, time_s: float, first: float, eps: float,
             frames = container.decode(stream)
             if at == 0 and source is not None:
                 frames = _from_start(frames, tb, first, source)
-            chosen = None
-            for frame in frames:
-                if frame.pts is None:
-                    continue
-                if frame.pts * tb > target + eps:
-                    if chosen is None and at == 0:  # nothing shown before it: the first frame
-                        chosen = frame
-                    break
-                chosen = frame
+            chosen = _Run(frames, None, tb).scan(target + eps, at)
             frames.close()
         if chosen is not None or at == 0:
             return chosen.to_image() if chosen is not None else None
@@ -1195,8 +1187,8 @@ def _from_start(frames, tb: float, first: float, source: Path | bytes):
 
 
 class _Run:
-    """The skipping decode (:func:`_frames_skipping`) from one seek, read as far as the times
-    served so far: ``last`` is the last frame put out at or before the latest of them, ``ahead``
+    """A decode from one seek (the skipping one of :func:`_frames_skipping`, or a plain one), read
+    as far as the times served so far: ``last`` is the last frame put out at or before the latest of them, ``ahead``
     the frame after it (read to find that it is after)."""
 
     __slots__ = ("frames", "landing", "tb", "last", "ahead")
@@ -1207,15 +1199,18 @@ class _Run:
 
     def scan(self, limit: float, at: float):
         """The frame :func:`_frame_on_screen` takes for a time whose frame is the last shown at or
-        before ``limit`` (its time plus the tick), from a seek to ``at`` seconds: what a fresh
-        seek and decode takes when its seek lands where this run's did, as the frames this run
-        passed were all at or before the earlier (so also this) time."""
+        before ``limit`` (its time plus the tick), from a seek to ``at`` seconds (frames without a
+        time are passed over): what a fresh seek and decode takes when its seek lands where this
+        run's did, as the frames this run passed were all at or before the earlier (so also this)
+        time. A plain decode after one seek is a run of its own, scanned once."""
         chosen = self.last
         while True:
             frame = self.ahead if self.ahead is not None else next(self.frames, None)
             self.ahead = None
             if frame is None:
                 return chosen
+            if frame.pts is None:
+                continue
             if frame.pts * self.tb > limit:
                 self.ahead = frame
                 return frame if chosen is None and at == 0 else chosen  # at 0, nothing before: the first frame
