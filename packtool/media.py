@@ -977,7 +977,8 @@ def _frames_at(container, source: Path | bytes, times: list[float], media: dict,
     order = sorted(range(len(times)), key=lambda i: times[i])
     # a raw H.264 stream carries no frame times: frame n is at n / rate, as probe_video counted it
     # (and nothing to seek by, so it is always decoded in one pass)
-    raw = container.format.name == "h264"
+    fmt = container.format.name
+    raw = fmt == "h264"
     rate = float(stream.average_rate or stream.guessed_rate or stream.base_rate or 0) if raw else 0.0
     # AVI stores no presentation times, and FFmpeg reads those of an ASF file as decode times: in
     # both it makes them up in decode order, so a stream with B-frames comes out of the decoder in
@@ -985,11 +986,10 @@ def _frames_at(container, source: Path | bytes, times: list[float], media: dict,
     # the one shown at the n-th packet time, as probe_video counted it (and the times a seek lands
     # on say nothing, so it is decoded in one pass)
     shown_at = None
-    if container.format.name in _DECODE_ORDER_TIMES and cc.has_b_frames:
+    if fmt in _DECODE_ORDER_TIMES and cc.has_b_frames:
         shown_at = _demux_frames(container, stream, tb)[1]
         container.seek(0, stream=stream)
     # an MPEG-PS seek is never taken, nor an MPEG-TS one where the decoder does not wait for a keyframe
-    fmt = container.format.name
     one_pass = fmt == "mpeg" or (fmt == "mpegts" and cc.name not in _KEYFRAME_START)
     dense = (raw or bool(shown_at) or one_pass or len(times) < 2 or
              (max(times) - min(times)) / (len(times) - 1) < 2.0)
