@@ -135,13 +135,18 @@ def run(quick: bool = False) -> str:
         _encode_only(path, tmp)  # warm: tokenizer load, numba-free imports, page cache
         full, n_full, manifest = _full(path, tmp, tmp / "tok", n_rows=n)
         two, n_two, _ = _full(path, tmp, tmp / "tok2", workers=2, n_rows=n)
+        # the same records as one JSON array (as LLaVA's own training sets come): cut at elements
+        array = tmp / "data.json"
+        array.write_bytes(b"[\n" + b",\n".join(path.read_bytes().splitlines()) + b"\n]\n")
+        two_array, n_array, _ = _full(array, tmp, tmp / "tok2-array", workers=2, n_rows=n)
+        array.unlink()
         enc, n_enc = _encode_only(path, tmp)
         base = _baseline(path, tmp, min(n, 20_000))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     c = manifest["counts"]
     size = sum(sh["bytes"] for sh in manifest["shards"])
-    if n_full != n or n_enc != n or n_two != n:
+    if n_full != n or n_enc != n or n_two != n or n_array != n:
         raise RuntimeError(f"internal error: expected {n} samples, tokenized {n_full} / encoded {n_enc}")
     lines = [
         f"LLaVA-style JSONL, {n:,} samples, {N_IMAGES} images referenced, qwen2.5-vl + chatml, 1 process unless stated "
@@ -151,6 +156,8 @@ def run(quick: bool = False) -> str:
         "| --- | ---: | ---: | ---: |",
         f"| packtool tokenize (read → Parquet shards) | {full[0]:,.0f} | {full[1]:,.0f} | {full[1] / base[1]:.2f}x |",
         f"| packtool tokenize, `--workers 2` (8 tasks) | {two[0]:,.0f} | (wall only) | {two[0] / full[0]:.2f}x the 1-worker wall rate |",
+        f"| packtool tokenize, `--workers 2`, the same records as one JSON array (8 tasks) | {two_array[0]:,.0f} | "
+        f"(wall only) | {two_array[0] / two[0]:.2f}x the JSONL rate |",
         f"| packtool encode only (no writing) | {enc[0]:,.0f} | {enc[1]:,.0f} | {enc[1] / base[1]:.2f}x |",
         f"| baseline: per-sample script (Pillow open + one encode, nothing written) | {base[0]:,.0f} | {base[1]:,.0f} | 1.00x |",
         "",

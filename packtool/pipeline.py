@@ -119,7 +119,8 @@ BATCH = 512
 PACK_CHUNK = 128
 #: Rows per row group of packed shards (one chunk of packs when PACK_CHUNK is the same).
 PACKED_GROUP_ROWS = 128
-#: Files that cannot be cut (JSON arrays, compressed JSONL) share one tokenize task up to this size.
+#: Files that cannot be cut (compressed inputs, JSON arrays whose frame does not scan) share one tokenize task up
+#: to this size.
 WHOLE_FILES_PER_TASK_BYTES = 32 << 20
 #: ``pack_index = task * PACK_INDEX_STRIDE + k`` for the ``k``-th pack of pack task ``task``: unique,
 #: rising in manifest order, and known to a task without asking any other (ranks never wait).
@@ -634,10 +635,11 @@ def _merge(out: Path, shown: str) -> dict:
 class Slice:
     """Lines (or Parquet rows) ``start..stop-1`` of one input file (``stop=None``: to its end).
 
-    ``offset`` is the byte offset of line ``start`` in a plain JSONL file, so a task can
-    seek straight to its slice; ``groups`` is the range of Parquet row groups holding rows
-    ``start..stop-1``. Files that cannot be cut (JSON arrays, compressed files) are one
-    slice from line 0 with neither.
+    ``offset`` is the byte offset of line ``start`` in a plain JSONL file (of element ``start``
+    in a plain JSON array file: :mod:`.formats.jsonarray`), so a task can seek straight to its
+    slice; ``groups`` is the range of Parquet row groups holding rows ``start..stop-1``. Files
+    that cannot be cut (compressed files, arrays whose frame does not scan) are one slice from
+    line 0 with neither.
     """
 
     path: str
@@ -680,6 +682,25 @@ def _splittable(path: Path) -> bool:
     with open(path, "rb") as fh:
         head = fh.read(1 << 12).removeprefix(UTF8_BOM).lstrip()
     return not head.startswith(b"[")
+
+
+def _array_cuts(path: Path, first: int, every: int) -> tuple[int, list[tuple[int, int]]] | None:
+    """The element count and cuts (:func:`.formats.jsonarray.scan_file`) of an uncompressed
+    input whose first byte (after a byte-order mark and whitespace) is ``[``; ``None`` for any
+    other file, and for an array whose frame is not sound (it is read whole, as before)."""
+    if not (is_jsonl_name(path.name, compressed=False) or path.name.lower().endswith(".json")):
+        return None  # compressed: read whole
+    with open(path, "rb") as fh:
+        if not _array_head(fh):
+            return None
+    from .formats import jsonarray
+
+    return jsonarray.scan_file(path, first, every)
+
+
+def _array_head(fh) -> bool:
+    """Whether the open file's first byte, past a byte-order mark and whitespace, is ``[``."""
+    return fh.read(1 << 12).removeprefix(UTF8_BOM).lstrip().startswith(b"[")  # as formats tells
 
 
 def _is_whole(sl: Slice) -> bool:
@@ -821,8 +842,9 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int,
 
     Consecutive JSONL files share a task until it is full and a large JSONL file is cut
     into several tasks, so every task (and its tokenized shard) holds about
-    ``rows_per_task`` rows whatever the file sizes. Files that cannot be cut are a task
-    of their own. Returns the tasks and the total line count (``None`` when unknown).
+    ``rows_per_task`` rows whatever the file sizes; a plain JSON array file is cut at element
+    boundaries the same way (one sequential scan of its bytes). Files that cannot be cut
+    share tasks of up to ``WHOLE_FILES_PER_TASK_BYTES``. Returns the tasks and the total line count (``None`` when unknown).
 
     The JSONL files are scanned first, cut into byte ranges of ``SCAN_RANGE_BYTES`` read on
     ``workers`` threads (one pass over the bytes, whatever the number of workers); finding each
@@ -840,7 +862,9 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int,
     total: int | None = 0
     for path in files:
         groups = groups_of[path]
-        if current and _is_whole(current[-1]) and (groups is not None or path in scans):
+        # a JSON array is cut at element boundaries, as JSONL is at lines
+        array = None if groups is not None or path in scans else _array_cuts(path, rows_per_task - fill, rows_per_task)
+        if current and _is_whole(current[-1]) and (groups is not None or path in scans or array is not None):
             tasks.append(tuple(current))  # whole files do not share a task with counted rows
             current, fill = [], 0
         if groups is not None:
@@ -863,8 +887,12 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int,
             if total is not None:
                 total += row
             continue
-        if path not in scans:
-            # whole files (JSON arrays, compressed JSONL) of unknown row count share a task
+        if array is not None:
+            n_lines, starts = array
+            if not n_lines:
+                continue
+        elif path not in scans:
+            # whole files (compressed inputs, JSON arrays that do not scan) of unknown row count share a task
             # while their bytes add up to less than WHOLE_FILES_PER_TASK_BYTES
             size = path.stat().st_size
             if current and (not _is_whole(current[-1]) or whole_bytes + size > WHOLE_FILES_PER_TASK_BYTES):
@@ -876,10 +904,11 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int,
             whole_bytes += size
             total = None
             continue
-        n_lines, cuts = _cuts(scans[path], rows_per_task - fill, rows_per_task)
+        else:
+            n_lines, cuts = _cuts(scans[path], rows_per_task - fill, rows_per_task)
+            starts = [(0, 0), *cuts]
         if total is not None:
             total += n_lines
-        starts = [(0, 0), *cuts]
         for k, (start, offset) in enumerate(starts):
             stop = starts[k + 1][0] if k + 1 < len(starts) else n_lines
             if stop <= start:
@@ -907,6 +936,13 @@ def _slice_records(sl: Slice) -> Iterator[tuple[int, object]]:
         yield from iter_records(Path(sl.path))
         return
     with open(sl.path, "rb", buffering=1 << 16) as fh:
+        if _array_head(fh):  # a JSON array cut at element boundaries (_array_cuts)
+            from .formats import jsonarray
+
+            count = None if sl.stop is None else sl.stop - sl.start
+            for row, data in jsonarray.read_elements(fh, sl.offset, sl.start, count):
+                yield row, jsonarray.parse_element(data)
+            return
         fh.seek(sl.offset)
         row = sl.start
         for line in fh:

@@ -466,8 +466,8 @@ def test_a_record_that_cannot_be_represented_is_one_error_row(media, tmp_path, c
 
 
 def test_a_latin1_byte_in_a_json_array_file_rejects_only_its_records(media, tmp_path):
-    """A JSON array file is decoded as a whole; the records holding the invalid byte (in a
-    text, an id, a media path) are rejected, the others in the same file are kept."""
+    """A JSON array file is decoded element by element; the records holding the invalid byte
+    (in a text, an id, a media path) are rejected, the others in the same file are kept."""
     good = json.dumps(image_rec("good", "ok.png")).encode()
     texts = b'{"id": "in-text", "image": "ok.png", "conversations": [{"from": "human", "value": "<image>caf\xe9"}, {"from": "gpt", "value": "x"}]}'
     ids = b'{"id": "caf\xe9", "image": "ok.png", "conversations": ' + _CONV + b"}"

@@ -79,17 +79,17 @@ def test_files_that_cannot_be_cut_share_tasks_by_size(tmp_path, monkeypatch):
     import gzip
 
     a = write(tmp_path / "a.jsonl", ["{}"] * 3)
-    arr = tmp_path / "b.json"
-    arr.write_text("[{}, {}]")
+    arr = tmp_path / "b.json.gz"  # compressed: no seeking into it
+    arr.write_bytes(gzip.compress(b"[{}, {}]"))
     gz = tmp_path / "c.jsonl.gz"
     gz.write_bytes(gzip.compress(b"{}\n" * 50))
-    big = tmp_path / "d.json"
-    big.write_text("[" + ", ".join(["{}"] * 400) + "]")
+    big = tmp_path / "d.json"  # an array whose frame is broken (an empty element): read whole
+    big.write_text("[" + ", ".join(["{}"] * 400) + ",]")
     monkeypatch.setattr(pipeline, "WHOLE_FILES_PER_TASK_BYTES", 1000)
     tasks, total = plan_tokenize_tasks([a, arr, gz, big, a], 10)
     assert total is None
     assert [[(Path(s.path).name, s.start, s.stop, s.offset) for s in t] for t in tasks] == [
-        [("a.jsonl", 0, 3, 0)], [("b.json", 0, None, None), ("c.jsonl.gz", 0, None, None)],
+        [("a.jsonl", 0, 3, 0)], [("b.json.gz", 0, None, None), ("c.jsonl.gz", 0, None, None)],
         [("d.json", 0, None, None)], [("a.jsonl", 0, 3, 0)]]
     sliced = [parse_record(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
     assert sliced == list(iter_samples([a, arr, gz, big, a]))
@@ -400,7 +400,8 @@ def test_a_leading_byte_order_mark_is_read_the_same_cut_or_whole(tmp_path):
     """A JSONL file that starts with a UTF-8 byte-order mark is cut into tasks at the same
     byte offsets as without it (shifted by its 3 bytes) and every slice, the first included,
     reads what the format reader reads: no row lost, row numbers unchanged. A mark inside the
-    file is still a bad row; a ``.jsonl`` file holding a marked JSON array is not cut."""
+    file is still a bad row; a ``.jsonl`` file holding a marked JSON array is cut at the same
+    elements, its offsets counting the mark."""
     make_corpus(tmp_path, 30, seed=3)
     f = tmp_path / "data.jsonl"
     lines = f.read_bytes().splitlines(keepends=True)
@@ -416,9 +417,11 @@ def test_a_leading_byte_order_mark_is_read_the_same_cut_or_whole(tmp_path):
     arr = tmp_path / "array.jsonl"
     arr.write_bytes(b"\xef\xbb\xbf[\n" + b",\n".join(line.rstrip(b"\n") for k, line in enumerate(lines) if k != 13) + b"\n]\n")
     tasks, total = plan_tokenize_tasks([arr], 7)
-    assert total is None and [(s.start, s.offset) for t in tasks for s in t] == [(0, None)]
+    kept = [line.rstrip(b"\n") for k, line in enumerate(lines) if k != 13]
+    assert total == 29 and [(s.start, s.offset) for t in tasks for s in t] == [
+        (k, 5 + sum(len(x) + 2 for x in kept[:k])) for k in (0, 7, 14, 21, 28)]  # mark, "[\n"; ",\n" each
     got = [parse_record(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
-    assert len(got) == 29 and not any(isinstance(x, Rejected) for x in got)
+    assert len(got) == 29 and not any(isinstance(x, Rejected) for x in got) and got == list(iter_samples([arr]))
 
 
 def test_one_input_path_given_alone_is_one_input_not_the_characters_of_its_name(tmp_path, monkeypatch):

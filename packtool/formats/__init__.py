@@ -2,7 +2,8 @@
 
 Two layers:
 
-* **containers** hold records: JSON arrays, JSONL (``.jsonl`` or ``.ndjson``), gzip / zstd
+* **containers** hold records: JSON arrays (read element by element: :mod:`.jsonarray`),
+  JSONL (``.jsonl`` or ``.ndjson``), gzip / zstd
   compressed JSON and JSONL (``.gz``, ``.zst``; zstd needs ``pip install packtool[zstd]``),
   and Hugging Face Parquet files (read in record batches; directories of shards are
   expanded); suffixes match in any case;
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, InputError, SampleError, quoted
 from ..records import Sample
-from . import hf_parquet, llava, molmo, qwen_vl, sharegpt, swift
+from . import hf_parquet, jsonarray, llava, molmo, qwen_vl, sharegpt, swift
 from .common import check_sample, decode_turn_fields, printable, record_id
 
 __all__ = ["Rejected", "iter_samples", "parse_record", "parse_json_line", "iter_records", "expand_inputs", "PARSERS",
@@ -334,6 +335,11 @@ def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
             whole_json = head.startswith(b"[")
         if whole_json:
             raw = b"".join(lead) + fh.read()
+            spans = None if lead else jsonarray.element_spans(raw)
+            if spans is not None:  # an array: each element parsed alone
+                for row, (a, b) in enumerate(spans):
+                    yield row, jsonarray.parse_element(raw[a:b])
+                return
             # Invalid UTF-8 becomes lone surrogates, so only the records holding it are rejected.
             text = raw.removeprefix(UTF8_BOM).decode("utf-8", errors="surrogateescape")
             try:
