@@ -7,6 +7,10 @@ warm: the whole ``KnapsackSolver.solve``, the compiled entry alone (the argument
 before the clock starts), an empty compiled function through numba's dispatcher with 1 and with
 8 array arguments, and ``np.empty`` of the mask. Medians in microseconds.
 
+``python -m bench.profile_kernel [N] --warmed`` times the same solve after numpy with something
+else run first, untimed (:func:`warmed`): which part of the cold cost is the code path and which
+the search's data.
+
 ``python -m bench.profile_kernel [N] --against FILE`` instead solves each buffer with this kernel
 and with the module ``FILE`` (another version of ``packtool/knapsack.py``, e.g. ``git show
 COMMIT:packtool/knapsack.py > old_knapsack.py``), each after a numpy solve, in alternating order,
@@ -114,6 +118,38 @@ def against(n: int, path: str) -> dict:
     return {**med, "ratio": med["this"] / med["other"]}
 
 
+def warmed(n: int) -> dict[str, float]:
+    """Median solve (microseconds, right after a numpy solve) when, between the numpy solve and
+    the timed one, something untimed runs first: nothing; a 2-item solve of the same solver
+    (the Python call, the argument passing and the compiled prologue, answered at once); the
+    previous buffer solved by a second solver (all the code, none of this solver's data); this
+    solver's workspace and table read (its data, none of the code)."""
+    from packtool.knapsack import KnapsackSolver
+
+    cap_w = MAX_TOKENS // GRAN
+    solver, other = KnapsackSolver(cap_w, MAX_UNITS), KnapsackSolver(cap_w, MAX_UNITS)
+    for s in (solver, other):
+        _warm_up(s)
+    tiny = (np.array([300, 300]), np.array([1, 1]), np.array([1, 2]))
+    first = {"nothing": lambda prev: None,
+             "a 2-item solve": lambda prev: solver.solve(*tiny),
+             "another solver, another buffer": lambda prev: other.solve(*prev),
+             "the workspace and table read": lambda prev: (solver._ws.sum(), solver._table.sum())}
+    times: dict[str, list[float]] = {k: [] for k in first}
+    names = list(first)
+    buffers = list(_buffers(n))
+    for b, (w, u, v) in enumerate(buffers):
+        for name in names if b % 2 == 0 else names[::-1]:
+            numpy_dp_solve(w, u, v, cap_w, MAX_UNITS)
+            other.reset()
+            first[name](buffers[b - 1])
+            solver.reset()
+            t0 = time.perf_counter()
+            solver.solve(w, u, v)
+            times[name].append(time.perf_counter() - t0)
+    return {k: float(np.median(t)) * 1e6 for k, t in times.items()}
+
+
 def main(argv: list[str]) -> int:
     nums = [a for a in argv if a.isdigit()]
     n = int(nums[0]) if nums else 300
@@ -122,6 +158,12 @@ def main(argv: list[str]) -> int:
         print(f"{n} buffers, each solve after a numpy solve (numpy median {r['numpy']:,.0f} us), load {_load()}:")
         print(f"this kernel {r['this']:.1f} us ({r['numpy'] / r['this']:.1f}x numpy), the other {r['other']:.1f} us "
               f"({r['numpy'] / r['other']:.1f}x); this / other {r['ratio']:.3f}; same value and subset every time")
+        return 0
+    if "--warmed" in argv:
+        print(f"{n} buffers, median solve in us right after a numpy solve, with first (untimed):")
+        for name, t in warmed(n).items():
+            print(f"{name:<32} {t:7.1f}")
+        print(f"load {_load()}")
         return 0
     rows = split(n)
     print(f"{n} buffers, medians in us; 'cold': right after a numpy solve; load {_load()}")
