@@ -54,6 +54,7 @@ from .formats import (
     UTF8_BOM,
     Rejected,
     expand_inputs,
+    is_jsonl_content,
     is_jsonl_name,
     is_parquet_name,
     parse_json_line,
@@ -677,6 +678,10 @@ def _at(path: str, cwd: str) -> str:
 
 
 def _splittable(path: Path) -> bool:
+    """Whether an input is JSONL to cut at lines: a plain ``.jsonl``/``.ndjson`` file that does not
+    hold one JSON array, or a plain ``.json`` file the reader reads as JSONL."""
+    if path.name.lower().endswith(".json"):
+        return is_jsonl_content(path)
     if not is_jsonl_name(path.name, compressed=False):
         return False
     with open(path, "rb") as fh:

@@ -487,3 +487,25 @@ def test_records_without_ids_in_inputs_of_one_file_name_are_named_by_their_paths
     assert ids == ["val.jsonl:0", "demo-001", "a/train.jsonl:0", "a/train.jsonl:1", "x/b/train.jsonl:0",
                    "x/b/train.jsonl:1", "y/b/train.jsonl:0", "y/b/train.jsonl:1"]
     assert manifest["counts"]["tasks"] == 3 and "repeated_ids" not in manifest["counts"]
+
+
+def test_jsonl_under_a_json_name_is_cut_as_jsonl(tmp_path):
+    """A ``.json`` file the reader reads as JSONL (it starts with ``{`` and its first line that
+    holds anything is a whole JSON value; here after a mark and blank lines) is cut at lines like
+    a ``.jsonl`` file, every slice reading what the format reader reads; one pretty-printed
+    object, or JSONL whose first line is broken, stays one whole slice."""
+    make_corpus(tmp_path, 30, seed=8)
+    lines = (tmp_path / "data.jsonl").read_bytes().splitlines(keepends=True)
+    named = tmp_path / "data.json"
+    named.write_bytes(b"\xef\xbb\xbf\n \n" + b"".join(lines))
+    tasks, total = plan_tokenize_tasks([named], 8)
+    assert total == 32 and [(s.start, s.stop, s.offset) for t in tasks for s in t] == [
+        (0, 8, 0), *((k, min(k + 8, 32), 3 + 3 + sum(map(len, lines[:k - 2]))) for k in (8, 16, 24))]
+    sliced = [parse_record(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
+    assert sliced == list(iter_samples([named])) and len(sliced) == 30
+    pretty = write(tmp_path / "one.json", ['{"id": "x",', ' "conversations": []}'])
+    broken = tmp_path / "broken.json"
+    broken.write_bytes(b"{not json\n" + b"".join(lines[:3]))
+    for path in (pretty, broken):
+        tasks, total = plan_tokenize_tasks([path], 2)
+        assert total is None and [(s.start, s.offset) for t in tasks for s in t] == [(0, None)]

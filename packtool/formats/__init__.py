@@ -324,13 +324,8 @@ def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
         head = fh.peek(1 << 12)[: 1 << 12].removeprefix(UTF8_BOM).lstrip()
         lead: list[bytes] = []
         if head.startswith(b"{") and not is_jsonl_name(path.name):
-            # one object (pretty-printed or on one line) or JSONL under another name: the whole first
-            # line that holds anything tells, however long (a record with an inline image runs past
-            # any peek); blank lines before it are read too, so that they keep their row numbers
-            while (line := fh.readline()) and not line.removeprefix(UTF8_BOM).strip():
-                lead.append(line)
-            lead.append(line)
-            whole_json = not _looks_like_jsonl(line.removeprefix(UTF8_BOM))
+            lead = _first_lines(fh)
+            whole_json = not _looks_like_jsonl(lead[-1].removeprefix(UTF8_BOM))
         else:
             whole_json = head.startswith(b"[")
         if whole_json:
@@ -395,6 +390,28 @@ def parse_json_line(line: bytes) -> object:
             return SampleError("bad_json", "line starts with a UTF-8 byte-order mark, which only the first line of a "
                                            "file may carry (two files joined?); remove the mark (bytes EF BB BF)")
         return SampleError("bad_json", f"line is not valid JSON: {str(exc)[:200]}")
+
+
+def _first_lines(fh) -> list[bytes]:
+    """The lines of a file that starts with ``{`` up to its first that holds anything: whether
+    that line is a whole JSON value tells one object (pretty-printed or on one line) from JSONL
+    under another name, however long it is (a record with an inline image runs past any peek);
+    the blank lines before it are kept, so that they keep their row numbers."""
+    lead = []
+    while (line := fh.readline()) and not line.removeprefix(UTF8_BOM).strip():
+        lead.append(line)
+    lead.append(line)
+    return lead
+
+
+def is_jsonl_content(path: Path) -> bool:
+    """Whether a plain (uncompressed) ``.json`` file holds JSONL, as the reader decides: it starts
+    with ``{`` and its first line that holds anything is a whole JSON value."""
+    with open(path, "rb") as fh:
+        if not fh.read(1 << 12).removeprefix(UTF8_BOM).lstrip().startswith(b"{"):
+            return False
+        fh.seek(0)
+        return _looks_like_jsonl(_first_lines(fh)[-1].removeprefix(UTF8_BOM))
 
 
 def _looks_like_jsonl(head: bytes) -> bool:
