@@ -945,7 +945,7 @@ def _slice_records(sl: Slice) -> Iterator[tuple[int, object]]:
             from .formats import jsonarray
 
             count = None if sl.stop is None else sl.stop - sl.start
-            for row, data in jsonarray.read_elements(fh, sl.offset, sl.start, count):
+            for row, data in jsonarray.read_elements(fh, sl.offset, sl.start, count, sl.path):
                 yield row, jsonarray.parse_element(data)
             return
         fh.seek(sl.offset)

@@ -141,3 +141,22 @@ def test_a_json_array_tokenizes_like_the_same_records_in_jsonl(tmp_path):
     tasks, total = plan_tokenize_tasks([array, jsonl], 30)
     assert total == 80 and [[(Path(s.path).name, s.start, s.stop) for s in t] for t in tasks] == [
         [("data.json", 0, 30)], [("data.json", 30, 40), ("data.jsonl", 0, 20)], [("data.jsonl", 20, 40)]]
+
+
+def test_an_array_that_changes_after_planning_stops_the_task_naming_it(tmp_path):
+    """A task whose planned elements are gone (the file was cut short since planning) stops with
+    an error that names the file and says to re-run, not with a row count that silently drops."""
+    path = tmp_path / "data.json"
+    path.write_bytes(b"[" + b",".join(b'{"id": "%d"}' % k for k in range(20)) + b"]")
+    tasks, total = plan_tokenize_tasks([path], 8)
+    assert total == 20 and len(tasks) == 3
+    path.write_bytes(path.read_bytes()[:60])  # elements 0-4 whole, the rest gone
+    from packtool.errors import InputError
+
+    got = []
+    with pytest.raises(InputError, match=r"data\.json changed while it was being read: its JSON array no longer holds "
+                                         r"element 4 where the run planned it; re-run"):
+        got.extend(row for row, _ in _slice_records(tasks[0][0]))
+    assert got == [0, 1, 2, 3]
+    with pytest.raises(InputError, match="element 8 where"):
+        list(_slice_records(tasks[1][0]))

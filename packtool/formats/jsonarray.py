@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..errors import SampleError
+from ..errors import InputError, SampleError
 
 #: Bytes scanned per call of the compiled scan (the outputs are sized by it).
 CHUNK_BYTES = 1 << 20
@@ -171,7 +171,7 @@ def scan_file(path, first: int, every: int) -> tuple[int, list[tuple[int, int]]]
 def _scan_stream(fh, first: int, every: int) -> tuple[int, list[tuple[int, int]]] | None:
     state = new_state()
     cuts: list[tuple[int, int]] = []
-    targets = iter(range(first, 1 << 62, every))
+    targets = iter(range(max(first, 1), 1 << 62, every))  # element 0 is always a cut
     target = 0
     starts, ends = _outputs(CHUNK_BYTES)
     base = _skip_bom(fh)
@@ -210,10 +210,15 @@ def element_spans(data: bytes) -> list[tuple[int, int]] | None:
     return list(zip(found, done, strict=True))
 
 
-def read_elements(fh, offset: int, index: int, count: int | None) -> Iterator[tuple[int, bytes]]:
+def read_elements(fh, offset: int, index: int, count: int | None, name: str = "the input") -> Iterator[tuple[int, bytes]]:
     """``(index, bytes)`` of ``count`` elements (``None``: to the array's end) of a JSON array
     file whose element ``index`` starts at byte ``offset`` (a planned slice: the frame was
-    found sound when it was planned)."""
+    found sound when it was planned).
+
+    Raises:
+        InputError: the file (``name`` in the message) no longer holds those elements: it
+            changed since the run planned it.
+    """
     state = new_state(inside=True, index=index)
     starts, ends = _outputs(CHUNK_BYTES)
     fh.seek(offset)
@@ -248,4 +253,5 @@ def read_elements(fh, offset: int, index: int, count: int | None) -> Iterator[tu
         held = keep
         if state[_PHASE] == _AFTER:
             return
-    raise RuntimeError("internal error: a JSON array input changed after it was planned (its elements end early)")
+    raise InputError(f"{name} changed while it was being read: its JSON array no longer holds element "
+                     f"{int(state[_INDEX])} where the run planned it; re-run with the file left as it is")
