@@ -677,11 +677,19 @@ def _at(path: str, cwd: str) -> str:
     return os.path.join(cwd, path)
 
 
+#: A ``.json`` file (JSONL under that name, or an array) is looked into for cutting from this size
+#: on; a smaller one is read whole, giving the same rows (it holds about 1,500 LLaVA records, far
+#: from a task's 50,000), and costs the planner a ``stat``, not three reads (datasets of a JSON file
+#: per sample have millions).
+CUT_MIN_BYTES = 1 << 20
+
+
 def _splittable(path: Path) -> bool:
     """Whether an input is JSONL to cut at lines: a plain ``.jsonl``/``.ndjson`` file that does not
-    hold one JSON array, or a plain ``.json`` file the reader reads as JSONL."""
+    hold one JSON array, or a plain ``.json`` file of at least ``CUT_MIN_BYTES`` the reader reads
+    as JSONL."""
     if path.name.lower().endswith(".json"):
-        return is_jsonl_content(path)
+        return path.stat().st_size >= CUT_MIN_BYTES and is_jsonl_content(path)
     if not is_jsonl_name(path.name, compressed=False):
         return False
     with open(path, "rb") as fh:
@@ -692,9 +700,12 @@ def _splittable(path: Path) -> bool:
 def _array_cuts(path: Path, first: int, every: int) -> tuple[int, list[tuple[int, int]]] | None:
     """The element count and cuts (:func:`.formats.jsonarray.scan_file`) of an uncompressed
     input whose first byte (after a byte-order mark and whitespace) is ``[``; ``None`` for any
-    other file, and for an array whose frame is not sound (it is read whole, as before)."""
+    other file, for one under ``CUT_MIN_BYTES`` and for an array whose frame is not sound (each is
+    read whole, as before)."""
     if not (is_jsonl_name(path.name, compressed=False) or path.name.lower().endswith(".json")):
         return None  # compressed: read whole
+    if path.stat().st_size < CUT_MIN_BYTES:
+        return None
     with open(path, "rb") as fh:
         if not _array_head(fh):
             return None

@@ -20,9 +20,20 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.corpus import make_corpus  # noqa: E402
-from packtool import TokenizeConfig, tokenize_dataset  # noqa: E402
+from packtool import (  # noqa: E402
+    TokenizeConfig,
+    pipeline,  # noqa: E402
+    tokenize_dataset,
+)
 from packtool.formats import Rejected, iter_records, iter_samples, jsonarray, parse_record  # noqa: E402
 from packtool.pipeline import _slice_records, plan_tokenize_tasks  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def cut_small_files(monkeypatch):
+    """The files here are small: the planner looks into them for cutting as into large ones."""
+    monkeypatch.setattr(pipeline, "CUT_MIN_BYTES", 0)
+
 
 _PIECES = ["[", "]", "{", "}", ",", '\\"', "\\\\", "\\n", "\\u005d", "a", " ", "caf\u00e9", "\U0001f600", "1,2", "]}"]
 
@@ -160,3 +171,24 @@ def test_an_array_that_changes_after_planning_stops_the_task_naming_it(tmp_path)
     assert got == [0, 1, 2, 3]
     with pytest.raises(InputError, match="element 8 where"):
         list(_slice_records(tasks[1][0]))
+
+
+def test_a_small_array_or_jsonl_file_named_json_is_read_whole_with_the_same_rows(tmp_path, monkeypatch):
+    """Under ``CUT_MIN_BYTES`` a ``.json`` file is not looked into (the planner only stats it):
+    one whole slice, reading the rows the cut slices read."""
+    make_corpus(tmp_path, 20, seed=9)
+    lines = (tmp_path / "data.jsonl").read_bytes().splitlines(keepends=True)
+    array = tmp_path / "array.json"
+    array.write_bytes(b"[" + b",".join(x.rstrip() for x in lines) + b"]")
+    named = tmp_path / "lines.json"
+    named.write_bytes(b"".join(lines))
+    for path in (array, named):
+        cut, total = plan_tokenize_tasks([path], 6)
+        assert total == 20 and len(cut) == 4
+        monkeypatch.setattr(pipeline, "CUT_MIN_BYTES", path.stat().st_size + 1)
+        whole, total = plan_tokenize_tasks([path], 6)
+        assert total is None and [(s.start, s.offset) for t in whole for s in t] == [(0, None)]
+        read = [[parse_record(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
+                for tasks in (cut, whole)]
+        assert read[0] == read[1] and len(read[0]) == 20
+        monkeypatch.setattr(pipeline, "CUT_MIN_BYTES", 0)

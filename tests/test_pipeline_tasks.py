@@ -396,7 +396,7 @@ def test_a_task_pauses_the_collector_and_collects_between_batches():
             gc.enable()
 
 
-def test_a_leading_byte_order_mark_is_read_the_same_cut_or_whole(tmp_path):
+def test_a_leading_byte_order_mark_is_read_the_same_cut_or_whole(tmp_path, monkeypatch):
     """A JSONL file that starts with a UTF-8 byte-order mark is cut into tasks at the same
     byte offsets as without it (shifted by its 3 bytes) and every slice, the first included,
     reads what the format reader reads: no row lost, row numbers unchanged. A mark inside the
@@ -414,6 +414,7 @@ def test_a_leading_byte_order_mark_is_read_the_same_cut_or_whole(tmp_path):
     assert sliced == whole and len(whole) == 30
     assert [(x.source_row, x.reason) for x in whole if isinstance(x, Rejected)] == [(13, "bad_json")]
 
+    monkeypatch.setattr(pipeline, "CUT_MIN_BYTES", 0)  # a small file, looked into as a large one is
     arr = tmp_path / "array.jsonl"
     arr.write_bytes(b"\xef\xbb\xbf[\n" + b",\n".join(line.rstrip(b"\n") for k, line in enumerate(lines) if k != 13) + b"\n]\n")
     tasks, total = plan_tokenize_tasks([arr], 7)
@@ -489,11 +490,12 @@ def test_records_without_ids_in_inputs_of_one_file_name_are_named_by_their_paths
     assert manifest["counts"]["tasks"] == 3 and "repeated_ids" not in manifest["counts"]
 
 
-def test_jsonl_under_a_json_name_is_cut_as_jsonl(tmp_path):
+def test_jsonl_under_a_json_name_is_cut_as_jsonl(tmp_path, monkeypatch):
     """A ``.json`` file the reader reads as JSONL (it starts with ``{`` and its first line that
     holds anything is a whole JSON value; here after a mark and blank lines) is cut at lines like
     a ``.jsonl`` file, every slice reading what the format reader reads; one pretty-printed
     object, or JSONL whose first line is broken, stays one whole slice."""
+    monkeypatch.setattr(pipeline, "CUT_MIN_BYTES", 0)  # small files, looked into as large ones are
     make_corpus(tmp_path, 30, seed=8)
     lines = (tmp_path / "data.jsonl").read_bytes().splitlines(keepends=True)
     named = tmp_path / "data.json"
