@@ -860,7 +860,8 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int,
     into several tasks, so every task (and its tokenized shard) holds about
     ``rows_per_task`` rows whatever the file sizes; a plain JSON array file is cut at element
     boundaries the same way (one sequential scan of its bytes). Files that cannot be cut
-    share tasks of up to ``WHOLE_FILES_PER_TASK_BYTES``. Returns the tasks and the total line count (``None`` when unknown).
+    share tasks of up to ``WHOLE_FILES_PER_TASK_BYTES``. Returns the tasks and the total line
+    count (``None`` when unknown).
 
     The JSONL files are scanned first, cut into byte ranges of ``SCAN_RANGE_BYTES`` read on
     ``workers`` threads (one pass over the bytes, whatever the number of workers); finding each
