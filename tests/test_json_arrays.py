@@ -9,6 +9,7 @@ the same records gives, cut into the same tasks.
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
@@ -73,29 +74,31 @@ def _array(rng, n: int) -> bytes:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_scan_finds_the_elements_json_finds(tmp_path, monkeypatch, seed):
-    """Each element's bytes parse to the value ``json`` gives for that element of the whole
-    array; ``scan_file`` counts them and finds the offsets of the cuts; ``read_elements``
-    from any cut, in chunks of 1 byte to 1 MiB, gives the same bytes."""
+    """Each element's bytes (``stream_elements``) parse to the value ``json`` gives for that
+    element of the whole array and start where the scan says; ``scan_file`` counts them and
+    finds the offsets of the cuts; ``read_elements`` from any cut and ``stream_elements`` from
+    the start, in chunks of 1 byte to 1 MiB, give the same bytes."""
     rng = np.random.default_rng(seed)
     for case in range(25):
         n = int(rng.integers(0, 40))
         data = _array(rng, n)
         want = json.loads(data.decode("utf-8-sig"))
-        spans = jsonarray.element_spans(data)
-        assert spans is not None and [json.loads(data[a:b]) for a, b in spans] == want, (seed, case)
+        elements = list(jsonarray.stream_elements(io.BufferedReader(io.BytesIO(data))))
+        assert [json.loads(x) for _, x in elements] == want and [k for k, _ in elements] == list(range(n)), (seed, case)
+        count, starts = jsonarray.scan_stream(io.BufferedReader(io.BytesIO(data)), 1, 1)
+        assert count == n and [k for k, _ in starts] == list(range(n))
+        assert all(data[at:at + len(x)] == x for (_, at), (_, x) in zip(starts, elements, strict=True))
         path = tmp_path / "a.json"
         path.write_bytes(data)
         first, every = int(rng.integers(1, 6)), int(rng.integers(1, 9))
         count, cuts = jsonarray.scan_file(path, first, every)
-        assert count == n and cuts == [(k, spans[k][0]) for k in [0, *range(first, n, every)] if k < n], (seed, case)
+        assert count == n and cuts == [starts[k] for k in [0, *range(first, n, every)] if k < n], (seed, case)
         for chunk in (1, 7, 64, 1 << 20):
             monkeypatch.setattr(jsonarray, "CHUNK_BYTES", chunk)
             for k, offset in cuts:
                 got = list(jsonarray.read_elements(open(path, "rb"), offset, k, min(every, n - k)))
-                assert got == [(j, data[a:b]) for j, (a, b) in enumerate(spans) if k <= j < k + every], (seed, case, chunk)
-            if cuts:
-                assert [x for _, x in jsonarray.read_elements(open(path, "rb"), cuts[0][1], 0, None)] == [
-                    data[a:b] for a, b in spans]
+                assert got == elements[k:k + every], (seed, case, chunk)
+            assert list(jsonarray.stream_elements(io.BufferedReader(io.BytesIO(data)))) == elements
 
 
 @pytest.mark.parametrize("frame", [b"[1,,2]", b"[1,]", b"[,1]", b"[1] x", b"[1", b'["abc]', b"[{]}", b"[}", b"[1]\n[2]\n",
@@ -105,7 +108,7 @@ def test_a_frame_that_is_not_an_array_is_read_whole(tmp_path, frame):
     no scan answer, no cut, and the file is one ``bad_json`` row as it always was."""
     path = tmp_path / "a.json"
     path.write_bytes(frame)
-    assert jsonarray.element_spans(frame) is None and jsonarray.scan_file(path, 1, 1) is None
+    assert jsonarray.scan_file(path, 1, 1) is None
     tasks, total = plan_tokenize_tasks([path], 1)
     assert total is None and [(s.start, s.stop, s.offset) for t in tasks for s in t] == [(0, None, None)]
     rows = list(iter_records(path))
@@ -166,7 +169,7 @@ def test_an_array_that_changes_after_planning_stops_the_task_naming_it(tmp_path)
 
     got = []
     with pytest.raises(InputError, match=r"data\.json changed while it was being read: its JSON array no longer holds "
-                                         r"element 4 where the run planned it; re-run"):
+                                         r"element 4 where an earlier read found it; re-run"):
         got.extend(row for row, _ in _slice_records(tasks[0][0]))
     assert got == [0, 1, 2, 3]
     with pytest.raises(InputError, match="element 8 where"):

@@ -328,13 +328,17 @@ def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
             whole_json = not _looks_like_jsonl(lead[-1].removeprefix(UTF8_BOM))
         else:
             whole_json = head.startswith(b"[")
+        if whole_json and not lead:
+            # an array: its frame checked in one pass (a compressed file is decompressed twice), then
+            # each element parsed alone as it is read, never the whole file in memory
+            with _open_binary(path) as first:
+                sound = jsonarray.scan_stream(first, 1, 1 << 40) is not None  # (cuts not wanted)
+            if sound:
+                for row, data in jsonarray.stream_elements(fh, str(path)):
+                    yield row, jsonarray.parse_element(data)
+                return
         if whole_json:
             raw = b"".join(lead) + fh.read()
-            spans = None if lead else jsonarray.element_spans(raw)
-            if spans is not None:  # an array: each element parsed alone
-                for row, (a, b) in enumerate(spans):
-                    yield row, jsonarray.parse_element(raw[a:b])
-                return
             # Invalid UTF-8 becomes lone surrogates, so only the records holding it are rejected.
             text = raw.removeprefix(UTF8_BOM).decode("utf-8", errors="surrogateescape")
             try:

@@ -152,10 +152,9 @@ def _outputs(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _skip_bom(fh) -> int:
-    head = fh.read(3)
-    if head == b"\xef\xbb\xbf":
+    if fh.peek(3)[:3] == b"\xef\xbb\xbf":
+        fh.read(3)
         return 3
-    fh.seek(0)
     return 0
 
 
@@ -165,14 +164,15 @@ def scan_file(path, first: int, every: int) -> tuple[int, list[tuple[int, int]]]
     array has), or ``None`` when its frame is not a sound JSON array's (see the module
     docstring)."""
     with open(path, "rb") as fh:
-        return _scan_stream(fh, first, every)
+        return scan_stream(fh, first, every)
 
 
-def _scan_stream(fh, first: int, every: int) -> tuple[int, list[tuple[int, int]]] | None:
+def scan_stream(fh, first: int, every: int) -> tuple[int, list[tuple[int, int]]] | None:
+    """:func:`scan_file` of an open binary stream (with ``peek``: a plain or a decompressed
+    file), read from its start to its end."""
     state = new_state()
     cuts: list[tuple[int, int]] = []
-    targets = iter(range(max(first, 1), 1 << 62, every))  # element 0 is always a cut
-    target = 0
+    target = 0  # element 0 is always a cut
     starts, ends = _outputs(CHUNK_BYTES)
     base = _skip_bom(fh)
     while chunk := fh.read(CHUNK_BYTES):
@@ -182,7 +182,7 @@ def _scan_stream(fh, first: int, every: int) -> tuple[int, list[tuple[int, int]]
             return None
         while target < index + ns:
             cuts.append((target, int(starts[target - index])))
-            target = next(targets)
+            target = max(first, 1) if target == 0 else target + every
         state[_INDEX] = index + ns
         base += len(chunk)
     if state[_PHASE] != _AFTER:
@@ -190,24 +190,13 @@ def _scan_stream(fh, first: int, every: int) -> tuple[int, list[tuple[int, int]]
     return int(state[_INDEX]), cuts
 
 
-def element_spans(data: bytes) -> list[tuple[int, int]] | None:
-    """``(start, end)`` of every element of a JSON array held in memory (offsets count a
-    leading byte-order mark), or ``None`` when its frame is not sound."""
-    base = 3 if data.startswith(b"\xef\xbb\xbf") else 0
-    buf = np.frombuffer(data, dtype=np.uint8)
-    state = new_state()
-    starts, ends = _outputs(CHUNK_BYTES)
-    found: list[int] = []
-    done: list[int] = []
-    for at in range(base, len(buf), CHUNK_BYTES):
-        ns, ne = _scan(buf[at:at + CHUNK_BYTES], at, state, starts, ends)
-        if state[_PHASE] == _BROKEN:
-            return None
-        found += starts[:ns].tolist()
-        done += ends[:ne].tolist()
-    if state[_PHASE] != _AFTER:
-        return None
-    return list(zip(found, done, strict=True))
+def stream_elements(fh, name: str = "the input") -> Iterator[tuple[int, bytes]]:
+    """``(index, bytes)`` of every element of the JSON array an open binary stream holds from
+    its start (with ``peek``), holding no more than a chunk and an element at a time; the
+    caller has found its frame sound (:func:`scan_stream`), so a frame that breaks here is a
+    file that changed (``InputError``)."""
+    base = _skip_bom(fh)
+    yield from _elements(fh, new_state(), base, None, name)
 
 
 def read_elements(fh, offset: int, index: int, count: int | None, name: str = "the input") -> Iterator[tuple[int, bytes]]:
@@ -219,12 +208,15 @@ def read_elements(fh, offset: int, index: int, count: int | None, name: str = "t
         InputError: the file (``name`` in the message) no longer holds those elements: it
             changed since the run planned it.
     """
-    state = new_state(inside=True, index=index)
-    starts, ends = _outputs(CHUNK_BYTES)
     fh.seek(offset)
+    yield from _elements(fh, new_state(inside=True, index=index), offset, count, name)
+
+
+def _elements(fh, state: np.ndarray, pos: int, count: int | None, name: str) -> Iterator[tuple[int, bytes]]:
+    """The elements the stream ``fh`` holds from byte ``pos`` on, scanned from ``state``."""
+    starts, ends = _outputs(CHUNK_BYTES)
     pending = bytearray()  # bytes from `held` on: the element being read
-    held = offset
-    pos = offset
+    held = pos
     open_start = -1  # where the element whose end is still to come starts
     left = count
     while left is None or left > 0:
@@ -254,4 +246,4 @@ def read_elements(fh, offset: int, index: int, count: int | None, name: str = "t
         if state[_PHASE] == _AFTER:
             return
     raise InputError(f"{name} changed while it was being read: its JSON array no longer holds element "
-                     f"{int(state[_INDEX])} where the run planned it; re-run with the file left as it is")
+                     f"{int(state[_INDEX])} where an earlier read found it; re-run with the file left as it is")
