@@ -5,8 +5,9 @@ JSON array. Parsed whole, such a file is one task however large (a gigabyte of t
 times over: bytes, decoded text, records) and one broken record loses all of them. A
 byte scan finds where each element of the array starts and ends instead: strings (with their
 escapes) are skipped and brackets counted, so the commas at depth one are the element bounds.
-Each element is then parsed alone, as a JSONL line is, and planning cuts a large array into
-tasks at element boundaries, as it cuts JSONL at line boundaries.
+Each element is then parsed alone, as a JSONL line is, from a stream (a chunk and an element in
+memory at a time), and planning cuts a large plain array into tasks at element boundaries, as it
+cuts JSONL at line boundaries.
 
 The scan checks only the array's frame: a ``[`` first (after a byte-order mark and whitespace),
 brackets that close in order of depth, strings that end, no empty element (``[1,,2]``, ``[1,]``)
