@@ -693,8 +693,7 @@ def _splittable(path: Path) -> bool:
     if not is_jsonl_name(path.name, compressed=False):
         return False
     with open(path, "rb") as fh:
-        head = fh.read(1 << 12).removeprefix(UTF8_BOM).lstrip()
-    return not head.startswith(b"[")
+        return not _array_head(fh)
 
 
 def _array_cuts(path: Path, first: int, every: int) -> tuple[int, list[tuple[int, int]]] | None:

@@ -332,7 +332,7 @@ def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
             # an array: its frame checked in one pass (a compressed file is decompressed twice), then
             # each element parsed alone as it is read, never the whole file in memory
             with _open_binary(path) as first:
-                sound = jsonarray.scan_stream(first, 1, 1 << 40) is not None  # (cuts not wanted)
+                sound = jsonarray.scan_stream(first) is not None
             if sound:
                 for row, data in jsonarray.stream_elements(fh, str(path)):
                     yield row, jsonarray.parse_element(data)

@@ -168,9 +168,9 @@ def scan_file(path, first: int, every: int) -> tuple[int, list[tuple[int, int]]]
         return scan_stream(fh, first, every)
 
 
-def scan_stream(fh, first: int, every: int) -> tuple[int, list[tuple[int, int]]] | None:
+def scan_stream(fh, first: int = 1, every: int = 0) -> tuple[int, list[tuple[int, int]]] | None:
     """:func:`scan_file` of an open binary stream (with ``peek``: a plain or a decompressed
-    file), read from its start to its end."""
+    file), read from its start to its end; ``every=0``: no cut but element 0's."""
     state = new_state()
     cuts: list[tuple[int, int]] = []
     target = 0  # element 0 is always a cut
@@ -183,7 +183,7 @@ def scan_stream(fh, first: int, every: int) -> tuple[int, list[tuple[int, int]]]
             return None
         while target < index + ns:
             cuts.append((target, int(starts[target - index])))
-            target = max(first, 1) if target == 0 else target + every
+            target = (max(first, 1) if target == 0 else target + every) if every else 1 << 62
         state[_INDEX] = index + ns
         base += len(chunk)
     if state[_PHASE] != _AFTER:
