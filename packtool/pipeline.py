@@ -684,26 +684,26 @@ def _at(path: str, cwd: str) -> str:
 CUT_MIN_BYTES = 1 << 20
 
 
-def _splittable(path: Path) -> bool:
+def _splittable(path: Path, size: int) -> bool:
     """Whether an input is JSONL to cut at lines: a plain ``.jsonl``/``.ndjson`` file that does not
-    hold one JSON array, or a plain ``.json`` file of at least ``CUT_MIN_BYTES`` the reader reads
-    as JSONL."""
+    hold one JSON array, or a plain ``.json`` file of at least ``CUT_MIN_BYTES`` (its ``size``) the
+    reader reads as JSONL."""
     if path.name.lower().endswith(".json"):
-        return path.stat().st_size >= CUT_MIN_BYTES and is_jsonl_content(path)
+        return size >= CUT_MIN_BYTES and is_jsonl_content(path)
     if not is_jsonl_name(path.name, compressed=False):
         return False
     with open(path, "rb") as fh:
         return not _array_head(fh)
 
 
-def _array_cuts(path: Path, first: int, every: int) -> tuple[int, list[tuple[int, int]]] | None:
+def _array_cuts(path: Path, size: int, first: int, every: int) -> tuple[int, list[tuple[int, int]]] | None:
     """The element count and cuts (:func:`.formats.jsonarray.scan_file`) of an uncompressed
     input whose first byte (after a byte-order mark and whitespace) is ``[``; ``None`` for any
     other file, for one under ``CUT_MIN_BYTES`` and for an array whose frame is not sound (each is
     read whole, as before)."""
     if not (is_jsonl_name(path.name, compressed=False) or path.name.lower().endswith(".json")):
         return None  # compressed: read whole
-    if path.stat().st_size < CUT_MIN_BYTES:
+    if size < CUT_MIN_BYTES:
         return None
     with open(path, "rb") as fh:
         if not _array_head(fh):
@@ -871,7 +871,8 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int,
         ``[(f0 0..3, f1 0..1), (f1 1..5), (f2 0..1)]``.
     """
     groups_of = {path: _parquet_groups(path) for path in dict.fromkeys(files)}
-    scans = _scan_files([p for p, g in groups_of.items() if g is None and _splittable(p)], workers)
+    size_of = {path: path.stat().st_size for path in groups_of}  # one stat a file, whatever asks
+    scans = _scan_files([p for p, g in groups_of.items() if g is None and _splittable(p, size_of[p])], workers)
     tasks: list[tuple[Slice, ...]] = []
     current: list[Slice] = []
     fill = whole_bytes = 0
@@ -879,7 +880,8 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int,
     for path in files:
         groups = groups_of[path]
         # a JSON array is cut at element boundaries, as JSONL is at lines
-        array = None if groups is not None or path in scans else _array_cuts(path, rows_per_task - fill, rows_per_task)
+        array = (None if groups is not None or path in scans
+                 else _array_cuts(path, size_of[path], rows_per_task - fill, rows_per_task))
         if current and _is_whole(current[-1]) and (groups is not None or path in scans or array is not None):
             tasks.append(tuple(current))  # whole files do not share a task with counted rows
             current, fill = [], 0
@@ -910,7 +912,7 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int,
         elif path not in scans:
             # whole files (compressed inputs, JSON arrays that do not scan) of unknown row count share a task
             # while their bytes add up to less than WHOLE_FILES_PER_TASK_BYTES
-            size = path.stat().st_size
+            size = size_of[path]
             if current and (not _is_whole(current[-1]) or whole_bytes + size > WHOLE_FILES_PER_TASK_BYTES):
                 tasks.append(tuple(current))
                 current, fill = [], 0
