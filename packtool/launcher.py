@@ -8,7 +8,9 @@ process on the spot with that same line and exit code (``Error: interrupted ...`
 the command has started nothing is written, so nothing needs cleaning up. Once
 :func:`packtool.cli.main` can catch ``KeyboardInterrupt`` itself it gives Ctrl-C back to
 Python (:func:`release`), and the run stops as it always did; when ``main`` has returned,
-:func:`run` holds Ctrl-C again for the interpreter's shutdown.
+:func:`run` holds Ctrl-C again for the interpreter's shutdown. Between the two, ``tokenize`` and
+``pack`` start their worker pool's forkserver (:func:`_start_pool_early`), so that its preload
+overlaps the command line's loading.
 
 A Ctrl-C ignored when the process starts (a background job of a script, ``nohup``) stays
 ignored. ``import packtool`` loads nothing heavy, so what comes before :func:`run` is the
@@ -53,9 +55,54 @@ def release() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+#: The commands whose process pool :func:`_start_pool_early` starts, and their pool's preload
+#: (``pipeline``'s ``_TOKENIZATION`` / ``_PACKING``).
+POOL_PRELOADS = {"tokenize": "packtool.preload.tokenization", "pack": "packtool.preload.packing"}
+
+
+def _start_pool_early(args: list[str]) -> None:
+    """Start the forkserver of ``tokenize``'s or ``pack``'s worker pool before the command line
+    loads, where the arguments ask for a local pool (``--workers`` above 1, or left to the cores).
+
+    The stage starts it too (``executors.start_pool``), but only once the command line has
+    loaded and parsed its arguments, about 0.4 s into the process on a small machine, and its
+    workers then wait for the forkserver's own imports and preload (another 0.6 s for the
+    vocabulary, more for pack's kernels): started here, the two overlap. The stage's call then
+    finds it running. Only the flags that decide whether a pool runs are read (``--workers``,
+    ``--executor``), as the command line would read them; anything unusual (``--help``, a
+    bucket's ``--storage-option``, a value that is not a number) leaves the start to the stage,
+    and so does any error here. A command that then fails on its arguments has started a
+    forkserver for nothing: it ends with the command, once its preload is done.
+    """
+    command, rest = None, []
+    for i, arg in enumerate(args):
+        if arg in ("-h", "--help", "--") or arg.startswith("--storage-option"):
+            return
+        if not arg.startswith("-"):
+            command, rest = arg, args[i + 1:]
+            break
+    preload = POOL_PRELOADS.get(command)
+    if preload is None:
+        return
+    options: dict[str, str] = {}
+    for i, arg in enumerate(rest):
+        if arg in ("-h", "--help", "--"):
+            return
+        name, eq, value = arg.partition("=")
+        if name in ("--workers", "--executor"):
+            options[name] = value if eq else (rest[i + 1] if i + 1 < len(rest) else "")
+    from .executors import ExecutorConfig, start_pool
+
+    workers = options.get("--workers")
+    start_pool(ExecutorConfig(executor=options.get("--executor", "local"), workers=None if workers is None else int(workers)),
+               preload)
+
+
 def run() -> None:
     """Run the command line on ``sys.argv`` and exit with its code, Ctrl-C handled throughout."""
     hold()
+    with contextlib.suppress(Exception):  # an optimization only: the stage starts its pool anyway
+        _start_pool_early(sys.argv[1:])
     from .cli import main
     from .preload import arrow_without_pandas
 

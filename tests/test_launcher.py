@@ -120,3 +120,80 @@ def test_the_command_never_loads_pandas(demo_dirs):
     with contextlib.redirect_stdout(buf):
         assert main(["stats", str(demo_dirs["packed"]), "--json"]) == 0
     assert json.loads(proc.stdout) == json.loads(buf.getvalue())
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["tokenize", "data.jsonl", "-o", "out"], ("packtool.preload.tokenization", "local", None)),
+    (["-v", "pack", "tok", "-o", "out", "--workers", "3"], ("packtool.preload.packing", "local", 3)),
+    (["pack", "tok", "--workers=1", "-o", "out"], ("packtool.preload.packing", "local", 1)),
+    (["tokenize", "in", "--executor", "ray", "--workers", "2"], ("packtool.preload.tokenization", "ray", 2)),
+    (["stats", "packed"], None),
+    (["inspect", "packed", "--workers", "2"], None),
+    (["--version"], None),
+    (["tokenize", "--help"], None),
+    (["pack", "tok", "-o", "out", "-h"], None),
+    (["--storage-option", "endpoint_url=http://127.0.0.1:9", "tokenize", "s3://b/in", "-o", "s3://b/out"], None),
+    (["tokenize", "in", "--workers", "many"], "raises"),
+])
+def test_the_launcher_starts_a_stage_pool_only_where_its_arguments_ask_for_one(monkeypatch, args, expected):
+    """``tokenize`` and ``pack`` start their pool's forkserver before the command line loads; what
+    the launcher reads of the arguments is what decides whether a pool runs (start_pool itself
+    returns at once for one worker or Ray). Help, a bucket run and anything it cannot read are
+    left to the stage (and a value that is not a number raises, which run() ignores)."""
+    import packtool.executors as executors
+    from packtool.launcher import _start_pool_early
+
+    calls = []
+    monkeypatch.setattr(executors, "start_pool", lambda ex, preload: calls.append((preload, ex.executor, ex.workers)))
+    if expected == "raises":
+        with pytest.raises(ValueError):
+            _start_pool_early(args)
+        assert calls == []
+        return
+    _start_pool_early(args)
+    assert calls == ([] if expected is None else [expected])
+
+
+POOL_AHEAD = """\
+import sys
+
+seen = {}
+
+
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "packtool.cli":  # the command line starts loading: is the forkserver up already?
+            from multiprocessing import forkserver
+
+            seen["forkserver"] = forkserver._forkserver._forkserver_pid
+            sys.meta_path.remove(self)
+        return None
+
+
+sys.meta_path.insert(0, Watch())
+sys.argv = ["packtool", *sys.argv[1:]]
+from packtool.launcher import run
+
+try:
+    run()
+finally:
+    print("forkserver before the command line:", seen.get("forkserver") is not None, file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("workers", ["2", "1"])
+def test_tokenize_starts_its_workers_forkserver_before_the_command_line_loads(workers, tmp_path):
+    """The forkserver of a pool (``--workers 2``) is running before ``packtool.cli`` is imported,
+    so its preload overlaps the command line's loading; the run is the same as ever. With one
+    worker (in-process) none is started."""
+    sample = ROOT / "examples" / "sample"
+    out = tmp_path / "tok"
+    proc = subprocess.run([sys.executable, "-c", POOL_AHEAD, "tokenize", str(sample / "data.jsonl"), "--media-root",
+                           str(sample), "-o", str(out), "--rows-per-shard", "4", "--workers", workers, "--json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert f"forkserver before the command line: {workers == '2'}" in proc.stderr, proc.stderr
+    result = json.loads(proc.stdout)
+    manifest = json.loads((out / ".packtool" / "manifest.json").read_text())
+    assert result["samples"] == manifest["counts"]["samples"] > 0
+    assert result["tasks"] == manifest["counts"]["tasks"] > 1  # several tasks: the pool ran them
