@@ -176,21 +176,66 @@ def test_ctrl_c_during_a_forkserver_preload_prints_no_traceback(preload, tmp_pat
     # the real forkserver loop, its preload list put between the package and the stage by a
     # module that says "ready" and waits: the interrupt lands mid-preload, every time
     (tmp_path / "ready_then_wait.py").write_text("import sys\nprint('ready', flush=True)\nsys.stdin.readline()\n")
-    code = ("import os, socket, sys\n"
+    (tmp_path / "say_loaded.py").write_text("print('loaded', flush=True)\n")
+    proc, alive_w = _forkserver_child(tmp_path, ["packtool.preload", "ready_then_wait", preload, "say_loaded"])
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGINT)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "loaded\n"  # the stage's steps ran, the driver alive
+    finally:
+        os.close(alive_w)  # the driver ends: the loop exits
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, out, err) == (0, "", "")
+
+
+def _forkserver_child(tmp_path: Path, preload: list[str]) -> tuple[subprocess.Popen, int]:
+    """The real forkserver loop in a child with ``preload``; the test holds the write end of its
+    ``alive`` pipe, as a driver does (closing it is the driver ending)."""
+    alive_r, alive_w = os.pipe()
+    code = ("import socket, sys\n"
             "from multiprocessing import forkserver\n"
             "listener = socket.socket(socket.AF_UNIX)\n"
             "listener.bind('')  # an abstract address (a temporary folder's path can pass AF_UNIX's 108 bytes)\n"
             "listener.listen()\n"
-            "alive_r, alive_w = os.pipe()\n"
-            "os.close(alive_w)  # the loop ends at once after the preload: no driver holds it open\n"
             f"sys.path.insert(0, {str(tmp_path)!r})\n"
-            f"forkserver.main(listener.fileno(), alive_r, ['packtool.preload', 'ready_then_wait', {preload!r}])\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline() == "ready\n"
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate("go\n", timeout=120)
-    assert (proc.returncode, out, err) == (0, "", "")
+            f"forkserver.main(listener.fileno(), {alive_r}, {preload!r})\n")
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, pass_fds=(alive_r,))
+    except BaseException:
+        os.close(alive_w)
+        raise
+    finally:
+        os.close(alive_r)
+    return proc, alive_w
+
+
+@pytest.mark.parametrize("driver", ["alive", "gone"])
+def test_a_forkserver_whose_driver_ended_stops_its_preload(driver, tmp_path):
+    """The command starts its pool's forkserver before it parses its arguments; a command that
+    fails on them ends while the forkserver still loads, and a caller reading the command's
+    output through a pipe waited for that too (pack's kernels: most of a second). The preload
+    now looks before each step: with its driver gone it loads nothing more (numba, pack's
+    kernels, never imported) and exits; with the driver there it loads everything."""
+    (tmp_path / "ready_then_wait.py").write_text("import sys\nprint('ready', flush=True)\nsys.stdin.readline()\n")
+    (tmp_path / "say_loaded.py").write_text("import sys\nprint('loaded', 'numba' in sys.modules, flush=True)\n")
+    proc, alive_w = _forkserver_child(tmp_path, ["ready_then_wait", "packtool.preload.packing", "say_loaded"])
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        if driver == "gone":
+            os.close(alive_w)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        if driver == "alive":
+            assert proc.stdout.readline() == "loaded True\n"
+    finally:
+        if driver == "alive":
+            os.close(alive_w)
+    out, err = proc.communicate(timeout=120)
+    # gone: the packing preload stopped before its first step, so nothing after it ran either
+    assert (proc.returncode, out, err) == (0, "", ""), (out, err)
 
 
 def test_ctrl_c_while_a_pool_starts_reaches_only_the_driver(tmp_path):

@@ -27,20 +27,41 @@ ignored SIGINT would also be inherited by every command that process starts.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
 from collections.abc import Callable
 
 
-def _in_forkserver() -> bool:
-    """Whether this import runs inside ``multiprocessing.forkserver.main`` (its preload)."""
+def _forkserver_frame():
+    """The frame of ``multiprocessing.forkserver.main`` this code runs under (its preload), or None."""
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name == "main" and frame.f_globals.get("__name__") == "multiprocessing.forkserver":
-            return True
+            return frame
         frame = frame.f_back
-    return False
+    return None
+
+
+def _in_forkserver() -> bool:
+    """Whether this import runs inside ``multiprocessing.forkserver.main`` (its preload)."""
+    return _forkserver_frame() is not None
+
+
+def _driver_gone() -> Callable[[], bool]:
+    """A check of whether the process that started this forkserver has ended (always False
+    outside a forkserver): the read end of the pipe its driver holds open, ``alive_r`` of the
+    forkserver's ``main``, reads as closed."""
+    import select
+
+    frame = _forkserver_frame()
+    fd = None if frame is None else frame.f_locals.get("alive_r")
+    if not isinstance(fd, int):
+        return lambda: False
+    poller = select.poll()  # not select(): it refuses a descriptor numbered 1024 or more
+    poller.register(fd, select.POLLIN)
+    return lambda: bool(poller.poll(0))
 
 
 if threading.current_thread() is threading.main_thread() and _in_forkserver():
@@ -48,8 +69,16 @@ if threading.current_thread() is threading.main_thread() and _in_forkserver():
 
 
 def warm(*steps: Callable[[], object]) -> None:
-    """Run each step, skipping any that raises (never stop the forkserver)."""
+    """Run each step, skipping any that raises (never stop the forkserver). In a forkserver
+    whose driver has ended meanwhile the rest is not loaded: the forkserver exits, as its loop
+    would right after the preload. The ``packtool`` command starts the forkserver before it
+    parses its arguments (:mod:`packtool.launcher`); one that fails on them ends while the
+    preload runs, and a caller reading the command's output through a pipe waits for every
+    process holding it, the forkserver too (pack's kernels: most of a second)."""
+    gone = _driver_gone()
     for step in steps:
+        if gone():
+            os._exit(0)
         try:
             step()
         except Exception:  # noqa: BLE001 - see the module docstring
