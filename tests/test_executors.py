@@ -212,30 +212,45 @@ def _forkserver_child(tmp_path: Path, preload: list[str]) -> tuple[subprocess.Po
     return proc, alive_w
 
 
-@pytest.mark.parametrize("driver", ["alive", "gone"])
+@pytest.mark.parametrize("driver", ["alive", "gone", "ends mid-step"])
 def test_a_forkserver_whose_driver_ended_stops_its_preload(driver, tmp_path):
     """The command starts its pool's forkserver before it parses its arguments; a command that
     fails on them ends while the forkserver still loads, and a caller reading the command's
-    output through a pipe waited for that too (pack's kernels: most of a second). The preload
-    now looks before each step: with its driver gone it loads nothing more (numba, pack's
-    kernels, never imported) and exits; with the driver there it loads everything."""
+    output through a pipe waited for that too (pack's kernels: most of a second). Now the
+    preload ends its process as soon as its driver has gone: before a step (numba, pack's
+    kernels, never imported) or in the middle of one (the step never finishes); with the driver
+    there it loads everything."""
     (tmp_path / "ready_then_wait.py").write_text("import sys\nprint('ready', flush=True)\nsys.stdin.readline()\n")
     (tmp_path / "say_loaded.py").write_text("import sys\nprint('loaded', 'numba' in sys.modules, flush=True)\n")
-    proc, alive_w = _forkserver_child(tmp_path, ["ready_then_wait", "packtool.preload.packing", "say_loaded"])
+    (tmp_path / "blocking_step.py").write_text(
+        "import sys\nfrom packtool.preload import warm\n\n\ndef step():\n    print('in step', flush=True)\n"
+        "    sys.stdin.readline()\n    print('step done', flush=True)\n\n\nwarm(step)\n")
+    preload = (["blocking_step", "say_loaded"] if driver == "ends mid-step"
+               else ["ready_then_wait", "packtool.preload.packing", "say_loaded"])
+    proc, alive_w = _forkserver_child(tmp_path, preload)
     try:
-        assert proc.stdout.readline() == "ready\n"
-        if driver == "gone":
-            os.close(alive_w)
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
+        assert proc.stdout.readline() == ("in step\n" if driver == "ends mid-step" else "ready\n")
         if driver == "alive":
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
             assert proc.stdout.readline() == "loaded True\n"
+        os.close(alive_w)  # the driver ends
+        alive_w = None
+        if driver == "gone":  # then the preload goes on, to its next step
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        # mid-step: the step waits on stdin, which stays open; only the process's end frees it
+        assert proc.wait(timeout=120) == 0
+        assert (proc.stdout.read(), proc.stderr.read()) == ("", ""), driver
     finally:
-        if driver == "alive":
+        if alive_w is not None:
             os.close(alive_w)
-    out, err = proc.communicate(timeout=120)
-    # gone: the packing preload stopped before its first step, so nothing after it ran either
-    assert (proc.returncode, out, err) == (0, "", ""), (out, err)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            with contextlib.suppress(OSError):
+                stream.close()
 
 
 def test_ctrl_c_while_a_pool_starts_reaches_only_the_driver(tmp_path):

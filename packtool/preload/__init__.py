@@ -49,19 +49,45 @@ def _in_forkserver() -> bool:
     return _forkserver_frame() is not None
 
 
-def _driver_gone() -> Callable[[], bool]:
-    """A check of whether the process that started this forkserver has ended (always False
-    outside a forkserver): the read end of the pipe its driver holds open, ``alive_r`` of the
-    forkserver's ``main``, reads as closed."""
+def _watch_driver() -> Callable[[], None]:
+    """In a forkserver's preload, end the process as soon as the process that started it (its
+    driver) has ended; return the call that stops watching. Outside a forkserver: nothing.
+
+    The driver holds the write end of the forkserver's ``alive`` pipe (``alive_r`` of the
+    forkserver's ``main``), which reads as closed once the driver is gone; a thread waits on it
+    (and on a pipe of its own, written to stop it) while the preload runs. It is stopped and
+    joined before the preload returns, so no thread of it is left when the forkserver forks its
+    workers.
+    """
     import select
 
     frame = _forkserver_frame()
-    fd = None if frame is None else frame.f_locals.get("alive_r")
-    if not isinstance(fd, int):
-        return lambda: False
+    alive = None if frame is None else frame.f_locals.get("alive_r")
+    if not isinstance(alive, int):
+        return lambda: None
+    stop_r, stop_w = os.pipe()
     poller = select.poll()  # not select(): it refuses a descriptor numbered 1024 or more
-    poller.register(fd, select.POLLIN)
-    return lambda: bool(poller.poll(0))
+    poller.register(alive, select.POLLIN)
+    poller.register(stop_r, select.POLLIN)
+
+    def wait() -> None:
+        while True:
+            events = poller.poll()
+            if any(fd == alive for fd, _ in events):
+                os._exit(0)  # the driver is gone: nothing here is worth finishing
+            if events:
+                return
+
+    thread = threading.Thread(target=wait, name="packtool-driver-watch", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        os.write(stop_w, b"x")
+        thread.join()
+        os.close(stop_r)
+        os.close(stop_w)
+
+    return stop
 
 
 if threading.current_thread() is threading.main_thread() and _in_forkserver():
@@ -69,20 +95,21 @@ if threading.current_thread() is threading.main_thread() and _in_forkserver():
 
 
 def warm(*steps: Callable[[], object]) -> None:
-    """Run each step, skipping any that raises (never stop the forkserver). In a forkserver
-    whose driver has ended meanwhile the rest is not loaded: the forkserver exits, as its loop
-    would right after the preload. The ``packtool`` command starts the forkserver before it
-    parses its arguments (:mod:`packtool.launcher`); one that fails on them ends while the
-    preload runs, and a caller reading the command's output through a pipe waits for every
-    process holding it, the forkserver too (pack's kernels: most of a second)."""
-    gone = _driver_gone()
-    for step in steps:
-        if gone():
-            os._exit(0)
-        try:
-            step()
-        except Exception:  # noqa: BLE001 - see the module docstring
-            pass
+    """Run each step, skipping any that raises (never stop the forkserver). A forkserver whose
+    driver ends meanwhile exits at once (:func:`_watch_driver`), as its loop would right after
+    the preload: the ``packtool`` command starts the forkserver before it parses its arguments
+    (:mod:`packtool.launcher`), one that fails on them ends while the preload runs, and a caller
+    reading the command's output through a pipe waits for every process holding it open, the
+    forkserver too (pack's kernels: most of a second)."""
+    stop = _watch_driver()
+    try:
+        for step in steps:
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - see the module docstring
+                pass
+    finally:
+        stop()
 
 
 class _PandasAbsent:
