@@ -72,7 +72,8 @@ def _start_pool_early(args: list[str]) -> None:
     ``--executor``), as the command line would read them; anything unusual (``--help``, a
     bucket's ``--storage-option``, a value that is not a number) leaves the start to the stage,
     and so does any error here. A command that then fails on its arguments has started a
-    forkserver for nothing: it ends with the command, once its preload is done.
+    forkserver for nothing, which ends as soon as the command has (its preload watches its
+    driver: :func:`packtool.preload.warm`).
     """
     command, rest = None, []
     for i, arg in enumerate(args):
