@@ -215,12 +215,12 @@ def shard_name(index: int, prefix: str = "part") -> str:
     return f"{prefix}-{index:05d}.parquet"
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file's bytes. ``hashlib.file_digest`` reads into one reused buffer: a
+    fresh 1 MiB ``bytes`` per read (what a read loop makes) is an ``mmap`` and ``munmap`` each,
+    page faults included, which cost about a tenth of a shard's hashing."""
     with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def tmp_path(path: Path) -> Path:

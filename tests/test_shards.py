@@ -215,3 +215,15 @@ def test_clear_task_removes_the_temporary_of_a_marker_stopped_before_its_rename(
     clear_task(tmp_path, 1)
     assert not mine.exists() and other.exists()
 
+
+
+@pytest.mark.parametrize("size", [0, 1, (1 << 18) - 1, (1 << 20) + 5, 3 << 20])
+def test_sha256_file_is_the_digest_of_the_whole_file(tmp_path, size):
+    import hashlib
+
+    from packtool.shards import sha256_file
+
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    assert sha256_file(path) == hashlib.sha256(data).hexdigest()
