@@ -473,18 +473,25 @@ def _open_rb(source):
     return source.open("rb") if _is_remote(source) else open(source, "rb")
 
 
-def _tail(source: Path | bytes, n: int = _TAIL) -> tuple[bytes, int]:
+def _tail(source: Path | bytes | io.IOBase, n: int = _TAIL) -> tuple[bytes, int]:
     if isinstance(source, bytes):
         return source[-n:], len(source)
+    if isinstance(source, io.IOBase):  # a local file already open (probe_image)
+        size = os.fstat(source.fileno()).st_size
+        source.seek(max(0, size - n))
+        return source.read(), size
     size = source.stat().st_size
     with _open_rb(source) as fh:
         fh.seek(max(0, size - n))
         return fh.read(), size
 
 
-def _whole(source: Path | bytes) -> bytes:
+def _whole(source: Path | bytes | io.IOBase) -> bytes:
     if isinstance(source, bytes):
         return source
+    if isinstance(source, io.IOBase):
+        source.seek(0)
+        return source.read()
     with _open_rb(source) as fh:
         return fh.read()
 
@@ -518,7 +525,7 @@ def _jpeg_end(data: bytes) -> int | None:
     return None
 
 
-def verify_complete(source: Path | bytes, fmt: str) -> None:
+def verify_complete(source: Path | bytes | io.IOBase, fmt: str) -> None:
     """Cheap truncation check from the file's tail (no decode).
 
     JPEG must end with the end-of-image marker ``FFD9`` (zero padding after it is allowed), or
@@ -543,11 +550,7 @@ def verify_complete(source: Path | bytes, fmt: str) -> None:
     if fmt == "GIF" and not tail.rstrip(b"\x00").endswith(b";"):
         raise SampleError("corrupt_image", f"truncated GIF: no trailer at the end of {size:,} bytes")
     if fmt == "WEBP":
-        if isinstance(source, bytes):
-            head = source[:12]
-        else:
-            with _open_rb(source) as fh:
-                head = fh.read(12)
+        head = _head(source, 12)
         riff = int.from_bytes(head[4:8], "little") + 8
         if riff > size:
             raise SampleError("corrupt_image", f"truncated WebP: RIFF header says {riff:,} bytes, file has {size:,}")
@@ -611,10 +614,24 @@ def probe_image(source: Path | bytes, exif: str = "ignore", verify: bool = True)
             truncated, ``image_too_large`` when the declared size passes Pillow's
             decompression-bomb limit (the limit stays on).
     """
+    if not isinstance(source, Path):
+        return _probe_open(source, source, exif, verify)
+    # a local file is opened once for the header and the tail check: an open costs about as
+    # much as Pillow's header parse on a small file, and a corpus of distinct images pays it per image
+    try:
+        fh = open(source, "rb")  # what Image.open does with a path, and fails with the same words
+    except OSError as exc:
+        raise SampleError("corrupt_image", f"cannot read image header: {type(exc).__name__}: {str(exc)[:200]}") from None
+    with fh:
+        return _probe_open(fh, source, exif, verify)
+
+
+def _probe_open(fh: Path | bytes | io.IOBase, source: Path | bytes, exif: str, verify: bool) -> ImageInfo:
+    """:func:`probe_image` on ``fh``: ``source`` opened (a local file), or ``source`` itself."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with open_image(source) as im:
+            with open_image(fh) as im:
                 width, height = im.size
                 fmt = im.format or ""
                 orientation = 1
@@ -638,7 +655,7 @@ def probe_image(source: Path | bytes, exif: str = "ignore", verify: bool = True)
     if width <= 0 or height <= 0:
         raise SampleError("corrupt_image", f"image declares a zero size ({width}x{height})")
     if verify:
-        verify_complete(source, fmt)
+        verify_complete(fh, fmt)
     # recent Pillow opens a TIFF already turned upright (its size is the upright one), loader or not
     if orientation in (5, 6, 7, 8) and not upright:
         width, height = height, width

@@ -340,3 +340,39 @@ def test_escape_becomes_an_errors_jsonl_line(tmp_path):
     assert manifest["counts"]["rejected_by_reason"] == {"path_outside_root": 1}
 
 
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF", "WEBP"])
+@pytest.mark.parametrize("cut", [False, True])
+def test_a_local_image_is_opened_once_for_its_header_and_tail_check(tmp_path, monkeypatch, fmt, cut):
+    """The header probe and the truncation check share one open file; what they answer is what
+    the same bytes answer in memory (a size, or the same truncation error)."""
+    import builtins
+
+    buf = io.BytesIO()
+    Image.new("RGB", (37, 23), (200, 10, 90)).save(buf, format=fmt)
+    data = buf.getvalue()[: -40 if cut else None]
+    path = tmp_path / f"x.{fmt.lower()}"
+    path.write_bytes(data)
+
+    def probe(source):
+        try:
+            info = probe_image(source)
+            return info.width, info.height, info.format
+        except SampleError as err:
+            return err.reason, err.message.replace(f"{len(data):,} bytes", "N bytes")
+
+    opened = []
+    real_open = builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        if os.fspath(file) == os.fspath(path):
+            opened.append(file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    got = probe(path)
+    assert len(opened) == 1, opened
+    assert got == probe(data)
+    if not cut:
+        assert got == (37, 23, fmt)
