@@ -56,7 +56,7 @@ import pyarrow as pa
 from . import runs
 from .errors import SampleError
 from .formats import Rejected
-from .media import probe_image, recorded_media_path, resolve_media_path
+from .media import MediaPathResolver, probe_image, recorded_media_path, resolve_media_path
 from .records import MediaRef, Sample
 from .schema import PREFIX_SUBSEGMENT, TOKENIZED
 from .templates import Template
@@ -93,6 +93,13 @@ class EncodeContext:
     max_tokens: int | None = None
     reasoning_loss: bool = True
     probe_cache: dict = field(default_factory=dict, compare=False, repr=False)
+    #: the local media root's resolver (:class:`media.MediaPathResolver`: each directory's real
+    #: path found once, not each component of each file's path); ``None`` for a bucket
+    paths: MediaPathResolver | None = field(default=None, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.media_root, Path):
+            object.__setattr__(self, "paths", MediaPathResolver(self.media_root))
 
 
 class SampleNames:
@@ -162,11 +169,16 @@ def _probe_uncached(ref: MediaRef, ctx: EncodeContext, n_images: int) -> tuple:
         raise SampleError("bad_record", f"unknown media kind {ref.kind!r}")
     if ref.data is None and not ref.path:
         raise SampleError("missing_media", "neither a path nor inline bytes given")
-    src = ref.data if ref.data is not None else resolve_media_path(ref.path, ctx.media_root)
     # what was counted: pack checks the file is still this one before it embeds or references it
     stat = None
-    if ref.data is None:
-        st = src.stat()
+    if ref.data is not None:
+        src = ref.data
+    else:
+        if ctx.paths is not None:  # a local root: one lstat for a regular file, no realpath of each component
+            src, st = ctx.paths.with_stat(ref.path)
+        else:
+            src = resolve_media_path(ref.path, ctx.media_root)
+            st = src.stat()
         stat = (st.st_size, st.st_mtime_ns)
         # an absolute path would tie the rows to where the media are today: pack and the reader
         # could not be given another root once they move

@@ -230,3 +230,58 @@ def test_a_batch_of_trees_only(contexts):
     want, _ = _expected(samples, ctx, Counter())
     assert got.num_rows == 8 and got.equals(want)
     assert got.column("sample_id").to_pylist() == [f"t{i}{k}" for i in range(4) for k in ("", "#1")]
+
+
+def test_media_of_a_local_root_resolve_through_one_realpath_a_directory(tmp_path, monkeypatch):
+    """Probing resolves each directory's real path once (``MediaPathResolver``), and stores what
+    resolving every path in full stores: the same rows, the same rejects (a link out of the root,
+    a missing file, a ``..`` name), and the size and time of each file."""
+    import os
+    import os.path
+
+    from packtool.formats.llava import parse
+    from packtool.rows import EncodeContext, encode_stored
+    from packtool.templates import get_template
+    from packtool.tokenization import load_tokenizer
+    from packtool.vision import get_family
+
+    root = tmp_path / "root"
+    for d in ("a", "b"):
+        (root / d).mkdir(parents=True)
+        for i in range(6):
+            Image.new("RGB", (30 + i, 20 + 3 * i), (i, 9, 99)).save(root / d / f"{i}.png")
+    outside = tmp_path / "secret.png"
+    Image.new("RGB", (8, 8)).save(outside)
+    (root / "a" / "out.png").symlink_to(outside)
+    (root / "b" / "in.png").symlink_to(root / "a" / "1.png")
+    paths = [f"{d}/{i}.png" for d in ("a", "b") for i in range(6)] + ["a/out.png", "b/in.png", "a/missing.png",
+                                                                       "a/../b/2.png", "b/.."]
+    samples = [parse({"id": f"s{k}", "image": p, "conversations": [{"from": "human", "value": "<image>\nWhat?"},
+                                                                 {"from": "gpt", "value": "A box."}]}, "x.jsonl", k)
+               for k, p in enumerate(paths)]
+
+    def encode(fast: bool):
+        ctx = EncodeContext(load_tokenizer(None), get_template("chatml"), get_family("qwen2.5-vl"), root)
+        if not fast:
+            object.__setattr__(ctx, "paths", None)
+        calls = []
+        real = os.path.realpath
+        monkeypatch.setattr(os.path, "realpath", lambda p, *a, **k: (calls.append(p), real(p, *a, **k))[1])
+        try:
+            table, rejected = encode_stored(samples, ctx)
+        finally:
+            monkeypatch.setattr(os.path, "realpath", real)
+        return table, sorted((r.sample_id, r.reason, r.message) for r in rejected), calls
+
+    fast, fast_rejected, fast_calls = encode(True)
+    slow, slow_rejected, slow_calls = encode(False)
+    assert fast.equals(slow)
+    assert fast_rejected == slow_rejected
+    assert [r[:2] for r in fast_rejected] == [("s12", "path_outside_root"), ("s14", "missing_media"),
+                                              ("s16", "missing_media")]
+    media = fast.column("media").to_pylist()
+    by_id = dict(zip(fast.column("sample_id").to_pylist(), media, strict=True))
+    st = os.stat(root / "b" / "3.png")
+    assert (by_id["s9"][0]["size_bytes"], by_id["s9"][0]["mtime_ns"]) == (st.st_size, st.st_mtime_ns)
+    # the twelve plain files: one realpath for each of the two directories, not one for each file
+    assert len(slow_calls) >= 12 and len(fast_calls) < len(slow_calls) - 8, (fast_calls, slow_calls)
