@@ -11,6 +11,10 @@ real instruction-tuning sets. Three measurements in the same run:
 * baseline: a straightforward per-sample script (open each image with Pillow, render
   the chat string with the image placeholders expanded, encode it with tiktoken in one
   call per sample), the way a one-off conversion script usually does it.
+
+Beside them, a tenth as many records that each have an image file of their own (a captioning
+corpus), tokenized by one process and run through the same per-sample script: there every
+sample pays a path lookup and a header probe, which the pool above answers from memory.
 """
 
 from __future__ import annotations
@@ -48,9 +52,12 @@ def make_images(root: Path, n: int = N_IMAGES) -> list[str]:
     return names
 
 
-def make_corpus(root: Path, n: int, seed: int = 0) -> Path:
-    """``n`` LLaVA records: one image each, one to three Q/A turns, answers of 5-60 words."""
-    images = make_images(root)
+def make_corpus(root: Path, n: int, seed: int = 0, distinct: bool = False) -> Path:
+    """``n`` LLaVA records: one image each, one to three Q/A turns, answers of 5-60 words.
+    The images are :func:`make_images`'s pool, or with ``distinct`` one small file of its own
+    for each record (:func:`_own_image`), as in a captioning corpus."""
+    images = None if distinct else make_images(root)
+    root.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     path = root / "data.jsonl"
     with open(path, "w", encoding="utf-8") as fh:
@@ -60,8 +67,17 @@ def make_corpus(root: Path, n: int, seed: int = 0) -> Path:
                 q = rng.choice(_QUESTIONS) if rng.random() < 0.7 else " ".join(rng.choices(_WORDS, k=rng.randint(4, 14))) + "?"
                 turns.append({"from": "human", "value": ("<image>\n" if t == 0 else "") + q})
                 turns.append({"from": "gpt", "value": " ".join(rng.choices(_WORDS, k=rng.randint(5, 60))) + "."})
-            fh.write(json.dumps({"id": f"s{i:07d}", "image": rng.choice(images), "conversations": turns}) + "\n")
+            image = rng.choice(images) if images else _own_image(root, i)
+            fh.write(json.dumps({"id": f"s{i:07d}", "image": image, "conversations": turns}) + "\n")
     return path
+
+
+def _own_image(root: Path, i: int) -> str:
+    """Record ``i``'s own image: a PNG or JPEG of 200-700 by 150-600 pixels, under ``root/own/``."""
+    name = f"own/{i // 1000:03d}/{i:07d}.{'jpg' if i % 2 else 'png'}"
+    (root / name).parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (200 + (37 * i) % 500, 150 + (53 * i) % 450), (i % 256, 90, 160)).save(root / name)
+    return name
 
 
 def _rates(n: int, t0: float, c0: float) -> tuple[float, float]:
@@ -142,11 +158,17 @@ def run(quick: bool = False) -> str:
         array.unlink()
         enc, n_enc = _encode_only(path, tmp)
         base = _baseline(path, tmp, min(n, 20_000))
+        # every record its own image: each sample pays a path lookup and a header probe
+        n_own = n // 10
+        own_root = tmp / "own-corpus"
+        own_path = make_corpus(own_root, n_own, seed=1, distinct=True)
+        own, n_own_done, _ = _full(own_path, own_root, tmp / "tok-own", n_rows=n_own)
+        own_base = _baseline(own_path, own_root, n_own)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     c = manifest["counts"]
     size = sum(sh["bytes"] for sh in manifest["shards"])
-    if n_full != n or n_enc != n or n_two != n or n_array != n:
+    if n_full != n or n_enc != n or n_two != n or n_array != n or n_own_done != n_own:
         raise RuntimeError(f"internal error: expected {n} samples, tokenized {n_full} / encoded {n_enc}")
     lines = [
         f"LLaVA-style JSONL, {n:,} samples, {N_IMAGES} images referenced, qwen2.5-vl + chatml, 1 process unless stated "
@@ -160,6 +182,9 @@ def run(quick: bool = False) -> str:
         f"(wall only) | {two_array[0] / two[0]:.2f}x the JSONL rate |",
         f"| packtool encode only (no writing) | {enc[0]:,.0f} | {enc[1]:,.0f} | {enc[1] / base[1]:.2f}x |",
         f"| baseline: per-sample script (Pillow open + one encode, nothing written) | {base[0]:,.0f} | {base[1]:,.0f} | 1.00x |",
+        f"| packtool tokenize, every record its own image ({n_own:,} records and files) | {own[0]:,.0f} | {own[1]:,.0f} | "
+        f"{own[1] / own_base[1]:.2f}x the same script on them |",
+        f"| baseline on those records | {own_base[0]:,.0f} | {own_base[1]:,.0f} | 1.00x |",
         "",
         f"Tokenized shards: {size / c['tokens']:.3f} bytes per token, {size / c['samples']:,.0f} per sample "
         f"({c['tokens'] / c['samples']:,.0f} tokens per sample). Load average at the end: {os.getloadavg()[0]:.2f}.",
