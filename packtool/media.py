@@ -638,9 +638,14 @@ def probe_image(source: Path | bytes, exif: str = "ignore", verify: bool = True)
     try:
         fh = open(source, "rb")  # what Image.open does with a path, and fails with the same words
     except OSError as exc:
-        raise SampleError("corrupt_image", f"cannot read image header: {type(exc).__name__}: {str(exc)[:200]}") from None
+        raise _unreadable_header(exc) from None
     with fh:
         return _probe_open(fh, source, exif, verify)
+
+
+def _unreadable_header(exc: Exception) -> SampleError:
+    """The row's error for an image whose header cannot be opened or parsed."""
+    return SampleError("corrupt_image", f"cannot read image header: {type(exc).__name__}: {str(exc)[:200]}")
 
 
 def _probe_open(fh: Path | bytes | io.IOBase, source: Path | bytes, exif: str, verify: bool) -> ImageInfo:
@@ -668,7 +673,7 @@ def _probe_open(fh: Path | bytes | io.IOBase, source: Path | bytes, exif: str, v
     except Image.UnidentifiedImageError:  # its message holds the file object's address: not deterministic
         raise SampleError("corrupt_image", "cannot read image header: not an image Pillow can identify") from None
     except Exception as exc:  # noqa: BLE001 - any header parser failure on hostile bytes is this row's
-        raise SampleError("corrupt_image", f"cannot read image header: {type(exc).__name__}: {str(exc)[:200]}") from None
+        raise _unreadable_header(exc) from None
     if width <= 0 or height <= 0:
         raise SampleError("corrupt_image", f"image declares a zero size ({width}x{height})")
     if verify:
