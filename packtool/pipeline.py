@@ -1535,9 +1535,11 @@ def _media_problems(media, media_root: Path, check_mtime: bool) -> dict[int, tup
     Tokenize recorded each media file's size and modification time; a file now missing,
     outside the root, of another size, or (under the same root) modified since, would put
     other pixels than were counted into the packs, so its row is rejected (``media_changed``,
-    ``missing_media``, ``path_outside_root``) instead. One ``stat`` per distinct file.
-    Returns ``{row: (reason, message)}``.
+    ``missing_media``, ``path_outside_root``) instead, for its first such item. One ``stat``
+    per distinct file; the items are compared as arrays (a shard holds a media item per
+    sample, mostly). Returns ``{row: (reason, message)}``.
     """
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     from .errors import SampleError
@@ -1552,29 +1554,50 @@ def _media_problems(media, media_root: Path, check_mtime: bool) -> dict[int, tup
         return {}  # written before sizes were recorded: nothing to compare
     lengths = pc.fill_null(pc.list_value_length(media), 0).to_numpy(zero_copy_only=False)
     flat = pc.list_flatten(media)
-    rows = np.repeat(np.arange(len(lengths)), lengths).tolist()
-    seen: dict[str, object] = {}
+    # inline bytes travel in the row itself: only items with a path and a recorded size are checked
+    checked = pc.and_(pc.is_valid(flat.field("size_bytes")), pc.is_valid(flat.field("path")))
+    item = np.flatnonzero(checked.to_numpy(zero_copy_only=False))
+    if not len(item):
+        return {}
+    rows = np.repeat(np.arange(len(lengths)), lengths)[item]
+    paths = pc.dictionary_encode(flat.field("path").take(pa.array(item)))
+    index = paths.indices.to_numpy(zero_copy_only=False)
+    sizes = flat.field("size_bytes").take(pa.array(item)).to_numpy(zero_copy_only=False)
+    mtimes = pc.fill_null(flat.field("mtime_ns").take(pa.array(item)), 0).to_numpy(zero_copy_only=False)
+    distinct = paths.dictionary.to_pylist()
+    now_size = np.zeros(len(distinct), dtype=np.int64)
+    now_mtime = np.zeros(len(distinct), dtype=np.int64)
+    failed: dict[int, SampleError] = {}
+    for k, path in enumerate(distinct):
+        try:
+            st = stat_of(path)
+            now_size[k], now_mtime[k] = st.st_size, st.st_mtime_ns
+        except SampleError as err:
+            failed[k] = err
+        except OSError as exc:
+            failed[k] = SampleError("missing_media", f"media file {path!r} cannot be read: {exc.strerror}")
+    off = now_size[index] != sizes
+    if check_mtime:
+        off |= now_mtime[index] != mtimes
+    if failed:
+        off |= np.isin(index, np.fromiter(failed, dtype=np.int64, count=len(failed)))
     bad: dict[int, tuple[str, str]] = {}
-    for row, kind, path, size, mtime in zip(rows, flat.field("kind").to_pylist(), flat.field("path").to_pylist(),
-                                           flat.field("size_bytes").to_pylist(), flat.field("mtime_ns").to_pylist(),
-                                           strict=True):
-        if size is None or path is None or row in bad:  # inline bytes travel in the row itself
+    if not off.any():
+        return bad
+    kinds = flat.field("kind").take(pa.array(item))
+    raw_mtimes = flat.field("mtime_ns").take(pa.array(item))
+    for i in np.flatnonzero(off).tolist():  # items in row order: a row's first bad item names it
+        row = int(rows[i])
+        if row in bad:
             continue
-        now = seen.get(path)
-        if now is None:
-            try:
-                st = stat_of(path)
-                now = (st.st_size, st.st_mtime_ns)
-            except SampleError as err:
-                now = err
-            except OSError as exc:
-                now = SampleError("missing_media", f"media file {path!r} cannot be read: {exc.strerror}")
-            seen[path] = now
-        if isinstance(now, SampleError):
-            bad[row] = (now.reason, now.message)
-        elif now[0] != size or (check_mtime and now[1] != mtime):
-            bad[row] = ("media_changed", f"{kind} {path!r} changed since tokenize counted it (then {size:,} bytes, "
-                        f"modified at {mtime} ns; now {now[0]:,} bytes, {now[1]} ns); re-run tokenize to count it again")
+        k = int(index[i])
+        if k in failed:
+            bad[row] = (failed[k].reason, failed[k].message)
+        else:
+            path, size, mtime = distinct[k], int(sizes[i]), raw_mtimes[i].as_py()
+            bad[row] = ("media_changed", f"{kinds[i].as_py()} {path!r} changed since tokenize counted it (then "
+                        f"{size:,} bytes, modified at {mtime} ns; now {int(now_size[k]):,} bytes, "
+                        f"{int(now_mtime[k])} ns); re-run tokenize to count it again")
     return bad
 
 

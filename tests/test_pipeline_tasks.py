@@ -511,3 +511,81 @@ def test_jsonl_under_a_json_name_is_cut_as_jsonl(tmp_path, monkeypatch):
     for path in (pretty, broken):
         tasks, total = plan_tokenize_tasks([path], 2)
         assert total is None and [(s.start, s.offset) for t in tasks for s in t] == [(0, None)]
+
+
+def _media_problems_one_by_one(media, root: Path, check_mtime: bool) -> dict:
+    """The rule ``_media_problems`` applies, item by item: a row is named by its first item
+    with a recorded size whose file is gone, outside the root, or not the one counted."""
+    import pyarrow.compute as pc
+
+    from packtool.errors import SampleError
+    from packtool.media import resolve_media_path
+
+    lengths = pc.fill_null(pc.list_value_length(media), 0).to_pylist()
+    items = pc.list_flatten(media).to_pylist()
+    rows = [r for r, n in enumerate(lengths) for _ in range(n)]
+    bad = {}
+    for row, it in zip(rows, items, strict=True):
+        if it["size_bytes"] is None or it["path"] is None or row in bad:
+            continue
+        try:
+            st = resolve_media_path(it["path"], root).stat()
+        except SampleError as err:
+            bad[row] = (err.reason, err.message)
+            continue
+        except OSError as exc:
+            bad[row] = ("missing_media", f"media file {it['path']!r} cannot be read: {exc.strerror}")
+            continue
+        if st.st_size != it["size_bytes"] or (check_mtime and st.st_mtime_ns != it["mtime_ns"]):
+            bad[row] = ("media_changed", f"{it['kind']} {it['path']!r} changed since tokenize counted it (then "
+                        f"{it['size_bytes']:,} bytes, modified at {it['mtime_ns']} ns; now {st.st_size:,} bytes, "
+                        f"{st.st_mtime_ns} ns); re-run tokenize to count it again")
+    return bad
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_media_checks_of_a_shard_name_each_rows_first_changed_file(tmp_path, seed):
+    """``_media_problems`` compares a shard's items as arrays, one stat per distinct file: the
+    rows it names and their messages equal those of the item-by-item rule, on rows mixing good,
+    resized, touched, missing, outside-the-root and inline items, one to four items a row."""
+    import random
+
+    import pyarrow as pa
+
+    rng = random.Random(seed)
+    root = tmp_path / "root"
+    root.mkdir()
+    (tmp_path / "outside.png").write_bytes(b"x" * 10)
+    files = []
+    for i in range(12):
+        p = root / f"{i}.png"
+        p.write_bytes(b"p" * (100 + i))
+        st = p.stat()
+        files.append((p.name, st.st_size, st.st_mtime_ns))
+    choices = [
+        lambda f: (f[0], f[1], f[2]),  # as counted
+        lambda f: (f[0], f[1] + 1, f[2]),  # another size
+        lambda f: (f[0], f[1], f[2] - 5),  # modified since
+        lambda f: ("gone.png", 7, 1),  # missing
+        lambda f: ("../outside.png", 10, 1),  # outside the root
+        lambda f: (f[0], None, None),  # inline bytes: not checked
+        lambda f: ("sub/../" + f[0], f[1], f[2]),  # a path with .. inside the root
+    ]
+    weights = [10, 1, 1, 1, 1, 2, 1]
+    rows = []
+    for _ in range(300):
+        row = []
+        for _ in range(rng.choice([0, 1, 1, 1, 2, 4])):
+            path, size, mtime = rng.choices(choices, weights)[0](rng.choice(files))
+            row.append({"kind": rng.choice(["image", "video"]), "path": path, "size_bytes": size, "mtime_ns": mtime})
+        rows.append(row)
+    (root / "sub").mkdir()
+    item = pa.struct([("kind", pa.string()), ("path", pa.string()), ("size_bytes", pa.int64()), ("mtime_ns", pa.int64())])
+    media = pa.array(rows, type=pa.list_(item))
+    for check_mtime in (True, False):
+        want = _media_problems_one_by_one(media, root, check_mtime)
+        got = pipeline._media_problems(media, root, check_mtime)
+        assert got == want, f"seed {seed}, check_mtime {check_mtime}"
+        assert {r for r, _ in want.items()} and {reason for reason, _ in want.values()} >= (
+            {"media_changed", "missing_media", "path_outside_root"} if check_mtime else {"missing_media"})
+    assert pipeline._media_problems(pa.array([[], None], type=pa.list_(item)), root, True) == {}
