@@ -1620,6 +1620,10 @@ class _RowStore:
         self._arrow_errors = (pa.ArrowException, OSError)
         self.starts = _group_starts(pf)
         self.loaded = 0  # row groups read so far
+        from .packer import assembly_columns
+
+        # ParquetFile.schema_arrow converts the file's schema again on every access
+        self.columns = assembly_columns(pf.schema_arrow)
         # group -> [table, shard row of each held row (ascending), packed flags]
         self.held: dict[int, list] = {}
         # rows no pack will take (dropped samples) count as used from the start
@@ -1638,10 +1642,8 @@ class _RowStore:
             lo, hi = int(self.starts[g]), int(self.starts[g + 1])
             used = self.never[lo:hi].copy()
             if not used.all():
-                from .packer import assembly_columns
-
                 try:
-                    table = self.pf.read_row_group(g, columns=assembly_columns(self.pf.schema_arrow), use_threads=False)
+                    table = self.pf.read_row_group(g, columns=self.columns, use_threads=False)
                 except self._arrow_errors as exc:  # a page whose checksum fails
                     raise shard_error(self.file, exc) from None
                 self.held[g] = [table, np.arange(lo, hi, dtype=np.int64), used]
@@ -2050,6 +2052,7 @@ class _MixShards:
         self.verify = verify
         self.open: dict[tuple[int, int], object] = {}
         self.group_starts: dict[tuple[int, int], np.ndarray] = {}
+        self.columns: dict[tuple[int, int], list[str]] = {}  # each shard's assembly columns, named once
         self.cache: dict[int, object] = {}
         self.fetched: list[Path] = []  # this task's copies of shards in a bucket
 
@@ -2077,8 +2080,11 @@ class _MixShards:
     def get(self, s: int, k: int):
         pf = self.open.get((s, k))
         if pf is None:
+            from .packer import assembly_columns
+
             pf = self._open(s, k)
             self.group_starts[(s, k)] = _group_starts(pf)
+            self.columns[(s, k)] = assembly_columns(pf.schema_arrow)
             self.open[(s, k)] = pf
         return pf
 
@@ -2101,8 +2107,6 @@ class _MixShards:
         """
         import pyarrow as pa
 
-        from .packer import assembly_columns
-
         wanted, inverse = np.unique(gid, return_inverse=True)
         tables, bases, held = [], [], []
         base = 0
@@ -2113,7 +2117,7 @@ class _MixShards:
             if entry is None:
                 try:
                     pf = self.get(s, k)
-                    table = pf.read_row_group(g, columns=assembly_columns(pf.schema_arrow), use_threads=False)
+                    table = pf.read_row_group(g, columns=self.columns[(s, k)], use_threads=False)
                 except (pa.ArrowException, OSError) as exc:
                     raise shard_error(self.file(s, k), exc) from None
                 lo = int(self.group_starts[(s, k)][g])
