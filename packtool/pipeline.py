@@ -1560,10 +1560,10 @@ def _media_problems(media, media_root: Path, check_mtime: bool) -> dict[int, tup
     if not len(item):
         return {}
     rows = np.repeat(np.arange(len(lengths)), lengths)[item]
-    paths = pc.dictionary_encode(flat.field("path").take(pa.array(item)))
+    picked = pa.array(item)
+    paths, sizes, mtimes = (flat.field(name).take(picked) for name in ("path", "size_bytes", "mtime_ns"))
+    paths = pc.dictionary_encode(paths)
     index = paths.indices.to_numpy(zero_copy_only=False)
-    sizes = flat.field("size_bytes").take(pa.array(item)).to_numpy(zero_copy_only=False)
-    mtimes = pc.fill_null(flat.field("mtime_ns").take(pa.array(item)), 0).to_numpy(zero_copy_only=False)
     distinct = paths.dictionary.to_pylist()
     now_size = np.zeros(len(distinct), dtype=np.int64)
     now_mtime = np.zeros(len(distinct), dtype=np.int64)
@@ -1576,16 +1576,15 @@ def _media_problems(media, media_root: Path, check_mtime: bool) -> dict[int, tup
             failed[k] = err
         except OSError as exc:
             failed[k] = SampleError("missing_media", f"media file {path!r} cannot be read: {exc.strerror}")
-    off = now_size[index] != sizes
+    off = now_size[index] != sizes.to_numpy(zero_copy_only=False)
     if check_mtime:
-        off |= now_mtime[index] != mtimes
+        off |= now_mtime[index] != pc.fill_null(mtimes, 0).to_numpy(zero_copy_only=False)
     if failed:
         off |= np.isin(index, np.fromiter(failed, dtype=np.int64, count=len(failed)))
     bad: dict[int, tuple[str, str]] = {}
     if not off.any():
         return bad
-    kinds = flat.field("kind").take(pa.array(item))
-    raw_mtimes = flat.field("mtime_ns").take(pa.array(item))
+    kinds = flat.field("kind").take(picked)
     for i in np.flatnonzero(off).tolist():  # items in row order: a row's first bad item names it
         row = int(rows[i])
         if row in bad:
@@ -1594,7 +1593,7 @@ def _media_problems(media, media_root: Path, check_mtime: bool) -> dict[int, tup
         if k in failed:
             bad[row] = (failed[k].reason, failed[k].message)
         else:
-            path, size, mtime = distinct[k], int(sizes[i]), raw_mtimes[i].as_py()
+            path, size, mtime = distinct[k], sizes[i].as_py(), mtimes[i].as_py()
             bad[row] = ("media_changed", f"{kinds[i].as_py()} {path!r} changed since tokenize counted it (then "
                         f"{size:,} bytes, modified at {mtime} ns; now {int(now_size[k]):,} bytes, "
                         f"{int(now_mtime[k])} ns); re-run tokenize to count it again")
