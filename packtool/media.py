@@ -578,9 +578,11 @@ def verify_complete(source: Path | bytes | io.IOBase, fmt: str) -> None:
 _PNG_METADATA = (b"eXIf", b"tEXt", b"zTXt", b"iTXt")
 
 
-def _png_metadata_after_pixels(source: Path | bytes) -> bool:
+def _png_metadata_after_pixels(source: Path | bytes | io.IOBase) -> bool:
     """Whether a PNG has a metadata chunk (:data:`_PNG_METADATA`) after its image data, found
-    by walking the chunk headers (the pixel data is skipped by its lengths, never read).
+    by walking the chunk headers (the pixel data is skipped by its lengths, never read). A file
+    already open (the one :func:`probe_image` reads the header from) is walked from its start
+    and left where it was.
 
     Example:
         >>> buf = io.BytesIO()
@@ -588,22 +590,33 @@ def _png_metadata_after_pixels(source: Path | bytes) -> bool:
         >>> _png_metadata_after_pixels(buf.getvalue())
         False
     """
+    if isinstance(source, io.IOBase):
+        at = source.tell()
+        try:
+            return _png_walk(source)
+        finally:
+            source.seek(at)
     fh = io.BytesIO(source) if isinstance(source, bytes) else (
         source.open("rb") if _is_remote(source) else open(source, "rb", buffering=0))
     with fh:
-        fh.seek(8)
-        pixels = False
-        while len(head := fh.read(8)) == 8 and head[4:8] != b"IEND":
-            kind = head[4:8]
-            if kind in (b"IDAT", b"fdAT"):
-                pixels = True
-            elif pixels and kind in _PNG_METADATA:
-                return True
-            fh.seek(int.from_bytes(head[:4], "big") + 4, io.SEEK_CUR)  # the data and its CRC
+        return _png_walk(fh)
+
+
+def _png_walk(fh) -> bool:
+    """:func:`_png_metadata_after_pixels` on an open file, from its first chunk."""
+    fh.seek(8)
+    pixels = False
+    while len(head := fh.read(8)) == 8 and head[4:8] != b"IEND":
+        kind = head[4:8]
+        if kind in (b"IDAT", b"fdAT"):
+            pixels = True
+        elif pixels and kind in _PNG_METADATA:
+            return True
+        fh.seek(int.from_bytes(head[:4], "big") + 4, io.SEEK_CUR)  # the data and its CRC
     return False
 
 
-def _exif_of(im: Image.Image, source: Path | bytes) -> Image.Exif:
+def _exif_of(im: Image.Image, source: Path | bytes | io.IOBase) -> Image.Exif:
     """``im.getexif()`` without decoding the pixels where Pillow would: a PNG with no EXIF before
     its image data is loaded whole to look for one after it, which the chunk walk of
     :func:`_png_metadata_after_pixels` answers from the chunk headers. What the header gave
@@ -632,7 +645,7 @@ def probe_image(source: Path | bytes, exif: str = "ignore", verify: bool = True)
             decompression-bomb limit (the limit stays on).
     """
     if not isinstance(source, Path):
-        return _probe_open(source, source, exif, verify)
+        return _probe_open(source, exif, verify)
     # a local file is opened once for the header and the tail check: an open costs about as
     # much as Pillow's header parse on a small file, and a corpus of distinct images pays it per image
     try:
@@ -640,7 +653,7 @@ def probe_image(source: Path | bytes, exif: str = "ignore", verify: bool = True)
     except OSError as exc:
         raise _unreadable_header(exc) from None
     with fh:
-        return _probe_open(fh, source, exif, verify)
+        return _probe_open(fh, exif, verify)
 
 
 def _unreadable_header(exc: Exception) -> SampleError:
@@ -648,8 +661,8 @@ def _unreadable_header(exc: Exception) -> SampleError:
     return SampleError("corrupt_image", f"cannot read image header: {type(exc).__name__}: {str(exc)[:200]}")
 
 
-def _probe_open(fh: Path | bytes | io.IOBase, source: Path | bytes, exif: str, verify: bool) -> ImageInfo:
-    """:func:`probe_image` on ``fh``: ``source`` opened (a local file), or ``source`` itself."""
+def _probe_open(fh: Path | bytes | io.IOBase, exif: str, verify: bool) -> ImageInfo:
+    """:func:`probe_image` on ``fh``: a local file opened, or the source itself (bytes, a remote file)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -660,7 +673,7 @@ def _probe_open(fh: Path | bytes | io.IOBase, source: Path | bytes, exif: str, v
                 # exif_transpose also reads an XMP tiff:Orientation when there is no EXIF (Adobe exports)
                 if exif == "apply" and ("exif" in im.info or "xmp" in im.info or fmt in ("TIFF", "MPO", "WEBP", "PNG")):
                     try:
-                        orientation = int(_exif_of(im, source).get(_EXIF_ORIENTATION, 1) or 1)
+                        orientation = int(_exif_of(im, fh).get(_EXIF_ORIENTATION, 1) or 1)
                     except (ValueError, TypeError, SyntaxError, OSError):
                         orientation = 1  # unreadable EXIF: loaders ignore it too
                 upright = fmt == "TIFF" and (width, height) != (im.tag_v2.get(256), im.tag_v2.get(257))

@@ -111,11 +111,13 @@ def _png_turned(where: str) -> bytes:
 
 
 @pytest.mark.parametrize("where", ["none", "exif-before", "exif-after", "xmp-before", "xmp-after"])
-def test_png_orientation_is_read_without_decoding_the_pixels(monkeypatch, where):
+@pytest.mark.parametrize("local", [False, True])
+def test_png_orientation_is_read_without_decoding_the_pixels(monkeypatch, tmp_path, where, local):
     """``--exif apply`` (Molmo2's default) decoded every PNG that carries no EXIF before its pixels:
     Pillow looks for an ``eXIf`` chunk after the image data by decoding it. The chunks are walked
     instead; only a PNG with metadata after its pixels is still decoded, and both give the size
-    ``exif_transpose`` gives."""
+    ``exif_transpose`` gives, from bytes and from a local file alike (whose one open file the
+    chunk walk shares with Pillow)."""
     from PIL import ImageOps, PngImagePlugin
 
     data = _png_turned(where)
@@ -124,7 +126,9 @@ def test_png_orientation_is_read_without_decoding_the_pixels(monkeypatch, where)
     loads = []
     load = PngImagePlugin.PngImageFile.load
     monkeypatch.setattr(PngImagePlugin.PngImageFile, "load", lambda im: loads.append(1) or load(im))
-    info = probe_image(data, exif="apply")
+    if local:
+        (tmp_path / "x.png").write_bytes(data)
+    info = probe_image(tmp_path / "x.png" if local else data, exif="apply")
     assert (info.width, info.height) == seen == ((300, 100) if where == "none" else (100, 300))
     assert len(loads) == (1 if where.endswith("after") else 0), where
 
@@ -344,9 +348,11 @@ def test_escape_becomes_an_errors_jsonl_line(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF", "WEBP"])
 @pytest.mark.parametrize("cut", [False, True])
-def test_a_local_image_is_opened_once_for_its_header_and_tail_check(tmp_path, monkeypatch, fmt, cut):
-    """The header probe and the truncation check share one open file; what they answer is what
-    the same bytes answer in memory (a size, or the same truncation error)."""
+@pytest.mark.parametrize("exif", ["ignore", "apply"])
+def test_a_local_image_is_opened_once_for_its_header_and_tail_check(tmp_path, monkeypatch, fmt, cut, exif):
+    """The header probe and the truncation check share one open file (with ``exif="apply"`` a
+    PNG's walk of its chunk headers too); what they answer is what the same bytes answer in
+    memory (a size, or the same truncation error)."""
     import builtins
 
     buf = io.BytesIO()
@@ -357,7 +363,7 @@ def test_a_local_image_is_opened_once_for_its_header_and_tail_check(tmp_path, mo
 
     def probe(source):
         try:
-            info = probe_image(source)
+            info = probe_image(source, exif=exif)
             return info.width, info.height, info.format
         except SampleError as err:
             return err.reason, err.message.replace(f"{len(data):,} bytes", "N bytes")
