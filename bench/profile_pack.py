@@ -15,6 +15,7 @@ import pstats
 import shutil
 import sys
 import time
+from pathlib import Path
 
 from bench.bench_pack import CACHE, _cfg, _load, _quantized_unit_axis
 from bench.corpus import write_tokenized
@@ -75,7 +76,8 @@ def top_functions(prof: cProfile.Profile, n: int = 12) -> str:
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(n)
     lines = buf.getvalue().splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.strip().startswith("ncalls"))
-    return "\n".join(ln.replace(sys.prefix, "<venv>") for ln in lines[start:] if ln.strip())
+    root = str(Path(__file__).resolve().parents[1]) + "/"  # the checkout's own files by their repository path
+    return "\n".join(ln.replace(sys.prefix, "<venv>").replace(root, "") for ln in lines[start:] if ln.strip())
 
 
 if __name__ == "__main__":
