@@ -841,11 +841,16 @@ def _media_payload(media_flat: pa.StructArray, media_data, which: list[int] | No
     """The ``data`` (an image file's bytes) and ``frames`` (a video's JPEG per timestamp) columns.
 
     ``media_data`` loads one item; with ``which`` it is a list of loaders and item ``j`` uses
-    ``media_data[which[j]]`` (a mixture's sources, each with its own media root).
+    ``media_data[which[j]]`` (a mixture's sources, each with its own media root). Without one
+    (``--media reference``) an item that came with its file's bytes (a data URI, a Parquet image
+    struct or column) keeps them in ``data``: there is no file to refer to, so a reference
+    would lose the item (a video's ``data`` is its file, decoded at read time as a file is).
     """
     n = len(media_flat)
     if media_data is None or n == 0:
-        return pa.nulls(n, type=pa.binary()), pa.nulls(n, type=pa.list_(pa.binary()))
+        inline = media_flat.field("data") if n and "data" in [f.name for f in media_flat.type] else None
+        return (inline if inline is not None else pa.nulls(n, type=pa.binary()),
+                pa.nulls(n, type=pa.list_(pa.binary())))
     loaders = media_data if which is not None else None
     if media_flat.null_count or not all(callable(getattr(f, "image", None)) for f in (loaders or [media_data])):
         data, frames = [], []

@@ -335,6 +335,9 @@ def check_row(row: dict, kind: str, caps: dict | None = None, pad_ids: dict | No
         source = _source_problem(m)
         if source:
             out.append(f"media {j}: {m['kind']} {source}")
+        if "data" in m and not (m.get("path") or m.get("data") or m.get("frames")):
+            out.append(f"media {j}: {m['kind']} has neither a path nor its bytes, so no reader can load it; pack the "
+                       "tokenized directory again (items that came as bytes keep them, by reference too)")
         # targets are pre-shifted: positions off-1 .. off+cnt-2 predict the span's tokens; the last
         # one predicts the token after the span, which may be an answer (LLaVA's `plain` pretraining)
         if np.any(tgt[max(off - 1, 0):off + cnt - 1] != IGNORE):

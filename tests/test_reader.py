@@ -1136,6 +1136,65 @@ def test_video_by_reference_gives_the_frames_pack_embeds(tmp_path):
             assert [f.size for f in got.frames] == [size] * 4, name
 
 
+def test_media_that_came_as_bytes_keep_them_when_packed_by_reference(tmp_path):
+    """An image or video given inline (a data URI here; a Parquet image struct is the same item)
+    has no file to refer to: by reference it used to be packed with neither a path nor its
+    bytes, which no media root could bring back (validate said OK). It keeps its file's bytes:
+    the image decodes as embedded, the video's frames are decoded from them at read time and
+    are those pack embeds; validate reports a packed item with neither."""
+    import base64
+
+    from test_validate import relist
+    from video_fixtures import write_video
+
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+    from packtool.validate import validate_dir
+
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 10, 10)).save(buf, "PNG")
+    clip = write_video(tmp_path / "clip.mp4", n_frames=20, fps=10, step=12).read_bytes()
+
+    def uri(kind: str, data: bytes) -> str:
+        return f"data:{kind};base64," + base64.b64encode(data).decode()
+
+    records = [{"id": "img", "image": uri("image/png", buf.getvalue()),
+                "conversations": [{"from": "human", "value": "<image>\nColour?"}, {"from": "gpt", "value": "Red."}]},
+               {"id": "vid", "video": uri("video/mp4", clip),
+                "conversations": [{"from": "human", "value": "<video>\nWhat?"}, {"from": "gpt", "value": "Grey."}]}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "media").mkdir()
+    tokenize_dataset([tmp_path / "in.jsonl"], tmp_path / "tok", TokenizeConfig(media_root=str(tmp_path / "media")),
+                     workers=1, progress=None)
+    rows = {}
+    for media in ("reference", "embed"):
+        pack_dataset(tmp_path / "tok", tmp_path / media, PackConfig(media=media), workers=1, progress=None)
+        (row,) = list(PackedDataset(tmp_path / media))
+        rows[media] = row
+    by_ref = {m["kind"]: m for m in rows["reference"]["media"]}
+    assert by_ref["image"]["path"] is None and by_ref["image"]["data"] == buf.getvalue()
+    assert by_ref["video"]["path"] is None and by_ref["video"]["data"] == clip and by_ref["video"]["frames"] is None
+    got, want = decode_media(rows["reference"]), decode_media(rows["embed"])  # no media_root: nothing to find
+    assert np.asarray(got[0]).tolist() == np.asarray(want[0]).tolist()
+    assert got[1].timestamps == want[1].timestamps and len(got[1].frames) == len(want[1].frames) > 1
+    for a, b in zip(got[1].frames, want[1].frames, strict=True):  # embedded frames are JPEG: grey levels agree
+        assert abs(float(np.asarray(a.convert("L")).mean()) - float(np.asarray(b.convert("L")).mean())) < 3
+    assert validate_dir(tmp_path / "reference")["ok"]
+    # a packed item with neither a path nor its bytes is a finding, not a row that fails at training time
+    shard = next((tmp_path / "reference").glob("*.parquet"))
+    table = pq.read_table(shard)
+    media_col = table.column("media").to_pylist()
+    media_col[0][0]["data"] = None
+    broken = table.set_column(table.schema.get_field_index("media"), "media",
+                              pa.array(media_col, type=table.schema.field("media").type))
+    pq.write_table(broken, shard)
+    relist(tmp_path / "reference", shard)
+    report = validate_dir(tmp_path / "reference")
+    assert not report["ok"]
+    assert [p["what"] for p in report["problems"]] == [
+        "media 0: image has neither a path nor its bytes, so no reader can load it; pack the tokenized directory again "
+        "(items that came as bytes keep them, by reference too)"], report["problems"]
+
+
 # --------------------------------------------------------------------------- README
 
 

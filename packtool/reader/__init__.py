@@ -938,7 +938,8 @@ def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrame
     """The frames of one video media item with their timestamps.
 
     Embedded videos carry one JPEG per counted timestamp. For videos packed by
-    reference the file under ``media_root`` is decoded with PyAV and the frames are
+    reference the file under ``media_root`` (or the file's bytes the item holds, for a
+    video that came as bytes) is decoded with PyAV and the frames are
     picked by the rule pack embeds with (:func:`packtool.media.counted_frames`: the
     frame on screen at each timestamp after the stream's first frame, turned by the
     rotation tokenize counted), so both media modes give the same frames.
@@ -956,12 +957,14 @@ def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrame
     from ..errors import SampleError
     from ..media import counted_frames
 
-    file = _media_file(item, media_root)
+    inline = item.get("data")  # a video that came as bytes keeps its file in the pack (--media reference)
+    file = inline if inline else _media_file(item, media_root)
     try:
         # in a bucket: every frame is decoded, so the whole file in one GET
-        frames = counted_frames(file if isinstance(file, Path) else file.read_bytes(), item)
+        frames = counted_frames(file if isinstance(file, Path | bytes) else file.read_bytes(), item)
     except SampleError as err:
-        raise InputError(f"video {str(file)!r}: {err.message}; re-check the file or re-pack with --media embed") from None
+        where = "held in the pack" if inline else repr(str(file))
+        raise InputError(f"video {where}: {err.message}; re-check the file or re-pack with --media embed") from None
     return VideoFrames(tuple(f.convert("RGB") for f in frames), stamps)
 
 
