@@ -613,8 +613,9 @@ def _root(
         from .storage import set_options
 
         set_options(storage_option)
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    from .preload import LOG_FORMAT
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
     if not verbose:
         # gcsfs logs each request it gives up on with a traceback; the error then reaches
         # main(), which shows it as one line naming the fix

@@ -11,10 +11,15 @@ never a Python loop over tokens.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
+import os
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -563,22 +568,50 @@ def warm_kernels() -> None:
     numba) the compile takes a minute or two of one core, with nothing on screen. A load
     taking over :data:`COMPILE_NOTICE_AFTER` seconds logs :data:`COMPILING` as a warning (the
     command line prints it), so the pause does not pass for a hang.
+
+    Processes of one machine load one at a time (:func:`_kernel_lock`): the ``pack`` command
+    and the forkserver it starts for its workers both warm the kernels, and a first pack
+    compiled them twice at once and said so twice. The one that waits finds them in the cache
+    and says nothing.
     """
     global _warm
     if _warm or numba.config.DISABLE_JIT:
         return
-    notice = threading.Timer(COMPILE_NOTICE_AFTER, log.warning, args=(COMPILING,))
-    notice.daemon = True
-    notice.start()
-    try:
-        one = np.ones(2, dtype=np.int64)
-        _buffer_packs(np.arange(2), one, one, one, 2, 2, 2, None)
-        gather_runs(np.zeros(1, dtype=np.int32), np.zeros(1), np.ones(1), np.zeros(1), np.zeros(1),
-                    np.zeros(1, dtype=np.int32))
-    finally:
-        notice.cancel()
-        notice.join()
+    with _kernel_lock():
+        notice = threading.Timer(COMPILE_NOTICE_AFTER, log.warning, args=(COMPILING,))
+        notice.daemon = True
+        notice.start()
+        try:
+            one = np.ones(2, dtype=np.int64)
+            _buffer_packs(np.arange(2), one, one, one, 2, 2, 2, None)
+            gather_runs(np.zeros(1, dtype=np.int32), np.zeros(1), np.ones(1), np.zeros(1), np.zeros(1),
+                        np.zeros(1, dtype=np.int32))
+        finally:
+            notice.cancel()
+            notice.join()
     _warm = True
+
+
+@contextlib.contextmanager
+def _kernel_lock():
+    """Hold this machine's lock on loading packtool's kernels (an ``flock`` on a file in the
+    temporary directory, one per user and installed packtool; released by the system if the
+    process dies). Where no lock can be taken (no writable temporary directory, no ``fcntl``)
+    the load goes ahead unlocked, as before."""
+    try:
+        import fcntl
+
+        key = hashlib.sha256(str(Path(__file__).resolve().parent).encode()).hexdigest()[:16]
+        fh = open(Path(tempfile.gettempdir()) / f"packtool-kernels-{os.getuid()}-{key}.lock", "a+b")  # noqa: SIM115
+    except (ImportError, OSError, AttributeError):
+        yield
+        return
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield  # closing the file releases the lock
 
 
 def _token_columns(tables: list[pa.Table], name: str) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -105,6 +105,50 @@ def test_a_kernel_load_that_takes_long_says_it_compiles_and_a_quick_one_says_not
     assert caplog.records == [] and packer._warm
 
 
+def test_processes_of_a_machine_load_the_kernels_one_at_a_time(monkeypatch, caplog):
+    """The ``pack`` command and the forkserver it starts both warm the kernels: on a machine's
+    first pack both compiled at once and both said so. A process that finds another loading
+    waits for it (then loads from the cache, silently); the one that loads says it compiles."""
+    import subprocess
+    import sys
+    import threading
+
+    import packtool.packer as packer
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom packtool.packer import _kernel_lock\n"
+                               "with _kernel_lock():\n    print('held', flush=True)\n    sys.stdin.readline()\n"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        monkeypatch.setattr(packer, "_warm", False)
+        monkeypatch.setattr(packer, "COMPILE_NOTICE_AFTER", 0.05)
+        done = threading.Event()
+        waiter = threading.Thread(target=lambda: (packer.warm_kernels(), done.set()), daemon=True)
+        waiter.start()
+        assert not done.wait(0.5) and not packer._warm  # waiting for the other process...
+        assert caplog.records == []  # ... and not saying it compiles (the notice is the loader's)
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert done.wait(60) and packer._warm
+        waiter.join()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_forkserver_logs_as_the_command_line_does():
+    """A forkserver has no log handler: its compile notice came out as a bare line beside the
+    command's ``WARNING packtool.packer: ...``; it is configured to say it the same way."""
+    import subprocess
+    import sys
+
+    code = ("import logging\nfrom packtool.preload import command_line_logging\ncommand_line_logging()\n"
+            "command_line_logging()\nlogging.getLogger('packtool.packer').warning('compiling')\n"
+            "logging.getLogger('packtool.packer').info('quiet')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stderr == "WARNING packtool.packer: compiling\n"
+
+
 def test_oversize_policies():
     tokens = np.array([100, MAX_TOKENS + 5, MAX_TOKENS * 2, 50])
     units = np.array([1, 0, 2, MAX_UNITS + 1])

@@ -33,6 +33,10 @@ import sys
 import threading
 from collections.abc import Callable
 
+#: How the command line writes log records (``WARNING packtool.packer: ...``); a forkserver,
+#: which has no handler of its own, says what it logs the same way (:func:`command_line_logging`).
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
 
 def _forkserver_frame():
     """The frame of ``multiprocessing.forkserver.main`` this code runs under (its preload), or None."""
@@ -141,3 +145,13 @@ def arrow_without_pandas() -> None:
         pa.array([0])
     finally:
         sys.meta_path.remove(_PandasAbsent)
+
+
+def command_line_logging() -> None:
+    """Log warnings to stderr as the command line does, where nothing configured logging: in a
+    forkserver, whose preload (pack's kernels, compiled on a machine's first pack) would
+    otherwise print a bare line through logging's last-resort handler."""
+    import logging
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)

@@ -3,7 +3,7 @@ compiled knapsack and gather kernels, loaded from numba's cache (see :mod:`packt
 
 from __future__ import annotations
 
-from . import arrow_without_pandas, warm
+from . import arrow_without_pandas, command_line_logging, warm
 
 
 def _kernels() -> None:
@@ -16,4 +16,4 @@ def _modules() -> None:
     from .. import media, pipeline, runs, shards  # noqa: F401
 
 
-warm(_modules, arrow_without_pandas, _kernels)
+warm(_modules, arrow_without_pandas, command_line_logging, _kernels)
