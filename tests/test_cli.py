@@ -205,7 +205,11 @@ def test_a_tokenize_setting_out_of_bounds_is_a_usage_error_before_any_work(tmp_p
     (["--model", "fixed:0"], "--model 'fixed:0': fixed:N needs a positive N, e.g. fixed:576"),
     (["--max-crops", "4"], "--max-crops does not apply to --model qwen2.5-vl; it accepts: --fps, --max-frames, "
                            "--max-pixels, --min-pixels"),
-], ids=["fixed-huge", "min-above-max", "unknown-model", "fixed-zero", "setting-of-another-family"])
+    # a family's setting that no option sets (Molmo2's single_crop_col_tokens) is not offered
+    (["--model", "molmo2", "--fps", "1"], "--fps does not apply to --model molmo2; it accepts: --max-crops, "
+                                          "--max-frames"),
+], ids=["fixed-huge", "min-above-max", "unknown-model", "fixed-zero", "setting-of-another-family",
+        "only-options-offered"])
 def test_a_model_spec_or_pixel_pair_that_cannot_work_is_a_usage_error_before_any_work(tmp_path, demo_dirs, args,
                                                                                        message):
     """Like a value out of a flag's range: exit 2 with the usage lines, the message naming the

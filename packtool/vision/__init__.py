@@ -266,8 +266,9 @@ def _checked(name: str, settings: dict) -> tuple[type, tuple, dict, str | None]:
         unknown = sorted(set(given) - accepted)
         if unknown:
             flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
+            flagged = sorted(accepted & set(SETTING_LIMITS))  # settings that are options (not single_crop_col_tokens)
             raise ConfigError(f"{flags} does not apply to --model {key}; it accepts: "
-                              + (", ".join("--" + k.replace("_", "-") for k in sorted(accepted)) or "no settings"))
+                              + (", ".join("--" + k.replace("_", "-") for k in flagged) or "no settings"))
     elif key.startswith("fixed:"):
         from .fixed import Fixed
 
