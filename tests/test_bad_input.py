@@ -447,6 +447,15 @@ RECORD_CASES = {
     "media_path_is_the_root": (b'{"id": "media_path_is_the_root", "image": ".", "conversations": %s}', "missing_media"),
     "media_path_is_a_directory": (b'{"id": "media_path_is_a_directory", "image": "/", "conversations": %s}',
                                   "path_outside_root"),
+    # nested past MAX_NESTING: the template's json.dumps of such a value, deep in the call stack,
+    # raised RecursionError (a traceback, the run lost) for values the parser had read near the limit
+    "tool_schema_nested_too_deep": (b'{"id": "tool_schema_nested_too_deep", "tools": [{"name": "f", "parameters": '
+                                    + b"[" * 150 + b"]" * 150 + b'}], "messages": [{"role": "user", "content": "Q"}, '
+                                    b'{"role": "assistant", "content": "A"}]}', "bad_record"),
+    "tool_arguments_nested_too_deep": (b'{"id": "tool_arguments_nested_too_deep", "tools": [{"name": "f"}], "messages": '
+                                       b'[{"role": "user", "content": "Q"}, {"role": "assistant", "tool_calls": '
+                                       b'[{"function": {"name": "f", "arguments": {"a": ' + b"[" * 150 + b"]" * 150
+                                       + b'}}}]}]}', "bad_record"),
 }
 
 _CONV = json.dumps(conv()).encode()
@@ -463,6 +472,19 @@ def test_a_record_that_cannot_be_represented_is_one_error_row(media, tmp_path, c
     assert e["reason"] == reason, e
     assert e["row"] == 1 and e["message"]
     assert m["counts"]["rejected_by_reason"] == {reason: 1}
+
+
+def test_tools_nested_near_the_recursion_limit_are_error_rows_at_any_depth(media, tmp_path):
+    """Whatever depth the JSON parser still reads (it depends on the stack the parse runs on),
+    a deeply nested tool schema is one error row: ``bad_json`` where the parser gives up,
+    ``bad_record`` where it read it. Between the two, the template's dump raised
+    ``RecursionError`` and the run ended with a traceback."""
+    lines = [b'{"id": "d%d", "tools": [{"name": "f", "parameters": ' % d + b"[" * d + b"]" * d
+             + b'}], "messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]}'
+             for d in range(880, 1010, 3)]
+    m, errors = run_tokenize(media, tmp_path, lines)
+    assert m["counts"]["samples"] == 2 and len(errors) == len(lines)
+    assert {e["reason"] for e in errors.values()} <= {"bad_json", "bad_record"}
 
 
 def test_a_latin1_byte_in_a_json_array_file_rejects_only_its_records(media, tmp_path):

@@ -194,13 +194,34 @@ def check_sample(sample: Sample) -> Sample:
             if message.tool_calls:
                 for call in message.tool_calls:
                     check_text(call.name, "a tool call's name")
+                    _check_depth(call.arguments, f"the arguments of tool call {call.name!r}")
                     check_text(json.dumps(call.arguments, ensure_ascii=False), f"the arguments of tool call {call.name!r}")
             if message.reasoning is not None:
                 check_text(message.reasoning, "an assistant's reasoning_content")
     if sample.tools:
         for i, tool in enumerate(sample.tools):
+            _check_depth(tool, f"tools[{i}]")
             check_text(json.dumps(tool, ensure_ascii=False), f"tools[{i}]")
     return sample
+
+
+#: The deepest nesting of lists and objects a tool schema or a tool call's arguments may have.
+#: Real schemas nest a few levels; the template writes them out with ``json.dumps`` deep in the
+#: call stack, where a value the JSON parser read near Python's recursion limit (about 970
+#: levels) raised ``RecursionError`` and stopped the run.
+MAX_NESTING = 100
+
+
+def _check_depth(value, what: str) -> None:
+    """``bad_record`` when ``value`` nests lists and objects more than :data:`MAX_NESTING` deep
+    (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if depth > MAX_NESTING:
+                raise SampleError("bad_record", f"{what} nests lists and objects more than {MAX_NESTING} levels deep")
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
 
 
 def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[str, str],
