@@ -379,9 +379,12 @@ def _stage_samples(samples: list[Sample], ctx: EncodeContext, counts: Counter | 
             if folded and "merged_branches" in s.meta:
                 s, branches = _stage_members(s, probed, ctx, specials, pieces, rejected, counts)
                 if branches:
+                    _check_int32(pieces, mark, n_texts, probed)
                     staged.append((s, probed, branches))
                 continue
-            staged.append((s, probed, _stage_branches(s, s.branches, probed, ctx, specials, pieces)))
+            branches = _stage_branches(s, s.branches, probed, ctx, specials, pieces)
+            _check_int32(pieces, mark, n_texts, probed)
+            staged.append((s, probed, branches))
         except SampleError as err:
             pieces.rollback(mark)
             del pieces.texts[n_texts:]
@@ -392,6 +395,39 @@ def _stage_samples(samples: list[Sample], ctx: EncodeContext, counts: Counter | 
             if folded and counts is not None:
                 counts["merged_records"] -= len(folded)
     return pieces, staged, rejected
+
+
+def _check_int32(pieces: _Pieces, mark: int, n_texts: int, probed: list[_Probed]) -> None:
+    """``oversize`` for a sample whose tokens or vision units a shard's int32 counts cannot hold
+    (one ``fixed:N`` item of a huge N, or a few such items together): its pieces from ``mark``
+    on and texts from ``n_texts`` on. A text's tokens are bounded by its UTF-8 bytes (a token is
+    at least one byte), so nothing needs encoding; the bound errs only for a sample within its
+    text's bytes of the limit, which no pack could hold anyway.
+
+    Raises:
+        SampleError: ``oversize``, naming the count and the limit.
+    """
+    units = sum(p.layout.units for p in probed)
+    tokens = len(pieces.kind) - mark  # one a piece (a text piece's tokens are bounded below) ...
+    repeats = pieces.repeats
+    k = len(repeats)
+    while k and repeats[k - 1][0] >= mark:  # ... and a placeholder run (or repeated token) its count
+        k -= 1
+        tokens += repeats[k][1] - 1
+    texts = pieces.texts[n_texts:]
+    if units <= INT32_LIMIT and tokens + 4 * sum(map(len, texts)) <= INT32_LIMIT:  # 4 bytes a character at most
+        return
+    tokens += sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+    if units <= INT32_LIMIT and tokens <= INT32_LIMIT:
+        return
+    what, n = ("vision units", units) if units > INT32_LIMIT else ("tokens", tokens)
+    counted = " (its text counted at a token a byte)" if what == "tokens" else ""
+    raise SampleError("oversize", f"the sample needs {n:,} {what}{counted}, more than a shard's int32 counts hold "
+                                  f"({INT32_LIMIT:,}); no pack could hold it")
+
+
+#: The largest count a shard's int32 columns hold (``n_tokens``, ``n_vision_units``, offsets).
+INT32_LIMIT = 2**31 - 1
 
 
 def _stage_branches(s: Sample, branches, probed: list[_Probed], ctx: EncodeContext, specials: _Specials,

@@ -487,6 +487,19 @@ def test_tools_nested_near_the_recursion_limit_are_error_rows_at_any_depth(media
     assert {e["reason"] for e in errors.values()} <= {"bad_json", "bad_record"}
 
 
+def test_a_sample_past_the_int32_counts_is_an_oversize_row(media, tmp_path):
+    """``fixed:N`` bounds one item by int32, not a sample: two items of a huge N made a row whose
+    n_tokens Arrow could not store, and the run ended with an ``ArrowInvalid`` traceback. Such
+    a sample is an ``oversize`` row; one item of the same N still fits and is kept."""
+    two = json.dumps({"id": "two", "images": ["ok.png", "ok.png"],
+                      "conversations": conv("<image><image>What?")}).encode()
+    m, errors = run_tokenize(media, tmp_path, [two], model="fixed:1100000000")
+    assert [(k, e["reason"]) for k, e in errors.items()] == [("two", "oversize")]
+    assert "more than a shard's int32 counts hold (2,147,483,647)" in errors["two"]["message"]
+    n_tokens = pq.read_table(next((tmp_path / "tok").glob("part-*.parquet")), columns=["n_tokens"])
+    assert all(1_100_000_000 < n < 2**31 for n in n_tokens.column("n_tokens").to_pylist())
+
+
 def test_a_latin1_byte_in_a_json_array_file_rejects_only_its_records(media, tmp_path):
     """A JSON array file is decoded element by element; the records holding the invalid byte
     (in a text, an id, a media path) are rejected, the others in the same file are kept."""
