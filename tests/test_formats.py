@@ -391,6 +391,24 @@ def test_jsonl_named_json_with_a_broken_first_line(tmp_path, name, first):
     assert bad.reason == "bad_json" and bad.message.startswith("the file is not valid JSON (")
 
 
+@pytest.mark.parametrize("name", ["a.jsonl", "a.json", "a.jsonl.gz"])
+@pytest.mark.parametrize("first", [b"[1, 2]", b"[]", b'[{"id": "x"}]'])
+def test_jsonl_whose_first_line_is_an_array_loses_that_line_only(tmp_path, name, first):
+    """A JSONL file whose first line is a JSON array (``[1, 2]``, ``[]``) was taken for one JSON
+    array, failed to parse as one, and became a single ``bad_json`` row: every record after it
+    was lost without a word. Its lines are read as JSONL, as a broken first line is: the first
+    is one rejected row, the records after it are kept with their line numbers."""
+    body = first + b"\n" + "".join(json.dumps({**LLAVA, "id": f"s{i}"}) + "\n" for i in range(3)).encode()
+    (tmp_path / name).write_bytes(gzip.compress(body) if name.endswith(".gz") else body)
+    rows = [(type(s).__name__, getattr(s, "reason", None), s.sample_id, s.source_row) for s in read_all(tmp_path / name)]
+    assert rows == [("Rejected", "bad_record", None, 0), ("Sample", None, "s0", 1), ("Sample", None, "s1", 2),
+                    ("Sample", None, "s2", 3)]
+    cut = b"[" + b"".join(json.dumps({**LLAVA, "id": f"s{i}"}).encode() + b",\n" for i in range(3))
+    (tmp_path / "cut.json").write_bytes(cut)  # an array cut short stays one row for the whole file
+    [bad] = read_all(tmp_path / "cut.json")
+    assert bad.reason == "bad_json" and bad.message.startswith("the file is not valid JSON (")
+
+
 def test_zstd_missing_names_the_extra(tmp_path, monkeypatch):
     import sys
 

@@ -344,8 +344,9 @@ def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
             try:
                 data = json.loads(text)
             except (ValueError, RecursionError) as exc:
-                if lead and _second_line_is_record(raw):
-                    # JSONL under another name whose first line is broken: only that line is lost
+                if _second_line_is_record(raw):
+                    # JSONL whose first line is broken or not a record (``[1, 2]`` too, under any
+                    # name): only that line is lost, not every record after it
                     yield from _jsonl_rows(io.BytesIO(raw))
                     return
                 # one unreadable file is one rejected row (its records cannot be told apart), not a stopped run
