@@ -419,3 +419,40 @@ def test_a_sharegpt_tool_record_with_no_other_sharegpt_key_reads_the_same(media_
     text = tok.decode(row["input_ids"].tolist())
     assert text.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")  # no tools: the VL default
     assert lossy_text(tok, row) == TOOL_LOSS
+
+
+def _marked_by_search(markers: tuple[str, ...], text: str) -> list[tuple[str, str]]:
+    """The tag split as it was first written: every tag looked for again after each one found."""
+    out, pos = [], 0
+    while True:
+        hits = [(text.find(tag, pos), tag) for tag in markers if text.find(tag, pos) >= 0]
+        if not hits:
+            break
+        at, tag = min(hits)
+        if at > pos:
+            out.append(("text", text[pos:at]))
+        out.append(("special", tag))
+        pos = at + len(tag)
+    if pos < len(text):
+        out.append(("text", text[pos:]))
+    return out
+
+
+@pytest.mark.parametrize("name", ["chatml", "qwen3-vl"])
+def test_tags_in_template_text_split_in_one_pass_as_before(name):
+    """The tool block's text is split at the template's tags with one pattern, not a search per
+    tag after each tag found (quadratic: 12 s for a schema description holding 40,000 ``<think>``):
+    the same segments on seeded random texts made of tags, their fragments and other characters;
+    a text of 200,000 tags is split whole."""
+    import random
+
+    template = get_template(name)
+    markers = template.markers
+    pieces = [*markers, "<", ">", "/", "tool", "_call", "think", "x", " ", "\n", "<tool_call><tool_call>"]
+    for seed in range(400):
+        rng = random.Random(seed)
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 40)))
+        got = [(kind, value) for kind, value, _, _ in template._marked(text, False)]
+        assert got == _marked_by_search(markers, text), f"seed {seed}: {text!r}"
+    many = "<tool_call>" * 200_000
+    assert len(template._marked(many, False)) == 200_000
