@@ -741,6 +741,37 @@ def _open_video(source: Path | bytes | str):
         raise SampleError("corrupt_video", f"cannot open video: {_av_reason(exc)}") from None
 
 
+def _check_boxes(source: Path | bytes | str) -> None:
+    """``corrupt_video`` when an MP4/MOV file's top-level boxes do not fit in it: a file cut short
+    (a download that stopped, a copy interrupted) whose last box, usually ``mdat`` or ``moov``,
+    says it is longer than what is left. FFmpeg opens such a file from its headers and tokenize
+    counted it, but its frames do not all decode, and pack stopped on it. Reads eight or sixteen
+    bytes a box, never the boxes themselves (a fragmented file has two boxes a fragment).
+
+    Raises:
+        SampleError: ``corrupt_video`` naming the box and the bytes missing.
+    """
+    fh = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")  # noqa: SIM115
+    with fh:
+        size = fh.seek(0, io.SEEK_END)
+        at = 0
+        while at + 8 <= size:
+            fh.seek(at)
+            head = fh.read(16)
+            n, kind = int.from_bytes(head[:4], "big"), head[4:8]
+            if n == 1 and len(head) == 16:  # a 64-bit size follows the type
+                n = int.from_bytes(head[8:16], "big")
+            elif n == 0:  # the box runs to the end of the file
+                return
+            if n < 8:
+                return  # not a box size: FFmpeg judged the file; this check has nothing to add
+            if at + n > size:
+                name = kind.decode("latin-1") if kind.isascii() and kind.isalnum() else kind.hex()
+                raise SampleError("corrupt_video", f"truncated file: its {name!r} box needs {at + n - size:,} bytes "
+                                                   f"more than the {size:,} the file has")
+            at += n
+
+
 def _av_reason(exc: BaseException) -> str:
     """What FFmpeg (or the OS) said, without the errno number and the stream name PyAV wraps
     it in (``[Errno 1094995529] Invalid data found when processing input: '<none>'``): the row
@@ -872,6 +903,8 @@ def probe_video(source: Path | bytes | str, apply_rotation: bool = False) -> Vid
 
     container = _open_video(source)
     try:
+        if "mov" in container.format.name and not _is_remote(source):
+            _check_boxes(source)
         if not container.streams.video:
             raise SampleError("corrupt_video", "file has no video stream")
         stream = container.streams.video[0]

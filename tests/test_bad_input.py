@@ -7,6 +7,7 @@ import gzip
 import io
 import json
 import os
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -90,6 +91,15 @@ def media(tmp_path_factory) -> Path:
     video(root / "zero-frames.avi", n_frames=0)  # MP4 drops an empty track; AVI keeps it
     whole = video(root / "whole.mp4", n_frames=40).read_bytes()
     (root / "truncated.mp4").write_bytes(whole[: len(whole) // 3])
+    # cut short by less than its index at the end (moov): FFmpeg opens it from what is left, and
+    # its frames did not all decode, so it passed tokenize and then stopped every pack of it
+    from video_fixtures import write_noise_video, write_video
+
+    small = write_video(root / "small.mp4", n_frames=12, fps=6, size=(32, 32)).read_bytes()
+    (root / "cut-in-moov.mp4").write_bytes(small[:-200])
+
+    fast = write_noise_video(root / "faststart.mp4", 40, container_options={"movflags": "faststart"}).read_bytes()
+    (root / "cut-in-mdat.mp4").write_bytes(fast[:-300])  # the index first: the frames are what is cut
     outside = root.parent / f"{root.name}-outside"
     outside.mkdir()
     (outside / "secret.png").write_bytes(png_bytes(32, 32))
@@ -217,6 +227,8 @@ VIDEO_CASES = {
     "video_without_video_stream": ("audio-only.mp4", "corrupt_video"),
     "video_with_zero_frames": ("zero-frames.avi", "corrupt_video"),
     "truncated_mp4": ("truncated.mp4", "corrupt_video"),
+    "mp4_cut_in_its_index": ("cut-in-moov.mp4", "corrupt_video"),
+    "mp4_cut_in_its_frames": ("cut-in-mdat.mp4", "corrupt_video"),
 }
 
 
@@ -226,6 +238,10 @@ def test_bad_video(media, tmp_path, case):
     e = assert_rejected(media, tmp_path, video_rec(case, path), reason)
     # FFmpeg's words, not PyAV's wrapping of them ("[Errno 1094995529] ...: '<none>'")
     assert "Errno" not in e["message"] and "<none>" not in e["message"], e["message"]
+    if case.startswith("mp4_cut"):
+        box = "moov" if "index" in case else "mdat"
+        assert re.search(rf"truncated file: its '{box}' box needs [0-9,]+ bytes more than the [0-9,]+ the file has",
+                         e["message"]), e["message"]
 
 
 def test_good_video_passes(media, tmp_path):
