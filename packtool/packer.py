@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from numba import njit
 
 from .config import PackConfig
-from .errors import ConfigError, OversizeSampleError
+from .errors import ConfigError, InputError, OversizeSampleError
 from .knapsack import MAX_TABLE_BYTES, KnapsackSolver, TableTooLarge, _solve
 from .runs import (
     COMPACT_COLUMNS,
@@ -73,6 +73,24 @@ COMPILING = ("compiling packtool's packing kernels for this CPU: the first pack 
              "or two here, once; numba caches them for later runs")
 
 log = logging.getLogger(__name__)
+
+
+class UndecodableMedia(InputError):
+    """A media item whose bytes do not decode where pack reads them (a video's frames: tokenize
+    reads headers only), raised by a media loader. ``row_message`` says what is wrong for the
+    sample's ``errors.jsonl`` line; ``item`` and ``sample`` are set on the way up (the item's
+    index in a chunk's media, and its sample's in the chunk's plan order), so a pack task can
+    reject that sample and pack its shard again without it."""
+
+    def __init__(self, message: str, row_message: str, reason: str = "corrupt_video") -> None:
+        super().__init__(message)
+        self.row_message = row_message
+        self.reason = reason
+        self.item: int | None = None
+        self.sample: int | None = None
+
+    def __reduce__(self):  # across a process pool (a mixture's task stops on it): the same error
+        return type(self), (str(self), self.row_message, self.reason)
 _warm = False
 
 
@@ -829,12 +847,16 @@ def assemble_packs(
             off = media_flat.field("token_offset").to_numpy(zero_copy_only=False).astype(np.int64)
             children[name] = pa.array((off + start_in_pack[m_sample]).astype(np.int32))
         elif name == "data":
-            if media_loaders is not None:
-                loaders, which = media_loaders
-                children["data"], children["frames"] = _media_payload(media_flat, loaders,
-                                                                      np.asarray(which)[m_sample].tolist())
-            else:
-                children["data"], children["frames"] = _media_payload(media_flat, media_data)
+            try:
+                if media_loaders is not None:
+                    loaders, which = media_loaders
+                    children["data"], children["frames"] = _media_payload(media_flat, loaders,
+                                                                          np.asarray(which)[m_sample].tolist())
+                else:
+                    children["data"], children["frames"] = _media_payload(media_flat, media_data)
+            except UndecodableMedia as err:
+                err.sample = int(m_sample[err.item])  # its sample, in plan order
+                raise
         elif name == "frames":
             continue
         else:
@@ -884,11 +906,16 @@ def _media_payload(media_flat: pa.StructArray, media_data, which: list[int] | No
         inline = media_flat.field("data") if n and "data" in [f.name for f in media_flat.type] else None
         return (inline if inline is not None else pa.nulls(n, type=pa.binary()),
                 pa.nulls(n, type=pa.list_(pa.binary())))
+    # a loader's UndecodableMedia leaves with the item's index set (``item``)
     loaders = media_data if which is not None else None
     if media_flat.null_count or not all(callable(getattr(f, "image", None)) for f in (loaders or [media_data])):
         data, frames = [], []
         for j, m in enumerate(media_flat.to_pylist()):
-            payload = media_data(m) if which is None else media_data[which[j]](m)
+            try:
+                payload = media_data(m) if which is None else media_data[which[j]](m)
+            except UndecodableMedia as err:
+                err.item = j
+                raise
             data.append((payload[0] if payload else None) if m["kind"] == "image" else None)
             frames.append(None if m["kind"] == "image" else payload)
         return pa.array(data, type=pa.binary()), pa.array(frames, type=pa.list_(pa.binary()))
@@ -906,7 +933,11 @@ def _media_payload(media_flat: pa.StructArray, media_data, which: list[int] | No
         if kind == "image" and raw is None and path is not None:
             data[j] = load.image(path, size)
             continue
-        payload = load(media_flat[j].as_py())
+        try:
+            payload = load(media_flat[j].as_py())
+        except UndecodableMedia as err:
+            err.item = j
+            raise
         if kind == "image":
             data[j] = payload[0] if payload else None
         else:

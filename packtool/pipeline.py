@@ -1428,9 +1428,13 @@ class _MediaLoader:
             frames = extract_frames(self.media_root, m, quality=self.frame_quality)
         except SampleError as err:
             if err.reason == "corrupt_video":  # there and unchanged, but its frames do not decode: a re-run fails again
+                from .packer import UndecodableMedia
+
                 where = f"{m['path']!r}" if m.get("path") else "held inline by a tokenized row"
-                raise InputError(f"video {where} has frames that do not decode ({err.message}); tokenize reads only "
-                                 "its headers: replace the file, or drop its rows and tokenize again") from None
+                what = f"video {where} has frames that do not decode ({err.message})"
+                raise UndecodableMedia(f"{what}; tokenize reads only its headers: replace the file, or drop its rows "
+                                       "and tokenize again", f"{what}; tokenize reads only its headers: replace the "
+                                       "file and tokenize again") from None
             raise _unreadable(err, checked=m.get("size_bytes") is not None) from None
         if key is not None:
             self._recent.put(key, frames, sum(map(len, frames)))
@@ -1723,10 +1727,39 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
 
 
 def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -> dict:
-    """The pack task on its opened tokenized shard ``pf`` (read from ``src``)."""
+    """The pack task on its opened tokenized shard ``pf`` (read from ``src``).
+
+    A video whose frames do not decode is found only when its pack is assembled (tokenize and
+    the check before planning read headers): its sample is then rejected (``corrupt_video``, in
+    ``errors.jsonl``) and the shard planned and packed again without it, from scratch, so the
+    packs are those a run that had rejected it before planning would write, on every attempt
+    and every machine. One file no longer stops the run."""
+    undecodable: dict[int, tuple[str, str]] = {}
+    while True:
+        try:
+            return _pack_shard_once(task, report, src, pf, undecodable)
+        except _Undecodable as err:
+            undecodable[err.row] = (err.reason, err.message)
+
+
+class _Undecodable(Exception):  # noqa: N818 - control flow inside one task, never raised to a caller
+    """Shard row ``row`` has media that do not decode (:func:`_pack_shard`)."""
+
+    def __init__(self, row: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.row, self.reason, self.message = row, reason, message
+
+
+def _pack_shard_once(task: _PackTask, report: Callable[[int], None], src: Path, pf,
+                     undecodable: dict[int, tuple[str, str]]) -> dict:
+    """:func:`_pack_shard`'s one attempt, with the rows in ``undecodable`` rejected up front.
+
+    Raises:
+        _Undecodable: a sample's media did not decode as its pack was assembled.
+    """
     import pyarrow as pa
 
-    from .packer import PackPlan, assemble_packs
+    from .packer import PackPlan, UndecodableMedia, assemble_packs
     from .schema import packed_schema
 
     cfg = task.cfg
@@ -1737,6 +1770,7 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
         media = _media_leaves(pf)
         has_media = _has_media(media)
         bad = _media_problems(media, as_root(task.media_root), task.check_mtime)
+        bad.update(undecodable)
         if cfg.oversize == "truncate":
             bad.update(_cut_to_nothing(pf, tokens, units, has_media, bad, cfg.max_tokens, task.max_units))
     except (pa.ArrowException, KeyError) as exc:
@@ -1795,7 +1829,11 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
                 first = task.index * PACK_INDEX_STRIDE + p0
                 if loader is not None and not isinstance(root, Path):
                     _prefetch_media(root, tables, where, loader)
-                writer.write_table(assemble_packs(tables, sub, first, loader, cfg.max_tokens, layout=cfg.layout))
+                try:
+                    packs = assemble_packs(tables, sub, first, loader, cfg.max_tokens, layout=cfg.layout)
+                except UndecodableMedia as err:
+                    raise _Undecodable(int(rows[err.sample]), err.reason, err.row_message) from None
+                writer.write_table(packs)
                 report(len(rows))
         errors.commit()
     except BaseException:

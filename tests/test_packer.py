@@ -669,8 +669,9 @@ def test_a_capacity_too_fine_for_the_tables_is_a_config_error_naming_the_options
 
 
 def test_a_video_whose_frames_do_not_decode_is_named(tmp_path):
-    """Tokenize reads a video's headers only; a file whose frame data is damaged stops pack at
-    embedding, and the error must say which file (a re-run fails the same way)."""
+    """Tokenize reads a video's headers only; a file whose frame data is damaged is found at
+    embedding, and the loader's error says which file: a pack task rejects the sample with it
+    (tests/test_video.py), a mixture's task stops on it."""
     from video_fixtures import write_video
 
     from packtool.errors import InputError

@@ -831,3 +831,64 @@ def test_frames_of_mpeg_program_and_transport_streams_are_those_of_a_full_decode
     probe_video counted it at: the frames taken at random dense and sparse lists of times are, pixel
     for pixel, those of a full decode."""
     _assert_frames_of_a_full_decode(*mpeg_clips, name)
+
+
+def _with_zeroed_frames(src: Path, dst: Path) -> Path:
+    """``src`` (an MP4) with its ``mdat`` payload zeroed: every header as it was, so tokenize
+    counts it, but no frame decodes."""
+    data = bytearray(src.read_bytes())
+    at = 0
+    while at + 8 <= len(data):
+        n = int.from_bytes(data[at:at + 4], "big")
+        if data[at + 4:at + 8] == b"mdat":
+            data[at + 8:at + n] = bytes(n - 8)
+        at += n
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+def test_a_video_whose_frames_do_not_decode_is_a_rejected_row_not_a_stopped_pack(tmp_path, monkeypatch):
+    """Tokenize reads a video's headers only, so a video whose frame data is damaged is found when
+    pack decodes it. That stopped the whole pack (every run of the dataset, until the rows were
+    found and dropped by hand). Its sample is now a ``corrupt_video`` row in errors.jsonl and the
+    shard is packed again without it: the shards are byte for byte those of a run that rejected
+    the sample before planning, on one worker or two."""
+    import packtool.pipeline as pipeline
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+    from packtool.validate import validate_dir
+
+    media = tmp_path / "media"
+    media.mkdir()
+    for i in range(5):
+        write_video(media / f"v{i}.mp4", n_frames=12 + 6 * i, fps=6, step=20)
+    _with_zeroed_frames(write_video(tmp_path / "base.mp4", n_frames=24, fps=6), media / "zeroed.mp4")
+    names = ["v0", "v1", "zeroed", "v2", "v3", "v4"]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"id": n, "video": f"{n}.mp4", "conversations": [
+        {"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "It fades."}]}) + "\n"
+        for n in names))
+    tok = tmp_path / "tok"
+    tokenize_dataset([data], tok, TokenizeConfig(media_root=str(media)), workers=1, progress=None)
+    cfg = PackConfig(max_tokens=2048)
+    runs = {}
+    for workers in (1, 2):
+        out = tmp_path / f"packed-{workers}"
+        m = pack_dataset(tok, out, cfg, workers=workers, progress=None)
+        assert (m["counts"]["samples_packed"], m["counts"]["rejected_by_reason"]) == (5, {"corrupt_video": 1})
+        (err,) = [json.loads(x) for x in (out / ".packtool" / "errors.jsonl").read_text().splitlines()]
+        assert (err["sample_id"], err["reason"]) == ("zeroed", "corrupt_video")
+        assert err["message"].startswith("video 'zeroed.mp4' has frames that do not decode (")
+        assert validate_dir(out)["ok"]
+        runs[workers] = {f.name: f.read_bytes() for f in sorted(out.glob("part-*.parquet"))}
+    packed_ids = [i for f in sorted((tmp_path / "packed-1").glob("part-*.parquet"))
+                  for r in pq.read_table(f, columns=["sample_ids"]).column("sample_ids").to_pylist() for i in r]
+    assert sorted(packed_ids) == sorted(n for n in names if n != "zeroed")
+    # the same shards as a run that knew before planning: the row rejected by the check that runs then
+    real = pipeline._media_problems
+
+    def known(media_col, root, check_mtime):
+        return {**real(media_col, root, check_mtime), names.index("zeroed"): ("media_changed", "known before planning")}
+
+    monkeypatch.setattr(pipeline, "_media_problems", known)
+    pack_dataset(tok, tmp_path / "known", cfg, workers=1, progress=None)
+    assert {f.name: f.read_bytes() for f in sorted((tmp_path / "known").glob("part-*.parquet"))} == runs[1] == runs[2]
