@@ -685,6 +685,9 @@ def _probe_open(fh: Path | bytes | io.IOBase, exif: str, verify: bool) -> ImageI
     """:func:`probe_image` on ``fh``: a local file opened, or the source itself (bytes, a remote file)."""
     try:
         with warnings.catch_warnings():
+            # Pillow's words on damaged EXIF or TIFF tags ("Corrupt EXIF data", "Tag data larger
+            # than file") went to stderr in the middle of a run: the row's outcome says what counts
+            warnings.simplefilter("ignore", UserWarning)
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with open_image(fh) as im:
                 width, height = im.size

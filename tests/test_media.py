@@ -428,3 +428,17 @@ def test_a_local_image_is_opened_once_for_its_header_and_tail_check(tmp_path, mo
     assert got == probe(data)
     if not cut:
         assert got == (37, 23, fmt)
+
+
+def test_damaged_exif_is_probed_without_pillow_warnings_on_stderr(recwarn):
+    """An EXIF block whose directory points past its end: Pillow warns ("Corrupt EXIF data", "Tag
+    data larger than file"), which went to stderr in the middle of a tokenize run. The probe reads
+    the image as its loaders do (orientation unknown: 1) and says nothing."""
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30)).save(buf, "JPEG")
+    jpeg = buf.getvalue()
+    exif = b"Exif\x00\x00II*\x00\x08\x00\x00\x00\x05\x00\x01\x01\x04\x00\xff\xff\x00\x00\x10\x00\x00\x00"
+    data = jpeg[:2] + b"\xff\xe1" + (len(exif) + 2).to_bytes(2, "big") + exif + jpeg[2:]
+    info = probe_image(data, exif="apply")
+    assert (info.width, info.height, info.orientation) == (40, 30, 1)
+    assert [str(w.message) for w in recwarn] == []
