@@ -12,6 +12,7 @@ import base64
 import gzip
 import io
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -580,6 +581,16 @@ def test_directory_inputs_match_suffixes_in_any_case_and_read_ndjson(tmp_path):
     (skipped / "empty").mkdir()
     with pytest.raises(InputError, match=r"no input files found in '.*empty' \(it is empty\)"):
         expand_inputs([skipped / "empty"])
+    # a pipe (named, or a shell's <(zcat ...)) is read more than once by no one: said so, not "does not exist"
+    pipes = tmp_path / "pipes"
+    pipes.mkdir()
+    os.mkfifo(pipes / "stream.jsonl")
+    with pytest.raises(InputError) as err:
+        expand_inputs([pipes / "stream.jsonl"])
+    assert str(err.value).startswith(f"input {str(pipes / 'stream.jsonl')!r} is not a regular file (a pipe or a "
+                                     "device): tokenize reads an input more than once")
+    with pytest.raises(InputError, match=r"\(skipped 'stream.jsonl' \(not a regular file\)\)"):
+        expand_inputs([pipes])
 
 
 # --- bad rows ---------------------------------------------------------------------------

@@ -162,6 +162,10 @@ def expand_inputs(inputs: list[Path], present: set[str] = frozenset()) -> list[P
             files.extend(found)
         elif p.is_file():
             files.append(p)
+        elif p.exists():  # a pipe (``<(zcat ...)``), a socket, a device
+            raise InputError(f"input {str(p)!r} is not a regular file (a pipe or a device): tokenize reads an input "
+                             "more than once (to plan its tasks, then in them); write it to a file first, e.g. "
+                             "`zcat data.jsonl.gz > data.jsonl` (or pass the .gz file itself)")
         else:
             raise InputError(f"input {str(p)!r} does not exist")
     if not files:
@@ -262,6 +266,8 @@ def _walk(root: Path, skipped: list[tuple[str, str]] | None = None) -> Iterator[
                 stack.append(Path(e.path))
             elif e.is_file():
                 yield Path(e.path)
+            elif skipped is not None:  # a pipe, socket or device (read more than once, it would hang or differ)
+                skipped.append((e.path, "not a regular file"))
 
 
 def _open_binary(path: Path):
