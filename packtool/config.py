@@ -205,6 +205,13 @@ class TokenizeConfig(_Digestible):
             if self.max_tokens < 1:
                 raise ConfigError("--max-tokens must be at least 1")
             check_range("--max-tokens", self.max_tokens, 1, INT32_MAX, INT32_WHY)
+        if self.system_prompt is not None:
+            try:
+                self.system_prompt.encode("utf-8")
+            except UnicodeEncodeError:  # an argument's undecodable byte, or a lone surrogate
+                raise ConfigError("--system-prompt is not valid UTF-8 text (the same text in a record is rejected as "
+                                  "bad_encoding; the tokenizer would have put U+FFFD in its place); write it as UTF-8"
+                                  ) from None
         from .formats import check_format
         from .vision import check_settings
 

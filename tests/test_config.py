@@ -35,8 +35,13 @@ WEIGHT = ("choose a value from 0 to 2,147,483,647 (the largest int32, so a sampl
     ({"max_tokens": 3_000_000_000}, "--max-tokens 3000000000: " + INT32.format(lo=1)),
     ({"model": "nope"}, "unknown --model 'nope'; choose one of: internvl, llava-ov, molmo2, qwen2-vl, qwen2.5-vl, "
                         "qwen3-vl, fixed:N"),
+    # an argument's byte that is not UTF-8 reaches Python as a lone surrogate (as os.fsdecode gives it)
+    ({"system_prompt": "Be brief.\udce9"}, "--system-prompt is not valid UTF-8 text (the same text in a record is "
+                                            "rejected as bad_encoding; the tokenizer would have put U+FFFD in its "
+                                            "place); write it as UTF-8"),
 ], ids=["max-pixels-0", "max-pixels-negative", "min-pixels-huge", "min-above-max", "fixed-huge", "max-crops",
-        "max-num", "max-frames", "fps-nan", "fps-inf", "qwen-one-frame", "max-tokens", "unknown-model"])
+        "max-num", "max-frames", "fps-nan", "fps-inf", "qwen-one-frame", "max-tokens", "unknown-model",
+        "system-prompt-not-utf8"])
 def test_tokenize_config_refuses_a_setting_out_of_bounds(settings, message):
     with pytest.raises(ConfigError) as err:
         TokenizeConfig(**settings)
