@@ -407,13 +407,14 @@ def _check_int32(pieces: _Pieces, mark: int, n_texts: int, probed: list[_Probed]
     Raises:
         SampleError: ``oversize``, naming the count and the limit.
     """
-    units = sum(p.layout.units for p in probed)
+    units = 0
+    for p in probed:
+        units += p.layout.units
     tokens = len(pieces.kind) - mark  # one a piece (a text piece's tokens are bounded below) ...
-    repeats = pieces.repeats
-    k = len(repeats)
-    while k and repeats[k - 1][0] >= mark:  # ... and a placeholder run (or repeated token) its count
-        k -= 1
-        tokens += repeats[k][1] - 1
+    for at, count, _ in reversed(pieces.repeats):  # ... and a placeholder run (or repeated token) its count
+        if at < mark:
+            break
+        tokens += count - 1
     texts = pieces.texts[n_texts:]
     if units <= INT32_LIMIT and tokens + 4 * sum(map(len, texts)) <= INT32_LIMIT:  # 4 bytes a character at most
         return
