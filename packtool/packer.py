@@ -587,10 +587,11 @@ def warm_kernels() -> None:
     taking over :data:`COMPILE_NOTICE_AFTER` seconds logs :data:`COMPILING` as a warning (the
     command line prints it), so the pause does not pass for a hang.
 
-    Processes of one machine load one at a time (:func:`_kernel_lock`): the ``pack`` command
-    and the forkserver it starts for its workers both warm the kernels, and a first pack
-    compiled them twice at once and said so twice. The one that waits finds them in the cache
-    and says nothing.
+    The first process of a machine to load them does so alone (:func:`_kernel_lock`): the
+    ``pack`` command and the forkserver it starts for its workers both warm the kernels, and a
+    first pack compiled them twice at once and said so twice. Processes that come while it
+    loads wait for it, then load from the cache side by side (Ray workers starting together on
+    a node are not queued one behind another), and say nothing.
     """
     global _warm
     if _warm or numba.config.DISABLE_JIT:
@@ -610,23 +611,32 @@ def warm_kernels() -> None:
     _warm = True
 
 
+def _kernel_lock_path() -> Path:
+    """The lock file of :func:`_kernel_lock`: one per user and installed packtool."""
+    key = hashlib.sha256(str(Path(__file__).resolve().parent).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"packtool-kernels-{os.getuid()}-{key}.lock"
+
+
 @contextlib.contextmanager
 def _kernel_lock():
     """Hold this machine's lock on loading packtool's kernels (an ``flock`` on a file in the
     temporary directory, one per user and installed packtool; released by the system if the
-    process dies). Where no lock can be taken (no writable temporary directory, no ``fcntl``)
-    the load goes ahead unlocked, as before."""
+    process dies): exclusive when no other process holds it, else shared once the exclusive
+    holder (the one loading, or compiling, first) is done. Where no lock can be taken (no
+    writable temporary directory, no ``fcntl``) the load goes ahead unlocked, as before."""
     try:
         import fcntl
 
-        key = hashlib.sha256(str(Path(__file__).resolve().parent).encode()).hexdigest()[:16]
-        fh = open(Path(tempfile.gettempdir()) / f"packtool-kernels-{os.getuid()}-{key}.lock", "a+b")  # noqa: SIM115
+        fh = open(_kernel_lock_path(), "a+b")  # noqa: SIM115
     except (ImportError, OSError, AttributeError):
         yield
         return
     with fh:
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX)
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process loads them: wait for it, then load beside the others
+            with contextlib.suppress(OSError):
+                fcntl.flock(fh, fcntl.LOCK_SH)
         except OSError:
             pass
         yield  # closing the file releases the lock

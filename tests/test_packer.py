@@ -108,7 +108,8 @@ def test_a_kernel_load_that_takes_long_says_it_compiles_and_a_quick_one_says_not
 def test_processes_of_a_machine_load_the_kernels_one_at_a_time(monkeypatch, caplog):
     """The ``pack`` command and the forkserver it starts both warm the kernels: on a machine's
     first pack both compiled at once and both said so. A process that finds another loading
-    waits for it (then loads from the cache, silently); the one that loads says it compiles."""
+    first waits for it (then loads from the cache, silently); processes that came while it
+    loaded load side by side, not one behind another (a node's Ray workers start together)."""
     import subprocess
     import sys
     import threading
@@ -134,6 +135,21 @@ def test_processes_of_a_machine_load_the_kernels_one_at_a_time(monkeypatch, capl
     finally:
         holder.kill()
         holder.wait()
+    # one that waited holds the lock shared while it loads: another comes in beside it
+    sharer = subprocess.Popen([sys.executable, "-c", "import fcntl, sys\nfrom packtool.packer import _kernel_lock_path\n"
+                               "fh = open(_kernel_lock_path(), 'a+b')\nfcntl.flock(fh, fcntl.LOCK_SH)\n"
+                               "print('held', flush=True)\nsys.stdin.readline()\n"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert sharer.stdout.readline() == "held\n"
+        monkeypatch.setattr(packer, "_warm", False)
+        done = threading.Event()
+        beside = threading.Thread(target=lambda: (packer.warm_kernels(), done.set()), daemon=True)
+        beside.start()
+        assert done.wait(60) and packer._warm  # done while the other still holds it shared
+    finally:
+        sharer.kill()
+        sharer.wait()
 
 
 def test_a_forkserver_logs_as_the_command_line_does():
