@@ -1735,9 +1735,18 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
     packs are those a run that had rejected it before planning would write, on every attempt
     and every machine. One file no longer stops the run."""
     undecodable: dict[int, tuple[str, str]] = {}
+    done = [0, 0]  # rows reported by any attempt so far, and by this one
+
+    def once(n: int) -> None:  # progress: an attempt again reports only what no earlier one did
+        done[1] += n
+        if done[1] > done[0]:
+            report(done[1] - done[0])
+            done[0] = done[1]
+
     while True:
+        done[1] = 0
         try:
-            return _pack_shard_once(task, report, src, pf, undecodable)
+            return _pack_shard_once(task, once, src, pf, undecodable)
         except _Undecodable as err:
             undecodable[err.row] = (err.reason, err.message)
 

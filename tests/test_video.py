@@ -873,13 +873,20 @@ def test_a_video_whose_frames_do_not_decode_is_a_rejected_row_not_a_stopped_pack
     runs = {}
     for workers in (1, 2):
         out = tmp_path / f"packed-{workers}"
-        m = pack_dataset(tok, out, cfg, workers=workers, progress=None)
+        seen: list[int] = []
+        m = pack_dataset(tok, out, cfg, workers=workers, progress=seen.append)
         assert (m["counts"]["samples_packed"], m["counts"]["rejected_by_reason"]) == (5, {"corrupt_video": 1})
+        assert sum(seen) == len(names)  # the attempt packed again reports no row twice
         (err,) = [json.loads(x) for x in (out / ".packtool" / "errors.jsonl").read_text().splitlines()]
         assert (err["sample_id"], err["reason"]) == ("zeroed", "corrupt_video")
         assert err["message"].startswith("video 'zeroed.mp4' has frames that do not decode (")
         assert validate_dir(out)["ok"]
         runs[workers] = {f.name: f.read_bytes() for f in sorted(out.glob("part-*.parquet"))}
+    # packs assembled one at a time: the packs before the video's were reported by the first attempt
+    monkeypatch.setattr(pipeline, "PACK_CHUNK", 1)
+    seen = []
+    pack_dataset(tok, tmp_path / "one-by-one", cfg, workers=1, progress=seen.append)
+    assert sum(seen) == len(names) and len(seen) > 2, seen
     packed_ids = [i for f in sorted((tmp_path / "packed-1").glob("part-*.parquet"))
                   for r in pq.read_table(f, columns=["sample_ids"]).column("sample_ids").to_pylist() for i in r]
     assert sorted(packed_ids) == sorted(n for n in names if n != "zeroed")
