@@ -1748,7 +1748,35 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
         try:
             return _pack_shard_once(task, once, src, pf, undecodable)
         except _Undecodable as err:
+            first = not undecodable
             undecodable[err.row] = (err.reason, err.message)
+            if first:  # look at every other video of the shard now, so that one more attempt packs it
+                undecodable.update(_undecodable_videos(task, pf, set(undecodable)))
+
+
+def _undecodable_videos(task: _PackTask, pf, known: set[int]) -> dict[int, tuple[str, str]]:
+    """``{row: (reason, message)}`` of the shard's rows (but ``known``) holding a video whose
+    frames do not decode, each video decoded once as pack embeds it. Run once a task has met
+    one such video: a shard with many would otherwise be planned again for each."""
+    from .packer import UndecodableMedia
+
+    loader = _media_loader(as_root(task.media_root), task.cfg.frame_quality)
+    found: dict[int, tuple[str, str]] = {}
+    starts = _group_starts(pf)
+    for g in range(len(starts) - 1):
+        rows = pf.read_row_group(g, columns=["media"], use_threads=False).column("media").to_pylist()
+        for r, items in enumerate(rows, start=int(starts[g])):
+            if r in known or not items:
+                continue
+            for m in items:
+                if m["kind"] != "video":
+                    continue
+                try:
+                    loader(m)
+                except UndecodableMedia as err:
+                    found[r] = (err.reason, err.row_message)
+                    break
+    return found
 
 
 class _Undecodable(Exception):  # noqa: N818 - control flow inside one task, never raised to a caller

@@ -851,8 +851,9 @@ def test_a_video_whose_frames_do_not_decode_is_a_rejected_row_not_a_stopped_pack
     """Tokenize reads a video's headers only, so a video whose frame data is damaged is found when
     pack decodes it. That stopped the whole pack (every run of the dataset, until the rows were
     found and dropped by hand). Its sample is now a ``corrupt_video`` row in errors.jsonl and the
-    shard is packed again without it: the shards are byte for byte those of a run that rejected
-    the sample before planning, on one worker or two."""
+    shard is packed again without it, and without every other such video of the shard, found
+    in one look (two attempts, however many there are): the shards are byte for byte those of a
+    run that rejected the samples before planning, on one worker or two."""
     import packtool.pipeline as pipeline
     from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
     from packtool.validate import validate_dir
@@ -861,8 +862,11 @@ def test_a_video_whose_frames_do_not_decode_is_a_rejected_row_not_a_stopped_pack
     media.mkdir()
     for i in range(5):
         write_video(media / f"v{i}.mp4", n_frames=12 + 6 * i, fps=6, step=20)
-    _with_zeroed_frames(write_video(tmp_path / "base.mp4", n_frames=24, fps=6), media / "zeroed.mp4")
-    names = ["v0", "v1", "zeroed", "v2", "v3", "v4"]
+    base = write_video(tmp_path / "base.mp4", n_frames=24, fps=6)
+    for bad in ("zeroed", "zeroed2"):
+        _with_zeroed_frames(base, media / f"{bad}.mp4")
+    names = ["v0", "v1", "zeroed", "v2", "zeroed2", "v3", "v4"]
+    bad_names = {"zeroed", "zeroed2"}
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": n, "video": f"{n}.mp4", "conversations": [
         {"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "It fades."}]}) + "\n"
@@ -870,31 +874,39 @@ def test_a_video_whose_frames_do_not_decode_is_a_rejected_row_not_a_stopped_pack
     tok = tmp_path / "tok"
     tokenize_dataset([data], tok, TokenizeConfig(media_root=str(media)), workers=1, progress=None)
     cfg = PackConfig(max_tokens=2048)
+    attempts = []
+    once = pipeline._pack_shard_once
+    monkeypatch.setattr(pipeline, "_pack_shard_once", lambda *a: (attempts.append(1), once(*a))[1])
     runs = {}
     for workers in (1, 2):
         out = tmp_path / f"packed-{workers}"
         seen: list[int] = []
         m = pack_dataset(tok, out, cfg, workers=workers, progress=seen.append)
-        assert (m["counts"]["samples_packed"], m["counts"]["rejected_by_reason"]) == (5, {"corrupt_video": 1})
+        assert (m["counts"]["samples_packed"], m["counts"]["rejected_by_reason"]) == (5, {"corrupt_video": 2})
         assert sum(seen) == len(names)  # the attempt packed again reports no row twice
-        (err,) = [json.loads(x) for x in (out / ".packtool" / "errors.jsonl").read_text().splitlines()]
-        assert (err["sample_id"], err["reason"]) == ("zeroed", "corrupt_video")
-        assert err["message"].startswith("video 'zeroed.mp4' has frames that do not decode (")
+        errors = [json.loads(x) for x in (out / ".packtool" / "errors.jsonl").read_text().splitlines()]
+        assert {(e["sample_id"], e["reason"]) for e in errors} == {(n, "corrupt_video") for n in bad_names}
+        assert all(e["message"].startswith(f"video '{e['sample_id']}.mp4' has frames that do not decode (")
+                   for e in errors)
         assert validate_dir(out)["ok"]
         runs[workers] = {f.name: f.read_bytes() for f in sorted(out.glob("part-*.parquet"))}
+    # one task (one tokenized shard) runs in process whatever the workers: per run, the failed
+    # attempt and the one that packed (one more per bad video before the shard was looked at once)
+    assert len(attempts) == 4
     # packs assembled one at a time: the packs before the video's were reported by the first attempt
     monkeypatch.setattr(pipeline, "PACK_CHUNK", 1)
     seen = []
     pack_dataset(tok, tmp_path / "one-by-one", cfg, workers=1, progress=seen.append)
-    assert sum(seen) == len(names), seen  # an attempt that reported its packs, then re-packed: 9 before
+    assert sum(seen) == len(names), seen  # an attempt that reported its packs, then re-packed: more before
     packed_ids = [i for f in sorted((tmp_path / "packed-1").glob("part-*.parquet"))
                   for r in pq.read_table(f, columns=["sample_ids"]).column("sample_ids").to_pylist() for i in r]
-    assert sorted(packed_ids) == sorted(n for n in names if n != "zeroed")
-    # the same shards as a run that knew before planning: the row rejected by the check that runs then
+    assert sorted(packed_ids) == sorted(n for n in names if n not in bad_names)
+    # the same shards as a run that knew before planning: the rows rejected by the check that runs then
     real = pipeline._media_problems
 
     def known(media_col, root, check_mtime):
-        return {**real(media_col, root, check_mtime), names.index("zeroed"): ("media_changed", "known before planning")}
+        return {**real(media_col, root, check_mtime),
+                **{names.index(n): ("media_changed", "known before planning") for n in bad_names}}
 
     monkeypatch.setattr(pipeline, "_media_problems", known)
     pack_dataset(tok, tmp_path / "known", cfg, workers=1, progress=None)
