@@ -54,6 +54,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import runs
+from .config import INT32_MAX
 from .errors import SampleError
 from .formats import Rejected
 from .media import MediaPathResolver, probe_image, recorded_media_path, resolve_media_path
@@ -416,19 +417,15 @@ def _check_int32(pieces: _Pieces, mark: int, n_texts: int, probed: list[_Probed]
             break
         tokens += count - 1
     texts = pieces.texts[n_texts:]
-    if units <= INT32_LIMIT and tokens + 4 * sum(map(len, texts)) <= INT32_LIMIT:  # 4 bytes a character at most
+    if units <= INT32_MAX and tokens + 4 * sum(map(len, texts)) <= INT32_MAX:  # 4 bytes a character at most
         return
     tokens += sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
-    if units <= INT32_LIMIT and tokens <= INT32_LIMIT:
+    if units <= INT32_MAX and tokens <= INT32_MAX:
         return
-    what, n = ("vision units", units) if units > INT32_LIMIT else ("tokens", tokens)
+    what, n = ("vision units", units) if units > INT32_MAX else ("tokens", tokens)
     counted = " (its text counted at a token a byte)" if what == "tokens" else ""
     raise SampleError("oversize", f"the sample needs {n:,} {what}{counted}, more than a shard's int32 counts hold "
-                                  f"({INT32_LIMIT:,}); no pack could hold it")
-
-
-#: The largest count a shard's int32 columns hold (``n_tokens``, ``n_vision_units``, offsets).
-INT32_LIMIT = 2**31 - 1
+                                  f"({INT32_MAX:,}); no pack could hold it")
 
 
 def _stage_branches(s: Sample, branches, probed: list[_Probed], ctx: EncodeContext, specials: _Specials,
