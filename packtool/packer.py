@@ -91,6 +91,8 @@ class UndecodableMedia(InputError):
 
     def __reduce__(self):  # across a process pool (a mixture's task stops on it): the same error
         return type(self), (str(self), self.row_message, self.reason)
+
+
 _warm = False
 
 
