@@ -78,9 +78,10 @@ log = logging.getLogger(__name__)
 class UndecodableMedia(InputError):
     """A media item whose bytes do not decode where pack reads them (a video's frames: tokenize
     reads headers only), raised by a media loader. ``row_message`` says what is wrong for the
-    sample's ``errors.jsonl`` line; ``item`` and ``sample`` are set on the way up (the item's
-    index in a chunk's media, and its sample's in the chunk's plan order), so a pack task can
-    reject that sample and pack its shard again without it."""
+    sample's ``errors.jsonl`` line; ``item``, ``sample`` and ``row`` are set on the way up (the
+    item's index in a chunk's media, its sample's in the chunk's plan order, and that sample's
+    row in its tokenized shard), so a pack task can reject that row and pack its shard again
+    without it."""
 
     def __init__(self, message: str, row_message: str, reason: str = "corrupt_video") -> None:
         super().__init__(message)
@@ -88,6 +89,7 @@ class UndecodableMedia(InputError):
         self.reason = reason
         self.item: int | None = None
         self.sample: int | None = None
+        self.row: int | None = None
 
     def __reduce__(self):  # across a process pool (a mixture's task stops on it): the same error
         return type(self), (str(self), self.row_message, self.reason)

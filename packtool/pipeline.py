@@ -1743,13 +1743,17 @@ def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -
             report(done[1] - done[0])
             done[0] = done[1]
 
+    from .packer import UndecodableMedia
+
     while True:
         done[1] = 0
         try:
             return _pack_shard_once(task, once, src, pf, undecodable)
-        except _Undecodable as err:
+        except UndecodableMedia as err:
+            if err.row is None:  # not from an assembly of this shard's rows: nothing to leave out
+                raise
             first = not undecodable
-            undecodable[err.row] = (err.reason, err.message)
+            undecodable[err.row] = (err.reason, err.row_message)
             if first:  # look at every other video of the shard now, so that one more attempt packs it
                 undecodable.update(_undecodable_videos(task, pf, set(undecodable)))
 
@@ -1779,20 +1783,13 @@ def _undecodable_videos(task: _PackTask, pf, known: set[int]) -> dict[int, tuple
     return found
 
 
-class _Undecodable(Exception):  # noqa: N818 - control flow inside one task, never raised to a caller
-    """Shard row ``row`` has media that do not decode (:func:`_pack_shard`)."""
-
-    def __init__(self, row: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.row, self.reason, self.message = row, reason, message
-
-
 def _pack_shard_once(task: _PackTask, report: Callable[[int], None], src: Path, pf,
                      undecodable: dict[int, tuple[str, str]]) -> dict:
     """:func:`_pack_shard`'s one attempt, with the rows in ``undecodable`` rejected up front.
 
     Raises:
-        _Undecodable: a sample's media did not decode as its pack was assembled.
+        packer.UndecodableMedia: a sample's media did not decode as its pack was assembled; its
+            ``row`` is the sample's row in the shard.
     """
     import pyarrow as pa
 
@@ -1869,7 +1866,8 @@ def _pack_shard_once(task: _PackTask, report: Callable[[int], None], src: Path, 
                 try:
                     packs = assemble_packs(tables, sub, first, loader, cfg.max_tokens, layout=cfg.layout)
                 except UndecodableMedia as err:
-                    raise _Undecodable(int(rows[err.sample]), err.reason, err.row_message) from None
+                    err.row = int(rows[err.sample])
+                    raise
                 writer.write_table(packs)
                 report(len(rows))
         errors.commit()
