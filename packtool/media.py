@@ -754,8 +754,7 @@ def _check_boxes(source: Path | bytes | str) -> None:
     Raises:
         SampleError: ``corrupt_video`` naming the box and the bytes missing.
     """
-    fh = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")  # noqa: SIM115
-    with fh:
+    with io.BytesIO(source) if isinstance(source, bytes) else _open_rb(source) as fh:
         size = fh.seek(0, io.SEEK_END)
         at = 0
         while at + 8 <= size:
