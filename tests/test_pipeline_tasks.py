@@ -146,6 +146,50 @@ def test_pack_output_does_not_depend_on_the_assembly_chunk(corpus, tmp_path, mon
     assert len(errors) == a["counts"]["dropped"] and {e["reason"] for e in errors} == {"oversize"}
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_row_store_hands_out_each_row_once_and_holds_one_group_plus_the_waiting_rows(tmp_path, seed):
+    """Rows asked for as a packing buffer asks for them (shard order, some held back for a
+    while): each comes back as itself, the store holds at most the group being read plus the
+    rows still waiting, and it copies only those waiting rows, once a group is passed."""
+    import pyarrow as pa
+
+    n, group = 600, 50
+    rng = np.random.default_rng(seed)
+    pq.write_table(pa.table({"sample_id": [f"s{i}" for i in range(n)], "n_tokens": np.arange(n, dtype=np.int32)}),
+                   tmp_path / "t.parquet", row_group_size=group)
+    store = pipeline._RowStore(pq.ParquetFile(tmp_path / "t.parquet"), never=[5, 6, 7])
+    store.columns = ["sample_id", "n_tokens"]
+    waiting: list[tuple[int, int]] = []  # (row, due step): rows the "buffer" holds back: 3% of them, for 1 to 40 more takes
+    n_late = 0
+    copied = 0  # rows of held tables the store made anew (a cut-down copy of a group)
+    out: list[str] = []
+    row, step = 0, 0
+    while row < n or waiting:
+        fresh = list(range(row, min(n, row + int(rng.integers(1, 12)))))
+        row += len(fresh)
+        fresh = [r for r in fresh if r not in (5, 6, 7)]  # rows no pack takes
+        late = [r for r in fresh if rng.random() < 0.03]
+        n_late += len(late)
+        waiting += [(r, step + int(rng.integers(1, 40))) for r in late]
+        due = [r for r, until in waiting if until <= step or row >= n]
+        waiting = [(r, until) for r, until in waiting if r not in due]
+        want = np.array(sorted(set(fresh) - set(late)) + due, dtype=np.int64)
+        step += 1
+        if not len(want):
+            continue
+        before = {g: entry[0] for g, entry in store.held.items()}
+        tables, where = store.take(want)
+        ids = pa.concat_tables(tables)["sample_id"].to_pylist()
+        assert [ids[int(w)] for w in where] == [f"s{r}" for r in want.tolist()], f"seed {seed}"
+        out += [f"s{r}" for r in want.tolist()]
+        copied += sum(entry[0].num_rows for g, entry in store.held.items() if g in before and entry[0] is not before[g])
+        held = sum(len(entry[1]) for entry in store.held.values())
+        assert held <= 2 * group + len(waiting), f"seed {seed}: {held} rows held, {len(waiting)} waiting"
+    assert sorted(out) == sorted(f"s{i}" for i in range(n) if i not in (5, 6, 7)) and not store.held
+    # only rows that waited were copied (each at most a few times), never a group's unread rows
+    assert copied <= 3 * n_late, f"seed {seed}: {copied} rows copied, {n_late} waited"
+
+
 def test_every_row_lands_in_exactly_one_place(corpus, tmp_path):
     """Accounting over tasks: rows in = samples + rejected; samples = packed + dropped; the
     ids in packs and errors partition the input ids."""
