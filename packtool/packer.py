@@ -80,8 +80,8 @@ class UndecodableMedia(InputError):
     reads headers only), raised by a media loader. ``row_message`` says what is wrong for the
     sample's ``errors.jsonl`` line; ``item``, ``sample`` and ``row`` are set on the way up (the
     item's index in a chunk's media, its sample's in the chunk's plan order, and that sample's
-    row in its tokenized shard), so a pack task can reject that row and pack its shard again
-    without it."""
+    row in its tokenized shard, or its entry in a mixture task's stream), so a pack task can
+    reject that row and pack its shard (or stream) again without it."""
 
     def __init__(self, message: str, row_message: str, reason: str = "corrupt_video") -> None:
         super().__init__(message)
@@ -91,7 +91,7 @@ class UndecodableMedia(InputError):
         self.sample: int | None = None
         self.row: int | None = None
 
-    def __reduce__(self):  # across a process pool (a mixture's task stops on it): the same error
+    def __reduce__(self):  # across a process pool (one not from an assembly stops its task): the same error
         return type(self), (str(self), self.row_message, self.reason)
 
 

@@ -1733,59 +1733,76 @@ def _pack_task(task: _PackTask, report: Callable[[int], None]) -> dict:
 
 
 def _pack_shard(task: _PackTask, report: Callable[[int], None], src: Path, pf) -> dict:
-    """The pack task on its opened tokenized shard ``pf`` (read from ``src``).
+    """The pack task on its opened tokenized shard ``pf`` (read from ``src``), packed again
+    without any sample whose video does not decode (:func:`_without_undecodable`)."""
+    return _without_undecodable(report, lambda once, undecodable: _pack_shard_once(task, once, src, pf, undecodable),
+                                lambda known: _undecodable_videos(task, pf, known))
 
-    A video whose frames do not decode is found only when its pack is assembled (tokenize and
-    the check before planning read headers): its sample is then rejected (``corrupt_video``, in
-    ``errors.jsonl``) and the shard planned and packed again without it, from scratch, so the
-    packs are those a run that had rejected it before planning would write, on every attempt
-    and every machine. One file no longer stops the run."""
+
+def _without_undecodable(report: Callable[[int], None], attempt: Callable[[Callable[[int], None], dict], dict],
+                         scan: Callable[[set[int]], dict[int, tuple[str, str]]]) -> dict:
+    """``attempt(report, undecodable)`` until it does not meet a video whose frames do not decode.
+
+    Such a video is found only when its pack is assembled (tokenize and the checks before
+    planning read headers): ``attempt`` raises :class:`packer.UndecodableMedia` with the
+    sample's ``row`` (its index in what the task plans). That sample is then rejected
+    (``corrupt_video``, in ``errors.jsonl``) and the task planned and packed again without it,
+    from scratch, so the packs are those a run that had rejected it before planning would
+    write, on every attempt and every machine. The first time, ``scan(known)`` looks at every
+    other video of the task (``{row: (reason, message)}``), so one more attempt packs it,
+    however many such videos there are. One file no longer stops the run. Progress is reported
+    once: an attempt reports only rows no earlier attempt did."""
+    from .packer import UndecodableMedia
+
     undecodable: dict[int, tuple[str, str]] = {}
     done = [0, 0]  # rows reported by any attempt so far, and by this one
 
-    def once(n: int) -> None:  # progress: an attempt again reports only what no earlier one did
+    def once(n: int) -> None:
         done[1] += n
         if done[1] > done[0]:
             report(done[1] - done[0])
             done[0] = done[1]
 
-    from .packer import UndecodableMedia
-
     while True:
         done[1] = 0
         try:
-            return _pack_shard_once(task, once, src, pf, undecodable)
+            return attempt(once, undecodable)
         except UndecodableMedia as err:
-            if err.row is None:  # not from an assembly of this shard's rows: nothing to leave out
+            if err.row is None:  # not from an assembly of this task's rows: nothing to leave out
                 raise
             first = not undecodable
             undecodable[err.row] = (err.reason, err.row_message)
-            if first:  # look at every other video of the shard now, so that one more attempt packs it
-                undecodable.update(_undecodable_videos(task, pf, set(undecodable)))
+            if first:
+                undecodable.update(scan(set(undecodable)))
+
+
+def _undecodable_in(rows: list, loader: Callable[[dict], object]) -> tuple[str, str] | None:
+    """``(reason, message)`` of the first video of one row's media list ``rows`` whose frames
+    ``loader`` (a pack's media loader) cannot decode; ``None`` when every one decodes."""
+    from .packer import UndecodableMedia
+
+    for m in rows or ():
+        if m["kind"] != "video":
+            continue
+        try:
+            loader(m)
+        except UndecodableMedia as err:
+            return err.reason, err.row_message
+    return None
 
 
 def _undecodable_videos(task: _PackTask, pf, known: set[int]) -> dict[int, tuple[str, str]]:
     """``{row: (reason, message)}`` of the shard's rows (but ``known``) holding a video whose
     frames do not decode, each video decoded once as pack embeds it. Run once a task has met
     one such video: a shard with many would otherwise be planned again for each."""
-    from .packer import UndecodableMedia
-
     loader = _media_loader(as_root(task.media_root), task.cfg.frame_quality)
     found: dict[int, tuple[str, str]] = {}
     starts = _group_starts(pf)
     for g in range(len(starts) - 1):
         rows = pf.read_row_group(g, columns=["media"], use_threads=False).column("media").to_pylist()
         for r, items in enumerate(rows, start=int(starts[g])):
-            if r in known or not items:
-                continue
-            for m in items:
-                if m["kind"] != "video":
-                    continue
-                try:
-                    loader(m)
-                except UndecodableMedia as err:
-                    found[r] = (err.reason, err.row_message)
-                    break
+            if r not in known and (why := _undecodable_in(items, loader)) is not None:
+                found[r] = why
     return found
 
 
@@ -2225,19 +2242,61 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
     sample may appear more than once (its copies get ids ``id#c1``, ...), and each packed row carries
     ``sample_sources``. Counts are kept per source for the manifest's ``mixture`` record.
     """
-    shards = _MixShards(task, verify=task.out_dir is not None)
+    def attempt(once: Callable[[int], None], undecodable: dict[int, tuple[str, str]]) -> dict:
+        shards = _MixShards(task, verify=task.out_dir is not None)
+        try:
+            return _mix_shards(task, once, shards, undecodable)
+        finally:
+            shards.close()
+
+    return _without_undecodable(report, attempt, lambda known: _undecodable_mixed(task, known))
+
+
+def _undecodable_mixed(task: _MixTask, known: set[int]) -> dict[int, tuple[str, str]]:
+    """:func:`_undecodable_videos` for a mixture task: ``{entry: (reason, message)}`` of its
+    stream entries (but ``known``) whose sample holds a video whose frames do not decode, each
+    sample's media read once from its source shard and decoded with that source's loader (every
+    copy of a sample gets the same answer)."""
+    shards = _MixShards(task, verify=False)
     try:
-        return _mix_shards(task, report, shards)
+        rows = np.empty(len(task.src), np.int64)
+        shard = np.empty(len(task.src), np.int64)
+        for s, ms in enumerate(task.sources):
+            at = task.src == s
+            starts = np.concatenate([[0], np.cumsum([e["rows"] for e in ms.entries])]).astype(np.int64)
+            shard[at] = np.searchsorted(starts, task.row[at], side="right") - 1
+            rows[at] = task.row[at] - starts[shard[at]]
+        found: dict[int, tuple[str, str]] = {}
+        for s in np.unique(task.src).tolist():
+            loader = _media_loader(as_root(task.sources[s].media_root), task.cfg.frame_quality)
+            for k in np.unique(shard[task.src == s]).tolist():
+                pf = shards.get(s, k)
+                media = pf.read(columns=["media"], use_threads=False).column("media")
+                at = np.flatnonzero((task.src == s) & (shard == k))
+                answers: dict[int, tuple[str, str] | None] = {}
+                for i, r in zip(at.tolist(), rows[at].tolist(), strict=True):
+                    if r not in answers:
+                        answers[r] = _undecodable_in(media[r].as_py(), loader)
+                    if i not in known and answers[r] is not None:
+                        found[i] = answers[r]
+        return found
     finally:
         shards.close()
 
 
-def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShards) -> dict:
-    """:func:`_mix_task` with its shards at hand."""
+def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShards,
+                undecodable: dict[int, tuple[str, str]]) -> dict:
+    """:func:`_mix_task`'s one attempt with its shards at hand, the stream entries in
+    ``undecodable`` rejected up front.
+
+    Raises:
+        packer.UndecodableMedia: a sample's media did not decode as its pack was assembled; its
+            ``row`` is the sample's entry in the task's stream.
+    """
     import pyarrow as pa
 
     from .mixture import copy_name
-    from .packer import PackPlan, assemble_packs
+    from .packer import PackPlan, UndecodableMedia, assemble_packs
     from .runs import loss_tokens
     from .schema import packed_schema
 
@@ -2276,6 +2335,7 @@ def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShard
             for i, r in zip(at.tolist(), local[at].tolist(), strict=True):
                 if r in problems:
                     bad[i] = problems[r]
+    bad.update(undecodable)
     plan = _plan_kept(tokens, units, has_media, bad, cfg, task.max_units)
     if plan.n_packs >= PACK_INDEX_STRIDE:
         raise ConfigError(f"{plan.n_packs:,} packs from one mixture task; lower --samples-per-task")
@@ -2355,8 +2415,13 @@ def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShard
                 sub = PackPlan(where, plan.offsets[p0:p1 + 1] - plan.offsets[p0],
                                truncated=[int(where[k]) for k, r in enumerate(rows.tolist()) if r in truncated]
                                if truncated else [])
-                table = assemble_packs(tables, sub, task.index * PACK_INDEX_STRIDE + p0, None, cfg.max_tokens, layout=cfg.layout,
-                                       media_loaders=None if loaders is None else (loaders, task.src[rows]))
+                try:
+                    table = assemble_packs(tables, sub, task.index * PACK_INDEX_STRIDE + p0, None, cfg.max_tokens,
+                                           layout=cfg.layout,
+                                           media_loaders=None if loaders is None else (loaders, task.src[rows]))
+                except UndecodableMedia as err:
+                    err.row = int(rows[err.sample])
+                    raise
                 writer.write_table(_mixture_columns(table, task.src[rows], task.copy[rows], schema, task.sources,
                                                     copy_like))
                 per_sample = loss_tokens(table, eff[rows])

@@ -911,3 +911,59 @@ def test_a_video_whose_frames_do_not_decode_is_a_rejected_row_not_a_stopped_pack
     monkeypatch.setattr(pipeline, "_media_problems", known)
     pack_dataset(tok, tmp_path / "known", cfg, workers=1, progress=None)
     assert {f.name: f.read_bytes() for f in sorted((tmp_path / "known").glob("part-*.parquet"))} == runs[1] == runs[2]
+
+
+def test_a_mixture_rejects_every_copy_of_a_sample_whose_video_does_not_decode(tmp_path, monkeypatch):
+    """The same in a mixture: a sample with a video whose frames do not decode used to stop the
+    whole mixture pack. Each copy of it (``--rates 2`` takes every sample twice) is now a
+    ``corrupt_video`` row named with its copy's id, the task is packed again without them
+    (two attempts however many there are), and the packs are those of a run that rejected the
+    samples before planning, on one worker or two."""
+    import packtool.pipeline as pipeline
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+    from packtool.mixture import Mixture
+    from packtool.validate import validate_dir
+
+    media = tmp_path / "media"
+    media.mkdir()
+    for i in range(4):
+        write_video(media / f"v{i}.mp4", n_frames=12 + 6 * i, fps=6, step=20)
+    _with_zeroed_frames(write_video(tmp_path / "base.mp4", n_frames=24, fps=6), media / "zeroed.mp4")
+    toks = []
+    for name, ids in (("a", ["v0", "zeroed", "v1"]), ("b", ["v2", "v3"])):
+        data = tmp_path / f"{name}.jsonl"
+        data.write_text("".join(json.dumps({"id": f"{name}-{n}", "video": f"{n}.mp4", "conversations": [
+            {"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "It fades."}]}) + "\n"
+            for n in ids))
+        toks.append(tmp_path / f"tok-{name}")
+        tokenize_dataset([data], toks[-1], TokenizeConfig(media_root=str(media)), workers=1, progress=None)
+    cfg = PackConfig(max_tokens=2048)
+    attempts = []
+    once = pipeline._mix_shards
+    monkeypatch.setattr(pipeline, "_mix_shards", lambda *a: (attempts.append(1), once(*a))[1])
+    runs = {}
+    for workers in (1, 2):
+        out = tmp_path / f"mixed-{workers}"
+        seen: list[int] = []
+        m = pack_dataset(Mixture.from_rates(toks, "2,1"), out, cfg, workers=workers, progress=seen.append)
+        assert (m["counts"]["samples_packed"], m["counts"]["rejected_by_reason"]) == (6, {"corrupt_video": 2})
+        assert sum(seen) == 8  # the attempt packed again reports no row twice
+        errors = [json.loads(x) for x in (out / ".packtool" / "errors.jsonl").read_text().splitlines()]
+        assert sorted(e["sample_id"] for e in errors) == ["a-zeroed", "a-zeroed#c1"]
+        assert all(e["reason"] == "corrupt_video" and "video 'zeroed.mp4' has frames that do not decode (" in e["message"]
+                   for e in errors)
+        assert validate_dir(out)["ok"]
+        runs[workers] = {f.name: f.read_bytes() for f in sorted(out.glob("part-*.parquet"))}
+        packed = sorted(i for f in sorted(out.glob("part-*.parquet"))
+                        for r in pq.read_table(f, columns=["sample_ids"]).column("sample_ids").to_pylist() for i in r)
+        assert packed == sorted(["a-v0", "a-v0#c1", "a-v1", "a-v1#c1", "b-v2", "b-v3"])
+    assert len(attempts) == 4  # per run: the attempt that met the video, then the one that packed
+    real = pipeline._media_problems
+
+    def known(media_col, root, check_mtime):  # the bad video's row, known before planning
+        rows = [r for r, items in enumerate(media_col.to_pylist()) if items and items[0]["path"] == "zeroed.mp4"]
+        return {**real(media_col, root, check_mtime), **{r: ("media_changed", "known before planning") for r in rows}}
+
+    monkeypatch.setattr(pipeline, "_media_problems", known)
+    pack_dataset(Mixture.from_rates(toks, "2,1"), tmp_path / "known", cfg, workers=1, progress=None)
+    assert {f.name: f.read_bytes() for f in sorted((tmp_path / "known").glob("part-*.parquet"))} == runs[1] == runs[2]
