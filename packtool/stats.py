@@ -912,9 +912,10 @@ def render_stats(s: dict) -> str:
         extra = ""
         if r["merged_records"] or r["split_extra_trees"]:
             extra = f" + {r['merged_records']:,} merged - {r['split_extra_trees']:,} split"
+        rejected = r["tokenize_rejected"] + r["pack_rejected"]
         rows.append(("rows in = packed + rejected",
-                     f"{r['rows_in']:,} = {r['samples_packed']:,} + {r['tokenize_rejected']:,} + {r['pack_rejected']:,}"
-                     f"{extra}  {mark}"))
+                     f"{r['rows_in']:,} = {r['samples_packed']:,} + {rejected:,}{extra}  {mark}  (rejected: "
+                     f"{r['tokenize_rejected']:,} by tokenize, {r['pack_rejected']:,} by pack)"))
     for c in s.get("thresholds", []):
         rows.append((f"gate {c['flag']}", f"{c['value']:.4g} vs {c['limit']:.4g}  {'pass' if c['passed'] else 'FAIL'}"))
     width = max(len(k) for k, _ in rows)

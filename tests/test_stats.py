@@ -217,7 +217,8 @@ def test_pair_reconciles_rows_rejections_and_drops(messy):
     # the packed directory alone finds its tokenized directory through its manifest
     assert compute_stats(messy["packed"])["reconcile"] == r
     text = render_stats(s)
-    assert f"rows in = packed + rejected  20 = {len(packed_ids)} + 2 + {len(pack_errors)}  ok" in text
+    assert (f"rows in = packed + rejected  20 = {len(packed_ids)} + {2 + len(pack_errors)}  ok  (rejected: 2 by tokenize, "
+            f"{len(pack_errors)} by pack)") in text
     assert "  tokenize: bad_json" in text and "  pack: oversize" in text
 
 
@@ -460,7 +461,7 @@ def test_trees_from_grouped_records_still_reconcile(demo_dirs, tmp_path):
     assert s["reconcile"]["merged_records"] == merged and s["reconcile"]["balanced"]
     assert s["branches_per_sample"]["histogram"] == {str(b): t.count(b) for b in sorted(set(t))}
     assert sum(b * n for b, n in ((int(k), v) for k, v in s["branches_per_sample"]["histogram"].items())) == 30
-    assert f"30 = {len(t)} + 0 + 0 + {merged} merged - 0 split  ok" in render_stats(s)
+    assert f"30 = {len(t)} + 0 + {merged} merged - 0 split  ok  (rejected: 0 by tokenize, 0 by pack)" in render_stats(s)
 
 
 def test_grouped_records_of_a_missing_image_are_each_rejected(demo_dirs, tmp_path):
