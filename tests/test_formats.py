@@ -746,6 +746,21 @@ def test_a_byte_order_mark_after_the_first_line_is_a_bad_row(tmp_path):
     assert "byte-order mark" in got[1].message
 
 
+def test_lines_ended_by_a_bare_carriage_return_are_one_bad_row_that_says_so(tmp_path):
+    """A file whose lines end in CR alone (old Mac line ends) is one JSONL line holding every
+    record: its row says why and how to convert the file; a stray CR inside a CRLF file does
+    not get that message, nor does other trailing data."""
+    path = tmp_path / "mac.jsonl"
+    path.write_bytes(b"\r".join([json.dumps(LLAVA).encode(), json.dumps(MOLMO).encode()]) + b"\r")
+    [r] = read_all(path)
+    assert isinstance(r, Rejected) and r.reason == "bad_json" and r.source_row == 0
+    assert "lines end in CR alone" in r.message and "tr '\\r' '\\n'" in r.message
+    crlf = tmp_path / "win.jsonl"
+    crlf.write_bytes(json.dumps(LLAVA).encode() + b"\r\n" + json.dumps(LLAVA).encode() + b" x\r\n")
+    good, bad = read_all(crlf)
+    assert not isinstance(good, Rejected) and bad.reason == "bad_json" and "CR alone" not in bad.message
+
+
 def test_a_byte_order_mark_inside_a_json_array_file_is_bad_json(tmp_path):
     path = tmp_path / "a.json"
     path.write_bytes(b"[" + BOM + json.dumps(LLAVA).encode() + b"]")

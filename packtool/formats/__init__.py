@@ -400,6 +400,10 @@ def parse_json_line(line: bytes) -> object:
         if line.startswith(UTF8_BOM):  # json's own words ("decode using utf-8-sig") do not help here
             return SampleError("bad_json", "line starts with a UTF-8 byte-order mark, which only the first line of a "
                                            "file may carry (two files joined?); remove the mark (bytes EF BB BF)")
+        if isinstance(exc, json.JSONDecodeError) and exc.msg == "Extra data" and exc.doc[:exc.pos].rstrip(" \t").endswith("\r"):
+            return SampleError("bad_json", "line holds more than one JSON value, split by a bare carriage return: the "
+                                           "file's lines end in CR alone (\\r, old Mac line ends), which JSONL does not; "
+                                           "end them with \\n (e.g. `tr '\\r' '\\n' < IN > OUT`)")
         return SampleError("bad_json", f"line is not valid JSON: {str(exc)[:200]}")
 
 
