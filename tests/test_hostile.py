@@ -237,6 +237,55 @@ def test_truncated_gz_keeps_the_rows_before_the_cut(tmp_path, media, capfd):
     assert counts["rows_in"] == counts["samples"] + counts["rejected"]
 
 
+@pytest.mark.parametrize("suffix", [".gz", ".zst"])
+def test_a_compressed_file_cut_anywhere_keeps_every_whole_line_before_the_cut(tmp_path, suffix):
+    """Each whole line that decompresses before the cut is a row, then one ``corrupt_file`` row:
+    none lost with the cut tail (the gzip reader used to drop what it had decompressed of its
+    last 64 KiB read, so a small cut file lost every row). Cuts at random points, seeded."""
+    import zlib
+
+    from packtool.formats import Rejected, iter_samples
+
+    seed = 7
+    rng = np.random.default_rng(seed)
+    body = b"".join(json.dumps(rec(f"r{i}", conversations=conv(answer=hashlib.sha256(str(i).encode()).hexdigest()
+                                                                 * int(rng.integers(1, 6))))).encode() + b"\n"
+                    for i in range(1500))
+    if suffix == ".gz":
+        whole = gzip.compress(body)
+    else:
+        import zstandard
+
+        whole = zstandard.ZstdCompressor().compress(body)
+    for cut in sorted(rng.integers(100, len(whole) - 16, 6).tolist()) + [len(whole) // 200]:
+        path = tmp_path / f"cut-{cut}.jsonl{suffix}"
+        path.write_bytes(whole[:cut])
+        if suffix == ".gz":
+            prefix = zlib.decompressobj(wbits=31).decompress(whole[:cut])
+        else:
+            prefix = zstandard.ZstdDecompressor().decompressobj().decompress(whole[:cut])
+        n_whole = prefix.count(b"\n")
+        got = list(iter_samples([path]))
+        kept = [g for g in got if not isinstance(g, Rejected)]
+        assert [g.sample_id for g in kept] == [f"r{i}" for i in range(n_whole)], f"seed {seed}, cut {cut}"
+        assert [(g.source_row, g.reason) for g in got[len(kept):]] == [(n_whole, "corrupt_file")], f"cut {cut}"
+
+
+def test_gzip_members_joined_and_zero_padding_are_read_and_trailing_bytes_are_corrupt_file(tmp_path):
+    """``cat a.gz b.gz`` is one gzip file of two members, and tools pad gzip files with zeros:
+    both read whole, as ``gzip`` reads them; other bytes after a member are a ``corrupt_file`` row."""
+    from packtool.formats import Rejected, iter_samples
+
+    a, b = (b"".join(json.dumps(rec(f"{k}{i}")).encode() + b"\n" for i in range(3)) for k in "ab")
+    (tmp_path / "joined.jsonl.gz").write_bytes(gzip.compress(a) + gzip.compress(b) + bytes(512))
+    got = list(iter_samples([tmp_path / "joined.jsonl.gz"]))
+    assert [g.sample_id for g in got] == ["a0", "a1", "a2", "b0", "b1", "b2"]
+    (tmp_path / "tail.jsonl.gz").write_bytes(gzip.compress(a) + b"trailing junk")
+    got = list(iter_samples([tmp_path / "tail.jsonl.gz"]))
+    assert [g.sample_id for g in got[:3]] == ["a0", "a1", "a2"]
+    assert isinstance(got[3], Rejected) and got[3].reason == "corrupt_file" and "not another member" in got[3].message
+
+
 def _not_its_compression(name: str) -> bytes:
     one = json.dumps(rec("inner")).encode() + b"\n"
     if name == "bad-crc.jsonl.gz":  # a whole gzip stream whose CRC does not match its bytes

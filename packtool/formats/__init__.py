@@ -24,9 +24,10 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError, InputError, SampleError, quoted
 from ..records import Sample
@@ -189,34 +190,53 @@ def _skipped_summary(root: Path, skipped: list[tuple[str, str]], limit: int = 5)
     return f"skipped {shown}" + (f" and {more} more" if more > 0 else "")
 
 
-class _ZstdStream(io.RawIOBase):
-    """The decompressed bytes of one or more zstd frames; ``EOFError`` when the input ends
-    inside a frame (``zstandard``'s ``stream_reader`` returns a truncated stream's bytes
-    without saying so, which would lose the tail of a file silently)."""
+class _FrameStream(io.RawIOBase):
+    """The decompressed bytes of a file of one or more compressed frames (zstd frames, gzip
+    members); ``EOFError`` when the input ends inside a frame, raised only once every byte
+    decompressed before the break has been read, so each whole line before it is still a row.
 
-    def __init__(self, raw, zstandard) -> None:
+    ``zstandard``'s ``stream_reader`` returns a truncated stream's bytes without saying so,
+    which would lose the tail of a file silently; ``gzip.open`` says so, but its error
+    throws away what it had decompressed of the last read (a cut file's first 64 KiB of
+    lines, or all of a small one, lost with the cut tail). ``new()`` makes a frame's
+    decompressor (``decompress``, ``eof``, ``unused_data``); ``between(data)`` gets what
+    follows a frame and returns it with any padding dropped, raising where it is no frame.
+    """
+
+    def __init__(self, raw, new: Callable[[], Any], what: str, between: Callable[[bytes], bytes] | None = None) -> None:
         self.raw = raw
-        self.dctx = zstandard.ZstdDecompressor()
-        self.obj = self.dctx.decompressobj()
+        self.new = new
+        self.what = what
+        self.between = between
+        self.obj = new()
         self.in_frame = False
         self.buf = memoryview(b"")
+        self.failed: Exception | None = None
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b) -> int:
         while not len(self.buf):
+            if self.failed is not None:  # raised once the bytes decompressed before it are read
+                raise self.failed
             data = self.raw.read(1 << 16)
             if not data:
                 if self.in_frame:
-                    raise EOFError("zstd stream ended before the end of its frame")
+                    raise EOFError(f"the file ends inside a {self.what} frame")
                 return 0
             out = []
-            while data:
-                if self.obj.eof:  # the next frame of a multi-frame file
-                    self.obj = self.dctx.decompressobj()
-                out.append(self.obj.decompress(data))
-                data = self.obj.unused_data if self.obj.eof else b""
+            try:
+                while data:
+                    if self.obj.eof:  # the next frame of a multi-frame file
+                        data = self.between(data) if self.between is not None else data
+                        if not data:
+                            break
+                        self.obj = self.new()
+                    out.append(self.obj.decompress(data))
+                    data = self.obj.unused_data if self.obj.eof else b""
+            except Exception as exc:  # damaged bytes: what came before them is still rows
+                self.failed = exc
             self.in_frame = not self.obj.eof
             self.buf = memoryview(b"".join(out))
         n = min(len(b), len(self.buf))
@@ -227,6 +247,14 @@ class _ZstdStream(io.RawIOBase):
     def close(self) -> None:
         self.raw.close()
         super().close()
+
+
+def _gzip_member_gap(data: bytes) -> bytes:
+    """What follows a gzip member: the next member, after any zero padding (as ``gzip`` reads it)."""
+    data = data.lstrip(b"\0")
+    if data and not b"\x1f\x8b".startswith(data[:2]):
+        raise gzip.BadGzipFile(f"bytes after a gzip member are not another member (they start {data[:4]!r})")
+    return data
 
 
 def _walk(root: Path, skipped: list[tuple[str, str]] | None = None) -> Iterator[Path]:
@@ -274,14 +302,18 @@ def _open_binary(path: Path):
     """A buffered binary stream of the file's (decompressed) bytes, with ``peek``."""
     name = path.name.lower()
     if name.endswith(".gz"):
-        return io.BufferedReader(gzip.open(path, "rb"), buffer_size=1 << 16)
+        import zlib
+
+        return io.BufferedReader(_FrameStream(open(path, "rb"), lambda: zlib.decompressobj(wbits=31), "gzip",
+                                              _gzip_member_gap), buffer_size=1 << 16)
     if name.endswith(".zst"):
         try:
             import zstandard
         except ImportError:
             raise InputError(f"{path}: reading .zst files needs the zstandard package; "
                              f"run `pip install packtool[zstd]` or decompress the file") from None
-        return io.BufferedReader(_ZstdStream(open(path, "rb"), zstandard), buffer_size=1 << 16)
+        return io.BufferedReader(_FrameStream(open(path, "rb"), zstandard.ZstdDecompressor().decompressobj, "zstd"),
+                                 buffer_size=1 << 16)
     return open(path, "rb", buffering=1 << 16)
 
 
