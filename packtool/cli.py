@@ -601,6 +601,7 @@ def _version_callback(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Show the version.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what the library does.")] = False,
     storage_option: Annotated[list[str] | None, typer.Option(
@@ -612,7 +613,8 @@ def _root(
     if storage_option:
         from .storage import set_options
 
-        set_options(storage_option)
+        with _flag_errors(ctx):  # a malformed KEY=VALUE is a usage error (exit 2), as any bad flag value
+            set_options(storage_option)
     from .preload import LOG_FORMAT
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)

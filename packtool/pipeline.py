@@ -407,8 +407,10 @@ class _Driver:
     and cleans up after a failure so that nothing half-written stays visible."""
 
     def __init__(self, out: Path, config_digest: str, n_tasks: int, ex: ExecutorConfig, max_errors: int | None,
-                 on_error: str) -> None:
+                 on_error: str, shown: str | Path) -> None:
         self.out = out
+        # the task logs, named under the output directory as the user gave it
+        self.where = f"see {join(str(shown), STATE_DIR, 'errors-*.jsonl')}"
         self.digest = config_digest
         self.n_tasks = n_tasks
         self.ex = ex
@@ -434,10 +436,9 @@ class _Driver:
         # a task of this call stops at its first rejected row under --on-error fail, so rows come
         # only from tasks an earlier attempt (with --on-error skip) finished
         if rejected and self.on_error == "fail":
-            raise TooManyErrorsError(_none_allowed(self.rejected, f"see {STATE_DIR}/errors-*.jsonl", self.by_reason))
+            raise TooManyErrorsError(_none_allowed(self.rejected, self.where, self.by_reason))
         if self.max_errors is not None and self.rejected > self.max_errors:
-            raise TooManyErrorsError(_too_many(self.rejected, self.max_errors, f"see {STATE_DIR}/errors-*.jsonl",
-                                               self.by_reason))
+            raise TooManyErrorsError(_too_many(self.rejected, self.max_errors, self.where, self.by_reason))
 
     def run(self, fn, tasks: list, todo: list[int], progress, preload: str) -> None:
         for done in self.pending()[1]:
@@ -1221,7 +1222,7 @@ def tokenize_dataset(
             slot.store({"kind": "tokenized", "key": key, "n_tasks": len(slices), "total": total,
                         "tasks": [[[source_name(sl.path), sl.start, sl.stop, sl.offset,
                                     list(sl.groups) if sl.groups else None] for sl in t] for t in slices]})
-        driver = _Driver(out, digest, len(slices), ex, cfg.max_errors, on_error)
+        driver = _Driver(out, digest, len(slices), ex, cfg.max_errors, on_error, out_dir)
         todo, _ = driver.pending()
         if ex.executor != "ray":  # this machine's tasks read these: fetched once here, not once per worker
             fetch_listed(sl.path for t in todo for sl in slices[t])
@@ -2088,7 +2089,7 @@ def pack_dataset(
                 return _finished(done, out_dir, max_errors, on_error)
             state_prepared(out)
             slot.store({"kind": "packed", "key": key, "n_tasks": len(files), "tasks": files})
-        driver = _Driver(out, digest, len(entries), ex, max_errors, on_error)
+        driver = _Driver(out, digest, len(entries), ex, max_errors, on_error, out_dir)
         todo, _ = driver.pending()
         set_total(progress, sum(entries[t]["rows"] for t in todo))
         driver.run(_pack_task, [make(t, task_target(out)) for t in todo], todo, progress, preload=_PACKING)
@@ -2643,7 +2644,7 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
         if done is not None:
             return _finished(done, out_dir, max_errors, on_error)
         state_prepared(out)
-        driver = _Driver(out, digest, n_tasks, ex, max_errors, on_error)
+        driver = _Driver(out, digest, n_tasks, ex, max_errors, on_error, out_dir)
         todo, _ = driver.pending()
         # a source the mixture copies (more entries than samples): the ids its copies must not take
         named = tuple(replace(ms, copy_like=_copy_like_ids(ms)) if want > n else ms

@@ -1334,7 +1334,8 @@ def _log_whole(out_dir: Path, task: int, record: dict) -> bool:
 
 def shard_error(file: Path, exc: BaseException) -> InputError:
     """The error for a shard whose bytes cannot be read (a damaged page, a cut file)."""
-    return InputError(f"shard {str(file)!r} cannot be read ({str(exc)[:300]}); the file is damaged: "
+    why = " ".join(str(exc).split())[:300]  # Arrow's text may hold newlines: the error stays one line
+    return InputError(f"shard {str(file)!r} cannot be read ({why}); the file is damaged: "
                       "re-run the stage that wrote it, or copy it again")
 
 

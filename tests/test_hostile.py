@@ -994,6 +994,8 @@ def test_readers_of_a_damaged_shard_say_so(built, tmp_path, capfd, which, how):
             assert code in (0, 1) and (code == 0 or err.startswith("Error: ")), (args, code, err)
         else:
             assert code == 1 and err.startswith("Error: "), (args, code, err)
+        if code == 1:  # one line, which a CI log's grep for "Error:" shows whole
+            assert err.count("\n") == 1 and err.endswith("\n"), (args, err)
 
 
 def test_the_reader_default_check_catches_one_flipped_bit(built, tmp_path):

@@ -76,6 +76,23 @@ def test_merge_names_every_rank_that_has_not_finished(corpus, tmp_path):
     assert not (out / ".packtool" / "manifest.json").exists()
 
 
+def test_a_tasks_max_errors_stop_names_the_logs_under_the_output(tmp_path, monkeypatch):
+    """The stop between tasks said ``see .packtool/errors-*.jsonl``, relative to wherever the
+    command ran, not to the output; it names them under ``-o`` as given."""
+    lines = []
+    for i in range(40):
+        lines.append(json.dumps({"id": f"s{i}", "conversations": [{"from": "human", "value": "hi"},
+                                                                  {"from": "gpt", "value": "yo"}]}))
+        if i % 4 == 0:
+            lines.append("{bad")
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    monkeypatch.chdir(tmp_path)
+    r = run("tokenize", "d.jsonl", "-o", "out/tm", "--rows-per-shard", "5", "-q", "--max-errors", "5", "--workers", "1")
+    assert (r.returncode, r.stderr) == (1, "Error: 6 input rows rejected, more than --max-errors 5 (see "
+                                           "out/tm/.packtool/errors-*.jsonl); fix the input or raise --max-errors\n")
+    assert len(list((tmp_path / "out" / "tm" / ".packtool").glob("errors-*.jsonl"))) > 1
+
+
 def test_merge_over_the_runs_max_errors_says_how_to_raise_it(corpus, tmp_path):
     """The last rank's merge (and ``packtool merge``) past the ranks' --max-errors said "raise
     --max-errors", which merge has no flag for, and pointed at ``.packtool/errors-*.jsonl``

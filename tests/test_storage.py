@@ -72,6 +72,17 @@ def test_storage_options_parse_nested_and_typed_values(monkeypatch):
         storage.storage_options()
 
 
+def test_a_malformed_storage_option_is_a_usage_error(monkeypatch, capfd):
+    """Exit 2 with the usage lines, as for any bad flag value (it exited 1, as a failed run)."""
+    from packtool.cli import main
+
+    monkeypatch.setenv(storage.OPTIONS_ENV, "{}")
+    code = main(["--storage-option", "foo", "stats", "nowhere"])
+    err = capfd.readouterr().err
+    assert code == 2 and err.startswith("Usage: packtool")
+    assert "--storage-option 'foo': write KEY=VALUE, e.g. endpoint_url=http://127.0.0.1:9000" in err
+
+
 def test_gs_urls_need_gcsfs_or_get_its_file_system(monkeypatch):
     monkeypatch.setenv(storage.OPTIONS_ENV, "{}")  # restored afterwards: set_options writes the environment
     try:
