@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import re
+import shutil
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -85,6 +86,7 @@ from .shards import (
     read_manifest,
     read_marker,
     read_run,
+    sha256_file,
     shard_error,
     sweep_stale_tmps,
     task_errors_path,
@@ -572,6 +574,16 @@ def _merge_without(out: Path, shown: str, run: dict, missing: list[int]) -> dict
                      "again")
 
 
+def _same_file(path: Path, size: int, sha256: str) -> bool:
+    """Whether ``path`` is a file of ``size`` bytes with this sha256 (hashed only at that size)."""
+    try:
+        if path.stat().st_size != size:
+            return False
+    except OSError:
+        return False
+    return sha256_file(path) == sha256
+
+
 def _merge(out: Path, shown: str) -> dict:
     """:func:`merge_output` on the folder holding the run's state; messages name it ``shown``."""
     run = read_run(out, shown)
@@ -583,30 +595,36 @@ def _merge(out: Path, shown: str) -> dict:
     counts = _zero_counts(run["kind"])
     shards: list[dict] = []
     final = out / ERRORS
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tmp_path(final)
+    logs = [task_errors_path(out, t) for t in range(len(markers))]
     digest_errors = hashlib.sha256()
-    with open(tmp, "wb") as fh:
-        for t, marker in enumerate(markers):
-            _add_counts(counts, marker["counts"])
-            shards.extend(marker["shards"])
-            err = task_errors_path(out, t)
-            if err.is_file():
-                with open(err, "rb") as src:
-                    while block := src.read(1 << 20):
-                        fh.write(block)
-                        digest_errors.update(block)
-        n_error_bytes = fh.tell()
+    n_error_bytes = 0
+    for marker, err in zip(markers, logs, strict=True):
+        _add_counts(counts, marker["counts"])
+        shards.extend(marker["shards"])
+        if err.is_file():
+            with open(err, "rb") as src:
+                while block := src.read(1 << 20):
+                    digest_errors.update(block)
+                    n_error_bytes += len(block)
     limit = run.get("max_errors")
     if limit is not None and counts.get("rejected", 0) > limit:
-        tmp.unlink(missing_ok=True)
         # ranks each see only their own rejections; the limit holds for the whole run here. It is
         # the ranks' (run.json): `packtool merge` has no --max-errors, a rank's command raises it
         where = f"see {join(shown, STATE_DIR, 'errors-*.jsonl')}"
         raise TooManyErrorsError(_too_many(counts["rejected"], limit, where, counts.get("rejected_by_reason", {}))
                                  + ": merge holds the run to the limit its ranks were given, so re-run one rank's "
                                  "command with a higher --max-errors (it merges the run)")
-    os.replace(tmp, final)
+    if not _same_file(final, n_error_bytes, digest_errors.hexdigest()):  # a merged run is left as it is: no write
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tmp_path(final)
+        with open(tmp, "wb") as fh:
+            for err in logs:
+                if err.is_file():
+                    with open(err, "rb") as src:
+                        shutil.copyfileobj(src, fh, 1 << 20)
+            if fh.tell() != n_error_bytes:
+                raise InputError(f"{shown!r}: a task's error log changed while merge read it; run merge again")
+        os.replace(tmp, final)
     for legacy in (LEGACY_ERRORS, LEGACY_MANIFEST):  # a legacy-layout run merged again: one manifest only
         (out / legacy).unlink(missing_ok=True)
     if "rejected_by_reason" in counts:

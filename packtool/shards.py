@@ -501,8 +501,14 @@ def write_manifest(out_dir: Path, kind: str, config: dict, config_digest: str, s
         **extra,
         "shards": shards,
     }
+    text = json.dumps(manifest, indent=2, sort_keys=False) + "\n"
+    try:  # the same manifest again (merge of a merged run): left as it is, not written
+        if (Path(out_dir) / MANIFEST).read_text(encoding="utf-8") == text:
+            return manifest
+    except (OSError, UnicodeDecodeError):
+        pass
     (Path(out_dir) / STATE_DIR).mkdir(parents=True, exist_ok=True)
-    atomic_write_text(Path(out_dir) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+    atomic_write_text(Path(out_dir) / MANIFEST, text)
     return manifest
 
 

@@ -52,6 +52,16 @@ def test_ranks_then_merge(corpus, tmp_path):
     r = run("merge", str(out))
     assert (r.returncode, r.stdout) == (0, f"tokenized: 4 tasks, 4 shards -> {out / '.packtool' / 'manifest.json'}\n")
     assert json.loads((out / ".packtool" / "manifest.json").read_text())["counts"]["rejected_by_reason"] == {"bad_json": 1}
+    # merged again: nothing to write, nothing written (a run on read-only storage merges as well)
+    state = out / ".packtool"
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns, p.read_bytes()) for p in state.iterdir() if p.is_file()}
+    r = run("merge", str(out))
+    assert (r.returncode, r.stdout) == (0, f"tokenized: 4 tasks, 4 shards -> {out / '.packtool' / 'manifest.json'}\n")
+    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns, p.read_bytes()) for p in state.iterdir() if p.is_file()} \
+        == before
+    # a changed errors.jsonl of a run whose logs are whole is written again from them, as before
+    (state / "errors.jsonl").write_bytes(b"{}\n" + (state / "errors.jsonl").read_bytes()[3:])
+    assert run("merge", str(out)).returncode == 0 and (state / "errors.jsonl").read_bytes() == before["errors.jsonl"][2]
 
 
 def _tokenize_ranks(src, sample, out, rows_per_shard: int, world_size: int) -> list[str]:
