@@ -736,14 +736,20 @@ def test_stateful_dataloader_resumes_exactly(packed, num_workers, persistent):
                 read.append(batch["pack_index"])
                 if len(read) in save_after:
                     saved[len(read)] = (torch_roundtrip(loader.state_dict()), epoch)
+            if epoch == 0 and "end" in save_after:  # after the loop: the loader's iterator has finished
+                saved["end"] = (torch_roundtrip(loader.state_dict()), epoch + 1)
         return read, saved
 
-    full, saved = run(save_after=(2, 6, 9))  # with 3 workers, one is still unused after 2 batches
+    # with 3 workers, one is still unused after 2 batches; after batch 6, epoch 0's last, inside the
+    # loop (resumed in epoch 0, whose loop then ends at once) and after it (torchdata starts a
+    # finished loader afresh: resumed at the next epoch, as the README says)
+    full, saved = run(save_after=(2, 6, 9, "end"))
     epochs = [ids(_at_epoch(PackedDataset(packed, rank=1, world_size=2, seed=5), e)) for e in (0, 1)]
     assert [i for b in full[:6] for i in b] == epochs[0] and [i for b in full[6:] for i in b] == epochs[1]
     for stop, (state, epoch) in saved.items():
         rest, _ = run(state, first_epoch=epoch)
-        assert full[:stop] + rest == full, f"restored after batch {stop}"
+        done = 6 if stop == "end" else stop
+        assert full[:done] + rest == full, f"restored after batch {stop}"
 
 
 def torch_roundtrip(state):
