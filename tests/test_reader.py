@@ -752,6 +752,28 @@ def test_stateful_dataloader_resumes_exactly(packed, num_workers, persistent):
         assert full[:done] + rest == full, f"restored after batch {stop}"
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")  # more workers than cores: on purpose
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (1, False), (2, False), (2, True), (3, False)])
+def test_a_loop_without_set_epoch_reads_the_same_epochs_whatever_the_workers(packed, num_workers, persistent):
+    """A finished epoch moves on by itself in-process and in persistent workers' copies; fresh
+    (non-persistent) workers are copied from the trainer's reader, which never moves, and read
+    epoch 0 again every epoch. They now move on once every worker has read its share to the end,
+    so three loops read epochs 0, 1, 2 in every setting; a set_epoch still says which epoch."""
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    from packtool.reader.torch import PackedIterableDataset
+
+    data = PackedIterableDataset(packed, batch_size=2, masks=False, seed=4)
+    loader = DataLoader(data, batch_size=None, num_workers=num_workers, persistent_workers=persistent,
+                        multiprocessing_context="fork" if num_workers else None)
+    epochs = [ids(_at_epoch(PackedDataset(packed, seed=4), e)) for e in range(4)]
+    got = [[(b["epoch"], i) for b in loader for i in b["pack_index"]] for _ in range(3)]
+    assert got == [[(e, i) for i in epochs[e]] for e in range(3)]
+    data.set_epoch(1)  # the trainer says which epoch: it is read, and the loop after it moves on from there
+    assert [[i for b in loader for i in b["pack_index"]] for _ in range(2)] == [epochs[1], epochs[2]]
+
+
 def torch_roundtrip(state):
     """``state`` through ``torch.save`` / ``torch.load`` (how a checkpoint holds it)."""
     import torch

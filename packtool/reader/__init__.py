@@ -50,6 +50,14 @@ How the stream is split (what makes resume exact):
    the trainer's reader reaches persistent DataLoader workers (which hold copies made at
    their start) through a small vector in shared memory that the torch adapter sets up:
    each worker takes the new position when it next starts a pass (``for batch in loader``).
+7. **Fresh workers move on as the others do.** Each DataLoader worker that reads its share
+   of an epoch to the end says so in the same vector; a worker that starts a pass from a
+   copy still in that epoch (non-persistent workers are copied from the trainer's reader,
+   which never iterated) moves on to the next epoch once every worker of the split has
+   finished it, as an in-process reader and persistent workers do by themselves. So the same
+   loop reads the same packs whatever ``num_workers`` and ``persistent_workers``, with
+   ``set_epoch`` or without it (a ``set_epoch`` or ``load_state_dict`` clears what the
+   workers said). Up to :data:`MIRROR_WORKERS` workers are followed so.
 
 Example::
 
@@ -108,6 +116,11 @@ VISION_MODES = ("causal", "media", "sample")
 #: Shuffle order of a fresh reader (``state_dict()["order"]``); 1 is the order of states saved without one.
 ORDER = 2
 _ORDERS = (1, 2)
+#: The shared position vector (item 6, 7): a head of 8 entries, then one per DataLoader worker.
+_MIRROR_HEAD = 8
+#: DataLoader workers whose finished epochs the vector follows (item 7).
+MIRROR_WORKERS = 64
+MIRROR_SIZE = _MIRROR_HEAD + MIRROR_WORKERS
 
 _TOKEN_COLUMNS = ("input_ids", "target_ids", "position_ids", "subsegment_ids", "cu_seqlens")
 
@@ -233,7 +246,8 @@ class PackedDataset:
         self._resume: dict[str, int] | None = None
         # how the trainer's set_epoch / load_state_dict reach persistent DataLoader workers: the
         # torch adapter shares an int64 vector (generation, epoch, consumed, order, worker's id,
-        # num_workers, block, next); a copy whose generation differs takes it at its next pass
+        # num_workers, block, next; then per worker the epoch after the last it finished, item 7);
+        # a copy whose generation differs takes it at its next pass
         self._generation = 0
         self._mirror = None
         self._groups: dict[int, np.ndarray] = {}  # shard -> rows per row group
@@ -379,11 +393,22 @@ class PackedDataset:
                   r.get("next", 0))
         for i, v in enumerate(values, 1):
             self._mirror[i] = v
+        if len(self._mirror) > _MIRROR_HEAD:  # the trainer moved the reader: what workers finished no longer counts
+            self._mirror[_MIRROR_HEAD:] = 0
         self._mirror[0] = self._generation  # last: a worker reading a new generation reads the values with it
 
+    def _finished_by_all(self, num_workers: int) -> int | None:
+        """In a worker's copy: the epoch after the last one every worker of a ``num_workers`` split
+        read to the end, when that is past this copy's epoch (item 7); else ``None``."""
+        if self._mirror is None or not 0 < num_workers <= len(self._mirror) - _MIRROR_HEAD:
+            return None
+        done = min(int(self._mirror[_MIRROR_HEAD + w]) for w in range(num_workers))
+        return done if done > self.epoch else None
+
     def _share_position(self, vector) -> None:
-        """Keep this reader's position also in ``vector`` (int64, 8 entries, in memory shared with
-        the DataLoader workers: the torch adapter's); workers follow it at their next pass."""
+        """Keep this reader's position also in ``vector`` (int64, :data:`MIRROR_SIZE` entries, in
+        memory shared with the DataLoader workers: the torch adapter's); workers follow it at
+        their next pass, and say there which epochs they read to the end."""
         if self._mirror is None:
             self._mirror = vector
             self._write_mirror()
@@ -438,6 +463,10 @@ class PackedDataset:
                 "restore it through StatefulDataLoader.load_state_dict with the same num_workers and batch size, or "
                 "checkpoint ds.state_dict(batch) instead, which resumes with any"
             )
+        if resume is None and not (num_workers == 1 and not _in_worker()):
+            moved = self._finished_by_all(num_workers)  # a fresh copy of an epoch the workers have read
+            if moved is not None:
+                self.epoch, self.consumed = moved, 0
         start = self.consumed
         first = resume["next"] if resume is not None else min(self._len, start + worker * block)
         record = {"epoch": self.epoch, "base": start, "id": worker, "num_workers": num_workers, "block": block,
@@ -475,6 +504,9 @@ class PackedDataset:
         # a finished epoch moves on by itself, here and in a persistent DataLoader worker's copy
         if self._len and self.epoch == epoch:
             self.epoch, self.consumed = epoch + 1, 0
+        if not in_process and self._mirror is not None and worker < len(self._mirror) - _MIRROR_HEAD:
+            # this worker's share is read: fresh copies of the next pass move on once every worker's is (item 7)
+            self._mirror[_MIRROR_HEAD + worker] = max(int(self._mirror[_MIRROR_HEAD + worker]), epoch + 1)
         if in_process and self._pass is record:
             self._pass = None  # in-process, the position says it all once the pass has ended
 

@@ -50,7 +50,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import ConfigError
-from . import PackedDataset, _whole, collate
+from . import MIRROR_SIZE, PackedDataset, _whole, collate
 
 __all__ = ["PackedIterableDataset", "to_tensors"]
 
@@ -104,7 +104,7 @@ class PackedIterableDataset(IterableDataset):
         # persistent DataLoader workers hold copies made when they started: the trainer's later
         # set_epoch / load_state_dict reach them through this vector (shared memory, across fork and spawn)
         try:
-            self.dataset._share_position(torch.zeros(8, dtype=torch.int64).share_memory_())
+            self.dataset._share_position(torch.zeros(MIRROR_SIZE, dtype=torch.int64).share_memory_())
         except (RuntimeError, OSError) as exc:  # no shared memory here: DataLoader workers could not run either
             log.warning("no shared memory for the reader's position (%s): persistent DataLoader workers will not see "
                         "a later set_epoch or load_state_dict; use persistent_workers=False", exc)
