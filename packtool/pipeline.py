@@ -39,6 +39,7 @@ from .errors import (
     ConfigError,
     InputError,
     OutputError,
+    OversizeSampleError,
     PacktoolError,
     SampleError,
     TooManyErrorsError,
@@ -76,6 +77,8 @@ from .shards import (
     ERRORS,
     LEGACY_ERRORS,
     LEGACY_MANIFEST,
+    PLAN,
+    RUN_STATE,
     STATE_DIR,
     ShardWriter,
     clear_task,
@@ -411,6 +414,7 @@ class _Driver:
     def __init__(self, out: Path, config_digest: str, n_tasks: int, ex: ExecutorConfig, max_errors: int | None,
                  on_error: str, shown: str | Path) -> None:
         self.out = out
+        self.shown = str(shown)
         # the task logs, named under the output directory as the user gave it
         self.where = f"see {join(str(shown), STATE_DIR, 'errors-*.jsonl')}"
         self.digest = config_digest
@@ -447,11 +451,27 @@ class _Driver:
             self.check(done)
         try:
             run_tasks(fn, tasks, self.ex, progress, on_result=self.check, preload=preload)
-        except BaseException:
+        except BaseException as exc:
             for t in todo:
                 if read_marker(self.out, t, self.digest) is None:
                     clear_task(self.out, t)
+            if isinstance(exc, ConfigError | OversizeSampleError):
+                self._forget_if_nothing_done()
             raise
+
+    def _forget_if_nothing_done(self) -> None:
+        """A setting that cannot work with this data (a table too large for the exact packer, a
+        template the vocabulary lacks, ``--oversize fail``) stops the run at its first task,
+        and would stop the same command every time: where no task of the run is done, its state
+        goes too, so the folder is not left looking like a run to resume (``stats`` and
+        ``merge`` would say "run the command again"). Only a local run of one rank: another rank
+        may still be working on a shared one, and a bucket's state is the ranks' lease."""
+        if self.ex.world_size != 1 or is_url(self.shown):
+            return
+        if any(read_marker(self.out, t, self.digest) is not None for t in range(self.n_tasks)):
+            return
+        for name in (PLAN, RUN_STATE):
+            (self.out / STATE_DIR / name).unlink(missing_ok=True)
 
 
 def _finish_or_partial(out: Path, run: dict, ex: ExecutorConfig) -> dict:

@@ -86,6 +86,24 @@ def test_merge_names_every_rank_that_has_not_finished(corpus, tmp_path):
     assert not (out / ".packtool" / "manifest.json").exists()
 
 
+def test_a_setting_that_cannot_work_leaves_no_run_to_resume(corpus, tmp_path):
+    """A setting refused at the first task (a knapsack table too large, a template whose tokens
+    the vocabulary lacks, --oversize fail on data that has oversize samples) stops every run of
+    the same command: it left run.json behind, so stats and merge called the folder an
+    unfinished run to run again. Nothing is left now, and the output reads as never written."""
+    src, sample = corpus
+    tok = tmp_path / "tok"
+    assert run("tokenize", str(src), "--media-root", str(sample), "-o", str(tok), "-q").returncode == 0
+    for args, out in ((["pack", str(tok), "--max-tokens", "2147483647"], tmp_path / "huge"),
+                      (["pack", str(tok), "--max-tokens", "1024", "--oversize", "fail"], tmp_path / "strict"),
+                      (["tokenize", str(src), "--media-root", str(sample), "--template", "llama3"], tmp_path / "llama")):
+        r = run(*args, "-o", str(out), "-q", "--workers", "1")
+        assert r.returncode == 1 and r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1, (args, r.stderr)
+        assert not (out / ".packtool" / "run.json").exists() and not (out / ".packtool" / "plan.json").exists(), args
+        r = run("stats", str(out))
+        assert r.returncode == 1 and "unfinished" not in r.stderr and "no .packtool/manifest.json found" in r.stderr
+
+
 def test_a_tasks_max_errors_stop_names_the_logs_under_the_output(tmp_path, monkeypatch):
     """The stop between tasks said ``see .packtool/errors-*.jsonl``, relative to wherever the
     command ran, not to the output; it names them under ``-o`` as given."""
