@@ -711,17 +711,17 @@ def _own_files(out_dir: Path) -> set[str]:
     for file in (out_dir / MANIFEST, out_dir / LEGACY_MANIFEST):
         try:
             names.update(s["file"] for s in json.loads(file.read_text(encoding="utf-8")).get("shards", []))
-        except (OSError, ValueError, TypeError, KeyError):
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):  # a damaged manifest names nothing
             pass
     state = out_dir / STATE_DIR
     for marker in state.glob("task-*.json"):
         try:
             names.update(s["file"] for s in json.loads(marker.read_text(encoding="utf-8")).get("shards", []))
-        except (OSError, ValueError, TypeError, KeyError):
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
             pass
     try:
         n_tasks = int(json.loads((state / RUN_STATE).read_text(encoding="utf-8")).get("n_tasks", 0))
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, AttributeError):
         n_tasks = 0
     prefixes = {task_prefix(t) for t in range(n_tasks)}
     for f in out_dir.iterdir():
@@ -986,6 +986,16 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
     shown = task_target(out_dir)  # the URL when out_dir is a bucket's local mirror
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputError(f"output {str(out_dir)!r} exists and is not a directory; choose another -o")
+    stray = [n for n in _foreign_entries(out_dir) if SHARD_NAME.fullmatch(n)]
+    if stray:
+        # named like shards but no run's: the writer would replace one (a file packtool did not
+        # write), or it would sit among the shards, read with them by every tool that reads the
+        # folder as a Parquet dataset (validate refuses such a folder); refused before anything changes
+        names = ", ".join(repr(n) for n in stray[:3]) + (f" and {len(stray) - 3} more" if len(stray) > 3 else "")
+        raise OutputError(
+            f"output {str(out_dir)!r} holds files named like packtool shards that no packtool run there lists "
+            f"({names}); move them out of the folder, or choose another -o"
+        )
     manifest_file = manifest_path(out_dir)
     state_file = out_dir / STATE_DIR / RUN_STATE
     unreadable = manifest_file.is_file() and state_file.is_file() and not _readable_manifest(out_dir, manifest_file)

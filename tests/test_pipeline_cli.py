@@ -527,10 +527,20 @@ def test_overwrite_removes_only_the_files_the_run_wrote(demo_dirs, tmp_path):
     own = sorted(p.name for p in out.glob("part-*.parquet"))
     (out / "part-00042-00000.parquet").write_bytes(b"someone else's shard")  # named like ours, listed nowhere
     (out / "README.txt").write_text("mine")
-    r = run("pack", str(demo_dirs["tokenized"]), "-o", str(out), "--max-tokens", "4096", "--quiet", "--overwrite")
+    pack = ["pack", str(demo_dirs["tokenized"]), "-o", str(out), "--max-tokens", "4096", "--quiet", "--overwrite"]
+    # it would sit among the shards (validate refuses such a folder), or be replaced by one: refused, nothing touched
+    before = {p.name: p.read_bytes() for p in out.glob("part-*.parquet")}
+    r = run(*pack)
+    assert (r.returncode, r.stderr) == (1, f"Error: output {str(out)!r} holds files named like packtool shards that "
+                                           "no packtool run there lists ('part-00042-00000.parquet'); move them out of "
+                                           "the folder, or choose another -o\n")
+    assert {p.name: p.read_bytes() for p in out.glob("part-*.parquet")} == before
+    (out / "part-00042-00000.parquet").rename(tmp_path / "kept.parquet")
+    r = run(*pack)
     assert r.returncode == 0, r.stderr
-    assert (out / "part-00042-00000.parquet").read_bytes() == b"someone else's shard"
+    assert (tmp_path / "kept.parquet").read_bytes() == b"someone else's shard"
     assert (out / "README.txt").read_text() == "mine"
+    assert run("validate", str(out)).returncode == 0
     manifest = json.loads((out / ".packtool" / "manifest.json").read_text())
     assert manifest["capacities"]["max_tokens"] == 4096
     assert sorted(s["file"] for s in manifest["shards"]) == own  # the same names, rewritten
