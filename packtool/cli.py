@@ -569,7 +569,8 @@ def validate(
     report = validate_dir(path, max_problems=max_problems, check_media=check_media, tokenizer=tokenizer)
     typer.echo(json.dumps(report, indent=2) if as_json else render_report(report))
     if not report["ok"]:
-        raise PacktoolError(f"{path} is not whole: {len(report['problems'])} problem(s) listed above")
+        where = "in the JSON report on stdout" if as_json else "above"
+        raise PacktoolError(f"{path} is not whole: {len(report['problems'])} problem(s) listed {where}")
 
 
 @app.command()

@@ -284,8 +284,10 @@ def test_a_config_edited_in_the_manifest_is_caught(demo_dirs, tmp_path, kind, ke
                      "the command that made the directory")
     assert r.stdout.splitlines()[1:] == lines
     assert r.stderr == f"Error: {d} is not whole: {len(lines)} problem(s) listed above\n"
-    report = json.loads(run("validate", str(d), "--no-check-media", "--json").stdout)
+    r = run("validate", str(d), "--no-check-media", "--json")
+    report = json.loads(r.stdout)
     assert not report["ok"] and [p["where"] for p in report["problems"]] == [".packtool/manifest.json"] * len(lines)
+    assert r.stderr == f"Error: {d} is not whole: {len(lines)} problem(s) listed in the JSON report on stdout\n"
     # max_errors changes no output byte: a tokenized config may record another one
     if kind == "tokenized":
         manifest["config"].update(max_tokens=None, max_errors=7)
@@ -347,7 +349,7 @@ def test_an_errors_file_changed_at_its_size_is_found_by_its_sha256_and_merge_wri
 def test_errors_file_lines_that_are_no_rejected_rows_are_problems_not_a_crash(packed, line, what):
     (packed / ".packtool" / "errors.jsonl").write_bytes(line)
     r = run("validate", str(packed), "--json")
-    assert r.returncode == 1 and r.stderr == f"Error: {packed} is not whole: 1 problem(s) listed above\n"
+    assert r.returncode == 1 and r.stderr == f"Error: {packed} is not whole: 1 problem(s) listed in the JSON report on stdout\n"
     assert json.loads(r.stdout)["problems"] == [{"where": ".packtool/errors.jsonl: line 0", "what": what}]
 
 
