@@ -21,7 +21,7 @@ import typer
 
 from . import __version__
 from .config import INT32_MAX, LAYOUTS, MEDIA_MODES, OVERSIZE_POLICIES, PackConfig, TokenizeConfig
-from .errors import PacktoolError
+from .errors import InputError, PacktoolError
 from .executors import ExecutorConfig, sigterm_as_interrupt
 from .formats import FORMATS
 from .launcher import EXIT_INTERRUPT, INTERRUPTED, release
@@ -437,7 +437,12 @@ def stats(
 
     data = load_stats_data(path, packed)
     s = summarize(data)
-    failures = check_thresholds(s, Thresholds(fail_below_fill, fail_below_vision_fill, fail_above_ratio, fail_above_rejected))
+    try:
+        failures = check_thresholds(s, Thresholds(fail_below_fill, fail_below_vision_fill, fail_above_ratio,
+                                                  fail_above_rejected))
+    except InputError:  # the data cannot answer a gate (a run that packed nothing...): the stats first, as a failed gate
+        typer.echo(json.dumps(s, indent=2) if as_json else render_stats(s))
+        raise
     if plot is not None:
         from .plotting import plot_stats
 

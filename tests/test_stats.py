@@ -418,7 +418,8 @@ def test_a_pack_gate_on_a_packed_dir_without_packs_says_why_it_has_none(demo_dir
     r = run("pack", str(demo_dirs["tokenized"]), "-o", str(empty), "--max-tokens", "16", "--workers", "1", "-q")
     assert r.returncode == 0 and r.stdout.startswith("0 samples in 0 packs"), r.stderr
     r = run("stats", str(empty), flag, "0.5")
-    assert (r.returncode, r.stdout) == (1, "")
+    # the stats first, as for a gate that fails (the README: gates exit 1 after printing them)
+    assert r.returncode == 1 and r.stdout == run("stats", str(empty)).stdout and "packs                        0" in r.stdout
     assert r.stderr == (f"Error: {flag} needs packs, and {str(empty)!r} holds none: all 30 of its samples were dropped "
                         "as oversize (listed in .packtool/errors.jsonl); pack again with a larger --max-tokens or "
                         "--max-vision-units, or with --oversize alone\n")
