@@ -306,7 +306,7 @@ def test_rejected_gate_without_the_tokenized_dir_refuses_rather_than_count_pack_
     r = run("stats", str(messy["tokenized"]), str(messy["packed"]), "--fail-above-rejected", limit)
     assert r.returncode == 1 and r.stderr == f"Error: rejected_fraction {share:.4g} is above --fail-above-rejected {float(limit):.4g}\n"
     r = run("stats", str(moved), "--fail-above-rejected", limit)
-    assert (r.returncode, r.stdout) == (1, "")
+    assert (r.returncode, r.stdout) == (1, run("stats", str(moved)).stdout)  # the stats, then the error
     assert r.stderr == (f"Error: --fail-above-rejected counts the rows tokenize rejected, which only the tokenized "
                         f"directory knows, and the one {str(moved)!r} was packed from is not where its manifest says "
                         f"(or was tokenized again since); pass it first: packtool stats TOKENIZED {moved}\n")
@@ -340,7 +340,7 @@ def test_rejected_gate_of_a_mixture_counts_the_rows_its_sources_rejected(messy, 
         del source["tokenized"]
     file.write_text(json.dumps(manifest))
     r = run("stats", str(mixed), "--fail-above-rejected", "0.99")
-    assert (r.returncode, r.stdout) == (1, "")
+    assert (r.returncode, r.stdout) == (1, run("stats", str(mixed)).stdout)  # the stats, then the error
     assert r.stderr == (f"Error: --fail-above-rejected counts the rows tokenize rejected of each source, which the "
                         f"manifest of {str(mixed)!r} does not record (a mixture packed by an earlier packtool); pack it "
                         "again, or gate each source: packtool stats TOKENIZED --fail-above-rejected ...\n")
