@@ -94,7 +94,7 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 Overwrite = Annotated[bool, typer.Option(
     "--overwrite",
-    help="Replace a run made with other settings (only the files it wrote are removed), or write into a non-empty directory that holds no packtool run.")]
+    help="Start over: replace a finished run (even of the same settings) or a run made with other settings (only the files it wrote are removed), or write into a non-empty directory that holds no packtool run.")]
 # Counts end up in int32 columns (config.INT32_MAX); the processor settings have the bounds of vision.SETTING_LIMITS.
 MaxTokens = Annotated[int, typer.Option(min=1, max=INT32_MAX, help="Tokens per pack (sequence length).")]
 MaxVisionUnits = Annotated[

@@ -702,6 +702,9 @@ class _TokenizeTask:
     #: (input name, id name) of the task's inputs whose file name another input shares: their
     #: records without an id are named ID_NAME:ROW (formats.common.file_id_names)
     id_names: tuple[tuple[str, str], ...] = ()
+    #: the run this task belongs to (one token per call that starts tasks): a process that
+    #: tokenized before probes the media again (``EncodeContext.start_run``); no output depends on it
+    run: str = ""
 
 
 def _at(path: str, cwd: str) -> str:
@@ -1095,6 +1098,7 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
     own = tokenizer_path(task.cfg.tokenizer)  # a tokenizer file given relative to the driver's directory
     ctx = _encode_context(task.cfg if own is None or _at(own, task.cwd) == own
                           else replace(task.cfg, tokenizer=_at(own, task.cwd)))
+    ctx.start_run(task.run)
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     n_rows = n_samples = n_tokens = n_units = 0
     # the names stored so far: a row whose name an earlier row holds (a repeated id, a record
@@ -1267,9 +1271,10 @@ def tokenize_dataset(
         # records without an id are named FILE:ROW; inputs of one file name (a/train.jsonl,
         # b/train.jsonl) would name theirs alike, in every task: they are named by enough of their path
         id_names = file_id_names(config["inputs"])
+        run_token = os.urandom(8).hex()
         tasks = [_TokenizeTask(t, slices[t], task_target(out), cfg, digest, cfg.max_errors, on_error, os.getcwd(),
                                tuple((n, id_names[n]) for n in dict.fromkeys(source_name(sl.path) for sl in slices[t])
-                                     if n in id_names))
+                                     if n in id_names), run_token)
                  for t in todo]
         if total is not None:
             set_total(progress, sum(sum(s.stop - s.start for s in slices[t]) for t in todo))

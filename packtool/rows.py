@@ -80,8 +80,9 @@ class EncodeContext:
         max_branches: most branches in one tree (``None``, or above 10,000: 10,000).
         max_tokens: most tokens in one tree (``None``: no cap); branches beyond it go
             to another tree on the same media.
-        probe_cache: media probes by path (or inline bytes), shared across batches;
-            media files are assumed not to change during a run.
+        probe_cache: media probes by path (or inline bytes), shared across batches and the
+            tasks of one run in a process; media files are assumed not to change during a run
+            (:meth:`start_run` empties it for the next one).
         reasoning_loss: whether reasoning the template keeps (``<think>…</think>``) carries loss.
     """
 
@@ -97,10 +98,24 @@ class EncodeContext:
     #: the local media root's resolver (:class:`media.MediaPathResolver`: each directory's real
     #: path found once, not each component of each file's path); ``None`` for a bucket
     paths: MediaPathResolver | None = field(default=None, init=False, compare=False, repr=False)
+    #: the run whose probes the caches hold (:meth:`start_run`)
+    run: str = field(default="", init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.media_root, Path):
             object.__setattr__(self, "paths", MediaPathResolver(self.media_root))
+
+    def start_run(self, run: str) -> None:
+        """Begin a task of run ``run``: the probes and resolved folders of another run are
+        dropped. A process keeps this context from run to run (a notebook, a library caller,
+        a pool's worker), and the files may have changed between them: an image put in place
+        after a run rejected it as missing, a folder link replaced by a copy, a file of
+        another size (whose stale probe would count its tokens wrong)."""
+        if run != self.run:
+            self.probe_cache.clear()
+            if self.paths is not None:
+                object.__setattr__(self, "paths", MediaPathResolver(self.media_root))
+            object.__setattr__(self, "run", run)
 
 
 class SampleNames:

@@ -970,7 +970,9 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
     fields or shard names readers refuse) is no finished run: the run is resumed from its run
     state and markers, and the merge writes the manifest again.
 
-    A directory holding a run (finished or not) with other settings is refused, naming the
+    ``overwrite`` starts a finished run over even when nothing it compares changed (a run
+    whose media were fixed since: tokenize records the inputs, not every media file). A
+    directory holding a run (finished or not) with other settings is refused, naming the
     settings that differ, unless ``overwrite``; so is a non-empty directory that holds no
     packtool run (hidden entries aside). ``overwrite`` removes only what a run wrote there
     (the files its manifest, markers and run state name, and ``.packtool/``), never other files. Several ranks may call this at once: they
@@ -1011,8 +1013,8 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
         changed = _changed_inputs(_read_state(state_file).get("inputs"), run.get("inputs")) if same else []
         damaged = _damaged_shards(out_dir, old) if same and not changed else []
         errors = _damaged_errors(out_dir, old) if same and not changed else None
-        if same and not changed and not damaged and errors is None:
-            return old
+        if same and not changed and not damaged and errors is None and not overwrite:
+            return old  # with --overwrite it is done again (media fixed since, say): wiped below
         repair = all(_TASK_SHARD.fullmatch(name) for name, _ in damaged) and bool(damaged or errors)
         if repair:
             # resumed below: the tasks whose shards their markers no longer find are redone, the

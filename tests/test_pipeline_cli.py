@@ -86,6 +86,52 @@ def test_merge_names_every_rank_that_has_not_finished(corpus, tmp_path):
     assert not (out / ".packtool" / "manifest.json").exists()
 
 
+def test_overwrite_starts_a_finished_run_of_the_same_settings_over(tmp_path, monkeypatch):
+    """The fix errors.jsonl invites: put the missing image in place, run again with --overwrite.
+    A finished run of the same settings and unchanged inputs was returned as it was, the row
+    still rejected; --overwrite now does it again (without it, the finished run is reused)."""
+    from PIL import Image
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "img").mkdir()
+    (tmp_path / "d.jsonl").write_text(json.dumps({"id": "m1", "image": "img/0.jpg", "conversations": [
+        {"from": "human", "value": "<image>\nQ"}, {"from": "gpt", "value": "A"}]}) + "\n")
+    cmd = ["tokenize", "d.jsonl", "--media-root", ".", "-o", "out", "--workers", "1", "-q"]
+    assert run(*cmd).stdout.startswith("0 samples from 1 row")
+    Image.new("RGB", (64, 48), "red").save(tmp_path / "img" / "0.jpg")
+    assert run(*cmd).stdout.startswith("0 samples from 1 row")  # the finished run, reused
+    r = run(*cmd, "--overwrite")
+    assert (r.returncode, r.stdout) == (0, "1 sample from 1 row in 1 shard -> out\n"), r.stderr
+    assert (tmp_path / "out" / ".packtool" / "errors.jsonl").read_text() == ""
+
+
+def test_a_second_run_in_one_process_probes_the_media_again(tmp_path):
+    """tokenize keeps its probes for the whole process (a notebook, a library caller, a pool's
+    worker): a second run after an image was replaced by one of another size counted the old
+    size's tokens, and one after a missing image was put in place still rejected it."""
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    (tmp_path / "img").mkdir()
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"id": i, "image": f"img/{i}.jpg", "conversations": [
+        {"from": "human", "value": "<image>\nQ"}, {"from": "gpt", "value": "A"}]}) + "\n" for i in ("a", "b")))
+    Image.new("RGB", (64, 48), "red").save(tmp_path / "img" / "a.jpg")
+    cfg = TokenizeConfig(media_root=str(tmp_path))
+
+    def sizes(out):
+        m = tokenize_dataset([tmp_path / "d.jsonl"], tmp_path / out, cfg, workers=1, progress=None)
+        rows = [r for s in m["shards"] for r in pq.read_table(tmp_path / out / s["file"], columns=["media"])
+                .column("media").to_pylist()]
+        return sorted((r[0]["path"], r[0]["width"], r[0]["height"]) for r in rows)
+
+    assert sizes("one") == [("img/a.jpg", 64, 48)]  # b is missing
+    Image.new("RGB", (640, 480), "blue").save(tmp_path / "img" / "a.jpg")
+    Image.new("RGB", (32, 32), "blue").save(tmp_path / "img" / "b.jpg")
+    assert sizes("two") == [("img/a.jpg", 640, 480), ("img/b.jpg", 32, 32)]
+
+
 def test_a_setting_that_cannot_work_leaves_no_run_to_resume(corpus, tmp_path):
     """A setting refused at the first task (a knapsack table too large, a template whose tokens
     the vocabulary lacks, --oversize fail on data that has oversize samples) stops every run of

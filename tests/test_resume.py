@@ -315,10 +315,17 @@ def test_a_finished_run_that_lost_a_shard_is_repaired_by_the_same_command(corpus
     caplog.clear()  # repaired: the next run finds it whole and does nothing
     before = {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
     if stage == "tok":
+        tokenize_dataset([corpus / "data.jsonl"], d, tcfg(corpus), workers=1)
+    else:
+        pack_dataset(tmp_path / "tok", d, PCFG, workers=1)
+    assert {p.name: p.stat().st_mtime_ns for p in d.iterdir()} == before and not caplog.records
+    # --overwrite starts it over: every shard written again, to the same bytes
+    if stage == "tok":
         tokenize_dataset([corpus / "data.jsonl"], d, tcfg(corpus), workers=1, overwrite=True)
     else:
         pack_dataset(tmp_path / "tok", d, PCFG, workers=1, overwrite=True)
-    assert {p.name: p.stat().st_mtime_ns for p in d.iterdir()} == before and not caplog.records
+    assert all(p.stat().st_mtime_ns != before[p.name] for p in d.glob("part-*.parquet"))
+    assert files(d) == files(reference / stage) and not caplog.records
 
 
 def test_a_repair_cut_short_is_resumed_by_the_same_command(corpus, reference, tmp_path):

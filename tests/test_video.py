@@ -847,6 +847,22 @@ def _with_zeroed_frames(src: Path, dst: Path) -> Path:
     return dst
 
 
+def _video_records(path: Path, videos: dict[str, str]) -> Path:
+    """A JSONL file of one-question records, ``{id: video file stem}``, each asking about its video."""
+    path.write_text("".join(json.dumps({"id": i, "video": f"{n}.mp4", "conversations": [
+        {"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "It fades."}]}) + "\n"
+        for i, n in videos.items()))
+    return path
+
+
+def _calls(monkeypatch, module, name: str) -> list:
+    """A list that gets one entry per call of ``module.name`` from now on (the function still runs)."""
+    calls: list = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a: (calls.append(1), real(*a))[1])
+    return calls
+
+
 def test_a_video_whose_frames_do_not_decode_is_a_rejected_row_not_a_stopped_pack(tmp_path, monkeypatch):
     """Tokenize reads a video's headers only, so a video whose frame data is damaged is found when
     pack decodes it. That stopped the whole pack (every run of the dataset, until the rows were
@@ -867,16 +883,11 @@ def test_a_video_whose_frames_do_not_decode_is_a_rejected_row_not_a_stopped_pack
         _with_zeroed_frames(base, media / f"{bad}.mp4")
     names = ["v0", "v1", "zeroed", "v2", "zeroed2", "v3", "v4"]
     bad_names = {"zeroed", "zeroed2"}
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps({"id": n, "video": f"{n}.mp4", "conversations": [
-        {"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "It fades."}]}) + "\n"
-        for n in names))
+    data = _video_records(tmp_path / "data.jsonl", {n: n for n in names})
     tok = tmp_path / "tok"
     tokenize_dataset([data], tok, TokenizeConfig(media_root=str(media)), workers=1, progress=None)
     cfg = PackConfig(max_tokens=2048)
-    attempts = []
-    once = pipeline._pack_shard_once
-    monkeypatch.setattr(pipeline, "_pack_shard_once", lambda *a: (attempts.append(1), once(*a))[1])
+    attempts = _calls(monkeypatch, pipeline, "_pack_shard_once")
     runs = {}
     for workers in (1, 2):
         out = tmp_path / f"packed-{workers}"
@@ -931,16 +942,11 @@ def test_a_mixture_rejects_every_copy_of_a_sample_whose_video_does_not_decode(tm
     _with_zeroed_frames(write_video(tmp_path / "base.mp4", n_frames=24, fps=6), media / "zeroed.mp4")
     toks = []
     for name, ids in (("a", ["v0", "zeroed", "v1"]), ("b", ["v2", "v3"])):
-        data = tmp_path / f"{name}.jsonl"
-        data.write_text("".join(json.dumps({"id": f"{name}-{n}", "video": f"{n}.mp4", "conversations": [
-            {"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "It fades."}]}) + "\n"
-            for n in ids))
+        data = _video_records(tmp_path / f"{name}.jsonl", {f"{name}-{n}": n for n in ids})
         toks.append(tmp_path / f"tok-{name}")
         tokenize_dataset([data], toks[-1], TokenizeConfig(media_root=str(media)), workers=1, progress=None)
     cfg = PackConfig(max_tokens=2048)
-    attempts = []
-    once = pipeline._mix_shards
-    monkeypatch.setattr(pipeline, "_mix_shards", lambda *a: (attempts.append(1), once(*a))[1])
+    attempts = _calls(monkeypatch, pipeline, "_mix_shards")
     runs = {}
     for workers in (1, 2):
         out = tmp_path / f"mixed-{workers}"
