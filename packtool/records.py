@@ -82,6 +82,9 @@ class Message:
             ``reasoning_content`` field), or None; reasoning written inline as
             ``<think>…</think>`` stays in the text and the template splits it off.
         tool_call_id: for a tool result, the id of the call it answers, where given.
+        loss: ``False`` for an assistant turn the record keeps as context only (ms-swift's
+            per-message ``"loss": false``): rendered, with no loss on any of its tokens;
+            ``None``, the default, is the role's rule (loss on assistant turns).
     """
 
     role: str
@@ -89,6 +92,7 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     reasoning: str | None = None
     tool_call_id: str | None = None
+    loss: bool | None = None
 
     @staticmethod
     def plain(role: str, parts: tuple[Part, ...]) -> Message:
@@ -99,6 +103,7 @@ class Message:
         _message_tool_calls(m, ())
         _message_reasoning(m, None)
         _message_tool_call_id(m, None)
+        _message_loss(m, None)
         return m
 
 
@@ -131,8 +136,8 @@ class Sample:
 # repr; a test compares both ways).
 _new = object.__new__
 _part_kind, _part_text, _part_index = (Part.__dict__[name].__set__ for name in ("kind", "text", "index"))
-_message_role, _message_parts, _message_tool_calls, _message_reasoning, _message_tool_call_id = (
-    Message.__dict__[name].__set__ for name in ("role", "parts", "tool_calls", "reasoning", "tool_call_id"))
+_message_role, _message_parts, _message_tool_calls, _message_reasoning, _message_tool_call_id, _message_loss = (
+    Message.__dict__[name].__set__ for name in ("role", "parts", "tool_calls", "reasoning", "tool_call_id", "loss"))
 
 
 def _part(kind: str, text: str, index: int) -> Part:

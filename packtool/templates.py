@@ -232,9 +232,13 @@ class Template:
             elif role == "assistant":
                 if self.require_user_first and not seen_user:
                     raise SampleError("bad_turn_order", f"an assistant turn comes before any user turn, which template {self.name!r} forbids")
-                has_loss = True
                 keep = think and i > last_query and (i == len(msgs) - 1 or bool(_split_reasoning(msg)[0]))
+                start = len(segs)
                 self._turn(segs, "assistant", self._assistant_body(msg, think, keep, reasoning_loss))
+                if msg.loss is False:  # context only: the turn as rendered, none of it learned
+                    segs[start:] = _without_loss(segs[start:])
+                else:
+                    has_loss = True
             elif role == "tool":
                 i = self._tool_results(segs, msgs, i)
                 continue
@@ -242,6 +246,9 @@ class Template:
                 raise SampleError("unknown_role", f"turn {i} has role {quoted(role)}")
             i += 1
         if not has_loss:
+            if any(m.role == "assistant" for m in msgs):
+                raise SampleError("no_loss", 'every assistant turn is marked "loss": false (context only), so nothing '
+                                             "to learn from")
             raise SampleError("no_loss", "the conversation has no assistant turn, so nothing to learn from")
         return segs
 
@@ -279,7 +286,8 @@ class Template:
                 seen_user = True
                 loss = False
             elif role == "assistant":
-                if (self.require_user_first and not seen_user) or (think and "</think>" in _text(msg)):
+                if (self.require_user_first and not seen_user) or (think and "</think>" in _text(msg)) \
+                        or msg.loss is False:  # a turn kept as context only: the general path
                     return None
                 has_loss = loss = True
             elif role != "system" or i:
@@ -416,6 +424,11 @@ class Template:
                 "loss_on_turn_newline": self.loss_on_turn_newline}
 
 
+def _without_loss(segs: list[Segment]) -> list[Segment]:
+    """``segs`` with no loss on any of them (an assistant turn a record keeps as context only)."""
+    return [(kind, value, count, False) for kind, value, count, _ in segs]
+
+
 def _text(msg: Message) -> str:
     return "".join(p.text for p in msg.parts if p.kind == "text")
 
@@ -514,8 +527,8 @@ def _hoist_media(msgs: list[Message]) -> list[Message]:
     first_user = next((i for i, m in enumerate(msgs) if m.role == "user"), None)
     if first_user is None:
         raise SampleError("placeholder_mismatch", "the conversation has media but no user turn to hold them")
-    out = [Message(m.role, tuple(p for p in m.parts if p.kind == "text"), m.tool_calls, m.reasoning, m.tool_call_id)
-           for m in msgs]
+    out = [Message(m.role, tuple(p for p in m.parts if p.kind == "text"), m.tool_calls, m.reasoning, m.tool_call_id,
+                   m.loss) for m in msgs]
     out[first_user] = Message("user", tuple(media) + out[first_user].parts)
     return out
 

@@ -266,6 +266,19 @@ def test_swift_remote_url_is_missing_media(tmp_path):
     assert r.reason == "missing_media" and "remote URL" in r.message
 
 
+def test_swift_per_message_loss_false_keeps_an_assistant_turn_as_context(tmp_path):
+    """ms-swift's ``"loss": false`` on an assistant message: the turn stays, marked context only
+    (it was read as any assistant turn, and trained on); ``true`` is the default; another value
+    is a bad record."""
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello", "loss": False},
+             {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Bye", "loss": True}]
+    bad = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello", "loss": "no"}]
+    good, rej = read_all(write_jsonl(tmp_path / "l.jsonl", [{"messages": turns}, {"messages": bad}]))
+    assert [(m.role, m.loss) for m in good.branches[0]] == [("user", None), ("assistant", False), ("user", None),
+                                                            ("assistant", None)]
+    assert rej.reason == "bad_record" and rej.message == "turn 1 'loss' must be true or false, got 'no'"
+
+
 # --- Qwen-VL finetune ------------------------------------------------------------------
 
 QWEN_VL = {

@@ -171,6 +171,23 @@ def test_no_assistant_turn_is_no_loss(media_root):
     assert rej.reason == "no_loss"
 
 
+@pytest.mark.parametrize("name", ["chatml", "qwen3-vl", "plain"])
+def test_an_assistant_turn_marked_loss_false_is_context_only(name, media_root):
+    """ms-swift's per-message ``"loss": false``: the turn is rendered as it is, with no loss on
+    any of its tokens (its end of turn included); the tokens are those of the default render. A
+    conversation whose every assistant turn is so marked has nothing to learn: ``no_loss``."""
+    base = two_turns()
+    u1, a1, u2, a2 = base.branches[0]
+    tok, [plain_row], _ = encode(name, media_root, base)
+    _, [row], _ = encode(name, media_root, two_turns(u1, Message("assistant", a1.parts, loss=False), u2, a2))
+    ids, tgt = row["input_ids"].tolist(), row["target_ids"].tolist()
+    assert ids == plain_row["input_ids"].tolist()
+    lossy = tok.decode([ids[t + 1] for t in range(len(ids) - 1) if tgt[t] != -100])
+    assert "A cat." not in lossy and lossy.startswith("Red.") and lossy
+    _, [], [rej] = encode(name, media_root, two_turns(u1, Message("assistant", a1.parts, loss=False)))
+    assert rej.reason == "no_loss" and '"loss": false' in rej.message
+
+
 def test_special_tokens_absent_from_the_vocabulary_name_the_template(media_root):
     tok = load_tokenizer(None)
     ctx = EncodeContext(tok, get_template("llama3"), get_family("qwen2.5-vl"), media_root)
@@ -194,7 +211,8 @@ def _random_conversation(rng) -> tuple[Message, ...]:
                 parts.append(Part.of_text(rng.choice(texts)))
         extra = rng.random()
         msgs.append(Message(role, tuple(parts), reasoning="why" if role == "assistant" and extra < 0.05 else None,
-                            tool_call_id="c1" if role == "tool" and extra < 0.5 else None))
+                            tool_call_id="c1" if role == "tool" and extra < 0.5 else None,
+                            loss=False if role == "assistant" and 0.05 <= extra < 0.12 else None))
     return tuple(msgs)
 
 

@@ -41,6 +41,7 @@ class Turn:
     tool_calls: tuple[ToolCall, ...] = ()
     reasoning: str | None = None
     tool_call_id: str | None = None
+    loss: bool | None = None  # an assistant turn's own "loss" (False: context only), None: the role's rule
 
 
 def as_list(value) -> list:
@@ -291,12 +292,15 @@ def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[st
             calls += (parse_tool_call(msg["function_call"], f"turn {i} function_call"),)
         text = "" if calls and msg.get(text_key) is None else text_of(msg, i)
         reasoning = msg.get("reasoning_content")
+        loss = msg.get("loss")
+        if loss is not None and not isinstance(loss, bool):
+            raise SampleError("bad_record", f"turn {i} 'loss' must be true or false, got {quoted(loss, 40)}")
         if reasoning is not None:
             reasoning = check_text(reasoning, f"turn {i} 'reasoning_content'")
-        elif not calls:
+        elif not calls and loss is not False:
             turns.append(("assistant", text))
             continue
-        turns.append(Turn("assistant", text, calls, reasoning))
+        turns.append(Turn("assistant", text, calls, reasoning, loss=False if loss is False else None))
     return turns
 
 
@@ -475,7 +479,7 @@ def build_sample(
     for t in turns:
         if isinstance(t, Turn):
             messages.append(Message(t.role, tuple(split_placeholders(t.text, counters, offsets)), t.tool_calls,
-                                    t.reasoning, t.tool_call_id))
+                                    t.reasoning, t.tool_call_id, t.loss))
         else:  # a plain (role, text) pair: the common case, kept cheap
             text = t[1]
             if "<" in text:
@@ -490,7 +494,7 @@ def build_sample(
             raise SampleError("placeholder_mismatch", "record has media but no user turn to put them in")
         lead = tuple(Part.media(m.kind, i) for i, m in enumerate(media))
         msg = messages[first_user]
-        messages[first_user] = Message(msg.role, lead + msg.parts, msg.tool_calls, msg.reasoning, msg.tool_call_id)
+        messages[first_user] = replace(msg, parts=lead + msg.parts)
     elif (image_tags_for_video and videos and not images and not counters["video"]
           and counters["image"] == len(videos)):
         # with no image, an image tag's media index (offset 0) is the video's: only the kind changes
