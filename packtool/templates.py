@@ -149,6 +149,8 @@ class Template:
             (``qwen3-vl``: ``qwen3``, whose tool and think tags are single tokens).
         trim_content: strip whitespace from both ends of every turn's content, as Llama 3's
             template does (``message['content'] | trim``).
+        user_text: whether a user turn's text is rendered; LLaVA's pretraining (``plain``)
+            keeps only its media, as its ``preprocess_plain`` replaces the prompt with the image.
     """
 
     name: str
@@ -167,6 +169,7 @@ class Template:
     model: str = ""
     default_tokenizer: str | None = None
     trim_content: bool = False
+    user_text: bool = True
 
     def render(self, messages: tuple[Message, ...], system_prompt: str | None = None, tools: tuple[dict, ...] = (),
                reasoning_loss: bool = True) -> list[Segment]:
@@ -228,7 +231,7 @@ class Template:
                     self._turn(segs, "system", _body(msg, False))
             elif role == "user":
                 seen_user = True
-                self._turn(segs, "user", _body(msg, False))
+                self._turn(segs, "user", _body(msg, False, media_only=not self.user_text))
             elif role == "assistant":
                 if self.require_user_first and not seen_user:
                     raise SampleError("bad_turn_order", f"an assistant turn comes before any user turn, which template {self.name!r} forbids")
@@ -296,7 +299,7 @@ class Template:
                 loss = False
             head, tail = ends[role]
             segs += head
-            _body(msg, loss, segs)
+            _body(msg, loss, segs, media_only=role == "user" and not self.user_text)
             segs += tail
         return segs if has_loss else None
 
@@ -433,13 +436,14 @@ def _text(msg: Message) -> str:
     return "".join(p.text for p in msg.parts if p.kind == "text")
 
 
-def _body(msg: Message, loss: bool, body: list[Segment] | None = None) -> list[Segment]:
-    """The segments of a turn's parts, appended to ``body`` (a new list when None)."""
+def _body(msg: Message, loss: bool, body: list[Segment] | None = None, media_only: bool = False) -> list[Segment]:
+    """The segments of a turn's parts, appended to ``body`` (a new list when None); with
+    ``media_only``, only its media (:attr:`Template.user_text`)."""
     if body is None:
         body = []
     for part in msg.parts:
         if part.kind == "text":
-            if part.text:
+            if part.text and not media_only:
                 body.append(("text", part.text, 1, loss))
         else:
             body.append(("media", part.kind, part.index, False))
@@ -588,6 +592,7 @@ TEMPLATES: dict[str, Template] = {
         require_user_first=False,
         newline_roles=("assistant",),
         model="LLaVA pretraining",
+        user_text=False,
     ),
 }
 

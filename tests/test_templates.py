@@ -48,9 +48,9 @@ GOLDEN = {
     "molmo2": [151645, 151644, 872, 198, 151652, 151655, 151655, 151655, 151655, 151653, 3838, 374, 432, 30,
                151645, 198, 151644, 77091, 198, 32, 8251, 13, 151645, 198, 151644, 872, 198, 33281, 30, 151645,
                198, 151644, 77091, 198, 6033, 13, 151645, 198],
-    # <|vision_start|><|image_pad|>x4<|vision_end|>What is it?A cat.\nColour?Red.\n
-    "plain": [151652, 151655, 151655, 151655, 151655, 151653, 3838, 374, 432, 30, 32, 8251, 624, 33281, 30, 6033,
-              624],
+    # <|vision_start|><|image_pad|>x4<|vision_end|>A cat.\nRed.\n: LLaVA's preprocess_plain keeps a user
+    # turn's image and drops its text (the prompt is replaced by the image token)
+    "plain": [151652, 151655, 151655, 151655, 151655, 151653, 32, 8251, 624, 6033, 624],
     # <|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n<|image_pad|>x3What is it?<|eot_id|>
     # <|start_header_id|>assistant<|end_header_id|>\n\nA cat.<|eot_id|><|start_header_id|>user
     # <|end_header_id|>\n\nColour?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nRed.<|eot_id|>

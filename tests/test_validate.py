@@ -188,7 +188,8 @@ def test_a_tree_with_no_shared_prefix_restarts_positions_at_each_branch(tmp_path
 
     def edit(row):
         assert row["subsegment_ids"][0] == 0, "the tree has no prefix"
-        row["position_ids"][2] = 0
+        assert row["position_ids"][-1] > 0
+        row["position_ids"][-1] = 0  # inside the last branch
 
     rewrite_row(tmp_path / "packed", edit)
     whats = [p["what"] for p in validate_dir(tmp_path / "packed")["problems"]]
