@@ -1658,8 +1658,9 @@ class _RowStore:
     passed (a row after its last was asked for, so each of its rows has entered the buffer)
     keeps only its rows still waiting there (a small copy, once), so memory stays about one
     row group plus the rows waiting in the buffer, however long a sample waits. A group is not
-    cut down before it is passed: its unpacked rows are then mostly rows the buffer has not
-    reached yet, which the next packs take anyway (copying them cost 4% of a text-heavy pack).
+    cut down before it is passed: its unpacked rows may then be rows the buffer has not reached
+    yet, which the next packs take anyway (with chunks of whole row groups, as ``pack`` takes
+    them, both rules copy the same rows; with smaller chunks the earlier rule copied those too).
     """
 
     def __init__(self, pf, never: list[int] | None = None, file: Path = Path("?")) -> None:
