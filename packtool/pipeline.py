@@ -2297,6 +2297,19 @@ def _mix_task(task: _MixTask, report: Callable[[int], None]) -> dict:
     return _without_undecodable(report, attempt, lambda known: _undecodable_mixed(task, known))
 
 
+def _stream_places(task: _MixTask) -> tuple[np.ndarray, np.ndarray]:
+    """Each stream entry's shard in its source (the manifest's order) and its row in that shard."""
+    shard = np.empty(len(task.src), np.int64)
+    local = np.empty(len(task.src), np.int64)
+    for s, ms in enumerate(task.sources):
+        at = task.src == s
+        if at.any():
+            starts = np.concatenate([[0], np.cumsum([e["rows"] for e in ms.entries])]).astype(np.int64)
+            shard[at] = np.searchsorted(starts, task.row[at], side="right") - 1
+            local[at] = task.row[at] - starts[shard[at]]
+    return shard, local
+
+
 def _undecodable_mixed(task: _MixTask, known: set[int]) -> dict[int, tuple[str, str]]:
     """:func:`_undecodable_videos` for a mixture task: ``{entry: (reason, message)}`` of its
     stream entries (but ``known``) whose sample holds a video whose frames do not decode, each
@@ -2304,13 +2317,7 @@ def _undecodable_mixed(task: _MixTask, known: set[int]) -> dict[int, tuple[str, 
     copy of a sample gets the same answer)."""
     shards = _MixShards(task, verify=False)
     try:
-        rows = np.empty(len(task.src), np.int64)
-        shard = np.empty(len(task.src), np.int64)
-        for s, ms in enumerate(task.sources):
-            at = task.src == s
-            starts = np.concatenate([[0], np.cumsum([e["rows"] for e in ms.entries])]).astype(np.int64)
-            shard[at] = np.searchsorted(starts, task.row[at], side="right") - 1
-            rows[at] = task.row[at] - starts[shard[at]]
+        shard, rows = _stream_places(task)
         found: dict[int, tuple[str, str]] = {}
         for s in np.unique(task.src).tolist():
             loader = _media_loader(as_root(task.sources[s].media_root), task.cfg.frame_quality)
@@ -2350,14 +2357,7 @@ def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShard
     cfg = task.cfg
     n = len(task.src)
     n_src = len(task.sources)
-    shard = np.empty(n, np.int64)
-    local = np.empty(n, np.int64)
-    for s, ms in enumerate(task.sources):
-        at = task.src == s
-        if at.any():
-            starts = np.concatenate([[0], np.cumsum([e["rows"] for e in ms.entries])]).astype(np.int64)
-            shard[at] = np.searchsorted(starts, task.row[at], side="right") - 1
-            local[at] = task.row[at] - starts[shard[at]]
+    shard, local = _stream_places(task)
     shard_key = task.src.astype(np.int64) << 32 | shard
     tokens = np.zeros(n, np.int64)
     units = np.zeros(n, np.int64)
