@@ -132,6 +132,28 @@ def test_blobs_match_tiktoken_and_the_generic_path_on_seeded_text():
     assert fast == generic, f"seed {seed}"
 
 
+def test_a_batch_encoded_in_one_joined_call_equals_one_call_a_text():
+    """The texts of a batch go to tiktoken in one call, joined by a special token; each text's
+    ids must be what a call of its own gives, whatever the text ends or starts with (whitespace
+    and newlines merge across a join in ordinary text, never across a special token), empty texts
+    included. A text holding the separator, or a lone surrogate, sends the batch one text a call."""
+    seed = 99
+    rng = random.Random(seed)
+    alphabet = "ab Z9 \n\t中文é🙂<|>_-'"
+    texts = ["", " ", "\n", "hi ", " there", "", "  \n\n  ", "<|im_end|>", "<|endoftext|"]
+    texts += ["".join(rng.choices(alphabet, k=rng.randint(0, 40))) for _ in range(600)]
+    tok = QwenTiktoken()
+    to_buffer = tok._enc._core_bpe.encode_to_tiktoken_buffer
+    generic = BaseTokenizer._encode_blobs(tok, texts)
+    joined = tok._joined(texts, to_buffer)
+    assert joined is not None, f"seed {seed}"  # the joined path ran
+    assert joined == generic, f"seed {seed}"
+    assert tok._encode_blobs(texts) == generic
+    for odd in (["a", "x <|endoftext|> y", "b"], ["a", "\ud800", "b"]):
+        assert tok._joined(odd, to_buffer) is None
+        assert tok._encode_blobs(odd) == BaseTokenizer._encode_blobs(tok, odd)
+
+
 def test_load_tokenizer_errors(tmp_path):
     with pytest.raises(ConfigError, match="no tokenizer.json"):
         load_tokenizer(str(tmp_path))
