@@ -1030,8 +1030,9 @@ _CONTEXTS: dict = {}
 
 
 def _encode_context(cfg: TokenizeConfig):
-    """The tokenizer, template and vision family of ``cfg``, built once per process."""
-    key = cfg.digest()
+    """The tokenizer, template and vision family of ``cfg``, built once per process (again when
+    the tokenizer's files changed since: a library caller may rewrite one between runs)."""
+    key = (cfg.digest(), _tokenizer_stamp(cfg.tokenizer))
     ctx = _CONTEXTS.get(key)
     if ctx is None:
         from .rows import EncodeContext
@@ -1049,6 +1050,31 @@ def _encode_context(cfg: TokenizeConfig):
         _CONTEXTS.clear()
         _CONTEXTS[key] = ctx
     return ctx
+
+
+def _tokenizer_stamp(spec: str | None) -> tuple | None:
+    """The files a ``--tokenizer`` value is read from (a ``tokenizer.json``, and beside it a
+    ``tokenizer_config.json``), each by path, size and modification time; ``None`` for the embedded
+    vocabulary. An ``hf:`` name is its cache's newest snapshot, which a download changes."""
+    from .tokenization import resolve_hf_cache, tokenizer_path
+
+    try:
+        named = resolve_hf_cache(spec[3:]) if spec and spec.startswith("hf:") else tokenizer_path(spec)
+    except PacktoolError:
+        return None  # loading it says what is wrong
+    if named is None:
+        return None
+    path = Path(named)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    stamp = []
+    for f in (file, file.parent / "tokenizer_config.json"):
+        try:
+            st = f.stat()
+        except OSError:
+            stamp.append((str(f), None))
+        else:
+            stamp.append((str(f), st.st_size, st.st_mtime_ns))
+    return tuple(stamp)
 
 
 #: A tokenize task collects garbage (its young generations) once every this many batches.

@@ -792,6 +792,25 @@ def _read_state(state_file: Path) -> dict:
     return state if isinstance(state, dict) else {}
 
 
+#: What a run's recorded set-up (``run["manifest"]``) says that decides its tokens beside its
+#: settings: the vocabulary's fingerprint (a tokenizer file changed in place keeps its path, the
+#: setting), the vision family's and the template's settings.
+_SETUP_KEYS = ("tokenizer", "vision", "template")
+
+
+def _setup_diff(old: dict, new: dict) -> list[str]:
+    """The differences of two runs' set-ups (:data:`_SETUP_KEYS` of their ``run.json``
+    ``manifest``), as :func:`config_diff` names them: a run resumed after its tokenizer file
+    changed would store two vocabularies' ids under one manifest. A run state without a set-up
+    (an older packtool's) is not compared."""
+    a, b = old.get("manifest"), new.get("manifest")
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return []
+    b = json.loads(json.dumps(b))  # as run.json stores it: tuples as lists
+    diff = config_diff({k: a.get(k) for k in _SETUP_KEYS}, {k: b.get(k) for k in _SETUP_KEYS})
+    return diff[:3] + ([f"and {len(diff) - 3} more set-up differences"] if len(diff) > 3 else [])
+
+
 def _run_diff(old: dict, new: dict) -> list[str]:
     diff = []
     if old.get("kind") != new.get("kind"):
@@ -804,6 +823,8 @@ def _run_diff(old: dict, new: dict) -> list[str]:
     changed = _changed_inputs(old.get("inputs"), new.get("inputs"))
     if changed:
         diff.append(f"input files changed since the first attempt: {_some(changed)}")
+    if not settings:  # otherwise it follows from them (another model: another vision family)
+        diff += _setup_diff(old, new)
     if not diff and old.get("tasks_digest") != new.get("tasks_digest"):
         diff.append("the task split differs")
     return diff
@@ -1009,7 +1030,8 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
         except ValueError:
             old = {}
         old = old if isinstance(old, dict) else {}
-        same = old.get("kind") == run["kind"] and old.get("config_digest") == run["config_digest"]
+        setup = _setup_diff(_read_state(state_file), run)  # the vocabulary (a tokenizer file changed in place) ...
+        same = old.get("kind") == run["kind"] and old.get("config_digest") == run["config_digest"] and not setup
         changed = _changed_inputs(_read_state(state_file).get("inputs"), run.get("inputs")) if same else []
         damaged = _damaged_shards(out_dir, old) if same and not changed else []
         errors = _damaged_errors(out_dir, old) if same and not changed else None
@@ -1042,7 +1064,7 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
                 f"(size or modification time): {_some(changed)}; pass --overwrite to redo it, or use another -o"
             )
         elif not same and not overwrite:
-            diff = _run_diff(old, {k: v for k, v in run.items() if k in ("kind", "config")})
+            diff = _run_diff(old, {k: v for k, v in run.items() if k in ("kind", "config")}) or setup
             raise ResumeMismatchError(
                 f"{shown!r} already holds a finished run with a different configuration "
                 f"({'; '.join(diff) or 'config digest'}); use another -o, or pass --overwrite to replace it"

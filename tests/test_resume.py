@@ -87,6 +87,41 @@ def test_finished_run_is_not_redone(corpus, reference, tmp_path):
     assert m == json.loads((reference / "tok" / ".packtool" / "manifest.json").read_text())
 
 
+def _tokenizer_file(path: Path, vocab_size: int) -> None:
+    """A small real BPE vocabulary with what ChatML and Qwen2.5-VL place by id; another
+    ``vocab_size`` gives other ids for the same text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                "<|image_pad|>", "<|video_pad|>"]
+    text = ["What is in the picture?", "A red circle on a white background.", "the image shows"] * 20
+    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(path))
+
+
+def test_a_tokenizer_file_changed_in_place_is_not_resumed_nor_taken_as_done(corpus, tmp_path):
+    """The setting names the file; its vocabulary is in the run's set-up: a run resumed (or found
+    finished) after the file changed would hold two vocabularies' ids under one manifest."""
+    vocab = tmp_path / "tokenizer.json"
+    _tokenizer_file(vocab, 290)
+    out = tmp_path / "tok"
+    cfg = tcfg(corpus, tokenizer=str(vocab))
+    tokenize_dataset([corpus / "data.jsonl"], out, cfg, workers=1)
+    _tokenizer_file(vocab, 330)  # the same path, another vocabulary
+    with pytest.raises(ResumeMismatchError, match=r"finished run with a different configuration \(tokenizer\.vocab_sha256: "):
+        tokenize_dataset([corpus / "data.jsonl"], out, cfg, workers=1)
+    interrupt(out, 2)  # now an unfinished run with tasks done
+    with pytest.raises(ResumeMismatchError, match=r"unfinished run with other settings \(tokenizer\.vocab_sha256: "):
+        tokenize_dataset([corpus / "data.jsonl"], out, cfg, workers=1)
+    m = tokenize_dataset([corpus / "data.jsonl"], out, cfg, workers=1, overwrite=True)
+    fresh = tokenize_dataset([corpus / "data.jsonl"], tmp_path / "fresh", cfg, workers=1)
+    assert m["tokenizer"] == fresh["tokenizer"] and m["shards"] == fresh["shards"]
+
+
 def test_other_config_is_refused_naming_the_setting(corpus, tmp_path):
     out = tmp_path / "tok"
     tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1)
