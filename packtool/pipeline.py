@@ -900,9 +900,11 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int,
     Consecutive JSONL files share a task until it is full and a large JSONL file is cut
     into several tasks, so every task (and its tokenized shard) holds about
     ``rows_per_task`` rows whatever the file sizes; a plain JSON array file is cut at element
-    boundaries the same way (one sequential scan of its bytes). Files that cannot be cut
-    share tasks of up to ``WHOLE_FILES_PER_TASK_BYTES``. Returns the tasks and the total line
-    count (``None`` when unknown).
+    boundaries the same way (one sequential scan of its bytes). Files that cannot be cut (small
+    JSON arrays, compressed files) are read whole, up to ``WHOLE_FILES_PER_TASK_BYTES`` of them
+    a task, in the same tasks as the rows around them: a folder whose small ``.json`` and
+    ``.jsonl`` files alternate is not one task (and one shard, packed alone) a file. Returns the
+    tasks and the total line count (``None`` when unknown).
 
     The JSONL files are scanned first, cut into byte ranges of ``SCAN_RANGE_BYTES`` read on
     ``workers`` threads (one pass over the bytes, whatever the number of workers); finding each
@@ -924,16 +926,13 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int,
         # a JSON array is cut at element boundaries, as JSONL is at lines
         array = (None if groups is not None or path in scans
                  else _array_cuts(path, size_of[path], rows_per_task - fill, rows_per_task))
-        if current and _is_whole(current[-1]) and (groups is not None or path in scans or array is not None):
-            tasks.append(tuple(current))  # whole files do not share a task with counted rows
-            current, fill = [], 0
         if groups is not None:
             # Parquet is cut at row-group boundaries: a task takes whole groups while they fit
             row = 0
             for g, n in enumerate(groups):
                 if current and fill + n > rows_per_task:
                     tasks.append(tuple(current))
-                    current, fill = [], 0
+                    current, fill, whole_bytes = [], 0, 0
                 if current and current[-1].path == str(path) and current[-1].groups and current[-1].groups[1] == g:
                     last = current.pop()  # the next group of the same file: widen the slice
                     current.append(Slice(last.path, last.start, row + n, None, (last.groups[0], g + 1)))
@@ -943,7 +942,7 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int,
                 fill += n
                 if fill >= rows_per_task:
                     tasks.append(tuple(current))
-                    current, fill = [], 0
+                    current, fill, whole_bytes = [], 0, 0
             if total is not None:
                 total += row
             continue
@@ -952,14 +951,13 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int,
             if not n_lines:
                 continue
         elif path not in scans:
-            # whole files (compressed inputs, JSON arrays that do not scan) of unknown row count share a task
-            # while their bytes add up to less than WHOLE_FILES_PER_TASK_BYTES
+            # whole files (compressed inputs, JSON arrays that do not scan) of unknown row count join
+            # the task being filled while their bytes add up to less than WHOLE_FILES_PER_TASK_BYTES
+            # (a task holds at most that besides its rows_per_task counted rows)
             size = size_of[path]
-            if current and (not _is_whole(current[-1]) or whole_bytes + size > WHOLE_FILES_PER_TASK_BYTES):
+            if current and whole_bytes + size > WHOLE_FILES_PER_TASK_BYTES:
                 tasks.append(tuple(current))
-                current, fill = [], 0
-            if not current:
-                whole_bytes = 0
+                current, fill, whole_bytes = [], 0, 0
             current.append(Slice(str(path), 0, None, None))
             whole_bytes += size
             total = None
@@ -977,7 +975,7 @@ def plan_tokenize_tasks(files: list[Path], rows_per_task: int,
             fill += stop - start
             if fill >= rows_per_task:
                 tasks.append(tuple(current))
-                current, fill = [], 0
+                current, fill, whole_bytes = [], 0, 0
     if current:
         tasks.append(tuple(current))
     return tasks, total

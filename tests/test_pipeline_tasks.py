@@ -88,11 +88,36 @@ def test_files_that_cannot_be_cut_share_tasks_by_size(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline, "WHOLE_FILES_PER_TASK_BYTES", 1000)
     tasks, total = plan_tokenize_tasks([a, arr, gz, big, a], 10)
     assert total is None
+    # whole files join the task being filled, rows or not, until their bytes pass the limit
     assert [[(Path(s.path).name, s.start, s.stop, s.offset) for s in t] for t in tasks] == [
-        [("a.jsonl", 0, 3, 0)], [("b.json.gz", 0, None, None), ("c.jsonl.gz", 0, None, None)],
-        [("d.json", 0, None, None)], [("a.jsonl", 0, 3, 0)]]
+        [("a.jsonl", 0, 3, 0), ("b.json.gz", 0, None, None), ("c.jsonl.gz", 0, None, None)],
+        [("d.json", 0, None, None), ("a.jsonl", 0, 3, 0)]]
     sliced = [parse_record(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
     assert sliced == list(iter_samples([a, arr, gz, big, a]))
+
+
+def test_small_json_and_jsonl_files_alternating_share_tasks(tmp_path):
+    """Small ``.json`` arrays (read whole) between ``.jsonl`` files (cut at lines) go into the
+    tasks being filled, not a task each: a folder of both kinds gave one task, one shard and
+    (packed apart) one underfilled pack a file."""
+    files = []
+    for i in range(6):
+        if i % 2:
+            f = tmp_path / f"part{i}.json"
+            f.write_text(json.dumps([{"id": f"{i}-{k}"} for k in range(5)]))
+        else:
+            f = write(tmp_path / f"part{i}.jsonl", [json.dumps({"id": f"{i}-{k}"}) for k in range(5)])
+        files.append(f)
+    tasks, total = plan_tokenize_tasks(files, 1000)
+    assert total is None  # the arrays' rows are counted when read
+    assert [[Path(s.path).name for s in t] for t in tasks] == [[f.name for f in files]]
+    sliced = [parse_record(rec, s.path, row, "auto") for t in tasks for s in t for row, rec in _slice_records(s)]
+    assert sliced == list(iter_samples(files))
+    # a full task is cut as before: the rows after it start the next one, the arrays still join
+    tasks, _ = plan_tokenize_tasks(files, 8)
+    assert [[(Path(s.path).name, s.start, s.stop) for s in t] for t in tasks] == [
+        [("part0.jsonl", 0, 5), ("part1.json", 0, None), ("part2.jsonl", 0, 3)],
+        [("part2.jsonl", 3, 5), ("part3.json", 0, None), ("part4.jsonl", 0, 5), ("part5.json", 0, None)]]
 
 
 def test_slices_read_exactly_what_the_format_reader_reads(tmp_path):
