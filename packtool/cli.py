@@ -187,7 +187,9 @@ def tokenize(
     output: Output,
     media_root: Annotated[str, typer.Option(callback=_location, help="Directory (or bucket prefix) media paths resolve under.")] = ".",
     model: Annotated[str, typer.Option(help=f"Vision family: {', '.join(FAMILIES)}, or fixed:N (N tokens per image).")] = "qwen2.5-vl",
-    template: Annotated[TemplateChoice, typer.Option(help="Chat template.")] = "chatml",
+    template: Annotated[TemplateChoice | None, typer.Option(help=(
+        "Chat template (default: the model's own: qwen3-vl for --model qwen3-vl, molmo2 for molmo2, chatml for the "
+        "others)."))] = None,
     tokenizer: Annotated[str | None, typer.Option(metavar="<path|hf:ORG/NAME>", help=f"Tokenizer ({TOKENIZER_FORMS}).")] = None,
     format: Annotated[FormatChoice, typer.Option("--format", help="Input record format; auto detects it per record.")] = FormatChoice.auto,
     system_prompt: Annotated[str | None, typer.Option(help="System prompt (default: the template's).")] = None,

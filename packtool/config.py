@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["TokenizeConfig", "PackConfig", "config_diff", "config_digest", "digest_of", "check_range", "check_types", "whole_number", "INT32_MAX"]
+__all__ = ["TokenizeConfig", "PackConfig", "default_template", "config_diff", "config_digest", "digest_of", "check_range", "check_types", "whole_number", "INT32_MAX"]
 
 #: The largest int32: shards store token and vision-unit counts, image sizes and grids as int32,
 #: so a setting that ends up in one of those columns is refused above it.
@@ -142,13 +142,29 @@ MEDIA_MODES = ("embed", "reference")
 #: ``--layout`` choices of packed shards (``schema.LAYOUTS``).
 LAYOUTS = ("runs", "full")
 
+#: The chat template of a vision family whose model is trained with one other than ChatML with
+#: Qwen2's default system prompt (``chatml``, the template of every other family here).
+FAMILY_TEMPLATES = {"qwen3-vl": "qwen3-vl", "molmo2": "molmo2"}
+
+
+def default_template(model: str) -> str:
+    """The template a ``--model`` gets when ``--template`` is not given: its own chat format.
+
+    Example:
+        >>> default_template("qwen2.5-vl"), default_template("qwen3-vl"), default_template("molmo2")
+        ('chatml', 'qwen3-vl', 'molmo2')
+    """
+    return FAMILY_TEMPLATES.get(model, "chatml")
+
+
 @dataclass(frozen=True, slots=True)
 class TokenizeConfig(_Digestible):
     """Settings of ``packtool tokenize``.
 
     Attributes:
         model: vision family (``qwen2.5-vl``, ``fixed:576`` ...).
-        template: chat template name.
+        template: chat template name; ``None`` (the default) is the model's (:func:`default_template`),
+            which the config holds from then on.
         tokenizer: ``None`` for the template's default (the embedded Qwen2 vocabulary; ``qwen3``
             under ``qwen3-vl``), ``qwen2`` or ``qwen3`` for an embedded one, ``hf:ORG/NAME``
             from the local Hugging Face cache, else a path.
@@ -173,7 +189,7 @@ class TokenizeConfig(_Digestible):
     """
 
     model: str = "qwen2.5-vl"
-    template: str = "chatml"
+    template: str | None = None
     tokenizer: str | None = None
     format: str = "auto"
     media_root: str = "."
@@ -194,6 +210,8 @@ class TokenizeConfig(_Digestible):
     _not_digested = NOT_DIGESTED
 
     def __post_init__(self) -> None:
+        if self.template is None and isinstance(self.model, str):
+            object.__setattr__(self, "template", default_template(self.model))
         check_types(self)
         if self.rows_per_shard < 1:
             raise ConfigError("--rows-per-shard must be at least 1")

@@ -58,6 +58,22 @@ def test_tokenize_config_takes_the_bounds_themselves():
     TokenizeConfig(model="molmo2", max_frames=1)
 
 
+def test_a_model_gets_its_own_template_unless_one_is_named(tmp_path):
+    """Qwen3-VL and Molmo2 are trained with their own chat formats (no default system prompt,
+    Qwen3's tokens; Molmo2's media first): ``--model`` alone must not give them ChatML with
+    Qwen2.5's system prompt. The config holds the template used, so its digest names it."""
+    from packtool.pipeline import _encode_context
+
+    assert TokenizeConfig().template == "chatml"
+    assert TokenizeConfig(model="qwen2-vl").template == "chatml"
+    assert TokenizeConfig(model="qwen3-vl").template == "qwen3-vl"
+    assert TokenizeConfig(model="molmo2").template == "molmo2"
+    assert TokenizeConfig(model="qwen3-vl", template="chatml").template == "chatml"
+    assert TokenizeConfig(model="qwen3-vl").digest() == TokenizeConfig(model="qwen3-vl", template="qwen3-vl").digest()
+    ctx = _encode_context(TokenizeConfig(model="qwen3-vl", media_root=str(tmp_path)))
+    assert ctx.template.default_system == "" and ctx.tokenizer.name == "qwen3"
+
+
 @pytest.mark.parametrize(("settings", "message"), [
     ({"max_tokens": 2**31}, "--max-tokens 2147483648: " + INT32.format(lo=1)),
     ({"max_vision_units": 10**20}, f"--max-vision-units {10**20}: " + INT32.format(lo=0)),
