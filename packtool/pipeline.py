@@ -2679,7 +2679,8 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
         # mixture only: the config names the source's run by its config_digest already)
         c = m.get("counts", {})
         d["tokenized"] = {"rows_in": int(c.get("rows_in", int(c.get("samples", 0)) + int(c.get("rejected", 0)))),
-                          "rejected": int(c.get("rejected", 0))}
+                          "rejected": int(c.get("rejected", 0)),
+                          "rejected_by_reason": dict(sorted((c.get("rejected_by_reason") or {}).items()))}
 
     def make(t: int, out_dir: str | None, sources: tuple[_MixSource, ...]) -> _MixTask:
         src, row, copy = plan.tasks[t]

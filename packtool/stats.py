@@ -529,6 +529,10 @@ def summarize(data: StatsData) -> dict:
     vision = (data.packed_manifest or {}).get("vision") or tok_manifest.get("vision") or {}
     tc = tok_manifest.get("counts") or {}
     tok_rej = dict(tc.get("rejected_by_reason") or {})
+    rows_in = int(tc["rows_in"]) if "rows_in" in tc else None
+    mixture = (data.packed_manifest or {}).get("mixture")
+    if mixture is not None and data.tok_manifest is None:
+        rows_in, tok_rej = _mixture_rows(mixture)
     tok_rejects = _read_errors(data.tokenized_path) if data.tokenized_path is not None else []
     if data.pack_tokens is not None:
         n_samples = int(data.pack_samples.sum())
@@ -567,7 +571,7 @@ def summarize(data: StatsData) -> dict:
         "packed": source_name(data.packed_path) if data.packed_path is not None else None,
         "capacities": caps,
         "vision_unit": vision.get("unit"),
-        "rows_in": int(tc["rows_in"]) if "rows_in" in tc else None,
+        "rows_in": rows_in,
         "samples": n_samples,
         **{k: packs[k] for k in ("packs", "lower_bound", "packs_over_lower_bound")},
         "tokens": tokens,
@@ -590,6 +594,29 @@ def summarize(data: StatsData) -> dict:
         "thresholds": [],
         "notes": list(data.notes),
     }
+
+
+def _mixture_rows(mixture: dict) -> tuple[int | None, dict]:
+    """The rows a mixture's sources' tokenize runs read, and those they rejected by reason, each
+    source once (as its manifest counted them when the mixture was packed; the rejected-rows gate
+    weights them by rate, :func:`mixture_rejected`). A source recorded without its reasons (an
+    earlier packtool's mixture) counts its rejections under ``unknown``; ``None`` rows when a
+    source recorded no counts."""
+    rows: int | None = 0
+    rejected: dict[str, int] = {}
+    for src in mixture.get("sources") or []:
+        t = src.get("tokenized")
+        if not isinstance(t, dict):
+            rows = None
+            continue
+        if rows is not None:
+            rows += int(t.get("rows_in", 0))
+        by = t.get("rejected_by_reason")
+        if not isinstance(by, dict):
+            by = {"unknown": int(t.get("rejected", 0))} if t.get("rejected") else {}
+        for reason, n in by.items():
+            rejected[reason] = rejected.get(reason, 0) + int(n)
+    return rows, rejected
 
 
 def compute_stats(path: str | Path, packed: str | Path | None = None) -> dict:
@@ -902,6 +929,8 @@ def render_stats(s: dict) -> str:
         rows.append(("dropped / alone / truncated", f"{s['dropped']:,} / {s['alone']:,} / {s['truncated']:,}"))
     rej = s["rejected"]
     of = f" of {s['rows_in']:,} rows in" if s.get("rows_in") is not None else ""
+    if s.get("mixture") and s.get("rows_in") is not None:  # each source once; a rate repeats its rows
+        of += " (the sources' rows, each once; --fail-above-rejected weighs each source by its rate)"
     rows.append(("rejected", f"{rej['total']:,}{of}"))
     for stage in ("tokenize", "pack"):
         for reason, n in rej[stage].items():

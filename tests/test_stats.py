@@ -327,8 +327,15 @@ def test_rejected_gate_of_a_mixture_counts_the_rows_its_sources_rejected(messy, 
     assert r.returncode == 0, r.stderr
     s = compute_stats(mixed)
     validate(s)
-    assert [x["tokenized"] for x in s["mixture"]["sources"]] == [{"rows_in": 20, "rejected": 2}]
+    by_reason = pair["rejected"]["tokenize"]
+    assert [x["tokenized"] for x in s["mixture"]["sources"]] == [{"rows_in": 20, "rejected": 2,
+                                                                   "rejected_by_reason": by_reason}]
     assert s["mixture"]["sources"][0]["realised"]["samples"] == pair["samples"]
+    # the summary says what the gate counts: the sources' rows and rejections, not "rejected 0"
+    assert (s["rows_in"], s["rejected"]["tokenize"]) == (20, by_reason) and sum(by_reason.values()) == 2
+    assert s["rejected"]["total"] == 2 + sum(s["rejected"]["pack"].values())
+    shown = run("stats", str(mixed)).stdout
+    assert f"rejected                     {s['rejected']['total']} of 20 rows in (the sources' rows" in shown
     r = run("stats", str(mixed), "--fail-above-rejected", limit)
     assert (r.returncode, r.stderr) == (1, f"Error: rejected_fraction {share:.4g} is above --fail-above-rejected "
                                            f"{float(limit):.4g}\n")
@@ -336,6 +343,10 @@ def test_rejected_gate_of_a_mixture_counts_the_rows_its_sources_rejected(messy, 
     # a mixture packed before the rows were recorded: refused, naming the fixes, not passed
     file = mixed / ".packtool" / "manifest.json"
     manifest = json.loads(file.read_text())
+    for source in manifest["mixture"]["sources"]:
+        del source["tokenized"]["rejected_by_reason"]  # an earlier packtool recorded the total alone
+    file.write_text(json.dumps(manifest))
+    assert compute_stats(mixed)["rejected"]["tokenize"] == {"unknown": 2}
     for source in manifest["mixture"]["sources"]:
         del source["tokenized"]
     file.write_text(json.dumps(manifest))
