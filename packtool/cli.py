@@ -248,6 +248,11 @@ def tokenize(
     if not c["rows_in"]:
         typer.echo("warning: the inputs hold no records (empty files, or an empty JSON list); check the paths "
                    "given, or that the step that writes them ran")
+    missing = (c.get("rejected_by_reason") or {}).get("missing_media", 0)
+    if missing > c["rows_in"] / 2:  # one missing file is a bad row; most of them, a wrong root
+        root = manifest.get("config", {}).get("media_root")
+        typer.echo(f"warning: {missing:,} of {_count(c['rows_in'], 'row')} name media not found under --media-root "
+                   f"{root!r}: check that it is the folder the records' media paths are relative to")
     if c.get("folded_branches"):
         n = c["folded_branches"]
         its, what = ("its", "1 branch lies") if n == 1 else ("their", f"{n:,} branches lie")

@@ -118,6 +118,31 @@ def test_tokenize_of_inputs_without_a_record_says_so(tmp_path, name, text):
     assert json.loads(r.stdout)["rows_in"] == 0 and "warning" not in r.stdout
 
 
+def test_tokenize_with_a_wrong_media_root_says_so(tmp_path, demo_dirs):
+    """Each missing file is a clear errors.jsonl line, but a run whose media are mostly missing
+    (a wrong --media-root) ended in exit 0 with a rejected count: the summary now names the root.
+    One missing file among many is a bad row, not a wrong root: no warning."""
+    sample = demo_dirs["sample"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    tok = tmp_path / "tok"
+    r = run("tokenize", str(sample / "data.jsonl"), "--media-root", str(elsewhere), "-o", str(tok), "--quiet")
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    c = json.loads((tok / ".packtool" / "manifest.json").read_text())["counts"]
+    n = c["rejected_by_reason"]["missing_media"]
+    assert n > c["rows_in"] / 2
+    assert r.stdout.splitlines()[-1] == (f"warning: {n} of {c['rows_in']} rows name media not found under --media-root "
+                                         f"{str(elsewhere.resolve())!r}: check that it is the folder the records' "
+                                         "media paths are relative to")
+    lines = (sample / "data.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    first["image"] = "images/gone.png"
+    src = tmp_path / "one-missing.jsonl"
+    src.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    r = run("tokenize", str(src), "--media-root", str(sample), "-o", str(tmp_path / "one"), "--quiet")
+    assert "missing_media 1" in r.stdout and "warning" not in r.stdout
+
+
 def test_tokenize_pack_stats_exact_output(tmp_path, demo_dirs):
     sample = demo_dirs["sample"]
     tok, packed = tmp_path / "tok", tmp_path / "packed"
