@@ -598,12 +598,16 @@ def merge(
     """
     from .pipeline import merge_output
 
-    manifest = merge_output(path)
+    report: dict = {}
+    manifest = merge_output(path, report)
     c = manifest["counts"]
     if as_json:
-        _emit_json({"output": str(path), "kind": manifest["kind"], **c, "shards": len(manifest["shards"])})
+        _emit_json({"output": str(path), "kind": manifest["kind"], **c, "shards": len(manifest["shards"]),
+                    "written": report["written"]})
         return
-    typer.echo(f"{manifest['kind']}: {_count(c['tasks'], 'task')}, {_count(len(manifest['shards']), 'shard')} -> {join(path, MANIFEST)}")
+    done = "" if report["written"] else "nothing to do, merged already: "
+    typer.echo(f"{manifest['kind']}: {done}{_count(c['tasks'], 'task')}, {_count(len(manifest['shards']), 'shard')} -> "
+               f"{join(path, MANIFEST)}")
 
 
 def _version_callback(value: bool) -> None:

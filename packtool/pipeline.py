@@ -518,7 +518,7 @@ def _rank_ranges(ranks: list[int]) -> str:
 
 
 @_environment_errors
-def merge_output(out_dir: str | Path) -> dict:
+def merge_output(out_dir: str | Path, report: dict | None = None) -> dict:
     """Combine the completion markers of every task into ``.packtool/errors.jsonl`` and ``.packtool/manifest.json``.
 
     ``tokenize`` and ``pack`` call this themselves when their last task finishes; after a
@@ -527,14 +527,18 @@ def merge_output(out_dir: str | Path) -> dict:
     merged run needs no task files: one whose shards and ``errors.jsonl`` are as its manifest
     lists them is returned as it is (a warning says so) when task markers or logs are gone.
 
+    ``report``, when given, gains ``written``: whether this merge wrote ``errors.jsonl`` or the
+    manifest (``False``: the run was merged already, as ``packtool merge`` then says).
+
     Raises:
         InputError: when a task has no completion marker (names the ranks to re-run: each
             command named is one that redoes the task, never one that would find the run whole).
     """
+    report = {} if report is None else report
     if is_url(str(out_dir)):
         with output_dir(str(out_dir), None) as mirror:
-            return _merge(mirror, str(out_dir))
-    return _merge(Path(out_dir), str(out_dir))
+            return _merge(mirror, str(out_dir), report)
+    return _merge(Path(out_dir), str(out_dir), report)
 
 
 def _manifest_of(path: Path, kind: str, digest: str) -> bool:
@@ -546,7 +550,7 @@ def _manifest_of(path: Path, kind: str, digest: str) -> bool:
     return isinstance(manifest, dict) and manifest.get("kind") == kind and manifest.get("config_digest") == digest
 
 
-def _merge_without(out: Path, shown: str, run: dict, missing: list[int]) -> dict:
+def _merge_without(out: Path, shown: str, run: dict, missing: list[int], report: dict) -> dict:
     """:func:`_merge` of a run whose tasks ``missing`` left no usable completion marker (the
     marker, a shard it names, or its error log is gone or changed): the manifest when the run is
     merged already and needs nothing of theirs, else an :class:`InputError` naming a command that
@@ -571,6 +575,7 @@ def _merge_without(out: Path, shown: str, run: dict, missing: list[int]) -> dict
                         "nothing to do (the completion markers or error logs of %s are gone or changed since; the "
                         "merged run needs none of them, and a later repair redoes those tasks)", shown, ERRORS,
                         f"{n} {first}")
+            report["written"] = False
             return finished
         # errors.jsonl changed at its size, and its task logs are incomplete: removed, the rank's
         # command finds it missing and repairs it (redoing the tasks whose logs are gone)
@@ -594,6 +599,13 @@ def _merge_without(out: Path, shown: str, run: dict, missing: list[int]) -> dict
                      "again")
 
 
+def _text_or_none(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def _same_file(path: Path, size: int, sha256: str) -> bool:
     """Whether ``path`` is a file of ``size`` bytes with this sha256 (hashed only at that size)."""
     try:
@@ -604,14 +616,14 @@ def _same_file(path: Path, size: int, sha256: str) -> bool:
     return sha256_file(path) == sha256
 
 
-def _merge(out: Path, shown: str) -> dict:
+def _merge(out: Path, shown: str, report: dict) -> dict:
     """:func:`merge_output` on the folder holding the run's state; messages name it ``shown``."""
     run = read_run(out, shown)
     digest = run["config_digest"]
     markers = [read_marker(out, t, digest) for t in range(run["n_tasks"])]
     missing = [t for t, m in enumerate(markers) if m is None]
     if missing:
-        return _merge_without(out, shown, run, missing)
+        return _merge_without(out, shown, run, missing, report)
     counts = _zero_counts(run["kind"])
     shards: list[dict] = []
     final = out / ERRORS
@@ -634,7 +646,9 @@ def _merge(out: Path, shown: str) -> dict:
         raise TooManyErrorsError(_too_many(counts["rejected"], limit, where, counts.get("rejected_by_reason", {}))
                                  + ": merge holds the run to the limit its ranks were given, so re-run one rank's "
                                  "command with a higher --max-errors (it merges the run)")
+    report["written"] = False
     if not _same_file(final, n_error_bytes, digest_errors.hexdigest()):  # a merged run is left as it is: no write
+        report["written"] = True
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = tmp_path(final)
         with open(tmp, "wb") as fh:
@@ -662,8 +676,11 @@ def _merge(out: Path, shown: str) -> dict:
     counts["tasks"] = run["n_tasks"]
     # its size is what a re-run checks (a stat) to find it lost or cut, and repair it from the task logs
     errors_file = {"path": ERRORS, "bytes": n_error_bytes, "sha256": digest_errors.hexdigest()}
+    before = _text_or_none(manifest_path(out))
     manifest = write_manifest(out, run["kind"], run["config"], digest, shards, **extra, counts=counts,
                               errors_file=errors_file)
+    if before is None or _text_or_none(manifest_path(out)) != before:
+        report["written"] = True
     sweep_stale_tmps(out)  # what writers killed during this run (or a straggler of an earlier one) left
     return manifest
 

@@ -711,9 +711,29 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
     return report
 
 
-#: What a damaged ``errors.jsonl`` needs: it is the run's task logs end to end (the command that
-#: wrote the directory writes it again too when it is missing or cut; merge, also when it kept its size).
-_ERRORS_FIX = "`packtool merge` on the directory writes it again from the tasks' error logs"
+def _errors_fix(path: Path) -> str:
+    """What a damaged ``errors.jsonl`` needs. It is the run's task logs end to end: ``packtool
+    merge`` writes it again from them while every task's completion marker and (for a task that
+    rejected rows) error log is there; without them the command that wrote the directory redoes
+    the tasks whose logs are gone and writes it (merge would refuse, naming that command)."""
+    from .shards import marker_path, read_run, task_errors_path
+
+    merge = "`packtool merge` on the directory writes it again from the tasks' error logs"
+    rerun = ("the tasks' error logs it is written from are gone too: run the command that wrote the directory "
+             "again (it redoes those tasks and writes it)")
+    try:
+        run = read_run(path)
+    except InputError:
+        return rerun
+    for t in range(run["n_tasks"]):
+        try:
+            marker = json.loads(marker_path(path, t).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return rerun
+        rejected = (marker.get("counts") or {}).get("rejected", 0) if isinstance(marker, dict) else 1
+        if rejected and not task_errors_path(path, t).is_file():
+            return rerun
+    return merge
 
 
 def errors_file_whole(path: str | Path, manifest: dict) -> bool:
@@ -734,7 +754,7 @@ def _check_errors_file(path: Path, counts: dict, record: object, problems: _Prob
     f = errors_path(path)
     if not f.is_file():
         if counts.get("rejected"):
-            problems.add(ERRORS, f"missing, but the manifest counts {counts['rejected']:,} rejected rows; {_ERRORS_FIX}")
+            problems.add(ERRORS, f"missing, but the manifest counts {counts['rejected']:,} rejected rows; {_errors_fix(path)}")
         return
     n = 0
     by_reason: dict[str, int] = {}
@@ -756,12 +776,12 @@ def _check_errors_file(path: Path, counts: dict, record: object, problems: _Prob
             by_reason[rec.get("reason")] = by_reason.get(rec.get("reason"), 0) + 1
             n += 1
     if "rejected" in counts and counts["rejected"] != n:
-        problems.add(ERRORS, f"{n:,} lines, the manifest counts {counts['rejected']:,} rejected rows; {_ERRORS_FIX}")
+        problems.add(ERRORS, f"{n:,} lines, the manifest counts {counts['rejected']:,} rejected rows; {_errors_fix(path)}")
     elif "rejected_by_reason" in counts and counts["rejected_by_reason"] != dict(sorted(by_reason.items())):
         problems.add(ERRORS, "reasons differ from the manifest's rejected_by_reason")
     elif isinstance(record, dict) and record.get("sha256") not in (None, digest.hexdigest()):
         problems.add(ERRORS, f"sha256 {digest.hexdigest()[:12]}… differs from the manifest's "
-                             f"{str(record['sha256'])[:12]}… (the file changed after it was written); {_ERRORS_FIX}")
+                             f"{str(record['sha256'])[:12]}… (the file changed after it was written); {_errors_fix(path)}")
 
 
 def render_report(report: dict) -> str:

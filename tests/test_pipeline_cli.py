@@ -49,19 +49,22 @@ def test_ranks_then_merge(corpus, tmp_path):
     r = run(*base, "--rank", "1")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("30 samples from 31 rows in 4 shards")
-    r = run("merge", str(out))
-    assert (r.returncode, r.stdout) == (0, f"tokenized: 4 tasks, 4 shards -> {out / '.packtool' / 'manifest.json'}\n")
-    assert json.loads((out / ".packtool" / "manifest.json").read_text())["counts"]["rejected_by_reason"] == {"bad_json": 1}
-    # merged again: nothing to write, nothing written (a run on read-only storage merges as well)
+    # the last rank merged the run: merge has nothing to write, writes nothing, and says so (a run on
+    # read-only storage merges as well)
     state = out / ".packtool"
     before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns, p.read_bytes()) for p in state.iterdir() if p.is_file()}
+    manifest = out / ".packtool" / "manifest.json"
     r = run("merge", str(out))
-    assert (r.returncode, r.stdout) == (0, f"tokenized: 4 tasks, 4 shards -> {out / '.packtool' / 'manifest.json'}\n")
+    assert (r.returncode, r.stdout) == (0, f"tokenized: nothing to do, merged already: 4 tasks, 4 shards -> {manifest}\n")
+    assert json.loads(manifest.read_text())["counts"]["rejected_by_reason"] == {"bad_json": 1}
     assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns, p.read_bytes()) for p in state.iterdir() if p.is_file()} \
         == before
+    assert json.loads(run("merge", str(out), "--json").stdout)["written"] is False
     # a changed errors.jsonl of a run whose logs are whole is written again from them, as before
     (state / "errors.jsonl").write_bytes(b"{}\n" + (state / "errors.jsonl").read_bytes()[3:])
-    assert run("merge", str(out)).returncode == 0 and (state / "errors.jsonl").read_bytes() == before["errors.jsonl"][2]
+    r = run("merge", str(out))
+    assert (r.returncode, r.stdout) == (0, f"tokenized: 4 tasks, 4 shards -> {manifest}\n")
+    assert (state / "errors.jsonl").read_bytes() == before["errors.jsonl"][2]
 
 
 def _tokenize_ranks(src, sample, out, rows_per_shard: int, world_size: int) -> list[str]:
@@ -280,7 +283,7 @@ def test_merge_of_a_merged_run_that_lost_a_task_log_or_marker_has_nothing_to_do(
     at = {p.name: p.stat().st_mtime_ns for p in state.iterdir()}
     for _ in range(2):
         r = run("merge", str(out))
-        assert (r.returncode, r.stdout) == (0, f"tokenized: 4 tasks, 4 shards -> {state / 'manifest.json'}\n")
+        assert (r.returncode, r.stdout) == (0, f"tokenized: nothing to do, merged already: 4 tasks, 4 shards -> {state / 'manifest.json'}\n")
         assert r.stderr == (f"WARNING packtool.pipeline: {out}: the run is merged already, and its shards and "
                             ".packtool/errors.jsonl are as its manifest lists them: nothing to do (the completion "
                             "markers or error logs of 1 of 4 tasks (first: [3]) are gone or changed since; the merged "
@@ -308,8 +311,11 @@ def test_merge_of_a_changed_errors_file_whose_task_log_is_gone_names_a_fix_that_
     state = out / ".packtool"
     (state / "errors.jsonl").write_bytes(whole["errors.jsonl"].replace(b"not valid JSON", b"not valid JSOM"))
     (state / "errors-00003.jsonl").unlink()
+    # validate sends the user where the fix works: merge cannot write it without task 3's log
     r = run("validate", str(out))
-    assert r.returncode == 1 and "`packtool merge` on the directory writes it again" in r.stdout
+    assert r.returncode == 1 and "`packtool merge`" not in r.stdout
+    assert ("the tasks' error logs it is written from are gone too: run the command that wrote the directory again "
+            "(it redoes those tasks and writes it)") in r.stdout
     r = run("merge", str(out))
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == (f"Error: {str(out)!r}: the run had finished, but its .packtool/errors.jsonl is not the one its "
