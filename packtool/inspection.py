@@ -697,7 +697,7 @@ def render_inspection(view: dict) -> str:
     if view["kind"] == "pack":
         fill = f" ({view['n_tokens'] / view['max_tokens']:.1%})" if view.get("max_tokens") else ""
         units = f" / {view['max_vision_units']:,}" if view.get("max_vision_units") else ""
-        out.append(f"pack {view['pack_index']}  ({view['file']} row {view['row']})  {view['n_samples']} samples  "
+        out.append(f"pack {view['pack_index']}  ({view['file']} row {view['row']})  {view['n_samples']} sample{'' if view['n_samples'] == 1 else 's'}  "
                    f"{view['n_tokens']:,} / {view['max_tokens']:,} tokens{fill}  {view['n_vision_units']:,}{units} {unit}")
     else:
         s = view["samples"][0]

@@ -576,9 +576,11 @@ def test_directory_inputs_match_suffixes_in_any_case_and_read_ndjson(tmp_path):
     assert [f.name for f in files] == ["B.JSONL", "C.JSON", "E.PARQUET", "a.ndjson", "d.NDJSON.GZ"]
     assert [s.sample_id for s in iter_samples(files)] == ["upper-jsonl", "upper-json", "upper-parquet", "ndjson0",
                                                          "ndjson1", "gz"]
-    # tokenize cuts an uncompressed .ndjson by lines, as it does .jsonl
+    # tokenize cuts an uncompressed .ndjson by lines, as it does .jsonl (a task each of its rows here;
+    # C.JSON, read whole, shares the task of the Parquet row after it)
     m = tokenize_dataset([data], tmp_path / "tok", TokenizeConfig(media_root=str(tmp_path), rows_per_shard=1), workers=1)
-    assert (m["counts"]["samples"], m["counts"]["rejected"], m["counts"]["tasks"]) == (6, 0, 6)
+    assert (m["counts"]["samples"], m["counts"]["rejected"], m["counts"]["tasks"]) == (6, 0, 5)
+    assert [sh["rows"] for sh in m["shards"]] == [1] * 6  # a shard holds --rows-per-shard rows at most
 
     skipped = tmp_path / "skipped"
     (skipped / "tok" / ".packtool").mkdir(parents=True)  # an earlier run's output
@@ -779,3 +781,16 @@ def test_a_byte_order_mark_inside_a_json_array_file_is_bad_json(tmp_path):
     path.write_bytes(b"[" + BOM + json.dumps(LLAVA).encode() + b"]")
     [r] = read_all(path)
     assert isinstance(r, Rejected) and r.reason == "bad_json" and r.source_row == 0
+
+
+def test_a_line_cut_short_is_named_on_its_own_line():
+    """json counted the line's own newline, so a line cut mid-record said "line 2 column 1" of a
+    JSONL row that has one line; the position is now on the line, where the text stops."""
+    from packtool.formats import parse_json_line
+
+    for line in (b'{"id": "a", "x": [1, 2\n', b'{"id": "a", "x": [1, 2\r\n', b'{"id": "a", "x": [1, 2'):
+        err = parse_json_line(line)
+        assert err.reason == "bad_json"
+        assert err.message == "line is not valid JSON: Expecting ',' delimiter: line 1 column 23 (char 22)", line
+    err = parse_json_line(b'{"id" "a"}\n')  # an error inside the line keeps its place
+    assert err.message == "line is not valid JSON: Expecting ':' delimiter: line 1 column 7 (char 6)"
