@@ -364,6 +364,9 @@ def pack(
     if c["dropped"] or c["truncated"] or c["alone"]:
         typer.echo(f"oversize: {c['dropped']:,} dropped, {c['truncated']:,} truncated, {c['alone']:,} alone")
     _echo_rejected(c, None if dry_run else output)
+    if not c.get("samples_in"):  # an empty tokenize run upstream: the trainer's reader refuses the output
+        typer.echo("warning: the tokenized input holds no samples, so there is nothing to train on; check the "
+                   "tokenize run that wrote it (packtool stats TOKENIZED)")
     if plan is not None:
         from .stats import render_stats
 

@@ -116,6 +116,12 @@ def test_tokenize_of_inputs_without_a_record_says_so(tmp_path, name, text):
                         "given, or that the step that writes them ran\n")
     r = run("tokenize", str(src), "-o", str(tmp_path / "json"), "--quiet", "--json")
     assert json.loads(r.stdout)["rows_in"] == 0 and "warning" not in r.stdout
+    # packing it succeeds too, and says the output has nothing to train on (the reader refuses it)
+    r = run("pack", str(tok), "-o", str(tmp_path / "packed"), "--quiet")
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert r.stdout == (f"0 samples in 0 packs, lower bound 0 -> {tmp_path / 'packed'}\n"
+                        "warning: the tokenized input holds no samples, so there is nothing to train on; check the "
+                        "tokenize run that wrote it (packtool stats TOKENIZED)\n")
 
 
 def test_tokenize_with_a_wrong_media_root_says_so(tmp_path, demo_dirs):
