@@ -613,12 +613,25 @@ def worker_place() -> dict:
     return place
 
 
+#: Whether this process runs Ray tasks, which Ray attempts again where a worker or node died.
+_RAY_WORKER = False
+
+
+def attempt_may_repeat() -> bool:
+    """Whether a task starting in this process may be an attempt again at a task begun earlier in
+    the same run (a Ray retry, whose first attempt may have left files): such a task clears them
+    itself. Elsewhere the run's driver cleared what earlier runs left of every task before
+    starting them (``shards.clear_tasks``), and a task that fails ends the run."""
+    return _RAY_WORKER
+
+
 def _ray_entry(fn, task, q, env: dict[str, str] | None = None) -> dict:
-    global _RAY_NODE
+    global _RAY_NODE, _RAY_WORKER
     import ray
 
     from .storage import with_env
 
+    _RAY_WORKER = True
     _RAY_NODE = ray.get_runtime_context().get_node_id()
     rep = Reporter(q.put if q is not None else None)
     with with_env(env or {}):  # the driver's store settings: this worker may be on another machine

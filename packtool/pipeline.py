@@ -46,6 +46,7 @@ from .errors import (
 )
 from .executors import (
     ExecutorConfig,
+    attempt_may_repeat,
     default_workers,
     run_tasks,
     set_total,
@@ -82,6 +83,7 @@ from .shards import (
     STATE_DIR,
     ShardWriter,
     clear_task,
+    clear_tasks,
     finished_as_is,
     manifest_path,
     open_shard,
@@ -449,12 +451,11 @@ class _Driver:
     def run(self, fn, tasks: list, todo: list[int], progress, preload: str) -> None:
         for done in self.pending()[1]:
             self.check(done)
+        clear_tasks(self.out, todo)  # what earlier attempts left: one listing, not one a task
         try:
             run_tasks(fn, tasks, self.ex, progress, on_result=self.check, preload=preload)
         except BaseException as exc:
-            for t in todo:
-                if read_marker(self.out, t, self.digest) is None:
-                    clear_task(self.out, t)
+            clear_tasks(self.out, [t for t in todo if read_marker(self.out, t, self.digest) is None])
             if isinstance(exc, ConfigError | OversizeSampleError):
                 self._forget_if_nothing_done()
             raise
@@ -849,9 +850,12 @@ def _scan_files(paths: list[Path], workers: int, range_bytes: int = SCAN_RANGE_B
             found = list(pool.map(lambda j: _scan_range(*j, every), jobs))
     else:
         found = [_scan_range(*j, every) for j in jobs]
+    ranges: dict[Path, list] = {path: [] for path in paths}  # each path's ranges, in order (one pass, not one per path)
+    for j, f in zip(jobs, found, strict=True):
+        ranges[j[0]].append((j[1], *f))
     scans = {}
     for path in paths:
-        mine = [(j[1], *f) for j, f in zip(jobs, found, strict=True) if j[0] == path]
+        mine = ranges[path]
         last = b"\n"
         if sizes[path]:
             with open(path, "rb") as fh:
@@ -1128,6 +1132,14 @@ def _collector_paused(every: int = COLLECT_EVERY) -> Iterator[Callable[[], None]
             gc.enable()
 
 
+def _clear_if_repeated(out: Path, task) -> None:
+    """Clear what an attempt at ``task`` left, where the driver's clearing before the run
+    (:meth:`_Driver.run`) may not have seen it: a Ray retry (:func:`executors.attempt_may_repeat`),
+    or a bucket output's staging folder, which is this process's own."""
+    if attempt_may_repeat() or is_url(task.out_dir):
+        clear_task(out, task.index)
+
+
 def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
     """One tokenize task: its slices → ``part-TTTTT-*.parquet`` + errors + completion marker."""
     from .rows import SampleNames, encode_stored
@@ -1135,7 +1147,7 @@ def _tokenize_task(task: _TokenizeTask, report: Callable[[int], None]) -> dict:
     from .tokenization import tokenizer_path
 
     out = task_dir(_at(task.out_dir, task.cwd))
-    clear_task(out, task.index)
+    _clear_if_repeated(out, task)
     own = tokenizer_path(task.cfg.tokenizer)  # a tokenizer file given relative to the driver's directory
     ctx = _encode_context(task.cfg if own is None or _at(own, task.cwd) == own
                           else replace(task.cfg, tokenizer=_at(own, task.cwd)))
@@ -1941,7 +1953,7 @@ def _pack_shard_once(task: _PackTask, report: Callable[[int], None], src: Path, 
         report(len(tokens))
         return {"task": task.index, "counts": counts, "plan": plan}
     out = task_dir(_at(task.out_dir, task.cwd))
-    clear_task(out, task.index)
+    _clear_if_repeated(out, task)
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     try:
         if plan.dropped or bad:
@@ -2454,7 +2466,7 @@ def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShard
         report(n)
         return {"task": task.index, "counts": counts, "plan": plan}
     out = task_dir(_at(task.out_dir, task.cwd))
-    clear_task(out, task.index)
+    _clear_if_repeated(out, task)
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     loss = np.zeros(n_src, np.int64)
     try:

@@ -50,6 +50,7 @@ __all__ = [
     "marker_path",
     "task_errors_path",
     "clear_task",
+    "clear_tasks",
     "write_marker",
     "read_marker",
     "atomic_write_text",
@@ -1316,6 +1317,41 @@ def clear_task(out_dir: Path, task: int) -> None:
     for f in state.glob(f".{marker_path(out_dir, task).name}.*.tmp"):
         f.unlink(missing_ok=True)
     task_errors_path(out_dir, task).unlink(missing_ok=True)
+
+
+#: The names an attempt at a task leaves (what :func:`clear_task` removes), the task's index the
+#: first group: in the output folder its shards and their temporaries, in ``.packtool`` its error
+#: log, its completion marker and their temporaries.
+_TASK_FILES = (
+    (None, (re.compile(r"part-(\d{5,})-.*\.parquet"), re.compile(r"\.part-(\d{5,})-.*\.tmp"))),
+    (STATE_DIR, (re.compile(r"errors-(\d{5,})\.jsonl"), re.compile(r"task-(\d{5,})\.json"),
+                 re.compile(r"\.errors-(\d{5,})\.jsonl.*\.tmp"), re.compile(r"\.task-(\d{5,})\.json\..*\.tmp"))),
+)
+
+
+def clear_tasks(out_dir: Path, tasks) -> None:
+    """:func:`clear_task` of each of ``tasks`` from one listing of the output folder and one of
+    ``.packtool``: a run's driver clears what earlier attempts left of every task it is about to
+    run before starting them, so that a task need not list the folder itself (which made each
+    task's start cost grow with the shards already written: quadratic in a run of thousands of
+    tasks, and on a shared file system a listing of thousands of entries a task)."""
+    want = set(tasks)
+    if not want:
+        return
+    out_dir = Path(out_dir)
+    for sub, patterns in _TASK_FILES:
+        folder = out_dir / sub if sub else out_dir
+        try:
+            names = os.listdir(folder)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for name in names:
+            for pattern in patterns:
+                m = pattern.fullmatch(name)
+                if m is not None:
+                    if int(m.group(1)) in want:
+                        (folder / name).unlink(missing_ok=True)
+                    break
 
 
 def write_marker(out_dir: Path, task: int, record: dict) -> None:

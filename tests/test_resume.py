@@ -79,6 +79,59 @@ def test_resume_skips_finished_tasks_and_matches_an_uninterrupted_run(corpus, re
 
 
 @pytest.mark.jit
+def test_clear_tasks_removes_what_clear_task_removes_from_one_listing(tmp_path):
+    """The driver clears every task it is about to run from one listing of the folder (a task
+    listing it itself made a run's task starts quadratic in its tasks); what it removes must be
+    what clear_task, task by task, removed: each task's shards, temporaries, log and marker."""
+    import shutil
+
+    from packtool.shards import clear_task, clear_tasks
+
+    def lay(d: Path) -> None:
+        (d / STATE_DIR).mkdir(parents=True)
+        for t in (1, 2, 3, 123456):
+            p = f"part-{t:05d}"
+            for name in (f"{p}-00000.parquet", f"{p}-00001.parquet", f".{p}-00002.parquet.77@host.tmp"):
+                (d / name).write_bytes(b"x")
+            for name in (f"errors-{t:05d}.jsonl", f"task-{t:05d}.json", f".errors-{t:05d}.jsonl.9@h.tmp",
+                         f".task-{t:05d}.json.9@h.tmp"):
+                (d / STATE_DIR / name).write_bytes(b"x")
+        for name in ("run.json", "plan.json", "errors.jsonl", "manifest.json", "rank-0.lock"):
+            (d / STATE_DIR / name).write_bytes(b"x")
+        (d / "notes.txt").write_bytes(b"x")
+
+    def left(d: Path) -> set[str]:
+        return {str(f.relative_to(d)) for f in d.rglob("*") if f.is_file()}
+
+    one, each = tmp_path / "one", tmp_path / "each"
+    lay(one)
+    shutil.copytree(one, each)
+    clear_tasks(one, {1, 123456})
+    for t in (1, 123456):
+        clear_task(each, t)
+    assert left(one) == left(each)
+    names = [Path(n).name.lstrip(".") for n in left(one)]
+    for t in ("00001", "123456"):
+        assert not [n for n in names if n.startswith((f"part-{t}-", f"errors-{t}.", f"task-{t}."))], t
+    for t in ("00002", "00003"):
+        assert len([n for n in names if n.startswith((f"part-{t}-", f"errors-{t}.", f"task-{t}."))]) == 7, t
+    assert {"notes.txt", ".packtool/run.json", ".packtool/errors.jsonl"} <= left(one)
+
+
+def test_a_task_does_not_list_the_output_folder_itself(corpus, tmp_path, monkeypatch):
+    """A run of many tasks: the driver clears earlier attempts' files once; a task of a local run
+    clears nothing itself (its start no longer lists the folder, whose entries grow as it runs)."""
+    import packtool.pipeline as pipeline
+
+    calls = []
+    monkeypatch.setattr(pipeline, "clear_task", lambda out, t: calls.append(t))
+    out = tmp_path / "tok"
+    m = tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1)
+    assert m["counts"]["tasks"] == 4 and calls == []
+    m = pack_dataset(out, tmp_path / "packed", PCFG, workers=1)
+    assert m["counts"]["tasks"] == 4 and calls == []
+
+
 def test_finished_run_is_not_redone(corpus, reference, tmp_path):
     tokenize_dataset([corpus / "data.jsonl"], tmp_path / "tok", tcfg(corpus), workers=1)
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "tok").iterdir()}
