@@ -96,6 +96,7 @@ from .shards import (
     sweep_stale_tmps,
     task_errors_path,
     task_prefix,
+    temporary,
     tmp_path,
     write_manifest,
 )
@@ -651,15 +652,15 @@ def _merge(out: Path, shown: str, report: dict) -> dict:
     if not _same_file(final, n_error_bytes, digest_errors.hexdigest()):  # a merged run is left as it is: no write
         report["written"] = True
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tmp_path(final)
-        with open(tmp, "wb") as fh:
-            for err in logs:
-                if err.is_file():
-                    with open(err, "rb") as src:
-                        shutil.copyfileobj(src, fh, 1 << 20)
-            if fh.tell() != n_error_bytes:
-                raise InputError(f"{shown!r}: a task's error log changed while merge read it; run merge again")
-        os.replace(tmp, final)
+        with temporary(final) as tmp:  # removed if the disk fills meanwhile
+            with open(tmp, "wb") as fh:
+                for err in logs:
+                    if err.is_file():
+                        with open(err, "rb") as src:
+                            shutil.copyfileobj(src, fh, 1 << 20)
+                if fh.tell() != n_error_bytes:
+                    raise InputError(f"{shown!r}: a task's error log changed while merge read it; run merge again")
+            os.replace(tmp, final)
     for legacy in (LEGACY_ERRORS, LEGACY_MANIFEST):  # a legacy-layout run merged again: one manifest only
         (out / legacy).unlink(missing_ok=True)
     if "rejected_by_reason" in counts:

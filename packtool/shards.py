@@ -51,6 +51,7 @@ __all__ = [
     "task_errors_path",
     "clear_task",
     "clear_tasks",
+    "temporary",
     "write_marker",
     "read_marker",
     "atomic_write_text",
@@ -273,12 +274,26 @@ def sweep_stale_tmps(out_dir: Path) -> list[str]:
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to a unique temporary name, fsync, and rename it over ``path``."""
+    with temporary(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def temporary(path: Path) -> Iterator[Path]:
+    """This process's temporary name for ``path`` (:func:`tmp_path`), removed when the block
+    fails (a full disk, an interrupt): a failed write leaves nothing behind, not even a file the
+    user is told to make room for. The block renames it into place when it succeeds."""
     tmp = tmp_path(path)
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        yield tmp
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def row_bytes(table: pa.Table) -> np.ndarray:

@@ -566,3 +566,39 @@ def test_a_packed_run_that_lost_its_errors_file_writes_it_again(corpus, referenc
     pack_dataset(tmp_path / "tok", d, PCFG, workers=1)
     assert len(caplog.records) == 1 and "errors.jsonl is missing; writing it again" in caplog.records[0].getMessage()
     assert files(d) == files(reference / "packed")
+
+
+def test_a_merge_or_state_write_that_fails_leaves_no_temporary(rejecting, tmp_path, monkeypatch):
+    """A disk that fills while merge writes errors.jsonl (or while a state file is written) failed
+    with a clear message but left its temporary: the user was asked to free the space packtool
+    itself held. The temporary goes with the failure; the same merge then writes the same bytes."""
+    import errno
+    import shutil
+
+    import packtool.pipeline as pipeline
+    import packtool.shards as shards
+    from packtool.errors import OutputError
+    from packtool.pipeline import merge_output
+
+    _, ref = rejecting
+    out = tmp_path / "tok"
+    shutil.copytree(ref, out)
+    whole = (out / ".packtool" / "errors.jsonl").read_bytes()
+    (out / ".packtool" / "errors.jsonl").unlink()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(pipeline.shutil, "copyfileobj", full)
+        with pytest.raises(OutputError, match="no space left writing to .*; free space on its disk"):
+            merge_output(out)
+    assert not [p.name for p in (out / ".packtool").iterdir() if p.name.endswith(".tmp")]
+    with monkeypatch.context() as m:
+        m.setattr(shards.os, "fsync", full)
+        with pytest.raises(OSError, match="No space left"):
+            shards.atomic_write_text(out / ".packtool" / "state.json", "{}")
+    assert not [p.name for p in (out / ".packtool").iterdir() if p.name.endswith(".tmp")]
+    assert not (out / ".packtool" / "state.json").exists()
+    merge_output(out)
+    assert (out / ".packtool" / "errors.jsonl").read_bytes() == whole
