@@ -260,8 +260,8 @@ class _TaskErrors:
         self.by_reason[rej.reason] += 1
         where = f"{rej.source}:{rej.source_row}" + (f" (sample {rej.sample_id!r})" if rej.sample_id else "")
         if self.on_error == "fail":
-            raise TooManyErrorsError(f"{where} rejected, {rej.reason}: {rej.message}; --on-error fail stops at the "
-                                     f"first rejected row ({_on_error_fix({rej.reason}, over)})")
+            raise TooManyErrorsError(f"{where} rejected, {rej.reason}: {rej.message}; --on-error fail stops the run at the "
+                                     f"first rejected row a task meets ({_on_error_fix({rej.reason}, over)})")
         if self.max_errors is not None and self.total > self.max_errors:
             raise TooManyErrorsError(_too_many(self.total, self.max_errors, f"latest: {where} {rej.reason}: {rej.message}",
                                                self.by_reason))

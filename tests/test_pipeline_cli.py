@@ -406,7 +406,7 @@ def test_on_error_fail_and_max_errors_exit_1_with_the_row(corpus, tmp_path):
     r = run("tokenize", *common, "-o", str(tmp_path / "a"), "--on-error", "fail")
     assert r.returncode == 1
     assert r.stderr.startswith(f"Error: {src}:30 rejected, bad_json: line is not valid JSON")
-    assert "--on-error fail stops at the first rejected row" in r.stderr
+    assert "--on-error fail stops the run at the first rejected row a task meets" in r.stderr
     assert not (tmp_path / "a" / ".packtool" / "manifest.json").exists()
     r = run("tokenize", *common, "-o", str(tmp_path / "b"), "--max-errors", "0")
     assert r.returncode == 1
@@ -458,14 +458,14 @@ def test_on_error_fail_stopping_pack_on_an_oversize_sample_names_the_capacity_fl
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1
     assert r.stderr.endswith("(sample 'demo-017') rejected, oversize: needs 4,230 tokens and 16,728 vision units; a "
-                             "pack holds 4,096 and 65,536; --on-error fail stops at the first rejected row (raise "
+                             "pack holds 4,096 and 65,536; --on-error fail stops the run at the first rejected row a task meets (raise "
                              "--max-tokens, keep such samples with --oversize alone or truncate (text-only), or use "
                              "--on-error skip)\n")
     # vision units over the capacity: truncating text cannot help, so it is not offered
     r = run(*pack, "-o", str(tmp_path / "b"), "--max-tokens", "8192", "--max-vision-units", "1000")
     assert r.returncode == 1
     assert r.stderr.endswith("(sample 'demo-000') rejected, oversize: needs 433 tokens and 1,564 vision units; a pack "
-                             "holds 8,192 and 1,000; --on-error fail stops at the first rejected row (raise "
+                             "holds 8,192 and 1,000; --on-error fail stops the run at the first rejected row a task meets (raise "
                              "--max-vision-units, keep such samples with --oversize alone, or use --on-error skip)\n")
     r = run(*pack, "--dry-run", "--max-tokens", "4096")
     assert (r.returncode, r.stderr) == (1, "Error: 1 input row would be rejected (oversize 1); --on-error fail stops "
@@ -473,7 +473,7 @@ def test_on_error_fail_stopping_pack_on_an_oversize_sample_names_the_capacity_fl
                                            "with --oversize alone or truncate (text-only), or use --on-error skip)\n")
     # a mixture's task says the same
     r = run(*pack, "--rates", "2", "-o", str(tmp_path / "c"), "--max-tokens", "4096")
-    assert r.returncode == 1 and r.stderr.endswith("; --on-error fail stops at the first rejected row (raise "
+    assert r.returncode == 1 and r.stderr.endswith("; --on-error fail stops the run at the first rejected row a task meets (raise "
                                                    "--max-tokens, keep such samples with --oversize alone or truncate "
                                                    "(text-only), or use --on-error skip)\n")
     # a finished run found again, its drops made under --on-error skip
