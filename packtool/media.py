@@ -701,8 +701,13 @@ def _probe_open(fh: Path | bytes | io.IOBase, exif: str, verify: bool) -> ImageI
                         orientation = 1  # unreadable EXIF: loaders ignore it too
                 upright = fmt == "TIFF" and (width, height) != (im.tag_v2.get(256), im.tag_v2.get(257))
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        # Pillow's own words name twice the limit past which it refuses outright, beside the limit
+        # past which it warns (both refused here): the image's size alone, against the limit
+        declared = re.search(r"\((\d+) pixels\)", str(exc))
+        size = f"of {int(declared.group(1)):,} px " if declared else ""
         raise SampleError(
-            "image_too_large", f"image exceeds Pillow's decompression-bomb limit ({Image.MAX_IMAGE_PIXELS:,} px): {exc}"
+            "image_too_large", f"image {size}exceeds Pillow's decompression-bomb limit ({Image.MAX_IMAGE_PIXELS:,} px), "
+                               "which the model's image loader enforces too"
         ) from None
     except SampleError:
         raise
