@@ -6,8 +6,7 @@ real instruction-tuning sets. Three measurements in the same run:
 
 * ``tokenize_dataset``: the whole library call (read, parse, probe, template, encode,
   write Parquet, manifest), one worker process, and two (the target: the wall rate on both
-  cores, start-up included; beside it the marginal rate, from a run over the first half of the
-  records: what the second half cost, as for a corpus many times larger);
+  cores, start-up included);
 * ``encode only``: the same records through ``formats`` + ``rows.encode_stored`` (the
   table a shard stores), without writing, to show what the writer costs;
 * baseline: a straightforward per-sample script (open each image with Pillow, render
@@ -153,13 +152,6 @@ def run(quick: bool = False) -> str:
         _encode_only(path, tmp)  # warm: tokenizer load, numba-free imports, page cache
         full, n_full, manifest = _full(path, tmp, tmp / "tok", n_rows=n)
         two, n_two, _ = _full(path, tmp, tmp / "tok2", workers=2, n_rows=n)
-        half = tmp / "half.jsonl"  # the first half of the records: the marginal rate of the second
-        with open(path, "rb") as src, open(half, "wb") as dst:
-            dst.writelines(line for _, line in zip(range(n // 2), src, strict=False))
-        two_half, n_half, _ = _full(half, tmp, tmp / "tok2-half", workers=2, n_rows=n // 2)
-        half.unlink()
-        # wall seconds of each run from its rate: the second half's records over the difference
-        marginal = (n - n_half) / max(n / two[0] - n_half / two_half[0], 1e-9)
         # the same records as one JSON array (as LLaVA's own training sets come): cut at elements
         array = tmp / "data.json"
         array.write_bytes(b"[\n" + b",\n".join(path.read_bytes().splitlines()) + b"\n]\n")
@@ -177,7 +169,7 @@ def run(quick: bool = False) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
     c = manifest["counts"]
     size = sum(sh["bytes"] for sh in manifest["shards"])
-    if n_full != n or n_enc != n or n_two != n or n_half != n // 2 or n_array != n or n_own_done != n_own:
+    if n_full != n or n_enc != n or n_two != n or n_array != n or n_own_done != n_own:
         raise RuntimeError(f"internal error: expected {n} samples, tokenized {n_full} / encoded {n_enc}")
     lines = [
         f"LLaVA-style JSONL, {n:,} samples, {N_IMAGES} images referenced, qwen2.5-vl + chatml, 1 process unless stated "
@@ -187,8 +179,6 @@ def run(quick: bool = False) -> str:
         "| --- | ---: | ---: | ---: |",
         f"| packtool tokenize (read → Parquet shards) | {full[0]:,.0f} | {full[1]:,.0f} | {full[1] / base[1]:.2f}x |",
         f"| packtool tokenize, `--workers 2` (8 tasks) | {two[0]:,.0f} | (wall only) | {two[0] / full[0]:.2f}x the 1-worker wall rate |",
-        f"| the same, marginal: the second {n - n_half:,} records (start-up excluded) | {marginal:,.0f} | (wall only) | "
-        f"{marginal / two[0]:.2f}x the whole run |",
         f"| packtool tokenize, `--workers 2`, the same records as one JSON array (8 tasks) | {two_array[0]:,.0f} | "
         f"(wall only) | {two_array[0] / two[0]:.2f}x the JSONL rate |",
         f"| packtool encode only (no writing) | {enc[0]:,.0f} | {enc[1]:,.0f} | {enc[1] / base[1]:.2f}x |",
