@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from packtool.errors import ConfigError, InputError
+from packtool.errors import ConfigError, InputError, SampleError
 from packtool.formats import FORMATS, PARSERS, Rejected, detect_format, expand_inputs, iter_samples
 from packtool.records import MediaRef, Message, Part, Sample
 from packtool.runs import read_expanded
@@ -794,3 +794,18 @@ def test_a_line_cut_short_is_named_on_its_own_line():
         assert err.message == "line is not valid JSON: Expecting ',' delimiter: line 1 column 23 (char 22)", line
     err = parse_json_line(b'{"id" "a"}\n')  # an error inside the line keeps its place
     assert err.message == "line is not valid JSON: Expecting ':' delimiter: line 1 column 7 (char 6)"
+
+
+def test_llava_keeps_a_top_level_system_prompt():
+    """ShareGPT records read under --format llava lost their top-level ``system`` silently; the
+    LLaVA reader keeps it, as the ShareGPT one does."""
+    from packtool.formats import llava, sharegpt
+
+    rec = {"id": "a", "system": "Be brief.", "conversations": [{"from": "human", "value": "hi"},
+                                                               {"from": "gpt", "value": "yo"}]}
+    s = llava.parse(rec, "f.jsonl", 0)
+    assert [(m.role, m.parts[0].text) for m in s.branches[0]] == [("system", "Be brief."), ("user", "hi"),
+                                                                  ("assistant", "yo")]
+    assert s.branches == sharegpt.parse(rec, "f.jsonl", 0).branches
+    with pytest.raises(SampleError, match="'system'"):
+        llava.parse({**rec, "system": 3}, "f.jsonl", 0)

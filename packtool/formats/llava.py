@@ -52,5 +52,9 @@ def parse(record: dict, source: str, row: int, strict: bool = False) -> Sample:
     """A LLaVA record as a single-branch sample; ``strict`` demands one tag per media item."""
     turns = parse_turns(record.get("conversations"))
     images, videos = media_refs(record, ("image", "images"), ("video", "videos"))
+    # a top-level system prompt (ShareGPT's, read as LLaVA under --format llava) is kept, not dropped
+    system = record.get("system")
+    if system is not None:
+        system = check_text(system, "'system'") or None
     return build_sample(turns, images, videos, sample_id_of(record, source, row), source, row, strict=strict,
-                        image_tags_for_video=not strict)
+                        system=system, image_tags_for_video=not strict)
