@@ -707,7 +707,7 @@ def _probe_open(fh: Path | bytes | io.IOBase, exif: str, verify: bool) -> ImageI
         size = f"of {int(declared.group(1)):,} px " if declared else ""
         raise SampleError(
             "image_too_large", f"image {size}exceeds Pillow's decompression-bomb limit ({Image.MAX_IMAGE_PIXELS:,} px), "
-                               "which the model's image loader enforces too"
+                               "past which packtool refuses an image (Pillow warns, and refuses from twice the limit)"
         ) from None
     except SampleError:
         raise

@@ -1072,10 +1072,11 @@ def _encode_context(cfg: TokenizeConfig):
     return ctx
 
 
-def _tokenizer_stamp(spec: str | None) -> tuple | None:
-    """The files a ``--tokenizer`` value is read from (a ``tokenizer.json``, and beside it a
-    ``tokenizer_config.json``), each by path, size and modification time; ``None`` for the embedded
-    vocabulary. An ``hf:`` name is its cache's newest snapshot, which a download changes."""
+def _tokenizer_files(spec: str | None) -> tuple[Path, Path] | None:
+    """The files a ``--tokenizer`` value is read from: its ``tokenizer.json`` and the
+    ``tokenizer_config.json`` beside it (whose special tokens it reads where there is one);
+    ``None`` for the embedded vocabulary. An ``hf:`` name is its cache's newest snapshot, which a
+    download changes."""
     from .tokenization import resolve_hf_cache, tokenizer_path
 
     try:
@@ -1086,8 +1087,16 @@ def _tokenizer_stamp(spec: str | None) -> tuple | None:
         return None
     path = Path(named)
     file = path / "tokenizer.json" if path.is_dir() else path
+    return file, file.parent / "tokenizer_config.json"
+
+
+def _tokenizer_stamp(spec: str | None) -> tuple | None:
+    """:func:`_tokenizer_files`, each by path, size and modification time."""
+    files = _tokenizer_files(spec)
+    if files is None:
+        return None
     stamp = []
-    for f in (file, file.parent / "tokenizer_config.json"):
+    for f in files:
         try:
             st = f.stat()
         except OSError:
@@ -1095,6 +1104,16 @@ def _tokenizer_stamp(spec: str | None) -> tuple | None:
         else:
             stamp.append((str(f), st.st_size, st.st_mtime_ns))
     return tuple(stamp)
+
+
+def _tokenizer_digests(spec: str | None) -> dict[str, str | None] | None:
+    """The sha256 of each of :func:`_tokenizer_files` by file name (``None``: not there), which
+    the run's state records: the vocabulary's fingerprint in the manifest covers
+    ``tokenizer.json`` alone, and the special tokens' ids may come from the config beside it."""
+    files = _tokenizer_files(spec)
+    if files is None:
+        return None
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None for f in files}
 
 
 #: A tokenize task collects garbage (its young generations) once every this many batches.
@@ -1133,11 +1152,13 @@ def _collector_paused(every: int = COLLECT_EVERY) -> Iterator[Callable[[], None]
             gc.enable()
 
 
-def _clear_if_repeated(out: Path, task) -> None:
+def _clear_if_repeated(out: Path, task, again: bool = False) -> None:
     """Clear what an attempt at ``task`` left, where the driver's clearing before the run
-    (:meth:`_Driver.run`) may not have seen it: a Ray retry (:func:`executors.attempt_may_repeat`),
-    or a bucket output's staging folder, which is this process's own."""
-    if attempt_may_repeat() or is_url(task.out_dir):
+    (:meth:`_Driver.run`) may not have seen it: an attempt ``again`` in this process (a pack task
+    planned again without a video that does not decode, :func:`_without_undecodable`), a Ray
+    retry (:func:`executors.attempt_may_repeat`), or a bucket output's staging folder, which is
+    this process's own."""
+    if again or attempt_may_repeat() or is_url(task.out_dir):
         clear_task(out, task.index)
 
 
@@ -1308,6 +1329,9 @@ def tokenize_dataset(
             run = {"kind": "tokenized", "config": config, "config_digest": digest, "world_size": ex.world_size,
                    "n_tasks": len(slices), "tasks_digest": _tasks_digest(slices), "inputs": identity,
                    "manifest": manifest_extra, "max_errors": cfg.max_errors}
+            files = _tokenizer_digests(cfg.tokenizer)
+            if files is not None:
+                run["tokenizer_files"] = files
             done = prepare_run(out, run, overwrite)
             if done is not None:
                 log.info("%s already holds this run; nothing to do", out_dir)
@@ -1954,7 +1978,7 @@ def _pack_shard_once(task: _PackTask, report: Callable[[int], None], src: Path, 
         report(len(tokens))
         return {"task": task.index, "counts": counts, "plan": plan}
     out = task_dir(_at(task.out_dir, task.cwd))
-    _clear_if_repeated(out, task)
+    _clear_if_repeated(out, task, again=bool(undecodable))
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     try:
         if plan.dropped or bad:
@@ -2467,7 +2491,7 @@ def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShard
         report(n)
         return {"task": task.index, "counts": counts, "plan": plan}
     out = task_dir(_at(task.out_dir, task.cwd))
-    _clear_if_repeated(out, task)
+    _clear_if_repeated(out, task, again=bool(undecodable))
     errors = _TaskErrors(out, task.index, task.max_errors, task.on_error)
     loss = np.zeros(n_src, np.int64)
     try:

@@ -824,7 +824,29 @@ def _setup_diff(old: dict, new: dict) -> list[str]:
         return []
     b = json.loads(json.dumps(b))  # as run.json stores it: tuples as lists
     diff = config_diff({k: a.get(k) for k in _SETUP_KEYS}, {k: b.get(k) for k in _SETUP_KEYS})
+    files_a, files_b = old.get("tokenizer_files"), new.get("tokenizer_files")
+    if not diff and isinstance(files_a, dict) and isinstance(files_b, dict):
+        # tokenizer_config.json alone changed: the special tokens' ids, which the vocabulary's
+        # fingerprint (tokenizer.json) does not cover
+        diff = [f"{name}: sha256 {_short_sha(files_a.get(name))} -> {_short_sha(files_b.get(name))}"
+                for name in sorted(set(files_a) | set(files_b)) if files_a.get(name) != files_b.get(name)]
     return diff[:3] + ([f"and {len(diff) - 3} more set-up differences"] if len(diff) > 3 else [])
+
+
+def _template_hint(diff: list[str]) -> str:
+    """For a run whose template differs: a run of an earlier packtool made with ``--model qwen3-vl``
+    or ``molmo2`` and no ``--template`` holds ``chatml``, which the same command no longer gives."""
+    if any(d.startswith("model: ") for d in diff):  # another model: its template follows it
+        return ""
+    for d in diff:
+        if d.startswith("template: ") and " -> " in d:
+            was = d[len("template: "):].split(" -> ")[0].strip("'")
+            return f" (without --template a model now gets its own; pass --template {was} to resume the run as it was)"
+    return ""
+
+
+def _short_sha(sha: object) -> str:
+    return f"{sha[:12]}…" if isinstance(sha, str) else "none (no such file)"
 
 
 def _run_diff(old: dict, new: dict) -> list[str]:
@@ -1083,7 +1105,8 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
             diff = _run_diff(old, {k: v for k, v in run.items() if k in ("kind", "config")}) or setup
             raise ResumeMismatchError(
                 f"{shown!r} already holds a finished run with a different configuration "
-                f"({'; '.join(diff) or 'config digest'}); use another -o, or pass --overwrite to replace it"
+                f"({'; '.join(diff) or 'config digest'}){_template_hint(diff)}; use another -o, or pass --overwrite to "
+                "replace it"
             )
         else:
             _wipe(out_dir)
@@ -1101,8 +1124,8 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
             running = (f"; its rank {live[0]['rank']} is running now (pid {live[0].get('pid', '?')} on "
                        f"{live[0].get('host', '?')})" if live else "")
             raise ResumeMismatchError(
-                f"{shown!r} holds an unfinished run with other settings ({'; '.join(diff)}){running}; "
-                "resume it with the same command, use another -o, or pass --overwrite to start over"
+                f"{shown!r} holds an unfinished run with other settings ({'; '.join(diff)}){running}"
+                f"{_template_hint(diff)}; resume it with the same command, use another -o, or pass --overwrite to start over"
             )
         if diff:
             _wipe(out_dir)
@@ -1334,13 +1357,16 @@ def clear_task(out_dir: Path, task: int) -> None:
     task_errors_path(out_dir, task).unlink(missing_ok=True)
 
 
+#: A task's index as its names write it (``f"{task:05d}"``): five digits, or more without a leading zero.
+_TASK_ID = r"\d{5}|[1-9]\d{5,}"
 #: The names an attempt at a task leaves (what :func:`clear_task` removes), the task's index the
 #: first group: in the output folder its shards and their temporaries, in ``.packtool`` its error
 #: log, its completion marker and their temporaries.
 _TASK_FILES = (
-    (None, (re.compile(r"part-(\d{5,})-.*\.parquet"), re.compile(r"\.part-(\d{5,})-.*\.tmp"))),
-    (STATE_DIR, (re.compile(r"errors-(\d{5,})\.jsonl"), re.compile(r"task-(\d{5,})\.json"),
-                 re.compile(r"\.errors-(\d{5,})\.jsonl.*\.tmp"), re.compile(r"\.task-(\d{5,})\.json\..*\.tmp"))),
+    (None, (re.compile(rf"part-({_TASK_ID})-.*\.parquet", re.ASCII), re.compile(rf"\.part-({_TASK_ID})-.*\.tmp", re.ASCII))),
+    (STATE_DIR, (re.compile(rf"errors-({_TASK_ID})\.jsonl", re.ASCII), re.compile(rf"task-({_TASK_ID})\.json", re.ASCII),
+                 re.compile(rf"\.errors-({_TASK_ID})\.jsonl.*\.tmp", re.ASCII),
+                 re.compile(rf"\.task-({_TASK_ID})\.json\..*\.tmp", re.ASCII))),
 )
 
 

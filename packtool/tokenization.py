@@ -419,10 +419,10 @@ def tokenizer_path(spec: str | None) -> str | None:
     """The local path a ``--tokenizer`` value names, or ``None`` for the embedded vocabulary or an ``hf:`` name.
 
     Example:
-        >>> tokenizer_path("tok/tokenizer.json"), tokenizer_path("hf:Qwen/Qwen2-VL-7B-Instruct"), tokenizer_path(None)
+        >>> tokenizer_path("tok/tokenizer.json"), tokenizer_path("hf:Qwen/Qwen2-VL-7B-Instruct"), tokenizer_path("qwen3")
         ('tok/tokenizer.json', None, None)
     """
-    if spec in (None, "", "qwen2", "default") or spec.startswith("hf:"):
+    if spec in (None, "", "qwen2", "qwen3", "default") or spec.startswith("hf:"):
         return None
     return spec
 

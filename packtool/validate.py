@@ -742,7 +742,7 @@ def _errors_fix(path: Path) -> str:
     merge`` writes it again from them while every task's completion marker and (for a task that
     rejected rows) error log is there; without them the command that wrote the directory redoes
     the tasks whose logs are gone and writes it (merge would refuse, naming that command)."""
-    from .shards import marker_path, read_run, task_errors_path
+    from .shards import _log_whole, marker_path, read_run
 
     merge = "`packtool merge` on the directory writes it again from the tasks' error logs"
     rerun = ("the tasks' error logs it is written from are gone too: run the command that wrote the directory "
@@ -750,14 +750,15 @@ def _errors_fix(path: Path) -> str:
     try:
         run = read_run(path)
     except InputError:
-        return rerun
+        # no run state here to look at (a bucket output is checked from a copy of its manifest,
+        # errors.jsonl and shards): merge finds the logs, or names the command that writes them
+        return merge
     for t in range(run["n_tasks"]):
         try:
             marker = json.loads(marker_path(path, t).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return rerun
-        rejected = (marker.get("counts") or {}).get("rejected", 0) if isinstance(marker, dict) else 1
-        if rejected and not task_errors_path(path, t).is_file():
+        if not isinstance(marker, dict) or not isinstance(marker.get("counts"), dict) or not _log_whole(path, t, marker):
             return rerun
     return merge
 

@@ -324,8 +324,8 @@ def test_decompression_bomb_limit_stays_on(monkeypatch):
     with pytest.raises(SampleError) as err:
         probe_image(_png(40, 40))  # 1600 > 1000
     assert err.value.reason == "image_too_large"
-    assert err.value.message == ("image of 1,600 px exceeds Pillow's decompression-bomb limit (1,000 px), which the "
-                                 "model's image loader enforces too")
+    assert err.value.message == ("image of 1,600 px exceeds Pillow's decompression-bomb limit (1,000 px), past which "
+                                 "packtool refuses an image (Pillow warns, and refuses from twice the limit)")
     with pytest.raises(SampleError) as err:
         probe_image(_png(50, 50))  # past twice the limit: Pillow's error, which names 2,000
     assert err.value.message.startswith("image of 2,500 px exceeds Pillow's decompression-bomb limit (1,000 px)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -316,6 +317,16 @@ def test_merge_of_a_changed_errors_file_whose_task_log_is_gone_names_a_fix_that_
     assert r.returncode == 1 and "`packtool merge`" not in r.stdout
     assert ("the tasks' error logs it is written from are gone too: run the command that wrote the directory again "
             "(it redoes those tasks and writes it)") in r.stdout
+    # a copy without the run's state (how validate sees a bucket output: manifest, errors.jsonl and
+    # shards) cannot tell: it names merge, which finds the logs or names the command that writes them
+    copy = tmp_path / "copy"
+    (copy / ".packtool").mkdir(parents=True)
+    for f in out.glob("*.parquet"):
+        shutil.copy(f, copy / f.name)
+    for name in ("manifest.json", "errors.jsonl"):
+        shutil.copy(state / name, copy / ".packtool" / name)
+    r = run("validate", str(copy))
+    assert r.returncode == 1 and "`packtool merge` on the directory writes it again" in r.stdout
     r = run("merge", str(out))
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == (f"Error: {str(out)!r}: the run had finished, but its .packtool/errors.jsonl is not the one its "

@@ -175,6 +175,42 @@ def test_a_tokenizer_file_changed_in_place_is_not_resumed_nor_taken_as_done(corp
     assert m["tokenizer"] == fresh["tokenizer"] and m["shards"] == fresh["shards"]
 
 
+def test_a_tokenizer_config_changed_beside_an_unchanged_vocabulary_is_not_resumed(corpus, tmp_path):
+    """A model directory's special-token ids come from its tokenizer_config.json, which the
+    vocabulary's fingerprint (tokenizer.json) does not cover: a run resumed after only the config
+    changed held two sets of special-token ids. The run's state records both files' digests."""
+    model = tmp_path / "model"
+    model.mkdir()
+    _tokenizer_file(model / "tokenizer.json", 290)
+    out = tmp_path / "tok"
+    cfg = tcfg(corpus, tokenizer=str(model))
+    tokenize_dataset([corpus / "data.jsonl"], out, cfg, workers=1)
+    (model / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": {}, "eos_token": "<|im_end|>"}))
+    with pytest.raises(ResumeMismatchError, match=r"finished run with a different configuration \(tokenizer_config\.json: "
+                                                  r"sha256 none \(no such file\) -> [0-9a-f]{12}…\)"):
+        tokenize_dataset([corpus / "data.jsonl"], out, cfg, workers=1)
+    interrupt(out, 2)
+    with pytest.raises(ResumeMismatchError, match=r"unfinished run with other settings \(tokenizer_config\.json: "):
+        tokenize_dataset([corpus / "data.jsonl"], out, cfg, workers=1)
+    # a run of an earlier packtool recorded no digests: compared by what it did record, as before
+    state = json.loads((out / STATE_DIR / "run.json").read_text())
+    del state["tokenizer_files"]
+    (out / STATE_DIR / "run.json").write_text(json.dumps(state))
+    tokenize_dataset([corpus / "data.jsonl"], out, cfg, workers=1)  # resumed
+
+
+def test_a_run_made_before_models_got_their_own_template_names_the_flag_that_resumes_it(corpus, tmp_path):
+    """A qwen3-vl run an earlier packtool made without --template holds chatml; the same command
+    now means the qwen3-vl template, so the refusal names --template chatml."""
+    out = tmp_path / "tok"
+    tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus, model="qwen3-vl", template="chatml"), workers=1)
+    interrupt(out, 2)
+    with pytest.raises(ResumeMismatchError, match=r"\(template: 'chatml' -> 'qwen3-vl'\) \(without --template a model "
+                                                  r"now gets its own; pass --template chatml to resume the run as it was\)"):
+        tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus, model="qwen3-vl"), workers=1)
+    tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus, model="qwen3-vl", template="chatml"), workers=1)
+
+
 def test_other_config_is_refused_naming_the_setting(corpus, tmp_path):
     out = tmp_path / "tok"
     tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1)
