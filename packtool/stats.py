@@ -929,7 +929,7 @@ def render_stats(s: dict) -> str:
         rows.append(("dropped / alone / truncated", f"{s['dropped']:,} / {s['alone']:,} / {s['truncated']:,}"))
     rej = s["rejected"]
     of = f" of {s['rows_in']:,} rows in" if s.get("rows_in") is not None else ""
-    if s.get("mixture") and s.get("rows_in") is not None:  # each source once; a rate repeats its rows
+    if s.get("mixture") and s.get("rows_in") is not None and rej["total"]:  # each source once; a rate repeats its rows
         of += " (the sources' rows, each once; --fail-above-rejected weighs each source by its rate)"
     rows.append(("rejected", f"{rej['total']:,}{of}"))
     for stage in ("tokenize", "pack"):
