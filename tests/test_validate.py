@@ -235,12 +235,13 @@ def test_media_span_off_its_placeholders_is_caught(packed):
                for p in report["problems"]), report["problems"]
 
 
-def test_corrupt_embedded_image_is_caught(packed):
-    def edit(row):
-        data = row["media"][0]["data"]
-        row["media"][0]["data"] = data[: len(data) // 2]
+def _cut_first_image(row) -> None:
+    data = row["media"][0]["data"]
+    row["media"][0]["data"] = data[: len(data) // 2]
 
-    rewrite_row(packed, edit)
+
+def test_corrupt_embedded_image_is_caught(packed):
+    rewrite_row(packed, _cut_first_image)
     report = validate_dir(packed)
     assert any("do not decode" in p["what"] for p in report["problems"])
     assert validate_dir(packed, check_media=False)["ok"]
@@ -263,12 +264,7 @@ def test_each_distinct_embedded_image_is_decoded_once(packed, monkeypatch):
     assert len(blobs) > len(set(blobs)) > 1
     assert validate_dir(packed)["ok"]
     assert sorted(decoded) == sorted(set(blobs))
-    # one copy cut short: decoded once more, and found
-    def edit(row):
-        data = row["media"][0]["data"]
-        row["media"][0]["data"] = data[: len(data) // 2]
-
-    rewrite_row(packed, edit)
+    rewrite_row(packed, _cut_first_image)  # one copy cut short: decoded once more, and found
     report = validate_dir(packed)
     assert any("do not decode" in p["what"] for p in report["problems"])
 
