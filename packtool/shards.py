@@ -1068,9 +1068,10 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
         except ValueError:
             old = {}
         old = old if isinstance(old, dict) else {}
-        setup = _setup_diff(_read_state(state_file), run)  # the vocabulary (a tokenizer file changed in place) ...
+        state = _read_state(state_file)
+        setup = _setup_diff(state, run)  # the vocabulary (a tokenizer file changed in place) ...
         same = old.get("kind") == run["kind"] and old.get("config_digest") == run["config_digest"] and not setup
-        changed = _changed_inputs(_read_state(state_file).get("inputs"), run.get("inputs")) if same else []
+        changed = _changed_inputs(state.get("inputs"), run.get("inputs")) if same else []
         damaged = _damaged_shards(out_dir, old) if same and not changed else []
         errors = _damaged_errors(out_dir, old) if same and not changed else None
         if same and not changed and not damaged and errors is None and not overwrite:
