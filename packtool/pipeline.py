@@ -601,13 +601,6 @@ def _merge_without(out: Path, shown: str, run: dict, missing: list[int], report:
                      "again")
 
 
-def _text_or_none(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
 def _same_file(path: Path, size: int, sha256: str) -> bool:
     """Whether ``path`` is a file of ``size`` bytes with this sha256 (hashed only at that size)."""
     try:
@@ -678,11 +671,8 @@ def _merge(out: Path, shown: str, report: dict) -> dict:
     counts["tasks"] = run["n_tasks"]
     # its size is what a re-run checks (a stat) to find it lost or cut, and repair it from the task logs
     errors_file = {"path": ERRORS, "bytes": n_error_bytes, "sha256": digest_errors.hexdigest()}
-    before = _text_or_none(manifest_path(out))
-    manifest = write_manifest(out, run["kind"], run["config"], digest, shards, **extra, counts=counts,
+    manifest = write_manifest(out, run["kind"], run["config"], digest, shards, report=report, **extra, counts=counts,
                               errors_file=errors_file)
-    if before is None or _text_or_none(manifest_path(out)) != before:
-        report["written"] = True
     sweep_stale_tmps(out)  # what writers killed during this run (or a straggler of an earlier one) left
     return manifest
 

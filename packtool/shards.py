@@ -507,7 +507,10 @@ class ShardWriter:
 
 
 def write_manifest(out_dir: Path, kind: str, config: dict, config_digest: str, shards: list[dict],
-                   schema_version: int = SCHEMA_VERSION, **extra) -> dict:
+                   schema_version: int = SCHEMA_VERSION, report: dict | None = None, **extra) -> dict:
+    """Write the manifest of ``extra`` fields and ``shards``, and return it; the same text as the
+    manifest there already is left as it is (``report``, when given: ``written`` is set where the
+    file was written)."""
     manifest = {
         "kind": kind,
         "schema_version": schema_version,
@@ -525,6 +528,8 @@ def write_manifest(out_dir: Path, kind: str, config: dict, config_digest: str, s
         pass
     (Path(out_dir) / STATE_DIR).mkdir(parents=True, exist_ok=True)
     atomic_write_text(Path(out_dir) / MANIFEST, text)
+    if report is not None:
+        report["written"] = True
     return manifest
 
 
