@@ -739,10 +739,11 @@ def validate_dir(path: str | Path, max_problems: int = 20, check_media: bool = T
 
 def _errors_fix(path: Path) -> str:
     """What a damaged ``errors.jsonl`` needs. It is the run's task logs end to end: ``packtool
-    merge`` writes it again from them while every task's completion marker and (for a task that
-    rejected rows) error log is there; without them the command that wrote the directory redoes
-    the tasks whose logs are gone and writes it (merge would refuse, naming that command)."""
-    from .shards import _log_whole, marker_path, read_run
+    merge`` writes it again from them while every task's completion marker reads as merge reads
+    it (:func:`~packtool.shards.read_marker`: its shards and error log whole); without them the
+    command that wrote the directory redoes the tasks whose files are gone and writes it (merge
+    would refuse, naming that command)."""
+    from .shards import read_marker, read_run
 
     merge = "`packtool merge` on the directory writes it again from the tasks' error logs"
     rerun = ("the tasks' error logs it is written from are gone too: run the command that wrote the directory "
@@ -753,13 +754,8 @@ def _errors_fix(path: Path) -> str:
         # no run state here to look at (a bucket output is checked from a copy of its manifest,
         # errors.jsonl and shards): merge finds the logs, or names the command that writes them
         return merge
-    for t in range(run["n_tasks"]):
-        try:
-            marker = json.loads(marker_path(path, t).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return rerun
-        if not isinstance(marker, dict) or not isinstance(marker.get("counts"), dict) or not _log_whole(path, t, marker):
-            return rerun
+    if any(read_marker(path, t, run["config_digest"]) is None for t in range(run["n_tasks"])):
+        return rerun
     return merge
 
 
