@@ -150,6 +150,17 @@ def check_text(text, where: str) -> str:
     return text
 
 
+
+def system_of(record: dict) -> str | None:
+    """A record's top-level ``system`` prompt (ShareGPT's, and LLaVA records that carry one), or
+    ``None`` where it has none or an empty one.
+
+    Raises:
+        SampleError: ``bad_encoding`` / ``bad_record`` for a value that is not text.
+    """
+    system = record.get("system")
+    return None if system is None else check_text(system, "'system'") or None
+
 def printable(text: str) -> str:
     """``text`` with whatever UTF-8 cannot encode (lone surrogates, e.g. a file name's undecodable
     byte as Python reads it) written as a ``\\udcXX`` escape: a label Arrow and JSON can store.

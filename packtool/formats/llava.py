@@ -21,6 +21,7 @@ from .common import (
     read_turns,
     sample_id_of,
     split_placeholders,
+    system_of,
 )
 
 __all__ = ["parse", "parse_turns", "ROLE_MAP", "split_placeholders"]
@@ -53,8 +54,6 @@ def parse(record: dict, source: str, row: int, strict: bool = False) -> Sample:
     turns = parse_turns(record.get("conversations"))
     images, videos = media_refs(record, ("image", "images"), ("video", "videos"))
     # a top-level system prompt (ShareGPT's, read as LLaVA under --format llava) is kept, not dropped
-    system = record.get("system")
-    if system is not None:
-        system = check_text(system, "'system'") or None
+    system = system_of(record)
     return build_sample(turns, images, videos, sample_id_of(record, source, row), source, row, strict=strict,
                         system=system, image_tags_for_video=not strict)

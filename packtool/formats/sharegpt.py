@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from ..errors import SampleError
 from ..records import Sample
-from .common import Turn, build_sample, check_text, media_refs, sample_id_of
+from .common import Turn, build_sample, media_refs, sample_id_of, system_of
 from .llava import parse_turns
 from .tools import parse_tools
 
@@ -48,9 +48,7 @@ def parse(record: dict, source: str, row: int) -> Sample:
     if record.get("conversations") is None and record.get("messages") is None:
         raise SampleError("bad_record", "record has neither 'conversations' nor 'messages'")
     turns, _ = conversation_turns(record)
-    system = record.get("system")
-    if system is not None:
-        system = check_text(system, "'system'") or None
+    system = system_of(record)
     images, videos = media_refs(record, ("images", "image"), ("videos", "video"))
     return build_sample(turns, images, videos, sample_id_of(record, source, row), source, row,
                         strict=True, system=system, tools=parse_tools(record.get("tools")))
