@@ -436,10 +436,11 @@ def parse_json_line(line: bytes) -> object:
             return SampleError("bad_json", "line holds more than one JSON value, split by a bare carriage return: the "
                                            "file's lines end in CR alone (\\r, old Mac line ends), which JSONL does not; "
                                            "end them with \\n (e.g. `tr '\\r' '\\n' < IN > OUT`)")
-        if isinstance(exc, json.JSONDecodeError) and exc.pos >= len(exc.doc.rstrip("\r\n")):
+        text = exc.doc.rstrip("\r\n") if isinstance(exc, json.JSONDecodeError) else None
+        if text is not None and exc.pos >= len(text):
             # cut short: the error sits at the line end, which json counts as a next line ("line 2
             # column 1"); named on the line itself instead
-            exc = json.JSONDecodeError(exc.msg, exc.doc.rstrip("\r\n"), min(exc.pos, len(exc.doc.rstrip("\r\n"))))
+            exc = json.JSONDecodeError(exc.msg, text, len(text))
         return SampleError("bad_json", f"line is not valid JSON: {str(exc)[:200]}")
 
 
