@@ -1097,13 +1097,15 @@ def _tokenizer_stamp(spec: str | None) -> tuple | None:
 
 
 def _tokenizer_digests(spec: str | None) -> dict[str, str | None] | None:
-    """The sha256 of each of :func:`_tokenizer_files` by file name (``None``: not there), which
-    the run's state records: the vocabulary's fingerprint in the manifest covers
-    ``tokenizer.json`` alone, and the special tokens' ids may come from the config beside it."""
+    """The sha256 of the ``tokenizer_config.json`` of :func:`_tokenizer_files` by its name
+    (``None``: not there), which the run's state records: the special tokens' ids may come from
+    it, and the vocabulary's fingerprint in the manifest (``vocab_sha256``, compared first) covers
+    ``tokenizer.json`` alone."""
     files = _tokenizer_files(spec)
     if files is None:
         return None
-    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None for f in files}
+    config = files[1]
+    return {config.name: hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None}
 
 
 #: A tokenize task collects garbage (its young generations) once every this many batches.
