@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import posixpath
-import re
 import shutil
 import threading
 import time
@@ -24,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import OutputError
-from .shards import PLAN, PlanSlot
+from .shards import PLAN, TASK_SHARD, TASK_STATE_FILE, PlanSlot
 from .storage import (
     _HOST,
     RequestCounter,
@@ -389,7 +388,7 @@ class RemoteOutput:
                                   "write are never removed)")
             if self.fs.isfile(self.root):
                 raise OutputError(f"output {self.url!r} is an object, not a prefix; choose another -o")
-        wanted = [n for n in state if re.fullmatch(r"task-\d{5}\.json|errors-\d{5}\.jsonl", n)
+        wanted = [n for n in state if TASK_STATE_FILE.fullmatch(n)
                   or (not markers_only and n in ("run.json", "manifest.json", "errors.jsonl"))]
         for name in wanted:
             local = state_dir / name
@@ -443,7 +442,7 @@ class RemoteOutput:
                 RequestCounter.add(errors.stat().st_size)
             return
         listed = {s["file"] for s in json.loads(manifest.read_text(encoding="utf-8"))["shards"]}
-        strays = [n for n in sorted(self.sizes) if n not in listed and re.fullmatch(r"part-\d{5}-\d{5}\.parquet", n)]
+        strays = [n for n in sorted(self.sizes) if n not in listed and TASK_SHARD.fullmatch(n)]
         self._delete(strays)  # shards of killed attempts that no marker names
         if errors.is_file():
             self.fs.put_file(str(errors), f"{self.root}/{ERRORS}")

@@ -717,8 +717,17 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+#: A task's (or a shard's) index as names write it (``f"{i:05d}"``): five digits, or more without a
+#: leading zero (task 100000 and up: a run of that many tasks is a corpus of some terabytes).
+_TASK_ID = r"\d{5}|[1-9]\d{5,}"
+#: A task's shard, ``part-TTTTT-KKKKK.parquet`` (its ``KKKKK``-th shard of task ``TTTTT``).
+TASK_SHARD = re.compile(rf"part-(?P<task>{_TASK_ID})-(?:{_TASK_ID})\.parquet", re.ASCII)
+#: A task's completion marker or error log in ``.packtool/`` (what a bucket's copy of the state holds per task).
+TASK_STATE_FILE = re.compile(rf"task-(?:{_TASK_ID})\.json|errors-(?:{_TASK_ID})\.jsonl", re.ASCII)
+
+
 #: Temporaries of this run's writers: ``.part-TTTTT-KKKKK.parquet.<pid>@<host>.tmp`` and ``.<file>.<pid>@<host>.tmp``.
-_OWN_TMP = re.compile(r"^\.(part-\d{5}-\d{5}\.parquet|manifest\.json|errors\.jsonl)\.\d+(@[^/\\]+)?\.tmp$")
+_OWN_TMP = re.compile(rf"^\.({TASK_SHARD.pattern}|manifest\.json|errors\.jsonl)\.\d+(@[^/\\]+)?\.tmp$", re.ASCII)
 
 
 def _own_files(out_dir: Path) -> set[str]:
@@ -746,8 +755,8 @@ def _own_files(out_dir: Path) -> set[str]:
         n_tasks = 0
     prefixes = {task_prefix(t) for t in range(n_tasks)}
     for f in out_dir.iterdir():
-        if (f.name.startswith("part-") and f.name[:10] in prefixes and re.fullmatch(r"part-\d{5}-\d{5}\.parquet", f.name)) \
-                or _OWN_TMP.match(f.name):
+        shard = TASK_SHARD.fullmatch(f.name)
+        if shard and f"part-{shard['task']}" in prefixes or _OWN_TMP.match(f.name):
             names.add(f.name)
     names.update(n for n in (LEGACY_MANIFEST, LEGACY_ERRORS) if (out_dir / n).is_file() and (out_dir / LEGACY_MANIFEST).is_file())
     # only plain names directly inside out_dir: a manifest cannot point anywhere else
@@ -1081,7 +1090,7 @@ def prepare_run(out_dir: Path, run: dict, overwrite: bool) -> dict | None:
         errors = _damaged_errors(out_dir, old) if same and not changed else None
         if same and not changed and not damaged and errors is None and not overwrite:
             return old  # with --overwrite it is done again (media fixed since, say): wiped below
-        repair = all(_TASK_SHARD.fullmatch(name) for name, _ in damaged) and bool(damaged or errors)
+        repair = all(TASK_SHARD.fullmatch(name) for name, _ in damaged) and bool(damaged or errors)
         if repair:
             # resumed below: the tasks whose shards their markers no longer find are redone, the
             # rest kept, and the merge writes errors.jsonl and the manifest again. errors.jsonl is
@@ -1187,8 +1196,6 @@ def _readable_manifest(out_dir: Path, file: Path) -> bool:
     return True
 
 
-#: A shard of one task: ``part-TTTTT-KKKKK.parquet`` (its ``KKKKK``-th shard of task ``TTTTT``).
-_TASK_SHARD = re.compile(r"part-(?P<task>\d{5})-\d{5}\.parquet")
 
 
 def _damaged_shards(out_dir: Path, manifest: dict) -> list[tuple[str, str]]:
@@ -1240,7 +1247,7 @@ def _damaged_errors(out_dir: Path, manifest: dict) -> str | None:
 
 def _task_of(shard: str) -> int:
     """The task that wrote ``part-TTTTT-KKKKK.parquet``."""
-    return int(_TASK_SHARD.fullmatch(shard)["task"])
+    return int(TASK_SHARD.fullmatch(shard)["task"])
 
 
 def _lost_logs(out_dir: Path, run: dict, skip: set[int]) -> dict[int, str]:
@@ -1363,8 +1370,6 @@ def clear_task(out_dir: Path, task: int) -> None:
     task_errors_path(out_dir, task).unlink(missing_ok=True)
 
 
-#: A task's index as its names write it (``f"{task:05d}"``): five digits, or more without a leading zero.
-_TASK_ID = r"\d{5}|[1-9]\d{5,}"
 #: The names an attempt at a task leaves (what :func:`clear_task` removes), the task's index the
 #: first group: in the output folder its shards and their temporaries, in ``.packtool`` its error
 #: log, its completion marker and their temporaries.

@@ -118,6 +118,24 @@ def test_clear_tasks_removes_what_clear_task_removes_from_one_listing(tmp_path):
     assert {"notes.txt", ".packtool/run.json", ".packtool/errors.jsonl"} <= left(one)
 
 
+def test_overwrite_knows_the_files_of_tasks_past_99999_as_the_runs_own(tmp_path):
+    """``--overwrite`` removes what the run wrote and nothing else: the shards of every task it
+    planned and their temporaries, also for a task index of six digits (a run of more than
+    99,999 tasks), whose names once fell outside every pattern and stayed behind."""
+    from packtool.shards import _own_files
+
+    d = tmp_path / "out"
+    (d / STATE_DIR).mkdir(parents=True)
+    (d / STATE_DIR / "run.json").write_text(json.dumps({"n_tasks": 123457}))
+    own = ["part-00007-00000.parquet", "part-123456-00000.parquet", "part-123456-00012.parquet",
+           ".part-123456-00001.parquet.77@host.tmp", ".manifest.json.5.tmp"]
+    other = ["part-123457-00000.parquet", "part-0123456-00000.parquet", "part-12345-1.parquet", "notes.txt",
+             ".part-123456-00001.parquet.tmp"]
+    for name in own + other:
+        (d / name).write_bytes(b"x")
+    assert _own_files(d) == set(own)
+
+
 def test_a_task_does_not_list_the_output_folder_itself(corpus, tmp_path, monkeypatch):
     """A run of many tasks: the driver clears earlier attempts' files once; a task of a local run
     clears nothing itself (its start no longer lists the folder, whose entries grow as it runs)."""

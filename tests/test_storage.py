@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import posixpath
 import random
 import shutil
 import signal
@@ -1088,6 +1089,36 @@ def test_a_rank_whose_listing_predates_the_lock_sees_its_holder_and_its_plan(s3)
     finally:
         planner.release()
     assert not there.exists(f"{state}/plan.lock")
+
+
+def test_the_state_and_shards_of_tasks_past_99999_are_pulled_and_published(s3):
+    """A run of more than 99,999 tasks names their files with six digits and more
+    (``task-123456.json``): a bucket run pulls those markers and error logs as it pulls
+    five-digit ones (a marker it skipped would read as a task never run), and deletes their
+    shards that no manifest entry names before it publishes. Names of no task are left alone."""
+    from packtool.publication import RemoteOutput
+    from packtool.shards import MANIFEST
+
+    root = f"{BUCKET}/six-digit-tasks"
+    fs = _machine(s3)
+    state = ["task-00001.json", "errors-00001.jsonl", "task-123456.json", "errors-123456.jsonl",
+             "task-012345.json", "task-1.json", "notes.json"]
+    for name in state:
+        fs.pipe_file(f"{root}/.packtool/{name}", name.encode())
+    for name in ("part-00001-00000.parquet", "part-123456-00000.parquet", "part-123456-00001.parquet",
+                 "part-012345-00000.parquet"):
+        fs.pipe_file(f"{root}/{name}", b"x")
+    out = RemoteOutput(f"s3://{root}", rank=None)
+    out.fs = fs
+    out.pull(markers_only=True)
+    pulled = {p.name: p.read_bytes() for p in (out.mirror / ".packtool").iterdir()}
+    assert pulled == {n: n.encode() for n in state[:4]}
+    listed = ["part-00001-00000.parquet", "part-123456-00000.parquet"]
+    (out.mirror / MANIFEST).write_text(json.dumps({"shards": [{"file": n} for n in listed]}))
+    out.publish()
+    left = sorted(posixpath.basename(p) for p in fs.ls(root, detail=False, refresh=True) if p.endswith(".parquet"))
+    assert left == ["part-00001-00000.parquet", "part-012345-00000.parquet", "part-123456-00000.parquet"]
+    assert json.loads(fs.cat_file(f"{root}/{MANIFEST}"))["shards"] == [{"file": n} for n in listed]
 
 
 def test_a_lock_made_by_our_own_refused_retry_is_ours(s3):
