@@ -13,6 +13,7 @@ import contextlib
 import enum
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Literal
@@ -95,6 +96,26 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print machine-readable JSO
 Overwrite = Annotated[bool, typer.Option(
     "--overwrite",
     help="Start over: replace a finished run (even of the same settings) or a run made with other settings (only the files it wrote are removed), or write into a non-empty directory that holds no packtool run.")]
+def _number(lo: float, hi: float | None = None):
+    """The callback of a decimal option: its value when it lies in ``lo..hi`` (``hi`` None: no upper
+    bound). ``nan`` is no number: typer's own range check let it through to a message that read
+    as if it were above the bound ("should be less than or equal to 1")."""
+
+    def check(value: float | None) -> float | None:
+        if value is None:
+            return None
+        if math.isnan(value):
+            raise typer.BadParameter(f"nan is not a number; give one from {lo:g}" + (f" to {hi:g}" if hi is not None else " up"))
+        # worded as typer words an integer option's bounds
+        if value < lo:
+            raise typer.BadParameter(f"Input should be greater than or equal to {lo:g}")
+        if hi is not None and value > hi:
+            raise typer.BadParameter(f"Input should be less than or equal to {hi:g}")
+        return value
+
+    return check
+
+
 # Counts end up in int32 columns (config.INT32_MAX); the processor settings have the bounds of vision.SETTING_LIMITS.
 MaxTokens = Annotated[int, typer.Option(min=1, max=INT32_MAX, help="Tokens per pack (sequence length).")]
 MaxVisionUnits = Annotated[
@@ -196,7 +217,7 @@ def tokenize(
     min_pixels: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["min_pixels"], help="Image pixel floor (families with a pixel budget).")] = None,
     max_pixels: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["max_pixels"], help="Image pixel cap (families with a pixel budget).")] = None,
     max_frames: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["max_frames"], help="Most frames sampled per video (default: the family's).")] = None,
-    fps: Annotated[float | None, typer.Option(min=0.01, max=SETTING_LIMITS["fps"], help="Video sampling rate (qwen families; default 2).")] = None,
+    fps: Annotated[float | None, typer.Option(callback=_number(0.01, SETTING_LIMITS["fps"]), help=f"Video sampling rate, 0.01 to {SETTING_LIMITS['fps']:g} (qwen families; default 2).")] = None,
     max_crops: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["max_crops"], help="Molmo2 crops per image (default 8).")] = None,
     max_num: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["max_num"], help="InternVL tiles per image (default 12).")] = None,
     exif: Annotated[ExifChoice | None, typer.Option(help="EXIF orientation / video rotation (default: what the family's loader does).")] = None,
@@ -430,10 +451,10 @@ def stats(
     plot: Annotated[Path | None, typer.Option(callback=_figure_path, help=(
         "Also write a figure of fill, samples per pack, padding and drops; the suffix picks the format: .png, .svg "
         "or .pdf (missing folders are created)."))] = None,
-    fail_below_fill: Annotated[float | None, typer.Option(min=0, max=1, help="Exit 1 when mean token fill is below this (0..1).")] = None,
-    fail_below_vision_fill: Annotated[float | None, typer.Option(min=0, max=1, help="Exit 1 when mean vision fill is below this (0..1).")] = None,
-    fail_above_ratio: Annotated[float | None, typer.Option(min=0, help="Exit 1 when packs / lower bound is above this.")] = None,
-    fail_above_rejected: Annotated[float | None, typer.Option(min=0, max=1, help="Exit 1 when the rejected share of rows is above this (0..1).")] = None,
+    fail_below_fill: Annotated[float | None, typer.Option(callback=_number(0, 1), help="Exit 1 when mean token fill is below this (0..1).")] = None,
+    fail_below_vision_fill: Annotated[float | None, typer.Option(callback=_number(0, 1), help="Exit 1 when mean vision fill is below this (0..1).")] = None,
+    fail_above_ratio: Annotated[float | None, typer.Option(callback=_number(0), help="Exit 1 when packs / lower bound is above this.")] = None,
+    fail_above_rejected: Annotated[float | None, typer.Option(callback=_number(0, 1), help="Exit 1 when the rejected share of rows is above this (0..1).")] = None,
 ) -> None:
     """Show fill, packs against the lower bound, padding saved, sources, and drops.
 

@@ -75,6 +75,17 @@ USAGE_CASES = {
     "option_without_value": (["tokenize", "in.jsonl", "-o"], "-o"),
     "frame_quality_above_100": (["pack", "tok", "-o", "out", "--frame-quality", "101"], "--frame-quality"),
     "fps_infinite": (["tokenize", "in.jsonl", "-o", "out", "--model", "qwen3-vl", "--fps", "inf"], "--fps"),
+    # nan is named as no number, not as a value above the bound (typer's check said "less than or equal to 1")
+    "fps_nan": (["tokenize", "in.jsonl", "-o", "out", "--fps", "nan"],
+                "Invalid value for '--fps': nan is not a number; give one from 0.01 to 1000"),
+    "fill_gate_nan": (["stats", "packed", "--fail-below-fill", "nan"],
+                      "Invalid value for '--fail-below-fill': nan is not a number; give one from 0 to 1"),
+    "ratio_gate_nan": (["stats", "packed", "--fail-above-ratio", "nan"],
+                       "Invalid value for '--fail-above-ratio': nan is not a number; give one from 0 up"),
+    "fill_gate_above_1": (["stats", "packed", "--fail-below-fill", "1.5"],
+                          "Invalid value for '--fail-below-fill': Input should be less than or equal to 1"),
+    "rejected_gate_negative": (["stats", "packed", "--fail-above-rejected", "-0.1"],
+                               "Invalid value for '--fail-above-rejected': Input should be greater than or equal to 0"),
     "qwen_one_frame": (["tokenize", "in.jsonl", "-o", "out", "--max-frames", "1"], "--max-frames 1: --model qwen2.5-vl"),
 }
 
