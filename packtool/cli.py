@@ -99,13 +99,15 @@ Overwrite = Annotated[bool, typer.Option(
 def _number(lo: float, hi: float | None = None):
     """The callback of a decimal option: its value when it lies in ``lo..hi`` (``hi`` None: no upper
     bound). ``nan`` is no number: typer's own range check let it through to a message that read
-    as if it were above the bound ("should be less than or equal to 1")."""
+    as if it were above the bound ("should be less than or equal to 1"); nor is ``inf``, which an
+    unbounded option (``--fail-above-ratio``) took, and ``stats --json`` then printed as
+    ``Infinity``, which no strict JSON parser reads."""
 
     def check(value: float | None) -> float | None:
         if value is None:
             return None
-        if math.isnan(value):
-            raise typer.BadParameter(f"nan is not a number; give one from {lo:g}" + (f" to {hi:g}" if hi is not None else " up"))
+        if not math.isfinite(value):  # nan, or inf: a limit JSON cannot write (--json would print Infinity)
+            raise typer.BadParameter(f"{value} is not a number; give one from {lo:g}" + (f" to {hi:g}" if hi is not None else " up"))
         # worded as typer words an integer option's bounds
         if value < lo:
             raise typer.BadParameter(f"Input should be greater than or equal to {lo:g}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -794,7 +795,7 @@ class Thresholds:
                 continue
             if fraction and not 0 <= value <= 1:  # also NaN
                 raise ConfigError(f"{flag} {value}: give a fraction from 0 to 1 (0.95 for 95%)")
-            if not fraction and not value >= 0:
+            if not fraction and not 0 <= value < math.inf:  # also NaN and inf (JSON has no Infinity)
                 raise ConfigError(f"{flag} {value}: give a non-negative ratio (1.05 for 5% above the lower bound)")
 
     def any(self) -> bool:

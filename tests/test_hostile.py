@@ -82,6 +82,9 @@ USAGE_CASES = {
                       "Invalid value for '--fail-below-fill': nan is not a number; give one from 0 to 1"),
     "ratio_gate_nan": (["stats", "packed", "--fail-above-ratio", "nan"],
                        "Invalid value for '--fail-above-ratio': nan is not a number; give one from 0 up"),
+    # inf had no upper bound to fail on: the gate took it, and stats --json printed "limit": Infinity
+    "ratio_gate_inf": (["stats", "packed", "--fail-above-ratio", "inf"],
+                       "Invalid value for '--fail-above-ratio': inf is not a number; give one from 0 up"),
     "fill_gate_above_1": (["stats", "packed", "--fail-below-fill", "1.5"],
                           "Invalid value for '--fail-below-fill': Input should be less than or equal to 1"),
     "rejected_gate_negative": (["stats", "packed", "--fail-above-rejected", "-0.1"],

@@ -405,6 +405,8 @@ def test_a_gate_outside_its_range_is_a_usage_error(demo_dirs, flag, value, bound
     ({"fail_above_rejected": float("nan")}, "--fail-above-rejected nan: give a fraction from 0 to 1 (0.95 for 95%)"),
     ({"fail_above_ratio": -0.5}, "--fail-above-ratio -0.5: give a non-negative ratio (1.05 for 5% above the lower "
                                  "bound)"),
+    ({"fail_above_ratio": float("inf")}, "--fail-above-ratio inf: give a non-negative ratio (1.05 for 5% above the "
+                                         "lower bound)"),
 ])
 def test_thresholds_refuse_a_gate_outside_its_range_from_python(gates, message):
     from packtool.errors import ConfigError
