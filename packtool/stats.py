@@ -802,6 +802,14 @@ class Thresholds:
         return any(getattr(self, f) is not None for f in self.__slots__)
 
 
+def _gate_number(x: float) -> str:
+    """A gate's value or limit as a failure message shows it: short (``1``, ``0.95``), but never
+    rounded into its counterpart (``.4g`` printed "packs_over_lower_bound 1 is above
+    --fail-above-ratio 1" for a limit of 0.99999)."""
+    short = f"{x:g}"
+    return short if float(short) == x else repr(float(x))
+
+
 def check_thresholds(stats: dict, th: Thresholds) -> list[str]:
     """Record each gate in ``stats["thresholds"]``; return the failure messages.
 
@@ -855,7 +863,7 @@ def check_thresholds(stats: dict, th: Thresholds) -> list[str]:
     for c in checks:
         if not c["passed"]:
             word = "below" if c["flag"].startswith("--fail-below") else "above"
-            failures.append(f"{c['name']} {c['value']:.4g} is {word} {c['flag']} {c['limit']:.4g}")
+            failures.append(f"{c['name']} {_gate_number(c['value'])} is {word} {c['flag']} {_gate_number(c['limit'])}")
     if stats.get("reconcile") and not stats["reconcile"]["balanced"]:
         r = stats["reconcile"]
         failures.append(f"rows do not reconcile: {r['rows_in']} in, {r['samples_packed']} packed, "
@@ -947,7 +955,7 @@ def render_stats(s: dict) -> str:
                      f"{r['rows_in']:,} = {r['samples_packed']:,} + {rejected:,}{extra}  {mark}  (rejected: "
                      f"{r['tokenize_rejected']:,} by tokenize, {r['pack_rejected']:,} by pack)"))
     for c in s.get("thresholds", []):
-        rows.append((f"gate {c['flag']}", f"{c['value']:.4g} vs {c['limit']:.4g}  {'pass' if c['passed'] else 'FAIL'}"))
+        rows.append((f"gate {c['flag']}", f"{_gate_number(c['value'])} vs {_gate_number(c['limit'])}  {'pass' if c['passed'] else 'FAIL'}"))
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     if s.get("sources"):

@@ -388,6 +388,23 @@ def test_cli_json_and_fill_gate(messy):
     assert json.loads(r.stdout)["thresholds"][0]["passed"] is False
 
 
+def test_a_failed_gate_never_prints_its_value_equal_to_its_limit(demo_dirs):
+    """The message rounded both numbers to 4 significant digits: a limit just past the value read
+    "packs_over_lower_bound 1 is above --fail-above-ratio 1", a failure that seems to contradict itself."""
+    s = compute_stats(demo_dirs["packed"])
+    mean, ratio = s["token_fill"]["mean"], s["packs_over_lower_bound"]
+    assert ratio == 1.0 and len(str(mean)) <= 6  # the demo: 4 packs, its lower bound; the mean at 4 decimals
+    fill_limit = round(mean + 0.00001, 5)
+    r = run("stats", str(demo_dirs["packed"]), "--fail-below-fill", str(fill_limit), "--fail-above-ratio", "0.99999")
+    assert r.returncode == 1
+    assert r.stderr == (f"Error: token_fill_mean {mean} is below --fail-below-fill {fill_limit}; "
+                        "packs_over_lower_bound 1 is above --fail-above-ratio 0.99999\n")
+    assert f"gate --fail-below-fill       {mean} vs {fill_limit}  FAIL\n" in r.stdout  # the same in the stats
+    assert "gate --fail-above-ratio      1 vs 0.99999  FAIL\n" in r.stdout
+    r = run("stats", str(demo_dirs["packed"]), "--fail-above-ratio", "0.9999999")  # past 6 digits too
+    assert r.stderr == "Error: packs_over_lower_bound 1 is above --fail-above-ratio 0.9999999\n"
+
+
 @pytest.mark.parametrize(("flag", "value", "bound"), [
     ("--fail-below-fill", "1.5", "less than or equal to 1"),
     ("--fail-below-vision-fill", "2", "less than or equal to 1"),
