@@ -840,6 +840,12 @@ def check_thresholds(stats: dict, th: Thresholds) -> list[str]:
             raise InputError(f"{flag} counts the rows tokenize rejected of each source, which the manifest of "
                              f"{stats['packed']!r} does not record (a mixture packed by an earlier packtool); pack it "
                              "again, or gate each source: packtool stats TOKENIZED --fail-above-rejected ...")
+        if value is None and name == "vision_fill_mean" and stats.get("packs") and \
+                not (stats.get("capacities") or {}).get("max_vision_units"):
+            # packs there are, but with no vision capacity there is no vision fill to measure
+            raise InputError(f"{flag} needs a vision capacity, and {stats['packed']!r} was packed with "
+                             "--max-vision-units 0, so its packs have no vision fill; leave the gate out, or pack "
+                             "again with a vision capacity")
         if value is None and stats["kind"] == "packed":  # a packed directory, but its run packed nothing
             from .shards import why_no_packs
 

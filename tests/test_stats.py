@@ -456,6 +456,21 @@ def test_a_pack_gate_on_a_packed_dir_without_packs_says_why_it_has_none(demo_dir
     assert "Traceback" not in r.stderr and run("stats", str(empty)).returncode == 0  # without a gate: the zeros
 
 
+def test_vision_fill_gate_on_packs_without_vision_capacity_says_so(demo_dirs, tmp_path):
+    """Packs made with --max-vision-units 0 have no vision fill; the gate said the directory "holds
+    none" (no packs) "packed from a tokenized directory with no samples", neither of which is so."""
+    out = tmp_path / "no-vision"
+    r = run("pack", str(demo_dirs["tokenized"]), "-o", str(out), "--max-tokens", "8192", "--max-vision-units", "0",
+            "--workers", "1", "-q")
+    assert r.returncode == 0 and r.stdout.startswith("4 samples in 1 pack"), (r.stdout, r.stderr)  # the text-only ones
+    r = run("stats", str(out), "--fail-below-vision-fill", "0.5")
+    assert r.returncode == 1 and r.stdout == run("stats", str(out)).stdout  # the stats, then the error
+    assert r.stderr == (f"Error: --fail-below-vision-fill needs a vision capacity, and {str(out)!r} was packed with "
+                        "--max-vision-units 0, so its packs have no vision fill; leave the gate out, or pack again "
+                        "with a vision capacity\n")
+    assert run("stats", str(out), "--fail-below-fill", "0.01").returncode == 0  # the token gate measures them
+
+
 def test_stats_reads_no_token_or_media_bytes(demo_dirs, monkeypatch):
     """Stats stay cheap: only length columns (and one media leaf) are read from the shards."""
     read = []
