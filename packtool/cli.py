@@ -22,7 +22,7 @@ import typer
 
 from . import __version__
 from .config import INT32_MAX, LAYOUTS, MEDIA_MODES, OVERSIZE_POLICIES, PackConfig, TokenizeConfig
-from .errors import InputError, PacktoolError
+from .errors import InputError, OutputError, PacktoolError
 from .executors import ExecutorConfig, sigterm_as_interrupt
 from .formats import FORMATS
 from .launcher import EXIT_INTERRUPT, INTERRUPTED, release
@@ -183,8 +183,21 @@ def _share_json(full: dict, result: dict) -> dict:
             "counts": result["counts"], "shard_files": result["shards"]}
 
 
+def _out(text: str) -> None:
+    """Print a result on stdout. A stdout that cannot take it (a full disk under ``> stats.json``, an
+    I/O error) is a problem the user can fix, shown as one ``Error:`` line (exit 1), not a traceback;
+    a closed pipe (``| head``) stays click's: exit 1, nothing printed."""
+    try:
+        typer.echo(text)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OutputError(f"cannot write to standard output: {exc.strerror or exc}; the output was not (wholly) "
+                          "printed: free space where stdout goes, or send it elsewhere, and run the command again") from None
+
+
 def _emit_json(obj: dict) -> None:
-    typer.echo(json.dumps(obj, indent=2, sort_keys=False))
+    _out(json.dumps(obj, indent=2, sort_keys=False))
 
 
 @contextlib.contextmanager
@@ -261,30 +274,30 @@ def tokenize(
     c = manifest["counts"]
     if manifest.get("partial"):
         full = {"output": str(output), **c, "tasks": manifest["tasks"], "shards": len(manifest["shards"])}
-        _emit_json(_share_json(full, manifest)) if as_json else typer.echo(_rank_line(manifest, output))
+        _emit_json(_share_json(full, manifest)) if as_json else _out(_rank_line(manifest, output))
         return
     if as_json:
         _emit_json({"output": str(output), **c, "shards": len(manifest["shards"])})
         return
-    typer.echo(f"{_count(c['samples'], 'sample')} from {_count(c['rows_in'], 'row')} in {_count(len(manifest['shards']), 'shard')} -> {output}")
+    _out(f"{_count(c['samples'], 'sample')} from {_count(c['rows_in'], 'row')} in {_count(len(manifest['shards']), 'shard')} -> {output}")
     _echo_rejected(c, output)
     if not c["rows_in"]:
-        typer.echo("warning: the inputs hold no records (empty files, or an empty JSON list); check the paths "
+        _out("warning: the inputs hold no records (empty files, or an empty JSON list); check the paths "
                    "given, or that the step that writes them ran")
     missing = (c.get("rejected_by_reason") or {}).get("missing_media", 0)
     if missing > c["rows_in"] / 2:  # one missing file is a bad row; most of them, a wrong root
         root = manifest.get("config", {}).get("media_root")
-        typer.echo(f"warning: {missing:,} of {_count(c['rows_in'], 'row')} name media not found under --media-root "
+        _out(f"warning: {missing:,} of {_count(c['rows_in'], 'row')} name media not found under --media-root "
                    f"{root!r}: check that it is the folder the records' media paths are relative to")
     if c.get("folded_branches"):
         n = c["folded_branches"]
         its, what = ("its", "1 branch lies") if n == 1 else ("their", f"{n:,} branches lie")
-        typer.echo(f"note: {what} wholly inside the shared prefix of {its} message tree (a repeat, or a prefix of "
+        _out(f"note: {what} wholly inside the shared prefix of {its} message tree (a repeat, or a prefix of "
                    f"every other branch): {its} tokens train once, in the prefix, not as a branch of {its} own "
                    "(counts: folded_branches)")
     if c.get("repeated_ids"):
         n = c["repeated_ids"]
-        typer.echo(f"warning: {_count(n, 'sample')} {'is' if n == 1 else 'are'} stored as NAME#d1 (#d2, ...): an earlier "
+        _out(f"warning: {_count(n, 'sample')} {'is' if n == 1 else 'are'} stored as NAME#d1 (#d2, ...): an earlier "
                    "sample of the same task (input slice) holds the name (a repeated id, or a split tree's ID#1, "
                    "ID#2, ...), and a name stands for one sample; give each record an id of its own")
 
@@ -294,7 +307,7 @@ def _echo_rejected(counts: dict, output: str | None) -> None:
     if counts.get("rejected"):
         reasons = ", ".join(f"{k} {v}" for k, v in counts["rejected_by_reason"].items())
         where = f"; see {join(output, ERRORS)}" if output is not None else " (a run lists them in errors.jsonl)"
-        typer.echo(f"{_count(counts['rejected'], 'row')} rejected ({reasons}){where}")
+        _out(f"{_count(counts['rejected'], 'row')} rejected ({reasons}){where}")
 
 
 @app.command()
@@ -363,7 +376,7 @@ def pack(
         # into its mixture summary, which is made once, of the whole run
         counts = {k: v for k, v in result["counts"].items() if not k.startswith("source_")}
         full = {"output": str(output), "dry_run": False, **result["capacities"], **counts, "tasks": result["tasks"]}
-        _emit_json(_share_json(full, result)) if as_json else typer.echo(_rank_line(result, output))
+        _emit_json(_share_json(full, result)) if as_json else _out(_rank_line(result, output))
         return
     c = result["counts"]
     plan = None
@@ -383,21 +396,21 @@ def pack(
     lb = c["lower_bound"]
     ratio = f" ({c['packs'] / lb:.3f}x)" if lb else ""
     where = "planned (dry run)" if dry_run else f"-> {output}"
-    typer.echo(f"{_count(c['samples_packed'], 'sample')} in {_count(c['packs'], 'pack')}, lower bound {lb:,}{ratio} {where}")
+    _out(f"{_count(c['samples_packed'], 'sample')} in {_count(c['packs'], 'pack')}, lower bound {lb:,}{ratio} {where}")
     if c["dropped"] or c["truncated"] or c["alone"]:
-        typer.echo(f"oversize: {c['dropped']:,} dropped, {c['truncated']:,} truncated, {c['alone']:,} alone")
+        _out(f"oversize: {c['dropped']:,} dropped, {c['truncated']:,} truncated, {c['alone']:,} alone")
     _echo_rejected(c, None if dry_run else output)
     if not c.get("samples_in"):  # an empty tokenize run upstream: the trainer's reader refuses the output
-        typer.echo("warning: the tokenized input holds no samples, so there is nothing to train on; check the "
+        _out("warning: the tokenized input holds no samples, so there is nothing to train on; check the "
                    "tokenize run that wrote it (packtool stats TOKENIZED)")
     if plan is not None:
         from .stats import render_stats
 
-        typer.echo(render_stats(plan))
+        _out(render_stats(plan))
     if mix is not None:
         from .stats import render_mixture
 
-        typer.echo(render_mixture(mix))
+        _out(render_mixture(mix))
 
 
 def _pack_source(ctx: typer.Context, inputs: list[Path], rates: str | None, mixture: Path | None,
@@ -474,13 +487,13 @@ def stats(
         failures = check_thresholds(s, Thresholds(fail_below_fill, fail_below_vision_fill, fail_above_ratio,
                                                   fail_above_rejected))
     except InputError:  # the data cannot answer a gate (a run that packed nothing...): the stats first, as a failed gate
-        typer.echo(json.dumps(s, indent=2) if as_json else render_stats(s))
+        _out(json.dumps(s, indent=2) if as_json else render_stats(s))
         raise
     if plot is not None:
         from .plotting import plot_stats
 
         plot_stats(data, s, plot)
-    typer.echo(json.dumps(s, indent=2) if as_json else render_stats(s))
+    _out(json.dumps(s, indent=2) if as_json else render_stats(s))
     if failures:
         raise PacktoolError("; ".join(failures))
 
@@ -516,7 +529,7 @@ def inspect(
     if source is not None and sample is None:
         ctx.fail("--source picks among the samples of one name: give --sample ID with it")
     view = inspect_dir(path, pack=pack, sample=sample, tokenizer=tokenizer, source=source)
-    typer.echo(json.dumps(view, indent=2, ensure_ascii=False) if as_json else render_inspection(view))
+    _out(json.dumps(view, indent=2, ensure_ascii=False) if as_json else render_inspection(view))
 
 
 def _int_list(lo: int, hi: int | None, example: str):
@@ -583,7 +596,7 @@ def sweep(
     with _flag_errors(ctx):  # a setting no cell can plan is a usage error, found before any cell is planned
         base = PackConfig(text_weight=text_weight, token_granularity=token_granularity, oversize=oversize)
         rows = sweep_grid(src, base, grid)
-    typer.echo(json.dumps(rows, indent=2) if as_json else render_sweep(rows))
+    _out(json.dumps(rows, indent=2) if as_json else render_sweep(rows))
 
 
 @app.command()
@@ -605,7 +618,7 @@ def validate(
     from .validate import render_report, validate_dir
 
     report = validate_dir(path, max_problems=max_problems, check_media=check_media, tokenizer=tokenizer)
-    typer.echo(json.dumps(report, indent=2) if as_json else render_report(report))
+    _out(json.dumps(report, indent=2) if as_json else render_report(report))
     if not report["ok"]:
         where = "in the JSON report on stdout" if as_json else "above"
         raise PacktoolError(f"{path} is not whole: {len(report['problems'])} problem(s) listed {where}")
@@ -632,13 +645,13 @@ def merge(
                     "written": report["written"]})
         return
     done = "" if report["written"] else "nothing to do, merged already: "
-    typer.echo(f"{manifest['kind']}: {done}{_count(c['tasks'], 'task')}, {_count(len(manifest['shards']), 'shard')} -> "
+    _out(f"{manifest['kind']}: {done}{_count(c['tasks'], 'task')}, {_count(len(manifest['shards']), 'shard')} -> "
                f"{join(path, MANIFEST)}")
 
 
 def _version_callback(value: bool) -> None:
     if value:
-        typer.echo(f"packtool {__version__}")
+        _out(f"packtool {__version__}")
         raise typer.Exit()
 
 

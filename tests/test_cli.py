@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -342,3 +344,18 @@ def test_shards_without_their_manifest_are_named_as_such(tmp_path, demo_dirs, co
         assert r.returncode == 1 and message in r.stdout, r.stdout
     else:
         assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Error: {message}\n")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("args", [["stats", "{packed}", "--json"], ["validate", "{packed}"]])
+def test_a_full_disk_under_stdout_is_one_error_line_not_a_traceback(demo_dirs, args):
+    """`packtool stats packed --json > stats.json` on a full disk printed a Python traceback
+    (OSError from click's echo); the README lists a full disk among the problems shown as one
+    `Error:` line with exit 1."""
+    argv = [a.format(packed=demo_dirs["packed"]) for a in args]
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "packtool", *argv], stdout=full, stderr=subprocess.PIPE, text=True,
+                           timeout=120)
+    assert (r.returncode, r.stderr) == (1, "Error: cannot write to standard output: No space left on device; the "
+                                           "output was not (wholly) printed: free space where stdout goes, or send it "
+                                           "elsewhere, and run the command again\n")
