@@ -110,6 +110,8 @@ def run() -> None:
     arrow_without_pandas()  # the command never needs pandas: about a fifth of a short command's time
     code = main()
     for stream in (sys.stdout, sys.stderr):  # what the command printed, before a Ctrl-C could cut it off
+        if stream is None:  # started with the descriptor closed (`>&-`): Python has no stream to flush
+            continue
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: as before, the exit reports it
             stream.flush()
     hold()

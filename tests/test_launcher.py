@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -197,3 +198,15 @@ def test_tokenize_starts_its_workers_forkserver_before_the_command_line_loads(wo
     manifest = json.loads((out / ".packtool" / "manifest.json").read_text())
     assert result["samples"] == manifest["counts"]["samples"] > 0
     assert result["tasks"] == manifest["counts"]["tasks"] > 1  # several tasks: the pool ran them
+
+
+@pytest.mark.parametrize("closed", ["stdout", "stderr"])
+def test_a_command_started_with_a_closed_stream_exits_without_a_traceback(closed):
+    """Started with stdout closed (`packtool --version >&-`, a daemon's or cron's closed descriptor)
+    Python has no ``sys.stdout``; the launcher's last flush called ``None.flush()`` and ended the
+    command with an AttributeError traceback and exit 1."""
+    fd = 1 if closed == "stdout" else 2
+    r = subprocess.run([sys.executable, "-m", "packtool", "--version"], capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: os.close(fd))
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
