@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from .errors import ConfigError, InputError
 from .pipeline import lower_bound
-from .shards import errors_path, read_manifest, read_shard
+from .shards import RUN_STATE, STATE_DIR, errors_path, read_manifest, read_shard
 from .storage import fetch_output, source_dir, source_name
 
 __all__ = [
@@ -291,6 +291,21 @@ def _load_packed(data: StatsData, path: Path, manifest: dict) -> None:
     data.pack_errors = _read_errors(path)
 
 
+def _packed_other_shards(packed_path: Path, tok_manifest: dict) -> bool:
+    """Whether the tokenized directory of ``tok_manifest`` holds other shards than the packed run at
+    ``packed_path`` packed: tokenized again since with the same settings (an input file changed),
+    which the config digest cannot tell. The run state records the sha256 of every tokenized shard
+    it packed (``inputs``); where it is not there to read (a copy without it), nothing is said."""
+    try:
+        packed_inputs = json.loads((Path(packed_path) / STATE_DIR / RUN_STATE).read_text()).get("inputs")
+    except (OSError, ValueError, AttributeError):
+        return False
+    if not isinstance(packed_inputs, dict):
+        return False
+    shards = tok_manifest.get("shards") or []
+    return packed_inputs != {e.get("file"): e.get("sha256") for e in shards if isinstance(e, dict)}
+
+
 def load_stats_data(path: str | Path, packed: str | Path | None = None) -> StatsData:
     """Read the arrays for statistics.
 
@@ -323,6 +338,12 @@ def load_stats_data(path: str | Path, packed: str | Path | None = None) -> Stats
                 f"{shown_packed!r} was packed from a tokenized run with config digest {want}, but {shown!r} "
                 f"has {tok_manifest.get('config_digest')}; pass the tokenized directory it was made from"
             )
+        if _packed_other_shards(packed_path, tok_manifest):
+            raise InputError(
+                f"{shown_packed!r} was packed from other tokenized shards than {shown!r} holds now (it was tokenized "
+                "again since, with the same settings: its inputs changed); pass the tokenized directory it was made "
+                f"from, or pack {shown!r} again"
+            )
     elif first.get("kind") == "packed":
         packed_path, packed_manifest = path, first
         tok_path = source_dir(path, first)
@@ -335,6 +356,9 @@ def load_stats_data(path: str | Path, packed: str | Path | None = None) -> Stats
             elif want and want != tok_manifest.get("config_digest"):
                 changed = (f"was tokenized again since (config digest {tok_manifest.get('config_digest')}; "
                            f"these packs were made from {want})")
+            elif _packed_other_shards(path, tok_manifest):
+                changed = ("was tokenized again since, with the same settings (its shards are not the ones these "
+                           "packs were made from)")
             if changed:
                 tok_path, tok_manifest = None, None
     else:

@@ -296,6 +296,38 @@ def test_packed_dir_whose_tokenized_dir_was_tokenized_again_says_so(messy, tmp_p
     assert s["tokenized"] is None and s["reconcile"] is None and s["samples"] == compute_stats(messy["packed"])["samples"]
 
 
+def test_a_tokenized_dir_made_again_with_the_same_settings_is_not_taken_for_the_packed_ones(tmp_path):
+    """Tokenized again in place with the same flags after its input changed, the directory kept its
+    config digest, so stats paired the old packs with the new samples: `stats PACKED` (no gate)
+    failed with "rows do not reconcile: ... 1 missing", and a gate counted the new run's rejections."""
+    src = tmp_path / "in.jsonl"
+
+    def write(n: int) -> None:
+        src.write_text("".join(json.dumps({"id": f"t{i}", "conversations": [
+            {"from": "human", "value": "hello " * (i + 1)}, {"from": "gpt", "value": "ok"}]}) + "\n" for i in range(n)))
+
+    tok, packed = tmp_path / "tok", tmp_path / "packed"
+    write(4)
+    assert run("tokenize", str(src), "-o", str(tok), "-q", "--workers", "1").returncode == 0
+    r = run("pack", str(tok), "-o", str(packed), "--max-tokens", "512", "-q", "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    assert run("stats", str(packed)).returncode == 0
+    write(5)  # one record more, the same flags, into the same -o
+    r = run("tokenize", str(src), "-o", str(tok), "-q", "--workers", "1", "--overwrite")
+    assert r.returncode == 0, r.stderr
+    r = run("stats", str(packed))
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert r.stdout.splitlines()[-1] == (
+        f"note: the tokenized directory {str(tok)!r} was tokenized again since, with the same settings (its shards "
+        "are not the ones these packs were made from): no input order, sources, branches or reconciliation; to have "
+        "them, pass the tokenized directory it was packed from first: packtool stats TOKENIZED PACKED")
+    r = run("stats", str(tok), str(packed))
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"Error: {str(packed)!r} was packed from other tokenized shards than {str(tok)!r} holds now "
+                        "(it was tokenized again since, with the same settings: its inputs changed); pass the "
+                        f"tokenized directory it was made from, or pack {str(tok)!r} again\n")
+
+
 def test_rejected_gate_without_the_tokenized_dir_refuses_rather_than_count_pack_drops_alone(messy, tmp_path):
     # it measured pack drops over packed + dropped samples (the rows tokenize rejected unknown),
     # a lower share than the pair's, and passed a run the pair fails
