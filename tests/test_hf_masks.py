@@ -116,3 +116,25 @@ def test_block_mask_pickles_for_dataloader_workers():
     zero = torch.tensor(0)
     assert torch.equal(back.mask_mod(zero, zero, q, k), bm.mask_mod(zero, zero, q, k))
     assert torch.equal(back.kv_num_blocks, bm.kv_num_blocks)
+
+
+def test_a_block_mask_moved_to_another_device_takes_its_mask_mod_along():
+    """A BlockMask is made on the CPU in DataLoader workers and moved by the trainer: ``.to(device)``
+    must move the id tensors its mask_mod reads too (torch's BlockMask.to moves only the block
+    indices; the kernel on the GPU would then index CPU tensors)."""
+    import pickle
+
+    from torch.nn.attention.flex_attention import BlockMask
+
+    sub = np.repeat(np.arange(3) * 100000 + 10000, 100)[None]
+    media = [[{"token_offset": 10, "n_tokens": 20, "sample_index": 0}]]
+    bm = block_mask(sub, media=media, vision="media", block_size=32)
+    moved = bm.to("meta")
+    assert isinstance(moved, BlockMask) and moved.kv_indices.device.type == "meta"
+    mod = moved.mask_mod
+    assert {t.device.type for t in (mod.sub, mod.sample, mod.groups)} == {"meta"}
+    back = pickle.loads(pickle.dumps(bm)).to("cpu")  # from a worker, then to the trainer's device
+    q, k = torch.arange(300)[:, None], torch.arange(300)[None, :]
+    zero = torch.tensor(0)
+    assert torch.equal(back.mask_mod(zero, zero, q, k), bm.mask_mod(zero, zero, q, k))
+    assert torch.equal(back.to_dense(), bm.to_dense())

@@ -259,7 +259,6 @@ def block_mask(subsegment_ids: np.ndarray, *, media: Sequence[Sequence[dict]] | 
         ((1, 1, 256, 256), [[1, 0], [1, 1]])
     """
     import torch
-    from torch.nn.attention.flex_attention import BlockMask
 
     sub_np = np.asarray(subsegment_ids, dtype=np.int64)
     b, length = sub_np.shape
@@ -294,7 +293,7 @@ def block_mask(subsegment_ids: np.ndarray, *, media: Sequence[Sequence[dict]] | 
     def t(a):
         return torch.as_tensor(a, device=device)
 
-    return BlockMask.from_kv_blocks(t(kv_num), t(kv_idx), t(full_num), t(full_idx), BLOCK_SIZE=block_size,
+    return _block_mask_class().from_kv_blocks(t(kv_num), t(kv_idx), t(full_num), t(full_idx), BLOCK_SIZE=block_size,
                                     mask_mod=SubsegmentMaskMod(sub, sample, groups), seq_lengths=(length, length))
 
 
@@ -308,6 +307,11 @@ class SubsegmentMaskMod:
     def __init__(self, sub, sample, groups=None) -> None:
         self.sub, self.sample, self.groups = sub, sample, groups
 
+    def to(self, device) -> SubsegmentMaskMod:
+        """The same rule reading its id tensors on ``device``."""
+        return SubsegmentMaskMod(self.sub.to(device), self.sample.to(device),
+                                 None if self.groups is None else self.groups.to(device))
+
     def __call__(self, bi, h, q, k):
         same = self.sample[bi, q] == self.sample[bi, k]
         allowed = (k <= q) & (self.sub[bi, q] <= self.sub[bi, k]) & same
@@ -315,6 +319,38 @@ class SubsegmentMaskMod:
             g = self.groups
             allowed = allowed | (same & (g[bi, q] >= 0) & (g[bi, q] == g[bi, k]))
         return allowed
+
+
+_BLOCK_MASK_CLASS = None
+
+
+def _block_mask_class():
+    """``PackedBlockMask``: a flex-attention ``BlockMask`` whose ``.to(device)`` also moves the id
+    tensors its ``mask_mod`` reads. ``BlockMask.to`` moves only the block indices, so a mask built on
+    the CPU (in a DataLoader worker, where CUDA cannot be used) and moved to the GPU by the trainer
+    (``batch["attention_mask"].to("cuda")``, or accelerate's ``send_to_device``) would hand the
+    kernel a ``mask_mod`` indexing CPU tensors."""
+    global _BLOCK_MASK_CLASS
+    if _BLOCK_MASK_CLASS is None:
+        from torch.nn.attention.flex_attention import BlockMask
+
+        class PackedBlockMask(BlockMask):
+            def to(self, device):
+                moved = super().to(device)
+                moved.__class__ = PackedBlockMask
+                if isinstance(moved.mask_mod, SubsegmentMaskMod):
+                    moved.mask_mod = moved.mask_mod.to(device)
+                return moved
+
+        PackedBlockMask.__module__, PackedBlockMask.__qualname__ = __name__, "PackedBlockMask"
+        globals()["PackedBlockMask"] = _BLOCK_MASK_CLASS = PackedBlockMask
+    return _BLOCK_MASK_CLASS
+
+
+def __getattr__(name: str):
+    if name == "PackedBlockMask":  # made on first use: importing this module does not import torch
+        return _block_mask_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _classify_blocks(sample: np.ndarray, sub: np.ndarray, groups: np.ndarray, bs: int) -> np.ndarray:
