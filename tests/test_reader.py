@@ -1141,6 +1141,19 @@ def test_video_frames_embedded_and_by_reference(tmp_path):
         decode_video({**item, "frames": [jpeg(c) for c in want[:2]]})
 
 
+@pytest.mark.parametrize("damage, says", [
+    (lambda b: b[: len(b) // 2], "embedded frame 1 of 2 does not decode"),
+    (lambda b: b"\x00" * 100, "not an image Pillow can identify"),
+])
+def test_a_damaged_embedded_video_frame_is_an_input_error_naming_the_video(damage, says):
+    """As a damaged embedded image is: one line naming the video, the frame and the fix, not Pillow's error."""
+    buf = io.BytesIO()
+    Image.effect_noise((64, 48), 80).convert("RGB").save(buf, format="JPEG")
+    item = {"kind": "video", "path": "clip.mp4", "timestamps": [0.0, 0.5], "frames": [buf.getvalue(), damage(buf.getvalue())]}
+    with pytest.raises(InputError, match=f"video 'clip.mp4'.*{says}.*re-run packtool pack"):
+        decode_video(item)
+
+
 def test_video_by_reference_gives_the_frames_pack_embeds(tmp_path):
     """Timestamps count from the stream's first frame and a rotated video's frames are turned, as tokenize
     counted and pack embeds them. A clip whose stream starts at 1 s used to give frames 0, 0, 3, 9 by

@@ -979,10 +979,18 @@ def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrame
     stamps = tuple(float(t) for t in (item.get("timestamps") or ()))
     data = item.get("frames")
     if data:
+        from PIL import Image
+
         frames = []
-        for blob in data:
-            with _open_image(io.BytesIO(blob)) as im:
-                frames.append(im.convert("RGB"))
+        for i, blob in enumerate(data):
+            try:
+                with _open_image(io.BytesIO(blob)) as im:
+                    frames.append(im.convert("RGB"))
+            except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+                # as decode_image: which video and frame, and the fix, not Pillow's traceback
+                why = "not an image Pillow can identify" if isinstance(exc, Image.UnidentifiedImageError) else str(exc)[:200]
+                raise InputError(f"video {item.get('path')!r}: embedded frame {i} of {len(data)} does not decode: {why}; "
+                                 "the pack is damaged: copy it again or re-run packtool pack") from None
         if stamps and len(stamps) != len(frames):
             raise InputError(f"video {item.get('path')!r} has {len(frames)} embedded frames but {len(stamps)} timestamps; re-run packtool pack")
         return VideoFrames(tuple(frames), stamps)
