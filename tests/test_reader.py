@@ -1326,3 +1326,33 @@ def test_a_packed_directory_of_schema_version_3_reads_the_same(demo, tmp_path):
     cols = ["pack_index", "input_ids", "position_ids"]
     assert read_expanded(d / first, cols).equals(read_expanded(demo["ref"] / first, cols))
     assert inspect_dir(d, pack=1) == {**inspect_dir(demo["ref"], pack=1), "dir": str(d)}
+
+
+@pytest.fixture
+def bucket(tmp_path, monkeypatch) -> Path:
+    """``s3://b/KEY`` served from ``tmp_path/bucket/b/KEY`` by a local file system (no server), and a
+    fresh reader cache."""
+    import os
+
+    from fsspec.implementations.local import LocalFileSystem
+
+    import packtool.storage as storage
+
+    root = tmp_path / "bucket"
+
+    class Bucket(LocalFileSystem):
+        def _strip_protocol(self, path):
+            path = str(path)
+            return path if path.startswith(str(root)) else f"{root}/{path.lstrip('/')}"
+
+    monkeypatch.setenv("PACKTOOL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(storage._FILESYSTEMS, ("s3", os.getpid()), Bucket())
+    return root
+
+
+def test_a_small_bucket_cache_keeps_the_footer_of_a_shard_it_fetched_whole(bucket):
+    """A small shard comes whole with its footer; recording its groups may pass the cap, and evicting
+    one of them, before the footer's spans were known, removed the whole file (a FileNotFoundError)."""
+    write_packed(bucket / "b" / "p", [60, 50, 70, 30, 5], group_rows=3)
+    rows = [r["pack_index"] for r in PackedDataset("s3://b/p", seed=0, cache_bytes=50_000, prefetch=0)]
+    assert rows == [r["pack_index"] for r in PackedDataset(bucket / "b" / "p", seed=0)]

@@ -238,7 +238,13 @@ class GroupCache:
                 if last:
                     self._lru.pop((name, -1), None)
                     self._footers.pop(name, None)
-            if last or not spans or not _punch_hole(self.dir / f"{name}.parquet", spans[g][0], n):
+            if not last and not spans:
+                # a shard whose footer this process has not parsed yet (it is being recorded right now, or
+                # its groups were listed by another process): the spans are in the local footer; without
+                # them the whole file, footer and the groups being read, would go
+                with contextlib.suppress(OSError, ValueError):
+                    spans = _spans(self.dir / f"{name}.parquet")
+            if last or g >= len(spans) or not _punch_hole(self.dir / f"{name}.parquet", spans[g][0], n):
                 with self._lock:  # no hole to punch: the whole file goes
                     for k in [k for k in self._lru if k[0] == name]:
                         self._lru.pop(k)
