@@ -1328,6 +1328,7 @@ def test_a_packed_directory_of_schema_version_3_reads_the_same(demo, tmp_path):
     assert inspect_dir(d, pack=1) == {**inspect_dir(demo["ref"], pack=1), "dir": str(d)}
 
 
+
 @pytest.fixture
 def bucket(tmp_path, monkeypatch) -> Path:
     """``s3://b/KEY`` served from ``tmp_path/bucket/b/KEY`` by a local file system (no server), and a
@@ -1356,3 +1357,16 @@ def test_a_small_bucket_cache_keeps_the_footer_of_a_shard_it_fetched_whole(bucke
     write_packed(bucket / "b" / "p", [60, 50, 70, 30, 5], group_rows=3)
     rows = [r["pack_index"] for r in PackedDataset("s3://b/p", seed=0, cache_bytes=50_000, prefetch=0)]
     assert rows == [r["pack_index"] for r in PackedDataset(bucket / "b" / "p", seed=0)]
+
+
+def test_readers_sharing_the_bucket_cache_do_not_evict_what_another_reads(bucket):
+    """Ranks and DataLoader workers on one machine share the cache directory, each within its own
+    cap: one's eviction (a punched group, a removed file) must cost the other a fetch, not a read
+    of a group that is gone (it was an InputError calling the shard corrupt)."""
+    write_packed(bucket / "b" / "p", [60, 50, 70, 30, 5], group_rows=3)
+    local = bucket / "b" / "p"
+    for world, cap in ((4, 26_000), (3, 100_000), (6, 50_000)):
+        streams = [iter(PackedDataset("s3://b/p", rank=r, world_size=world, seed=cap, cache_bytes=cap)) for r in range(world)]
+        got = [[next(s)["pack_index"] for s in streams] for _ in range(len(PackedDataset(local, world_size=world)))]
+        want = [[r["pack_index"] for r in PackedDataset(local, rank=k, world_size=world, seed=cap)] for k in range(world)]
+        assert got == [list(step) for step in zip(*want, strict=True)]

@@ -608,7 +608,22 @@ class PackedDataset:
     def _read_group(self, shard: int, group: int):
         if self.url is None:
             return self._open(shard).read_row_group(group)
-        pf = pq.ParquetFile(self._group_cache().path(*self._remote(shard), group), page_checksum_verification=True)
+        from .cache import RETRIES
+
+        cache = self._group_cache()
+        for attempt in range(RETRIES + 1):
+            try:
+                return self._read_cached_group(cache, shard, group)
+            except (OSError, ValueError):
+                # other processes on this machine (ranks, DataLoader workers) share the cache directory and
+                # evict within their own caps: a group may go between its fetch and this read. Fetch it
+                # again; failing every time, it is the shard's own fault (reported as corrupt by the caller)
+                if attempt == RETRIES:
+                    raise
+                cache.forget(self._remote(shard)[2])
+
+    def _read_cached_group(self, cache, shard: int, group: int):
+        pf = pq.ParquetFile(cache.path(*self._remote(shard), group), page_checksum_verification=True)
         if pf.metadata.num_rows != int(self._shards[shard]["rows"]):
             raise InputError(f"shard {self._file(shard)!r} holds {pf.metadata.num_rows} rows but {MANIFEST} says "
                              f"{self._shards[shard]['rows']}; re-run packtool pack")

@@ -22,6 +22,10 @@ __all__ = ["GroupCache", "Prefetcher", "COALESCE_BYTES"]
 #: file, up to this many bytes in one GET. Capped at a quarter of the cache, so what is fetched
 #: ahead of its turn cannot push out the groups being read.
 COALESCE_BYTES = 8 << 20
+#: Reads of a cached shard that failed and are fetched again before the error is reported: every
+#: process on the machine (ranks, DataLoader workers) shares the cache directory and evicts within
+#: its own cap, so a part may go between its fetch and its read.
+RETRIES = 2
 
 
 class GroupCache:
@@ -113,7 +117,7 @@ class GroupCache:
         """
         while True:
             with self._lock:
-                if (name, key) in self._lru:
+                if (name, key) in self._lru and self._still_present(name, key):
                     self._lru.move_to_end((name, key))
                     return
                 wait = self._inflight.get((name, key))
@@ -141,12 +145,39 @@ class GroupCache:
                     self._inflight.pop((name, k), None)
             event.set()
 
+    def _still_present(self, name: str, key: int) -> bool:
+        """Whether part ``key`` of ``name``, present by this process's records, is still on disk. Every
+        process reading the bucket on this machine (ranks, DataLoader workers) shares the directory
+        and evicts within its own cap: another may have punched the part out or removed the file.
+        When it has, this process forgets what it recorded of ``name`` that is gone (called under
+        the lock), so the part is fetched again."""
+        have = self._read_have(name)
+        if key in have and (self.dir / f"{name}.parquet").exists():
+            return True
+        for k in [k for k in self._lru if k[0] == name and k[1] not in have]:
+            self._lru.pop(k)
+        if -1 not in have:
+            self._footers.pop(name, None)
+        return False
+
+    def forget(self, sha256: str) -> None:
+        """Drop what this process recorded of a shard's cached parts (they are fetched again when
+        asked for): a read of them failed, e.g. another process sharing the directory evicted them
+        between the fetch and the read."""
+        name = self._name(sha256)
+        with self._lock:
+            for k in [k for k in self._lru if k[0] == name]:
+                self._lru.pop(k)
+            self._footers.pop(name, None)
+        (self.dir / f"{name}.have").unlink(missing_ok=True)
+
     def footer(self, url: str, size: int, sha256: str) -> tuple[int, list[tuple[int, int]]]:
         """``(footer start, [(start, end) of each row group])`` of a shard, its footer made present."""
         name = self._name(sha256)
         got = self._footers.get(name)
-        if got is not None and (name, -1) in self._lru:
-            return got
+        with self._lock:
+            if got is not None and (name, -1) in self._lru and self._still_present(name, -1):
+                return got
 
         def fetch(_run) -> None:
             tail = self._fetch_footer(url, size)
@@ -202,8 +233,14 @@ class GroupCache:
         """The Parquet footer of a shard (row group sizes), from the cache or one or two ranged GETs."""
         import pyarrow.parquet as pq
 
-        self.footer(url, size, sha256)
-        return pq.ParquetFile(self.dir / f"{self._name(sha256)}.parquet").metadata
+        for attempt in range(RETRIES + 1):
+            try:
+                self.footer(url, size, sha256)
+                return pq.ParquetFile(self.dir / f"{self._name(sha256)}.parquet").metadata
+            except (OSError, ValueError):
+                if attempt == RETRIES:
+                    raise
+                self.forget(sha256)  # evicted by another process sharing the directory since: fetch it again
 
     def fetch_group(self, url: str, size: int, sha256: str, group: int) -> None:
         """Make row group ``group`` of the shard present (one ranged GET when it is not)."""
