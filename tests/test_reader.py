@@ -1370,3 +1370,26 @@ def test_readers_sharing_the_bucket_cache_do_not_evict_what_another_reads(bucket
         got = [[next(s)["pack_index"] for s in streams] for _ in range(len(PackedDataset(local, world_size=world)))]
         want = [[r["pack_index"] for r in PackedDataset(local, rank=k, world_size=world, seed=cap)] for k in range(world)]
         assert got == [list(step) for step in zip(*want, strict=True)]
+
+
+def test_a_group_held_for_reading_is_not_evicted_by_the_same_process(bucket):
+    """The reader holds a row group while it reads it (``GroupCache.held``): fetching other groups
+    meanwhile (the prefetcher's thread; here in line) evicts others, not it. The newest ``keep``
+    groups were the only guard, and a small shard fetched whole records all its groups at once,
+    which could push the group being read out of them and punch it out under the read."""
+    from packtool.reader.cache import GroupCache
+
+    write_packed(bucket / "b" / "p", [12, 12], group_rows=3)
+    shards = json.loads((bucket / "b" / "p" / ".packtool" / "manifest.json").read_text())["shards"]
+    (a, b) = ((f"s3://b/p/{e['file']}", e["bytes"], e["sha256"]) for e in shards)
+    want = pq.ParquetFile(bucket / "b" / "p" / shards[0]["file"]).read_row_group(0)
+    cache = GroupCache(max_bytes=1, keep=1, coalesce_bytes=0)  # every group but the newest is evicted
+    held, newest = (cache._name(a[2]), 0), (cache._name(b[2]), 3)
+    with cache.held(*a, 0) as path:
+        for g in range(4):
+            cache.path(*b, g)
+        assert [k for k in cache._lru if k[1] >= 0] == [held, newest]  # the others went
+        got = pq.ParquetFile(path, page_checksum_verification=True).read_row_group(0)
+    assert got.equals(want)
+    cache.path(*b, 0)  # held no longer: evicted like any other
+    assert [k for k in cache._lru if k[1] >= 0] == [(newest[0], 0)]

@@ -623,11 +623,12 @@ class PackedDataset:
                 cache.forget(self._remote(shard)[2])
 
     def _read_cached_group(self, cache, shard: int, group: int):
-        pf = pq.ParquetFile(cache.path(*self._remote(shard), group), page_checksum_verification=True)
-        if pf.metadata.num_rows != int(self._shards[shard]["rows"]):
-            raise InputError(f"shard {self._file(shard)!r} holds {pf.metadata.num_rows} rows but {MANIFEST} says "
-                             f"{self._shards[shard]['rows']}; re-run packtool pack")
-        return pf.read_row_group(group)
+        with cache.held(*self._remote(shard), group) as path:  # not evicted by this process while read
+            pf = pq.ParquetFile(path, page_checksum_verification=True)
+            if pf.metadata.num_rows != int(self._shards[shard]["rows"]):
+                raise InputError(f"shard {self._file(shard)!r} holds {pf.metadata.num_rows} rows but {MANIFEST} says "
+                                 f"{self._shards[shard]['rows']}; re-run packtool pack")
+            return pf.read_row_group(group)
 
     def _prefetcher(self, epoch: int, local: np.ndarray):
         from .cache import Prefetcher

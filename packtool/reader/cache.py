@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,10 +56,12 @@ class GroupCache:
         self.dir = directory or cache_dir() / "reader"
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        #: groups being read (:meth:`held`), by how many readers: never evicted while held
+        self._pinned: Counter[tuple[str, int]] = Counter()
         self._lru: OrderedDict[tuple[str, int], int] = OrderedDict()  # (name, group or -1 = footer) -> bytes
         self._inflight: dict[tuple[str, int], threading.Event] = {}
         self._footers: dict[str, tuple[int, list[tuple[int, int]]]] = {}  # name -> (footer start, group spans)
-        for have in sorted(self.dir.glob("*.have"), key=lambda f: f.stat().st_mtime):  # a warm cache
+        for have in sorted(self.dir.glob("*.have"), key=_mtime):  # a warm cache
             for key, n in self._read_have(have.stem).items():
                 self._lru[(have.stem, key)] = n
         self._evict()
@@ -262,10 +264,34 @@ class GroupCache:
         self.fetch_group(url, size, sha256, group)
         return self.dir / f"{self._name(sha256)}.parquet"
 
-    def _evict(self) -> None:
+    @contextlib.contextmanager
+    def held(self, url: str, size: int, sha256: str, group: int) -> Iterator[Path]:
+        """:meth:`path`, with row group ``group`` kept present until the block ends: this process
+        evicts it for no other group meanwhile. The newest ``keep`` groups were the only guard, and
+        a small shard fetched whole (footer and every group in one GET, recorded at once) could push
+        the group being read out of them, to be punched out under the read."""
+        name = self._name(sha256)
+        key = (name, group)
         while True:
+            self.fetch_group(url, size, sha256, group)
             with self._lock:
-                groups = [k for k in self._lru if k[1] >= 0]
+                if key in self._lru:  # not evicted since (evicting pops it under this lock first)
+                    self._pinned[key] += 1
+                    break
+        try:
+            yield self.dir / f"{name}.parquet"
+        finally:
+            with self._lock:
+                self._pinned[key] -= 1
+                if not self._pinned[key]:
+                    del self._pinned[key]
+
+    def _evict(self) -> None:
+        # under the lock throughout: a group is taken off the records and punched out in one step, so
+        # no reader finds it recorded (or pins it, :meth:`held`) while its bytes go
+        with self._lock:
+            while True:
+                groups = [k for k in self._lru if k[1] >= 0 and k not in self._pinned]
                 if sum(self._lru.values()) <= self.max_bytes or len(groups) <= self.keep:
                     return
                 name, g = groups[0]  # the least recently used group (footers go with their file)
@@ -275,25 +301,26 @@ class GroupCache:
                 if last:
                     self._lru.pop((name, -1), None)
                     self._footers.pop(name, None)
-            if not last and not spans:
-                # a shard whose footer this process has not parsed yet (it is being recorded right now, or
-                # its groups were listed by another process): the spans are in the local footer; without
-                # them the whole file, footer and the groups being read, would go
-                with contextlib.suppress(OSError, ValueError):
-                    spans = _spans(self.dir / f"{name}.parquet")
-            if last or g >= len(spans) or not _punch_hole(self.dir / f"{name}.parquet", spans[g][0], n):
-                with self._lock:  # no hole to punch: the whole file goes
-                    for k in [k for k in self._lru if k[0] == name]:
+                if not last and not spans:
+                    # a shard whose footer this process has not parsed yet (it is being recorded right now, or
+                    # its groups were listed by another process): the spans are in the local footer; without
+                    # them the whole file, footer and the groups being read, would go
+                    with contextlib.suppress(OSError, ValueError):
+                        spans = _spans(self.dir / f"{name}.parquet")
+                if last or g >= len(spans) or not _punch_hole(self.dir / f"{name}.parquet", spans[g][0], n):
+                    if any(k[0] == name for k in self._pinned):
+                        continue  # no hole to punch, and a group of the file is being read: the file stays
+                    for k in [k for k in self._lru if k[0] == name]:  # no hole to punch: the whole file goes
                         self._lru.pop(k)
                     self._footers.pop(name, None)
-                (self.dir / f"{name}.have").unlink(missing_ok=True)
-                (self.dir / f"{name}.parquet").unlink(missing_ok=True)
-                continue
-            have = self._read_have(name)
-            have.pop(g, None)
-            tmp = self.dir / f".{name}.have.{os.getpid()}.{threading.get_ident()}.tmp"
-            tmp.write_text("".join(f"{k}:{v}\n" for k, v in have.items()))
-            os.replace(tmp, self.dir / f"{name}.have")
+                    (self.dir / f"{name}.have").unlink(missing_ok=True)
+                    (self.dir / f"{name}.parquet").unlink(missing_ok=True)
+                    continue
+                have = self._read_have(name)
+                have.pop(g, None)
+                tmp = self.dir / f".{name}.have.{os.getpid()}.{threading.get_ident()}.tmp"
+                tmp.write_text("".join(f"{k}:{v}\n" for k, v in have.items()))
+                os.replace(tmp, self.dir / f"{name}.have")
 
 
 def _get_range(url: str, lo: int, hi: int) -> bytes:
@@ -324,6 +351,15 @@ def _spans(file: Path) -> list[tuple[int, int]]:
         starts = [c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in chunks]
         spans.append((int(min(starts)), int(max(s + c.total_compressed_size for s, c in zip(starts, chunks, strict=True)))))
     return spans
+
+
+def _mtime(file: Path) -> float:
+    """``file``'s modification time; 0 for one removed since it was listed (another process sharing
+    the directory evicted it: its parts then read as absent)."""
+    try:
+        return file.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _punch_hole(file: Path, offset: int, length: int) -> bool:
