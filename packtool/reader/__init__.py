@@ -173,7 +173,10 @@ class PackedDataset:
             rank/worker split and resume are those of a local directory; each shard's size in the
             bucket is checked against the manifest when first opened and every page's CRC32 as it
             is read (``verify``'s whole-file sha256 applies to local shards). The cap may be passed
-            by the ``prefetch + 2`` newest groups, which are never evicted.
+            by the ``prefetch + 2`` newest groups, which are never evicted. The cap is each
+            process's: the ranks and DataLoader workers of a machine share the cache folder, so
+            it holds up to their number times ``cache_bytes`` (a group one process evicts under
+            another's read is fetched again by that one).
         prefetch: row groups fetched ahead of the reader (bucket URLs).
 
     Attributes:
