@@ -2038,14 +2038,40 @@ def _same_place(a: str | Path, b: str | Path) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
+def _inside(inner: str | Path, outer: str | Path) -> bool:
+    """Whether ``inner`` lies under ``outer`` (not ``outer`` itself), local paths resolved, URLs by
+    the objects they address (:func:`storage.place`).
+
+    Example:
+        >>> _inside("s3://b/tok/packed", "S3A://b/tok/"), _inside("s3://b/tokb", "s3://b/tok"), _inside("t/./a", "t")
+        (True, False, True)
+    """
+    a, b = str(inner), str(outer)
+    if is_url(a) or is_url(b):
+        if not (is_url(a) and is_url(b)):
+            return False
+        (pa_, ba, ka), (pb, bb, kb) = place(a), place(b)
+        ka, kb = ka.strip("/"), kb.strip("/")
+        return (pa_, ba) == (pb, bb) and ka != kb and (not kb or ka.startswith(kb + "/"))
+    return Path(b).resolve() in Path(a).resolve().parents
+
+
 def _not_an_input(out_dir: str | Path, inputs: list) -> None:
-    """Refuse an output directory that is one of the tokenized directories the run reads: its
+    """Refuse an output directory that is one of the tokenized directories the run reads (its
     state logic would take the tokenize run there for an earlier run of its own, and
-    ``--overwrite`` would delete the very shards it is about to pack."""
+    ``--overwrite`` would delete the very shards it is about to pack), lies inside one, or holds
+    one: the tools that read a folder's Parquet files (``pyarrow.dataset``, pandas, duckdb,
+    ``datasets``) would read tokenized and packed shards as one table."""
     for src in inputs:
         if _same_place(out_dir, src):
             raise ConfigError(f"-o {str(out_dir)!r} is the tokenized directory being packed; pack into another "
                               "directory (packed shards never share a directory with their input)")
+        if _inside(out_dir, src) or _inside(src, out_dir):
+            where = ("lies inside the tokenized directory" if _inside(out_dir, src)
+                     else "holds the tokenized directory")
+            raise ConfigError(f"-o {str(out_dir)!r} {where} {str(src)!r} being packed: a tool that reads a folder's "
+                              "Parquet files (pyarrow.dataset, pandas, duckdb, datasets) would read the packed shards "
+                              "with the tokenized ones; pack into a directory beside it")
 
 
 def _layout_record(cfg: PackConfig) -> dict:

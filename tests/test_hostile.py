@@ -881,6 +881,32 @@ def test_packing_into_the_tokenized_directory_is_refused_before_anything_is_remo
     assert code == 0 and json.loads(out)["samples_in"] == 5
 
 
+def test_packing_inside_the_tokenized_directory_or_around_it_is_refused(tmp_path, media, capfd, monkeypatch):
+    """``pack tok -o tok/packed`` succeeded, and every tool that reads a folder's Parquet files
+    (``pyarrow.dataset("tok")``, pandas, duckdb) then read the packed shards as tokenized rows; so
+    did a packed directory holding its input. Refused now, before anything is written; a dry
+    run, which writes nothing, still plans."""
+    monkeypatch.chdir(tmp_path)
+    data = jsonl(tmp_path / "d.jsonl", [rec(f"s{i}") for i in range(5)])
+    for name in ("tok", "out/tokb"):
+        assert cli(capfd, "tokenize", data, "-o", name, "--media-root", media, "-q")[0] == 0
+    before = _digests(tmp_path)
+    cases = {("tok", "-o", "tok/packed"): "lies inside the tokenized directory 'tok'",
+             ("tok/", "-o", "./tok/../tok/a/b"): "lies inside the tokenized directory 'tok'",
+             ("out/tokb", "-o", "out"): "holds the tokenized directory 'out/tokb'",
+             ("tok", "out/tokb", "--rates", "1,1", "-o", "out"): "holds the tokenized directory 'out/tokb'"}
+    for args, where in cases.items():
+        code, out, err = cli(capfd, "pack", *args, "-q")
+        assert code == 1 and out == "", (args, err)
+        assert err == (f"Error: -o {str(Path(args[args.index('-o') + 1]))!r} {where} being packed: a tool that reads a folder's "
+                       "Parquet files (pyarrow.dataset, pandas, duckdb, datasets) would read the packed shards with "
+                       "the tokenized ones; pack into a directory beside it\n"), args
+        assert _digests(tmp_path) == before, args
+    code, out, _ = cli(capfd, "pack", "tok", "-o", "tok/packed", "--dry-run", "--json")  # writes nothing: allowed
+    assert code == 0 and json.loads(out)["samples_in"] == 5
+    assert cli(capfd, "pack", "tok", "-o", "packed", "-q")[0] == 0  # beside it, as before
+
+
 def test_an_output_name_that_is_not_utf8_is_refused_before_anything_is_written(tmp_path, media, capfd):
     """An output directory named with a byte UTF-8 cannot decode (Python holds it as a lone
     surrogate) reached Arrow's file system as a UnicodeEncodeError traceback, after the run's
