@@ -1016,7 +1016,10 @@ def sweep(tokenized: str | Path, base, grid: dict[str, list[int]]) -> list[dict]
         grid: e.g. ``{"buffer_size": [48, 256], "vision_weight": [0, 30], "max_tokens": [8192, 16384]}``.
 
     Returns:
-        one dict per setting: the varied fields plus packs, lower bound, fill and drops.
+        one dict per setting: the varied fields plus packs, lower bound, fill and drops:
+        ``dropped`` (oversize samples dropped) and ``rejected`` (every sample the pack would
+        reject: those drops, ``--oversize truncate`` cuts that keep no target, media changed since
+        tokenize), as ``pack --dry-run`` counts them.
     """
     import dataclasses
     import time
@@ -1045,6 +1048,8 @@ def sweep(tokenized: str | Path, base, grid: dict[str, list[int]]) -> list[dict]
             "vision_fill_mean": vf.get("mean"),
             "samples_per_pack_mean": (s["samples_per_pack"] or {}).get("mean"),
             "dropped": s["dropped"],
+            # what a pack of these settings would lose: oversize drops, but also truncate's no_loss cuts
+            "rejected": sum(s["rejected"]["pack"].values()),
             "plan_seconds": round(seconds, 3),
         })
     return out

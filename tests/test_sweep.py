@@ -50,7 +50,7 @@ def test_sweep_table(demo_dirs):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["max-tokens", "buffer-size", "vision-weight", "max-vision-units", "packs", "bound",
-                                "vs", "bound", "fill", "fill", "p5", "vision", "fill", "per", "pack", "dropped"]
+                                "vs", "bound", "fill", "fill", "p5", "vision", "fill", "per", "pack", "dropped", "rejected"]
     assert len(lines) == 3 and lines[1].split()[:3] == ["8,192", "8", "0"]
 
 
@@ -105,3 +105,28 @@ def test_pack_dry_run_prints_the_stats_of_the_plan(demo_dirs, tmp_path):
     for key in ("packs", "token_fill", "vision_fill", "samples_per_pack", "padding"):
         assert out["stats"][key] == s[key], key
     assert not any(tmp_path.iterdir())
+
+
+def test_sweep_counts_the_samples_truncate_rejects_as_the_pack_does(tmp_path):
+    """--oversize truncate rejects a sample whose cut keeps no target (no_loss): sweep showed
+    dropped 0 for a setting whose pack loses half the samples. Its rejected column counts them,
+    as pack --dry-run, the written pack and stats of it do."""
+    rows = [{"id": f"t{i}", "conversations": [{"from": "human", "value": "word " * 80 if i % 2 == 0 else "hi"},
+                                              {"from": "gpt", "value": "ok." if i % 2 == 0 else "answer " * 80}]}
+            for i in range(6)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tok, out = tmp_path / "tok", tmp_path / "packed"
+    assert run("tokenize", str(tmp_path / "t.jsonl"), "-o", str(tok), "-q").returncode == 0
+    flags = ("--max-tokens", "64", "--oversize", "truncate")
+    r = run("sweep", str(tok), *flags, "--json")
+    assert r.returncode == 0, r.stderr
+    (row,) = json.loads(r.stdout)
+    assert (row["packs"], row["dropped"], row["rejected"]) == (3, 0, 3)
+    dry = json.loads(run("pack", str(tok), "--dry-run", *flags, "-q", "--json").stdout)
+    assert (dry["rejected"], dry["rejected_by_reason"]) == (3, {"no_loss": 3})
+    assert run("pack", str(tok), "-o", str(out), *flags, "-q").returncode == 0
+    s = json.loads(run("stats", str(out), "--json").stdout)
+    assert (s["packs"], sum(s["rejected"]["pack"].values())) == (row["packs"], row["rejected"])
+    assert s["samples"] + row["rejected"] == len(rows)
+    table = run("sweep", str(tok), *flags).stdout.splitlines()
+    assert table[0].split()[-2:] == ["dropped", "rejected"] and table[1].split()[-2:] == ["0", "3"]
