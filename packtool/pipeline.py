@@ -2470,6 +2470,13 @@ def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShard
             media = _media_leaves(pf)
             has_media[at] = _has_media(media)[local[at]]
             problems = _media_problems(media, as_root(task.sources[s].media_root), task.sources[s].check_mtime)
+            if cfg.oversize == "truncate":
+                # as one directory's pack does: a cut that keeps no target is no_loss, not a pack of 0/0 loss;
+                # the shard's rows this task does not take are no candidates (their row groups stay unread)
+                in_task = np.zeros(pf.metadata.num_rows, np.int64)
+                in_task[local[at]] = lengths["n_tokens"].to_numpy()[local[at]]
+                problems.update(_cut_to_nothing(pf, in_task, lengths["n_vision_units"].to_numpy(), _has_media(media),
+                                                problems, cfg.max_tokens, task.max_units))
         except (pa.ArrowException, KeyError) as exc:
             raise shard_error(shards.file(s, k), exc) from None
         if problems:

@@ -828,3 +828,33 @@ def test_inspect_of_an_id_two_sources_share_lists_both_and_source_picks_one(tmp_
     r = run("inspect", str(out), "--source", "tok_a")
     assert r.returncode == 2 and r.stderr.endswith("Error: --source picks among the samples of one name: give --sample "
                                                    "ID with it\n")
+
+
+def test_truncate_rejects_a_cut_that_keeps_no_target_in_a_mixture_too(tmp_path):
+    """--oversize truncate leaves out (no_loss) a text sample whose cut keeps no target, so no pack
+    trains on 0/0. A mixture packed such samples all the same: at rate 2 six samples, each cut to a
+    pack of its own without a target, where one directory packed alone rejects them; the dry run,
+    the manifest and stats all counted them as packed."""
+    rows = [{"id": f"t{i}", "conversations": [{"from": "human", "value": "word " * 80 if i % 2 == 0 else "hi"},
+                                              {"from": "gpt", "value": "ok." if i % 2 == 0 else "answer " * 80}]}
+            for i in range(6)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tok = tmp_path / "tok"
+    assert run("tokenize", str(tmp_path / "t.jsonl"), "-o", str(tok), "-q").returncode == 0
+    flags = ("--max-tokens", "64", "--oversize", "truncate", "-q", "--json")
+    alone = json.loads(run("pack", str(tok), "--dry-run", *flags).stdout)
+    assert (alone["samples_packed"], alone["rejected_by_reason"]) == (3, {"no_loss": 3})
+    dry = json.loads(run("pack", str(tok), "--rates", "2", "--dry-run", *flags).stdout)
+    r = run("pack", str(tok), "--rates", "2", "-o", str(tmp_path / "mix"), *flags)
+    assert r.returncode == 0, r.stderr
+    for counts in (dry, json.loads(r.stdout)):
+        assert (counts["samples_packed"], counts["truncated"], counts["rejected_by_reason"]) == (6, 6, {"no_loss": 6})
+        assert counts["mixture"]["sources"][0]["realised"]["samples"] == 6
+    errors = [json.loads(x) for x in (tmp_path / "mix" / ".packtool" / "errors.jsonl").read_text().splitlines()]
+    assert sorted((e["sample_id"], e["reason"]) for e in errors) == sorted(
+        (f"t{i}{c}", "no_loss") for i in (0, 2, 4) for c in ("", "#c1"))
+    targets = [t for f in sorted((tmp_path / "mix").glob("*.parquet"))
+               for t in read_expanded(f, ["target_ids"]).column("target_ids").to_pylist()]
+    assert len(targets) == 6 and all(any(x != -100 for x in t) for t in targets)
+    s = json.loads(run("stats", str(tmp_path / "mix"), "--json").stdout)
+    assert (s["samples"], s["rejected"]["pack"]) == (6, {"no_loss": 6})
