@@ -969,7 +969,12 @@ def render_stats(s: dict) -> str:
     rej = s["rejected"]
     of = f" of {s['rows_in']:,} rows in" if s.get("rows_in") is not None else ""
     if s.get("mixture") and s.get("rows_in") is not None and rej["total"]:  # each source once; a rate repeats its rows
-        of += " (the sources' rows, each once; --fail-above-rejected weighs each source by its rate)"
+        # tokenize rejects rows (each source once), pack the mixture's selected samples (copies
+        # included): one total "of" the rows read "28 of 22 rows in" for a source at rate 2
+        selected = sum(x["requested"]["samples"] for x in s["mixture"]["sources"])
+        of = (f": {sum(rej['tokenize'].values()):,} of {s['rows_in']:,} rows in by tokenize (the sources' rows, each "
+              f"once), {sum(rej['pack'].values()):,} of {selected:,} selected samples by pack; --fail-above-rejected "
+              "weighs each source by its rate")
     rows.append(("rejected", f"{rej['total']:,}{of}"))
     for stage in ("tokenize", "pack"):
         for reason, n in rej[stage].items():

@@ -367,7 +367,9 @@ def test_rejected_gate_of_a_mixture_counts_the_rows_its_sources_rejected(messy, 
     assert (s["rows_in"], s["rejected"]["tokenize"]) == (20, by_reason) and sum(by_reason.values()) == 2
     assert s["rejected"]["total"] == 2 + sum(s["rejected"]["pack"].values())
     shown = run("stats", str(mixed)).stdout
-    assert f"rejected                     {s['rejected']['total']} of 20 rows in (the sources' rows" in shown
+    n_pack = sum(s["rejected"]["pack"].values())
+    assert (f"rejected                     {s['rejected']['total']}: 2 of 20 rows in by tokenize (the sources' rows, "
+            f"each once), {n_pack} of 18 selected samples by pack;") in shown
     r = run("stats", str(mixed), "--fail-above-rejected", limit)
     assert (r.returncode, r.stderr) == (1, f"Error: rejected_fraction {share:.4g} is above --fail-above-rejected "
                                            f"{float(limit):.4g}\n")
@@ -388,6 +390,25 @@ def test_rejected_gate_of_a_mixture_counts_the_rows_its_sources_rejected(messy, 
                         f"manifest of {str(mixed)!r} does not record (a mixture packed by an earlier packtool); pack it "
                         "again, or gate each source: packtool stats TOKENIZED --fail-above-rejected ...\n")
     validate(compute_stats(mixed))
+
+
+def test_a_mixtures_rejected_line_counts_pack_drops_of_the_selected_samples_not_of_the_rows(messy, tmp_path):
+    """At rate 3 every dropped sample is dropped three times: the line said "rejected 8 of 20 rows in"
+    (pack drops of copies over the sources' rows, each once: 40%, where the gate counts 20%; at a
+    higher rate more rows than were read). Each stage's count is now shown against what it counted."""
+    mixed = tmp_path / "mixed3"
+    r = run("pack", str(messy["tokenized"]), "--rates", "3", "-o", str(mixed), "--max-tokens", "2048",
+            "--buffer-size", "8", "--quiet")
+    assert r.returncode == 0, r.stderr
+    s = compute_stats(mixed)
+    dropped = compute_stats(messy["tokenized"], messy["packed"])["dropped"]
+    assert dropped and s["dropped"] == 3 * dropped and s["rejected"]["total"] == 2 + 3 * dropped
+    shown = run("stats", str(mixed)).stdout
+    assert (f"rejected                     {2 + 3 * dropped}: 2 of 20 rows in by tokenize (the sources' rows, each "
+            f"once), {3 * dropped} of 54 selected samples by pack;") in shown
+    share = round(2 / 20 + 3 * dropped / 54 * (18 / 20), 4)  # the gate's share: as packed alone
+    assert run("stats", str(mixed), "--fail-above-rejected", f"{share:.4f}").returncode == 0
+    assert run("stats", str(mixed), "--fail-above-rejected", f"{share - 0.001:.4f}").returncode == 1
 
 
 def test_dry_run_plan_stats_equal_the_written_packs(messy):
