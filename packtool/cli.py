@@ -108,14 +108,22 @@ def _number(lo: float, hi: float | None = None):
             return None
         if not math.isfinite(value):  # nan, or inf: a limit JSON cannot write (--json would print Infinity)
             raise typer.BadParameter(f"{value} is not a number; give one from {lo:g}" + (f" to {hi:g}" if hi is not None else " up"))
-        # worded as typer words an integer option's bounds
-        if value < lo:
-            raise typer.BadParameter(f"Input should be greater than or equal to {lo:g}")
-        if hi is not None and value > hi:
-            raise typer.BadParameter(f"Input should be less than or equal to {hi:g}")
+        _check_bounds(value, lo, hi)
         return value
 
     return check
+
+
+def _check_bounds(value: float, lo: float, hi: float | None, which: str = "Input") -> None:
+    """A usage error for ``value`` outside ``lo..hi`` (``hi`` None: no upper bound), worded as typer
+    words an integer option's bounds."""
+    def shown(x: float) -> str:
+        return f"{x:g}" if isinstance(x, float) else str(x)
+
+    if value < lo:
+        raise typer.BadParameter(f"{which} should be greater than or equal to {shown(lo)}")
+    if hi is not None and value > hi:
+        raise typer.BadParameter(f"{which} should be less than or equal to {shown(hi)}")
 
 
 # Counts end up in int32 columns (config.INT32_MAX); the processor settings have the bounds of vision.SETTING_LIMITS.
@@ -549,13 +557,8 @@ def _int_list(lo: int, hi: int | None, example: str):
             values = [int(v) for v in items]
         except ValueError:
             raise typer.BadParameter(f"{text!r}: give comma-separated integers, e.g. {example}") from None
-        for v in values:
-            # worded as typer words the same value given to pack
-            which = "Input" if len(values) == 1 else f"{v} in {text!r}"
-            if v < lo:
-                raise typer.BadParameter(f"{which} should be greater than or equal to {lo}")
-            if hi is not None and v > hi:
-                raise typer.BadParameter(f"{which} should be less than or equal to {hi}")
+        for v in values:  # worded as typer words the same value given to pack
+            _check_bounds(v, lo, hi, "Input" if len(values) == 1 else f"{v} in {text!r}")
         return values
 
     return parse
