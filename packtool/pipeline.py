@@ -2066,9 +2066,9 @@ def _not_an_input(out_dir: str | Path, inputs: list) -> None:
         if _same_place(out_dir, src):
             raise ConfigError(f"-o {str(out_dir)!r} is the tokenized directory being packed; pack into another "
                               "directory (packed shards never share a directory with their input)")
-        if _inside(out_dir, src) or _inside(src, out_dir):
-            where = ("lies inside the tokenized directory" if _inside(out_dir, src)
-                     else "holds the tokenized directory")
+        inside = _inside(out_dir, src)
+        if inside or _inside(src, out_dir):
+            where = "lies inside the tokenized directory" if inside else "holds the tokenized directory"
             raise ConfigError(f"-o {str(out_dir)!r} {where} {str(src)!r} being packed: a tool that reads a folder's "
                               "Parquet files (pyarrow.dataset, pandas, duckdb, datasets) would read the packed shards "
                               "with the tokenized ones; pack into a directory beside it")

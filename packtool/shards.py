@@ -1196,8 +1196,6 @@ def _readable_manifest(out_dir: Path, file: Path) -> bool:
     return True
 
 
-
-
 def _damaged_shards(out_dir: Path, manifest: dict) -> list[tuple[str, str]]:
     """The shards ``manifest`` lists that are not in ``out_dir`` as listed: ``(name, what)``,
     ``what`` being ``"missing"`` or ``"N bytes, listed M"``.
