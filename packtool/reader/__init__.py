@@ -611,19 +611,9 @@ class PackedDataset:
     def _read_group(self, shard: int, group: int):
         if self.url is None:
             return self._open(shard).read_row_group(group)
-        from .cache import RETRIES
-
         cache = self._group_cache()
-        for attempt in range(RETRIES + 1):
-            try:
-                return self._read_cached_group(cache, shard, group)
-            except (OSError, ValueError):
-                # other processes on this machine (ranks, DataLoader workers) share the cache directory and
-                # evict within their own caps: a group may go between its fetch and this read. Fetch it
-                # again; failing every time, it is the shard's own fault (reported as corrupt by the caller)
-                if attempt == RETRIES:
-                    raise
-                cache.forget(self._remote(shard)[2])
+        # failing every time, it is the shard's own fault (reported as corrupt by the caller)
+        return cache.refetching(self._remote(shard)[2], lambda: self._read_cached_group(cache, shard, group))
 
     def _read_cached_group(self, cache, shard: int, group: int):
         with cache.held(*self._remote(shard), group) as path:  # not evicted by this process while read

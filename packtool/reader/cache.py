@@ -235,14 +235,24 @@ class GroupCache:
         """The Parquet footer of a shard (row group sizes), from the cache or one or two ranged GETs."""
         import pyarrow.parquet as pq
 
+        def read():
+            self.footer(url, size, sha256)
+            return pq.ParquetFile(self.dir / f"{self._name(sha256)}.parquet").metadata
+
+        return self.refetching(sha256, read)
+
+    def refetching(self, sha256: str, read):
+        """``read()`` of a cached shard's parts, fetched again (:meth:`forget`) and read again up to
+        :data:`RETRIES` times when it fails: other processes on this machine (ranks, DataLoader
+        workers) share the directory and evict within their own caps, so a part may go between its
+        fetch and its read. Failing every time, the error is the shard's own."""
         for attempt in range(RETRIES + 1):
             try:
-                self.footer(url, size, sha256)
-                return pq.ParquetFile(self.dir / f"{self._name(sha256)}.parquet").metadata
+                return read()
             except (OSError, ValueError):
                 if attempt == RETRIES:
                     raise
-                self.forget(sha256)  # evicted by another process sharing the directory since: fetch it again
+                self.forget(sha256)
 
     def fetch_group(self, url: str, size: int, sha256: str, group: int) -> None:
         """Make row group ``group`` of the shard present (one ranged GET when it is not)."""
