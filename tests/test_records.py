@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from packtool.records import Message, Part
+from packtool.records import MediaRef, Message, Part
 
 
 @pytest.mark.parametrize("made, built", [
@@ -16,6 +16,7 @@ from packtool.records import Message, Part
     (Message.plain("user", (Part.media("image", 0), Part.of_text("Hi"))),
      Message("user", (Part("image", "", 0), Part("text", "Hi")))),
     (Message.plain("assistant", ()), Message("assistant", ())),
+    (MediaRef.of_path("image", "coco/1.jpg"), MediaRef("image", "coco/1.jpg")),
 ])
 def test_fast_builders_equal_the_constructors(made, built):
     assert type(made) is type(built)
@@ -30,3 +31,4 @@ def test_fast_builders_equal_the_constructors(made, built):
 def test_a_different_field_is_a_different_object():
     assert Part.of_text("a") != Part.of_text("b") and Part.media("image", 0) != Part.media("image", 1)
     assert Message.plain("user", ()) != Message("user", (), reasoning="")
+    assert MediaRef.of_path("image", "a.jpg") != MediaRef("video", "a.jpg")

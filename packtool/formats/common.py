@@ -98,7 +98,7 @@ def media_ref(kind: str, entry) -> MediaRef:
         # a bucket URL (s3://, gs://) is a path: a bucket --media-root takes it when it lies under the root
         if entry.startswith("file://"):
             entry = _file_uri_path(entry, kind)
-        return MediaRef(kind, entry, None)
+        return MediaRef.of_path(kind, entry)
     if isinstance(entry, dict):
         data = entry.get("bytes")
         path = entry.get("path")
@@ -175,6 +175,8 @@ def printable(text: str) -> str:
 
 
 def _check_path(path: str, kind: str) -> None:
+    if path.isascii() and "\x00" not in path:  # nothing to check (and no message to format)
+        return
     if "\x00" in path:
         raise SampleError("bad_record", f"{kind} path {path[:80]!r} holds a NUL byte, which no file name can")
     check_text(path, f"{kind} path {path[:80]!r}")
@@ -192,7 +194,9 @@ def check_sample(sample: Sample) -> Sample:
     Raises:
         SampleError: ``bad_encoding`` or ``bad_record``.
     """
-    check_text(sample.sample_id, f"sample id {sample.sample_id[:80]!r}")
+    sid = sample.sample_id
+    if not (type(sid) is str and sid.isascii()):
+        check_text(sid, f"sample id {sid[:80]!r}")
     for ref in sample.media:
         if ref.path is not None:
             if not isinstance(ref.path, str):
