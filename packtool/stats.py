@@ -975,6 +975,13 @@ def render_stats(s: dict) -> str:
         of = (f": {sum(rej['tokenize'].values()):,} of {s['rows_in']:,} rows in by tokenize (the sources' rows, each "
               f"once), {sum(rej['pack'].values()):,} of {selected:,} selected samples by pack; --fail-above-rejected "
               "weighs each source by its rate")
+    elif s.get("rows_in") is not None and rej["pack"] and s.get("reconcile") and \
+            s["reconcile"]["samples_tokenized"] != s["rows_in"] - s["reconcile"]["tokenize_rejected"]:
+        # rows merged into trees (--group-by-media) or split into several (--max-branches): pack
+        # drops samples, which are not rows; "8 of 30 rows in" for 8 trees of 18 records
+        r = s["reconcile"]
+        of = (f": {r['tokenize_rejected']:,} of {s['rows_in']:,} rows in by tokenize, {r['pack_rejected']:,} of "
+              f"{r['samples_tokenized']:,} tokenized samples (message trees) by pack")
     rows.append(("rejected", f"{rej['total']:,}{of}"))
     for stage in ("tokenize", "pack"):
         for reason, n in rej[stage].items():

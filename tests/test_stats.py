@@ -658,6 +658,9 @@ def test_rejected_share_counts_a_dropped_tree_as_its_share_of_the_row(tmp_path):
     validate(s)
     assert (s["rows_in"], s["rejected"]["total"], s["reconcile"]["balanced"]) == (2, 2, True)
     assert s["thresholds"][0]["value"] == round(1 / 2 + 1 / 3 * 1 / 2, 4)
+    # the text says what was rejected of what: a tree is not a row ("2 of 2 rows in" read as all of them)
+    line = next(ln for ln in render_stats(s).splitlines() if ln.startswith("rejected "))
+    assert line.split() == "rejected 2: 1 of 2 rows in by tokenize, 1 of 3 tokenized samples (message trees) by pack".split()
     pack_dataset(tok, tmp_path / "none", PackConfig(max_tokens=300))  # every tree dropped: all of the row
     r = run("stats", str(tmp_path / "none"), "--fail-above-rejected", "0.99")
     assert (r.returncode, r.stderr) == (1, "Error: rejected_fraction 1 is above --fail-above-rejected 0.99\n")
