@@ -601,6 +601,10 @@ def _no_manifest(path: Path, kind: str | None) -> InputError:
     if not path.exists():
         return NoOutputError(f"{where} (the directory does not exist); run {make} first")
     if not path.is_dir():
+        out = path.parent.parent if path.parent.name == STATE_DIR else path.parent
+        if (out / MANIFEST).is_file():  # a shard, or the manifest itself, of a finished output: pass its directory
+            return NoOutputError(f"{str(path)!r} is a file of the output directory {str(out)!r}; pass the directory "
+                                 "(its shards are read through the manifest beside them)")
         return NoOutputError(f"{where} (it is a file, not an output directory); pass the -o directory of a finished "
                              f"run, or run {make} first")
     if (path / STATE_DIR / RUN_STATE).is_file():

@@ -326,6 +326,23 @@ def test_a_directory_with_no_output_says_what_is_missing_and_what_makes_it(tmp_p
 
 
 @pytest.mark.parametrize("command", ["stats", "inspect", "validate"])
+def test_a_file_of_an_output_names_the_directory_to_pass(demo_dirs, command):
+    """A shard (or the manifest) of a finished output passed instead of its directory: the
+    message names the directory. It had said to run ``packtool pack ... -o`` onto the shard."""
+    packed = demo_dirs["packed"]
+    for f in (next(packed.glob("part-*.parquet")), packed / ".packtool" / "manifest.json"):
+        r = run(command, str(f))
+        assert (r.returncode, r.stdout) == (1, ""), r.stdout
+        assert r.stderr == (f"Error: {str(f)!r} is a file of the output directory {str(packed)!r}; pass the "
+                            "directory (its shards are read through the manifest beside them)\n")
+    from packtool.errors import NoOutputError
+    from packtool.reader import PackedDataset
+
+    with pytest.raises(NoOutputError, match="is a file of the output directory"):
+        PackedDataset(next(packed.glob("part-*.parquet")))
+
+
+@pytest.mark.parametrize("command", ["stats", "inspect", "validate"])
 def test_shards_without_their_manifest_are_named_as_such(tmp_path, demo_dirs, command):
     """Shards copied without the hidden ``.packtool/`` folder (``cp *.parquet``) are not an
     empty directory: the message says the manifest was left behind and how to bring it."""
