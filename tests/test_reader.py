@@ -1393,3 +1393,24 @@ def test_a_group_held_for_reading_is_not_evicted_by_the_same_process(bucket):
     assert got.equals(want)
     cache.path(*b, 0)  # held no longer: evicted like any other
     assert [k for k in cache._lru if k[1] >= 0] == [(newest[0], 0)]
+
+
+def test_an_eager_mask_of_the_torch_adapter_takes_the_models_dtype(demo):
+    """``dtype=`` reaches the eager mask the DataLoader workers build: a bf16 model gets a bf16
+    mask (half the bytes of float32), 0 where attention is allowed and the dtype's minimum
+    elsewhere, as :func:`model_inputs` makes it. Without ``attn_implementation`` the batch's mask
+    is bool and a dtype would be ignored, so it is refused."""
+    torch = pytest.importorskip("torch")
+    from packtool.reader.hf import model_inputs
+    from packtool.reader.torch import PackedIterableDataset
+
+    data = PackedIterableDataset(demo["embed"], batch_size=2, attn_implementation="eager", dtype=torch.bfloat16)
+    mask = next(iter(data))["attention_mask"]
+    stream = iter(PackedDataset(demo["embed"]))
+    rows = [next(stream), next(stream)]
+    expected = model_inputs(rows, attn_implementation="eager", dtype=torch.bfloat16)["attention_mask"]
+    assert mask.dtype == torch.bfloat16 and torch.equal(mask, expected)
+    assert set(mask.unique().tolist()) == {0.0, torch.finfo(torch.bfloat16).min}
+    with pytest.raises(ConfigError, match=r"dtype=torch.bfloat16 is the float dtype of an eager mask: pass it with "
+                                          r"attn_implementation='eager'"):
+        PackedIterableDataset(demo["embed"], batch_size=2, dtype=torch.bfloat16)

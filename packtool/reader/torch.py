@@ -89,12 +89,15 @@ class PackedIterableDataset(IterableDataset):
             (see :func:`packtool.reader.hf.model_inputs`) instead of plain tensors.
         config: the model's config, for ``attn_implementation`` (checkpoint constants
             such as Qwen2.5-VL's ``tokens_per_second``).
+        dtype: float dtype of the additive mask ``attn_implementation="eager"`` builds (the
+            model's, e.g. ``torch.bfloat16``: half the bytes of the default float32, which
+            the model's attention would promote the scores to).
     """
 
     def __init__(self, source: str | Path | PackedDataset, *, batch_size: int = 1, pad_to: int | None = None,
                  masks: bool = True, vision: str = "causal", pixels: bool = False,
                  media_root: str | Path | None = None, pad_token_id: int = 0, attn_implementation: str | None = None,
-                 config: Any = None, **dataset_kwargs: Any) -> None:
+                 config: Any = None, dtype: Any = None, **dataset_kwargs: Any) -> None:
         super().__init__()
         if isinstance(source, PackedDataset) and dataset_kwargs:
             # they would be ignored: every rank would silently read the dataset's own slice
@@ -121,7 +124,10 @@ class PackedIterableDataset(IterableDataset):
             if attn_implementation not in ATTN_IMPLEMENTATIONS:
                 raise ValueError(f"attn_implementation={attn_implementation!r}: choose one of {', '.join(ATTN_IMPLEMENTATIONS)}")
             self._hf = dict(attn_implementation=attn_implementation, media_root=media_root, pad_to=pad_to,
-                            pad_token_id=pad_token_id, config=config)
+                            pad_token_id=pad_token_id, config=config, dtype=dtype)
+        elif dtype is not None:  # it would be ignored: only an eager mask of model inputs has a float dtype
+            raise ConfigError(f"dtype={dtype} is the float dtype of an eager mask: pass it with "
+                              "attn_implementation='eager' (the plain batch's attention_mask is bool)")
 
     def __len__(self) -> int:
         """Batches per rank per epoch."""
