@@ -168,8 +168,9 @@ class StatsData:
     packed_manifest: dict | None = None
     capacities: dict | None = None
     oversize: str | None = None
-    sample_id: np.ndarray | None = None
+    sample_id: pa.ChunkedArray | None = None
     sample_source: np.ndarray | None = None
+    source_names: list[str] = field(default_factory=list)
     sample_tokens: np.ndarray | None = None
     sample_units: np.ndarray | None = None
     sample_vision_tokens: np.ndarray | None = None
@@ -179,7 +180,7 @@ class StatsData:
     pack_units: np.ndarray | None = None
     pack_vision_tokens: np.ndarray | None = None
     pack_samples: np.ndarray | None = None
-    pack_sample_ids: np.ndarray | None = None
+    pack_sample_ids: pa.ChunkedArray | None = None
     pack_sample_tokens: np.ndarray | None = None
     dropped: int = 0
     alone: int = 0
@@ -209,31 +210,33 @@ def _read_errors(path: Path) -> list[dict]:
 
 def _load_tokenized(data: StatsData, path: Path, manifest: dict) -> None:
     cols = ["sample_id", "source", "n_tokens", "n_vision_units", "n_branches", "media.list.element.n_tokens"]
-    ids, srcs, tok, units, vt, br = [], [], [], [], [], []
+    srcs, tok, units, vt, br = [], [], [], [], []
     ids_arrow = []
+    names: dict[str, int] = {}
     for entry in manifest["shards"]:
         t = _read(path, entry, cols)
         ids_arrow.append(t["sample_id"])
-        ids.append(t["sample_id"].to_numpy())
-        srcs.append(t["source"].to_numpy())
+        srcs.append(_codes(t["source"], names))
         tok.append(t["n_tokens"].to_numpy())
         units.append(t["n_vision_units"].to_numpy())
         br.append(t["n_branches"].to_numpy())
         vt.append(_list_sum(t["media"], "n_tokens"))
     data.tokenized_path = path
     data.tok_manifest = manifest
-    data.sample_id = _concat(ids, object)
-    data.sample_source = _concat(srcs, object)
+    # ids stay Arrow strings and sources codes into their names: a numpy object array is a Python
+    # string a row (about 0.6 KB a sample with the counters that matched them: 61 GB at 100M)
+    data.sample_id = _strings(ids_arrow)
+    data.sample_source = _concat(srcs, np.int32)
+    data.source_names = list(names)
     data.sample_tokens = _concat(tok, np.int64)
     data.sample_units = _concat(units, np.int64)
     data.sample_vision_tokens = _concat(vt, np.int64)
     data.sample_branches = _concat(br, np.int64)
     # a task names its samples apart, tasks do not (a run-wide check would read every id again):
     # one hash pass here, and a count of the samples that share an id only when some do
-    chunks = [c for t in ids_arrow for c in t.chunks]
-    names = pa.chunked_array(chunks, type=pa.string())
-    if len(names) and pc.count_distinct(names).as_py() < len(names):
-        n = pc.value_counts(names).field("counts").to_numpy(zero_copy_only=False)
+    ids = data.sample_id
+    if len(ids) and pc.count_distinct(ids).as_py() < len(ids):
+        n = pc.value_counts(ids).field("counts").to_numpy(zero_copy_only=False)
         data.shared_ids = int(n[n > 1].sum())
         data.notes.append(f"{data.shared_ids:,} samples of the tokenized directory share their id with another "
                           "(tokenize names samples apart only within one task, an input slice): `packtool inspect "
@@ -250,8 +253,9 @@ def _unmark_dropped(data: StatsData, path: Path, manifest: dict) -> None:
     if not len(maybe):
         return
     rows = _concat([_read(path, e, ["source_row"])["source_row"].to_numpy() for e in manifest["shards"]], np.int64)
-    for i in maybe.tolist():
-        key = (data.sample_id[i], data.sample_source[i], int(rows[i]))
+    sids = data.sample_id.take(maybe).to_pylist()
+    for i, sid in zip(maybe.tolist(), sids, strict=True):
+        key = (sid, data.source_names[data.sample_source[i]], int(rows[i]))
         if drops[key]:
             drops[key] -= 1
             data.packed_mask[i] = False
@@ -267,7 +271,7 @@ def _load_packed(data: StatsData, path: Path, manifest: dict) -> None:
         vt.append(_list_sum(t["media"], "n_tokens"))
         sid = t["sample_ids"].combine_chunks()
         nsamp.append(pc.list_value_length(sid).to_numpy(zero_copy_only=False))
-        ids.append(pc.list_flatten(sid).to_numpy(zero_copy_only=False))
+        ids.append(pc.list_flatten(sid))
         cu = t["cu_seqlens"].combine_chunks()
         v = pc.list_flatten(cu).to_numpy(zero_copy_only=False).astype(np.int64)
         parent = pc.list_parent_indices(cu).to_numpy(zero_copy_only=False)
@@ -282,7 +286,7 @@ def _load_packed(data: StatsData, path: Path, manifest: dict) -> None:
     data.pack_units = _concat(units, np.int64)
     data.pack_vision_tokens = _concat(vt, np.int64)
     data.pack_samples = _concat(nsamp, np.int64)
-    data.pack_sample_ids = _concat(ids, object)
+    data.pack_sample_ids = _strings(ids)
     data.pack_sample_tokens = _concat(slen, np.int64)
     data.dropped = int(counts.get("dropped", 0))
     data.alone = int(counts.get("alone", 0))
@@ -389,7 +393,43 @@ def load_stats_data(path: str | Path, packed: str | Path | None = None) -> Stats
     return data
 
 
-def is_in(ids: np.ndarray, value_set: np.ndarray) -> np.ndarray:
+def _codes(column: pa.ChunkedArray, names: dict[str, int]) -> np.ndarray:
+    """Each string of ``column`` as its index in ``names``, which takes the strings not seen yet
+    (in order of first sight): int32 codes, one Python string per distinct value."""
+    out = []
+    for chunk in column.chunks:
+        enc = chunk.dictionary_encode()
+        local = np.array([names.setdefault(v, len(names)) for v in enc.dictionary.to_pylist()], dtype=np.int32)
+        out.append(local[enc.indices.to_numpy(zero_copy_only=False)] if len(local) else np.zeros(0, np.int32))
+    return _concat(out, np.int32)
+
+
+def _strings(parts: list) -> pa.ChunkedArray:
+    """Arrow string arrays (or chunked arrays) as one chunked array, no copy of the strings."""
+    chunks = [c for p in parts for c in (p.chunks if isinstance(p, pa.ChunkedArray) else [p])]
+    return pa.chunked_array(chunks, type=pa.string())
+
+
+def _unmatched(expected: pa.ChunkedArray, landed: pa.ChunkedArray) -> tuple[int, int]:
+    """``(missing, extra)``: the ids of ``expected`` that ``landed`` lacks, and those ``landed``
+    has over ``expected``, both counted with repeats (a multiset difference, as two hash
+    counts joined on the id, not a Python counter of every id).
+
+    Example:
+        >>> _unmatched(_strings([pa.array(["a", "a", "b"])]), _strings([pa.array(["a", "c", "c"])]))
+        (2, 2)
+    """
+    def counts(ids: pa.ChunkedArray, name: str) -> pa.Table:
+        vc = pc.value_counts(ids) if len(ids) else pa.StructArray.from_arrays(
+            [pa.array([], pa.string()), pa.array([], pa.int64())], ["values", "counts"])
+        return pa.table({"id": vc.field("values"), name: vc.field("counts")})
+
+    both = counts(expected, "want").join(counts(landed, "got"), "id", join_type="full outer")
+    diff = pc.subtract(pc.fill_null(both["want"], 0), pc.fill_null(both["got"], 0)).to_numpy()
+    return int(diff[diff > 0].sum()), int(-diff[diff < 0].sum())
+
+
+def is_in(ids, value_set) -> np.ndarray:
     """Which of ``ids`` (strings) occur in ``value_set``: one hash join, linear in both sizes.
 
     ``np.isin`` on object arrays compares element by element (quadratic: 23 s for 50,000
@@ -401,8 +441,16 @@ def is_in(ids: np.ndarray, value_set: np.ndarray) -> np.ndarray:
     """
     if len(ids) == 0:
         return np.zeros(0, dtype=bool)
-    found = pc.is_in(pa.array(ids, type=pa.string()), value_set=pa.array(value_set, type=pa.string()))
-    return found.to_numpy(zero_copy_only=False).astype(bool, copy=False)
+    values = value_set if isinstance(value_set, pa.ChunkedArray) else pa.array(value_set, pa.string())
+    if values.nbytes >= 1 << 31:  # one array of more string bytes than int32 offsets address
+        values, ids = values.cast(pa.large_string()), (ids if isinstance(ids, pa.ChunkedArray) else
+                                                       pa.array(ids, pa.string())).cast(pa.large_string())
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    found = pc.is_in(ids if isinstance(ids, pa.ChunkedArray | pa.Array) else pa.array(ids, type=pa.string()),
+                     value_set=values)
+    return np.asarray(found.to_numpy(zero_copy_only=False) if isinstance(found, pa.Array) else found.to_numpy(),
+                      dtype=bool)
 
 
 def plan_stats_data(tokenized: str | Path, result: dict) -> StatsData:
@@ -444,7 +492,7 @@ def plan_stats_data(tokenized: str | Path, result: dict) -> StatsData:
     data.pack_units = _concat(units, np.int64)
     data.pack_vision_tokens = _concat(vt, np.int64)
     data.pack_samples = _concat(nsamp, np.int64)
-    data.pack_sample_ids = data.sample_id[order]
+    data.pack_sample_ids = data.sample_id.take(order)
     data.pack_sample_tokens = eff[order]
     data.packed_mask = mask
     c = result["counts"]
@@ -491,9 +539,7 @@ def _sources(data: StatsData, tok_rejects: list[dict]) -> list[dict] | None:
 
     packed = data.packed_mask if data.packed_mask is not None else np.ones(len(data.sample_source), bool)
     # one pass per column over source codes (a Python loop per sample took seconds at 1M)
-    enc = pa.array(data.sample_source, type=pa.string()).dictionary_encode()
-    names = enc.dictionary.to_pylist()
-    code = enc.indices.to_numpy(zero_copy_only=False)
+    names, code = data.source_names, data.sample_source
     k = len(names)
     per = {"samples": np.bincount(code, minlength=k), "tokens": np.bincount(code, weights=data.sample_tokens, minlength=k),
            "vision_units": np.bincount(code, weights=data.sample_units, minlength=k),
@@ -523,12 +569,10 @@ def _reconcile(data: StatsData) -> dict | None:
     merged = int(tc.get("merged_records", 0))
     split = int(tc.get("split_extra_trees", 0))
     n_pack_rej = sum(data.pack_rejected.values())
-    packed_ids = Counter(data.pack_sample_ids.tolist())
-    dropped_ids = Counter(e.get("sample_id") for e in (data.pack_errors or []))
-    landed = packed_ids + dropped_ids
-    expected = Counter(data.sample_id.tolist())
-    missing = sum((expected - landed).values())
-    extra = sum((landed - expected).values())
+    # a drop without a string id matches no sample: null, counted as landed over what was expected
+    dropped_ids = pa.chunked_array([pa.array([e.get("sample_id") if isinstance(e.get("sample_id"), str) else None
+                                              for e in (data.pack_errors or [])], pa.string())])
+    missing, extra = _unmatched(data.sample_id, _strings([data.pack_sample_ids, dropped_ids]))
     n_packed = int(data.pack_samples.sum())
     balanced = (rows_in == n_packed + n_tok_rej + n_pack_rej + merged - split
                 and len(data.sample_id) == n_packed + n_pack_rej
