@@ -155,10 +155,12 @@ class StatsData:
 
     Attributes:
         kind: ``"tokenized"``, ``"packed"`` or ``"plan"``.
-        sample_*: one entry per tokenized sample in input order (``None`` without a tokenized dir).
+        sample_*: one entry per tokenized sample in input order (``None`` without a tokenized dir);
+            ``sample_id`` an Arrow string array, ``sample_source`` int32 codes into ``source_names``.
         packed_mask: which tokenized samples are in a pack.
         pack_*: one entry per pack in pack order (``None`` for a tokenized dir).
-        pack_sample_tokens: lengths of the samples as packed, pack after pack.
+        pack_sample_tokens: lengths of the samples as packed, pack after pack (``pack_sample_ids``
+            their ids, an Arrow string array).
     """
 
     kind: str
