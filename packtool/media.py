@@ -4,7 +4,8 @@ Tokenize only needs dimensions and video metadata:
 
 * images: Pillow reads the size (and the EXIF orientation) from the header; a cheap
   tail check (JPEG end-of-image marker, PNG ``IEND`` chunk, GIF trailer, WebP RIFF
-  size) catches truncated files without decoding a pixel;
+  size; BMP and TIFF: the pixel data their header places fits the file) catches
+  truncated files without decoding a pixel;
 * videos: PyAV reads the container and stream headers; missing fields fall back in
   a fixed order (see :func:`probe_video`); a file that stores no exact frame count
   (all but a constant-rate MP4/MOV) is demuxed, never decoded, to count its frames.
@@ -503,6 +504,53 @@ def _tail(source: Path | bytes | io.IOBase, n: int = _TAIL) -> tuple[bytes, int]
         return fh.read(), size
 
 
+def _size(source: Path | bytes | io.IOBase) -> int:
+    """The size in bytes of a media file (bytes, a file already open, a path, a remote file)."""
+    if isinstance(source, bytes):
+        return len(source)
+    if isinstance(source, io.IOBase):  # a local file already open (probe_image)
+        return os.fstat(source.fileno()).st_size
+    return source.stat().st_size
+
+
+def _pixel_data_end(im: Image.Image) -> int | None:
+    """The byte where the pixel data of an opened BMP or TIFF ends, by its header alone; ``None``
+    when the header does not say (a run-length BMP, a TIFF without byte counts).
+
+    A BMP stores uncompressed rows of a fixed stride (a multiple of 4 bytes) from an offset,
+    and decoders need the last row's pixels but not its padding; a TIFF lists the offset and
+    byte count of every strip (or tile) of its first image, the one loaders decode.
+
+    Example:
+        >>> buf = io.BytesIO()
+        >>> Image.new("RGB", (5, 3)).save(buf, format="BMP")
+        >>> _pixel_data_end(Image.open(buf)), len(buf.getvalue())   # 54-byte header, rows of 16 (15 + padding)
+        (101, 102)
+    """
+    if im.format == "BMP":
+        tile = im.tile[0] if len(im.tile) == 1 else None
+        if tile is None or tile[0] != "raw" or len(tile[3]) < 2 or not isinstance(tile[3][1], int):
+            return None  # run-length or embedded JPEG/PNG data: no fixed size
+        (x0, y0, x1, y1), offset, stride = tile[1], tile[2], tile[3][1]
+        width, height = x1 - x0, abs(y1 - y0)
+        # the bits per pixel are not kept after the header parse: the least the stride allows
+        row = min(((width * bits + 7) // 8 for bits in (1, 2, 4, 8, 16, 24, 32, 64)
+                   if ((width * bits + 31) >> 3) & ~3 == stride), default=stride)
+        return offset + stride * (height - 1) + row if height else offset
+    if im.format == "TIFF":
+        tags = im.tag_v2
+        for offsets_tag, counts_tag in ((273, 279), (324, 325)):
+            offsets, counts = tags.get(offsets_tag), tags.get(counts_tag)
+            if offsets is None or counts is None:
+                continue
+            offsets = offsets if isinstance(offsets, tuple) else (offsets,)
+            counts = counts if isinstance(counts, tuple) else (counts,)
+            if len(offsets) != len(counts) or not offsets:
+                return None
+            return max(int(o) + int(c) for o, c in zip(offsets, counts, strict=True))
+    return None
+
+
 def _whole(source: Path | bytes | io.IOBase) -> bytes:
     if isinstance(source, bytes):
         return source
@@ -562,7 +610,7 @@ def _jpeg_end(data: bytes) -> int | None:
     return None
 
 
-def verify_complete(source: Path | bytes | io.IOBase, fmt: str) -> None:
+def verify_complete(source: Path | bytes | io.IOBase, fmt: str, data_end: int | None = None) -> None:
     """Cheap truncation check from the file's tail (no decode).
 
     JPEG must end with the end-of-image marker ``FFD9`` (zero padding after it is allowed), or
@@ -570,13 +618,23 @@ def verify_complete(source: Path | bytes | io.IOBase, fmt: str) -> None:
     the start, must reach one: bytes after it are tolerated, as decoders do. An ``FFD9``
     elsewhere in the tail proves nothing: an EXIF thumbnail or an ICC profile holds one
     inside its segment, so a file cut just after them is truncated. PNG needs an ``IEND``
-    chunk, GIF ends with the ``;`` trailer, WebP's RIFF size must fit the file. Other
-    formats are not checked.
+    chunk, GIF ends with the ``;`` trailer, WebP's RIFF size must fit the file. BMP and
+    TIFF have no end marker: the pixel data their header places (``data_end``, see
+    :func:`_pixel_data_end`; read from the header when not given) must fit the file.
 
     Raises:
         SampleError: ``corrupt_image`` naming what is missing.
     """
     fmt = fmt.upper()
+    if fmt in ("BMP", "TIFF"):
+        if data_end is None:
+            with open_image(source) as im:
+                data_end = _pixel_data_end(im)
+        size = _size(source)
+        if data_end is not None and data_end > size:
+            raise SampleError("corrupt_image", f"truncated {fmt}: its header places pixel data up to byte "
+                                               f"{data_end:,}, the file has {size:,} bytes")
+        return
     if fmt not in ("JPEG", "MPO", "PNG", "GIF", "WEBP"):
         return
     tail, size = _tail(source)
@@ -700,6 +758,7 @@ def _probe_open(fh: Path | bytes | io.IOBase, exif: str, verify: bool) -> ImageI
                     except (ValueError, TypeError, SyntaxError, OSError):
                         orientation = 1  # unreadable EXIF: loaders ignore it too
                 upright = fmt == "TIFF" and (width, height) != (im.tag_v2.get(256), im.tag_v2.get(257))
+                data_end = _pixel_data_end(im) if verify else None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         # Pillow's own words name twice the limit past which it refuses outright, beside the limit
         # past which it warns (both refused here): the image's size alone, against the limit
@@ -718,7 +777,7 @@ def _probe_open(fh: Path | bytes | io.IOBase, exif: str, verify: bool) -> ImageI
     if width <= 0 or height <= 0:
         raise SampleError("corrupt_image", f"image declares a zero size ({width}x{height})")
     if verify:
-        verify_complete(fh, fmt)
+        verify_complete(fh, fmt, data_end)
     # recent Pillow opens a TIFF already turned upright (its size is the upright one), loader or not
     if orientation in (5, 6, 7, 8) and not upright:
         width, height = height, width

@@ -197,6 +197,42 @@ def test_truncated_files_are_caught_by_the_tail_check(tmp_path, maker, cut):
     assert probe_image(data).width == 400  # the intact file passes
 
 
+def _noise(fmt: str, mode: str, **options) -> bytes:
+    import numpy as np
+
+    rgb = Image.fromarray(np.random.default_rng(3).integers(0, 256, (37, 53, 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    rgb.convert(mode).save(buf, format=fmt, **options)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("fmt,mode,options", [
+    ("BMP", "RGB", {}), ("BMP", "RGBA", {}), ("BMP", "P", {}), ("BMP", "1", {}),
+    ("TIFF", "RGB", {}), ("TIFF", "I;16", {}), ("TIFF", "L", {}),
+])
+def test_bmp_and_tiff_cut_inside_their_pixel_data_are_truncated(tmp_path, fmt, mode, options):
+    """BMP and TIFF have no end marker, so the tail check passed them cut anywhere after the
+    header: tokenize and pack took the row and the trainer's decode stopped on it. The pixel data
+    the header places must fit the file; a BMP cut inside its last row's padding still decodes
+    and still passes."""
+    data = _noise(fmt, mode, **options)
+    for cut in (len(data) // 2, len(data) - 3 if fmt == "TIFF" else len(data) - 9):
+        bad = data[:cut]
+        with pytest.raises(OSError):
+            Image.open(io.BytesIO(bad)).load()  # truly undecodable
+        with pytest.raises(SampleError) as err:
+            probe_image(bad)
+        assert err.value.reason == "corrupt_image" and f"truncated {fmt}" in err.value.message
+        path = tmp_path / f"cut.{fmt.lower()}"
+        path.write_bytes(bad)
+        with pytest.raises(SampleError, match=f"truncated {fmt}"):
+            probe_image(path)
+    assert (probe_image(data).width, probe_image(data).height) == (53, 37)
+    if fmt == "BMP" and mode == "RGB":  # rows of 159 bytes in a stride of 160: the last pad byte is not needed
+        Image.open(io.BytesIO(data[:-1])).load()
+        assert probe_image(data[:-1]).width == 53
+
+
 def test_jpeg_with_trailing_bytes_after_eoi_passes():
     assert probe_image(_jpeg(64, 64) + b"\x00" * 100).width == 64
 
