@@ -157,6 +157,23 @@ def test_qwen_rejects_extreme_aspect_ratio():
     assert err.value.reason == "bad_aspect_ratio"
 
 
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "qwen3-vl"])
+def test_aspect_ratio_rejections_say_what_and_how_far_past_the_limit(family):
+    """A ratio just above 200 read as "aspect ratio 200.0 ... exceeds 200", and a video's frames were
+    called an image (Qwen2.5-VL) or left unsized (Qwen3-VL): the row's message names the media, its
+    size, the ratio rounded up, and the fix."""
+    fam = get_family(family)
+    for call, what in ((lambda: fam.image(100, 20001), "20001x100 image"),
+                       (lambda: fam.video(VideoMeta(20001, 100, 1.0, 10.0, 10)), "20001x100 video")):
+        with pytest.raises(SampleError) as err:
+            call()
+        assert err.value.reason == "bad_aspect_ratio"
+        assert err.value.message == (f"aspect ratio 200.01:1 of a {what} is above 200:1, which the Qwen processor "
+                                     "rejects; crop or pad it")
+    with pytest.raises(SampleError, match=r"250:1 of a 8x2000 video"):
+        fam.video(VideoMeta(8, 2000, 1.0, 10.0, 10))
+
+
 def test_pixel_budget_settings_change_counts():
     # --max-pixels 602112 (768 blocks of 28): 1080x1920 -> beta = 1.8558 -> floor(20.78)=20, floor(36.95)=36
     assert get_family("qwen2.5-vl", max_pixels=602112).image(1080, 1920).n_tokens == 20 * 36

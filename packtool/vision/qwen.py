@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import SampleError
 from . import VideoMeta, VisionFamily, VisionLayout, check_video
 
-__all__ = ["smart_resize", "smart_nframes", "uniform_indices", "Qwen2VL", "Qwen25VL"]
+__all__ = ["smart_resize", "aspect_ratio_error", "smart_nframes", "uniform_indices", "Qwen2VL", "Qwen25VL"]
 
 MAX_RATIO = 200
 # qwen-vl-utils video constants (vision_process.py)
@@ -60,11 +60,7 @@ def smart_resize(
     if min(height, width) <= 0:
         raise SampleError("corrupt_image", f"image has a zero dimension ({width}x{height})")
     if max(height, width) / min(height, width) > MAX_RATIO:
-        raise SampleError(
-            "bad_aspect_ratio",
-            f"aspect ratio {max(height, width) / min(height, width):.1f} of a {width}x{height} image "
-            f"exceeds {MAX_RATIO}, which the Qwen processor rejects",
-        )
+        raise aspect_ratio_error(height, width, "image")
     h_bar = max(factor, round(height / factor) * factor)
     w_bar = max(factor, round(width / factor) * factor)
     if h_bar * w_bar > max_pixels:
@@ -76,6 +72,21 @@ def smart_resize(
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
+
+
+def aspect_ratio_error(height: int, width: int, what: str, ratio: float | None = None) -> SampleError:
+    """``bad_aspect_ratio`` for a ``width`` x ``height`` ``what`` (an image, a video) whose longer
+    side is more than :data:`MAX_RATIO` times its shorter (``ratio``: as the processor measured it,
+    when not from this size). The ratio is shown rounded up, so that one just above the limit
+    never reads as the limit itself.
+
+    Example:
+        >>> aspect_ratio_error(100, 20001, "image").message
+        'aspect ratio 200.01:1 of a 20001x100 image is above 200:1, which the Qwen processor rejects; crop or pad it'
+    """
+    ratio = math.ceil((ratio or max(height, width) / min(height, width)) * 100) / 100
+    return SampleError("bad_aspect_ratio", f"aspect ratio {ratio:g}:1 of a {width}x{height} {what} is above "
+                                           f"{MAX_RATIO}:1, which the Qwen processor rejects; crop or pad it")
 
 
 def smart_nframes(n_frames: int, video_fps: float, fps: float = FPS, min_frames: int = FPS_MIN_FRAMES,
@@ -169,6 +180,8 @@ class Qwen2VL(VisionFamily):
             raise SampleError("video_too_short", f"--max-frames {self.max_frames} leaves fewer than 2 frames")
         idx = uniform_indices(meta.n_frames, n)
         max_pixels = max(min(VIDEO_MAX_PIXELS, VIDEO_TOTAL_PIXELS / n * FRAME_FACTOR), int(VIDEO_MIN_PIXELS * 1.05))
+        if max(meta.height, meta.width) / min(meta.height, meta.width) > MAX_RATIO:
+            raise aspect_ratio_error(meta.height, meta.width, "video")
         rh, rw = smart_resize(meta.height, meta.width, self.factor, VIDEO_MIN_PIXELS, max_pixels)
         gt = math.ceil(n / self.temporal_patch)
         gh, gw = rh // self.patch, rw // self.patch

@@ -26,7 +26,7 @@ import math
 
 from ..errors import SampleError
 from . import VideoMeta, VisionLayout, check_video
-from .qwen import MAX_RATIO, Qwen2VL, uniform_indices
+from .qwen import MAX_RATIO, Qwen2VL, aspect_ratio_error, uniform_indices
 
 __all__ = ["Qwen3VL", "smart_resize_video", "frame_pair_times"]
 
@@ -41,13 +41,16 @@ def smart_resize_video(n_frames: int, height: int, width: int, temporal_factor: 
     """
     if n_frames < temporal_factor:
         raise SampleError("video_too_short", f"{n_frames} frame(s) sampled; Qwen3-VL needs at least {temporal_factor}")
+    given = (height, width)
     if height < factor or width < factor:
         # tiny frames are scaled up to one factor first (processor behaviour)
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
     if max(height, width) / min(height, width) > MAX_RATIO:
-        raise SampleError("bad_aspect_ratio",
-                          f"video aspect ratio {max(height, width) / min(height, width):.1f} exceeds {MAX_RATIO}")
+        # named by its own size; the ratio is the processor's, of the frames scaled up
+        raise aspect_ratio_error(*given, "video" if (height, width) == given else
+                                 f"video (frames scaled up to {factor} px first, as the processor does)",
+                                 max(height, width) / min(height, width))
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     t_bar = round(n_frames / temporal_factor) * temporal_factor
