@@ -1080,7 +1080,8 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
     and height are the coded size swapped), frames are rotated the same way.
 
     Raises:
-        SampleError: the file is not a readable video, or has no frame at a recorded time.
+        SampleError: the file is not a readable video, has no frame at a recorded time, or its
+            frames taken are not all one size (``corrupt_video``: a stream whose size changes).
     """
     times = list(media.get("timestamps") or [])
     if not times:
@@ -1103,6 +1104,15 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
         container.close()
     if any(img is None for img in out):
         raise SampleError("corrupt_video", "video has no decodable frame at a recorded time")
+    first_at: dict[tuple[int, int], float] = {}
+    for t, img in zip(times, out, strict=True):
+        first_at.setdefault(img.size, t)  # type: ignore[union-attr]
+    if len(first_at) > 1:
+        # tokenize counted the size its headers give; a model's processor stacks a video's frames
+        # into one tensor, and the reader did so too, failing with a bare shape error in training
+        seen = ", ".join(f"{w}x{h} at {t:g} s" for (w, h), t in sorted(first_at.items(), key=lambda x: x[1]))
+        raise SampleError("corrupt_video", f"its frame size changes mid-stream ({seen}), and a model's processor takes "
+                                           "a video's frames at one size; re-encode it at one size")
     if rotate and rotation in _ROTATE:
         upright: dict[int, Image.Image] = {}  # one turn per frame taken, however many times take it
         for img in out:

@@ -973,3 +973,69 @@ def test_a_mixture_rejects_every_copy_of_a_sample_whose_video_does_not_decode(tm
     monkeypatch.setattr(pipeline, "_media_problems", known)
     pack_dataset(Mixture.from_rates(toks, "2,1"), tmp_path / "known", cfg, workers=1, progress=None)
     assert {f.name: f.read_bytes() for f in sorted((tmp_path / "known").glob("part-*.parquet"))} == runs[1] == runs[2]
+
+
+def _size_change(path: Path) -> Path:
+    """An MPEG-TS file whose frame size changes mid-stream (64x48 for 1 s, then 96x64 for 1 s), as
+    two captures joined, or a recording whose encoder adapted its resolution, give."""
+    first = write_video(path.with_suffix(".a.ts"), 10, fps=10, size=(64, 48), fmt="mpegts",
+                        pts=[100 * i for i in range(10)])
+    second = write_video(path.with_suffix(".b.ts"), 10, fps=10, size=(96, 64), fmt="mpegts",
+                         pts=[1000 + 100 * i for i in range(10)])
+    path.write_bytes(first.read_bytes() + second.read_bytes())
+    return path
+
+
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "molmo2", "llava-ov"])
+def test_a_video_whose_frame_size_changes_is_a_rejected_row_not_a_crash_in_training(tmp_path, family):
+    """Tokenize counts a video at the size its headers give. A stream whose size changes mid-way
+    was counted and packed, and every family's reader then failed in the training loop with a bare
+    ``stack expects each tensor to be equal size``: the frames taken must all have one size, else
+    the row is ``corrupt_video`` at pack (and, packed by reference, a named error in the reader)."""
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+    from packtool.errors import InputError
+    from packtool.media import counted_frames
+    from packtool.reader import decode_video
+
+    media = tmp_path / "media"
+    media.mkdir()
+    _size_change(media / "joined.ts")
+    write_video(media / "fine.mp4", 20, fps=10)
+    meta = probe_video(media / "joined.ts")
+    lay = get_family(family).video(meta)
+    item = {"kind": "video", "path": "joined.ts", "width": meta.width, "height": meta.height,
+            "timestamps": list(lay.timestamps)}
+    with pytest.raises(SampleError, match=r"frame size changes mid-stream \(64x48 at 0 s, 96x64 at 1(\.\d+)? s\)"):
+        counted_frames(media / "joined.ts", item)
+    with pytest.raises(InputError, match="frame size changes mid-stream"):
+        decode_video(item, media)  # packed by reference
+    records = tmp_path / "data.jsonl"
+    records.write_text("".join(json.dumps({"id": i, "video": v, "conversations": [
+        {"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "It fades."}]}) + "\n"
+        for i, v in (("joined", "joined.ts"), ("fine", "fine.mp4"))))
+    tokenize_dataset([records], tmp_path / "tok", TokenizeConfig(media_root=str(media)), workers=1, progress=None)
+    m = pack_dataset(tmp_path / "tok", tmp_path / "packed", PackConfig(max_tokens=4096), workers=1, progress=None)
+    assert (m["counts"]["samples_packed"], m["counts"]["rejected_by_reason"]) == (1, {"corrupt_video": 1})
+    error = json.loads((tmp_path / "packed" / ".packtool" / "errors.jsonl").read_text())
+    assert error["sample_id"] == "joined" and "frame size changes mid-stream" in error["message"]
+
+
+def test_embedded_frames_of_two_sizes_are_a_named_error():
+    """A pack made before the check above holds such a video's frames at two sizes: the reader names
+    the video and the fix instead of the processor's shape error."""
+    import io
+
+    from PIL import Image
+
+    from packtool.errors import InputError
+    from packtool.reader import decode_video
+
+    def jpeg(w, h):
+        buf = io.BytesIO()
+        Image.new("RGB", (w, h)).save(buf, format="JPEG")
+        return buf.getvalue()
+
+    item = {"kind": "video", "path": "joined.ts", "frames": [jpeg(64, 48), jpeg(96, 64)], "timestamps": [0.0, 1.0]}
+    with pytest.raises(InputError, match=r"'joined.ts' has embedded frames of 2 sizes \(64x48, 96x64\)"):
+        decode_video(item)
+    assert [f.size for f in decode_video({**item, "frames": [jpeg(64, 48)] * 2}).frames] == [(64, 48)] * 2

@@ -1002,6 +1002,11 @@ def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrame
                                  "the pack is damaged: copy it again or re-run packtool pack") from None
         if stamps and len(stamps) != len(frames):
             raise InputError(f"video {item.get('path')!r} has {len(frames)} embedded frames but {len(stamps)} timestamps; re-run packtool pack")
+        sizes = sorted({f.size for f in frames})
+        if len(sizes) > 1:  # packed by a packtool that let a stream whose size changes through
+            raise InputError(f"video {item.get('path')!r} has embedded frames of {len(sizes)} sizes "
+                             f"({', '.join(f'{w}x{h}' for w, h in sizes)}), which a model's processor cannot take as "
+                             "one video; re-run packtool tokenize and pack, which reject it")
         return VideoFrames(tuple(frames), stamps)
     from ..errors import SampleError
     from ..media import counted_frames
