@@ -1040,10 +1040,11 @@ def _encode_jpeg(img: Image.Image, quality: int) -> bytes:
     return buf.getvalue()
 
 
-def extract_frames(media_root: Path, media: dict, quality: int = 90) -> list[bytes]:
+def extract_frames(media_root: Path, media: dict, quality: int = 90, rotate: bool | None = None) -> list[bytes]:
     """JPEG bytes of the frames a tokenized video entry recorded (``media["timestamps"]``).
 
-    The frames are those of :func:`counted_frames`, which the trainer-side reader also
+    The frames are those of :func:`counted_frames` (``rotate``: whether tokenize applied the
+    display rotation, its family's ``exif`` setting), which the trainer-side reader also
     uses for videos packed by reference, so both media modes feed a model the same frames.
     A frame taken for several times (a repeated time, or times past the end) is encoded once.
 
@@ -1056,13 +1057,13 @@ def extract_frames(media_root: Path, media: dict, quality: int = 90) -> list[byt
     data = media.get("data")
     source = data if data is not None else resolve_media_path(media.get("path") or "", media_root)
     jpegs: dict[int, bytes] = {}  # by image: the list holds every image, so no id is reused
-    for img in (images := counted_frames(source, media)):
+    for img in (images := counted_frames(source, media, rotate)):
         if id(img) not in jpegs:
             jpegs[id(img)] = _encode_jpeg(img, quality)
     return [jpegs[id(img)] for img in images]
 
 
-def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
+def counted_frames(source: Path | bytes, media: dict, rotate: bool | None = None) -> list[Image.Image]:
     """The frames of the video ``source`` at the times a tokenized entry recorded (``media["timestamps"]``).
 
     Frame ``t`` is the frame on screen at ``start + t``: the last frame whose
@@ -1076,8 +1077,11 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
     read on from that decode (:class:`_Runs`); the frames are those of a plain decode, which
     is what runs wherever the stream is not what that plan takes it for.
 
-    When the row recorded the video with a 90/270 degree rotation applied (its width
-    and height are the coded size swapped), frames are rotated the same way.
+    ``rotate`` says whether tokenize applied the stream's display rotation (its family's
+    ``exif`` setting is ``apply``): the frames are then turned upright by it, 90, 180 or 270
+    degrees, as the row's size was counted. ``None`` (a caller that does not know the
+    setting) turns them only where the row's width and height are the coded size swapped,
+    which misses a 180 degree turn and any turn of a square video.
 
     Raises:
         SampleError: the file is not a readable video, has no frame at a recorded time, or its
@@ -1089,13 +1093,13 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
     container = _open_video(source)
     try:
         try:
-            out, rotation, rotate = _frames_at(container, source, times, media, skip=True)
+            out, rotation, swapped = _frames_at(container, source, times, media, skip=True)
         except _PlanBroken:
             # the skipping decode met what its plan does not cover: the same steps again from a
             # fresh file, every frame decoded
             container.close()
             container = _open_video(source)
-            out, rotation, rotate = _frames_at(container, source, times, media, skip=False)
+            out, rotation, swapped = _frames_at(container, source, times, media, skip=False)
     except SampleError:
         raise
     except Exception as exc:  # noqa: BLE001 - any decoder failure is a corrupt video for this row
@@ -1113,7 +1117,13 @@ def counted_frames(source: Path | bytes, media: dict) -> list[Image.Image]:
         seen = ", ".join(f"{w}x{h} at {t:g} s" for (w, h), t in sorted(first_at.items(), key=lambda x: x[1]))
         raise SampleError("corrupt_video", f"its frame size changes mid-stream ({seen}), and a model's processor takes "
                                            "a video's frames at one size; re-encode it at one size")
-    if rotate and rotation in _ROTATE:
+    if rotate is not None:
+        recorded = (media.get("width"), media.get("height"))
+        # the turn tokenize counted: a frame turned by it has the recorded size (a square video
+        # and a half turn keep it; a quarter turn of another video swaps it, which probe_video did)
+        turned = out[0].size[::-1] if rotation in (90, 270) else out[0].size  # type: ignore[union-attr]
+        swapped = rotate and rotation in _ROTATE and (None in recorded or turned == recorded)
+    if swapped and rotation in _ROTATE:
         upright: dict[int, Image.Image] = {}  # one turn per frame taken, however many times take it
         for img in out:
             if id(img) not in upright:
@@ -1617,7 +1627,7 @@ def _taken_between(shown: list[float], limits: list[float], last: float, t: floa
 
 
 # display rotation (counterclockwise degrees) -> PIL transpose that shows the frame upright
-_ROTATE = {90: Image.Transpose.ROTATE_90, 270: Image.Transpose.ROTATE_270}
+_ROTATE = {90: Image.Transpose.ROTATE_90, 180: Image.Transpose.ROTATE_180, 270: Image.Transpose.ROTATE_270}
 
 
 def read_media_bytes(ref: MediaRef, media_root: Path) -> bytes:

@@ -1491,13 +1491,15 @@ class _MediaLoader:
     decoded) again: the task embeds the bytes it read the first time.
     """
 
-    __slots__ = ("media_root", "frame_quality", "_read", "_recent")
+    __slots__ = ("media_root", "frame_quality", "rotate", "_read", "_recent")
 
-    def __init__(self, media_root: Path, frame_quality: int = 90, recent_bytes: int = RECENT_MEDIA_BYTES) -> None:
+    def __init__(self, media_root: Path, frame_quality: int = 90, recent_bytes: int = RECENT_MEDIA_BYTES,
+                 rotate: bool | None = None) -> None:
         from .media import MediaPathResolver
 
         self.media_root = media_root
         self.frame_quality = frame_quality
+        self.rotate = rotate  # whether tokenize turned videos by their display rotation (see counted_frames)
         self._read = MediaPathResolver(media_root).read if isinstance(media_root, Path) else self._read_remote
         self._recent = _Recent(recent_bytes)
 
@@ -1539,7 +1541,7 @@ class _MediaLoader:
             if frames is not None:
                 return frames
         try:
-            frames = extract_frames(self.media_root, m, quality=self.frame_quality)
+            frames = extract_frames(self.media_root, m, quality=self.frame_quality, rotate=self.rotate)
         except SampleError as err:
             if err.reason == "corrupt_video":  # there and unchanged, but its frames do not decode: a re-run fails again
                 from .packer import UndecodableMedia
@@ -1570,10 +1572,23 @@ def _unreadable(err: SampleError, checked: bool) -> InputError:
                       f"the same command to resume, or {then}")
 
 
-def _media_loader(media_root: Path, frame_quality: int = 90, share: int = 1) -> _MediaLoader:
+def _media_loader(media_root: Path, frame_quality: int = 90, share: int = 1, rotate: bool | None = None) -> _MediaLoader:
     """The loader of one media root; ``share``: how many a task holds (a mixture's sources), which
-    split :data:`RECENT_MEDIA_BYTES` between them, so a task keeps that much whatever its sources."""
-    return _MediaLoader(media_root, frame_quality, RECENT_MEDIA_BYTES // max(share, 1))
+    split :data:`RECENT_MEDIA_BYTES` between them, so a task keeps that much whatever its sources;
+    ``rotate``: :func:`_rotates` of the tokenized manifest."""
+    return _MediaLoader(media_root, frame_quality, RECENT_MEDIA_BYTES // max(share, 1), rotate)
+
+
+def _rotates(tok_manifest: dict) -> bool | None:
+    """Whether tokenize turned videos by their display rotation: its family's ``exif`` setting
+    (``None`` for a manifest without one).
+
+    Example:
+        >>> _rotates({"vision": {"name": "molmo2", "exif": "apply"}}), _rotates({"vision": {}})
+        (True, None)
+    """
+    exif = (tok_manifest.get("vision") or {}).get("exif")
+    return None if exif is None else exif == "apply"
 
 
 @dataclass(frozen=True, slots=True)
@@ -1590,6 +1605,7 @@ class _PackTask:
     check_mtime: bool = True  # False when pack reads media from another root than tokenize counted (copies)
     entry: dict | None = None  # the tokenized manifest's entry for src_file: size, rows, sha256 to check
     cwd: str = "."  # the driver's working directory, which relative paths are relative to
+    rotate: bool | None = None  # whether tokenize turned videos by their display rotation (_rotates)
 
 
 def _media_leaves(pf):
@@ -1910,7 +1926,7 @@ def _undecodable_videos(task: _PackTask, pf, known: set[int]) -> dict[int, tuple
     """``{row: (reason, message)}`` of the shard's rows (but ``known``) holding a video whose
     frames do not decode, each video decoded once as pack embeds it. Run once a task has met
     one such video: a shard with many would otherwise be planned again for each."""
-    loader = _media_loader(as_root(task.media_root), task.cfg.frame_quality)
+    loader = _media_loader(as_root(task.media_root), task.cfg.frame_quality, rotate=task.rotate)
     found: dict[int, tuple[str, str]] = {}
     starts = _group_starts(pf)
     for g in range(len(starts) - 1):
@@ -1982,7 +1998,7 @@ def _pack_shard_once(task: _PackTask, report: Callable[[int], None], src: Path, 
                                     reason, message), over)
             report(len(plan.dropped) + len(bad))
         root = as_root(task.media_root)
-        loader = _media_loader(root, cfg.frame_quality) if cfg.media == "embed" else None
+        loader = _media_loader(root, cfg.frame_quality, rotate=task.rotate) if cfg.media == "embed" else None
         store = _RowStore(pf, never=sorted(set(plan.dropped) | set(bad)), file=src)
         truncated = set(plan.truncated)
         with ShardWriter(out, packed_schema(cfg.layout), rows_per_shard=cfg.packs_per_shard, row_group_rows=PACKED_GROUP_ROWS,
@@ -2188,7 +2204,7 @@ def pack_dataset(
 
     def make(t: int, out_dir: str | None) -> _PackTask:
         return _PackTask(t, str(join(src, entries[t]["file"])), out_dir, cfg, max_units, str(root), digest, max_errors,
-                         on_error, check_mtime, entries[t], os.getcwd())
+                         on_error, check_mtime, entries[t], os.getcwd(), _rotates(tok_manifest))
 
     def check_shards() -> None:  # the cheap checks of every shard before any task starts (sha256 is per task)
         if remote_src:  # one listing: every shard there, of its size
@@ -2250,6 +2266,7 @@ class _MixSource:
     media_root: str
     check_mtime: bool
     copy_like: frozenset[str] = frozenset()
+    rotate: bool | None = None  # whether its tokenize turned videos by their display rotation (_rotates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -2416,7 +2433,8 @@ def _undecodable_mixed(task: _MixTask, known: set[int]) -> dict[int, tuple[str, 
         shard, rows = _stream_places(task)
         found: dict[int, tuple[str, str]] = {}
         for s in np.unique(task.src).tolist():
-            loader = _media_loader(as_root(task.sources[s].media_root), task.cfg.frame_quality)
+            loader = _media_loader(as_root(task.sources[s].media_root), task.cfg.frame_quality,
+                                   rotate=task.sources[s].rotate)
             for k in np.unique(shard[task.src == s]).tolist():
                 pf = shards.get(s, k)
                 media = pf.read(columns=["media"], use_threads=False).column("media")
@@ -2535,7 +2553,8 @@ def _mix_shards(task: _MixTask, report: Callable[[int], None], shards: _MixShard
             report(len(rejected))
         copy_like = _copy_like(task.sources)
         roots = [as_root(ms.media_root) for ms in task.sources]
-        loaders = [_media_loader(r, cfg.frame_quality, len(roots)) for r in roots] if cfg.media == "embed" else None
+        loaders = ([_media_loader(r, cfg.frame_quality, len(roots), ms.rotate) for r, ms in zip(roots, task.sources, strict=True)]
+                   if cfg.media == "embed" else None)
         truncated = set(plan.truncated)
         bounds = [s + k for s in range(0, plan.n_packs, cfg.packs_per_shard)
                   for k in range(0, min(cfg.packs_per_shard, plan.n_packs - s), PACK_CHUNK)]
@@ -2740,7 +2759,7 @@ def _pack_mixture(mixture, out_dir: str | Path, cfg: PackConfig, progress: Progr
             for entry in m["shards"]:
                 open_shard(Path(s.path), entry)
         refs.append(_MixSource(s.path.rstrip("/") if is_url(s.path) else s.path, tuple(m["shards"]), str(root),
-                               root == counted))
+                               root == counted, rotate=_rotates(m)))
     available = [sum(e["rows"] for e in m["shards"]) for m in manifests]
     plan = plan_mixture(mixture, available)
     mix = mixture.to_dict()

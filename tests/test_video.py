@@ -1039,3 +1039,84 @@ def test_embedded_frames_of_two_sizes_are_a_named_error():
     with pytest.raises(InputError, match=r"'joined.ts' has embedded frames of 2 sizes \(64x48, 96x64\)"):
         decode_video(item)
     assert [f.size for f in decode_video({**item, "frames": [jpeg(64, 48)] * 2}).frames] == [(64, 48)] * 2
+
+
+def _marked_video(path: Path, size: tuple[int, int], rotation: int) -> Path:
+    """Six black frames with a white block in the top-left corner of the coded picture, and a
+    display rotation of ``rotation`` degrees (as a phone held upside down or upright records)."""
+    import av
+
+    w, h = size
+    with av.open(str(path), "w", format="mp4") as out:
+        st = out.add_stream("libx264", rate=10)
+        st.width, st.height, st.pix_fmt = w, h, "yuv420p"
+        st.options = {"preset": "ultrafast"}
+        st.set_display_rotation(rotation)
+        for _ in range(6):
+            img = np.zeros((h, w, 3), np.uint8)
+            img[: h // 4, : w // 4] = 255
+            for p in st.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                out.mux(p)
+        for p in st.encode():
+            out.mux(p)
+    return path
+
+
+def _white_corner(img) -> str:
+    a = np.asarray(img.convert("L"), dtype=float)
+    h, w = a.shape
+    corners = {"top-left": a[: h // 4, : w // 4], "top-right": a[: h // 4, -(w // 4):],
+               "bottom-left": a[-(h // 4):, : w // 4], "bottom-right": a[-(h // 4):, -(w // 4):]}
+    return max(corners, key=lambda k: corners[k].mean())
+
+
+# (coded size, display rotation) -> where the coded top-left corner is shown
+_SHOWN = {((64, 48), 90): "bottom-left", ((64, 48), 180): "bottom-right", ((48, 48), 90): "bottom-left",
+          ((48, 48), 270): "top-right"}
+
+
+@pytest.mark.parametrize("size,rotation", list(_SHOWN))
+def test_frames_of_a_video_counted_with_its_rotation_are_turned_by_it(tmp_path, size, rotation):
+    """With ``--exif apply`` (Molmo2's default) a video's frames are fed as displayed. The turn was
+    guessed from the recorded size (width and height the coded ones swapped), so a half turn and
+    any turn of a square video were fed as coded, unlike a quarter turn of any other video: the
+    turn is now the one tokenize applied, told by the family's setting, in pack and the reader."""
+    from packtool.media import counted_frames
+
+    path = _marked_video(tmp_path / "v.mp4", size, rotation)
+    items = {}
+    for exif, want in (("apply", _SHOWN[(size, rotation)]), ("ignore", "top-left")):
+        meta = probe_video(path, apply_rotation=exif == "apply")
+        assert meta.rotation == rotation
+        lay = get_family("molmo2", exif=exif).video(meta)
+        items[exif] = {"kind": "video", "path": "v.mp4", "width": meta.width, "height": meta.height,
+                       "timestamps": list(lay.timestamps)}
+        frames = counted_frames(path, items[exif], rotate=exif == "apply")
+        assert {_white_corner(f) for f in frames} == {want}, exif
+        assert {f.size for f in frames} == {(meta.width, meta.height)}
+    # a caller that does not know the setting: the guess from the size, right for a quarter turn of
+    # a video that is not square only
+    guessed = _white_corner(counted_frames(path, items["apply"])[0])
+    assert guessed == (_SHOWN[(size, rotation)] if size[0] != size[1] and rotation != 180 else "top-left")
+
+
+@pytest.mark.parametrize("media_mode", ["embed", "reference"])
+def test_pack_and_the_reader_turn_a_half_turned_video_as_tokenize_counted_it(tmp_path, media_mode):
+    """The setting reaches the frames through the manifests: pack embeds, and the reader decodes by
+    reference, a 180-degree video turned under ``--exif apply`` and as coded under ``ignore``."""
+    from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset
+    from packtool.reader import PackedDataset, decode_media
+
+    media = tmp_path / "media"
+    media.mkdir()
+    _marked_video(media / "upside.mp4", (64, 48), 180)
+    records = tmp_path / "data.jsonl"
+    records.write_text(json.dumps({"id": "u", "video": "upside.mp4", "conversations": [
+        {"from": "human", "value": "<video>\nWhat is shown?"}, {"from": "gpt", "value": "A block."}]}) + "\n")
+    for exif, want in (("apply", "bottom-right"), ("ignore", "top-left")):
+        tok, out = tmp_path / f"tok-{exif}", tmp_path / f"packed-{exif}"
+        tokenize_dataset([records], tok, TokenizeConfig(media_root=str(media), exif=exif), workers=1, progress=None)
+        pack_dataset(tok, out, PackConfig(max_tokens=4096, media=media_mode), workers=1, progress=None)
+        rows = list(PackedDataset(out, shuffle=False))
+        (video,) = decode_media(rows[0], media)
+        assert {_white_corner(f) for f in video.frames} == {want}, exif

@@ -975,7 +975,7 @@ def _open_image(src):
         raise InputError(f"{err.message}: {src if isinstance(src, Path) else 'embedded bytes'}") from None
 
 
-def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrames:
+def decode_video(item: dict, media_root: str | Path | None = None, *, exif: bool | None = None) -> VideoFrames:
     """The frames of one video media item with their timestamps.
 
     Embedded videos carry one JPEG per counted timestamp. For videos packed by
@@ -983,7 +983,10 @@ def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrame
     video that came as bytes) is decoded with PyAV and the frames are
     picked by the rule pack embeds with (:func:`packtool.media.counted_frames`: the
     frame on screen at each timestamp after the stream's first frame, turned by the
-    rotation tokenize counted), so both media modes give the same frames.
+    rotation tokenize counted), so both media modes give the same frames. ``exif``: whether
+    tokenize applied the display rotation (the manifest's ``vision.exif == "apply"``, which
+    :func:`decode_media` reads); ``None`` guesses it from the recorded size, which misses a
+    half turn and any turn of a square video.
     """
     stamps = tuple(float(t) for t in (item.get("timestamps") or ()))
     data = item.get("frames")
@@ -1015,7 +1018,7 @@ def decode_video(item: dict, media_root: str | Path | None = None) -> VideoFrame
     file = inline if inline else _media_file(item, media_root)
     try:
         # in a bucket: every frame is decoded, so the whole file in one GET
-        frames = counted_frames(file if isinstance(file, Path | bytes) else file.read_bytes(), item)
+        frames = counted_frames(file if isinstance(file, Path | bytes) else file.read_bytes(), item, exif)
     except SampleError as err:
         where = "held in the pack" if inline else repr(str(file))
         raise InputError(f"video {where}: {err.message}; re-check the file or re-pack with --media embed") from None
@@ -1027,11 +1030,13 @@ def decode_media(row: dict, media_root: str | Path | None = None) -> list:
 
     Images are turned by their EXIF orientation when the pack's family settings say tokenize
     counted them so (``row["vision"]["exif"] == "apply"``: Molmo2's default, or ``--exif apply``),
-    so each image has the size its media item records and its vision tokens were counted for.
+    so each image has the size its media item records and its vision tokens were counted for;
+    videos packed by reference, by their display rotation under the same setting.
     """
-    exif = (row.get("vision") or {}).get("exif") == "apply"
-    return [decode_video(m, media_root) if m["kind"] == "video" else decode_image(m, media_root, exif=exif)
-            for m in row["media"]]
+    setting = (row.get("vision") or {}).get("exif")
+    exif = setting == "apply"
+    return [decode_video(m, media_root, exif=None if setting is None else exif) if m["kind"] == "video"
+            else decode_image(m, media_root, exif=exif) for m in row["media"]]
 
 
 # --------------------------------------------------------------------------- batches

@@ -48,7 +48,15 @@ import numpy as np
 
 from ...errors import ConfigError, InputError
 from ...schema import PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
-from .. import IGNORE_INDEX, _has_trees, attention_mask, collate, decode_image
+from .. import (
+    IGNORE_INDEX,
+    VideoFrames,
+    _has_trees,
+    attention_mask,
+    collate,
+    decode_image,
+    decode_video,
+)
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
@@ -106,6 +114,11 @@ class FamilyInputs:
     def image(self, m: dict, media_root: str | Path | None):
         """One image decoded as ``tokenize`` measured it (EXIF orientation applied when the manifest says so)."""
         return decode_image(m, media_root, exif=self.vision.get("exif") == "apply")
+
+    def video(self, m: dict, media_root: str | Path | None) -> VideoFrames:
+        """One video's counted frames, turned by its display rotation when the manifest says tokenize applied it."""
+        setting = self.vision.get("exif")
+        return decode_video(m, media_root, exif=None if setting is None else setting == "apply")
 
     def positions(self, rows: Sequence[dict], width: int) -> np.ndarray | None:
         """Position ids of ``rows`` padded to ``width``, or ``None`` for the rows' 1-D ``position_ids``."""

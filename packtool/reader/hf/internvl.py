@@ -43,7 +43,6 @@ import numpy as np
 
 from ...errors import ConfigError, InputError
 from ...vision.internvl import InternVL
-from .. import decode_video
 from . import FamilyInputs, media_sample_id
 
 __all__ = ["InternVLInputs"]
@@ -167,7 +166,7 @@ class InternVLInputs(FamilyInputs):
         k = 0
         for r, m in items:
             if m["kind"] == "video":
-                frames = list(decode_video(m, media_root).frames)
+                frames = list(self.video(m, media_root).frames)
                 tiles = self.video_processor()(videos=[frames], return_tensors="pt")["pixel_values_videos"][0]
             else:
                 tiles = image_tiles[k]

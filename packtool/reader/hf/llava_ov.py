@@ -55,7 +55,6 @@ from typing import Any
 import numpy as np
 
 from ...errors import ConfigError, InputError
-from .. import decode_video
 from . import FamilyInputs, media_sample_id
 
 __all__ = ["LlavaOnevisionInputs"]
@@ -195,7 +194,7 @@ class LlavaOnevisionInputs(FamilyInputs):
             current = None
             for m in media:
                 if m["kind"] == "video":
-                    frames = list(decode_video(m, media_root).frames)
+                    frames = list(self.video(m, media_root).frames)
                     self._check(r, m, self.video_tokens(len(frames)), f"{len(frames)} frames")
                     videos.append(torch.stack([torch.from_numpy(np.array(f, dtype=np.uint8)).permute(2, 0, 1)
                                                for f in frames]))

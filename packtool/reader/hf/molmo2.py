@@ -64,7 +64,6 @@ import numpy as np
 from ...errors import InputError
 from ...schema import PREFIX_SUBSEGMENT, SUBSEGMENT_STRIDE
 from ...vision.molmo2 import Molmo2
-from .. import decode_video
 from . import FamilyInputs, media_sample_id
 
 __all__ = ["Molmo2Inputs", "image_token_spans"]
@@ -206,11 +205,10 @@ class Molmo2Inputs(FamilyInputs):
                 "image_grids": torch.stack(grids),
                 "image_num_crops": torch.tensor([p.shape[0] for p, _, _ in pieces], dtype=torch.int64)}
 
-    @staticmethod
-    def _video(m: dict, media_root):
+    def _video(self, m: dict, media_root):
         import torch
 
-        frames = decode_video(m, media_root).frames
+        frames = self.video(m, media_root).frames
         return torch.stack([torch.from_numpy(np.array(f, dtype=np.uint8)).permute(2, 0, 1) for f in frames])
 
     @staticmethod

@@ -42,7 +42,6 @@ from typing import Any
 import numpy as np
 
 from ...errors import InputError, SampleError
-from .. import decode_video
 from . import FamilyInputs, media_sample_id, sample_spans
 
 __all__ = ["Qwen2VLInputs", "Qwen25VLInputs", "Qwen3VLInputs", "mrope_positions"]
@@ -247,7 +246,7 @@ class Qwen2VLInputs(FamilyInputs):
         for r in rows:
             for m in sorted(r["media"], key=lambda m: int(m["token_offset"])):
                 if m["kind"] == "video":
-                    out = self._video_pixels(list(decode_video(m, media_root).frames), m)
+                    out = self._video_pixels(list(self.video(m, media_root).frames), m)
                     self._check(r, m, out["video_grid_thw"][0])
                     videos.append(out["pixel_values_videos"])
                     grids_v.append(out["video_grid_thw"])
