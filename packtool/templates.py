@@ -474,7 +474,7 @@ def _trimmed(msg: Message) -> Message:
             k = 0 if step == 1 else len(parts) - 1
     if len(parts) == len(msg.parts) and all(a is b for a, b in zip(parts, msg.parts, strict=True)):
         return msg
-    return Message(msg.role, tuple(parts), msg.tool_calls, msg.reasoning, msg.tool_call_id)
+    return Message(msg.role, tuple(parts), msg.tool_calls, msg.reasoning, msg.tool_call_id, msg.loss)
 
 
 def _split_reasoning(msg: Message) -> tuple[str, str]:

@@ -171,13 +171,16 @@ def test_no_assistant_turn_is_no_loss(media_root):
     assert rej.reason == "no_loss"
 
 
-@pytest.mark.parametrize("name", ["chatml", "qwen3-vl", "plain"])
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
 def test_an_assistant_turn_marked_loss_false_is_context_only(name, media_root):
     """ms-swift's per-message ``"loss": false``: the turn is rendered as it is, with no loss on
     any of its tokens (its end of turn included); the tokens are those of the default render. A
-    conversation whose every assistant turn is so marked has nothing to learn: ``no_loss``."""
-    base = two_turns()
-    u1, a1, u2, a2 = base.branches[0]
+    conversation whose every assistant turn is so marked has nothing to learn: ``no_loss``.
+    The context turn ends in whitespace, which ``llama3`` trims (the trimmed turn once lost its
+    mark there, and was trained on)."""
+    u1, a1, u2, a2 = two_turns().branches[0]
+    a1 = Message("assistant", (Part.of_text("A cat.\n"),))
+    base = two_turns(u1, a1, u2, a2)
     tok, [plain_row], _ = encode(name, media_root, base)
     _, [row], _ = encode(name, media_root, two_turns(u1, Message("assistant", a1.parts, loss=False), u2, a2))
     ids, tgt = row["input_ids"].tolist(), row["target_ids"].tolist()
