@@ -809,3 +809,27 @@ def test_llava_keeps_a_top_level_system_prompt():
     assert s.branches == sharegpt.parse(rec, "f.jsonl", 0).branches
     with pytest.raises(SampleError, match="'system'"):
         llava.parse({**rec, "system": 3}, "f.jsonl", 0)
+
+
+def test_messages_records_keep_a_top_level_system_prompt(tmp_path):
+    """A ``messages`` record's top-level ``system`` (LLaMA-Factory's system column, ms-swift's
+    ``system`` key) is its system prompt: ``--format auto`` reads such a record as swift, which
+    dropped it silently (the template's default system text took its place). A conversation that
+    opens with its own system turn keeps that one, as both tools do (it was ``bad_turn_order``
+    under sharegpt and llava, two system turns)."""
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Arr."}]
+    rec = {"id": "a", "system": "You are a pirate.", "messages": turns}
+    own = {**rec, "messages": [{"role": "system", "content": "Be brief."}, *turns]}
+    [s, o] = read_all(write_jsonl(tmp_path / "s.jsonl", [rec, own]))
+    assert s.branches == ((Message("system", (T("You are a pirate."),)), U(T("Hi")), A("Arr.")),)
+    assert o.branches == ((Message("system", (T("Be brief."),)), U(T("Hi")), A("Arr.")),)
+    for fmt in ("swift", "sharegpt"):
+        assert [x.branches for x in read_all(tmp_path / "s.jsonl", fmt)] == [s.branches, o.branches]
+    legacy = {"id": "b", "system": "You are a pirate.",
+              "conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"},
+                                {"from": "gpt", "value": "Arr."}]}
+    for fmt in ("auto", "llava"):
+        [b] = read_all(write_jsonl(tmp_path / "b.jsonl", [legacy]), fmt)
+        assert b.branches == o.branches
+    [bad] = read_all(write_jsonl(tmp_path / "n.jsonl", [{**rec, "system": 3}]))
+    assert (bad.reason, bad.message) == ("bad_record", "'system' must be a string, got int")

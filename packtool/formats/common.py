@@ -476,7 +476,8 @@ def build_sample(
 
     With ``strict`` the tag count must equal the media count (Qwen-VL finetune,
     ms-swift, LLaMA-Factory); otherwise media without any tag go to the start of the
-    first user turn, as LLaVA does. With ``image_tags_for_video``, a record with videos,
+    first user turn, as LLaVA does. ``system`` (a record's top-level prompt) opens the conversation
+    unless its first turn is a system turn of its own. With ``image_tags_for_video``, a record with videos,
     no image and no ``<video>`` tag may mark its videos with ``<image>`` tags, one per
     video: LLaVA-NeXT / LLaVA-OneVision training code (and so LLaVA-Video-178K) writes
     ``<image>`` for a video.
@@ -489,7 +490,8 @@ def build_sample(
     offsets = {"image": 0, "video": len(images)}
     counters = {"image": 0, "video": 0}
     messages: list[Message] = []
-    if system:
+    if system and (turns[0].role if isinstance(turns[0], Turn) else turns[0][0]) != "system":
+        # a top-level system prompt; a conversation's own system turn wins, as LLaMA-Factory and ms-swift read it
         messages.append(Message("system", (Part.of_text(system),)))
     for t in turns:
         if isinstance(t, Turn):

@@ -19,6 +19,10 @@ names its own media as Qwen-VL, transformers and OpenAI write it (``{"type": "im
 Media stand in the order of their tags: a part that names its own image sits where its tag is,
 the listed items fill the other tags in turn.
 
+A top-level ``system`` string is the system prompt when the conversation opens with no system turn
+of its own (ms-swift's ``system`` key; LLaMA-Factory's system column, whose role/content records
+read as these).
+
 Tool use: ms-swift's ``tool_call`` / ``tool_response`` roles and OpenAI's assistant
 ``tool_calls`` with ``role: "tool"`` results, the function schemas in ``tools`` (a list
 or a JSON string of one); an assistant's ``reasoning_content`` is its reasoning (see
@@ -29,7 +33,15 @@ from __future__ import annotations
 
 from ..errors import SampleError, quoted
 from ..records import Sample
-from .common import build_sample, check_text, media_ref, media_refs, read_turns, sample_id_of
+from .common import (
+    build_sample,
+    check_text,
+    media_ref,
+    media_refs,
+    read_turns,
+    sample_id_of,
+    system_of,
+)
 from .llava import ROLE_MAP
 from .tools import parse_tools
 
@@ -117,4 +129,4 @@ def parse(record: dict, source: str, row: int) -> Sample:
     turns = read_turns(msgs, "role", "content", "messages", ROLE_MAP, text_of)
     images, videos = (ordered[k] + listed[k][used[k]:] for k in ("image", "video"))
     return build_sample(turns, images, videos, sample_id_of(record, source, row), source, row,
-                        tools=parse_tools(record.get("tools")))
+                        system=system_of(record), tools=parse_tools(record.get("tools")))
