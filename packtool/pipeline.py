@@ -56,6 +56,7 @@ from .executors import (
 from .formats import (
     UTF8_BOM,
     Rejected,
+    compressed_as,
     expand_inputs,
     is_jsonl_content,
     is_jsonl_name,
@@ -744,7 +745,8 @@ def _splittable(path: Path, size: int) -> bool:
     if not is_jsonl_name(path.name, compressed=False):
         return False
     with open(path, "rb") as fh:
-        return not _array_head(fh)
+        # compressed bytes under a plain name: read whole, to the one row that says so (not cut at newline bytes)
+        return compressed_as(fh.peek(8)[:8]) is None and not _array_head(fh)
 
 
 def _array_cuts(path: Path, size: int, first: int, every: int) -> tuple[int, list[tuple[int, int]]] | None:

@@ -336,6 +336,44 @@ def test_a_file_that_is_not_its_compression_is_one_error_row(tmp_path, media, ca
         assert json.loads(out)["samples"] == 1
 
 
+def _compressed_as(kind: str, body: bytes) -> bytes:
+    import bz2
+    import lzma
+
+    import zstandard
+
+    return {"gzip": gzip.compress, "zstd": zstandard.ZstdCompressor().compress, "bzip2": bz2.compress,
+            "xz": lzma.compress}[kind](body)
+
+
+@pytest.mark.parametrize(("name", "kind", "fix"), [
+    ("train.jsonl.bz2", "bzip2", "recompress it with gzip or zstd"),
+    ("train.jsonl.xz", "xz", "recompress it with gzip or zstd"),
+    ("train.jsonl", "gzip", "rename it to end in .gz"),
+    ("train.json", "zstd", "rename it to end in .zst"),
+])
+def test_a_file_compressed_as_its_name_does_not_say_is_one_error_row_naming_the_fix(tmp_path, media, capfd, name,
+                                                                                  kind, fix):
+    """A named ``.jsonl.bz2`` / ``.xz`` file, or gzip / zstd bytes under a plain name, was read as text:
+    one ``bad_encoding`` row per run of bytes between newline bytes ("line is not valid UTF-8"), or
+    a ``.jsonl`` cut into tasks at those bytes. It is one ``corrupt_file`` row naming the compression
+    and the fix, with --workers 1 and 2 alike."""
+    body = b"".join(json.dumps(rec(f"r{i}", conversations=conv(answer=hashlib.sha256(str(i).encode()).hexdigest())))
+                    .encode() + b"\n" for i in range(400))
+    (tmp_path / name).write_bytes(_compressed_as(kind, body))
+    assert (tmp_path / name).read_bytes().count(b"\n") > 3  # lines to cut at, were it read as JSONL
+    jsonl(tmp_path / "good.jsonl", [rec("good")])
+    for workers in ("1", "2"):
+        out_dir = tmp_path / f"tok{workers}"
+        code, out, err = cli(capfd, "tokenize", tmp_path / name, tmp_path / "good.jsonl", "--media-root", media,
+                             "-o", out_dir, "-q", "--workers", workers, "--rows-per-shard", "100", "--json")
+        assert code == 0, err
+        errors = [json.loads(x) for x in (out_dir / ".packtool" / "errors.jsonl").read_text().splitlines()]
+        assert [(e["source"], e["row"], e["reason"]) for e in errors] == [(str(tmp_path / name), 0, "corrupt_file")]
+        assert f"{kind}-compressed" in errors[0]["message"] and fix in errors[0]["message"], errors[0]["message"]
+        assert json.loads(out)["rows_in"] == json.loads(out)["samples"] + 1 == 2
+
+
 # ============================================================================ 2: pack never crashes on a plan
 
 

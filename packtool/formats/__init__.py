@@ -35,7 +35,8 @@ from . import hf_parquet, jsonarray, llava, molmo, qwen_vl, sharegpt, swift
 from .common import check_sample, decode_turn_fields, printable, record_id
 
 __all__ = ["Rejected", "iter_samples", "parse_record", "parse_json_line", "iter_records", "expand_inputs", "PARSERS",
-           "FORMATS", "detect_format", "SUFFIXES", "UTF8_BOM", "is_input_name", "is_parquet_name", "is_jsonl_name"]
+           "FORMATS", "detect_format", "SUFFIXES", "UTF8_BOM", "is_input_name", "is_parquet_name", "is_jsonl_name",
+           "compressed_as"]
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +318,38 @@ def _open_binary(path: Path):
     return open(path, "rb", buffering=1 << 16)
 
 
+#: The first bytes of compressed files, by compression (none can start a JSON text).
+_MAGIC = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"),
+          (b"PK\x03\x04", "zip"), (b"7z\xbc\xaf\x27\x1c", "7z"), (b"\x04\x22\x4d\x18", "lz4"))
+#: The suffix that makes packtool decompress a file, by compression.
+_READ_AS = {"gzip": ".gz", "zstd": ".zst"}
+
+
+def compressed_as(head: bytes) -> str | None:
+    """The compression whose magic number ``head`` (a file's first bytes) starts with, or ``None``.
+
+    Example:
+        >>> compressed_as(b"BZh91AY&SY"), compressed_as(b'{"id": 1}')
+        ('bzip2', None)
+    """
+    for magic, kind in _MAGIC:
+        if head.startswith(magic):
+            return kind
+    return None
+
+
+def _compressed_file(path: Path, kind: str) -> SampleError:
+    """The ``corrupt_file`` row of a file whose bytes are ``kind``-compressed though its name does
+    not make packtool decompress them (read as text, every run of bytes between newline bytes
+    was a ``bad_encoding`` row)."""
+    if kind in _READ_AS:
+        fix = f"rename it to end in {_READ_AS[kind]} ({path.name}{_READ_AS[kind]})"
+    else:
+        fix = "decompress it, or recompress it with gzip or zstd (.gz, .zst), which packtool reads"
+    return SampleError("corrupt_file", f"the file is {kind}-compressed, but its name does not say .gz or .zst, so "
+                                       f"it is not read; {fix}")
+
+
 def _decode_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean a compressed file's bytes are not what its name says (not an
     environment fault such as a permission or I/O error, which stops the run)."""
@@ -358,6 +391,9 @@ def _json_records(path: Path) -> Iterator[tuple[int, object]]:
 
 def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
     with _open_binary(path) as fh:
+        if not path.name.lower().endswith((".gz", ".zst")) and (kind := compressed_as(fh.peek(8)[:8])):
+            yield 0, _compressed_file(path, kind)
+            return
         # a leading byte-order mark is no part of the first record: sniff and read past it
         head = fh.peek(1 << 12)[: 1 << 12].removeprefix(UTF8_BOM).lstrip()
         lead: list[bytes] = []
