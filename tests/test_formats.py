@@ -608,6 +608,32 @@ def test_directory_inputs_match_suffixes_in_any_case_and_read_ndjson(tmp_path):
         expand_inputs([pipes])
 
 
+def test_a_directory_warns_of_the_inputs_it_skips_for_their_compression(tmp_path, caplog):
+    """A corpus folder's ``.jsonl.xz`` / ``.json.bz2`` files were skipped as any ``README.md`` is,
+    said only under ``--verbose``: part of the corpus left out of the run without a word. They are
+    named in a warning (and in the error of a folder that holds nothing else), with the fix."""
+    import bz2
+    import logging
+    import lzma
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_jsonl(data / "a.jsonl", [LLAVA])
+    (data / "b.jsonl.xz").write_bytes(lzma.compress(json.dumps(LLAVA).encode()))
+    (data / "c.JSON.BZ2").write_bytes(bz2.compress(json.dumps(LLAVA).encode()))
+    (data / "notes.txt.xz").write_bytes(lzma.compress(b"not records"))  # no input inside: skipped as before
+    with caplog.at_level(logging.INFO, logger="packtool.formats"):
+        files = expand_inputs([data])
+    assert [f.name for f in files] == ["a.jsonl"]
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"{data}: skipped 'b.jsonl.xz' (compressed as .xz, which packtool does not read), 'c.JSON.BZ2' (compressed "
+        "as .bz2, which packtool does not read); decompress them, or recompress them with gzip or zstd (.gz, .zst)"]
+    (data / "a.jsonl").unlink()
+    with pytest.raises(InputError, match=r"skipped 'b.jsonl.xz' \(compressed as .xz, which packtool does not read\), "
+                                         r"'c.JSON.BZ2' \(compressed as .bz2, .*'notes.txt.xz' \(not an input file suffix\)"):
+        expand_inputs([data])
+
+
 # --- bad rows ---------------------------------------------------------------------------
 
 def test_bad_rows_get_reason_codes(tmp_path):

@@ -127,8 +127,22 @@ def _scan_dir(root: Path, skipped: list[tuple[str, str]] | None = None) -> list[
         if is_input_name(f.name):
             files.append(f)
         elif skipped is not None:
-            skipped.append((str(f), "not an input file suffix"))
+            skipped.append((str(f), _why_not_input(f.name)))
     return sorted(files)
+
+
+#: Compression suffixes packtool does not read.
+_UNREAD_COMPRESSIONS = (".bz2", ".xz", ".lzma", ".lz4", ".zip", ".7z", ".br", ".gzip", ".zstd")
+_UNREAD = "which packtool does not read"
+
+
+def _why_not_input(name: str) -> str:
+    """Why a directory scan skips a file: a name that is an input's under a compression packtool
+    does not read (``train.jsonl.xz``) says so, and :func:`expand_inputs` warns of it."""
+    stem, dot, suffix = name.rpartition(".")
+    if dot and "." + suffix.lower() in _UNREAD_COMPRESSIONS and is_input_name(stem):
+        return f"compressed as .{suffix.lower()}, {_UNREAD}"
+    return "not an input file suffix"
 
 
 def expand_inputs(inputs: list[Path], present: set[str] = frozenset()) -> list[Path]:
@@ -161,6 +175,9 @@ def expand_inputs(inputs: list[Path], present: set[str] = frozenset()) -> list[P
                                  f"{', '.join(SUFFIXES)}, in any case")
             if skipped:
                 log.info("%s: %d entries skipped (%s)", p, len(skipped), _skipped_summary(p, skipped))
+            if unread := [entry for entry in skipped if entry[1].endswith(_UNREAD)]:  # records left out: not only -v
+                log.warning("%s: %s; decompress them, or recompress them with gzip or zstd (.gz, .zst)", p,
+                            _skipped_summary(p, unread, limit=10))
             files.extend(found)
         elif p.is_file():
             files.append(p)
