@@ -859,3 +859,22 @@ def test_messages_records_keep_a_top_level_system_prompt(tmp_path):
         assert b.branches == o.branches
     [bad] = read_all(write_jsonl(tmp_path / "n.jsonl", [{**rec, "system": 3}]))
     assert (bad.reason, bad.message) == ("bad_record", "'system' must be a string, got int")
+
+
+def test_an_empty_media_list_counts_as_absent(tmp_path):
+    """A table that mixes formats may hold ``[]`` rather than null in the media columns a row's
+    format does not use (``images: []`` beside a LLaVA row's ``image``). The empty list won over
+    the other key: a swift row lost its image silently (trained without it), and a LLaVA row
+    read as ShareGPT was ``placeholder_mismatch`` "for 0 images"."""
+    conv = [{"from": "human", "value": "<image>Q"}, {"from": "gpt", "value": "A"}]
+    msgs = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]
+    recs = [{"id": "llava", "image": "a.png", "images": [], "videos": [], "conversations": conv},
+            {"id": "untagged", "image": "a.png", "images": [], "conversations": [{**conv[0], "value": "Q"}, conv[1]]},
+            {"id": "swift", "image": "a.png", "images": [], "messages": msgs},
+            {"id": "molmo", "image": [], "images": ["a.png"], "message_list": [{"question": "Q", "answer": "A"}]}]
+    got = read_all(write_jsonl(tmp_path / "e.jsonl", recs))
+    assert [detect_format(r) for r in recs] == ["llava", "llava", "swift", "molmo"]
+    want = (U(IMG("image", 0), T("Q")), A("A"))
+    for s in got:
+        assert isinstance(s, Sample), s
+        assert (s.media, s.branches) == ((MediaRef("image", "a.png"),), (want,)), s.sample_id

@@ -126,10 +126,11 @@ def media_refs(record: dict, image_keys: tuple[str, ...], video_keys: tuple[str,
 
 
 def _first_present(record: dict, keys: tuple[str, ...]) -> list:
-    """:func:`as_list` of the first of ``keys`` whose value is not null; ``[]`` if none is."""
+    """:func:`as_list` of the first of ``keys`` whose value is neither null nor an empty list (a
+    table that mixes formats may hold ``images: []`` beside a LLaVA row's ``image``); ``[]`` if none is."""
     for k in keys:
         value = record.get(k)
-        if value is not None:
+        if value is not None and not (isinstance(value, list | tuple) and not value):
             return as_list(value)
     return []
 
