@@ -61,6 +61,7 @@ from .formats import (
     is_jsonl_content,
     is_jsonl_name,
     is_parquet_name,
+    opens_alone,
     parse_json_line,
     parse_record,
 )
@@ -745,8 +746,10 @@ def _splittable(path: Path, size: int) -> bool:
     if not is_jsonl_name(path.name, compressed=False):
         return False
     with open(path, "rb") as fh:
-        # compressed bytes under a plain name: read whole, to the one row that says so (not cut at newline bytes)
-        return compressed_as(fh.peek(8)[:8]) is None and not _array_head(fh)
+        head = fh.read(1 << 12)
+    # compressed bytes under a plain name, an array, pretty-printed records: read whole (not cut at newline bytes)
+    text = head.removeprefix(UTF8_BOM).lstrip()
+    return compressed_as(head) is None and not text.startswith(b"[") and not opens_alone(text)
 
 
 def _array_cuts(path: Path, size: int, first: int, every: int) -> tuple[int, list[tuple[int, int]]] | None:

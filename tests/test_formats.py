@@ -423,6 +423,39 @@ def test_jsonl_whose_first_line_is_an_array_loses_that_line_only(tmp_path, name,
     assert bad.reason == "bad_json" and bad.message.startswith("the file is not valid JSON (")
 
 
+@pytest.mark.parametrize("name", ["a.jsonl", "a.json", "a.jsonl.gz"])
+def test_pretty_printed_records_one_after_another_are_one_row_that_says_so(tmp_path, name):
+    """``jq '.[]' data.json > data.jsonl`` (no ``-c``) writes each record over several lines. As
+    JSONL that was a ``bad_json`` row per line ("Expecting property name ...", "Extra data ..."),
+    47 rows for three records, none saying why; under ``.json``, one row that said "convert it to
+    JSONL". It is one ``bad_json`` row that names the cause and the fix, also when tokenize plans
+    the file (it cut a ``.jsonl`` into tasks at its lines). One pretty-printed record is still read."""
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    (tmp_path / "a.png").write_bytes(png_bytes())
+    body = "".join(json.dumps({**LLAVA, "id": f"s{i}", "image": "a.png"}, indent=2) + "\n" for i in range(3)).encode()
+    (tmp_path / name).write_bytes(gzip.compress(body) if name.endswith(".gz") else body)
+    [bad] = read_all(tmp_path / name)
+    assert (bad.reason, bad.source_row) == ("bad_json", 0)
+    assert bad.message.startswith("the file is not valid JSON (Extra data: line 23 column 1 (char ")
+    assert bad.message.endswith("): it holds JSON values one after another, written over several lines each "
+                                "(pretty-printed, as jq writes them without -c), not one record per line; write "
+                                "one record per line (`jq -c . FILE`), or wrap them in a JSON array"), bad.message
+    m = tokenize_dataset([tmp_path / name], tmp_path / "tok", TokenizeConfig(media_root=str(tmp_path), rows_per_shard=4),
+                         workers=1)
+    assert (m["counts"]["rows_in"], m["counts"]["rejected_by_reason"]) == (1, {"bad_json": 1})
+    (tmp_path / "one.jsonl").write_bytes(json.dumps(LLAVA, indent=2).encode())
+    [one] = read_all(tmp_path / "one.jsonl")
+    assert isinstance(one, Sample) and one.sample_id == LLAVA["id"]
+    # JSONL after one pretty-printed record: the lines of that record are its rows, the records after it are read
+    first = json.dumps({**LLAVA, "id": "s0"}, indent=2) + "\n"
+    (tmp_path / "mixed.jsonl").write_text(first + "".join(json.dumps({**LLAVA, "id": f"s{i}"}) + "\n" for i in (1, 2)))
+    got = read_all(tmp_path / "mixed.jsonl")
+    n = first.count("\n")
+    assert [g.reason for g in got[:-2]] == ["bad_json"] * n
+    assert [(g.sample_id, g.source_row) for g in got[-2:]] == [("s1", n), ("s2", n + 1)]
+
+
 def test_zstd_missing_names_the_extra(tmp_path, monkeypatch):
     import sys
 

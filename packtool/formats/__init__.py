@@ -36,7 +36,7 @@ from .common import check_sample, decode_turn_fields, printable, record_id
 
 __all__ = ["Rejected", "iter_samples", "parse_record", "parse_json_line", "iter_records", "expand_inputs", "PARSERS",
            "FORMATS", "detect_format", "SUFFIXES", "UTF8_BOM", "is_input_name", "is_parquet_name", "is_jsonl_name",
-           "compressed_as"]
+           "compressed_as", "opens_alone"]
 
 log = logging.getLogger(__name__)
 
@@ -414,7 +414,7 @@ def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
         # a leading byte-order mark is no part of the first record: sniff and read past it
         head = fh.peek(1 << 12)[: 1 << 12].removeprefix(UTF8_BOM).lstrip()
         lead: list[bytes] = []
-        if head.startswith(b"{") and not is_jsonl_name(path.name):
+        if head.startswith(b"{") and (not is_jsonl_name(path.name) or opens_alone(head)):
             lead = _first_lines(fh)
             whole_json = not _looks_like_jsonl(lead[-1].removeprefix(UTF8_BOM))
         else:
@@ -435,14 +435,13 @@ def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
             try:
                 data = json.loads(text)
             except (ValueError, RecursionError) as exc:
-                if _second_line_is_record(raw):
+                if _second_line_is_record(raw) or (is_jsonl_name(path.name) and not _pretty_stream(exc)):
                     # JSONL whose first line is broken or not a record (``[1, 2]`` too, under any
                     # name): only that line is lost, not every record after it
                     yield from _jsonl_rows(io.BytesIO(raw))
                     return
                 # one unreadable file is one rejected row (its records cannot be told apart), not a stopped run
-                yield 0, SampleError("bad_json", f"the file is not valid JSON ({str(exc)[:200]}); fix it or convert "
-                                                 "it to JSONL, one record per line")
+                yield 0, SampleError("bad_json", f"the file is not valid JSON ({str(exc)[:200]})" + _why_not_json(exc))
                 return
             if isinstance(data, dict):
                 data = [data]
@@ -452,6 +451,44 @@ def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
             yield from enumerate(data)
             return
         yield from _jsonl_rows(itertools.chain(lead, fh))
+
+
+def opens_alone(head: bytes) -> bool:
+    """Whether ``head`` (a file's first bytes, from its first that is not whitespace) opens an
+    object alone on its line: no record fits in ``{``, so its records are written over several
+    lines (pretty-printed), and its lines are no rows: the file is read as one JSON text.
+
+    Example:
+        >>> opens_alone(b'{\\n  "id": "a",'), opens_alone(b'{"id": "a"}\\n')
+        (True, False)
+    """
+    return head.partition(b"\n")[0].strip() == b"{"
+
+
+def _why_not_json(exc: BaseException) -> str:
+    """The end of the ``bad_json`` message of a file that is not one JSON text: pretty-printed
+    records one after another (``jq '.[]'`` without ``-c``) are said to be so."""
+    if _pretty_stream(exc):
+        return (": it holds JSON values one after another, written over several lines each (pretty-printed, as jq "
+                "writes them without -c), not one record per line; write one record per line (`jq -c . FILE`), or "
+                "wrap them in a JSON array")
+    return "; fix it or convert it to JSONL, one record per line"
+
+
+def _pretty_stream(exc: BaseException) -> bool:
+    """Whether the error of parsing a file whole shows records pretty-printed one after another:
+    json stopped at "extra data" after a first value written over several lines, and the next
+    value is one too (a JSONL file that opens with one such record is read line by line)."""
+    if not (isinstance(exc, json.JSONDecodeError) and exc.msg == "Extra data"):
+        return False
+    doc, pos = exc.doc, exc.pos
+    if "\n" not in doc[:pos].strip():  # json stops at the end of the first value: one record, not the file
+        return False
+    try:
+        _, end = json.JSONDecoder().raw_decode(doc, pos)
+    except (ValueError, RecursionError):
+        return False
+    return "\n" in doc[pos:end]
 
 
 def _jsonl_rows(lines) -> Iterator[tuple[int, object]]:
