@@ -223,6 +223,9 @@ class TokenizeConfig(_Digestible):
             if self.max_tokens < 1:
                 raise ConfigError("--max-tokens must be at least 1")
             check_range("--max-tokens", self.max_tokens, 1, INT32_MAX, INT32_WHY)
+        if self.system_prompt and self.template == "plain":
+            raise ConfigError("--system-prompt has no place in --template plain: LLaVA's pretraining renders each "
+                              "image and its answer, nothing else; leave the flag out, or pick another --template")
         if self.system_prompt is not None:
             try:
                 self.system_prompt.encode("utf-8")

@@ -26,8 +26,8 @@ plain      (nothing)                   ``\\n`` after    yes: the newline none
 Why no loss on ChatML's newline: generation stops at ``<|im_end|>``, so the newline
 after it is never produced by the model; training on it teaches nothing and, in a
 message tree, it is the token a branch would predict *after* its own end. ``plain``
-(LLaVA's pretraining template: media, the user's text if any, then the answer and
-``"\\n"``) has no end-of-turn token, so its newline is the stop signal and carries loss.
+(LLaVA's pretraining template: the prompt's media, no system or user text, then the answer
+and ``"\\n"``) has no end-of-turn token, so its newline is the stop signal and carries loss.
 
 ChatML (Qwen2-VL / Qwen2.5-VL), one image, one turn::
 
@@ -149,8 +149,9 @@ class Template:
             (``qwen3-vl``: ``qwen3``, whose tool and think tags are single tokens).
         trim_content: strip whitespace from both ends of every turn's content, as Llama 3's
             template does (``message['content'] | trim``).
-        user_text: whether a user turn's text is rendered; LLaVA's pretraining (``plain``)
-            keeps only its media, as its ``preprocess_plain`` replaces the prompt with the image.
+        prompt_text: whether the text of user and system turns is rendered; LLaVA's pretraining
+            (``plain``) keeps only their media, as its ``preprocess_plain`` replaces the prompt with
+            the image and has no system text (a default or ``--system-prompt`` included).
     """
 
     name: str
@@ -169,7 +170,7 @@ class Template:
     model: str = ""
     default_tokenizer: str | None = None
     trim_content: bool = False
-    user_text: bool = True
+    prompt_text: bool = True
 
     def render(self, messages: tuple[Message, ...], system_prompt: str | None = None, tools: tuple[dict, ...] = (),
                reasoning_loss: bool = True) -> list[Segment]:
@@ -211,7 +212,7 @@ class Template:
         has_system = msgs[0].role == "system"
         if tools:
             self._tools_system(segs, msgs[0] if has_system else None, system_prompt, tools)
-        elif not has_system:
+        elif not has_system and self.prompt_text:
             system = self.default_system if system_prompt is None else system_prompt
             if system:
                 self._turn(segs, "system", [("text", system, 1, False)])
@@ -228,10 +229,10 @@ class Template:
                 if i != 0:
                     raise SampleError("bad_turn_order", f"system turn at position {i}; only the first turn may be system")
                 if not tools:
-                    self._turn(segs, "system", _body(msg, False))
+                    self._turn(segs, "system", _body(msg, False, media_only=not self.prompt_text))
             elif role == "user":
                 seen_user = True
-                self._turn(segs, "user", _body(msg, False, media_only=not self.user_text))
+                self._turn(segs, "user", _body(msg, False, media_only=not self.prompt_text))
             elif role == "assistant":
                 if self.require_user_first and not seen_user:
                     raise SampleError("bad_turn_order", f"an assistant turn comes before any user turn, which template {self.name!r} forbids")
@@ -272,7 +273,7 @@ class Template:
             messages, system_prompt = _trimmed_all(messages, system_prompt)
         ends = _role_ends(self)
         segs: list[Segment] = [("special", self.bos, 1, False)] if self.bos else []
-        if messages[0].role != "system":
+        if messages[0].role != "system" and self.prompt_text:
             system = self.default_system if system_prompt is None else system_prompt
             if system:
                 head, tail = ends["system"]
@@ -299,7 +300,7 @@ class Template:
                 loss = False
             head, tail = ends[role]
             segs += head
-            _body(msg, loss, segs, media_only=role == "user" and not self.user_text)
+            _body(msg, loss, segs, media_only=role != "assistant" and not self.prompt_text)
             segs += tail
         return segs if has_loss else None
 
@@ -438,7 +439,7 @@ def _text(msg: Message) -> str:
 
 def _body(msg: Message, loss: bool, body: list[Segment] | None = None, media_only: bool = False) -> list[Segment]:
     """The segments of a turn's parts, appended to ``body`` (a new list when None); with
-    ``media_only``, only its media (:attr:`Template.user_text`)."""
+    ``media_only``, only its media (:attr:`Template.prompt_text`)."""
     if body is None:
         body = []
     for part in msg.parts:
@@ -592,7 +593,7 @@ TEMPLATES: dict[str, Template] = {
         require_user_first=False,
         newline_roles=("assistant",),
         model="LLaVA pretraining",
-        user_text=False,
+        prompt_text=False,
     ),
 }
 

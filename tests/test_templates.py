@@ -147,6 +147,23 @@ def test_default_system_prompts(media_root):
     assert tok.decode(row["input_ids"][:8].tolist()) == "<|im_start|>system\nBe terse.<|im_end|>\n"
 
 
+def test_plain_keeps_no_system_text(media_root):
+    """LLaVA's ``preprocess_plain`` renders the image and the answer, nothing else: a system turn
+    (a record's own, or its top-level ``system``) was glued before the image as untagged text
+    (``Be brief.<image>A cat.``), as was ``--system-prompt``, which plain now refuses."""
+    from packtool import TokenizeConfig
+
+    u1, a1, u2, a2 = two_turns().branches[0]
+    system = Message("system", (Part.of_text("Be brief."),))
+    _, [row], _ = encode("plain", media_root, two_turns(system, u1, a1, u2, a2))
+    assert row["input_ids"].tolist() == GOLDEN["plain"]
+    _, [row], _ = encode("plain", media_root, two_turns(), system_prompt="Be brief.")
+    assert row["input_ids"].tolist() == GOLDEN["plain"]
+    with pytest.raises(ConfigError, match="--system-prompt has no place in --template plain"):
+        TokenizeConfig(template="plain", system_prompt="Be brief.")
+    assert TokenizeConfig(template="plain", system_prompt="").system_prompt == ""
+
+
 def test_molmo2_moves_media_to_the_first_user_turn(media_root):
     late = two_turns(Message("user", (Part.of_text("Look:"),)), Message("assistant", (Part.of_text("Ok."),)),
                      Message("user", (Part.media("image", 0), Part.of_text("What is it?"))),
