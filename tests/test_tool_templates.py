@@ -271,6 +271,22 @@ def test_chatml_keeps_inline_think_as_text_and_refuses_a_reasoning_field(media_r
     assert rej.reason == "reasoning_unsupported"
 
 
+@pytest.mark.parametrize("template", ["chatml", "qwen3-vl", "molmo2", "plain"])
+def test_an_empty_reasoning_field_is_no_reasoning(template, media_root):
+    """``"reasoning_content": ""`` (an OpenAI-style export of answers that had none) is no
+    reasoning: the ids of the same record without the field. It was reasoning under every
+    template: ``reasoning_unsupported`` but under ``qwen3-vl``, which opened the thinking template
+    for it (an empty think block in the last turn)."""
+    turns = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+    plain = {"messages": turns}
+    empty = {"messages": [turns[0], {**turns[1], "reasoning_content": ""}]}
+    _, want, none = encode(template, media_root, plain)
+    _, got, rejected = encode(template, media_root, empty)
+    assert (rejected, none) == ([], [])
+    assert [r["input_ids"].tolist() for r in got] == [r["input_ids"].tolist() for r in want]
+    assert [r["target_ids"].tolist() for r in got] == [r["target_ids"].tolist() for r in want]
+
+
 @pytest.mark.parametrize("template", ["llama3", "molmo2", "plain"])
 def test_templates_without_a_tool_format_reject_tool_samples(template, media_root):
     for shape, rec in tool_records().items():

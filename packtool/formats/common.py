@@ -311,9 +311,9 @@ def read_turns(msgs, role_key: str, text_key: str, field: str, role_map: dict[st
         loss = msg.get("loss")
         if loss is not None and not isinstance(loss, bool):
             raise SampleError("bad_record", f"turn {i} 'loss' must be true or false, got {quoted(loss, 40)}")
-        if reasoning is not None:
-            reasoning = check_text(reasoning, f"turn {i} 'reasoning_content'")
-        elif not calls and loss is not False:
+        if reasoning is not None:  # "" (an export's field for an answer that had none) is no reasoning
+            reasoning = check_text(reasoning, f"turn {i} 'reasoning_content'") or None
+        if reasoning is None and not calls and loss is not False:
             turns.append(("assistant", text))
             continue
         turns.append(Turn("assistant", text, calls, reasoning, loss=False if loss is False else None))
