@@ -56,8 +56,8 @@ from .executors import (
 from .formats import (
     UTF8_BOM,
     Rejected,
-    compressed_as,
     expand_inputs,
+    head_problem,
     is_jsonl_content,
     is_jsonl_name,
     is_parquet_name,
@@ -747,9 +747,9 @@ def _splittable(path: Path, size: int) -> bool:
         return False
     with open(path, "rb") as fh:
         head = fh.read(1 << 12)
-    # compressed bytes under a plain name, an array, pretty-printed records: read whole (not cut at newline bytes)
+    # compressed bytes under a plain name, UTF-16, an array, pretty-printed records: read whole (not cut at newline bytes)
     text = head.removeprefix(UTF8_BOM).lstrip()
-    return compressed_as(head) is None and not text.startswith(b"[") and not opens_alone(text)
+    return head_problem(path.name, head) is None and not text.startswith(b"[") and not opens_alone(text)
 
 
 def _array_cuts(path: Path, size: int, first: int, every: int) -> tuple[int, list[tuple[int, int]]] | None:

@@ -808,6 +808,28 @@ def test_a_leading_byte_order_mark_is_skipped(tmp_path, name, shape):
     assert [s.source_row for s in got] == list(range(len(want)))
 
 
+@pytest.mark.parametrize("name", ["a.jsonl", "a.json", "a.jsonl.gz"])
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32"])
+def test_a_utf16_or_utf32_file_is_one_bad_encoding_row_that_says_so(tmp_path, name, encoding):
+    """PowerShell 5's ``>`` and ``Out-File`` write UTF-16 with a byte-order mark: read as UTF-8,
+    its first line was ``bad_encoding`` ("can't decode byte 0xff") and every other one ``bad_json``,
+    and a ``.jsonl`` was cut into tasks at its 0x0A bytes. The file is one ``bad_encoding`` row
+    naming its encoding and the fix, also when tokenize plans it."""
+    from packtool import TokenizeConfig, tokenize_dataset
+
+    mark = "\ufeff" if encoding == "utf-16-be" else ""  # utf-16 and utf-32 write their own
+    body = (mark + "".join(json.dumps({**LLAVA, "id": f"s{i}"}) + "\r\n" for i in range(40))).encode(encoding)
+    (tmp_path / name).write_bytes(gzip.compress(body) if name.endswith(".gz") else body)
+    [bad] = read_all(tmp_path / name)
+    shown = encoding.upper()[:6]
+    assert (bad.reason, bad.source_row, bad.message) == ("bad_encoding", 0, (
+        f"the file is {shown} text (it starts with a {shown} byte-order mark, as Windows PowerShell's > and Out-File "
+        f"write it); packtool reads UTF-8: re-encode it, e.g. `iconv -f {shown} -t UTF-8 IN > OUT`"))
+    m = tokenize_dataset([tmp_path / name], tmp_path / "tok", TokenizeConfig(media_root=str(tmp_path),
+                                                                            rows_per_shard=4), workers=1)
+    assert (m["counts"]["rows_in"], m["counts"]["rejected_by_reason"]) == (1, {"bad_encoding": 1})
+
+
 def test_a_byte_order_mark_after_the_first_line_is_a_bad_row(tmp_path):
     """Only the file's first bytes may carry the mark: one inside the file (two files
     concatenated) rejects its own line, with a message saying what is wrong."""

@@ -36,7 +36,7 @@ from .common import check_sample, decode_turn_fields, printable, record_id
 
 __all__ = ["Rejected", "iter_samples", "parse_record", "parse_json_line", "iter_records", "expand_inputs", "PARSERS",
            "FORMATS", "detect_format", "SUFFIXES", "UTF8_BOM", "is_input_name", "is_parquet_name", "is_jsonl_name",
-           "compressed_as", "opens_alone"]
+           "compressed_as", "head_problem", "opens_alone"]
 
 log = logging.getLogger(__name__)
 
@@ -355,12 +355,34 @@ def compressed_as(head: bytes) -> str | None:
     return None
 
 
-def _compressed_file(path: Path, kind: str) -> SampleError:
+#: Byte-order marks of the encodings packtool does not read (UTF-32's first: it starts with UTF-16 LE's).
+_OTHER_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
+               (b"\xfe\xff", "UTF-16"))
+
+
+def head_problem(name: str, head: bytes) -> SampleError | None:
+    """The one row a whole JSON or JSONL file earns when its first bytes (``head``, decompressed
+    when its name says so) show it is no text packtool reads, or ``None``: bytes compressed
+    otherwise than its name says (:func:`compressed_as`), or UTF-16 / UTF-32 text (a
+    byte-order mark; PowerShell 5 writes UTF-16). Read as UTF-8 lines, such a file was a
+    ``bad_encoding`` or ``bad_json`` row per run of bytes between 0x0A bytes.
+    """
+    for mark, encoding in _OTHER_BOMS:
+        if head.startswith(mark):
+            return SampleError("bad_encoding", f"the file is {encoding} text (it starts with a {encoding} byte-order "
+                                               "mark, as Windows PowerShell's > and Out-File write it); packtool reads "
+                                               f"UTF-8: re-encode it, e.g. `iconv -f {encoding} -t UTF-8 IN > OUT`")
+    if not name.lower().endswith((".gz", ".zst")) and (kind := compressed_as(head)):
+        return _compressed_file(name, kind)
+    return None
+
+
+def _compressed_file(name: str, kind: str) -> SampleError:
     """The ``corrupt_file`` row of a file whose bytes are ``kind``-compressed though its name does
     not make packtool decompress them (read as text, every run of bytes between newline bytes
     was a ``bad_encoding`` row)."""
     if kind in _READ_AS:
-        fix = f"rename it to end in {_READ_AS[kind]} ({path.name}{_READ_AS[kind]})"
+        fix = f"rename it to end in {_READ_AS[kind]} ({name}{_READ_AS[kind]})"
     else:
         fix = "decompress it, or recompress it with gzip or zstd (.gz, .zst), which packtool reads"
     return SampleError("corrupt_file", f"the file is {kind}-compressed, but its name does not say .gz or .zst, so "
@@ -408,8 +430,8 @@ def _json_records(path: Path) -> Iterator[tuple[int, object]]:
 
 def _json_records_unchecked(path: Path) -> Iterator[tuple[int, object]]:
     with _open_binary(path) as fh:
-        if not path.name.lower().endswith((".gz", ".zst")) and (kind := compressed_as(fh.peek(8)[:8])):
-            yield 0, _compressed_file(path, kind)
+        if (problem := head_problem(path.name, fh.peek(8)[:8])) is not None:
+            yield 0, problem
             return
         # a leading byte-order mark is no part of the first record: sniff and read past it
         head = fh.peek(1 << 12)[: 1 << 12].removeprefix(UTF8_BOM).lstrip()
