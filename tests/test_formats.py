@@ -918,7 +918,8 @@ def test_messages_records_keep_a_top_level_system_prompt(tmp_path):
 
 def test_an_empty_media_list_counts_as_absent(tmp_path):
     """A table that mixes formats may hold ``[]`` rather than null in the media columns a row's
-    format does not use (``images: []`` beside a LLaVA row's ``image``). The empty list won over
+    format does not use (``images: []`` beside a LLaVA row's ``image``), and ``""`` in its text
+    columns (``system``, ``tools``: a LLaVA row read as ShareGPT had to tag its image). The empty list won over
     the other key: a swift row lost its image silently (trained without it), and a LLaVA row
     read as ShareGPT was ``placeholder_mismatch`` "for 0 images"."""
     conv = [{"from": "human", "value": "<image>Q"}, {"from": "gpt", "value": "A"}]
@@ -926,9 +927,12 @@ def test_an_empty_media_list_counts_as_absent(tmp_path):
     recs = [{"id": "llava", "image": "a.png", "images": [], "videos": [], "conversations": conv},
             {"id": "untagged", "image": "a.png", "images": [], "conversations": [{**conv[0], "value": "Q"}, conv[1]]},
             {"id": "swift", "image": "a.png", "images": [], "messages": msgs},
-            {"id": "molmo", "image": [], "images": ["a.png"], "message_list": [{"question": "Q", "answer": "A"}]}]
+            {"id": "molmo", "image": [], "images": ["a.png"], "message_list": [{"question": "Q", "answer": "A"}]},
+            # a table filled with "" (fillna("")) where a row's format has no system prompt or tools
+            {"id": "filled", "image": "a.png", "system": "", "tools": "", "conversations": [{**conv[0], "value": "Q"},
+                                                                                            conv[1]]}]
     got = read_all(write_jsonl(tmp_path / "e.jsonl", recs))
-    assert [detect_format(r) for r in recs] == ["llava", "llava", "swift", "molmo"]
+    assert [detect_format(r) for r in recs] == ["llava", "llava", "swift", "molmo", "llava"]
     want = (U(IMG("image", 0), T("Q")), A("A"))
     for s in got:
         assert isinstance(s, Sample), s

@@ -608,7 +608,8 @@ def detect_format(record: dict) -> str:
 
     A key holding null counts as absent: a Parquet file (or a data frame saved as JSONL) that
     mixes formats has every format's columns in every row, null where the row's format has none;
-    so does an empty ``images`` / ``videos`` list (no media), which such a table may hold instead.
+    so does an empty ``images`` / ``videos`` list (no media) or ``system`` / ``tools`` string (none),
+    which such a table may hold instead.
 
     Example:
         >>> detect_format({"image": "a.jpg", "conversations": []})
@@ -625,8 +626,7 @@ def detect_format(record: dict) -> str:
         return "swift"
     convs = record.get("conversations")
     if convs is not None:
-        if any(record.get(k) not in (None, []) for k in ("images", "videos")) or \
-                any(record.get(k) is not None for k in ("system", "tools")):
+        if any(record.get(k) not in (None, [], "") for k in ("images", "videos", "system", "tools")):
             return "sharegpt"
         if isinstance(convs, list) and convs and isinstance(convs[0], dict) and convs[0].get("from") is None \
                 and convs[0].get("role") is not None:
