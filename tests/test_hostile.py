@@ -351,16 +351,18 @@ def _compressed_as(kind: str, body: bytes) -> bytes:
     ("train.jsonl.xz", "xz", "recompress it with gzip or zstd"),
     ("train.jsonl", "gzip", "rename it to end in .gz"),
     ("train.json", "zstd", "rename it to end in .zst"),
+    ("twice.jsonl.gz", "gzip", "compressed twice"),
 ])
 def test_a_file_compressed_as_its_name_does_not_say_is_one_error_row_naming_the_fix(tmp_path, media, capfd, name,
                                                                                   kind, fix):
     """A named ``.jsonl.bz2`` / ``.xz`` file, or gzip / zstd bytes under a plain name, was read as text:
     one ``bad_encoding`` row per run of bytes between newline bytes ("line is not valid UTF-8"), or
-    a ``.jsonl`` cut into tasks at those bytes. It is one ``corrupt_file`` row naming the compression
-    and the fix, with --workers 1 and 2 alike."""
+    a ``.jsonl`` cut into tasks at those bytes; so was a ``.gz`` file compressed twice (a download
+    saved with its transfer encoding). It is one ``corrupt_file`` row naming the compression and
+    the fix, with --workers 1 and 2 alike."""
     body = b"".join(json.dumps(rec(f"r{i}", conversations=conv(answer=hashlib.sha256(str(i).encode()).hexdigest())))
                     .encode() + b"\n" for i in range(400))
-    (tmp_path / name).write_bytes(_compressed_as(kind, body))
+    (tmp_path / name).write_bytes(_compressed_as(kind, _compressed_as(kind, body) if "twice" in name else body))
     assert (tmp_path / name).read_bytes().count(b"\n") > 3  # lines to cut at, were it read as JSONL
     jsonl(tmp_path / "good.jsonl", [rec("good")])
     for workers in ("1", "2"):

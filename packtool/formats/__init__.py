@@ -363,7 +363,7 @@ _OTHER_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
 def head_problem(name: str, head: bytes) -> SampleError | None:
     """The one row a whole JSON or JSONL file earns when its first bytes (``head``, decompressed
     when its name says so) show it is no text packtool reads, or ``None``: bytes compressed
-    otherwise than its name says (:func:`compressed_as`), or UTF-16 / UTF-32 text (a
+    otherwise than its name says (:func:`compressed_as`) or twice, or UTF-16 / UTF-32 text (a
     byte-order mark; PowerShell 5 writes UTF-16). Read as UTF-8 lines, such a file was a
     ``bad_encoding`` or ``bad_json`` row per run of bytes between 0x0A bytes.
     """
@@ -372,9 +372,14 @@ def head_problem(name: str, head: bytes) -> SampleError | None:
             return SampleError("bad_encoding", f"the file is {encoding} text (it starts with a {encoding} byte-order "
                                                "mark, as Windows PowerShell's > and Out-File write it); packtool reads "
                                                f"UTF-8: re-encode it, e.g. `iconv -f {encoding} -t UTF-8 IN > OUT`")
-    if not name.lower().endswith((".gz", ".zst")) and (kind := compressed_as(head)):
-        return _compressed_file(name, kind)
-    return None
+    kind = compressed_as(head)
+    if kind is None:
+        return None
+    if name.lower().endswith((".gz", ".zst")):  # ``head`` is what the file decompresses to
+        return SampleError("corrupt_file", f"the file is compressed twice: it decompresses to {kind}-compressed "
+                                           "bytes (a download saved with its transfer encoding?); decompress it "
+                                           "once, so that its one compression suffix says what its bytes are")
+    return _compressed_file(name, kind)
 
 
 def _compressed_file(name: str, kind: str) -> SampleError:
