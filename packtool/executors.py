@@ -538,10 +538,21 @@ def _signals_at_safe_points() -> Iterator[Callable[[], None]]:
     try:
         yield safe_point
         safe_point()
+    except Exception:
+        # the block failed with a signal noted: the signal is why (a SIGTERM sent to the whole
+        # job also ends the pool's forkserver, and the driver found its pipe closed before it
+        # took the signal), so it is raised, not the failure it caused
+        safe_point()
+        raise
     finally:
         for signum, old in handlers.items():
             if signal.getsignal(signum) is note:  # a SIGTERM raised left the default in place
                 signal.signal(signum, old)
+
+
+#: What a run whose pool lost a process says (a worker, or the forkserver it is forked from).
+_WORKER_DIED = ("a worker process died (killed, or out of memory); re-run the same command to resume, "
+                "with fewer --workers if memory is short")
 
 
 def _run_pool(fn, tasks, workers, progress, collect, preload: str) -> None:
@@ -559,7 +570,14 @@ def _run_pool(fn, tasks, workers, progress, collect, preload: str) -> None:
     with _signals_at_safe_points() as safe_point:
         try:
             with _MainHidden(), _interrupt_held():  # submit starts the forkserver and the workers
-                futures = {pool.submit(_pool_entry, fn, task, os.getpid()): i for i, task in enumerate(tasks)}
+                try:
+                    futures = {pool.submit(_pool_entry, fn, task, os.getpid()): i for i, task in enumerate(tasks)}
+                except (EOFError, ConnectionError):
+                    # the forkserver ended while it forked a worker: killed (the OOM killer), or by a
+                    # SIGTERM sent to the whole job (the command line starts it before it takes
+                    # SIGTERM), which waits here, held, and is raised instead (_signals_at_safe_points).
+                    # A bare EOFError reached the command line as Ctrl-C ("interrupted", 130)
+                    raise PacktoolError(_WORKER_DIED) from None
             drained = reported = 0
             while futures:
                 safe_point()
@@ -571,9 +589,7 @@ def _run_pool(fn, tasks, workers, progress, collect, preload: str) -> None:
                     try:
                         res, total = fut.result()
                     except BrokenProcessPool:
-                        raise PacktoolError(
-                            "a worker process died (killed, or out of memory); re-run the same command to resume, "
-                            "with fewer --workers if memory is short") from None
+                        raise PacktoolError(_WORKER_DIED) from None
                     reported += total
                     collect(i, res)
             drained += _drain(q, progress)

@@ -287,6 +287,58 @@ def test_ctrl_c_while_a_pool_starts_reaches_only_the_driver(tmp_path):
         proc.wait()
 
 
+@pytest.mark.parametrize("how", ["sigterm to the job", "forkserver killed"])
+def test_a_forkserver_that_ends_while_the_pool_starts_is_reported_as_what_ended_it(how, tmp_path):
+    """The command line starts its pool's forkserver before it takes SIGTERM, so a scheduler's
+    SIGTERM to the whole job ends the forkserver. A driver forking a worker from it then read
+    its pipe closed (``EOFError``) before it took its own SIGTERM, which click turned into an
+    Abort: ``Error: interrupted`` and exit 130 instead of ``terminated`` and 143. A forkserver
+    killed alone (the OOM killer) read as Ctrl-C too; it is a process that died. Both land while
+    the forkserver's preload waits and the driver waits for its first worker, every time."""
+    (tmp_path / "ready_then_wait.py").write_text("import os, sys\nprint('ready', os.getpid(), flush=True)\n"
+                                                 "sys.stdin.readline()\n")
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            "from multiprocessing import forkserver\n"
+            "from test_executors import square\n"
+            "from packtool.errors import PacktoolError\n"
+            "from packtool.executors import ExecutorConfig, Terminated, run_tasks, sigterm_as_interrupt, start_pool\n"
+            "connect = forkserver.connect_to_new_process\n"
+            "def connected(fds):\n"
+            "    got = connect(fds)\n"
+            "    print('forking', flush=True)\n"
+            "    return got\n"
+            "forkserver.connect_to_new_process = connected\n"
+            "ex = ExecutorConfig(workers=2)\n"
+            "start_pool(ex, 'ready_then_wait')  # as the launcher does: before SIGTERM is taken\n"
+            "try:\n"
+            "    with sigterm_as_interrupt():\n"
+            "        run_tasks(square, [1, 2, 3, 4], ex, preload='ready_then_wait')\n"
+            "except Terminated:\n"
+            "    print('terminated', flush=True)\n"
+            "except PacktoolError as exc:\n"
+            "    print('error:', exc, flush=True)\n")
+    path = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env={**os.environ, "PYTHONPATH": path})
+    try:
+        lines = [proc.stdout.readline().split() for _ in range(2)]  # the forkserver mid-preload, the driver forking
+        assert sorted(line[0] for line in lines if line) == ["forking", "ready"], (lines, proc.stderr.read())
+        forkserver = int(next(line[1] for line in lines if line[0] == "ready"))
+        if how == "sigterm to the job":
+            os.killpg(proc.pid, signal.SIGTERM)  # Slurm's scancel: every process of the job
+            want = "terminated\n"
+        else:
+            os.kill(forkserver, signal.SIGKILL)
+            want = "error: a worker process died (killed, or out of memory); re-run the same command to resume, " \
+                   "with fewer --workers if memory is short\n"
+        assert proc.wait(timeout=120) == 0, proc.stderr.read()
+        assert (proc.stdout.read(), proc.stderr.read()) == (want, "")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def test_importing_the_preload_package_outside_a_forkserver_keeps_ctrl_c():
     """``pkgutil.walk_packages`` over packtool imports every subpackage (documentation tools and
     the docstring tests do): that import set SIGINT to ignored in the walking process, and every
