@@ -484,6 +484,15 @@ def _finish_or_partial(out: Path, run: dict, ex: ExecutorConfig) -> dict:
     if not missing:
         return merge_output(out)
     mine = ex.my_tasks(run["n_tasks"])
+    lost = [t for t in mine if t in set(missing)]
+    if lost:
+        # every task of this rank finished in this call or an earlier one, yet its marker, a
+        # shard it names or its error log is gone: removed from the output while the run wrote it
+        raise OutputError(
+            f"{task_target(out)!r}: the files of {len(lost)} of the {len(mine)} tasks this run finished are gone or "
+            f"changed since (first: {lost[:5]}): something removed files from the output while the run wrote it; "
+            "run the same command again (it redoes those tasks)"
+        )
     counts = _zero_counts(run["kind"])
     shards: list[dict] = []
     for t in mine:

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.corpus import make_corpus  # noqa: E402
 from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset  # noqa: E402
-from packtool.errors import ResumeMismatchError  # noqa: E402
+from packtool.errors import OutputError, ResumeMismatchError  # noqa: E402
 from packtool.shards import STATE_DIR  # noqa: E402
 
 
@@ -79,6 +79,24 @@ def test_resume_skips_finished_tasks_and_matches_an_uninterrupted_run(corpus, re
 
 
 @pytest.mark.jit
+def test_a_finished_task_whose_files_vanish_while_the_run_goes_on_is_an_error_not_a_crash(corpus, reference, tmp_path):
+    """Files of a task the run had finished removed while it ran on (a cleanup job, the output
+    deleted under a running job): the run's end found a task of its own unmarked and raised an
+    internal error, a traceback. It is an ``Error:`` naming the task, and the same call resumes."""
+    out = tmp_path / "tok"
+    marker = out / STATE_DIR / "task-00000.json"
+
+    def progress(n: int) -> None:  # called in this process as tasks report, the first task done by then
+        marker.unlink(missing_ok=True)
+
+    with pytest.raises(OutputError, match=r"the files of 1 of the 4 tasks this run finished are gone .*\(first: \[0\]\)"
+                       r".* run the same command again"):
+        tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), progress=progress, workers=1)
+    assert not marker.exists() and (out / STATE_DIR / "task-00003.json").is_file()
+    tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1)
+    assert files(out) == files(reference / "tok")
+
+
 def test_clear_tasks_removes_what_clear_task_removes_from_one_listing(tmp_path):
     """The driver clears every task it is about to run from one listing of the folder (a task
     listing it itself made a run's task starts quadratic in its tasks); what it removes must be
