@@ -725,6 +725,9 @@ class _TokenizeTask:
     #: the run this task belongs to (one token per call that starts tasks): a process that
     #: tokenized before probes the media again (``EncodeContext.start_run``); no output depends on it
     run: str = ""
+    #: (input name, (size, mtime_ns)) of the task's inputs as the run found them when it started:
+    #: a file changed since is refused (:func:`_check_unchanged`), never read as the same input
+    stats: tuple[tuple[str, tuple[int, int]], ...] = ()
 
 
 def _at(path: str, cwd: str) -> str:
@@ -1039,15 +1042,40 @@ def _slice_records(sl: Slice) -> Iterator[tuple[int, object]]:
             row += 1
 
 
+def _check_unchanged(at: str, name: str, stats: dict[str, tuple[int, int]]) -> None:
+    """Refuse an input file whose size or modification time is no longer what the run found when
+    it started: a file rewritten while the run goes on (an upstream job writing it again) gave
+    tasks of one run rows of two versions, read at the first version's byte offsets (rows lost,
+    lines cut mid-record), under a manifest that recorded the first."""
+    want = stats.get(name)
+    if want is None:
+        return
+    try:
+        now = input_stat(at)
+    except FileNotFoundError:
+        now = None
+    if now is None or tuple(now) != tuple(want):
+        raise InputError(
+            f"input {name!r} changed while the run read it ({'removed' if now is None else 'size or modification time'});"
+            " the run cannot go on with two versions of it: pass --overwrite to start over once it no longer changes"
+        )
+
+
 def _task_samples(task: _TokenizeTask) -> Iterator:
     id_names = dict(task.id_names)
+    stats = dict(task.stats)
     for sl in task.slices:
         path = input_copy(sl.path)  # an input fetched from a bucket, on another machine
         at = _at(sl.path, task.cwd) if path == sl.path else path  # rows keep the input's name as given
         name = source_name(sl.path)  # once a slice: it looks at the cache directory (a mkdir call)
         id_name = id_names.get(name)
+        local = path == sl.path and not is_url(sl.path)  # a fetched copy is this machine's own
+        if local:
+            _check_unchanged(at, name, stats)
         for row, rec in _slice_records(sl if at == sl.path else replace(sl, path=at)):
             yield parse_record(rec, name, row, task.cfg.format, id_name)
+        if local:  # and not while this task read it
+            _check_unchanged(at, name, stats)
 
 
 _CONTEXTS: dict = {}
@@ -1358,7 +1386,9 @@ def tokenize_dataset(
         run_token = os.urandom(8).hex()
         tasks = [_TokenizeTask(t, slices[t], task_target(out), cfg, digest, cfg.max_errors, on_error, os.getcwd(),
                                tuple((n, id_names[n]) for n in dict.fromkeys(source_name(sl.path) for sl in slices[t])
-                                     if n in id_names), run_token)
+                                     if n in id_names), run_token,
+                               tuple((n, tuple(identity[n])) for n in dict.fromkeys(source_name(sl.path) for sl in slices[t])
+                                     if n in identity))
                  for t in todo]
         if total is not None:
             set_total(progress, sum(sum(s.stop - s.start for s in slices[t]) for t in todo))

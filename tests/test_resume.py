@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.corpus import make_corpus  # noqa: E402
 from packtool import PackConfig, TokenizeConfig, pack_dataset, tokenize_dataset  # noqa: E402
-from packtool.errors import OutputError, ResumeMismatchError  # noqa: E402
+from packtool.errors import InputError, OutputError, ResumeMismatchError  # noqa: E402
 from packtool.shards import STATE_DIR  # noqa: E402
 
 
@@ -95,6 +95,32 @@ def test_a_finished_task_whose_files_vanish_while_the_run_goes_on_is_an_error_no
     assert not marker.exists() and (out / STATE_DIR / "task-00003.json").is_file()
     tokenize_dataset([corpus / "data.jsonl"], out, tcfg(corpus), workers=1)
     assert files(out) == files(reference / "tok")
+
+
+def test_an_input_rewritten_while_the_run_reads_it_is_refused_not_read_as_one_input(corpus, tmp_path):
+    """An input file written again while tokenize ran (an upstream job): tasks after the change
+    read the new file at the old file's byte offsets, the run finished with exit 0, rows lost or
+    cut mid-line (``bad_json``), under a manifest recording the old file. A task refuses an input
+    that is not as the run found it; the same command is refused too, and --overwrite starts over."""
+    src = tmp_path / "data.jsonl"
+    src.write_bytes((corpus / "data.jsonl").read_bytes())
+    lines = src.read_bytes().splitlines(keepends=True)
+    out = tmp_path / "tok"
+
+    def progress(n: int) -> None:  # in this process, as tasks report: the input changes after task 0
+        if (out / STATE_DIR / "task-00000.json").is_file() and src.read_bytes().splitlines(keepends=True) == lines:
+            src.write_bytes(b"".join(lines[::-1]))  # the same bytes in another order: only the mtime says so
+            st = src.stat()
+            os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
+    with pytest.raises(InputError, match=r"input '.*data\.jsonl' changed while the run read it \(size or modification "
+                                         r"time\); .* pass --overwrite"):
+        tokenize_dataset([src], out, tcfg(corpus), progress=progress, workers=1)
+    assert not (out / STATE_DIR / "manifest.json").exists()
+    with pytest.raises(ResumeMismatchError, match="input files changed since the first attempt"):
+        tokenize_dataset([src], out, tcfg(corpus), workers=1)
+    manifest = tokenize_dataset([src], out, tcfg(corpus), workers=1, overwrite=True)
+    assert (manifest["counts"]["rows_in"], manifest["counts"]["rejected"]) == (400, 0)
 
 
 def test_clear_tasks_removes_what_clear_task_removes_from_one_listing(tmp_path):
