@@ -25,7 +25,7 @@ from .config import INT32_MAX, LAYOUTS, MEDIA_MODES, OVERSIZE_POLICIES, PackConf
 from .errors import InputError, OutputError, PacktoolError
 from .executors import ExecutorConfig, sigterm_as_interrupt
 from .formats import FORMATS
-from .launcher import EXIT_INTERRUPT, INTERRUPTED, release
+from .launcher import EXIT_INTERRUPT, EXIT_TERMINATED, INTERRUPTED, TERMINATED, release
 from .mixture import GROUP_BY, SAMPLES_PER_TASK
 from .pipeline import ON_ERROR
 from .schema import LAYOUTS as LAYOUT_VERSIONS
@@ -700,10 +700,6 @@ def _click_exceptions() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
-#: What a stage stopped by SIGTERM (Slurm, Kubernetes) prints; as after Ctrl-C, the same command resumes.
-TERMINATED = "terminated (SIGTERM); finished tasks are kept: re-run the same command to resume"
-#: Exit code of a command stopped by SIGTERM (128 + SIGTERM, as a shell reports it).
-EXIT_TERMINATED = 143
 #: Exit code of a usage error (bad flag, missing option, unknown command), as click uses.
 EXIT_USAGE = 2
 

@@ -12,6 +12,9 @@ Python (:func:`release`), and the run stops as it always did; when ``main`` has 
 ``pack`` start their worker pool's forkserver (:func:`_start_pool_early`), so that its preload
 overlaps the command line's loading.
 
+SIGTERM (a scheduler stopping the job) is held the same way, with ``Error: terminated ...``
+and 143, the line and code the command gives once it runs.
+
 A Ctrl-C ignored when the process starts (a background job of a script, ``nohup``) stays
 ignored. ``import packtool`` loads nothing heavy, so what comes before :func:`run` is the
 interpreter's own start (its ``site`` and ``.pth`` imports, some tens of milliseconds), which
@@ -25,12 +28,16 @@ import os
 import signal
 import sys
 
-__all__ = ["run", "hold", "release", "INTERRUPTED", "EXIT_INTERRUPT"]
+__all__ = ["run", "hold", "release", "INTERRUPTED", "EXIT_INTERRUPT", "TERMINATED", "EXIT_TERMINATED"]
 
 #: What an interrupted command prints; a stage's finished tasks keep their markers, so the same command resumes.
 INTERRUPTED = "interrupted; finished tasks are kept: re-run the same command to resume"
 #: Exit code of an interrupted command (128 + SIGINT, as a shell reports it).
 EXIT_INTERRUPT = 130
+#: What a command stopped by SIGTERM (Slurm, Kubernetes) prints; as after Ctrl-C, the same command resumes.
+TERMINATED = "terminated (SIGTERM); finished tasks are kept: re-run the same command to resume"
+#: Exit code of a command stopped by SIGTERM (128 + SIGTERM, as a shell reports it).
+EXIT_TERMINATED = 143
 
 
 def _exit_interrupted(signum: int, frame: object) -> None:
@@ -42,17 +49,31 @@ def _exit_interrupted(signum: int, frame: object) -> None:
     os._exit(EXIT_INTERRUPT)
 
 
+def _exit_terminated(signum: int, frame: object) -> None:
+    """SIGTERM outside the command (a scheduler stopping a job in its first second, or as it
+    exits): the line and code the command gives, at once, as :func:`_exit_interrupted` does. The
+    default ended the process silently, killed by the signal (``-15`` to a Python caller)."""
+    os.write(2, f"Error: {TERMINATED}\n".encode())
+    os._exit(EXIT_TERMINATED)
+
+
 def hold() -> None:
-    """Make Ctrl-C end the process with ``Error: interrupted ...`` and exit code 130, unless the
-    process does not take Python's default for it (an ignored SIGINT stays ignored)."""
+    """Make Ctrl-C end the process with ``Error: interrupted ...`` and exit code 130, and SIGTERM
+    with ``Error: terminated ...`` and 143, unless the process does not take the default for it
+    (an ignored SIGINT or SIGTERM stays ignored)."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _exit_interrupted)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_terminated)
 
 
 def release() -> None:
-    """Give Ctrl-C back to Python (``KeyboardInterrupt``) where :func:`hold` took it; else nothing."""
+    """Give Ctrl-C back to Python (``KeyboardInterrupt``), and SIGTERM its default, where
+    :func:`hold` took them; else nothing."""
     if signal.getsignal(signal.SIGINT) is _exit_interrupted:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) is _exit_terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 #: The commands whose process pool :func:`_start_pool_early` starts, and their pool's preload

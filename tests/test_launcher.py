@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from packtool.launcher import EXIT_INTERRUPT, INTERRUPTED
+from packtool.launcher import EXIT_INTERRUPT, EXIT_TERMINATED, INTERRUPTED, TERMINATED
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,15 +61,16 @@ else:  # what the console script's wrapper does
 """
 
 
-def interrupted_at(pause: str, entry: str, tmp_path: Path, ignored: bool = False) -> subprocess.CompletedProcess:
-    """``packtool stats MISSING`` stopped at ``pause``, sent SIGINT there and let go; ``ignored``:
-    started with SIGINT ignored, as a background job of a script is."""
+def interrupted_at(pause: str, entry: str, tmp_path: Path, ignored: bool = False,
+                   signum: int = signal.SIGINT) -> subprocess.CompletedProcess:
+    """``packtool stats MISSING`` stopped at ``pause``, sent ``signum`` there and let go; ``ignored``:
+    started with it ignored, as a background job of a script is."""
     proc = subprocess.Popen([sys.executable, "-c", CHILD, pause, entry, "stats", str(tmp_path / "none")],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else None)
+                            preexec_fn=(lambda: signal.signal(signum, signal.SIG_IGN)) if ignored else None)
     try:
         assert proc.stdout.readline() == "ready\n", proc.stderr.read() if proc.poll() is not None else "no ready"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         out, err = proc.communicate("go\n", timeout=60)
     finally:
         if proc.poll() is None:
@@ -94,6 +95,25 @@ def test_ctrl_c_while_the_command_line_loads_or_exits_is_one_line_and_130(pause,
     assert r.stderr.startswith(before) and r.stderr.endswith(f"Error: {INTERRUPTED}\n"), r.stderr
     assert r.stderr.count("\n") == (2 if before else 1), r.stderr
     assert r.stdout == ""
+
+
+@pytest.mark.parametrize(("pause", "entry"), [("numpy", "-m"), ("packtool.pipeline", "-m"), ("typer", "script"),
+                                              ("exit", "-m")])
+def test_sigterm_while_the_command_line_loads_or_exits_is_one_line_and_143(pause, entry, tmp_path):
+    """A scheduler's SIGTERM in the first second of a command (a job array started and cancelled
+    at once), or as it exits, ended the process by the signal: no line, and ``-15`` to a Python
+    caller where the command gives ``Error: terminated ...`` and 143 once it runs."""
+    r = interrupted_at(pause, entry, tmp_path, signum=signal.SIGTERM)
+    assert r.returncode == EXIT_TERMINATED, (r.returncode, r.stderr)
+    before = "Error: no .packtool/manifest.json found" if pause == "exit" else ""
+    assert r.stderr.startswith(before) and r.stderr.endswith(f"Error: {TERMINATED}\n"), r.stderr
+    assert r.stderr.count("\n") == (2 if before else 1), r.stderr
+    assert r.stdout == ""
+
+
+def test_sigterm_ignored_from_the_start_stays_ignored(tmp_path):
+    r = interrupted_at("typer", "-m", tmp_path, ignored=True, signum=signal.SIGTERM)
+    assert r.returncode == 1 and r.stderr.startswith("Error: no .packtool/manifest.json found"), r.stderr
 
 
 def test_ctrl_c_ignored_from_the_start_stays_ignored(tmp_path):
