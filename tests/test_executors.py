@@ -253,6 +253,15 @@ def test_a_forkserver_whose_driver_ended_stops_its_preload(driver, tmp_path):
                 stream.close()
 
 
+def _driver(code: str, preload_dir: Path) -> subprocess.Popen:
+    """``python -c code`` in its own session (so a signal to its process group reaches only it and
+    the pool it starts), pipes on its three streams, ``preload_dir`` on its ``PYTHONPATH``: the
+    forkserver imports its preload from the path it starts with, not the driver's ``sys.path``."""
+    path = os.pathsep.join([str(preload_dir), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env={**os.environ, "PYTHONPATH": path})
+
+
 def test_ctrl_c_while_a_pool_starts_reaches_only_the_driver(tmp_path):
     """Ctrl-C reaches the whole process group. While a pool started (its forkserver importing
     the preload, up to seconds on a busy machine; a worker being forked) the processes being
@@ -269,10 +278,7 @@ def test_ctrl_c_while_a_pool_starts_reaches_only_the_driver(tmp_path):
             "    run_tasks(square, [1, 2, 3, 4], ExecutorConfig(workers=2), preload='ready_then_wait')\n"
             "except KeyboardInterrupt:\n"
             "    print('interrupted', flush=True)\n")
-    # the forkserver imports its preload from the path it starts with, not the driver's sys.path
-    path = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, env={**os.environ, "PYTHONPATH": path})
+    proc = _driver(code, tmp_path)
     try:
         assert proc.stdout.readline() == "ready\n"  # the forkserver, mid-preload; the driver waits for its workers
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole process group
@@ -317,9 +323,7 @@ def test_a_forkserver_that_ends_while_the_pool_starts_is_reported_as_what_ended_
             "    print('terminated', flush=True)\n"
             "except PacktoolError as exc:\n"
             "    print('error:', exc, flush=True)\n")
-    path = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, env={**os.environ, "PYTHONPATH": path})
+    proc = _driver(code, tmp_path)
     try:
         lines = [proc.stdout.readline().split() for _ in range(2)]  # the forkserver mid-preload, the driver forking
         assert sorted(line[0] for line in lines if line) == ["forking", "ready"], (lines, proc.stderr.read())
