@@ -42,7 +42,7 @@ def _help(*command: str, capsys) -> str:
 @pytest.mark.parametrize("command, shown", [
     ("tokenize", ["--template <chatml|qwen3-vl|llama3|molmo2|plain>", "--exif <apply|ignore>",
                   "--on-error <skip|fail>", "--executor <local|ray>",
-                  "--format <auto|llava|qwen-vl|sharegpt|swift|molmo>",
+                  "--format <auto|llava|qwen-vl|sharegpt|swift|molmo|cauldron>",
                   "--tokenizer <path|hf:ORG/NAME> Tokenizer (default: the embedded Qwen2/Qwen2.5 vocabulary; qwen3: "
                   "it with Qwen3's tool and think tokens (the default for --template qwen3-vl); or a tokenizer.json file, a model directory (its tokenizer.json and tokenizer_config.json), or "
                   "hf:ORG/NAME from the local Hugging Face cache (never downloaded)).",

@@ -589,6 +589,164 @@ def test_hf_parquet_mixing_formats_reads_each_row_by_its_own_keys(tmp_path):
                                                    "conversations, messages or message_list (or pass --format)")
 
 
+# --- The Cauldron ----------------------------------------------------------------------
+
+#: A Cauldron ``texts`` entry as ``datasets`` stores it.
+EXCHANGE = pa.struct([("user", pa.string()), ("assistant", pa.string()), ("source", pa.string())])
+
+
+def write_cauldron(path: Path, rows: list[dict]) -> Path:
+    """``rows`` as a Cauldron subset's Parquet file: ``images`` a ``Sequence(Image)`` (a list of
+    ``{bytes, path}`` structs), ``texts`` a list of ``{user, assistant, source}`` structs."""
+    schema = pa.schema([("images", pa.list_(IMAGE_STRUCT)), ("texts", pa.list_(EXCHANGE))])
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    return path
+
+
+def cauldron_rows(red: bytes, blue: bytes, green: bytes) -> list[dict]:
+    """Two Cauldron rows: two images and one exchange; one image and three exchanges."""
+    return [
+        {"images": [{"bytes": red, "path": None}, {"bytes": blue, "path": None}],
+         "texts": [{"user": "Which one is red?", "assistant": "The first.", "source": "nlvr2"}]},
+        {"images": [{"bytes": green, "path": None}],
+         "texts": [{"user": "Colour?", "assistant": "Green.", "source": "vqav2"},
+                   {"user": "Shape?", "assistant": "A square.", "source": "vqav2"},
+                   {"user": "How many?", "assistant": "One.", "source": "vqav2"}]},
+    ]
+
+
+def test_cauldron_parquet_rows_are_exchanges_with_their_images_first(tmp_path):
+    """Each ``texts`` entry is a user turn and the assistant turn answering it; the images, which
+    the Cauldron never tags, open the first user turn in their order; ``source`` is not kept."""
+    red, blue, green = png_bytes(40, 30, (255, 0, 0)), png_bytes(64, 32, (0, 0, 255)), png_bytes(color=(0, 255, 0))
+    path = write_cauldron(tmp_path / "train-00000-of-00001.parquet", cauldron_rows(red, blue, green))
+    two, three = read_all(path)
+    assert two == Sample("train-00000-of-00001.parquet:0", str(path), 0,
+                         (MediaRef("image", None, red), MediaRef("image", None, blue)),
+                         ((U(IMG("image", 0), IMG("image", 1), T("Which one is red?")), A("The first.")),))
+    assert three.media == (MediaRef("image", None, green),)
+    assert three.branches == ((U(IMG("image", 0), T("Colour?")), A("Green."), U(T("Shape?")), A("A square."),
+                               U(T("How many?")), A("One.")),)
+    assert [detect_format(r) for r in pq.read_table(path).to_pylist()] == ["cauldron", "cauldron"]
+    assert read_all(path, "cauldron") == [two, three]
+
+
+def test_cauldron_tokenize_run_places_every_image_before_the_first_question(tmp_path):
+    """``packtool tokenize`` on a Cauldron Parquet file and malformed rows beside it: the good
+    rows become samples whose image tokens (in image order) open the first user turn, each bad row
+    an errors.jsonl line with its reason, and the run goes on."""
+    from clirun import packtool
+
+    from packtool.tokenization import load_tokenizer
+
+    red, blue, green = png_bytes(40, 30, (255, 0, 0)), png_bytes(120, 60, (0, 0, 255)), png_bytes(color=(0, 255, 0))
+    rows = [*cauldron_rows(red, blue, green),
+            {"images": [{"bytes": red, "path": None}],
+             "texts": [{"user": "Colour?", "assistant": None, "source": "vqav2"}]},
+            {"images": [{"bytes": red, "path": None}], "texts": []}]
+    write_cauldron(tmp_path / "c.parquet", rows)
+    write_jsonl(tmp_path / "c.jsonl", [{"id": "no-answer", "images": [], "texts": [{"user": "Hi?"}]},
+                                       {"id": "two-tags", "images": ["red.png"],
+                                        "texts": [{"user": "<image><image>Both?", "assistant": "Yes."}]}])
+    r = packtool("tokenize", tmp_path / "c.parquet", tmp_path / "c.jsonl", "-o", tmp_path / "tok",
+                 "--media-root", tmp_path, "--json")
+    assert r.returncode == 0, r.stderr
+    counts = json.loads(r.stdout)
+    assert (counts["rows_in"], counts["samples"], counts["rejected_by_reason"]) == (
+        6, 2, {"bad_record": 2, "empty_conversation": 1, "placeholder_mismatch": 1})
+    errors = [json.loads(line) for line in (tmp_path / "tok" / ".packtool" / "errors.jsonl").read_text().splitlines()]
+    assert [(Path(e["source"]).name, e["row"], e["sample_id"], e["reason"], e["message"]) for e in errors] == [
+        ("c.parquet", 2, None, "bad_record", "texts[0] 'assistant' is null; every entry needs a 'user' and an "
+                                             "'assistant' text"),
+        ("c.parquet", 3, None, "empty_conversation", "'texts' is empty"),
+        ("c.jsonl", 0, "no-answer", "bad_record", "texts[0] has no 'assistant' text (its keys: 'user'); write every "
+                                                  "entry as {\"user\": ..., \"assistant\": ...}"),
+        ("c.jsonl", 1, "two-tags", "placeholder_mismatch", "2 <image> and 0 <video> tags for 1 images and 0 videos")]
+
+    tokens = {r["sample_id"]: r for r in read_expanded(next((tmp_path / "tok").glob("part-*.parquet"))).to_pylist()}
+    two, three = tokens["c.parquet:0"], tokens["c.parquet:1"]
+    # qwen2.5-vl: 40x30 grows to the 3,136-pixel floor, 84x56 (6 tokens); 120x60 rounds to 112x56 (8 tokens)
+    assert [(m["width"], m["height"], m["resized_width"], m["resized_height"], m["n_tokens"])
+            for m in two["media"]] == [(40, 30, 84, 56, 6), (120, 60, 112, 56, 8)]
+    pads = lambda n: "<|vision_start|>" + "<|image_pad|>" * n + "<|vision_end|>"  # noqa: E731
+    text = load_tokenizer().decode
+    system = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    assert text(two["input_ids"]) == (f"{system}<|im_start|>user\n{pads(6)}{pads(8)}Which one is red?<|im_end|>\n"
+                                      "<|im_start|>assistant\nThe first.<|im_end|>\n")
+    # 11 system tokens (<|im_start|> system \n You are a helpful assistant . <|im_end|> \n), then <|im_start|>
+    # user \n <|vision_start|>: the first image's pads start at 15, the second's after 6 pads, <|vision_end|>
+    # and <|vision_start|>
+    assert [(m["token_offset"], m["n_tokens"]) for m in two["media"]] == [(15, 6), (23, 8)]
+    pad = load_tokenizer().special_id("<|image_pad|>")
+    assert all(two["input_ids"][m["token_offset"] + k] == pad for m in two["media"] for k in range(m["n_tokens"]))
+    assert text(three["input_ids"]) == (f"{system}<|im_start|>user\n{pads(6)}Colour?<|im_end|>\n"
+                                        "<|im_start|>assistant\nGreen.<|im_end|>\n<|im_start|>user\nShape?<|im_end|>\n"
+                                        "<|im_start|>assistant\nA square.<|im_end|>\n<|im_start|>user\nHow many?"
+                                        "<|im_end|>\n<|im_start|>assistant\nOne.<|im_end|>\n")
+    assert [m["token_offset"] for m in three["media"]] == [15]
+
+
+def test_cauldron_jsonl_text_only_and_tagged_rows(tmp_path):
+    """A JSON copy names its images by path (or data URI); ``images`` empty or null is a text-only
+    row; an ``<image>`` tag places the image where it stands, as in ``llava``; an ``id`` and a
+    top-level ``system`` prompt are read as every format reads them."""
+    exchanges = [{"user": "Hi.", "assistant": "Hello.", "source": "x"},
+                 {"user": "<image>\nAnd this?", "assistant": "A cat.", "source": "x"}]
+    recs = [{"id": "paths", "images": ["a.png", "b.png"], "texts": exchanges[:1]},
+            {"id": "none", "images": None, "texts": exchanges[:1]},
+            {"id": "empty", "images": [], "texts": exchanges[:1], "system": "Be brief."},
+            {"id": "tagged", "images": ["a.png"], "texts": exchanges}]
+    paths, none, empty, tagged = read_all(write_jsonl(tmp_path / "c.jsonl", recs))
+    assert paths.media == (MediaRef("image", "a.png"), MediaRef("image", "b.png"))
+    assert paths.branches == ((U(IMG("image", 0), IMG("image", 1), T("Hi.")), A("Hello.")),)
+    assert none.media == empty.media == () and none.branches == ((U(T("Hi.")), A("Hello.")),)
+    assert empty.branches == ((Message("system", (T("Be brief."),)), U(T("Hi.")), A("Hello.")),)
+    assert tagged.branches == ((U(T("Hi.")), A("Hello."), U(IMG("image", 0), T("And this?")), A("A cat.")),)
+    assert [s.sample_id for s in (paths, none, empty, tagged)] == ["paths", "none", "empty", "tagged"]
+
+
+@pytest.mark.parametrize("texts, reason, message", [
+    (None, "bad_record", "record has no 'texts' list of {user, assistant} turns"),
+    ("Hi", "bad_record", "'texts' must be a list of {user, assistant} turns, got str 'Hi'"),
+    ({"user": "Q", "assistant": "A"}, "bad_record", "'texts' must be a list of {user, assistant} turns, got dict "
+                                                    "{'user': 'Q', 'assistant': 'A'}"),
+    ([], "empty_conversation", "'texts' is empty"),
+    (["Hi"], "bad_record", "texts[0] is a str, not an object with 'user' and 'assistant' texts"),
+    ([{"user": "Q", "assistant": "A"}, {"question": "Q2", "answer": "A2"}], "bad_record",
+     "texts[1] has no 'user' text (its keys: 'answer', 'question'); write every entry as "
+     "{\"user\": ..., \"assistant\": ...}"),
+    ([{"user": 3, "assistant": "A"}], "bad_record", "texts[0] 'user' must be a string, got int"),
+    ([{"user": "Q", "assistant": ["A"]}], "bad_record", "texts[0] 'assistant' must be a string, got list"),
+    ([{"user": "Q", "assistant": None}], "bad_record", "texts[0] 'assistant' is null; every entry needs a 'user' and "
+                                                       "an 'assistant' text"),
+    ([{"user": "\ud800", "assistant": "A"}], "bad_encoding",
+     "texts[0] 'user' is not valid UTF-8 text: surrogates not allowed at 0"),
+])
+def test_cauldron_malformed_texts_are_rejected_with_the_reason(tmp_path, texts, reason, message):
+    [r] = read_all(write_jsonl(tmp_path / "bad.jsonl", [{"id": "x", "images": ["a.png"], "texts": texts}]), "cauldron")
+    assert (r.sample_id, r.reason, r.message) == ("x", reason, message)
+
+
+def test_cauldron_detection_leaves_every_other_format_as_it_was():
+    """``texts`` of ``{user, assistant}`` exchanges (or none yet) is the Cauldron; a record that
+    also holds another format's turns keeps that format; ``texts`` of another shape is no format."""
+    exchange = [{"user": "Colour?", "assistant": "Red.", "source": "vqav2"}]
+    assert [detect_format(r) for r in (
+        {"images": [{"bytes": b"x", "path": None}], "texts": exchange},
+        {"images": None, "texts": exchange},
+        {"texts": [{"user": None, "assistant": "Red."}]},
+        {"texts": []},
+        {**LLAVA, "texts": exchange},
+        {**SHAREGPT_DEFAULT_TAGS, "texts": exchange},
+        {**MLLM_DEMO, "texts": exchange},
+        {**MOLMO, "texts": exchange},
+        {**LLAVA, "conversations": None, "texts": exchange},
+    )] == ["cauldron", "cauldron", "cauldron", "cauldron", "llava", "sharegpt", "swift", "molmo", "cauldron"]
+    for texts in ("Colour? Red.", ["Colour?", "Red."], [{"question": "Colour?", "answer": "Red."}], None):
+        with pytest.raises(SampleError, match=r"^cannot tell the format from keys \['images'"):
+            detect_format({"images": ["a.png"], "texts": texts})
+
+
 def test_directory_inputs_match_suffixes_in_any_case_and_read_ndjson(tmp_path):
     """``.ndjson`` is JSONL, and ``.JSONL`` / ``.PARQUET`` / ``.JSON`` are what their lower-case
     names are; a directory that yields no input file says what it skipped and why."""

@@ -8,8 +8,9 @@ Two layers:
   and Hugging Face Parquet files (read in record batches; directories of shards are
   expanded); suffixes match in any case;
 * **record formats** turn one record into a sample: ``llava``, ``qwen-vl``,
-  ``sharegpt`` (LLaMA-Factory), ``swift`` (ms-swift) and ``molmo`` (PixMo
-  ``message_list`` → one message tree).
+  ``sharegpt`` (LLaMA-Factory), ``swift`` (ms-swift), ``molmo`` (PixMo
+  ``message_list`` → one message tree) and ``cauldron`` (The Cauldron's ``images`` +
+  ``texts`` of ``{user, assistant}`` exchanges).
 
 ``--format auto`` picks the record format per record from its keys
 (:func:`detect_format`), so one run can mix every format. A record that cannot be
@@ -31,7 +32,7 @@ from typing import Any
 
 from ..errors import ConfigError, InputError, SampleError, quoted
 from ..records import Sample
-from . import hf_parquet, jsonarray, llava, molmo, qwen_vl, sharegpt, swift
+from . import cauldron, hf_parquet, jsonarray, llava, molmo, qwen_vl, sharegpt, swift
 from .common import check_sample, decode_turn_fields, printable, record_id
 
 __all__ = ["Rejected", "iter_samples", "parse_record", "parse_json_line", "iter_records", "expand_inputs", "PARSERS",
@@ -47,6 +48,7 @@ PARSERS = {
     "sharegpt": sharegpt.parse,
     "swift": swift.parse,
     "molmo": molmo.parse,
+    "cauldron": cauldron.parse,
 }
 #: Every ``--format`` choice.
 FORMATS = ("auto", *PARSERS)
@@ -609,7 +611,8 @@ def detect_format(record: dict) -> str:
     role/content records read the same), or ``sharegpt`` when its turns use
     ``from``/``value``; ``conversations`` with ``images``, ``videos``, ``system`` or
     ``tools``, or whose turns use ``role``/``content``, → ``sharegpt`` (LLaMA-Factory);
-    other ``conversations`` → ``llava``.
+    other ``conversations`` → ``llava``; with none of these, ``texts`` holding
+    ``{user, assistant}`` exchanges (or empty) → ``cauldron``.
 
     A key holding null counts as absent: a Parquet file (or a data frame saved as JSONL) that
     mixes formats has every format's columns in every row, null where the row's format has none;
@@ -621,6 +624,8 @@ def detect_format(record: dict) -> str:
         'llava'
         >>> detect_format({"message_list": None, "messages": None, "conversations": []})
         'llava'
+        >>> detect_format({"images": [], "texts": [{"user": "Colour?", "assistant": "Red.", "source": "vqav2"}]})
+        'cauldron'
     """
     if record.get("message_list") is not None:
         return "molmo"
@@ -637,6 +642,9 @@ def detect_format(record: dict) -> str:
                 and convs[0].get("role") is not None:
             return "sharegpt"  # LLaMA-Factory's {role, content} tags, which LLaVA never writes
         return "llava"
+    texts = record.get("texts")
+    if isinstance(texts, list) and (not texts or cauldron.is_exchange(texts[0])):
+        return "cauldron"
     keys = sorted(k for k, v in record.items() if v is not None)
     raise SampleError("bad_record", f"cannot tell the format from keys [{', '.join(quoted(k, 40) for k in keys[:8])}]; "
                       f"expected conversations, messages or message_list (or pass --format)")
