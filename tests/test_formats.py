@@ -585,8 +585,10 @@ def test_hf_parquet_mixing_formats_reads_each_row_by_its_own_keys(tmp_path):
         assert molmo.branches == read_all(write_jsonl(tmp_path / "m.jsonl", [MOLMO]))[0].branches
         assert sharegpt_messages.branches[0] == (U(IMG("image", 0), T("Who?")), A("Kane."))
     [r] = read_all(write_jsonl(tmp_path / "none.jsonl", [{"id": "x", "messages": None, "caption": "A cat."}]))
-    assert (r.reason, r.message) == ("bad_record", "cannot tell the format from keys ['caption', 'id']; expected "
-                                                   "conversations, messages or message_list (or pass --format)")
+    assert (r.reason, r.message) == ("bad_record", "cannot tell the format from keys ['caption', 'id']; packtool "
+                                                   "reads conversations (llava, qwen-vl, sharegpt), messages (swift, "
+                                                   "sharegpt), message_list (molmo) or texts of {user, assistant} "
+                                                   "exchanges (cauldron); write the records in one of these layouts")
 
 
 # --- The Cauldron ----------------------------------------------------------------------
@@ -745,6 +747,19 @@ def test_cauldron_detection_leaves_every_other_format_as_it_was():
     for texts in ("Colour? Red.", ["Colour?", "Red."], [{"question": "Colour?", "answer": "Red."}], None):
         with pytest.raises(SampleError, match=r"^cannot tell the format from keys \['images'"):
             detect_format({"images": ["a.png"], "texts": texts})
+
+
+def test_a_record_no_format_reads_names_every_format():
+    """No ``--format`` reads a record without turns, so the message names none to pass: it lists
+    the layouts packtool reads, each with the formats that read it, every format among them."""
+    import re
+
+    with pytest.raises(SampleError) as err:
+        detect_format({"id": "x", "caption": "A cat.", "url": "http://x/a.png"})
+    assert "--format" not in err.value.message
+    named = {name for group in re.findall(r"\(([^)]*)\)", err.value.message.split("packtool reads ")[1])
+             for name in group.split(", ")}
+    assert named == set(PARSERS)
 
 
 def test_directory_inputs_match_suffixes_in_any_case_and_read_ndjson(tmp_path):

@@ -626,6 +626,10 @@ def detect_format(record: dict) -> str:
         'llava'
         >>> detect_format({"images": [], "texts": [{"user": "Colour?", "assistant": "Red.", "source": "vqav2"}]})
         'cauldron'
+
+    Raises:
+        SampleError: ``bad_record`` for a record no format reads; the message lists the layouts
+            packtool reads.
     """
     if record.get("message_list") is not None:
         return "molmo"
@@ -647,7 +651,17 @@ def detect_format(record: dict) -> str:
         return "cauldron"
     keys = sorted(k for k, v in record.items() if v is not None)
     raise SampleError("bad_record", f"cannot tell the format from keys [{', '.join(quoted(k, 40) for k in keys[:8])}]; "
-                      f"expected conversations, messages or message_list (or pass --format)")
+                      f"packtool reads {_LAYOUTS}; write the records in one of these layouts")
+
+
+#: The turn fields each record format reads (every one of :data:`PARSERS`), for the message of a
+#: record that holds none of them: no ``--format`` reads such a record, so none is suggested.
+_LAYOUTS = "{}, {}, {} or {}".format(*(f"{field} ({', '.join(names)})" for field, names in (
+    ("conversations", ("llava", "qwen-vl", "sharegpt")),
+    ("messages", ("swift", "sharegpt")),
+    ("message_list", ("molmo",)),
+    ("texts of {user, assistant} exchanges", ("cauldron",)),
+)))
 
 
 def check_format(fmt: str) -> None:
