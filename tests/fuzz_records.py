@@ -81,6 +81,11 @@ SEEDS: list[dict] = [
         {"question": "Colour?", "answer": "Grey."}, {"messages": ["How many?", "One.", "Sure?", "Yes."]},
         {"text": "A grey square.", "prompt": "Caption it."}]},
     {"id": "molmo-v", "video": "clip.mp4", "message_list": [{"question": "What?", "answer": "Frames."}]},
+    # The Cauldron: images (untagged) before the first question, several exchanges, text only
+    {"images": ["a.png", {"bytes": None, "path": "b.jpg"}], "texts": [
+        {"user": "Which is bluer?", "assistant": "The second.", "source": "nlvr2"},
+        {"user": "Sure?", "assistant": "Yes.", "source": "nlvr2"}]},
+    {"id": "cauldron-text", "images": [], "texts": [{"user": "2+2?", "assistant": "4.", "source": "math"}]},
 ]
 
 _MEDIA_VALUES = ["a.png", "b.jpg", "clip.mp4", "sub", "notes.txt", "empty.png", "/etc/hostname", "../a.png",
@@ -105,7 +110,7 @@ _ROLES = ["user", "assistant", "system", "tool", "human", "gpt", "observation", 
 _KEYS = ["id", "sample_id", "image", "images", "video", "videos", "conversations", "messages", "message_list",
          "system", "tools", "from", "value", "role", "content", "type", "text", "tool_calls", "tool_call_id",
          "function_call", "reasoning_content", "function", "arguments", "name", "question", "answer", "prompt", "url",
-         "image_url", "path", "bytes", "base64", "objects"]
+         "image_url", "path", "bytes", "base64", "objects", "texts", "user", "assistant", "source"]
 
 
 def _args_values() -> list:

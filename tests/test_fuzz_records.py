@@ -87,7 +87,7 @@ def test_fuzz_driver_mutates_every_seed_format():
     a, b = mutants(5, 400), mutants(5, 400)
     assert json.dumps(a) == json.dumps(b)
     text = json.dumps(a)
-    for needle in ("conversations", "messages", "message_list", "tool_calls", "reasoning_content", "NaN", "\\ud800",
+    for needle in ("conversations", "messages", "message_list", "texts", "tool_calls", "reasoning_content", "NaN", "\\ud800",
                    "Infinity", "http://", "../", "file://", "<video>"):
         assert needle in text, needle
     assert any(not isinstance(r, dict) for r in a)
