@@ -4,7 +4,8 @@
 (and a ``Sequence(Image)`` as a list of those); the readers accept such structs
 wherever a media path may appear, so a Parquet row is parsed by the same record
 format as its JSON twin (LLaVA ``conversations`` + ``image``, ShareGPT / ms-swift
-``messages`` + ``images``, Molmo ``message_list`` + ``image``). Sharded datasets
+``messages`` + ``images``, Molmo ``message_list`` + ``image``, the Cauldron's ``texts`` +
+``images``). Sharded datasets
 (``data/train-00000-of-00004.parquet`` ...) are read file by file, in sorted order.
 
 Rows are converted to Python one record batch at a time, so memory stays bounded by
