@@ -690,21 +690,25 @@ def test_cauldron_tokenize_run_places_every_image_before_the_first_question(tmp_
 
 def test_cauldron_jsonl_text_only_and_tagged_rows(tmp_path):
     """A JSON copy names its images by path (or data URI); ``images`` empty or null is a text-only
-    row; an ``<image>`` tag places the image where it stands, as in ``llava``; an ``id`` and a
-    top-level ``system`` prompt are read as every format reads them."""
+    row; an ``<image>`` tag places the image where it stands, as in ``llava``; an ``id``, a
+    top-level ``system`` prompt and ``image`` / ``video`` keys are read as every format reads them."""
     exchanges = [{"user": "Hi.", "assistant": "Hello.", "source": "x"},
                  {"user": "<image>\nAnd this?", "assistant": "A cat.", "source": "x"}]
     recs = [{"id": "paths", "images": ["a.png", "b.png"], "texts": exchanges[:1]},
             {"id": "none", "images": None, "texts": exchanges[:1]},
             {"id": "empty", "images": [], "texts": exchanges[:1], "system": "Be brief."},
-            {"id": "tagged", "images": ["a.png"], "texts": exchanges}]
-    paths, none, empty, tagged = read_all(write_jsonl(tmp_path / "c.jsonl", recs))
+            {"id": "tagged", "images": ["a.png"], "texts": exchanges},
+            {"id": "singular", "image": "a.png", "video": "clip.mp4", "texts": exchanges[:1]}]
+    paths, none, empty, tagged, singular = read_all(write_jsonl(tmp_path / "c.jsonl", recs))
     assert paths.media == (MediaRef("image", "a.png"), MediaRef("image", "b.png"))
     assert paths.branches == ((U(IMG("image", 0), IMG("image", 1), T("Hi.")), A("Hello.")),)
     assert none.media == empty.media == () and none.branches == ((U(T("Hi.")), A("Hello.")),)
     assert empty.branches == ((Message("system", (T("Be brief."),)), U(T("Hi.")), A("Hello.")),)
     assert tagged.branches == ((U(T("Hi.")), A("Hello."), U(IMG("image", 0), T("And this?")), A("A cat.")),)
     assert [s.sample_id for s in (paths, none, empty, tagged)] == ["paths", "none", "empty", "tagged"]
+    # media under the other formats' names are read, not dropped: images first, then videos
+    assert singular.media == (MediaRef("image", "a.png"), MediaRef("video", "clip.mp4"))
+    assert singular.branches == ((U(IMG("image", 0), IMG("video", 1), T("Hi.")), A("Hello.")),)
 
 
 @pytest.mark.parametrize("texts, reason, message", [

@@ -7,9 +7,11 @@ sub-dataset the exchange came from; it is no part of the conversation and is not
 
 The Cauldron writes no ``<image>`` tags: a row's images go, in order, at the start of its
 first user turn, where the readers written for it put them (torchtune's
-``TheCauldronToMessages``, nanoVLM's ``VQADataset``), as packtool does with every untagged
-record. A text that does carry ``<image>`` tags places the images there instead, one tag
-per image, as in ``llava``. ``images`` may be empty or null: the row is text only.
+``TheCauldronToMessages``, nanoVLM's ``VQADataset``), as packtool does with untagged ``llava``
+and ``swift`` records. A text that does carry ``<image>`` tags places the images there
+instead, one tag per image, as in ``llava``. ``images`` may be empty or null: the row is text only. A row
+written with ``image`` (one or a list) or with ``video`` / ``videos`` beside its ``texts``
+has those read as every other format reads them, not dropped.
 
 In Parquet, ``images`` is the list of ``{bytes, path}`` structs that ``datasets`` writes for
 a ``Sequence(Image)`` feature; a JSON or JSONL copy may hold paths under ``--media-root``,
@@ -82,7 +84,8 @@ def parse_turns(texts) -> list[tuple[str, str]]:
 
 def parse(record: dict, source: str, row: int) -> Sample:
     """A Cauldron record as a single-branch sample: its images at the start of the first user
-    turn, unless ``<image>`` tags place them (then one tag per image)."""
+    turn, unless ``<image>`` / ``<video>`` tags place them (then one tag per item)."""
     turns = parse_turns(record.get("texts"))
-    images, _ = media_refs(record, ("images",), ())
-    return build_sample(turns, images, [], sample_id_of(record, source, row), source, row, system=system_of(record))
+    images, videos = media_refs(record, ("images", "image"), ("videos", "video"))
+    return build_sample(turns, images, videos, sample_id_of(record, source, row), source, row,
+                        system=system_of(record))
