@@ -26,13 +26,16 @@ import numpy as np
 from ..errors import SampleError
 from . import VideoMeta, VisionFamily, VisionLayout, check_video
 
-__all__ = ["smart_resize", "aspect_ratio_error", "smart_nframes", "uniform_indices", "Qwen2VL", "Qwen25VL"]
+__all__ = ["smart_resize", "aspect_ratio_error", "smart_nframes", "video_frame_pixels", "uniform_indices", "Qwen2VL",
+           "Qwen25VL"]
 
 MAX_RATIO = 200
-# qwen-vl-utils video constants (vision_process.py)
-VIDEO_MIN_PIXELS = 128 * 28 * 28
-VIDEO_MAX_PIXELS = 768 * 28 * 28
-VIDEO_TOTAL_PIXELS = int(128000 * 28 * 28 * 0.9)
+# qwen-vl-utils video constants (vision_process.py, 0.0.14): per-frame token floor and cap, and the
+# sequence length its default clip budget is sized for (its MODEL_SEQ_LEN, 128,000 unless the
+# environment variable of that name says otherwise)
+VIDEO_MIN_TOKENS = 128
+VIDEO_MAX_TOKENS = 768
+MODEL_SEQ_LEN = 128000
 FRAME_FACTOR = 2
 FPS = 2.0
 FPS_MIN_FRAMES = 4
@@ -109,6 +112,25 @@ def smart_nframes(n_frames: int, video_fps: float, fps: float = FPS, min_frames:
     return math.floor(n / FRAME_FACTOR) * FRAME_FACTOR
 
 
+def video_frame_pixels(n: int, factor: int) -> tuple[int, float]:
+    """qwen-vl-utils' per-frame pixel floor and cap for a clip of ``n`` sampled frames
+    (``fetch_video``), with sides in multiples of ``factor`` (28 for Qwen2/2.5-VL, 32 for Qwen3-VL).
+
+    The floor is 128 tokens a frame; the cap is 768 tokens a frame, lowered when the clip's
+    share of a 128,000-token budget, ``0.9 * 128000 * factor**2 / n * 2``, is smaller, but never
+    below 1.05 x the floor. Each frame is then sized alone by :func:`smart_resize`.
+
+    Example:
+        >>> video_frame_pixels(60, 32)     # 30 s at 2 fps: the 768-token cap
+        (131072, 786432)
+        >>> video_frame_pixels(768, 32)    # the longest clip: the budget's share, 300 tokens
+        (131072, 307200.0)
+    """
+    lo = VIDEO_MIN_TOKENS * factor * factor
+    total = MODEL_SEQ_LEN * factor * factor * 0.9  # a float, as qwen-vl-utils computes it
+    return lo, max(min(VIDEO_MAX_TOKENS * factor * factor, total / n * FRAME_FACTOR), int(lo * 1.05))
+
+
 def uniform_indices(n_frames: int, n: int) -> np.ndarray:
     """``round(linspace(0, n_frames - 1, n))`` with round-half-even, as torch/numpy round.
 
@@ -174,21 +196,36 @@ class Qwen2VL(VisionFamily):
             >>> Qwen25VL().video(VideoMeta(1280, 720, 30.0, 30.0, 900)).grid
             (30, 40, 72)
         """
-        check_video(meta, self.name, FRAME_FACTOR)
-        n = smart_nframes(meta.n_frames, meta.fps, self.fps, FPS_MIN_FRAMES, self.max_frames)
-        if n < FRAME_FACTOR:
-            raise SampleError("video_too_short", f"--max-frames {self.max_frames} leaves fewer than 2 frames")
-        idx = uniform_indices(meta.n_frames, n)
-        max_pixels = max(min(VIDEO_MAX_PIXELS, VIDEO_TOTAL_PIXELS / n * FRAME_FACTOR), int(VIDEO_MIN_PIXELS * 1.05))
-        if max(meta.height, meta.width) / min(meta.height, meta.width) > MAX_RATIO:
-            raise aspect_ratio_error(meta.height, meta.width, "video")
-        rh, rw = smart_resize(meta.height, meta.width, self.factor, VIDEO_MIN_PIXELS, max_pixels)
-        gt = math.ceil(n / self.temporal_patch)
+        idx, (rh, rw) = self.qwen_vl_utils_frames(meta)
+        gt = math.ceil(len(idx) / self.temporal_patch)
         gh, gw = rh // self.patch, rw // self.patch
         tokens = gt * gh * gw // (self.merge * self.merge)
         times = tuple(meta.frame_time(int(i)) for i in idx)
         return VisionLayout("video", tokens, gt * gh * gw, (gt, gh, gw), (rh, rw),
                             self.video_segments((gt, gh, gw), times), times)
+
+    def qwen_vl_utils_frames(self, meta: VideoMeta) -> tuple[np.ndarray, tuple[int, int]]:
+        """``(frame indices, (height, width))``: the frames qwen-vl-utils' ``fetch_video`` takes
+        from a video and the size it resizes each to, with this family's ``--fps`` and
+        ``--max-frames`` and its factor (``patch * merge``).
+
+        :func:`smart_nframes` frames (an even count) at :func:`uniform_indices`, every frame
+        sized alone by :func:`smart_resize` within :func:`video_frame_pixels`.
+
+        Example:
+            >>> idx, size = Qwen25VL().qwen_vl_utils_frames(VideoMeta(1280, 720, 3.0, 10.0, 30))
+            >>> idx.tolist(), size
+            ([0, 6, 12, 17, 23, 29], (560, 1008))
+        """
+        check_video(meta, self.name, FRAME_FACTOR)
+        n = smart_nframes(meta.n_frames, meta.fps, self.fps, FPS_MIN_FRAMES, self.max_frames)
+        if n < FRAME_FACTOR:
+            raise SampleError("video_too_short", f"--max-frames {self.max_frames} leaves fewer than 2 frames")
+        if max(meta.height, meta.width) / min(meta.height, meta.width) > MAX_RATIO:
+            raise aspect_ratio_error(meta.height, meta.width, "video")
+        min_pixels, max_pixels = video_frame_pixels(n, self.factor)
+        return uniform_indices(meta.n_frames, n), smart_resize(meta.height, meta.width, self.factor, min_pixels,
+                                                               max_pixels)
 
     def video_segments(self, grid: tuple[int, int, int], timestamps: tuple[float, ...]) -> tuple:
         """One ``<|video_pad|>`` run of ``t*h*w/4`` between the vision markers."""
