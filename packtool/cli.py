@@ -32,7 +32,7 @@ from .schema import LAYOUTS as LAYOUT_VERSIONS
 from .shards import ERRORS, MANIFEST
 from .storage import join
 from .templates import TEMPLATES
-from .vision import EXIF_MODES, FAMILIES, SETTING_LIMITS
+from .vision import EXIF_MODES, FAMILIES, SETTING_LIMITS, VIDEO_SAMPLERS
 
 __all__ = ["app", "main", "run"]
 
@@ -46,6 +46,7 @@ MediaChoice = Literal[MEDIA_MODES]  # type: ignore[valid-type]
 LayoutChoice = Literal[LAYOUTS]  # type: ignore[valid-type]
 OnErrorChoice = Literal[ON_ERROR]  # type: ignore[valid-type]
 ExifChoice = Literal[EXIF_MODES]  # type: ignore[valid-type]
+VideoSamplerChoice = Literal[VIDEO_SAMPLERS]  # type: ignore[valid-type]
 ExecutorChoice = Literal["local", "ray"]
 GroupByChoice = Literal[GROUP_BY]  # type: ignore[valid-type]
 #: What --tokenizer accepts, said once for every command that takes it.
@@ -244,6 +245,10 @@ def tokenize(
     max_crops: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["max_crops"], help="Molmo2 crops per image (default 8).")] = None,
     max_num: Annotated[int | None, typer.Option(min=1, max=SETTING_LIMITS["max_num"], help="InternVL tiles per image (default 12).")] = None,
     exif: Annotated[ExifChoice | None, typer.Option(help="EXIF orientation / video rotation (default: what the family's loader does).")] = None,
+    video_sampler: Annotated[VideoSamplerChoice | None, typer.Option(help=(
+        "qwen3-vl: count videos as the transformers processor samples and resizes them (processor, the default) "
+        "or as qwen-vl-utils' fetch_video does, each frame capped at 768 tokens (qwen-vl-utils: for training "
+        "that prepares videos with it)."))] = None,
     rows_per_shard: Annotated[int, typer.Option(min=1, help="Rows per tokenized shard.")] = 50_000,
     max_errors: Annotated[int | None, typer.Option(min=0, help="Fail when more rows than this are rejected.")] = None,
     max_branches: Annotated[int | None, typer.Option(min=1, help="Branches per message tree; more go to another tree on the same media.")] = None,
@@ -272,7 +277,8 @@ def tokenize(
         cfg = TokenizeConfig(model=model, template=template, tokenizer=tokenizer, format=format.value,
                              media_root=str(media_root), system_prompt=system_prompt, min_pixels=min_pixels,
                              max_pixels=max_pixels, max_frames=max_frames, fps=fps, max_crops=max_crops,
-                             max_num=max_num, exif=exif, rows_per_shard=rows_per_shard, max_errors=max_errors,
+                             max_num=max_num, exif=exif, video_sampler=video_sampler,
+                             rows_per_shard=rows_per_shard, max_errors=max_errors,
                              max_branches=max_branches, max_tokens=max_tokens, group_by_media=group_by_media,
                              reasoning_loss=reasoning_loss)
         ex = ExecutorConfig(executor=executor, workers=workers, ray_address=ray_address, rank=rank,

@@ -176,6 +176,10 @@ class TokenizeConfig(_Digestible):
         fps: video sampling rate for families that sample by rate (Qwen).
         max_crops: Molmo2 crops per image; max_num: InternVL tiles per image.
         exif: ``apply`` or ``ignore`` EXIF orientation / video rotation (``None``: the family's loader).
+        video_sampler: ``qwen3-vl`` only: ``processor`` counts videos as ``transformers``'
+            ``Qwen3VLVideoProcessor`` samples and resizes them, ``qwen-vl-utils`` as the Qwen team's
+            ``qwen_vl_utils.fetch_video`` does (a per-frame cap); ``None``: ``processor``, and the
+            recorded config and its digest are those of a run before the setting existed.
         rows_per_shard: tokenized rows per output shard.
         max_errors: fail the run when more rows than this are rejected (``None``: no limit).
         max_branches: most branches in one message tree; more go to another tree on the
@@ -201,6 +205,7 @@ class TokenizeConfig(_Digestible):
     max_crops: int | None = None
     max_num: int | None = None
     exif: str | None = None
+    video_sampler: str | None = None
     rows_per_shard: int = 50_000
     max_errors: int | None = None
     max_branches: int | None = None
@@ -237,8 +242,32 @@ class TokenizeConfig(_Digestible):
         from .vision import check_settings
 
         check_format(self.format)
-        check_settings(self.model, min_pixels=self.min_pixels, max_pixels=self.max_pixels, max_frames=self.max_frames,
-                       fps=self.fps, max_crops=self.max_crops, max_num=self.max_num, exif=self.exif)
+        check_settings(self.model, **self.vision_settings())
+
+    def vision_settings(self) -> dict:
+        """The processor settings :func:`packtool.vision.get_family` builds the family with.
+
+        Example:
+            >>> TokenizeConfig(model="qwen3-vl", video_sampler="qwen-vl-utils").vision_settings()["video_sampler"]
+            'qwen-vl-utils'
+        """
+        return {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "max_frames": self.max_frames,
+                "fps": self.fps, "max_crops": self.max_crops, "max_num": self.max_num, "exif": self.exif,
+                "video_sampler": self.video_sampler}
+
+    def to_dict(self) -> dict:
+        """The settings as recorded in the manifest; ``video_sampler`` is left out when not given, so
+        a run without ``--video-sampler`` records the config (and digest) earlier versions did, and
+        resumes or skips a run they wrote.
+
+        Example:
+            >>> "video_sampler" in TokenizeConfig().to_dict()
+            False
+        """
+        out = dataclasses.asdict(self)  # type: ignore[call-overload]
+        if out["video_sampler"] is None:
+            del out["video_sampler"]
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -1092,8 +1092,7 @@ def _encode_context(cfg: TokenizeConfig):
         from .tokenization import load_tokenizer
         from .vision import get_family
 
-        family = get_family(cfg.model, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels, max_frames=cfg.max_frames,
-                        fps=cfg.fps, max_crops=cfg.max_crops, max_num=cfg.max_num, exif=cfg.exif)
+        family = get_family(cfg.model, **cfg.vision_settings())
         template = get_template(cfg.template)
         tokenizer = load_tokenizer(cfg.tokenizer if cfg.tokenizer is not None else template.default_tokenizer)
         ctx = EncodeContext(tokenizer, template, family, as_root(cfg.media_root),

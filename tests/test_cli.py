@@ -47,7 +47,7 @@ def _help(*command: str, capsys) -> str:
                   "it with Qwen3's tool and think tokens (the default for --template qwen3-vl); or a tokenizer.json file, a model directory (its tokenizer.json and tokenizer_config.json), or "
                   "hf:ORG/NAME from the local Hugging Face cache (never downloaded)).",
                   "qwen2-vl, qwen2.5-vl, qwen3-vl, molmo2, llava-ov, internvl, or fixed:N",
-                  "--reasoning-loss / --no-reasoning-loss"]),
+                  "--reasoning-loss / --no-reasoning-loss", "--video-sampler <processor|qwen-vl-utils>"]),
     ("pack", ["--oversize <drop|truncate|alone|fail>", "--media <embed|reference>", "--on-error <skip|fail>",
               "--executor <local|ray>"]),
     ("sweep", ["--oversize <drop|truncate|alone>"]),
@@ -241,8 +241,13 @@ def test_a_tokenize_setting_out_of_bounds_is_a_usage_error_before_any_work(tmp_p
     # a family's setting that no option sets (Molmo2's single_crop_col_tokens) is not offered
     (["--model", "molmo2", "--fps", "1"], "--fps does not apply to --model molmo2; it accepts: --max-crops, "
                                           "--max-frames"),
+    (["--video-sampler", "qwen-vl-utils"], "--video-sampler does not apply to --model qwen2.5-vl: it counts videos "
+                                           "as qwen-vl-utils samples and resizes them already; leave the flag out "
+                                           "(it chooses the rule for --model qwen3-vl only)"),
+    (["--model", "internvl", "--video-sampler", "processor"], "--video-sampler does not apply to --model internvl; "
+                                                              "it accepts: --max-frames, --max-num"),
 ], ids=["fixed-huge", "min-above-max", "unknown-model", "fixed-zero", "setting-of-another-family",
-        "only-options-offered"])
+        "only-options-offered", "sampler-of-qwen3-only", "sampler-elsewhere"])
 def test_a_model_spec_or_pixel_pair_that_cannot_work_is_a_usage_error_before_any_work(tmp_path, demo_dirs, args,
                                                                                        message):
     """Like a value out of a flag's range: exit 2 with the usage lines, the message naming the

@@ -36,9 +36,15 @@ from ..config import INT32_MAX, INT32_WHY, check_range
 from ..errors import ConfigError, SampleError
 
 __all__ = ["VisionLayout", "VideoMeta", "VisionFamily", "get_family", "check_settings", "check_tokenizer",
-           "span_segments", "FAMILIES", "EXIF_MODES", "SETTING_LIMITS"]
+           "span_segments", "FAMILIES", "EXIF_MODES", "SETTING_LIMITS", "VIDEO_SAMPLERS"]
 
 EXIF_MODES = ("apply", "ignore")
+#: ``--video-sampler`` choices (``qwen3-vl`` only), the default first: ``processor`` counts a video as
+#: ``transformers``' video processor samples and resizes it from the file; ``qwen-vl-utils`` as the
+#: Qwen team's ``qwen_vl_utils.fetch_video`` does before the processor (a per-frame pixel cap).
+VIDEO_SAMPLERS = ("processor", "qwen-vl-utils")
+#: Families that count videos with qwen-vl-utils' rule already (``--video-sampler`` has nothing to change).
+_QWEN_VL_UTILS_ALREADY = ("qwen2-vl", "qwen2.5-vl")
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,9 +270,14 @@ def _checked(name: str, settings: dict) -> tuple[type, tuple, dict, str | None]:
         cls = FAMILIES[key]
         accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
         unknown = sorted(set(given) - accepted)
+        if "video_sampler" in unknown and key in _QWEN_VL_UTILS_ALREADY:
+            raise ConfigError(f"--video-sampler does not apply to --model {key}: it counts videos as qwen-vl-utils "
+                              "samples and resizes them already; leave the flag out (it chooses the rule for "
+                              "--model qwen3-vl only)")
         if unknown:
             flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
-            flagged = sorted(accepted & set(SETTING_LIMITS))  # settings that are options (not single_crop_col_tokens)
+            # settings that are options (not single_crop_col_tokens)
+            flagged = sorted(accepted & {*SETTING_LIMITS, "video_sampler"})
             raise ConfigError(f"{flags} does not apply to --model {key}; it accepts: "
                               + (", ".join("--" + k.replace("_", "-") for k in flagged) or "no settings"))
     elif key.startswith("fixed:"):
@@ -289,7 +300,10 @@ def _checked(name: str, settings: dict) -> tuple[type, tuple, dict, str | None]:
     else:
         raise ConfigError(f"unknown --model {name!r}; choose one of: {', '.join(sorted(FAMILIES))}, fixed:N")
     for k, v in given.items():
-        if k == "fps":
+        if k == "video_sampler":
+            if v not in VIDEO_SAMPLERS:
+                raise ConfigError(f"--video-sampler {v!r}: choose {' or '.join(VIDEO_SAMPLERS)}")
+        elif k == "fps":
             if not v > 0:  # also NaN
                 raise ConfigError(f"--fps {v}: give a positive video sampling rate, e.g. 2")
             if not v <= SETTING_LIMITS["fps"]:  # also infinity

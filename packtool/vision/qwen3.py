@@ -18,14 +18,35 @@ Videos follow ``Qwen3VLVideoProcessor`` with the released
     >>> lay = Qwen3VL().video(VideoMeta(1280, 720, 10.0, 30.0, 300))
     >>> len(lay.timestamps), lay.grid, lay.n_tokens
     (20, (10, 44, 80), 8800)
+
+``video_sampler="qwen-vl-utils"`` (``--video-sampler qwen-vl-utils``) counts a video as the
+Qwen team's ``qwen_vl_utils.fetch_video(..., image_patch_size=16)`` prepares it, the path of
+most Qwen3-VL training recipes, which hand the processor the frames it resized with
+``do_resize=False`` and sampling off:
+
+* ``n = n_frames / video_fps * 2`` clamped to ``[4, floor2(min(768, n_frames))]`` and to
+  ``n_frames``, then floored to an even number (:func:`~packtool.vision.qwen.smart_nframes`);
+  the same ``round(linspace(0, n_frames - 1, n))`` indices;
+* each frame resized *alone* by the 2-D ``smart_resize`` (factor 32) with a per-frame floor of
+  128 tokens (131,072 px) and a cap of ``max(min(786,432, 117,964,800 / n * 2), 137,625)`` px,
+  768 tokens a frame up to 300 frames (:func:`~packtool.vision.qwen.video_frame_pixels`);
+* the same timestamp text, ``index / fps`` of each frame pair.
+
+A short clip gets fewer tokens than the processor gives it, a long one more:
+
+    >>> capped = Qwen3VL(video_sampler="qwen-vl-utils")
+    >>> capped.video(VideoMeta(1280, 720, 10.0, 30.0, 300)).grid
+    (10, 40, 72)
+    >>> Qwen3VL().video(VideoMeta(1280, 720, 2.0, 30.0, 60)).n_tokens, capped.video(VideoMeta(1280, 720, 2.0, 30.0, 60)).n_tokens
+    (1760, 1440)
 """
 
 from __future__ import annotations
 
 import math
 
-from ..errors import SampleError
-from . import VideoMeta, VisionLayout, check_video
+from ..errors import ConfigError, SampleError
+from . import VIDEO_SAMPLERS, VideoMeta, VisionLayout, check_video
 from .qwen import MAX_RATIO, Qwen2VL, aspect_ratio_error, uniform_indices
 
 __all__ = ["Qwen3VL", "smart_resize_video", "frame_pair_times"]
@@ -97,7 +118,7 @@ class Qwen3VL(Qwen2VL):
     exif_default = "ignore"
 
     def __init__(self, min_pixels: int = 65536, max_pixels: int = 16777216, max_frames: int = 768,
-                 fps: float = 2.0) -> None:
+                 fps: float = 2.0, video_sampler: str = "processor") -> None:
         self.min_pixels = int(min_pixels)
         self.max_pixels = int(max_pixels)
         self.max_frames = int(max_frames)
@@ -105,14 +126,36 @@ class Qwen3VL(Qwen2VL):
         self.min_frames = 4
         self.video_min_pixels = 4096
         self.video_max_pixels = 25165824
+        if video_sampler not in VIDEO_SAMPLERS:
+            raise ConfigError(f"--video-sampler {video_sampler!r}: choose {' or '.join(VIDEO_SAMPLERS)}")
+        self.video_sampler = video_sampler
+
+    def settings(self) -> dict:
+        """The counting settings; ``video_sampler`` only when it is not the processor's (a run
+        without ``--video-sampler`` records what earlier versions recorded).
+
+        Example:
+            >>> Qwen3VL(video_sampler="qwen-vl-utils").settings()["video_sampler"]
+            'qwen-vl-utils'
+            >>> "video_sampler" in Qwen3VL().settings()
+            False
+        """
+        out = super().settings()
+        if self.video_sampler != VIDEO_SAMPLERS[0]:
+            out["video_sampler"] = self.video_sampler
+        return out
 
     def video(self, meta: VideoMeta) -> VisionLayout:
-        check_video(meta, self.name, self.temporal_patch)
-        n = int(meta.n_frames / meta.fps * self.fps)
-        n = min(max(n, self.min_frames), self.max_frames, meta.n_frames)
-        idx = uniform_indices(meta.n_frames, n).tolist()
-        rh, rw = smart_resize_video(n, meta.height, meta.width, self.temporal_patch, self.factor,
-                                    self.video_min_pixels, self.video_max_pixels)
+        if self.video_sampler == "qwen-vl-utils":
+            idx_array, (rh, rw) = self.qwen_vl_utils_frames(meta)
+            idx, n = idx_array.tolist(), len(idx_array)
+        else:
+            check_video(meta, self.name, self.temporal_patch)
+            n = int(meta.n_frames / meta.fps * self.fps)
+            n = min(max(n, self.min_frames), self.max_frames, meta.n_frames)
+            idx = uniform_indices(meta.n_frames, n).tolist()
+            rh, rw = smart_resize_video(n, meta.height, meta.width, self.temporal_patch, self.factor,
+                                        self.video_min_pixels, self.video_max_pixels)
         gt = math.ceil(n / self.temporal_patch)
         gh, gw = rh // self.patch, rw // self.patch
         per_t = gh * gw // (self.merge * self.merge)
