@@ -8,6 +8,7 @@ single-image, multi-image, video and message-tree samples, tokenized with a capp
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -444,3 +445,129 @@ def test_qwen3_frames_of_a_variable_rate_mkv_are_the_processors(tmp_path):
     text = [s[1] for s in fam.video_segments((m["grid_t"], 1, 1), fam.segment_times(m)) if s[0] == "text"]
     stamps = Qwen3VLProcessor._calculate_timestamps(None, want.tolist(), fps)
     assert text == [f"<{t:.1f} seconds>" for t in stamps]
+
+
+# --------------------------------------------------------------------------- --video-sampler qwen-vl-utils (Qwen3-VL)
+
+#: (width, height, frames, fps): tiny frames qwen-vl-utils scales up to its 128-token floor (64x48 ->
+#: 448x320), a 720p clip it caps at 768 tokens a frame, a 5.4-frame clip it takes 4 frames of (the
+#: processor 5), a portrait one
+SAMPLER_CLIPS = {"tiny.mp4": (64, 48, 20, 10), "hd.mp4": (1280, 720, 8, 4), "odd.mp4": (352, 288, 27, 10),
+                 "portrait.mp4": (480, 848, 25, 5)}
+
+
+@pytest.fixture(scope="module")
+def sampler_clips(tmp_path_factory) -> dict:
+    from video_fixtures import write_noise_video
+
+    root = tmp_path_factory.mktemp("sampler-clips")
+    for i, (name, (w, h, n, fps)) in enumerate(SAMPLER_CLIPS.items()):
+        write_noise_video(root / name, n, fps, size=(w, h), seed=i)
+    conv = [{"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "It pans."}]
+    data = write_jsonl(root / "data.jsonl", [{"id": name, "video": name, "conversations": conv}
+                                             for name in SAMPLER_CLIPS])
+    return {"root": root, "data": data, "tokenizer": byte_tokenizer(tmp_path_factory.mktemp("sampler-tok"), SPECIALS)}
+
+
+def _sampler_pack(clips: dict, tmp: Path, names: list[str], sampler: str | None = "qwen-vl-utils") -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    records = [json.loads(line) for line in clips["data"].read_text().splitlines()]
+    src = write_jsonl(tmp / "in.jsonl", [r for r in records if r["id"] in names])
+    return build(tmp, [src], clips["root"], max_tokens=4096, pack={"media": "reference"},
+                 tokenize={"model": "qwen3-vl", "template": "qwen3-vl", "tokenizer": str(clips["tokenizer"]),
+                           "video_sampler": sampler})
+
+
+def _counted(rows: list[dict]) -> list[tuple[str, tuple[int, int, int]]]:
+    return [(m["path"], (m["grid_t"], m["grid_h"], m["grid_w"])) for r in rows
+            for m in sorted(r["media"], key=lambda m: m["token_offset"])]
+
+
+def test_qwen3_videos_counted_as_qwen_vl_utils_get_the_counted_grid(sampler_clips, tmp_path):
+    """Under ``--video-sampler qwen-vl-utils`` the reader hands the processor each video at the size
+    tokenize counted, so its grid is the counted one (the 720p clip capped at 40x72 patches where the
+    processor's own rule gives 44x80) and the features fill the placeholders exactly; validate agrees."""
+    from packtool.validate import validate_dir
+
+    packed = _sampler_pack(sampler_clips, tmp_path, list(SAMPLER_CLIPS))
+    assert validate_dir(packed)["ok"]
+    rows = list(PackedDataset(packed, shuffle=False))
+    counted = _counted(rows)
+    assert dict(counted)["hd.mp4"] == (2, 40, 72) and dict(counted)["tiny.mp4"] == (2, 20, 28)
+    out = model_inputs(rows, media_root=sampler_clips["root"])
+    assert [tuple(g) for g in out["video_grid_thw"].tolist()] == [g for _, g in counted]
+    assert out["pixel_values_videos"].shape[0] == sum(t * h * w for _, (t, h, w) in counted)
+    n_pads = int((out["input_ids"] == token_id(sampler_clips["tokenizer"], "<|video_pad|>")).sum())
+    assert n_pads == sum(t * h * w // 4 for _, (t, h, w) in counted)
+    default = _counted(list(PackedDataset(_sampler_pack(sampler_clips, tmp_path / "default", ["hd.mp4"], None),
+                                          shuffle=False)))
+    assert default == [("hd.mp4", (2, 44, 80))]
+
+
+def test_qwen3_qwen_vl_utils_packed_equals_alone(sampler_clips, tmp_path):
+    """The real model class, packed rows against each sample alone, on a video counted as qwen-vl-utils
+    counts it (scaled up to 448x320 a frame; the processor's own rule keeps 64x64)."""
+    packed = _sampler_pack(sampler_clips, tmp_path, ["tiny.mp4", "odd.mp4"])
+    model = tiny_model("qwen3-vl", sampler_clips["tokenizer"], "sdpa")
+    rep = compare(model, packed, "sdpa", media_root=sampler_clips["root"])
+    assert rep.ok(), rep
+
+
+def test_qwen3_counts_under_qwen_vl_utils_are_fetch_videos(sampler_clips, tmp_path, monkeypatch):
+    """The reference itself, where qwen-vl-utils is installed: ``fetch_video(image_patch_size=16,
+    return_video_metadata=True)`` takes the frames tokenize counted, resizes them to the counted size,
+    the processor (``do_resize=False``, sampling off, as the Qwen3-VL recipe calls it) makes the
+    counted grid, and its timestamp text from qwen-vl-utils' metadata is the one laid out. The pixels
+    the reader hands over are qwen-vl-utils' (the reader decodes the same frames and resizes them the
+    same way). Neither decord nor torchcodec is installed here, so fetch_video's decord path reads
+    through a stand-in that decodes every frame with PyAV, as decord indexes them."""
+    import sys
+    from types import SimpleNamespace
+
+    import av
+
+    vp = pytest.importorskip("qwen_vl_utils.vision_process")
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    from packtool.media import probe_video
+    from packtool.vision import get_family
+
+    class VideoReader:
+        def __init__(self, path: str) -> None:
+            with av.open(path) as c:
+                self.fps = float(c.streams.video[0].average_rate)
+                self.frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+
+        def __len__(self) -> int:
+            return len(self.frames)
+
+        def get_avg_fps(self) -> float:
+            return self.fps
+
+        def get_batch(self, idx):
+            return SimpleNamespace(asnumpy=lambda: np.stack([self.frames[i] for i in idx]))
+
+    monkeypatch.setitem(sys.modules, "decord", SimpleNamespace(VideoReader=VideoReader))
+    monkeypatch.setattr(vp, "get_video_reader_backend", lambda: "decord")
+    family = get_family("qwen3-vl", video_sampler="qwen-vl-utils")
+    processor = Qwen3VLVideoProcessor(do_resize=False, do_sample_frames=False, cap_pixels_per_frame=True)
+    names = list(SAMPLER_CLIPS)
+    want_pixels = []
+    for name in names:
+        path = sampler_clips["root"] / name
+        video, meta = vp.fetch_video({"video": str(path)}, image_patch_size=16, return_video_metadata=True)
+        lay = family.video(probe_video(path))
+        assert [round(t * meta["fps"]) for t in lay.timestamps] == list(meta["frames_indices"]), name
+        assert tuple(video.shape[-2:]) == lay.resized, name
+        out = processor(videos=[video], return_tensors="pt")
+        assert tuple(out["video_grid_thw"][0].tolist()) == lay.grid, name
+        stamps = Qwen3VLProcessor._calculate_timestamps(None, meta["frames_indices"], meta["fps"])
+        assert [s[1] for s in lay.segments if s[0] == "text"] == [f"<{t:.1f} seconds>" for t in stamps], name
+        want_pixels.append((name, out["pixel_values_videos"]))
+    rows = list(PackedDataset(_sampler_pack(sampler_clips, tmp_path, names), shuffle=False))
+    order = [p for p, _ in _counted(rows)]
+    got = model_inputs(rows, media_root=sampler_clips["root"])["pixel_values_videos"]
+    want = torch.cat([dict(want_pixels)[p] for p in order])
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

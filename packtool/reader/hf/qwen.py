@@ -200,14 +200,24 @@ class Qwen2VLInputs(FamilyInputs):
                                                           cap_pixels_per_frame=True, **self._processor_kwargs())
         return self._video_processor
 
+    #: whether videos are resized with qwen-vl-utils' own call (torchvision's v1 ``resize``: float
+    #: arithmetic, rounded once), which gives other pixels than the v2 uint8 kernel (up to 25 levels
+    #: on noise) though the same size
+    qwen_vl_utils_resize = False
+
     def _video_pixels(self, frames: list, m: dict):
-        """The counted frames resized as qwen-vl-utils does (bicubic, antialiased) and patchified."""
+        """The counted frames resized to the counted size (bicubic, antialiased) and patchified."""
         import torch
         from torchvision.transforms.v2 import functional as F
 
         video = torch.stack([torch.from_numpy(np.array(f, dtype=np.uint8)).permute(2, 0, 1) for f in frames])
         size = [int(m["resized_height"]), int(m["resized_width"])]
-        video = F.resize(video, size, interpolation=F.InterpolationMode.BICUBIC, antialias=True)
+        if self.qwen_vl_utils_resize:
+            from torchvision.transforms import functional as F1
+
+            video = F1.resize(video, size, interpolation=F.InterpolationMode.BICUBIC, antialias=True)
+        else:
+            video = F.resize(video, size, interpolation=F.InterpolationMode.BICUBIC, antialias=True)
         return self.video_processor()(videos=[video], return_tensors="pt")
 
     def _counted_image(self, m: dict, media_root: str | Path | None):
@@ -339,7 +349,17 @@ def _warn_no_source() -> None:
 
 
 class Qwen3VLInputs(Qwen2VLInputs):
-    """Qwen3-VL (``Qwen3VLForConditionalGeneration``): 16-px patches, one vision run per temporal patch."""
+    """Qwen3-VL (``Qwen3VLForConditionalGeneration``): 16-px patches, one vision run per temporal patch.
+
+    Videos go to the processor at the size tokenize counted, with resizing and sampling off, under
+    either ``--video-sampler``; counted as qwen-vl-utils counts them (the manifest's
+    ``video_sampler``), they are resized with qwen-vl-utils' own call, so the pixels are the ones
+    ``fetch_video`` hands a trainer.
+
+    Example:
+        >>> Qwen3VLInputs({"video_sampler": "qwen-vl-utils"}).qwen_vl_utils_resize
+        True
+    """
 
     name = "qwen3-vl"
     model_class = "Qwen3VLForConditionalGeneration"
@@ -347,6 +367,10 @@ class Qwen3VLInputs(Qwen2VLInputs):
     image_mean = (0.5, 0.5, 0.5)
     image_std = (0.5, 0.5, 0.5)
     split_video_frames = True
+
+    def __init__(self, vision: dict, config: Any = None) -> None:
+        super().__init__(vision, config)
+        self.qwen_vl_utils_resize = vision.get("video_sampler") == "qwen-vl-utils"
 
     def video_processor(self):
         if self._video_processor is None:
