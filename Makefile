@@ -35,9 +35,10 @@ $(PLOT): $(RUNTIME)
 # for the trainer-side tests (the family processors, video and Molmo2, need torchvision, and this
 # pair is the one whose wheels lie on the machine: no download); transformers, the model classes
 # and processors the hf reader is proven against (tiny random-init models; no weights); torchdata,
-# whose StatefulDataLoader the reader's per-worker resume is proven with.
-$(TESTENV): pyproject.toml | $(PY)
-	$(PIP) -e '.[dev,test,plot,zstd,ray,s3,gcs]' torch==2.14.1 torchvision==0.29.1 transformers==5.24.0 torchdata==0.11.0 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+# whose StatefulDataLoader the reader's per-worker resume is proven with; qwen-vl-utils, the Qwen
+# team's own video preparation, which the Qwen readers' frames, sizes and pixels are checked against.
+$(TESTENV): pyproject.toml Makefile | $(PY)
+	$(PIP) -e '.[dev,test,plot,zstd,ray,s3,gcs]' torch==2.14.1 torchvision==0.29.1 transformers==5.24.0 torchdata==0.11.0 qwen-vl-utils==0.0.14 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	touch $@ $(RUNTIME) $(PLOT)
 
 demo: $(RUNTIME)

@@ -469,13 +469,16 @@ def sampler_clips(tmp_path_factory) -> dict:
     return {"root": root, "data": data, "tokenizer": byte_tokenizer(tmp_path_factory.mktemp("sampler-tok"), SPECIALS)}
 
 
-def _sampler_pack(clips: dict, tmp: Path, names: list[str], sampler: str | None = "qwen-vl-utils") -> Path:
+def _sampler_pack(clips: dict, tmp: Path, names: list[str], sampler: str | None = "qwen-vl-utils",
+                  model: str = "qwen3-vl") -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     records = [json.loads(line) for line in clips["data"].read_text().splitlines()]
     src = write_jsonl(tmp / "in.jsonl", [r for r in records if r["id"] in names])
-    return build(tmp, [src], clips["root"], max_tokens=4096, pack={"media": "reference"},
-                 tokenize={"model": "qwen3-vl", "template": "qwen3-vl", "tokenizer": str(clips["tokenizer"]),
-                           "video_sampler": sampler})
+    settings = {"model": model, "template": "qwen3-vl" if model == "qwen3-vl" else "chatml",
+                "tokenizer": str(clips["tokenizer"])}
+    if model == "qwen3-vl":
+        settings["video_sampler"] = sampler
+    return build(tmp, [src], clips["root"], max_tokens=16384, pack={"media": "reference"}, tokenize=settings)
 
 
 def _counted(rows: list[dict]) -> list[tuple[str, tuple[int, int, int]]]:
@@ -513,13 +516,16 @@ def test_qwen3_qwen_vl_utils_packed_equals_alone(sampler_clips, tmp_path):
     assert rep.ok(), rep
 
 
-def test_qwen3_counts_under_qwen_vl_utils_are_fetch_videos(sampler_clips, tmp_path, monkeypatch):
-    """The reference itself, where qwen-vl-utils is installed: ``fetch_video(image_patch_size=16,
-    return_video_metadata=True)`` takes the frames tokenize counted, resizes them to the counted size,
-    the processor (``do_resize=False``, sampling off, as the Qwen3-VL recipe calls it) makes the
-    counted grid, and its timestamp text from qwen-vl-utils' metadata is the one laid out. The pixels
-    the reader hands over are qwen-vl-utils' (the reader decodes the same frames and resizes them the
-    same way). Neither decord nor torchcodec is installed here, so fetch_video's decord path reads
+@pytest.mark.parametrize("model", ["qwen3-vl", "qwen2.5-vl"])
+def test_videos_counted_as_qwen_vl_utils_are_fetch_videos(model, sampler_clips, tmp_path, monkeypatch):
+    """The reference itself: ``fetch_video(image_patch_size=..., return_video_metadata=True)`` takes
+    the frames tokenize counted and resizes them to the counted size, the processor
+    (``do_resize=False``, sampling off, as the Qwen recipes call it) makes the counted grid, and for
+    Qwen3-VL its timestamp text from qwen-vl-utils' metadata is the one laid out. The pixels the
+    reader hands over are qwen-vl-utils' (the reader decodes the same frames and resizes them with
+    the same call): for Qwen3-VL under ``--video-sampler qwen-vl-utils``, for Qwen2.5-VL always (it
+    counts every video so); before, Qwen2.5-VL's reader resized with another kernel and its pixels
+    differed by up to 25 levels on these noise clips. Neither decord nor torchcodec is installed here, so fetch_video's decord path reads
     through a stand-in that decodes every frame with PyAV, as decord indexes them."""
     import sys
     from types import SimpleNamespace
@@ -527,6 +533,7 @@ def test_qwen3_counts_under_qwen_vl_utils_are_fetch_videos(sampler_clips, tmp_pa
     import av
 
     vp = pytest.importorskip("qwen_vl_utils.vision_process")
+    from transformers import Qwen2VLVideoProcessor
     from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
@@ -550,22 +557,26 @@ def test_qwen3_counts_under_qwen_vl_utils_are_fetch_videos(sampler_clips, tmp_pa
 
     monkeypatch.setitem(sys.modules, "decord", SimpleNamespace(VideoReader=VideoReader))
     monkeypatch.setattr(vp, "get_video_reader_backend", lambda: "decord")
-    family = get_family("qwen3-vl", video_sampler="qwen-vl-utils")
-    processor = Qwen3VLVideoProcessor(do_resize=False, do_sample_frames=False, cap_pixels_per_frame=True)
+    qwen3 = model == "qwen3-vl"
+    family = get_family(model, **({"video_sampler": "qwen-vl-utils"} if qwen3 else {}))
+    processor = (Qwen3VLVideoProcessor if qwen3 else Qwen2VLVideoProcessor)(do_resize=False, do_sample_frames=False,
+                                                                            cap_pixels_per_frame=True)
     names = list(SAMPLER_CLIPS)
     want_pixels = []
     for name in names:
         path = sampler_clips["root"] / name
-        video, meta = vp.fetch_video({"video": str(path)}, image_patch_size=16, return_video_metadata=True)
+        video, meta = vp.fetch_video({"video": str(path)}, image_patch_size=16 if qwen3 else 14,
+                                     return_video_metadata=True)
         lay = family.video(probe_video(path))
         assert [round(t * meta["fps"]) for t in lay.timestamps] == list(meta["frames_indices"]), name
         assert tuple(video.shape[-2:]) == lay.resized, name
         out = processor(videos=[video], return_tensors="pt")
         assert tuple(out["video_grid_thw"][0].tolist()) == lay.grid, name
-        stamps = Qwen3VLProcessor._calculate_timestamps(None, meta["frames_indices"], meta["fps"])
-        assert [s[1] for s in lay.segments if s[0] == "text"] == [f"<{t:.1f} seconds>" for t in stamps], name
+        if qwen3:
+            stamps = Qwen3VLProcessor._calculate_timestamps(None, meta["frames_indices"], meta["fps"])
+            assert [s[1] for s in lay.segments if s[0] == "text"] == [f"<{t:.1f} seconds>" for t in stamps], name
         want_pixels.append((name, out["pixel_values_videos"]))
-    rows = list(PackedDataset(_sampler_pack(sampler_clips, tmp_path, names), shuffle=False))
+    rows = list(PackedDataset(_sampler_pack(sampler_clips, tmp_path, names, model=model), shuffle=False))
     order = [p for p, _ in _counted(rows)]
     got = model_inputs(rows, media_root=sampler_clips["root"])["pixel_values_videos"]
     want = torch.cat([dict(want_pixels)[p] for p in order])

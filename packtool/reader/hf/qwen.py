@@ -202,8 +202,9 @@ class Qwen2VLInputs(FamilyInputs):
 
     #: whether videos are resized with qwen-vl-utils' own call (torchvision's v1 ``resize``: float
     #: arithmetic, rounded once), which gives other pixels than the v2 uint8 kernel (up to 25 levels
-    #: on noise) though the same size
-    qwen_vl_utils_resize = False
+    #: on noise) though the same size. Qwen2-VL and Qwen2.5-VL count every video as qwen-vl-utils
+    #: prepares it, so they take its pixels too; Qwen3-VL only under ``--video-sampler qwen-vl-utils``.
+    qwen_vl_utils_resize = True
 
     def _video_pixels(self, frames: list, m: dict):
         """The counted frames resized to the counted size (bicubic, antialiased) and patchified."""
