@@ -283,6 +283,8 @@ def _campaign(n: int, seeds: list[int], dump: bool = False) -> None:  # pragma: 
                         "caps": ([src], {"max_branches": 2, "max_tokens": 80, "system_prompt": "<image>\ud800"[:7]})}
             for family in FAMILIES:
                 for vname, (inputs, extra) in variants.items():
+                    if FAMILIES[family].get("template") == "plain":  # a template with no system text refuses one
+                        extra = {k: v for k, v in extra.items() if k != "system_prompt"}
                     out = tmp / f"out-{seed}-{family}-{vname}"
                     try:
                         m = check_run(inputs, out, media, family, vocab, **extra)
