@@ -33,7 +33,7 @@ from typing import Any
 from ..errors import ConfigError, InputError, SampleError, quoted
 from ..records import Sample
 from . import cauldron, hf_parquet, jsonarray, llava, molmo, qwen_vl, sharegpt, swift
-from .common import check_sample, decode_turn_fields, printable, record_id
+from .common import FALL_BACK, check_sample, decode_turn_fields, fast_json, printable, record_id
 
 __all__ = ["Rejected", "iter_samples", "parse_record", "parse_json_line", "iter_records", "expand_inputs", "PARSERS",
            "FORMATS", "detect_format", "SUFFIXES", "UTF8_BOM", "is_input_name", "is_parquet_name", "is_jsonl_name",
@@ -541,35 +541,19 @@ def _second_line_is_record(raw: bytes) -> bool:
     return False
 
 
-try:  # a compiled parser, about twice as fast as json's on record lines; json where it is missing
-    from orjson import loads as _fast_loads
-except ImportError:  # pragma: no cover - orjson is a dependency
-    _fast_loads = None
-
-#: ``line.translate(_DIGITS)``: every ASCII digit of ``line`` as ``0``, every other byte a space.
-_DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
-#: orjson reads an integer beyond 64 bits as a float (json keeps it whole, and an id may be one);
-#: such an integer is a run of 19 digits at least, and a line holding such a run goes to json.
-_LONG_RUN = b"0" * 19
-
-
 def parse_json_line(line: bytes) -> object:
     """One JSONL line as a value, or the ``SampleError`` (``bad_encoding``/``bad_json``) it earns.
 
-    The value is what ``json.loads`` gives. orjson reads the line first where it cannot differ:
-    what it refuses (``NaN``, ``1e400``, a lone surrogate escape, invalid UTF-8, nesting past 1,024
-    levels, any malformed line) goes to json, which reads it or words the error, as does a line
-    holding 19 digits in a row (an integer orjson would turn into a float; in a string, harmless).
+    The value is what ``json.loads`` gives: :func:`~.common.fast_json` first, json where it
+    declines (which reads the line or words the error).
 
     Example:
         >>> parse_json_line(b'{"id": 12345678901234567890123, "x": NaN}')
         {'id': 12345678901234567890123, 'x': nan}
     """
-    if _fast_loads is not None and line.translate(_DIGITS).find(_LONG_RUN) < 0:
-        try:
-            return _fast_loads(line)
-        except ValueError:  # orjson.JSONDecodeError: json reads it, or says what is wrong
-            pass
+    value = fast_json(line)
+    if value is not FALL_BACK:
+        return value
     try:
         return json.loads(line.decode("utf-8"))
     except UnicodeDecodeError as exc:

@@ -32,6 +32,39 @@ __all__ = ["media_ref", "media_refs", "as_list", "check_text", "check_sample", "
            "TURN_FIELDS"]
 
 
+try:  # a compiled parser, about twice as fast as json's on record lines; json where it is missing
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover - orjson is a dependency
+    _fast_loads = None
+
+#: ``line.translate(_DIGITS)``: every ASCII digit of ``line`` as ``0``, every other byte a space.
+_DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+#: orjson reads an integer beyond 64 bits as a float (json keeps it whole, and an id may be one);
+#: such an integer is a run of 19 digits at least, and a line holding such a run goes to json.
+_LONG_RUN = b"0" * 19
+#: What :func:`fast_json` gives where json must read the bytes.
+FALL_BACK = object()
+
+
+def fast_json(data: bytes) -> object:
+    """``data`` (one JSON value's UTF-8 bytes) read by orjson, about twice as fast as json on
+    records, or :data:`FALL_BACK` where orjson could give other than ``json.loads``: what it
+    refuses (``NaN``, ``1e400``, a lone surrogate escape, invalid UTF-8, nesting past 1,024
+    levels, anything malformed), and bytes holding 19 digits in a row (an integer past 64 bits,
+    which orjson reads as a float; in a string, harmless). The caller reads those with json.
+
+    Example:
+        >>> fast_json(b'{"id": 7}'), fast_json(b'{"id": 12345678901234567890123}') is FALL_BACK
+        ({'id': 7}, True)
+    """
+    if _fast_loads is None or data.translate(_DIGITS).find(_LONG_RUN) >= 0:
+        return FALL_BACK
+    try:
+        return _fast_loads(data)
+    except ValueError:  # orjson.JSONDecodeError
+        return FALL_BACK
+
+
 @dataclass(frozen=True, slots=True)
 class Turn:
     """One turn as a reader found it, before ``<image>``/``<video>`` tags are split out."""

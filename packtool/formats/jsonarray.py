@@ -25,6 +25,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..errors import InputError, SampleError
+from .common import FALL_BACK, fast_json
 
 #: Bytes scanned per call of the compiled scan (the outputs are sized by it).
 CHUNK_BYTES = 1 << 20
@@ -141,6 +142,9 @@ def parse_element(data: bytes) -> object:
     UTF-8 becomes lone surrogates, as when the file was parsed whole: a string holding it is
     rejected with its record (``bad_encoding``), invalid bytes elsewhere make the element
     ``bad_json``."""
+    value = fast_json(data)
+    if value is not FALL_BACK:
+        return value
     try:
         return json.loads(data.decode("utf-8", errors="surrogateescape"))
     except (ValueError, RecursionError) as exc:
