@@ -103,3 +103,30 @@ def test_a_big_integer_id_stays_whole(tmp_path):
                     '{"from": "gpt", "value": "yo"}]}\n', encoding="utf-8")
     (sample,) = formats.iter_samples([path])
     assert sample.sample_id == "123456789012345678901234567890"
+
+
+@pytest.mark.parametrize("parse", [formats.parse_json_line, parse_element], ids=["jsonl line", "array element"])
+@pytest.mark.parametrize("levels", [900, 960, 1000, 1024])
+def test_nesting_json_cannot_read_is_not_read_by_orjson(parse, levels, monkeypatch):
+    """json reads as many levels as the recursion limit leaves room for below the caller's frames
+    (about 990 at the top of a default interpreter, fewer in a deep call stack); orjson reads
+    1,024 anywhere. A record nested in between was one json rejects (``bad_json``) and orjson
+    read, so a row earlier versions rejected became a sample."""
+    pytest.importorskip("orjson")
+    deep = b"[" * levels + b"]" * levels
+    line = b'{"id": "deep", "meta": ' + deep + b', "conversations": []}'
+    for data in (deep, line):
+        assert _outcome(data, True, monkeypatch, parse) == _outcome(data, False, monkeypatch, parse)
+
+
+def test_a_record_nested_past_json_reach_is_rejected_as_before(tmp_path, monkeypatch):
+    """End to end: the record's fate is json's, with or without orjson installed."""
+    pytest.importorskip("orjson")
+    path = tmp_path / "deep.jsonl"
+    path.write_bytes(b'{"id": "deep", "meta": ' + b"[" * 1000 + b"]" * 1000 + b', "conversations": [{"from": '
+                     b'"human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}\n')
+    (fast,) = formats.iter_samples([path])
+    monkeypatch.setattr(common, "_fast_loads", None)
+    (plain,) = formats.iter_samples([path])
+    assert (fast.reason, fast.message) == (plain.reason, plain.message)
+    assert fast.reason == "bad_json" and "maximum recursion depth exceeded" in fast.message

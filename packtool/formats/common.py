@@ -18,6 +18,7 @@ import base64
 import binascii
 import json
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,27 +38,58 @@ try:  # a compiled parser, about twice as fast as json's on record lines; json w
 except ImportError:  # pragma: no cover - orjson is a dependency
     _fast_loads = None
 
-#: ``line.translate(_DIGITS)``: every ASCII digit of ``line`` as ``0``, every other byte a space.
-_DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+#: ``line.translate(_DIGITS)``: every ASCII digit of ``line`` as ``0``, every ``[`` and ``{`` as
+#: ``[`` (the levels it may nest), every other byte a space.
+_DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x5B if b in b"[{" else 0x20 for b in range(256))
 #: orjson reads an integer beyond 64 bits as a float (json keeps it whole, and an id may be one);
 #: such an integer is a run of 19 digits at least, and a line holding such a run goes to json.
 _LONG_RUN = b"0" * 19
 #: What :func:`fast_json` gives where json must read the bytes.
 FALL_BACK = object()
+#: Brackets below which bytes cannot nest deep enough to trouble json at any sane stack depth
+#: (the stack is then not measured).
+_FEW_BRACKETS = 64
+#: Frames json's own Python calls (``loads``, ``decode``, ``raw_decode``) and the caller's add,
+#: with room to spare.
+_JSON_FRAMES = 16
+
+
+def _json_reads_nesting(n_open: int) -> bool:
+    """Whether json can read ``n_open`` levels of nesting from here. Its C scanner counts each
+    level against the recursion limit, on top of the frames already on the stack (``[`` x 995
+    is a RecursionError at the top level of a default interpreter, at fewer levels deeper in
+    a call stack), where orjson reads 1,024 levels anywhere: between the two, orjson would give
+    a value for bytes json rejects.
+
+    Example:
+        >>> _json_reads_nesting(10), _json_reads_nesting(1000)
+        (True, False)
+    """
+    if n_open < _FEW_BRACKETS:
+        return True
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    return n_open + depth + _JSON_FRAMES < sys.getrecursionlimit()
 
 
 def fast_json(data: bytes) -> object:
     """``data`` (one JSON value's UTF-8 bytes) read by orjson, about twice as fast as json on
     records, or :data:`FALL_BACK` where orjson could give other than ``json.loads``: what it
     refuses (``NaN``, ``1e400``, a lone surrogate escape, invalid UTF-8, nesting past 1,024
-    levels, anything malformed), and bytes holding 19 digits in a row (an integer past 64 bits,
-    which orjson reads as a float; in a string, harmless). The caller reads those with json.
+    levels, anything malformed), bytes holding 19 digits in a row (an integer past 64 bits,
+    which orjson reads as a float; in a string, harmless), and bytes whose ``[`` and ``{`` could
+    nest deeper than json reads from this call (:func:`_json_reads_nesting`). The caller reads
+    those with json.
 
     Example:
         >>> fast_json(b'{"id": 7}'), fast_json(b'{"id": 12345678901234567890123}') is FALL_BACK
         ({'id': 7}, True)
     """
-    if _fast_loads is None or data.translate(_DIGITS).find(_LONG_RUN) >= 0:
+    if _fast_loads is None:
+        return FALL_BACK
+    shape = data.translate(_DIGITS)
+    if shape.find(_LONG_RUN) >= 0 or not _json_reads_nesting(shape.count(b"[")):
         return FALL_BACK
     try:
         return _fast_loads(data)
