@@ -38,9 +38,9 @@ try:  # a compiled parser, about twice as fast as json's on record lines; json w
 except ImportError:  # pragma: no cover - orjson is a dependency
     _fast_loads = None
 
-#: ``line.translate(_DIGITS)``: every ASCII digit of ``line`` as ``0``, every ``[`` and ``{`` as
+#: ``data.translate(_SHAPE)``, the bytes' shape: every ASCII digit of ``line`` as ``0``, every ``[`` and ``{`` as
 #: ``[`` (the levels it may nest), every other byte a space.
-_DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x5B if b in b"[{" else 0x20 for b in range(256))
+_SHAPE = bytes(0x30 if 0x30 <= b <= 0x39 else 0x5B if b in b"[{" else 0x20 for b in range(256))
 #: orjson reads an integer beyond 64 bits as a float (json keeps it whole, and an id may be one);
 #: such an integer is a run of 19 digits at least, and a line holding such a run goes to json.
 _LONG_RUN = b"0" * 19
@@ -88,7 +88,7 @@ def fast_json(data: bytes) -> object:
     """
     if _fast_loads is None:
         return FALL_BACK
-    shape = data.translate(_DIGITS)
+    shape = data.translate(_SHAPE)
     if shape.find(_LONG_RUN) >= 0 or not _json_reads_nesting(shape.count(b"[")):
         return FALL_BACK
     try:
