@@ -38,8 +38,8 @@ try:  # a compiled parser, about twice as fast as json's on record lines; json w
 except ImportError:  # pragma: no cover - orjson is a dependency
     _fast_loads = None
 
-#: ``data.translate(_SHAPE)``, the bytes' shape: every ASCII digit of ``line`` as ``0``, every ``[`` and ``{`` as
-#: ``[`` (the levels it may nest), every other byte a space.
+#: ``data.translate(_SHAPE)``, the bytes' shape: every ASCII digit as ``0``, every ``[`` and ``{``
+#: as ``[`` (the levels it may nest), every other byte a space.
 _SHAPE = bytes(0x30 if 0x30 <= b <= 0x39 else 0x5B if b in b"[{" else 0x20 for b in range(256))
 #: orjson reads an integer beyond 64 bits as a float (json keeps it whole, and an id may be one);
 #: such an integer is a run of 19 digits at least, and a line holding such a run goes to json.
