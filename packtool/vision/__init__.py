@@ -36,7 +36,7 @@ from ..config import INT32_MAX, INT32_WHY, check_range
 from ..errors import ConfigError, SampleError
 
 __all__ = ["VisionLayout", "VideoMeta", "VisionFamily", "get_family", "check_settings", "check_tokenizer",
-           "span_segments", "FAMILIES", "EXIF_MODES", "SETTING_LIMITS", "VIDEO_SAMPLERS"]
+           "span_segments", "FAMILIES", "EXIF_MODES", "SETTING_LIMITS", "VIDEO_SAMPLERS", "check_video_sampler"]
 
 EXIF_MODES = ("apply", "ignore")
 #: ``--video-sampler`` choices (``qwen3-vl`` only), the default first: ``processor`` counts a video as
@@ -45,6 +45,19 @@ EXIF_MODES = ("apply", "ignore")
 VIDEO_SAMPLERS = ("processor", "qwen-vl-utils")
 #: Families that count videos with qwen-vl-utils' rule already (``--video-sampler`` has nothing to change).
 _QWEN_VL_UTILS_ALREADY = ("qwen2-vl", "qwen2.5-vl")
+
+
+def check_video_sampler(value: str) -> None:
+    """Refuse a ``--video-sampler`` that is none of :data:`VIDEO_SAMPLERS`.
+
+    Example:
+        >>> check_video_sampler("qwen-vl-utils")
+        >>> check_video_sampler("decord")
+        Traceback (most recent call last):
+        packtool.errors.ConfigError: --video-sampler 'decord': choose processor or qwen-vl-utils
+    """
+    if value not in VIDEO_SAMPLERS:
+        raise ConfigError(f"--video-sampler {value!r}: choose {' or '.join(VIDEO_SAMPLERS)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,8 +314,7 @@ def _checked(name: str, settings: dict) -> tuple[type, tuple, dict, str | None]:
         raise ConfigError(f"unknown --model {name!r}; choose one of: {', '.join(sorted(FAMILIES))}, fixed:N")
     for k, v in given.items():
         if k == "video_sampler":
-            if v not in VIDEO_SAMPLERS:
-                raise ConfigError(f"--video-sampler {v!r}: choose {' or '.join(VIDEO_SAMPLERS)}")
+            check_video_sampler(v)
         elif k == "fps":
             if not v > 0:  # also NaN
                 raise ConfigError(f"--fps {v}: give a positive video sampling rate, e.g. 2")

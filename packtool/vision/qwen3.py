@@ -45,8 +45,8 @@ from __future__ import annotations
 
 import math
 
-from ..errors import ConfigError, SampleError
-from . import VIDEO_SAMPLERS, VideoMeta, VisionLayout, check_video
+from ..errors import SampleError
+from . import VIDEO_SAMPLERS, VideoMeta, VisionLayout, check_video, check_video_sampler
 from .qwen import MAX_RATIO, Qwen2VL, aspect_ratio_error, uniform_indices
 
 __all__ = ["Qwen3VL", "smart_resize_video", "frame_pair_times"]
@@ -126,8 +126,7 @@ class Qwen3VL(Qwen2VL):
         self.min_frames = 4
         self.video_min_pixels = 4096
         self.video_max_pixels = 25165824
-        if video_sampler not in VIDEO_SAMPLERS:
-            raise ConfigError(f"--video-sampler {video_sampler!r}: choose {' or '.join(VIDEO_SAMPLERS)}")
+        check_video_sampler(video_sampler)
         self.video_sampler = video_sampler
 
     def settings(self) -> dict:
